@@ -1,0 +1,396 @@
+//! The errors of the core and of the device calls it makes.
+//!
+//! Every variant says what was asked, what was found, and what to do about it; nothing here is a
+//! string built at the call site. [`DriverError`] is what a shim returns; [`IoError`] is what the
+//! memory and copy paths return to a caller.
+
+use core::fmt;
+
+/// The device call that failed: lets an error name the operation without a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum ShimOp {
+    /// Creating a stream.
+    StreamCreate,
+    /// Making a stream wait for an event of another stream.
+    StreamWaitEvent,
+    /// Recording an event.
+    EventRecord,
+    /// Querying an event without blocking.
+    EventQuery,
+    /// Blocking on an event.
+    EventWait,
+    /// Allocating a device page.
+    DeviceAlloc,
+    /// Allocating a pinned host page.
+    HostAlloc,
+    /// Host to device copy.
+    CopyHostToDevice,
+    /// Device to host copy.
+    CopyDeviceToHost,
+    /// Device to device copy.
+    CopyDeviceToDevice,
+    /// Launching a kernel.
+    Launch,
+    /// Starting to record a stream into a graph.
+    GraphBegin,
+    /// Ending a recording and instantiating the graph.
+    GraphEnd,
+    /// Uploading a graph to the device.
+    GraphUpload,
+    /// Launching a graph.
+    GraphLaunch,
+}
+
+impl fmt::Display for ShimOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Self::StreamCreate => "stream create",
+            Self::StreamWaitEvent => "stream wait on event",
+            Self::EventRecord => "event record",
+            Self::EventQuery => "event query",
+            Self::EventWait => "event wait",
+            Self::DeviceAlloc => "device page allocation",
+            Self::HostAlloc => "pinned host page allocation",
+            Self::CopyHostToDevice => "host-to-device copy",
+            Self::CopyDeviceToHost => "device-to-host copy",
+            Self::CopyDeviceToDevice => "device-to-device copy",
+            Self::Launch => "kernel launch",
+            Self::GraphBegin => "graph capture begin",
+            Self::GraphEnd => "graph capture end",
+            Self::GraphUpload => "graph upload",
+            Self::GraphLaunch => "graph launch",
+        };
+        f.write_str(name)
+    }
+}
+
+/// How a shim classifies a failed device call. The core's reaction depends only on this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Fault {
+    /// The device is short of memory right now; freeing memory may cure it.
+    OutOfMemory,
+    /// The request can never succeed on this device (a size past what it can ever hold).
+    TooBig,
+    /// The shim does not implement this call.
+    Unsupported,
+    /// The device is lost: nothing will run on it again (CUDA's sticky errors).
+    Poisoning,
+    /// Any other failure of this one call; the device stays usable.
+    Failed,
+}
+
+/// A failed device call, as a shim reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct DriverError {
+    /// The call that failed.
+    pub op: ShimOp,
+    /// The device's own status code (CUDA's `CUresult`, a shim-defined number elsewhere).
+    pub status: i32,
+    /// What the failure means for the core.
+    pub fault: Fault,
+}
+
+impl DriverError {
+    /// A failure of `op` with the device status `status`, classified as `fault`.
+    pub const fn new(op: ShimOp, status: i32, fault: Fault) -> Self {
+        Self { op, status, fault }
+    }
+
+    /// Whether the device is lost after this failure.
+    pub const fn poisons_device(&self) -> bool {
+        matches!(self.fault, Fault::Poisoning)
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (what, todo) = match self.fault {
+            Fault::OutOfMemory => (
+                "the device is out of memory",
+                "free memory or lower the load",
+            ),
+            Fault::TooBig => ("the size can never fit on this device", "split the request"),
+            Fault::Unsupported => (
+                "the shim does not support this call",
+                "use a shim that does",
+            ),
+            Fault::Poisoning => (
+                "the device is lost and will run nothing again",
+                "recreate the device",
+            ),
+            Fault::Failed => ("the call failed", "check the shim's status code"),
+        };
+        write!(
+            f,
+            "{} failed with status {}: {what}; {todo}",
+            self.op, self.status
+        )
+    }
+}
+
+/// Why a handle could not be resolved to memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum NotFoundReason {
+    /// The handle was issued lazily and no memory was ever bound to it.
+    NeverBound,
+    /// The handle's memory was handed to another handle (a reservation after `bind`).
+    HandedOver,
+    /// The location the handle remembers is held by another allocation or no longer exists.
+    Stale,
+}
+
+/// Errors of the memory, copy and I/O paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum IoError {
+    /// No page this device can ever hold fits the request.
+    BufferTooBig {
+        /// Bytes asked for (alignment padding included).
+        size: u64,
+        /// The largest page the device can hold.
+        max_page: u64,
+    },
+    /// The device or the memory budget cannot hold the request right now, even after reclaim.
+    OutOfMemory {
+        /// Bytes asked for.
+        size: u64,
+        /// Bytes of device pages held on this device when the request failed.
+        held: u64,
+        /// The device-wide budget, when one is set.
+        budget: Option<u64>,
+        /// The device call that refused, when the refusal came from the device, not the budget.
+        source: Option<DriverError>,
+    },
+    /// No room was held and the page set may not change (the stream is recording a graph).
+    PageUpdateForbidden {
+        /// Bytes asked for.
+        size: u64,
+    },
+    /// A new page size was needed but every page-size class of the arena is in use.
+    PageSizesExhausted {
+        /// Bytes asked for.
+        size: u64,
+        /// The number of classes, all live.
+        classes: usize,
+    },
+    /// A layout that is not pitched row-major.
+    UnsupportedStrides {
+        /// Number of dimensions of the layout.
+        rank: usize,
+        /// The first dimension whose stride breaks the rule.
+        dim: usize,
+    },
+    /// The handle does not resolve to memory.
+    NotFound {
+        /// The handle's id.
+        handle: u64,
+        /// Why it does not resolve.
+        reason: NotFoundReason,
+    },
+    /// The handle routes to a page the manager no longer has.
+    StorageHandleNotFound {
+        /// The handle's id.
+        handle: u64,
+        /// The page index it routed to.
+        page: u32,
+    },
+    /// The handle was issued by another device.
+    ForeignHandle {
+        /// The id of the device that issued the handle.
+        issued_by: u32,
+        /// The id of the device it was used on.
+        used_on: u32,
+    },
+    /// A byte range past the end of its allocation.
+    OutOfRange {
+        /// First byte asked for.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// Size of the allocation.
+        size: u64,
+    },
+    /// The device is lost; every operation now fails fast.
+    DevicePoisoned {
+        /// The call that poisoned the device.
+        cause: DriverError,
+    },
+    /// A device call failed.
+    Shim(DriverError),
+}
+
+impl IoError {
+    /// Whether reclaiming memory (cleanup, relocation) and retrying might cure this error.
+    ///
+    /// False only for sizes nothing can ever hold and for reservations that may not add pages.
+    pub const fn may_succeed_after_reclaim(&self) -> bool {
+        !matches!(
+            self,
+            Self::BufferTooBig { .. } | Self::PageUpdateForbidden { .. }
+        )
+    }
+
+    /// Whether this error means the device is lost.
+    pub const fn is_device_poisoned(&self) -> bool {
+        match self {
+            Self::DevicePoisoned { .. } => true,
+            Self::Shim(e) => e.poisons_device(),
+            Self::OutOfMemory {
+                source: Some(e), ..
+            } => e.poisons_device(),
+            _ => false,
+        }
+    }
+}
+
+impl From<DriverError> for IoError {
+    fn from(e: DriverError) -> Self {
+        if e.poisons_device() {
+            Self::DevicePoisoned { cause: e }
+        } else {
+            Self::Shim(e)
+        }
+    }
+}
+
+impl fmt::Display for IoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BufferTooBig { size, max_page } => write!(
+                f,
+                "asked for {size} bytes but the largest page this device holds is {max_page} bytes; \
+                 split the buffer"
+            ),
+            Self::OutOfMemory {
+                size,
+                held,
+                budget,
+                source,
+            } => {
+                write!(
+                    f,
+                    "asked for {size} bytes with {held} bytes of device pages held"
+                )?;
+                if let Some(b) = budget {
+                    write!(f, " under a budget of {b} bytes")?;
+                }
+                if let Some(e) = source {
+                    write!(f, " ({e})")?;
+                }
+                f.write_str(
+                    " after reclaiming what could be reclaimed; free buffers or raise the budget",
+                )
+            }
+            Self::PageUpdateForbidden { size } => write!(
+                f,
+                "asked for {size} bytes while the stream records a graph and no room is held; \
+                 reserve the working set in the warm-up run"
+            ),
+            Self::PageSizesExhausted { size, classes } => write!(
+                f,
+                "asked for {size} bytes needing a new page size but all {classes} page-size \
+                 classes hold live allocations; free long-lived buffers or run a cleanup"
+            ),
+            Self::UnsupportedStrides { rank, dim } => write!(
+                f,
+                "a layout of rank {rank} is not pitched row-major at dimension {dim}; \
+                 make the data contiguous first"
+            ),
+            Self::NotFound { handle, reason } => {
+                let why = match reason {
+                    NotFoundReason::NeverBound => "was issued lazily and never bound to memory",
+                    NotFoundReason::HandedOver => {
+                        "was a reservation whose memory was bound to another handle"
+                    }
+                    NotFoundReason::Stale => "points to memory that was released or reused",
+                };
+                write!(
+                    f,
+                    "handle {handle} {why}; use the handle the memory was bound to"
+                )
+            }
+            Self::StorageHandleNotFound { handle, page } => write!(
+                f,
+                "handle {handle} routes to page {page}, which the pool no longer holds; \
+                 this is a bug in devcmd, please report it"
+            ),
+            Self::ForeignHandle { issued_by, used_on } => write!(
+                f,
+                "a handle issued by device {issued_by} was used on device {used_on}; \
+                 copy the data through the host"
+            ),
+            Self::OutOfRange { offset, len, size } => write!(
+                f,
+                "asked for bytes {offset}..{} of an allocation of {size} bytes; \
+                 keep ranges inside the allocation",
+                offset.saturating_add(*len)
+            ),
+            Self::DevicePoisoned { cause } => {
+                write!(f, "the device is lost ({cause}); recreate it")
+            }
+            Self::Shim(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for IoError {}
+
+#[cfg(feature = "std")]
+impl std::error::Error for DriverError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    #[test]
+    fn only_impossible_sizes_and_forbidden_updates_are_final() {
+        assert!(
+            !IoError::BufferTooBig {
+                size: 1,
+                max_page: 0
+            }
+            .may_succeed_after_reclaim()
+        );
+        assert!(!IoError::PageUpdateForbidden { size: 1 }.may_succeed_after_reclaim());
+        let oom = IoError::OutOfMemory {
+            size: 1,
+            held: 0,
+            budget: None,
+            source: None,
+        };
+        assert!(oom.may_succeed_after_reclaim());
+        assert!(
+            IoError::PageSizesExhausted {
+                size: 1,
+                classes: 64
+            }
+            .may_succeed_after_reclaim()
+        );
+    }
+
+    #[test]
+    fn a_poisoning_driver_error_becomes_device_poisoned() {
+        let e = DriverError::new(ShimOp::Launch, 700, Fault::Poisoning);
+        let io: IoError = e.into();
+        assert!(io.is_device_poisoned());
+        assert!(matches!(io, IoError::DevicePoisoned { .. }));
+    }
+
+    #[test]
+    fn out_of_memory_names_the_budget_and_what_is_held() {
+        let text = IoError::OutOfMemory {
+            size: 10,
+            held: 90,
+            budget: Some(96),
+            source: None,
+        }
+        .to_string();
+        assert!(text.contains("10 bytes") && text.contains("90 bytes") && text.contains("96"));
+    }
+}

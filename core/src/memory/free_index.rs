@@ -1,0 +1,154 @@
+//! The index of free blocks of a sliced pool: segregated lists by size class with a bitmap, so
+//! finding a block that fits is a few bit operations, whatever the number of pages.
+//!
+//! Owns only the list heads and the bitmap; the links live in the blocks (`sliced.rs`), which
+//! this module reaches through the [`Links`] trait.
+
+/// No block.
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// Size classes: four per power of two (sizes below 4 have one class each).
+const CLASSES: usize = 256;
+
+/// The class a block of `size` bytes is listed under: every block in class `c` has a size in
+/// `[lower(c), lower(c + 1))`.
+fn class_of(size: u64) -> usize {
+    if size < 4 {
+        return size as usize;
+    }
+    let fl = 63 - size.leading_zeros() as usize;
+    let sl = ((size >> (fl - 2)) & 3) as usize;
+    fl * 4 + sl
+}
+
+/// The first class all of whose blocks are at least `size` bytes.
+fn class_holding(size: u64) -> usize {
+    let c = class_of(size);
+    if size < 4 || lower_bound(c) == size {
+        c
+    } else {
+        c + 1
+    }
+}
+
+fn lower_bound(class: usize) -> u64 {
+    if class < 8 {
+        // Classes 4..8 are never used: sizes from 4 on start at class 8.
+        return class.min(4) as u64;
+    }
+    let fl = class / 4;
+    let sl = (class % 4) as u64;
+    (1u64 << fl) | (sl << (fl - 2))
+}
+
+/// Access to the free-list links stored in the blocks.
+pub(crate) trait Links {
+    fn size(&self, block: u32) -> u64;
+    fn next_free(&self, block: u32) -> u32;
+    fn set_links(&mut self, block: u32, prev: u32, next: u32);
+    fn set_prev(&mut self, block: u32, prev: u32);
+    fn set_next(&mut self, block: u32, next: u32);
+    fn prev_free(&self, block: u32) -> u32;
+}
+
+/// Heads of the free lists and the bitmap of non-empty classes.
+#[derive(Debug, Clone)]
+pub(crate) struct FreeIndex {
+    heads: [u32; CLASSES],
+    bitmap: [u64; CLASSES / 64],
+}
+
+impl Default for FreeIndex {
+    fn default() -> Self {
+        Self {
+            heads: [NIL; CLASSES],
+            bitmap: [0; CLASSES / 64],
+        }
+    }
+}
+
+impl FreeIndex {
+    pub(crate) fn insert(&mut self, links: &mut impl Links, block: u32) {
+        let c = class_of(links.size(block));
+        let head = self.heads[c];
+        links.set_links(block, NIL, head);
+        if head != NIL {
+            links.set_prev(head, block);
+        }
+        self.heads[c] = block;
+        self.bitmap[c / 64] |= 1 << (c % 64);
+    }
+
+    pub(crate) fn remove(&mut self, links: &mut impl Links, block: u32) {
+        let prev = links.prev_free(block);
+        let next = links.next_free(block);
+        if prev != NIL {
+            links.set_next(prev, next);
+        } else {
+            let c = class_of(links.size(block));
+            debug_assert_eq!(self.heads[c], block);
+            self.heads[c] = next;
+            if next == NIL {
+                self.bitmap[c / 64] &= !(1 << (c % 64));
+            }
+        }
+        if next != NIL {
+            links.set_prev(next, prev);
+        }
+    }
+
+    /// A free block of at least `size` bytes, if any: first fit in the request's own class,
+    /// else the head of the smallest class whose blocks all fit.
+    pub(crate) fn find(&self, links: &impl Links, size: u64) -> Option<u32> {
+        let own = class_of(size);
+        let mut b = self.heads[own];
+        // A short first-fit walk of the request's own class keeps waste low without an
+        // unbounded scan.
+        let mut steps = 0;
+        while b != NIL && steps < 8 {
+            if links.size(b) >= size {
+                return Some(b);
+            }
+            b = links.next_free(b);
+            steps += 1;
+        }
+        let from = class_holding(size).max(own + 1);
+        self.first_non_empty(from).map(|c| self.heads[c])
+    }
+
+    fn first_non_empty(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        if word >= self.bitmap.len() {
+            return None;
+        }
+        let mut bits = self.bitmap[word] & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            if word == self.bitmap.len() {
+                return None;
+            }
+            bits = self.bitmap[word];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_bound_their_sizes() {
+        for size in (1..5000u64).chain([1 << 20, (1 << 20) + 1, u64::MAX / 2, u64::MAX]) {
+            let c = class_of(size);
+            assert!(lower_bound(c) <= size, "size {size} below its class {c}");
+            if c + 1 < CLASSES {
+                assert!(size < lower_bound(c + 1), "size {size} past its class {c}");
+            }
+            let h = class_holding(size);
+            assert!(h >= CLASSES || lower_bound(h) >= size);
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! Handles and bindings: what a user holds for an allocation, and what in-flight work holds.
+//!
+//! Owns the identity of an allocation (refcounted, droppable from any thread), its location in
+//! the pools, and the queue through which a dropped allocation reaches the device thread. Does not
+//! own the memory itself: the pools do, and they check on every lookup that the handle asking is
+//! the one the memory is bound to, so a stale handle resolves to an error, never to other memory.
+
+use crate::error::{IoError, NotFoundReason};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+/// Which pool of a manager a location points into.
+pub(crate) type PoolId = u8;
+/// The small pool.
+pub(crate) const POOL_SMALL: PoolId = 0;
+/// Arena classes are `POOL_ARENA_BASE + slot`.
+pub(crate) const POOL_ARENA_BASE: PoolId = 1;
+/// The persistent pool.
+pub(crate) const POOL_PERSISTENT: PoolId = 253;
+/// The dedicated pool.
+pub(crate) const POOL_DEDICATED: PoolId = 254;
+/// No location: never bound, or handed over.
+const POOL_NONE: PoolId = 255;
+const HANDED_OVER: u32 = u32::MAX;
+
+/// Where an allocation lives: a pool of the manager and a block of that pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location {
+    pub pool: PoolId,
+    pub block: u32,
+}
+
+/// An allocation whose last handle and binding were dropped, on its way back to the device thread.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Returned {
+    pub location: Location,
+    pub id: u64,
+}
+
+/// Dropped allocations, pushed from any thread, drained by the device thread.
+#[derive(Debug, Default)]
+pub(crate) struct ReturnQueue {
+    len: AtomicUsize,
+    items: spin::Mutex<Vec<Returned>>,
+}
+
+impl ReturnQueue {
+    fn push(&self, item: Returned) {
+        let mut items = self.items.lock();
+        items.push(item);
+        self.len.store(items.len(), Ordering::Release);
+    }
+
+    /// Moves every returned allocation into `out` (cheap when there is none).
+    pub(crate) fn drain_into(&self, out: &mut Vec<Returned>) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut items = self.items.lock();
+        out.append(&mut items);
+        self.len.store(0, Ordering::Release);
+    }
+}
+
+/// Who issued a handle: the device and the stream whose manager holds its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Issuer {
+    /// The device's id (unique in the process).
+    pub device: u32,
+    /// The stream's index on that device.
+    pub stream: u32,
+}
+
+#[derive(Debug)]
+struct Identity {
+    id: u64,
+    issuer: Issuer,
+    size: u64,
+    /// User handles (clones of [`Handle`]); bindings do not count.
+    owners: AtomicU32,
+    /// Packed location: pool in the low 8 bits of `pool`, block in `block`. Written on the device
+    /// thread only; read there and by the final drop, which the `Arc` orders after every write.
+    pool: AtomicU32,
+    block: AtomicU32,
+    returns: Arc<ReturnQueue>,
+}
+
+impl Identity {
+    fn location(&self) -> Result<Location, NotFoundReason> {
+        let pool = self.pool.load(Ordering::Relaxed) as PoolId;
+        let block = self.block.load(Ordering::Relaxed);
+        match (pool, block) {
+            (POOL_NONE, HANDED_OVER) => Err(NotFoundReason::HandedOver),
+            (POOL_NONE, _) => Err(NotFoundReason::NeverBound),
+            _ => Ok(Location { pool, block }),
+        }
+    }
+
+    fn set_location(&self, location: Option<Location>, handed_over: bool) {
+        let (pool, block) = match location {
+            Some(l) => (l.pool, l.block),
+            None if handed_over => (POOL_NONE, HANDED_OVER),
+            None => (POOL_NONE, 0),
+        };
+        self.pool.store(u32::from(pool), Ordering::Relaxed);
+        self.block.store(block, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Identity {
+    fn drop(&mut self) {
+        if let Ok(location) = self.location() {
+            self.returns.push(Returned {
+                location,
+                id: self.id,
+            });
+        }
+    }
+}
+
+/// What a user holds for an allocation. Cloning shares the allocation; the memory goes back to
+/// its pool once every handle and every [`Binding`] is dropped (from any thread).
+///
+/// A handle may view a byte range of its allocation ([`Handle::view`]); lookups check the range
+/// against the allocation.
+#[derive(Debug)]
+pub struct Handle {
+    identity: Arc<Identity>,
+    offset: u64,
+    len: u64,
+}
+
+impl Handle {
+    pub(crate) fn new(id: u64, issuer: Issuer, size: u64, returns: &Arc<ReturnQueue>) -> Self {
+        let identity = Identity {
+            id,
+            issuer,
+            size,
+            owners: AtomicU32::new(1),
+            pool: AtomicU32::new(u32::from(POOL_NONE)),
+            block: AtomicU32::new(0),
+            returns: Arc::clone(returns),
+        };
+        Self {
+            identity: Arc::new(identity),
+            offset: 0,
+            len: size,
+        }
+    }
+
+    /// The allocation's id (unique on its device, never reused).
+    pub fn id(&self) -> u64 {
+        self.identity.id
+    }
+
+    /// Who issued the handle.
+    pub fn issuer(&self) -> Issuer {
+        self.identity.issuer
+    }
+
+    /// Bytes of the whole allocation.
+    pub fn allocation_size(&self) -> u64 {
+        self.identity.size
+    }
+
+    /// First byte of this handle's view, from the start of the allocation.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes of this handle's view.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A handle on `len` bytes from `offset` of this view, sharing the allocation.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::OutOfRange`] when the range passes the end of this view.
+    pub fn view(&self, offset: u64, len: u64) -> Result<Handle, IoError> {
+        check_range(offset, len, self.len)?;
+        let mut h = self.clone();
+        h.offset += offset;
+        h.len = len;
+        Ok(h)
+    }
+
+    /// Whether this is the only user handle: the memory may be updated in place. Bindings held by
+    /// in-flight work do not count.
+    pub fn can_mut(&self) -> bool {
+        self.identity.owners.load(Ordering::Acquire) == 1
+    }
+
+    /// Whether some binding (in-flight work, a raw address handed out) is outstanding.
+    pub fn is_bound(&self) -> bool {
+        Arc::strong_count(&self.identity) as u64
+            > u64::from(self.identity.owners.load(Ordering::Acquire))
+    }
+
+    /// A binding for in-flight work: keeps the memory alive without counting as an owner.
+    pub fn binding(&self) -> Binding {
+        Binding {
+            identity: Arc::clone(&self.identity),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+
+    pub(crate) fn set_location(&self, location: Option<Location>, handed_over: bool) {
+        self.identity.set_location(location, handed_over);
+    }
+}
+
+impl Clone for Handle {
+    fn clone(&self) -> Self {
+        self.identity.owners.fetch_add(1, Ordering::AcqRel);
+        Self {
+            identity: Arc::clone(&self.identity),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.identity.owners.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A handle's view used by in-flight work: keeps the allocation alive, owns nothing.
+#[derive(Debug, Clone)]
+pub struct Binding {
+    identity: Arc<Identity>,
+    offset: u64,
+    len: u64,
+}
+
+impl Binding {
+    /// The allocation's id.
+    pub fn id(&self) -> u64 {
+        self.identity.id
+    }
+
+    /// Who issued the allocation.
+    pub fn issuer(&self) -> Issuer {
+        self.identity.issuer
+    }
+
+    /// First byte of the view.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes of the view.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of the whole allocation.
+    pub fn allocation_size(&self) -> u64 {
+        self.identity.size
+    }
+}
+
+/// Something that names an allocation: a handle or a binding.
+pub trait AsBinding {
+    /// The binding view of it.
+    fn as_binding(&self) -> BindingRef<'_>;
+}
+
+/// A borrowed view of a handle or binding, for lookups.
+#[derive(Debug, Clone, Copy)]
+pub struct BindingRef<'a> {
+    identity: &'a Arc<Identity>,
+    offset: u64,
+    len: u64,
+}
+
+impl BindingRef<'_> {
+    pub(crate) fn id(&self) -> u64 {
+        self.identity.id
+    }
+    pub(crate) fn issuer(&self) -> Issuer {
+        self.identity.issuer
+    }
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+    pub(crate) fn allocation_size(&self) -> u64 {
+        self.identity.size
+    }
+    pub(crate) fn location(&self) -> Result<Location, IoError> {
+        self.identity
+            .location()
+            .map_err(|reason| IoError::NotFound {
+                handle: self.identity.id,
+                reason,
+            })
+    }
+}
+
+impl AsBinding for Handle {
+    fn as_binding(&self) -> BindingRef<'_> {
+        BindingRef {
+            identity: &self.identity,
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+}
+
+impl AsBinding for Binding {
+    fn as_binding(&self) -> BindingRef<'_> {
+        BindingRef {
+            identity: &self.identity,
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+}
+
+/// Checks that `offset .. offset + len` lies inside `size` bytes.
+pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> Result<(), IoError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(IoError::OutOfRange { offset, len, size }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issuer() -> Issuer {
+        Issuer {
+            device: 1,
+            stream: 0,
+        }
+    }
+
+    #[test]
+    fn clones_share_and_only_a_single_owner_may_mutate() {
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(7, issuer(), 64, &q);
+        assert!(h.can_mut());
+        let c = h.clone();
+        assert!(!h.can_mut());
+        drop(c);
+        assert!(h.can_mut());
+        let b = h.binding();
+        assert!(h.can_mut(), "a binding is not an owner");
+        assert!(h.is_bound());
+        drop(b);
+        assert!(!h.is_bound());
+    }
+
+    #[test]
+    fn the_last_drop_returns_a_bound_allocation_from_any_thread() {
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(7, issuer(), 64, &q);
+        h.set_location(Some(Location { pool: 1, block: 3 }), false);
+        let b = h.binding();
+        drop(h);
+        let mut out = Vec::new();
+        q.drain_into(&mut out);
+        assert!(out.is_empty(), "the binding keeps it alive");
+        std::thread::spawn(move || drop(b)).join().unwrap();
+        q.drain_into(&mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            (out[0].id, out[0].location),
+            (7, Location { pool: 1, block: 3 })
+        );
+    }
+
+    #[test]
+    fn an_unbound_or_handed_over_handle_returns_nothing_and_says_why() {
+        let q = Arc::new(ReturnQueue::default());
+        let lazy = Handle::new(1, issuer(), 8, &q);
+        assert_eq!(
+            lazy.as_binding().location(),
+            Err(IoError::NotFound {
+                handle: 1,
+                reason: NotFoundReason::NeverBound
+            })
+        );
+        let reserved = Handle::new(2, issuer(), 8, &q);
+        reserved.set_location(None, true);
+        assert_eq!(
+            reserved.as_binding().location(),
+            Err(IoError::NotFound {
+                handle: 2,
+                reason: NotFoundReason::HandedOver
+            })
+        );
+        drop((lazy, reserved));
+        let mut out = Vec::new();
+        q.drain_into(&mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn views_stay_inside_their_allocation() {
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(1, issuer(), 100, &q);
+        let v = h.view(10, 50).unwrap();
+        assert_eq!((v.offset(), v.len()), (10, 50));
+        assert_eq!(
+            v.view(40, 20).unwrap_err(),
+            IoError::OutOfRange {
+                offset: 40,
+                len: 20,
+                size: 50
+            }
+        );
+        assert!(h.view(u64::MAX, 2).is_err());
+    }
+}

@@ -1,0 +1,426 @@
+//! The manager's rules, one test each.
+
+use super::*;
+use crate::error::NotFoundReason;
+use crate::test_shim::TestShim;
+
+const MIB: u64 = 1 << 20;
+
+fn setup(total: u64, alignment: u64, max_page: u64) -> (TestShim, MemoryManager<TestShim>) {
+    let shim = TestShim::new(total, alignment, max_page);
+    let config = MemoryConfig {
+        release: PageRelease::Immediate,
+        ..MemoryConfig::default()
+    };
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    (shim, mm)
+}
+
+fn device() -> (TestShim, MemoryManager<TestShim>) {
+    setup(1 << 30, 32, 256 * MIB)
+}
+
+fn pool(mm: &MemoryManager<TestShim>, kind: PoolKind) -> PoolReport {
+    *mm.report()
+        .pools
+        .iter()
+        .find(|p| p.kind == kind)
+        .expect("pool in report")
+}
+
+#[test]
+fn small_requests_share_one_small_page() {
+    let (shim, mut mm) = device();
+    let a = mm.reserve(&shim, 512, PageUpdate::Allow).unwrap();
+    let b = mm.reserve(&shim, 512, PageUpdate::Allow).unwrap();
+    let r = pool(&mm, PoolKind::Small);
+    assert_eq!(
+        (r.allocations, r.in_use, r.reserved, r.pages),
+        (2, 1024, 8 * MIB, 1)
+    );
+    drop((a, b));
+    let _c = mm.reserve(&shim, 512, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.report().reserved(), 8 * MIB, "freed room is reused");
+}
+
+#[test]
+fn padding_is_counted() {
+    let (shim, mut mm) = device();
+    let _a = mm.reserve(&shim, 40, PageUpdate::Allow).unwrap();
+    let _b = mm.reserve(&shim, 40, PageUpdate::Allow).unwrap();
+    let r = mm.report();
+    assert_eq!((r.in_use(), r.padding()), (80, 48));
+}
+
+#[test]
+fn near_page_sizes_go_to_the_arena_and_the_page_follows_the_largest_request() {
+    let (shim, mut mm) = device();
+    let _a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.arena_page_size_now(), Some(2 * MIB));
+    let _b = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.arena_page_size_now(), Some(11 * MIB));
+    let _c = mm.reserve(&shim, 6 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        mm.arena_page_size_now(),
+        Some(11 * MIB),
+        "page size never shrinks"
+    );
+    let _d = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(pool(&mm, PoolKind::Arena { outdated: false }).pages, 2);
+}
+
+#[test]
+fn an_outdated_class_serves_nothing_new_and_gives_its_pages_back_once_empty() {
+    let (shim, mut mm) = device();
+    let small = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    let _big = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    let outdated = pool(&mm, PoolKind::Arena { outdated: true });
+    assert_eq!(outdated.pages, 1);
+    let another = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    let on = |h: &Handle, mm: &MemoryManager<TestShim>| mm.resolve(h).unwrap().page;
+    assert_ne!(
+        on(&another, &mm),
+        on(&small, &mm),
+        "not carved from the outdated page"
+    );
+    drop(small);
+    // An AddOnly reservation releases nothing.
+    let _x = mm.reserve(&shim, 100, PageUpdate::AddOnly).unwrap();
+    assert_eq!(pool(&mm, PoolKind::Arena { outdated: true }).pages, 1);
+    let _y = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    assert!(
+        mm.report()
+            .pools
+            .iter()
+            .all(|p| p.kind != PoolKind::Arena { outdated: true })
+    );
+}
+
+#[test]
+fn the_page_size_stops_at_the_largest_page_and_past_it_is_too_big() {
+    let (shim, mut mm) = setup(1 << 30, 32, 16 * MIB);
+    let _a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    let _b = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.arena_page_size_now(), Some(16 * MIB));
+    let before = mm.report();
+    let e = mm
+        .reserve(&shim, 16 * MIB + 1, PageUpdate::Allow)
+        .unwrap_err();
+    assert!(matches!(e, IoError::BufferTooBig { max_page, .. } if max_page == 16 * MIB));
+    assert_eq!(
+        mm.report(),
+        before,
+        "an impossible size leaves the pages alone"
+    );
+    let e = mm.reserve(&shim, 1 << 50, PageUpdate::Allow).unwrap_err();
+    assert!(matches!(e, IoError::BufferTooBig { .. }));
+    assert!(matches!(
+        mm.reserve(&shim, u64::MAX, PageUpdate::Allow),
+        Err(IoError::BufferTooBig { .. })
+    ));
+}
+
+#[test]
+fn a_refused_growth_leaves_the_page_size_where_it_was() {
+    let (shim, mut mm) = device();
+    shim.device_limit.set(8 * MIB);
+    let _a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    let e = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            IoError::OutOfMemory {
+                source: Some(_),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(mm.arena_page_size_now(), Some(2 * MIB));
+    let _b = mm.reserve(&shim, MIB / 2, PageUpdate::Allow).unwrap();
+    assert_eq!(pool(&mm, PoolKind::Arena { outdated: false }).pages, 1);
+}
+
+#[test]
+fn forbidden_updates_serve_only_the_room_held() {
+    let (shim, mut mm) = device();
+    let a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    drop(a);
+    let _b = mm.reserve(&shim, MIB, PageUpdate::Forbidden).unwrap();
+    let e = mm
+        .reserve(&shim, 4 * MIB, PageUpdate::Forbidden)
+        .unwrap_err();
+    assert_eq!(e, IoError::PageUpdateForbidden { size: 4 * MIB });
+    assert!(!e.may_succeed_after_reclaim());
+    assert_eq!(pool(&mm, PoolKind::Arena { outdated: false }).pages, 1);
+}
+
+#[test]
+fn sixty_four_classes_then_page_sizes_are_exhausted_until_cleanup() {
+    let (shim, mut mm) = setup(1 << 40, 32, 1 << 30);
+    let mut kept = Vec::new();
+    for i in 0..64u64 {
+        kept.push(
+            mm.reserve(&shim, (3 + 2 * i) * MIB, PageUpdate::Allow)
+                .unwrap(),
+        );
+    }
+    let e = mm
+        .try_reserve(&shim, 200 * MIB, PageUpdate::Allow)
+        .unwrap_err();
+    assert_eq!(
+        e,
+        IoError::PageSizesExhausted {
+            size: 200 * MIB,
+            classes: 64
+        }
+    );
+    assert!(e.may_succeed_after_reclaim());
+    // Freeing an outdated class's only allocation lets cleanup free its slot.
+    kept.remove(0);
+    let _h = mm.reserve(&shim, 200 * MIB, PageUpdate::Allow).unwrap();
+}
+
+#[test]
+fn persistent_windows_nest_and_reuse_by_exact_size() {
+    let (shim, mut mm) = device();
+    mm.set_mode(AllocationMode::Persistent);
+    mm.set_mode(AllocationMode::Persistent);
+    mm.set_mode(AllocationMode::Auto);
+    let a = mm.reserve(&shim, 1024, PageUpdate::Allow).unwrap();
+    let r = pool(&mm, PoolKind::Persistent);
+    assert_eq!((r.in_use, r.reserved), (1024, 1024));
+    assert_eq!(mm.report().pools.len(), 1, "nothing dynamic was touched");
+    drop(a);
+    let _b = mm.reserve(&shim, 1024, PageUpdate::Allow).unwrap();
+    assert_eq!(pool(&mm, PoolKind::Persistent).reserved, 1024, "reused");
+    let _c = mm.reserve(&shim, 1025, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        pool(&mm, PoolKind::Persistent).pages,
+        2,
+        "other size, new page"
+    );
+    mm.set_mode(AllocationMode::Auto);
+    let _d = mm.reserve(&shim, 1024, PageUpdate::Allow).unwrap();
+    assert_eq!(pool(&mm, PoolKind::Small).pages, 1);
+}
+
+#[test]
+fn persistent_pages_go_back_only_on_explicit_cleanup() {
+    let (shim, mut mm) = device();
+    mm.set_mode(AllocationMode::Persistent);
+    drop(mm.reserve(&shim, 100 * MIB, PageUpdate::Allow).unwrap());
+    mm.cleanup(&shim, Cleanup::Periodic);
+    assert_eq!(shim.live_pages.get(), 1);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(shim.live_pages.get(), 0);
+}
+
+#[test]
+fn dedicated_allocations_are_released_at_the_next_tick_once_freed() {
+    let (shim, mut mm) = device();
+    mm.set_mode(AllocationMode::Persistent);
+    mm.set_mode(AllocationMode::Dedicated);
+    let probe = mm.reserve(&shim, 200 * MIB, PageUpdate::Allow).unwrap();
+    mm.set_mode(AllocationMode::Auto);
+    let _w = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(pool(&mm, PoolKind::Persistent).in_use, MIB);
+    assert_eq!(mm.report().reserved(), 201 * MIB);
+    drop(probe);
+    mm.set_mode(AllocationMode::Auto);
+    let _x = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.report().reserved(), MIB + 2 * MIB);
+}
+
+#[test]
+fn handles_mutate_only_when_alone() {
+    let (shim, mut mm) = device();
+    let a = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    let c = a.clone();
+    assert!(!a.can_mut());
+    drop(c);
+    assert!(a.can_mut());
+}
+
+#[test]
+fn bind_hands_the_room_over_and_the_reservation_goes_stale() {
+    let (shim, mut mm) = device();
+    let user = mm.lazy_handle(100);
+    assert_eq!(
+        mm.resolve(&user).unwrap_err(),
+        IoError::NotFound {
+            handle: user.id(),
+            reason: NotFoundReason::NeverBound
+        }
+    );
+    let reserved = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    let stale = reserved.clone();
+    let addr = mm.resolve(&reserved).unwrap().addr;
+    mm.bind(reserved, &user, 7).unwrap();
+    let r = mm.resolve(&user).unwrap();
+    assert_eq!((r.addr, r.cursor), (addr, 7));
+    assert_eq!(
+        mm.resolve(&stale).unwrap_err(),
+        IoError::NotFound {
+            handle: stale.id(),
+            reason: NotFoundReason::HandedOver
+        }
+    );
+    drop(stale);
+    assert_eq!(
+        mm.report().allocations(),
+        1,
+        "the stale clone frees nothing"
+    );
+}
+
+#[test]
+fn a_released_location_never_resolves_to_its_next_owner() {
+    let (shim, mut mm) = device();
+    let a = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    let binding = a.binding();
+    let user = mm.lazy_handle(100);
+    mm.bind(a, &user, 0).unwrap();
+    // Rebinding `user` frees its first room, which the next reservation reuses.
+    let again = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    mm.bind(again, &user, 1).unwrap();
+    let other = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    assert!(matches!(
+        mm.resolve(&binding),
+        Err(IoError::NotFound { .. })
+    ));
+    assert_ne!(
+        mm.resolve(&other).unwrap().addr,
+        mm.resolve(&user).unwrap().addr
+    );
+}
+
+#[test]
+fn foreign_and_out_of_range_handles_are_errors() {
+    let (shim, mut mm) = device();
+    let other_issuer = Issuer {
+        device: 2,
+        stream: 0,
+    };
+    let mut other: MemoryManager<TestShim> = MemoryManager::new(
+        &shim.facts,
+        MemoryConfig::default(),
+        other_issuer,
+        MemoryBudget::new(None),
+    );
+    let foreign = other.lazy_handle(10);
+    assert_eq!(
+        mm.resolve(&foreign).unwrap_err(),
+        IoError::ForeignHandle {
+            issued_by: 2,
+            used_on: 1
+        }
+    );
+    let h = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    let big = mm.lazy_handle(200);
+    let e = mm.bind(h, &big, 0).unwrap_err();
+    assert!(matches!(e, IoError::OutOfRange { .. }));
+}
+
+#[test]
+fn a_guarded_page_keeps_its_place_and_serves_nothing_new() {
+    let (shim, mut mm) = device();
+    let a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    let guard = mm.guard(&a).unwrap();
+    let page = mm.resolve(&a).unwrap().page;
+    assert_eq!(guard.page(), page);
+    drop(a);
+    let b = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_ne!(mm.resolve(&b).unwrap().page, page);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert!(
+        mm.pages().iter().any(|p| p.page == page && p.guarded),
+        "kept while guarded"
+    );
+    drop(guard);
+    drop(b);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(mm.report().reserved(), 0);
+    assert_eq!(shim.live_pages.get(), 0);
+}
+
+#[test]
+fn the_budget_is_never_exceeded_and_the_refusal_names_it() {
+    let shim = TestShim::new(1 << 30, 32, 256 * MIB);
+    let budget = MemoryBudget::new(Some(20 * MIB));
+    let config = MemoryConfig {
+        release: PageRelease::Immediate,
+        ..MemoryConfig::default()
+    };
+    let mut mm = MemoryManager::new(
+        &shim.facts,
+        config,
+        Issuer {
+            device: 1,
+            stream: 0,
+        },
+        budget.clone(),
+    );
+    let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    let e = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap_err();
+    assert_eq!(
+        e,
+        IoError::OutOfMemory {
+            size: 10 * MIB,
+            held: 11 * MIB,
+            budget: Some(20 * MIB),
+            source: None
+        }
+    );
+    assert!(budget.held() <= 20 * MIB);
+    // A reclaim that frees a fitting page lets the request succeed.
+    drop(a);
+    let _b = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    assert!(budget.held() <= 20 * MIB);
+}
+
+#[test]
+fn fenced_release_retires_pages_until_the_owner_frees_them() {
+    let shim = TestShim::new(1 << 30, 32, 256 * MIB);
+    let budget = MemoryBudget::new(None);
+    let mut mm = MemoryManager::new(
+        &shim.facts,
+        MemoryConfig::default(),
+        Issuer {
+            device: 1,
+            stream: 0,
+        },
+        budget.clone(),
+    );
+    drop(mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap());
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!((shim.live_pages.get(), mm.retired_bytes()), (1, 2 * MIB));
+    assert_eq!(budget.held(), 2 * MIB, "retired pages still count");
+    // SAFETY: no device work exists in this test.
+    unsafe { mm.free_retired(&shim) };
+    assert_eq!((shim.live_pages.get(), budget.held()), (0, 0));
+}
+
+#[test]
+fn zero_size_reservations_succeed() {
+    let (shim, mut mm) = device();
+    let h = mm.reserve(&shim, 0, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.resolve(&h).unwrap().len, 0);
+}
+
+#[test]
+fn the_report_reads_well() {
+    let (shim, mut mm) = device();
+    let _a = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
+    let _b = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    let text = alloc::format!("{}", mm.report());
+    assert!(
+        text.contains("small") && text.contains("arena") && text.contains("total"),
+        "{text}"
+    );
+    assert!(text.contains("8 MiB") && text.contains("4 MiB"), "{text}");
+}

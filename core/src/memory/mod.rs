@@ -1,0 +1,22 @@
+//! Device memory: handles, pages, pools, the manager, guards and the report.
+//!
+//! Pages come from the shim; the core carves slices out of them. One [`MemoryManager`] serves one
+//! stream; the [`MemoryBudget`] is shared by every stream of a device.
+
+mod budget;
+mod config;
+mod free_index;
+mod handle;
+mod manager;
+mod report;
+mod sliced;
+mod whole;
+
+pub use budget::MemoryBudget;
+pub use config::{MemoryConfig, PageRelease};
+pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
+pub use manager::{
+    AllocationInfo, AllocationMode, Cleanup, MemoryManager, PageGuard, PageInfo, PageRef,
+    PageUpdate, Resolved, RetiredPage,
+};
+pub use report::{MemoryReport, PoolKind, PoolReport};

@@ -1,0 +1,490 @@
+//! A sliced pool: device pages of one size, carved into blocks.
+//!
+//! Owns its pages, the blocks carved from them (physical neighbours linked so freed blocks
+//! coalesce at once) and the index of free blocks. Placement is good-fit: the smallest size class
+//! that holds the request, first fit inside it. Does not own the device calls (the manager passes
+//! pages in and takes them out) nor the decision of when an empty page goes back.
+
+use super::free_index::{FreeIndex, Links, NIL};
+use alloc::vec::Vec;
+
+#[derive(Debug, Clone, Copy)]
+enum BlockState {
+    Free { prev: u32, next: u32 },
+    Used(Used),
+    Vacant { next: u32 },
+}
+
+/// What a used block knows of its allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Used {
+    /// The id of the handle it is bound to.
+    pub owner: u64,
+    /// Bytes asked for (the block may be larger by the padding).
+    pub size: u64,
+    /// The stream cursor when it was bound.
+    pub cursor: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    page: u32,
+    offset: u64,
+    size: u64,
+    prev_phys: u32,
+    next_phys: u32,
+    state: BlockState,
+}
+
+/// One device page of a sliced pool.
+#[derive(Debug)]
+pub(crate) struct Page<P> {
+    pub raw: P,
+    pub addr: u64,
+    pub size: u64,
+    /// Allocations on the page.
+    pub live: u32,
+    /// Bytes asked for by the allocations on the page.
+    pub in_use: u64,
+    /// Alignment padding of the allocations on the page.
+    pub padding: u64,
+    /// Guards alive on the page: nothing new is carved and the page is never released.
+    pub guards: u32,
+    /// Whether the page's free blocks are in the index (not guarded, pool not outdated).
+    indexed: bool,
+    /// The block at offset 0: it keeps its index for the page's whole life (carving keeps the
+    /// front part, and nothing precedes it to merge into).
+    first: u32,
+}
+
+/// A block handed out: where it is and what it spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Carved {
+    pub block: u32,
+    pub page: u32,
+    pub addr: u64,
+}
+
+/// Pages of one size carved into blocks.
+#[derive(Debug)]
+pub(crate) struct SlicedPool<P> {
+    pub page_size: u64,
+    pages: Vec<Option<Page<P>>>,
+    free_pages: Vec<u32>,
+    blocks: Vec<Block>,
+    vacant: u32,
+    index: FreeIndex,
+    /// Whether new reservations may be served (false once the pool is outdated).
+    serving: bool,
+    pub pages_live: u32,
+    pub pages_peak: u32,
+}
+
+impl Links for Vec<Block> {
+    fn size(&self, block: u32) -> u64 {
+        self[block as usize].size
+    }
+    fn next_free(&self, block: u32) -> u32 {
+        match self[block as usize].state {
+            BlockState::Free { next, .. } => next,
+            _ => NIL,
+        }
+    }
+    fn prev_free(&self, block: u32) -> u32 {
+        match self[block as usize].state {
+            BlockState::Free { prev, .. } => prev,
+            _ => NIL,
+        }
+    }
+    fn set_links(&mut self, block: u32, prev: u32, next: u32) {
+        self[block as usize].state = BlockState::Free { prev, next };
+    }
+    fn set_prev(&mut self, block: u32, new_prev: u32) {
+        if let BlockState::Free { prev, .. } = &mut self[block as usize].state {
+            *prev = new_prev;
+        }
+    }
+    fn set_next(&mut self, block: u32, new_next: u32) {
+        if let BlockState::Free { next, .. } = &mut self[block as usize].state {
+            *next = new_next;
+        }
+    }
+}
+
+impl<P> SlicedPool<P> {
+    pub(crate) fn new(page_size: u64) -> Self {
+        Self {
+            page_size,
+            pages: Vec::new(),
+            free_pages: Vec::new(),
+            blocks: Vec::new(),
+            vacant: NIL,
+            index: FreeIndex::default(),
+            serving: true,
+            pages_live: 0,
+            pages_peak: 0,
+        }
+    }
+
+    fn new_block(&mut self, block: Block) -> u32 {
+        if self.vacant != NIL {
+            let i = self.vacant;
+            if let BlockState::Vacant { next } = self.blocks[i as usize].state {
+                self.vacant = next;
+            }
+            self.blocks[i as usize] = block;
+            i
+        } else {
+            self.blocks.push(block);
+            (self.blocks.len() - 1) as u32
+        }
+    }
+
+    fn vacate(&mut self, block: u32) {
+        self.blocks[block as usize].state = BlockState::Vacant { next: self.vacant };
+        self.vacant = block;
+    }
+
+    /// Carves `aligned` bytes (`size` asked + padding) from a free block, if one fits.
+    pub(crate) fn try_carve(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
+        if !self.serving {
+            return None;
+        }
+        let b = self.index.find(&self.blocks, aligned)?;
+        self.index.remove(&mut self.blocks, b);
+        let Block {
+            page,
+            offset,
+            size: block_size,
+            next_phys,
+            ..
+        } = self.blocks[b as usize];
+        if block_size > aligned {
+            let rest = self.new_block(Block {
+                page,
+                offset: offset + aligned,
+                size: block_size - aligned,
+                prev_phys: b,
+                next_phys,
+                state: BlockState::Free {
+                    prev: NIL,
+                    next: NIL,
+                },
+            });
+            if next_phys != NIL {
+                self.blocks[next_phys as usize].prev_phys = rest;
+            }
+            let blk = &mut self.blocks[b as usize];
+            blk.next_phys = rest;
+            blk.size = aligned;
+            self.index.insert(&mut self.blocks, rest);
+        }
+        self.blocks[b as usize].state = BlockState::Used(used);
+        let p = self.pages[page as usize]
+            .as_mut()
+            .expect("a block's page is live");
+        p.live += 1;
+        p.in_use += size;
+        p.padding += aligned - size;
+        Some(Carved {
+            block: b,
+            page,
+            addr: p.addr + offset,
+        })
+    }
+
+    /// Adds a page of this pool's size; its room joins the index.
+    pub(crate) fn add_page(&mut self, raw: P, addr: u64) -> u32 {
+        let page = Page {
+            raw,
+            addr,
+            size: self.page_size,
+            live: 0,
+            in_use: 0,
+            padding: 0,
+            guards: 0,
+            indexed: self.serving,
+            first: NIL,
+        };
+        let pi = match self.free_pages.pop() {
+            Some(i) => {
+                self.pages[i as usize] = Some(page);
+                i
+            }
+            None => {
+                self.pages.push(Some(page));
+                (self.pages.len() - 1) as u32
+            }
+        };
+        let b = self.new_block(Block {
+            page: pi,
+            offset: 0,
+            size: self.page_size,
+            prev_phys: NIL,
+            next_phys: NIL,
+            state: BlockState::Free {
+                prev: NIL,
+                next: NIL,
+            },
+        });
+        if self.serving {
+            self.index.insert(&mut self.blocks, b);
+        }
+        if let Some(p) = self.pages[pi as usize].as_mut() {
+            p.first = b;
+        }
+        self.pages_live += 1;
+        self.pages_peak = self.pages_peak.max(self.pages_live);
+        pi
+    }
+
+    /// The used block `block`, if it is bound to `owner`.
+    pub(crate) fn used(&self, block: u32, owner: u64) -> Option<(Used, u32, u64)> {
+        let b = self.blocks.get(block as usize)?;
+        match b.state {
+            BlockState::Used(u) if u.owner == owner => {
+                let page = self.pages.get(b.page as usize)?.as_ref()?;
+                Some((u, b.page, page.addr + b.offset))
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn used_mut(&mut self, block: u32, owner: u64) -> Option<&mut Used> {
+        match &mut self.blocks.get_mut(block as usize)?.state {
+            BlockState::Used(u) if u.owner == owner => Some(u),
+            _ => None,
+        }
+    }
+
+    /// Frees the block bound to `owner`, coalescing it with free neighbours. Returns the page it
+    /// was on, or `None` when the block is not bound to `owner` (already freed or rebound).
+    pub(crate) fn free(&mut self, block: u32, owner: u64) -> Option<u32> {
+        let used = *self.used_mut(block, owner)?;
+        let b = self.blocks[block as usize];
+        let page = b.page;
+        let (indexed, _) = {
+            let p = self.pages[page as usize]
+                .as_mut()
+                .expect("a block's page is live");
+            p.live -= 1;
+            p.in_use -= used.size;
+            p.padding -= b.size - used.size;
+            (p.indexed, ())
+        };
+        let mut start = block;
+        let mut size = b.size;
+        let mut next = b.next_phys;
+        if next != NIL && matches!(self.blocks[next as usize].state, BlockState::Free { .. }) {
+            if indexed {
+                self.index.remove(&mut self.blocks, next);
+            }
+            size += self.blocks[next as usize].size;
+            let after = self.blocks[next as usize].next_phys;
+            self.vacate(next);
+            next = after;
+        }
+        let prev = b.prev_phys;
+        if prev != NIL && matches!(self.blocks[prev as usize].state, BlockState::Free { .. }) {
+            if indexed {
+                self.index.remove(&mut self.blocks, prev);
+            }
+            size += self.blocks[prev as usize].size;
+            self.vacate(block);
+            start = prev;
+        }
+        let s = &mut self.blocks[start as usize];
+        s.size = size;
+        s.next_phys = next;
+        s.state = BlockState::Free {
+            prev: NIL,
+            next: NIL,
+        };
+        if next != NIL {
+            self.blocks[next as usize].prev_phys = start;
+        }
+        if indexed {
+            self.index.insert(&mut self.blocks, start);
+        }
+        Some(page)
+    }
+
+    pub(crate) fn page(&self, page: u32) -> Option<&Page<P>> {
+        self.pages.get(page as usize)?.as_ref()
+    }
+
+    /// Takes an empty, unguarded page out of the pool, returning its raw page for release.
+    pub(crate) fn remove_page_if_empty(&mut self, page: u32) -> Option<Page<P>> {
+        let p = self.pages.get(page as usize)?.as_ref()?;
+        if p.live != 0 || p.guards != 0 {
+            return None;
+        }
+        let (indexed, b) = (p.indexed, p.first);
+        // An empty page is one free block: its first.
+        if indexed {
+            self.index.remove(&mut self.blocks, b);
+        }
+        self.vacate(b);
+        self.free_pages.push(page);
+        self.pages_live -= 1;
+        self.pages[page as usize].take()
+    }
+
+    /// Indices of the pages that hold nothing and are not guarded.
+    pub(crate) fn empty_pages(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pages.iter().enumerate().filter_map(|(i, p)| {
+            p.as_ref()
+                .filter(|p| p.live == 0 && p.guards == 0)
+                .map(|_| i as u32)
+        })
+    }
+
+    /// Every live page.
+    pub(crate) fn pages(&self) -> impl Iterator<Item = (u32, &Page<P>)> + '_ {
+        self.pages
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.as_ref().map(|p| (i as u32, p)))
+    }
+
+    /// Stops serving: the pool is outdated, its free room leaves the index.
+    pub(crate) fn stop_serving(&mut self) {
+        self.serving = false;
+        for pi in 0..self.pages.len() {
+            self.set_indexed(pi as u32, false);
+        }
+    }
+
+    /// Adds or removes a guard on `page`.
+    pub(crate) fn guard(&mut self, page: u32, add: bool) {
+        let Some(p) = self.pages.get_mut(page as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if add {
+            p.guards += 1;
+        } else {
+            p.guards = p.guards.saturating_sub(1);
+        }
+        let index = p.guards == 0 && self.serving;
+        self.set_indexed(page, index);
+    }
+
+    fn set_indexed(&mut self, page: u32, indexed: bool) {
+        let Some(p) = self.pages.get_mut(page as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if p.indexed == indexed {
+            return;
+        }
+        p.indexed = indexed;
+        let mut b = p.first;
+        while b != NIL {
+            if matches!(self.blocks[b as usize].state, BlockState::Free { .. }) {
+                if indexed {
+                    self.index.insert(&mut self.blocks, b);
+                } else {
+                    self.index.remove(&mut self.blocks, b);
+                }
+            }
+            b = self.blocks[b as usize].next_phys;
+        }
+    }
+
+    pub(crate) fn is_serving(&self) -> bool {
+        self.serving
+    }
+
+    /// Totals over the pool: (allocations, bytes in use, padding, bytes reserved).
+    pub(crate) fn usage(&self) -> (u64, u64, u64, u64) {
+        self.pages().fold((0, 0, 0, 0), |(n, u, pad, r), (_, p)| {
+            (
+                n + u64::from(p.live),
+                u + p.in_use,
+                pad + p.padding,
+                r + p.size,
+            )
+        })
+    }
+
+    /// Every used block as (page, offset within page, block size, used), for checks.
+    pub(crate) fn used_blocks(&self) -> impl Iterator<Item = (u32, u64, u64, Used)> + '_ {
+        self.blocks.iter().filter_map(|b| match b.state {
+            BlockState::Used(u) if self.pages.get(b.page as usize).is_some_and(Option::is_some) => {
+                Some((b.page, b.offset, b.size, u))
+            }
+            _ => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn used(owner: u64, size: u64) -> Used {
+        Used {
+            owner,
+            size,
+            cursor: 0,
+        }
+    }
+
+    #[test]
+    fn carving_splits_and_freeing_coalesces() {
+        let mut pool = SlicedPool::new(32 * MIB);
+        pool.add_page((), 0x1000_0000);
+        let sizes = [4 * MIB, 15 * MIB, 8 * MIB, 4 * MIB];
+        let carved: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| pool.try_carve(s, s, used(i as u64, s)).unwrap())
+            .collect();
+        assert_eq!(carved[3].addr, 0x1000_0000 + 27 * MIB);
+        assert!(
+            pool.try_carve(8 * MIB, 8 * MIB, used(9, 8 * MIB)).is_none(),
+            "1 MiB left"
+        );
+        pool.free(carved[1].block, 1).unwrap();
+        pool.free(carved[2].block, 2).unwrap();
+        // 15 + 8 coalesced: a 20 MiB request fits where neither alone would.
+        let big = pool
+            .try_carve(20 * MIB, 20 * MIB, used(10, 20 * MIB))
+            .unwrap();
+        assert_eq!(big.addr, 0x1000_0000 + 4 * MIB);
+        assert_eq!(pool.usage(), (3, 28 * MIB, 0, 32 * MIB));
+    }
+
+    #[test]
+    fn a_block_is_freed_only_by_its_owner_and_once() {
+        let mut pool = SlicedPool::new(MIB);
+        pool.add_page((), 0);
+        let c = pool.try_carve(100, 128, used(5, 100)).unwrap();
+        assert_eq!(pool.free(c.block, 6), None);
+        assert_eq!(pool.free(c.block, 5), Some(c.page));
+        assert_eq!(pool.free(c.block, 5), None);
+        assert_eq!(pool.usage(), (0, 0, 0, MIB));
+        assert!(pool.remove_page_if_empty(c.page).is_some());
+        assert_eq!(pool.usage(), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn a_guarded_page_serves_nothing_new_and_stays() {
+        let mut pool = SlicedPool::new(MIB);
+        let p = pool.add_page((), 0);
+        pool.guard(p, true);
+        assert!(pool.try_carve(10, 16, used(1, 10)).is_none());
+        assert!(pool.remove_page_if_empty(p).is_none());
+        pool.guard(p, false);
+        assert!(pool.try_carve(10, 16, used(1, 10)).is_some());
+    }
+
+    #[test]
+    fn an_outdated_pool_serves_nothing() {
+        let mut pool = SlicedPool::new(MIB);
+        pool.add_page((), 0);
+        pool.stop_serving();
+        assert!(pool.try_carve(10, 16, used(1, 10)).is_none());
+    }
+}

@@ -1,0 +1,285 @@
+//! The shim contract: every device call the core makes, and nothing else.
+//!
+//! A shim is thin. It owns the device calls (streams, events, pages, copies, launches, graphs)
+//! and the classification of their failures. It owns no policy: pooling, the drop queue, ordering
+//! across streams, capture rules and staging are the core's. The contract is shaped after what CUDA
+//! can do, so a CPU shim cannot hide a semantic that CUDA would break: copies and launches are
+//! asynchronous, events are the only completion signal, and some calls are illegal while a stream
+//! is being recorded into a graph.
+//!
+//! # What the core promises a shim
+//!
+//! - The core drives a device from one thread at a time (`&self` methods leave the shim free to
+//!   be shared, but the core never calls it concurrently).
+//! - It never frees a page, nor a host buffer handed to a copy, before an event recorded after the
+//!   page's (or buffer's) last use on every stream has completed.
+//! - It only passes device addresses that lie inside a page it got from this shim, with the size
+//!   of the access inside the page.
+//! - It never blocks inside the shim except in [`Shim::event_wait`].
+//! - While a stream records (between [`Shim::begin_capture`] and [`Shim::end_capture`]) it makes no
+//!   call that is illegal during a recording: no [`Shim::device_alloc`], no [`Shim::device_free`],
+//!   no [`Shim::event_query`] or [`Shim::event_wait`] on an event recorded in the window, no
+//!   [`Shim::record_event`] on the recording stream used as a fence, no host synchronisation.
+//!
+//! # What a shim promises the core
+//!
+//! - Work enqueued on one stream runs in order; streams run independently of each other and of
+//!   the host unless ordered by [`Shim::stream_wait_event`].
+//! - An event completes only once everything enqueued on its stream before it has completed.
+//! - Every error is a [`DriverError`] built by [`Shim::classify`], so the core can tell a device
+//!   that is lost from a call that merely failed.
+
+use crate::copy::CopyLayout;
+use crate::error::{DriverError, Fault, ShimOp};
+use core::ptr::NonNull;
+
+/// A device address (CUDA's `CUdeviceptr`). On a CPU shim it is a host address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct DeviceAddr(pub u64);
+
+impl DeviceAddr {
+    /// The address `bytes` further on.
+    pub const fn offset(self, bytes: u64) -> Self {
+        Self(self.0 + bytes)
+    }
+}
+
+/// A range of device memory a launch touches: where it starts and how many bytes it spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct DeviceSpan {
+    /// First byte.
+    pub addr: DeviceAddr,
+    /// Number of bytes.
+    pub len: u64,
+}
+
+/// A launch grid: how many blocks in each dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Grid {
+    /// Blocks along x.
+    pub x: u32,
+    /// Blocks along y.
+    pub y: u32,
+    /// Blocks along z.
+    pub z: u32,
+}
+
+impl Grid {
+    /// A one-dimensional grid of `x` blocks.
+    pub const fn linear(x: u32) -> Self {
+        Self { x, y: 1, z: 1 }
+    }
+}
+
+/// What the core needs to know of a device before it allocates anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct DeviceFacts {
+    /// Bytes of memory the device has in all.
+    pub total_memory: u64,
+    /// Bytes of device pages the core may hold at once; `None` for no limit beyond the device's.
+    pub memory_budget: Option<u64>,
+    /// Alignment in bytes of every page and of every slice the core carves (a power of two).
+    pub page_alignment: u64,
+    /// The largest page the core may ask for.
+    pub max_page_size: u64,
+    /// Host memory is device memory (Jetson and other integrated GPUs).
+    pub integrated: bool,
+    /// Pinned host pages can be mapped into the device's address space.
+    pub can_map_host: bool,
+}
+
+/// The device calls the core makes. See the module documentation for the promises on each side.
+///
+/// Associated types are the device's own objects; dropping one releases it on the device
+/// (destroying a stream, an event or a graph). Pages are the exception: they are returned through
+/// [`Shim::device_free`] and [`Shim::host_free_pinned`] because freeing them has a precondition
+/// only the core can check.
+pub trait Shim {
+    /// An in-order queue of device work.
+    type Stream;
+    /// A fence: a point in a stream's queue that completes once everything before it has.
+    type Event;
+    /// A device allocation the core sub-allocates: a base address and a size.
+    type DevicePage;
+    /// A pinned (page-locked) host allocation, usable as the host side of asynchronous copies.
+    type HostPage;
+    /// A kernel already loaded on the device.
+    type Kernel;
+    /// The scalar arguments of a launch, passed through untouched.
+    type Args: ?Sized;
+    /// An instantiated recording of a stream; dropping it destroys it.
+    type Graph;
+
+    // ---- device facts ----
+
+    /// The device's facts. Called once when the core is set up; must not change afterwards.
+    fn facts(&self) -> DeviceFacts;
+
+    /// Builds the error of a failed call of `op` with the device's `status`, classifying it.
+    ///
+    /// Every error a shim returns comes from here, so the classification is written once: a
+    /// status after which nothing will run again (CUDA's sticky errors) must be
+    /// [`Fault::Poisoning`]; a transient shortage [`Fault::OutOfMemory`]; a size the device can
+    /// never hold [`Fault::TooBig`].
+    fn classify(&self, op: ShimOp, status: i32) -> DriverError;
+
+    // ---- streams and events ----
+
+    /// Creates a stream that runs asynchronously from the host and from the other streams.
+    fn create_stream(&self) -> Result<Self::Stream, DriverError>;
+
+    /// Makes `stream` wait, on the device, until `event` (recorded on another stream) completes.
+    /// Must not block the host.
+    fn stream_wait_event(
+        &self,
+        stream: &Self::Stream,
+        event: &Self::Event,
+    ) -> Result<(), DriverError>;
+
+    /// Records an event at the current tail of `stream`. An event recorded while nothing is
+    /// pending may complete at once.
+    fn record_event(&self, stream: &Self::Stream) -> Result<Self::Event, DriverError>;
+
+    /// Whether `event` has completed, **without blocking**. A device fault that surfaced since the
+    /// work was enqueued is returned as an error.
+    fn event_query(&self, event: &Self::Event) -> Result<bool, DriverError>;
+
+    /// Blocks the host until `event` completes. A device fault is returned as an error.
+    fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError>;
+
+    // ---- device pages ----
+
+    /// Allocates a device page of `size` bytes aligned to [`DeviceFacts::page_alignment`].
+    ///
+    /// A transient shortage is [`Fault::OutOfMemory`]; a size the device can never hold is
+    /// [`Fault::TooBig`]. A zero size succeeds.
+    fn device_alloc(&self, size: u64) -> Result<Self::DevicePage, DriverError>;
+
+    /// The first device address of `page`.
+    fn device_page_addr(&self, page: &Self::DevicePage) -> DeviceAddr;
+
+    /// Returns `page` to the device.
+    ///
+    /// # Safety
+    ///
+    /// No work that uses the page may be pending on any stream: every event recorded after its
+    /// last use has completed (or the device is poisoned and nothing will run again).
+    unsafe fn device_free(&self, page: Self::DevicePage);
+
+    // ---- pinned host pages ----
+
+    /// Allocates `size` bytes of pinned host memory. May fail with any fault: the core then
+    /// falls back to ordinary heap memory.
+    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError>;
+
+    /// The first host byte of `page`, valid for the page's size until it is freed.
+    fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8>;
+
+    /// On an integrated device whose host pages are mapped, the device address of `page`; the
+    /// device can then read and write it in place, with no staging copy. `None` otherwise.
+    fn host_page_device_addr(&self, page: &Self::HostPage) -> Option<DeviceAddr>;
+
+    /// Returns `page` to the host.
+    ///
+    /// # Safety
+    ///
+    /// No copy that reads or writes the page may be pending on any stream.
+    unsafe fn host_free_pinned(&self, page: Self::HostPage);
+
+    // ---- copies (all asynchronous on `stream`) ----
+
+    /// Enqueues a copy of `layout.packed_bytes()` host bytes at `src` to the device rows at
+    /// `dst` described by `layout`.
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reads of `layout.packed_bytes()` bytes and stays valid and unchanged
+    /// until an event recorded after this call completes. `dst .. dst + layout.device_span()`
+    /// lies in one live device page.
+    unsafe fn copy_to_device(
+        &self,
+        stream: &Self::Stream,
+        src: *const u8,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError>;
+
+    /// Enqueues a copy of the device rows at `src` described by `layout` into
+    /// `layout.packed_bytes()` packed host bytes at `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `dst` is valid for writes of `layout.packed_bytes()` bytes, nothing else touches it, and it
+    /// stays valid until an event recorded after this call completes. The device span lies in one
+    /// live device page.
+    unsafe fn copy_to_host(
+        &self,
+        stream: &Self::Stream,
+        src: DeviceAddr,
+        dst: *mut u8,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError>;
+
+    /// Enqueues a copy between two device ranges with the same `layout` on both sides.
+    ///
+    /// # Safety
+    ///
+    /// Both spans lie in live device pages and do not overlap.
+    unsafe fn copy_on_device(
+        &self,
+        stream: &Self::Stream,
+        src: DeviceAddr,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError>;
+
+    // ---- launch ----
+
+    /// Enqueues `kernel` over `grid` with the device buffers `buffers` (in the kernel's parameter
+    /// order) and the scalar arguments `args`.
+    ///
+    /// # Safety
+    ///
+    /// Every span lies in a live device page, and the kernel accesses nothing outside them.
+    unsafe fn launch(
+        &self,
+        stream: &Self::Stream,
+        kernel: &Self::Kernel,
+        grid: Grid,
+        buffers: &[DeviceSpan],
+        args: &Self::Args,
+    ) -> Result<(), DriverError>;
+
+    // ---- graphs ----
+
+    /// Starts recording `stream`: work enqueued on it from now on is recorded, not run.
+    fn begin_capture(&self, stream: &Self::Stream) -> Result<(), DriverError>;
+
+    /// Ends the recording of `stream` and instantiates it. With `doomed`, or when the recording
+    /// allocated memory, the recording is discarded and an error returned; the stream is no
+    /// longer recording either way.
+    fn end_capture(&self, stream: &Self::Stream, doomed: bool) -> Result<Self::Graph, DriverError>;
+
+    /// Uploads `graph` to the device ahead of its first launch on `stream`.
+    fn graph_upload(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<(), DriverError>;
+
+    /// Enqueues one replay of `graph` on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// Every page and host buffer the recording touched is still alive and unmoved.
+    unsafe fn graph_launch(
+        &self,
+        graph: &Self::Graph,
+        stream: &Self::Stream,
+    ) -> Result<(), DriverError>;
+}
+
+/// The error of a call a shim does not support: for shims that implement part of the contract.
+pub const fn unsupported(op: ShimOp) -> DriverError {
+    DriverError::new(op, -1, Fault::Unsupported)
+}

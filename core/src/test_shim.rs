@@ -1,0 +1,160 @@
+//! A shim for the core's own unit tests: pages are address ranges (no memory behind them), with a
+//! device limit and refusals on demand. The real CPU device is `devcmd-std`.
+
+use crate::copy::CopyLayout;
+use crate::error::{DriverError, Fault, ShimOp};
+use crate::shim::{DeviceAddr, DeviceFacts, DeviceSpan, Grid, Shim, unsupported};
+use core::cell::Cell;
+use core::ptr::NonNull;
+
+pub(crate) struct TestShim {
+    pub facts: DeviceFacts,
+    next_addr: Cell<u64>,
+    pub live_bytes: Cell<u64>,
+    pub live_pages: Cell<u64>,
+    /// Refuse device allocations past this many live bytes (the device's own limit).
+    pub device_limit: Cell<u64>,
+}
+
+pub(crate) struct TestPage {
+    addr: u64,
+    size: u64,
+}
+
+impl TestShim {
+    pub fn new(total: u64, alignment: u64, max_page: u64) -> Self {
+        Self {
+            facts: DeviceFacts {
+                total_memory: total,
+                memory_budget: None,
+                page_alignment: alignment,
+                max_page_size: max_page,
+                integrated: false,
+                can_map_host: false,
+            },
+            next_addr: Cell::new(1 << 32),
+            live_bytes: Cell::new(0),
+            live_pages: Cell::new(0),
+            device_limit: Cell::new(total),
+        }
+    }
+}
+
+impl Shim for TestShim {
+    type Stream = ();
+    type Event = ();
+    type DevicePage = TestPage;
+    type HostPage = NonNull<u8>;
+    type Kernel = ();
+    type Args = ();
+    type Graph = ();
+
+    fn facts(&self) -> DeviceFacts {
+        self.facts
+    }
+    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
+        let fault = match status {
+            2 => Fault::OutOfMemory,
+            1 => Fault::TooBig,
+            _ => Fault::Failed,
+        };
+        DriverError::new(op, status, fault)
+    }
+    fn create_stream(&self) -> Result<(), DriverError> {
+        Ok(())
+    }
+    fn stream_wait_event(&self, _: &(), _: &()) -> Result<(), DriverError> {
+        Ok(())
+    }
+    fn record_event(&self, _: &()) -> Result<(), DriverError> {
+        Ok(())
+    }
+    fn event_query(&self, _: &()) -> Result<bool, DriverError> {
+        Ok(true)
+    }
+    fn event_wait(&self, _: &()) -> Result<(), DriverError> {
+        Ok(())
+    }
+    fn device_alloc(&self, size: u64) -> Result<TestPage, DriverError> {
+        if size > self.facts.total_memory {
+            return Err(self.classify(ShimOp::DeviceAlloc, 1));
+        }
+        if self.live_bytes.get() + size > self.device_limit.get() {
+            return Err(self.classify(ShimOp::DeviceAlloc, 2));
+        }
+        let addr = self.next_addr.get();
+        // Leave a gap so distinct pages never touch.
+        self.next_addr.set(
+            addr + size.next_multiple_of(self.facts.page_alignment) + self.facts.page_alignment,
+        );
+        self.live_bytes.set(self.live_bytes.get() + size);
+        self.live_pages.set(self.live_pages.get() + 1);
+        Ok(TestPage { addr, size })
+    }
+    fn device_page_addr(&self, page: &TestPage) -> DeviceAddr {
+        DeviceAddr(page.addr)
+    }
+    unsafe fn device_free(&self, page: TestPage) {
+        self.live_bytes.set(self.live_bytes.get() - page.size);
+        self.live_pages.set(self.live_pages.get() - 1);
+    }
+    fn host_alloc_pinned(&self, _: usize) -> Result<NonNull<u8>, DriverError> {
+        Err(unsupported(ShimOp::HostAlloc))
+    }
+    fn host_page_ptr(&self, page: &NonNull<u8>) -> NonNull<u8> {
+        *page
+    }
+    fn host_page_device_addr(&self, _: &NonNull<u8>) -> Option<DeviceAddr> {
+        None
+    }
+    unsafe fn host_free_pinned(&self, _: NonNull<u8>) {}
+    unsafe fn copy_to_device(
+        &self,
+        _: &(),
+        _: *const u8,
+        _: DeviceAddr,
+        _: CopyLayout,
+    ) -> Result<(), DriverError> {
+        Err(unsupported(ShimOp::CopyHostToDevice))
+    }
+    unsafe fn copy_to_host(
+        &self,
+        _: &(),
+        _: DeviceAddr,
+        _: *mut u8,
+        _: CopyLayout,
+    ) -> Result<(), DriverError> {
+        Err(unsupported(ShimOp::CopyDeviceToHost))
+    }
+    unsafe fn copy_on_device(
+        &self,
+        _: &(),
+        _: DeviceAddr,
+        _: DeviceAddr,
+        _: CopyLayout,
+    ) -> Result<(), DriverError> {
+        Err(unsupported(ShimOp::CopyDeviceToDevice))
+    }
+    unsafe fn launch(
+        &self,
+        _: &(),
+        _: &(),
+        _: Grid,
+        _: &[DeviceSpan],
+        _: &(),
+    ) -> Result<(), DriverError> {
+        Err(unsupported(ShimOp::Launch))
+    }
+    fn begin_capture(&self, _: &()) -> Result<(), DriverError> {
+        Err(unsupported(ShimOp::GraphBegin))
+    }
+    fn end_capture(&self, _: &(), _: bool) -> Result<(), DriverError> {
+        Err(unsupported(ShimOp::GraphEnd))
+    }
+    fn graph_upload(&self, _: &(), _: &()) -> Result<(), DriverError> {
+        Err(unsupported(ShimOp::GraphUpload))
+    }
+    unsafe fn graph_launch(&self, _: &(), _: &()) -> Result<(), DriverError> {
+        Err(unsupported(ShimOp::GraphLaunch))
+    }
+}

@@ -1,0 +1,616 @@
+//! The device: its configuration, its shared state and the [`Shim`] implementation.
+
+use crate::faults::{Injection, Stats, classify, status};
+use crate::graph::StdGraph;
+use crate::kernel::{KernelCtx, KernelFault, StdKernel};
+use crate::lock;
+use crate::memory::{Block, Quarantine, StdDevicePage, StdHostPage};
+use crate::stream::{CopyOp, Op, StdEvent, StdStream};
+use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
+use std::alloc::Layout;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Builds a [`StdShim`]. Every setting has a default; out-of-range values are normalised (see
+/// each method) rather than refused.
+#[derive(Debug, Clone)]
+pub struct StdShimBuilder {
+    total_memory: u64,
+    memory_budget: Option<u64>,
+    page_alignment: u64,
+    max_page_size: Option<u64>,
+    integrated: bool,
+    lazy: bool,
+    poison: bool,
+    alloc_budget: Option<u64>,
+    injections: Vec<Injection>,
+}
+
+impl Default for StdShimBuilder {
+    fn default() -> Self {
+        Self {
+            total_memory: 1 << 30,
+            memory_budget: None,
+            page_alignment: 256,
+            max_page_size: None,
+            integrated: false,
+            lazy: false,
+            poison: false,
+            alloc_budget: None,
+            injections: Vec::new(),
+        }
+    }
+}
+
+impl StdShimBuilder {
+    /// Bytes of device memory in all (default 1 GiB): live device pages never exceed it.
+    pub fn total_memory(mut self, bytes: u64) -> Self {
+        self.total_memory = bytes;
+        self
+    }
+
+    /// The budget reported in [`DeviceFacts::memory_budget`] for the core to keep (default none).
+    /// The shim does not enforce it; see [`StdShimBuilder::alloc_budget`] for that.
+    pub fn memory_budget(mut self, bytes: Option<u64>) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+
+    /// Page alignment (default 256). Rounded up to a power of two; 256 if that overflows.
+    pub fn page_alignment(mut self, bytes: u64) -> Self {
+        self.page_alignment = bytes;
+        self
+    }
+
+    /// The largest page (default a quarter of the total memory); clamped to the total memory.
+    pub fn max_page_size(mut self, bytes: u64) -> Self {
+        self.max_page_size = Some(bytes);
+        self
+    }
+
+    /// An integrated device (default false): pinned host pages are mapped, with their host
+    /// address as device address, and usable by copies and kernels.
+    pub fn integrated(mut self, yes: bool) -> Self {
+        self.integrated = yes;
+        self
+    }
+
+    /// Lazy mode (default false): a stream runs nothing until an event of it is queried or waited
+    /// on, then runs up to that event (see the `stream` module documentation).
+    pub fn lazy(mut self, yes: bool) -> Self {
+        self.lazy = yes;
+        self
+    }
+
+    /// Poison mode (default false): freed device and host pages are filled with
+    /// [`POISON_BYTE`](crate::POISON_BYTE) and held in a bounded quarantine (the last 64 blocks,
+    /// at most 64 MiB) before going back to the heap, so late reads see poison.
+    pub fn poison(mut self, yes: bool) -> Self {
+        self.poison = yes;
+        self
+    }
+
+    /// Injected: fail `device_alloc` with [`status::BUDGET`] past `bytes` of live device pages.
+    pub fn alloc_budget(mut self, bytes: Option<u64>) -> Self {
+        self.alloc_budget = bytes;
+        self
+    }
+
+    /// Installs a fault injection from the start.
+    pub fn inject(mut self, injection: Injection) -> Self {
+        self.injections.push(injection);
+        self
+    }
+
+    /// The device.
+    pub fn build(self) -> StdShim {
+        let align = self
+            .page_alignment
+            .max(1)
+            .checked_next_power_of_two()
+            .filter(|a| usize::try_from(*a).is_ok_and(|a| Layout::from_size_align(1, a).is_ok()))
+            .unwrap_or(256);
+        let max_page = self.max_page_size.unwrap_or(self.total_memory / 4).min(self.total_memory);
+        let facts = DeviceFacts {
+            total_memory: self.total_memory,
+            memory_budget: self.memory_budget,
+            page_alignment: align,
+            max_page_size: max_page,
+            integrated: self.integrated,
+            can_map_host: self.integrated,
+        };
+        let state = DeviceState {
+            stats: Stats::default(),
+            injections: self.injections,
+            alloc_budget: self.alloc_budget,
+            poison_cause: None,
+            captures: HashMap::new(),
+            ranges: BTreeMap::new(),
+            quarantine: Quarantine::default(),
+        };
+        StdShim {
+            inner: Arc::new(DeviceInner {
+                facts,
+                align: usize::try_from(align).unwrap_or(256),
+                lazy: self.lazy,
+                poison_freed: self.poison,
+                poisoned: AtomicBool::new(false),
+                state: Mutex::new(state),
+                kernels: Mutex::new(HashMap::new()),
+                next_stream: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+struct DeviceState {
+    stats: Stats,
+    injections: Vec<Injection>,
+    alloc_budget: Option<u64>,
+    poison_cause: Option<DriverError>,
+    /// Recording streams, by id: whether the recording was invalidated (by an allocation).
+    captures: HashMap<u64, bool>,
+    /// Device-visible memory: start address -> length (device pages; host pages if integrated).
+    ranges: BTreeMap<usize, usize>,
+    quarantine: Quarantine,
+}
+
+impl DeviceState {
+    /// Whether `len` bytes at `addr` lie in one live device-visible range.
+    fn holds(&self, addr: u64, len: u64) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let (Ok(a), Ok(l)) = (usize::try_from(addr), usize::try_from(len)) else { return false };
+        let Some(end) = a.checked_add(l) else { return false };
+        self.ranges.range(..=a).next_back().is_some_and(|(&s, &n)| end <= s + n)
+    }
+
+    fn poisoned_error(&self, op: ShimOp) -> DriverError {
+        classify(op, self.poison_cause.map_or(status::DEVICE_POISONED, |c| c.status))
+    }
+}
+
+/// The device-wide state streams share with the shim.
+pub(crate) struct DeviceInner {
+    facts: DeviceFacts,
+    align: usize,
+    lazy: bool,
+    poison_freed: bool,
+    poisoned: AtomicBool,
+    state: Mutex<DeviceState>,
+    kernels: Mutex<HashMap<String, StdKernel>>,
+    next_stream: AtomicU64,
+}
+
+impl DeviceInner {
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// The error of a call of `op` on the poisoned device (with the status of the cause).
+    pub(crate) fn poisoned_error(&self, op: ShimOp) -> DriverError {
+        lock(&self.state).poisoned_error(op)
+    }
+
+    fn poison_locked(&self, st: &mut DeviceState, cause: DriverError) {
+        st.poison_cause.get_or_insert(cause);
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// A fault raised by running work; poisons the device if it is a poisoning one.
+    pub(crate) fn async_fault(&self, e: DriverError) {
+        let mut st = lock(&self.state);
+        st.stats.async_faults += 1;
+        if e.poisons_device() {
+            self.poison_locked(&mut st, e);
+        }
+    }
+
+    /// Counts one operation run by a worker.
+    pub(crate) fn note_run(&self, kernel: bool) {
+        let mut st = lock(&self.state);
+        st.stats.ops_run += 1;
+        st.stats.kernels_run += u64::from(kernel);
+    }
+
+    /// Forgets the recording of stream `id` (dropped while recording).
+    pub(crate) fn forget_capture(&self, id: u64) {
+        lock(&self.state).captures.remove(&id);
+    }
+}
+
+/// The CPU device. Cheap to clone (clones share the device); `Send + Sync`.
+///
+/// Every call counts itself in [`StdShim::stats`], then fails fast if the device is poisoned,
+/// then fails if an [`Injection`] fires, then does its work.
+#[derive(Clone)]
+pub struct StdShim {
+    inner: Arc<DeviceInner>,
+}
+
+impl Default for StdShim {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for StdShim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StdShim")
+            .field("facts", &self.inner.facts)
+            .field("lazy", &self.inner.lazy)
+            .field("poison", &self.inner.poison_freed)
+            .field("poisoned", &self.inner.is_poisoned())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StdShim {
+    /// A device with the default settings (see [`StdShimBuilder`]).
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder of a device.
+    pub fn builder() -> StdShimBuilder {
+        StdShimBuilder::default()
+    }
+
+    /// Registers (or replaces) the kernel `name` and returns it.
+    pub fn register_kernel(
+        &self,
+        name: &str,
+        body: impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelFault> + Send + Sync + 'static,
+    ) -> StdKernel {
+        let kernel = StdKernel::new(name, body);
+        lock(&self.inner.kernels).insert(name.to_owned(), kernel.clone());
+        kernel
+    }
+
+    /// The kernel registered as `name`.
+    pub fn kernel(&self, name: &str) -> Option<StdKernel> {
+        lock(&self.inner.kernels).get(name).cloned()
+    }
+
+    /// Installs a fault injection.
+    pub fn inject(&self, injection: Injection) {
+        lock(&self.inner.state).injections.push(injection);
+    }
+
+    /// Removes every fault injection (not the allocation budget).
+    pub fn clear_injections(&self) {
+        lock(&self.inner.state).injections.clear();
+    }
+
+    /// Fails `device_alloc` with [`status::BUDGET`] (out of memory) past `bytes` of live device
+    /// pages; `None` lifts the budget.
+    pub fn set_alloc_budget(&self, bytes: Option<u64>) {
+        lock(&self.inner.state).alloc_budget = bytes;
+    }
+
+    /// Poisons the device now: every later call fails with [`status::DEVICE_POISONED`] and
+    /// queued work is skipped.
+    pub fn poison_device(&self) {
+        let mut st = lock(&self.inner.state);
+        self.inner.poison_locked(&mut st, classify(ShimOp::Launch, status::DEVICE_POISONED));
+    }
+
+    /// Whether the device is poisoned.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.is_poisoned()
+    }
+
+    /// Whether the device runs in lazy mode.
+    pub fn is_lazy(&self) -> bool {
+        self.inner.lazy
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        lock(&self.inner.state).stats.clone()
+    }
+
+    /// Counts a call of `op` with `size` bytes; fails if the device is poisoned or an injection
+    /// fires.
+    fn enter(&self, op: ShimOp, size: u64) -> Result<(), DriverError> {
+        let mut st = lock(&self.inner.state);
+        let count = st.stats.count(op);
+        if self.inner.is_poisoned() {
+            return Err(st.poisoned_error(op));
+        }
+        let fired = st.injections.iter().find(|i| i.fires(op, count, size));
+        let Some(poisons) = fired.map(Injection::poisons) else { return Ok(()) };
+        let e = classify(op, status::injected(op, poisons));
+        if poisons {
+            self.inner.poison_locked(&mut st, e);
+        }
+        Err(e)
+    }
+
+    /// Validates and enqueues a copy; each side is `(address, is device memory)`.
+    fn copy(
+        &self,
+        op: ShimOp,
+        stream: &StdStream,
+        src: (u64, bool),
+        dst: (u64, bool),
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        self.enter(op, layout.packed_bytes())?;
+        if layout.packed_bytes() == 0 {
+            return Ok(());
+        }
+        let size = |v: u64| usize::try_from(v).map_err(|_| classify(op, status::BAD_ARGUMENT));
+        let (width, height, pitch) = (size(layout.width())?, size(layout.height())?, size(layout.pitch())?);
+        size(layout.packed_bytes())?;
+        {
+            let st = lock(&self.inner.state);
+            for (addr, device) in [src, dst] {
+                if device && !st.holds(addr, layout.device_span()) {
+                    return Err(classify(op, status::BAD_ADDRESS));
+                }
+                if !device && addr == 0 {
+                    return Err(classify(op, status::BAD_ARGUMENT));
+                }
+            }
+        }
+        let pitch_of = |device| if device { pitch } else { width };
+        stream.shared.enqueue(Op::Copy(CopyOp {
+            src: size(src.0)?,
+            dst: size(dst.0)?,
+            width,
+            height,
+            src_pitch: pitch_of(src.1),
+            dst_pitch: pitch_of(dst.1),
+        }));
+        Ok(())
+    }
+
+    /// Frees a block into the quarantine (poison mode) or the heap.
+    ///
+    /// # Safety
+    ///
+    /// Nothing uses the block any more (or only buggy late work the quarantine is meant to catch).
+    unsafe fn release(&self, st: &mut DeviceState, block: Block) {
+        st.ranges.remove(&block.addr());
+        // Freeing while recording is illegal on CUDA: it invalidates the recording.
+        st.captures.values_mut().for_each(|v| *v = true);
+        if self.inner.poison_freed {
+            // SAFETY: the caller promises nothing uses the block.
+            unsafe { st.quarantine.push(block) };
+            st.stats.quarantined_bytes = st.quarantine.bytes() as u64;
+        } else {
+            // SAFETY: the caller promises nothing uses the block.
+            unsafe { block.free() };
+        }
+    }
+}
+
+impl Shim for StdShim {
+    type Stream = StdStream;
+    type Event = StdEvent;
+    type DevicePage = StdDevicePage;
+    type HostPage = StdHostPage;
+    type Kernel = StdKernel;
+    /// Raw scalar argument bytes, native byte order (see [`KernelCtx::arg_u32`]).
+    type Args = [u8];
+    type Graph = StdGraph;
+
+    fn facts(&self) -> DeviceFacts {
+        self.inner.facts
+    }
+
+    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
+        classify(op, status)
+    }
+
+    fn create_stream(&self) -> Result<StdStream, DriverError> {
+        self.enter(ShimOp::StreamCreate, 0)?;
+        let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
+        StdStream::spawn(Arc::clone(&self.inner), id, self.inner.lazy)
+            .ok_or(classify(ShimOp::StreamCreate, status::THREAD_SPAWN))
+    }
+
+    fn stream_wait_event(&self, stream: &StdStream, event: &StdEvent) -> Result<(), DriverError> {
+        self.enter(ShimOp::StreamWaitEvent, 0)?;
+        if Arc::ptr_eq(&event.stream, &stream.shared) {
+            return Ok(()); // A stream is in order with itself.
+        }
+        if event.captured {
+            return Err(classify(ShimOp::StreamWaitEvent, status::UNSUPPORTED));
+        }
+        stream.shared.enqueue(Op::Wait { stream: Arc::clone(&event.stream), seq: event.seq });
+        Ok(())
+    }
+
+    fn record_event(&self, stream: &StdStream) -> Result<StdEvent, DriverError> {
+        self.enter(ShimOp::EventRecord, 0)?;
+        let (seq, captured) = stream.shared.tail();
+        Ok(StdEvent { stream: Arc::clone(&stream.shared), seq, captured })
+    }
+
+    fn event_query(&self, event: &StdEvent) -> Result<bool, DriverError> {
+        self.enter(ShimOp::EventQuery, 0)?;
+        if event.captured {
+            return Err(classify(ShimOp::EventQuery, status::ILLEGAL_IN_CAPTURE));
+        }
+        event.stream.query(event.seq, ShimOp::EventQuery)
+    }
+
+    fn event_wait(&self, event: &StdEvent) -> Result<(), DriverError> {
+        self.enter(ShimOp::EventWait, 0)?;
+        if event.captured {
+            return Err(classify(ShimOp::EventWait, status::ILLEGAL_IN_CAPTURE));
+        }
+        event.stream.wait(event.seq, ShimOp::EventWait)
+    }
+
+    fn device_alloc(&self, size: u64) -> Result<StdDevicePage, DriverError> {
+        const OP: ShimOp = ShimOp::DeviceAlloc;
+        self.enter(OP, size)?;
+        let facts = &self.inner.facts;
+        let mut st = lock(&self.inner.state);
+        if !st.captures.is_empty() {
+            // CUDA would invalidate the recording: refuse, and make `end_capture` refuse too.
+            st.captures.values_mut().for_each(|v| *v = true);
+            return Err(classify(OP, status::CAPTURE_INVALIDATED));
+        }
+        if size > facts.max_page_size || size > facts.total_memory {
+            return Err(classify(OP, status::TOO_BIG));
+        }
+        let after = st.stats.device_bytes_live.saturating_add(size);
+        if st.alloc_budget.is_some_and(|b| after > b) {
+            return Err(classify(OP, status::BUDGET));
+        }
+        if after > facts.total_memory {
+            return Err(classify(OP, status::OUT_OF_MEMORY));
+        }
+        let block = usize::try_from(size)
+            .ok()
+            .and_then(|s| Block::alloc(s, self.inner.align))
+            .ok_or(classify(OP, status::OUT_OF_MEMORY))?;
+        st.ranges.insert(block.addr(), size as usize);
+        st.stats.device_bytes_live = after;
+        st.stats.device_pages_live += 1;
+        Ok(StdDevicePage { block, size })
+    }
+
+    fn device_page_addr(&self, page: &StdDevicePage) -> DeviceAddr {
+        DeviceAddr(page.block.addr() as u64)
+    }
+
+    unsafe fn device_free(&self, page: StdDevicePage) {
+        let mut st = lock(&self.inner.state);
+        st.stats.device_frees += 1;
+        st.stats.device_pages_live -= 1;
+        st.stats.device_bytes_live -= page.size;
+        // SAFETY: `device_free`'s contract: no pending work uses the page.
+        unsafe { self.release(&mut st, page.block) };
+    }
+
+    fn host_alloc_pinned(&self, size: usize) -> Result<StdHostPage, DriverError> {
+        const OP: ShimOp = ShimOp::HostAlloc;
+        self.enter(OP, size as u64)?;
+        if Layout::from_size_align(size.max(1), self.inner.align).is_err() {
+            return Err(classify(OP, status::TOO_BIG));
+        }
+        let block =
+            Block::alloc(size, self.inner.align).ok_or(classify(OP, status::OUT_OF_MEMORY))?;
+        let mut st = lock(&self.inner.state);
+        if self.inner.facts.integrated {
+            st.ranges.insert(block.addr(), size);
+        }
+        st.stats.host_bytes_live += size as u64;
+        st.stats.host_pages_live += 1;
+        Ok(StdHostPage { block, size })
+    }
+
+    fn host_page_ptr(&self, page: &StdHostPage) -> NonNull<u8> {
+        page.ptr()
+    }
+
+    fn host_page_device_addr(&self, page: &StdHostPage) -> Option<DeviceAddr> {
+        self.inner.facts.integrated.then(|| DeviceAddr(page.block.addr() as u64))
+    }
+
+    unsafe fn host_free_pinned(&self, page: StdHostPage) {
+        let mut st = lock(&self.inner.state);
+        st.stats.host_frees += 1;
+        st.stats.host_pages_live -= 1;
+        st.stats.host_bytes_live -= page.size as u64;
+        // SAFETY: `host_free_pinned`'s contract: no pending copy uses the page.
+        unsafe { self.release(&mut st, page.block) };
+    }
+
+    unsafe fn copy_to_device(
+        &self,
+        stream: &StdStream,
+        src: *const u8,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        let src = (src.expose_provenance() as u64, false);
+        self.copy(ShimOp::CopyHostToDevice, stream, src, (dst.0, true), layout)
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        stream: &StdStream,
+        src: DeviceAddr,
+        dst: *mut u8,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        let dst = (dst.expose_provenance() as u64, false);
+        self.copy(ShimOp::CopyDeviceToHost, stream, (src.0, true), dst, layout)
+    }
+
+    unsafe fn copy_on_device(
+        &self,
+        stream: &StdStream,
+        src: DeviceAddr,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        self.copy(ShimOp::CopyDeviceToDevice, stream, (src.0, true), (dst.0, true), layout)
+    }
+
+    unsafe fn launch(
+        &self,
+        stream: &StdStream,
+        kernel: &StdKernel,
+        grid: Grid,
+        buffers: &[DeviceSpan],
+        args: &[u8],
+    ) -> Result<(), DriverError> {
+        let bytes = buffers.iter().fold(0u64, |a, s| a.saturating_add(s.len));
+        self.enter(ShimOp::Launch, bytes)?;
+        if !buffers.iter().all(|s| lock(&self.inner.state).holds(s.addr.0, s.len)) {
+            return Err(classify(ShimOp::Launch, status::BAD_ADDRESS));
+        }
+        stream.shared.enqueue(Op::Launch {
+            kernel: kernel.clone(),
+            grid,
+            spans: buffers.to_vec(),
+            args: args.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn begin_capture(&self, stream: &StdStream) -> Result<(), DriverError> {
+        self.enter(ShimOp::GraphBegin, 0)?;
+        if !stream.shared.begin_capture() {
+            return Err(classify(ShimOp::GraphBegin, status::CAPTURE_STATE));
+        }
+        lock(&self.inner.state).captures.insert(stream.shared.id, false);
+        Ok(())
+    }
+
+    fn end_capture(&self, stream: &StdStream, doomed: bool) -> Result<StdGraph, DriverError> {
+        const OP: ShimOp = ShimOp::GraphEnd;
+        let recorded = stream.shared.end_capture();
+        let invalidated = lock(&self.inner.state).captures.remove(&stream.shared.id);
+        self.enter(OP, 0)?;
+        let Some(ops) = recorded else { return Err(classify(OP, status::CAPTURE_STATE)) };
+        if doomed {
+            return Err(classify(OP, status::CAPTURE_DOOMED));
+        }
+        if invalidated == Some(true) {
+            return Err(classify(OP, status::CAPTURE_INVALIDATED));
+        }
+        Ok(StdGraph { ops: Arc::new(ops) })
+    }
+
+    fn graph_upload(&self, _graph: &StdGraph, _stream: &StdStream) -> Result<(), DriverError> {
+        self.enter(ShimOp::GraphUpload, 0)
+    }
+
+    unsafe fn graph_launch(&self, graph: &StdGraph, stream: &StdStream) -> Result<(), DriverError> {
+        self.enter(ShimOp::GraphLaunch, 0)?;
+        stream.shared.enqueue(Op::Replay(Arc::clone(&graph.ops)));
+        Ok(())
+    }
+}

@@ -1,0 +1,275 @@
+//! Status codes, their classification, fault injection and call counters.
+
+use devcmd::{DriverError, Fault, ShimOp};
+use std::fmt;
+use std::sync::Arc;
+
+/// The status codes of this shim. [`classify`] maps each to a [`Fault`]:
+///
+/// | code | name | fault | when |
+/// |---|---|---|---|
+/// | 2 | `OUT_OF_MEMORY` | `OutOfMemory` | live device pages + size > total memory, or the heap refused |
+/// | 3 | `TOO_BIG` | `TooBig` | size > max page size or > total memory |
+/// | 4 | `BAD_ADDRESS` | `Failed` | a device span outside every live page |
+/// | 5 | `BAD_ARGUMENT` | `Failed` | a null host pointer, a size past `usize` |
+/// | 6 | `CAPTURE_STATE` | `Failed` | begin while recording, end while not recording |
+/// | 7 | `CAPTURE_INVALIDATED` | `Failed` | `device_alloc` while a stream records (refused, and the recording is invalidated as CUDA would) |
+/// | 8 | `CAPTURE_DOOMED` | `Failed` | `end_capture` with `doomed` |
+/// | 9 | `ILLEGAL_IN_CAPTURE` | `Failed` | query or wait of an event recorded on a recording stream |
+/// | 10 | `UNSUPPORTED` | `Unsupported` | a stream waiting on an event recorded in another stream's recording |
+/// | 11 | `THREAD_SPAWN` | `Failed` | the worker thread of a new stream could not start |
+/// | 20 | `KERNEL_FAILED` | `Failed` | a kernel returned [`KernelFault::Failed`](crate::KernelFault::Failed) |
+/// | 21 | `KERNEL_PANICKED` | `Failed` | a kernel panicked |
+/// | 22 | `KERNEL_POISONED` | `Poisoning` | a kernel returned [`KernelFault::Poisoning`](crate::KernelFault::Poisoning) |
+/// | 23 | `DEVICE_POISONED` | `Poisoning` | any call after the device was poisoned |
+/// | 30 | `BUDGET` | `OutOfMemory` | injected: `device_alloc` past [`StdShim::set_alloc_budget`](crate::StdShim::set_alloc_budget) |
+/// | 100 + op | `INJECTED` | `OutOfMemory` for allocations, `Failed` otherwise | an [`Injection`](crate::Injection) fired |
+/// | 200 + op | `INJECTED_POISON` | `Poisoning` | a [poisoning](crate::Injection::poisoning) injection fired |
+///
+/// `op` is the index of the [`ShimOp`] in declaration order (`StreamCreate` = 0 ...
+/// `GraphLaunch` = 14); [`injected`] computes the code.
+pub mod status {
+    use devcmd::ShimOp;
+
+    /// Out of device memory.
+    pub const OUT_OF_MEMORY: i32 = 2;
+    /// A size the device can never hold.
+    pub const TOO_BIG: i32 = 3;
+    /// A device span outside every live page.
+    pub const BAD_ADDRESS: i32 = 4;
+    /// A null pointer or a size that does not fit the host.
+    pub const BAD_ARGUMENT: i32 = 5;
+    /// A capture call out of order.
+    pub const CAPTURE_STATE: i32 = 6;
+    /// The recording was invalidated by an allocation.
+    pub const CAPTURE_INVALIDATED: i32 = 7;
+    /// The core doomed the recording.
+    pub const CAPTURE_DOOMED: i32 = 8;
+    /// An event recorded on a recording stream was queried or waited on.
+    pub const ILLEGAL_IN_CAPTURE: i32 = 9;
+    /// A call this shim does not support.
+    pub const UNSUPPORTED: i32 = 10;
+    /// A stream's worker thread could not start.
+    pub const THREAD_SPAWN: i32 = 11;
+    /// A kernel failed at run time.
+    pub const KERNEL_FAILED: i32 = 20;
+    /// A kernel panicked at run time.
+    pub const KERNEL_PANICKED: i32 = 21;
+    /// A kernel reported a fault that poisons the device.
+    pub const KERNEL_POISONED: i32 = 22;
+    /// The device is poisoned.
+    pub const DEVICE_POISONED: i32 = 23;
+    /// An allocation past the injected byte budget.
+    pub const BUDGET: i32 = 30;
+    /// Base of injected failures (plus the op index).
+    pub const INJECTED: i32 = 100;
+    /// Base of injected poisoning failures (plus the op index).
+    pub const INJECTED_POISON: i32 = 200;
+
+    /// The status code of an injected failure of `op` (poisoning or not).
+    pub const fn injected(op: ShimOp, poisons: bool) -> i32 {
+        let base = if poisons { INJECTED_POISON } else { INJECTED };
+        base + super::op_index(op) as i32
+    }
+}
+
+const OP_COUNT: usize = 15;
+
+const OPS: [ShimOp; OP_COUNT] = [
+    ShimOp::StreamCreate,
+    ShimOp::StreamWaitEvent,
+    ShimOp::EventRecord,
+    ShimOp::EventQuery,
+    ShimOp::EventWait,
+    ShimOp::DeviceAlloc,
+    ShimOp::HostAlloc,
+    ShimOp::CopyHostToDevice,
+    ShimOp::CopyDeviceToHost,
+    ShimOp::CopyDeviceToDevice,
+    ShimOp::Launch,
+    ShimOp::GraphBegin,
+    ShimOp::GraphEnd,
+    ShimOp::GraphUpload,
+    ShimOp::GraphLaunch,
+];
+
+pub(crate) const fn op_index(op: ShimOp) -> usize {
+    match op {
+        ShimOp::StreamCreate => 0,
+        ShimOp::StreamWaitEvent => 1,
+        ShimOp::EventRecord => 2,
+        ShimOp::EventQuery => 3,
+        ShimOp::EventWait => 4,
+        ShimOp::DeviceAlloc => 5,
+        ShimOp::HostAlloc => 6,
+        ShimOp::CopyHostToDevice => 7,
+        ShimOp::CopyDeviceToHost => 8,
+        ShimOp::CopyDeviceToDevice => 9,
+        ShimOp::Launch => 10,
+        ShimOp::GraphBegin => 11,
+        ShimOp::GraphEnd => 12,
+        ShimOp::GraphUpload => 13,
+        ShimOp::GraphLaunch => 14,
+    }
+}
+
+/// Builds the error of a failed call of `op` with status `code`, classified by the table in
+/// [`status`]. Unknown codes are [`Fault::Failed`].
+pub fn classify(op: ShimOp, code: i32) -> DriverError {
+    let injected = |base: i32| {
+        code.checked_sub(base)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| OPS.get(i).copied())
+    };
+    let fault = match code {
+        status::OUT_OF_MEMORY | status::BUDGET => Fault::OutOfMemory,
+        status::TOO_BIG => Fault::TooBig,
+        status::UNSUPPORTED => Fault::Unsupported,
+        status::KERNEL_POISONED | status::DEVICE_POISONED => Fault::Poisoning,
+        _ if injected(status::INJECTED_POISON).is_some() => Fault::Poisoning,
+        _ => match injected(status::INJECTED) {
+            Some(ShimOp::DeviceAlloc | ShimOp::HostAlloc) => Fault::OutOfMemory,
+            _ => Fault::Failed,
+        },
+    };
+    DriverError::new(op, code, fault)
+}
+
+/// A predicate over a call and its size in bytes (see [`Injection::when`]).
+type Predicate = Arc<dyn Fn(ShimOp, u64) -> bool + Send + Sync>;
+
+#[derive(Clone)]
+enum Trigger {
+    Nth(ShimOp, u64),
+    After(ShimOp, u64),
+    When(Predicate),
+}
+
+/// A rule that makes calls fail on purpose. Install with [`StdShim::inject`](crate::StdShim::inject)
+/// or [`StdShimBuilder::inject`](crate::StdShimBuilder::inject).
+///
+/// Calls are counted per [`ShimOp`] from 1 (the counts of [`Stats::calls`], which include failed
+/// calls). An injected failure returns an error with the status [`status::injected`] and changes
+/// nothing else. Frees cannot fail and are never injected.
+#[derive(Clone)]
+pub struct Injection {
+    trigger: Trigger,
+    poisons: bool,
+}
+
+impl Injection {
+    /// Fails the `n`th call (counting from 1) of `op`.
+    pub fn nth(op: ShimOp, n: u64) -> Self {
+        Self { trigger: Trigger::Nth(op, n), poisons: false }
+    }
+
+    /// Fails every call of `op` after the first `n`.
+    pub fn after(op: ShimOp, n: u64) -> Self {
+        Self { trigger: Trigger::After(op, n), poisons: false }
+    }
+
+    /// Fails every call for which `pred(op, size)` holds. `size` is the bytes of the call: the
+    /// allocation size, the packed bytes of a copy, the sum of a launch's spans, 0 otherwise.
+    /// The predicate runs under the shim's lock: it must not call the shim.
+    pub fn when(pred: impl Fn(ShimOp, u64) -> bool + Send + Sync + 'static) -> Self {
+        Self { trigger: Trigger::When(Arc::new(pred)), poisons: false }
+    }
+
+    /// Makes the failure poison the device: the call fails with a [`Fault::Poisoning`] error and
+    /// every later call fails too.
+    pub fn poisoning(mut self) -> Self {
+        self.poisons = true;
+        self
+    }
+
+    /// Whether the rule fires on the `count`th call of `op` with `size` bytes.
+    pub(crate) fn fires(&self, op: ShimOp, count: u64, size: u64) -> bool {
+        match &self.trigger {
+            Trigger::Nth(o, n) => *o == op && count == *n,
+            Trigger::After(o, n) => *o == op && count > *n,
+            Trigger::When(pred) => pred(op, size),
+        }
+    }
+
+    /// Whether a firing poisons the device.
+    pub(crate) fn poisons(&self) -> bool {
+        self.poisons
+    }
+}
+
+impl fmt::Debug for Injection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Injection");
+        match &self.trigger {
+            Trigger::Nth(op, n) => d.field("op", op).field("nth", n),
+            Trigger::After(op, n) => d.field("op", op).field("after", n),
+            Trigger::When(_) => d.field("when", &"<predicate>"),
+        };
+        d.field("poisons", &self.poisons).finish()
+    }
+}
+
+/// Counters of a [`StdShim`](crate::StdShim), as returned by
+/// [`StdShim::stats`](crate::StdShim::stats).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    calls: [u64; OP_COUNT],
+    /// Device pages freed.
+    pub device_frees: u64,
+    /// Pinned host pages freed.
+    pub host_frees: u64,
+    /// Bytes of live device pages (as asked for).
+    pub device_bytes_live: u64,
+    /// Live device pages.
+    pub device_pages_live: u64,
+    /// Bytes of live pinned host pages (as asked for).
+    pub host_bytes_live: u64,
+    /// Live pinned host pages.
+    pub host_pages_live: u64,
+    /// Stream operations that ran (copies, launches, waits, replays); skipped ones not counted.
+    pub ops_run: u64,
+    /// Kernels that ran (also inside replays).
+    pub kernels_run: u64,
+    /// Asynchronous faults raised by running work (kernels that failed, panicked or poisoned).
+    pub async_faults: u64,
+    /// Bytes of freed blocks held in the poison quarantine.
+    pub quarantined_bytes: u64,
+}
+
+impl Stats {
+    /// How many times `op` was called (failed calls included).
+    pub fn calls(&self, op: ShimOp) -> u64 {
+        self.calls[op_index(op)]
+    }
+
+    /// Counts one call of `op` and returns the new count.
+    pub(crate) fn count(&mut self, op: ShimOp) -> u64 {
+        let c = &mut self.calls[op_index(op)];
+        *c += 1;
+        *c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_table_classifies() {
+        let f = |code| classify(ShimOp::Launch, code).fault;
+        assert_eq!(f(status::OUT_OF_MEMORY), Fault::OutOfMemory);
+        assert_eq!(f(status::BUDGET), Fault::OutOfMemory);
+        assert_eq!(f(status::TOO_BIG), Fault::TooBig);
+        assert_eq!(f(status::UNSUPPORTED), Fault::Unsupported);
+        assert_eq!(f(status::KERNEL_POISONED), Fault::Poisoning);
+        assert_eq!(f(status::DEVICE_POISONED), Fault::Poisoning);
+        assert_eq!(f(status::KERNEL_FAILED), Fault::Failed);
+        assert_eq!(f(-7), Fault::Failed);
+        assert_eq!(f(status::injected(ShimOp::DeviceAlloc, false)), Fault::OutOfMemory);
+        assert_eq!(f(status::injected(ShimOp::EventWait, false)), Fault::Failed);
+        assert_eq!(f(status::injected(ShimOp::GraphLaunch, true)), Fault::Poisoning);
+        for (i, op) in OPS.iter().enumerate() {
+            assert_eq!(op_index(*op), i);
+        }
+    }
+}

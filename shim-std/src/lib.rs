@@ -1,0 +1,75 @@
+//! devcmd-std: a CPU device for [`devcmd`] that behaves like a GPU where it matters.
+//!
+//! [`StdShim`] implements every call of [`devcmd::Shim`] for real:
+//!
+//! - **Streams** ([`StdStream`]) are worker threads that run their queue in order, asynchronously
+//!   from the host and from each other. Dropping a stream lets its queue finish, then joins it.
+//! - **Events** ([`StdEvent`]) are sequence numbers: an event completes once its stream has run
+//!   every operation enqueued before it. [`Shim::stream_wait_event`] enqueues an operation that
+//!   blocks the *waiting stream's worker*, never the host.
+//! - **Pages** ([`StdDevicePage`], [`StdHostPage`]) are zeroed, aligned heap blocks; a device
+//!   address is the block's host address, so copies are `memcpy`s and kernels plain Rust, run when
+//!   the stream reaches them.
+//! - **Kernels** ([`StdKernel`]) are Rust closures registered by name
+//!   ([`StdShim::register_kernel`]); the launch arguments ([`Shim::Args`]) are raw scalar bytes,
+//!   read back with [`KernelCtx::arg_u32`] and friends.
+//! - **Graphs** ([`StdGraph`]) are the list of operations a stream recorded between
+//!   [`Shim::begin_capture`] and [`Shim::end_capture`], replayed as one operation.
+//!
+//! For tests it offers a **lazy** mode (a stream runs nothing until one of its events is waited
+//! on or queried), **poisoning** of freed memory (filled with [`POISON_BYTE`] and kept in a
+//! quarantine), **fault injection** for every call ([`Injection`], [`StdShim::inject`]) and call
+//! counters ([`StdShim::stats`]). Every error is built by [`classify`] from a status code of the
+//! table in [`status`].
+//!
+//! ```
+//! use devcmd::{CopyLayout, Shim};
+//! use devcmd_std::StdShim;
+//!
+//! let shim = StdShim::new();
+//! let stream = shim.create_stream().unwrap();
+//! let page = shim.device_alloc(16).unwrap();
+//! let (src, mut dst) = ([7u8; 16], [0u8; 16]);
+//! // SAFETY: both host buffers outlive the event wait below; the page holds 16 bytes.
+//! unsafe {
+//!     let addr = shim.device_page_addr(&page);
+//!     shim.copy_to_device(&stream, src.as_ptr(), addr, CopyLayout::linear(16)).unwrap();
+//!     shim.copy_to_host(&stream, addr, dst.as_mut_ptr(), CopyLayout::linear(16)).unwrap();
+//! }
+//! shim.event_wait(&shim.record_event(&stream).unwrap()).unwrap();
+//! assert_eq!(dst, src);
+//! // SAFETY: the event after the page's last use has completed.
+//! unsafe { shim.device_free(page) };
+//! ```
+#![deny(missing_docs)]
+
+mod device;
+mod faults;
+mod graph;
+mod kernel;
+mod memory;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+pub use device::{StdShim, StdShimBuilder};
+pub use faults::{Injection, Stats, classify, status};
+pub use graph::StdGraph;
+pub use kernel::{KernelCtx, KernelFault, KernelFn, StdKernel, as_f32, as_f32_mut};
+pub use memory::{POISON_BYTE, StdDevicePage, StdHostPage};
+pub use stream::{StdEvent, StdStream};
+
+#[cfg(doc)]
+use devcmd::Shim;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+
+/// Locks `m`, going on with the data of a mutex poisoned by a panic: a panic elsewhere must not
+/// cascade into panics here (in particular in `Drop`).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits on `cv` with `guard`, tolerating a poisoned mutex like [`lock`].
+pub(crate) fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    cv.wait(guard).unwrap_or_else(PoisonError::into_inner)
+}

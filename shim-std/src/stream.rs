@@ -1,0 +1,344 @@
+//! Streams: one worker thread per stream runs its queue in order; events are sequence numbers.
+//!
+//! Every enqueued operation gets the next sequence number of its stream; an event is the tail
+//! sequence number when it was recorded and completes once the worker has completed it. The host
+//! blocks only in [`StreamShared::wait`] (on a `Condvar`, never spinning).
+//!
+//! **Lazy mode**: the worker runs an operation only when its sequence number is at most the
+//! stream's *drive target*, which starts at 0 and is raised by a query or wait of an event of the
+//! stream (up to that event, not past it), by a cross-stream wait that reaches it (the waiting
+//! worker drives the other stream up to the event it waits for, so waits cannot deadlock), and by
+//! dropping the stream (to the end). Outside lazy mode the target is `u64::MAX`.
+
+use crate::device::DeviceInner;
+use crate::faults::{classify, status};
+use crate::kernel::{KernelCtx, KernelFault, StdKernel};
+use crate::{lock, wait};
+use devcmd::{DeviceSpan, DriverError, Grid, ShimOp};
+use std::collections::VecDeque;
+use std::fmt;
+use std::ptr;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+
+/// A pitched copy between two address ranges, validated when it was enqueued.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CopyOp {
+    pub(crate) src: usize,
+    pub(crate) dst: usize,
+    pub(crate) width: usize,
+    pub(crate) height: usize,
+    pub(crate) src_pitch: usize,
+    pub(crate) dst_pitch: usize,
+}
+
+impl CopyOp {
+    /// Copies `height` rows of `width` bytes.
+    ///
+    /// # Safety
+    ///
+    /// Both sides are valid for the rows (the contract of the `copy_*` call that built it, which
+    /// holds until an event recorded after the call completes, so while the worker runs it).
+    unsafe fn run(&self) {
+        let src = ptr::with_exposed_provenance::<u8>(self.src);
+        let dst = ptr::with_exposed_provenance_mut::<u8>(self.dst);
+        if self.src_pitch == self.width && self.dst_pitch == self.width {
+            // SAFETY: packed on both sides: `width * height` bytes, valid per the caller.
+            unsafe { ptr::copy(src, dst, self.width * self.height) };
+            return;
+        }
+        for row in 0..self.height {
+            // SAFETY: row `row` of each side lies inside the span validated at enqueue.
+            unsafe {
+                ptr::copy(src.add(row * self.src_pitch), dst.add(row * self.dst_pitch), self.width)
+            };
+        }
+    }
+}
+
+/// One operation of a stream's queue (or of a recording).
+pub(crate) enum Op {
+    Copy(CopyOp),
+    Launch { kernel: StdKernel, grid: Grid, spans: Vec<DeviceSpan>, args: Vec<u8> },
+    Wait { stream: Arc<StreamShared>, seq: u64 },
+    Replay(Arc<Vec<Op>>),
+}
+
+/// Runs `op` on the calling worker.
+fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
+    dev.note_run(matches!(op, Op::Launch { .. }));
+    match op {
+        Op::Copy(c) => {
+            // SAFETY: the enqueuer's contract keeps both sides valid until an event after the copy
+            // completes; that event cannot complete before this operation does.
+            unsafe { c.run() };
+            Ok(())
+        }
+        Op::Launch { kernel, grid, spans, args } => {
+            // SAFETY: `Shim::launch`'s caller promised the spans lie in live pages and that the
+            // kernel touches nothing else; the core orders other work on them with events.
+            let mut ctx = unsafe { KernelCtx::new(*grid, spans, args) };
+            kernel.run(&mut ctx).map_err(|f| {
+                let code = match f {
+                    Some(KernelFault::Failed) => status::KERNEL_FAILED,
+                    Some(KernelFault::Poisoning) => status::KERNEL_POISONED,
+                    None => status::KERNEL_PANICKED,
+                };
+                classify(ShimOp::Launch, code)
+            })
+        }
+        Op::Wait { stream, seq } => {
+            stream.reach(*seq);
+            Ok(())
+        }
+        Op::Replay(ops) => {
+            let mut first = None;
+            for op in ops.iter() {
+                if dev.is_poisoned() {
+                    break;
+                }
+                match run(op, dev) {
+                    Err(e) if e.poisons_device() => return Err(e),
+                    Err(e) => _ = first.get_or_insert(e),
+                    Ok(()) => {}
+                }
+            }
+            first.map_or(Ok(()), Err)
+        }
+    }
+}
+
+struct StreamState {
+    queue: VecDeque<(u64, Op)>,
+    enqueued: u64,
+    completed: u64,
+    drive_to: u64,
+    shutdown: bool,
+    capture: Option<Vec<Op>>,
+    /// Asynchronous faults not yet reported, by the sequence number of the failed operation.
+    faults: Vec<(u64, DriverError)>,
+}
+
+/// The state a stream shares with its worker and its events.
+pub(crate) struct StreamShared {
+    pub(crate) id: u64,
+    dev: Arc<DeviceInner>,
+    state: Mutex<StreamState>,
+    cv: Condvar,
+}
+
+impl StreamShared {
+    /// Enqueues `op`, or records it while the stream records.
+    pub(crate) fn enqueue(&self, op: Op) {
+        let mut st = lock(&self.state);
+        if let Some(recording) = st.capture.as_mut() {
+            recording.push(op);
+            return;
+        }
+        st.enqueued += 1;
+        let seq = st.enqueued;
+        st.queue.push_back((seq, op));
+        self.cv.notify_all();
+    }
+
+    /// The current tail and whether the stream records.
+    pub(crate) fn tail(&self) -> (u64, bool) {
+        let st = lock(&self.state);
+        (st.enqueued, st.capture.is_some())
+    }
+
+    /// Starts recording; false if the stream already records.
+    pub(crate) fn begin_capture(&self) -> bool {
+        let mut st = lock(&self.state);
+        let idle = st.capture.is_none();
+        if idle {
+            st.capture = Some(Vec::new());
+        }
+        idle
+    }
+
+    /// Stops recording and returns what was recorded; `None` if the stream did not record.
+    pub(crate) fn end_capture(&self) -> Option<Vec<Op>> {
+        lock(&self.state).capture.take()
+    }
+
+    fn drive(&self, st: &mut StreamState, seq: u64) {
+        if st.drive_to < seq {
+            st.drive_to = seq;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Blocks the calling thread until `seq` has completed or the device is poisoned.
+    fn reach(&self, seq: u64) {
+        let mut st = lock(&self.state);
+        self.drive(&mut st, seq);
+        while st.completed < seq && !self.dev.is_poisoned() {
+            st = wait(&self.cv, st);
+        }
+    }
+
+    /// Takes the earliest unreported fault at or before `seq` (and drops the others up to it).
+    fn take_fault(st: &mut StreamState, seq: u64) -> Result<(), DriverError> {
+        let Some(&(_, first)) = st.faults.iter().find(|(s, _)| *s <= seq) else {
+            return Ok(());
+        };
+        st.faults.retain(|(s, _)| *s > seq);
+        Err(first)
+    }
+
+    /// Whether `seq` has completed, without blocking (lazy mode: also drives up to it).
+    pub(crate) fn query(&self, seq: u64, op: ShimOp) -> Result<bool, DriverError> {
+        let mut st = lock(&self.state);
+        self.drive(&mut st, seq);
+        if self.dev.is_poisoned() {
+            return Err(self.dev.poisoned_error(op));
+        }
+        Self::take_fault(&mut st, seq)?;
+        Ok(st.completed >= seq)
+    }
+
+    /// Blocks the host until `seq` completes.
+    pub(crate) fn wait(&self, seq: u64, op: ShimOp) -> Result<(), DriverError> {
+        self.reach(seq);
+        if self.dev.is_poisoned() {
+            return Err(self.dev.poisoned_error(op));
+        }
+        Self::take_fault(&mut lock(&self.state), seq)
+    }
+
+    /// Operations enqueued and not completed yet.
+    fn pending(&self) -> u64 {
+        let st = lock(&self.state);
+        st.enqueued - st.completed
+    }
+}
+
+/// The worker: runs the queue in order until the stream is dropped and the queue is empty. After
+/// the device is poisoned it completes operations without running them.
+fn work(shared: Arc<StreamShared>) {
+    loop {
+        let (seq, op) = {
+            let mut st = lock(&shared.state);
+            loop {
+                if st.queue.front().is_some_and(|(seq, _)| *seq <= st.drive_to)
+                    && let Some(next) = st.queue.pop_front()
+                {
+                    break next;
+                }
+                if st.shutdown && st.queue.is_empty() {
+                    return;
+                }
+                st = wait(&shared.cv, st);
+            }
+        };
+        let fault = if shared.dev.is_poisoned() { None } else { run(&op, &shared.dev).err() };
+        drop(op);
+        if let Some(e) = fault {
+            shared.dev.async_fault(e);
+        }
+        let mut st = lock(&shared.state);
+        st.completed = seq;
+        if let Some(e) = fault.filter(|e| !e.poisons_device()) {
+            st.faults.push((seq, e));
+        }
+        shared.cv.notify_all();
+    }
+}
+
+/// A stream: an in-order queue run by its own worker thread. Dropping it lets the queued work
+/// finish (in lazy mode too), then joins the worker; events of it stay valid.
+pub struct StdStream {
+    pub(crate) shared: Arc<StreamShared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl StdStream {
+    /// Starts the worker of a new stream; `None` if the thread could not start.
+    pub(crate) fn spawn(dev: Arc<DeviceInner>, id: u64, lazy: bool) -> Option<Self> {
+        let state = StreamState {
+            queue: VecDeque::new(),
+            enqueued: 0,
+            completed: 0,
+            drive_to: if lazy { 0 } else { u64::MAX },
+            shutdown: false,
+            capture: None,
+            faults: Vec::new(),
+        };
+        let shared = Arc::new(StreamShared { id, dev, state: Mutex::new(state), cv: Condvar::new() });
+        let for_worker = Arc::clone(&shared);
+        let worker = thread::Builder::new()
+            .name(format!("devcmd-stream-{id}"))
+            .spawn(move || work(for_worker))
+            .ok()?;
+        Some(Self { shared, worker: Some(worker) })
+    }
+
+    /// The stream's id, unique within its shim.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Operations enqueued and not completed yet (in lazy mode: not yet driven, or running).
+    pub fn pending(&self) -> u64 {
+        self.shared.pending()
+    }
+}
+
+impl Drop for StdStream {
+    fn drop(&mut self) {
+        {
+            let mut st = lock(&self.shared.state);
+            st.shutdown = true;
+            st.drive_to = u64::MAX;
+            st.capture = None;
+            self.shared.cv.notify_all();
+        }
+        self.shared.dev.forget_capture(self.shared.id);
+        if let Some(worker) = self.worker.take()
+            && worker.thread().id() != thread::current().id()
+        {
+            // A worker that panicked has nothing left to clean up.
+            _ = worker.join();
+        }
+    }
+}
+
+impl fmt::Debug for StdStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StdStream").field("id", &self.shared.id).finish_non_exhaustive()
+    }
+}
+
+/// An event: a point (sequence number) in a stream's queue. Cheap to clone; stays valid after its
+/// stream is dropped.
+#[derive(Clone)]
+pub struct StdEvent {
+    pub(crate) stream: Arc<StreamShared>,
+    pub(crate) seq: u64,
+    /// Recorded while the stream recorded: it stands for nothing that runs, so it may be neither
+    /// queried nor waited on.
+    pub(crate) captured: bool,
+}
+
+impl StdEvent {
+    /// The sequence number the event completes at.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The id of the stream it was recorded on.
+    pub fn stream_id(&self) -> u64 {
+        self.stream.id
+    }
+}
+
+impl fmt::Debug for StdEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StdEvent")
+            .field("stream", &self.stream.id)
+            .field("seq", &self.seq)
+            .field("captured", &self.captured)
+            .finish()
+    }
+}
