@@ -22,7 +22,9 @@ compile_error!("the `log` and `defmt` features are mutually exclusive: enable on
 mod fmt;
 
 pub mod copy;
+pub mod drop_queue;
 pub mod error;
+pub mod host;
 pub mod memory;
 pub mod shim;
 #[cfg(test)]

@@ -94,25 +94,26 @@ pub struct DeviceFacts {
 
 /// The device calls the core makes. See the module documentation for the promises on each side.
 ///
+/// Every associated type is `Debug` so the core's own types can be.
 /// Associated types are the device's own objects; dropping one releases it on the device
 /// (destroying a stream, an event or a graph). Pages are the exception: they are returned through
 /// [`Shim::device_free`] and [`Shim::host_free_pinned`] because freeing them has a precondition
 /// only the core can check.
 pub trait Shim {
     /// An in-order queue of device work.
-    type Stream;
+    type Stream: core::fmt::Debug;
     /// A fence: a point in a stream's queue that completes once everything before it has.
-    type Event;
+    type Event: core::fmt::Debug;
     /// A device allocation the core sub-allocates: a base address and a size.
-    type DevicePage;
+    type DevicePage: core::fmt::Debug;
     /// A pinned (page-locked) host allocation, usable as the host side of asynchronous copies.
-    type HostPage;
+    type HostPage: core::fmt::Debug;
     /// A kernel already loaded on the device.
-    type Kernel;
+    type Kernel: core::fmt::Debug;
     /// The scalar arguments of a launch, passed through untouched.
     type Args: ?Sized;
     /// An instantiated recording of a stream; dropping it destroys it.
-    type Graph;
+    type Graph: core::fmt::Debug;
 
     // ---- device facts ----
 

@@ -14,8 +14,13 @@ pub(crate) struct TestShim {
     pub live_pages: Cell<u64>,
     /// Refuse device allocations past this many live bytes (the device's own limit).
     pub device_limit: Cell<u64>,
+    pub events_recorded: Cell<u32>,
+    pub events_waited: Cell<u32>,
+    /// The next event wait fails with this fault.
+    pub fail_next_wait: Cell<Option<Fault>>,
 }
 
+#[derive(Debug)]
 pub(crate) struct TestPage {
     addr: u64,
     size: u64,
@@ -36,6 +41,9 @@ impl TestShim {
             live_bytes: Cell::new(0),
             live_pages: Cell::new(0),
             device_limit: Cell::new(total),
+            events_recorded: Cell::new(0),
+            events_waited: Cell::new(0),
+            fail_next_wait: Cell::new(None),
         }
     }
 }
@@ -67,13 +75,18 @@ impl Shim for TestShim {
         Ok(())
     }
     fn record_event(&self, _: &()) -> Result<(), DriverError> {
+        self.events_recorded.set(self.events_recorded.get() + 1);
         Ok(())
     }
     fn event_query(&self, _: &()) -> Result<bool, DriverError> {
         Ok(true)
     }
     fn event_wait(&self, _: &()) -> Result<(), DriverError> {
-        Ok(())
+        self.events_waited.set(self.events_waited.get() + 1);
+        match self.fail_next_wait.take() {
+            Some(fault) => Err(DriverError::new(ShimOp::EventWait, 99, fault)),
+            None => Ok(()),
+        }
     }
     fn device_alloc(&self, size: u64) -> Result<TestPage, DriverError> {
         if size > self.facts.total_memory {

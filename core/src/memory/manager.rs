@@ -126,6 +126,7 @@ pub struct PageInfo {
 pub struct RetiredPage<P> {
     raw: P,
     size: u64,
+    budget: MemoryBudget,
 }
 
 impl<P> RetiredPage<P> {
@@ -134,16 +135,16 @@ impl<P> RetiredPage<P> {
         self.size
     }
 
-    /// Frees the page on the device and gives its bytes back to `budget`.
+    /// Frees the page on the device and gives its bytes back to the device's budget.
     ///
     /// # Safety
     ///
     /// No work that may use the page is pending on any stream of the device (or the device is
     /// poisoned).
-    pub unsafe fn free<S: Shim<DevicePage = P>>(self, shim: &S, budget: &MemoryBudget) {
+    pub unsafe fn free<S: Shim<DevicePage = P>>(self, shim: &S) {
         // SAFETY: the caller guarantees no pending work uses the page.
         unsafe { shim.device_free(self.raw) };
-        budget.give_back(self.size);
+        self.budget.give_back(self.size);
     }
 }
 
@@ -777,11 +778,15 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     fn release(&mut self, shim: &S, raw: S::DevicePage, size: u64) {
-        let page = RetiredPage { raw, size };
+        let page = RetiredPage {
+            raw,
+            size,
+            budget: self.budget.clone(),
+        };
         match self.config.release {
             // SAFETY: with `Immediate` the owner promised that no device work uses memory whose
             // handles were dropped; an empty page holds no live allocation.
-            PageRelease::Immediate => unsafe { page.free(shim, &self.budget) },
+            PageRelease::Immediate => unsafe { page.free(shim) },
             PageRelease::Fenced => self.retired.push(page),
         }
     }
@@ -806,7 +811,7 @@ impl<S: Shim> MemoryManager<S> {
     pub unsafe fn free_retired(&mut self, shim: &S) {
         for page in core::mem::take(&mut self.retired) {
             // SAFETY: the caller guarantees the device is done with freed memory.
-            unsafe { page.free(shim, &self.budget) };
+            unsafe { page.free(shim) };
         }
     }
 

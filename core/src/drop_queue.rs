@@ -1,0 +1,370 @@
+//! The drop queue: host buffers, bindings and pages the device may still use, released only once
+//! a fence says it is done with them.
+//!
+//! Owns two batches: *staged* (no fence yet) and *pending* (covered by one fence). A flush waits
+//! for the pending batch's fence (recorded one flush earlier, so usually passed), releases it,
+//! makes staged the new pending batch and records one fence for it. Does not decide when to flush
+//! (the command does, by [`DropQueue::should_flush`] and the staging rules) and never flushes by
+//! itself: no helper thread, everything is released by fences polled or waited.
+
+use crate::error::DriverError;
+use crate::host::HostBuffer;
+use crate::memory::{Binding, RetiredPage};
+use crate::shim::Shim;
+use alloc::vec::Vec;
+
+/// When the staged batch asks to be flushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct DropPolicy {
+    /// Items staged.
+    pub max_items: u64,
+    /// Bytes staged.
+    pub max_bytes: u64,
+}
+
+impl Default for DropPolicy {
+    fn default() -> Self {
+        Self {
+            max_items: 64,
+            max_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Something the device may still use.
+#[derive(Debug)]
+pub enum DropItem<S: Shim> {
+    /// A host buffer a copy reads or writes (staging, the caller's own, pinned slices).
+    Host(HostBuffer),
+    /// Device memory another stream's work uses: the owner must not reuse it before then.
+    Binding(Binding),
+    /// A device page the manager let go.
+    Page(RetiredPage<S::DevicePage>),
+}
+
+impl<S: Shim> DropItem<S> {
+    fn bytes(&self) -> u64 {
+        match self {
+            Self::Host(h) => h.len() as u64,
+            Self::Binding(b) => b.len(),
+            Self::Page(p) => p.size(),
+        }
+    }
+
+    fn release(self, shim: &S) {
+        match self {
+            // SAFETY: items are released only after the fence covering their last use passed
+            // (or the device is poisoned and will touch nothing again).
+            Self::Page(p) => unsafe { p.free(shim) },
+            other => drop(other),
+        }
+    }
+}
+
+/// What the queue has done, for reports. Every counter saturates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct DropStats {
+    /// Flushes that recorded a fence.
+    pub flushes: u64,
+    /// Fences waited on (blocking).
+    pub fences_waited: u64,
+    /// Fences found passed by a non-blocking poll.
+    pub fences_polled: u64,
+    /// Items released.
+    pub items_released: u64,
+    /// Bytes released.
+    pub bytes_released: u64,
+    /// Items leaked on purpose after an inconclusive fence.
+    pub items_leaked: u64,
+}
+
+/// The two-batch drop queue of one stream.
+#[derive(Debug)]
+pub struct DropQueue<S: Shim> {
+    policy: DropPolicy,
+    staged: Vec<DropItem<S>>,
+    staged_items: u64,
+    staged_bytes: u64,
+    pending: Vec<DropItem<S>>,
+    fence: Option<S::Event>,
+    stats: DropStats,
+}
+
+impl<S: Shim> DropQueue<S> {
+    /// An empty queue with `policy`.
+    pub fn new(policy: DropPolicy) -> Self {
+        Self {
+            policy,
+            staged: Vec::new(),
+            staged_items: 0,
+            staged_bytes: 0,
+            pending: Vec::new(),
+            fence: None,
+            stats: DropStats::default(),
+        }
+    }
+
+    /// Stages `item`; it is released at the second flush from now.
+    pub fn push(&mut self, item: DropItem<S>) {
+        self.staged_items = self.staged_items.saturating_add(1);
+        self.staged_bytes = self.staged_bytes.saturating_add(item.bytes());
+        self.staged.push(item);
+    }
+
+    /// Whether the staged batch reached the item or byte threshold.
+    pub fn should_flush(&self) -> bool {
+        self.staged_items >= self.policy.max_items || self.staged_bytes >= self.policy.max_bytes
+    }
+
+    /// Items staged (no fence yet).
+    pub fn staged_len(&self) -> usize {
+        self.staged.len()
+    }
+
+    /// Items pending (covered by the last fence).
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// What the queue has done.
+    pub fn stats(&self) -> DropStats {
+        self.stats
+    }
+
+    /// Releases the pending batch once its fence passed, makes the staged batch pending and
+    /// records one fence on `stream` for it. Does nothing (and records no fence) when both batches
+    /// are empty.
+    ///
+    /// # Errors
+    ///
+    /// The fence wait's failure (the pending batch was then released if the device is poisoned,
+    /// leaked otherwise), or the refusal to record the new fence (the batch stays pending and
+    /// the next flush covers it).
+    pub fn flush(&mut self, shim: &S, stream: &S::Stream) -> Result<(), DriverError> {
+        if self.staged.is_empty() && self.pending.is_empty() {
+            return Ok(());
+        }
+        if !self.pending.is_empty() {
+            let fence = match self.fence.take() {
+                Some(f) => f,
+                // The last fence could not be recorded: one now covers the pending batch too.
+                None => shim.record_event(stream)?,
+            };
+            let waited = shim.event_wait(&fence);
+            self.stats.fences_waited = self.stats.fences_waited.saturating_add(1);
+            self.settle(shim, waited)?;
+        }
+        self.fence = None;
+        core::mem::swap(&mut self.pending, &mut self.staged);
+        self.staged_items = 0;
+        self.staged_bytes = 0;
+        if self.pending.is_empty() {
+            // Nothing to cover: a fence would cost a device call and cover nothing.
+            return Ok(());
+        }
+        self.stats.flushes = self.stats.flushes.saturating_add(1);
+        self.fence = Some(shim.record_event(stream)?);
+        Ok(())
+    }
+
+    /// Releases the pending batch if its fence has passed, without blocking. Returns whether
+    /// nothing is left pending.
+    ///
+    /// # Errors
+    ///
+    /// A device fault the query reveals (the batch is then released or leaked as in a flush).
+    pub fn poll(&mut self, shim: &S) -> Result<bool, DriverError> {
+        let Some(fence) = &self.fence else {
+            return Ok(self.pending.is_empty());
+        };
+        match shim.event_query(fence) {
+            Ok(false) => Ok(false),
+            Ok(true) => {
+                self.fence = None;
+                self.stats.fences_polled = self.stats.fences_polled.saturating_add(1);
+                self.settle(shim, Ok(()))?;
+                Ok(true)
+            }
+            Err(e) => {
+                self.fence = None;
+                self.settle(shim, Err(e)).map(|()| true)
+            }
+        }
+    }
+
+    /// Flushes twice: everything pushed before is released (or leaked after a failed wait).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::flush`].
+    pub fn drain(&mut self, shim: &S, stream: &S::Stream) -> Result<(), DriverError> {
+        self.flush(shim, stream)?;
+        self.flush(shim, stream)
+    }
+
+    /// Releases the pending batch after a wait that ended with `waited`: at once if it succeeded
+    /// or the device is poisoned (nothing will touch the memory again); otherwise the batch is
+    /// leaked on purpose, because freeing memory the device may still use could hand it to
+    /// someone else.
+    fn settle(&mut self, shim: &S, waited: Result<(), DriverError>) -> Result<(), DriverError> {
+        let batch = core::mem::take(&mut self.pending);
+        match waited {
+            Err(e) if !e.poisons_device() => {
+                warn!(
+                    "fence wait failed (status {}): leaking {} items the device may still use",
+                    e.status,
+                    batch.len()
+                );
+                self.stats.items_leaked =
+                    self.stats.items_leaked.saturating_add(batch.len() as u64);
+                core::mem::forget(batch);
+                Err(e)
+            }
+            result => {
+                for item in batch {
+                    self.stats.items_released = self.stats.items_released.saturating_add(1);
+                    self.stats.bytes_released =
+                        self.stats.bytes_released.saturating_add(item.bytes());
+                    item.release(shim);
+                }
+                result
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Fault;
+    use crate::test_shim::TestShim;
+
+    fn setup() -> (TestShim, DropQueue<TestShim>) {
+        (
+            TestShim::new(1 << 30, 32, 1 << 28),
+            DropQueue::new(DropPolicy::default()),
+        )
+    }
+
+    fn item(len: usize) -> DropItem<TestShim> {
+        DropItem::Host(HostBuffer::zeroed(len))
+    }
+
+    #[test]
+    fn thresholds_trigger_whichever_comes_first() {
+        let mut q = DropQueue::<TestShim>::new(DropPolicy {
+            max_items: 4,
+            max_bytes: 100,
+        });
+        assert!(!q.should_flush());
+        for _ in 0..3 {
+            q.push(item(1));
+        }
+        assert!(!q.should_flush());
+        q.push(item(1));
+        assert!(q.should_flush(), "count");
+        let mut q = DropQueue::<TestShim>::new(DropPolicy {
+            max_items: 4,
+            max_bytes: 100,
+        });
+        q.push(item(101));
+        assert!(q.should_flush(), "size");
+        let mut q = DropQueue::<TestShim>::new(DropPolicy {
+            max_items: 4,
+            max_bytes: 100,
+        });
+        q.push(item(60));
+        q.push(item(60));
+        assert!(q.should_flush(), "both, size first");
+    }
+
+    #[test]
+    fn counters_saturate() {
+        let mut q = DropQueue::<TestShim>::new(DropPolicy {
+            max_items: u64::MAX,
+            max_bytes: u64::MAX,
+        });
+        q.staged_items = u64::MAX;
+        q.staged_bytes = u64::MAX - 1;
+        q.push(item(8));
+        assert_eq!((q.staged_items, q.staged_bytes), (u64::MAX, u64::MAX));
+        assert!(q.should_flush());
+    }
+
+    #[test]
+    fn the_first_flush_waits_for_nothing_and_each_later_one_for_one_fence() {
+        let (shim, mut q) = setup();
+        q.push(item(1));
+        q.flush(&shim, &()).unwrap();
+        assert_eq!(shim.events_waited.get(), 0);
+        q.push(item(1));
+        q.flush(&shim, &()).unwrap();
+        assert_eq!(shim.events_waited.get(), 1);
+        for _ in 0..8 {
+            q.push(item(1));
+            q.flush(&shim, &()).unwrap();
+        }
+        assert_eq!(shim.events_waited.get(), 9, "n - 1 waits after n flushes");
+    }
+
+    #[test]
+    fn flushing_moves_staged_to_pending_and_replaces_pending() {
+        let (shim, mut q) = setup();
+        for _ in 0..5 {
+            q.push(item(1));
+        }
+        assert!(q.should_flush() || q.staged_len() == 5);
+        q.flush(&shim, &()).unwrap();
+        assert_eq!((q.staged_len(), q.pending_len()), (0, 5));
+        assert!(!q.should_flush(), "counters reset");
+        q.push(item(1));
+        q.flush(&shim, &()).unwrap();
+        assert_eq!(q.pending_len(), 1);
+        assert_eq!(q.stats().items_released, 5);
+    }
+
+    #[test]
+    fn an_empty_flush_records_no_fence() {
+        let (shim, mut q) = setup();
+        for _ in 0..3 {
+            q.flush(&shim, &()).unwrap();
+        }
+        assert_eq!(shim.events_recorded.get(), 0);
+        q.push(item(1));
+        q.drain(&shim, &()).unwrap();
+        assert_eq!(q.pending_len(), 0);
+        q.flush(&shim, &()).unwrap();
+        assert_eq!(
+            shim.events_recorded.get(),
+            1,
+            "drained queue mints nothing more"
+        );
+    }
+
+    #[test]
+    fn poll_releases_a_passed_fence_without_blocking() {
+        let (shim, mut q) = setup();
+        q.push(item(10));
+        q.flush(&shim, &()).unwrap();
+        assert!(q.poll(&shim).unwrap());
+        assert_eq!(shim.events_waited.get(), 0);
+        assert_eq!(q.stats().bytes_released, 10);
+    }
+
+    #[test]
+    fn a_failed_wait_leaks_unless_the_device_is_poisoned() {
+        let (shim, mut q) = setup();
+        q.push(item(1));
+        q.flush(&shim, &()).unwrap();
+        shim.fail_next_wait.set(Some(Fault::Failed));
+        assert!(q.flush(&shim, &()).is_err());
+        assert_eq!((q.stats().items_leaked, q.stats().items_released), (1, 0));
+        q.push(item(1));
+        q.flush(&shim, &()).unwrap();
+        shim.fail_next_wait.set(Some(Fault::Poisoning));
+        assert!(q.flush(&shim, &()).is_err());
+        assert_eq!(q.stats().items_released, 1, "poisoned: released");
+    }
+}
