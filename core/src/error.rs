@@ -394,3 +394,257 @@ mod tests {
         assert!(text.contains("10 bytes") && text.contains("90 bytes") && text.contains("96"));
     }
 }
+
+/// Why a launch could not be enqueued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum LaunchError {
+    /// The device refused to enqueue it.
+    Refused {
+        /// The kernel's name.
+        kernel: &'static str,
+        /// The device's answer.
+        cause: DriverError,
+    },
+    /// A buffer of the launch did not resolve.
+    Buffer {
+        /// The kernel's name.
+        kernel: &'static str,
+        /// Position of the buffer among the launch's buffers (inputs first).
+        index: usize,
+        /// Why it did not resolve.
+        cause: IoError,
+    },
+}
+
+impl fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Refused { kernel, cause } => {
+                write!(f, "launch of `{kernel}` was refused: {cause}")
+            }
+            Self::Buffer {
+                kernel,
+                index,
+                cause,
+            } => {
+                write!(
+                    f,
+                    "buffer {index} of the launch of `{kernel}` is unusable: {cause}"
+                )
+            }
+        }
+    }
+}
+
+/// A call the layer refuses because of how it was made, not because of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Validation {
+    /// A stream index past the device's limit.
+    StreamOutOfRange {
+        /// The index asked for.
+        stream: u32,
+        /// How many streams the device allows.
+        max: u32,
+    },
+    /// Host data whose length does not match the copy's layout.
+    LengthMismatch {
+        /// Bytes the layout needs.
+        expected: u64,
+        /// Bytes given.
+        found: u64,
+    },
+    /// A copy whose device side passes the end of the handle's view.
+    LayoutPastView {
+        /// Bytes the layout spans on the device.
+        span: u64,
+        /// Bytes of the view.
+        view: u64,
+    },
+    /// A host buffer that cannot be written (external, read-only bytes) given as a destination.
+    ReadOnlyDestination,
+    /// The operation is refused while a stream records a graph.
+    Recording {
+        /// The operation.
+        op: &'static str,
+    },
+}
+
+impl fmt::Display for Validation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::StreamOutOfRange { stream, max } => write!(
+                f,
+                "stream {stream} asked for but this device allows {max} streams; use 0..{max} \
+                 or raise `DeviceConfig::max_streams`"
+            ),
+            Self::LengthMismatch { expected, found } => write!(
+                f,
+                "the copy's layout needs {expected} host bytes but {found} were given; \
+                 pass data of the layout's packed size"
+            ),
+            Self::LayoutPastView { span, view } => write!(
+                f,
+                "the copy spans {span} device bytes but the handle views {view}; \
+                 use a larger handle or a smaller layout"
+            ),
+            Self::ReadOnlyDestination => f.write_str(
+                "a read-only (external) host buffer was given as a copy destination; \
+                 reserve a host buffer with `reserve_host`",
+            ),
+            Self::Recording { op } => write!(
+                f,
+                "`{op}` is refused while a stream records a graph; call it after the capture ends"
+            ),
+        }
+    }
+}
+
+/// Errors of device operations: what a command returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum ServerError {
+    /// The call was malformed.
+    Validation(Validation),
+    /// The operation is out of order with a graph capture.
+    Capture {
+        /// What was asked.
+        op: &'static str,
+        /// The capture phase it found.
+        phase: &'static str,
+    },
+    /// A read of bytes that work which failed should have written.
+    Unwritten {
+        /// The failure's id on the device.
+        failure: u64,
+        /// The handle whose bytes were asked for.
+        handle: u64,
+        /// The launches skipped because of the failure, oldest first (the newest 16).
+        chain: alloc::vec::Vec<&'static str>,
+        /// Launches skipped in all (the chain may hold fewer).
+        skipped_total: u64,
+        /// The failure at the root.
+        root: alloc::boxed::Box<ServerError>,
+    },
+    /// The launch did not run because an input carries a failure, which its outputs now carry.
+    Skipped {
+        /// The kernel that was skipped.
+        kernel: &'static str,
+        /// The failure's id.
+        failure: u64,
+    },
+    /// Several failures at once (a read of several buffers).
+    Several(alloc::vec::Vec<ServerError>),
+    /// The device is lost: every operation fails fast.
+    DevicePoisoned {
+        /// The call that poisoned it.
+        cause: DriverError,
+    },
+    /// A memory or copy error.
+    Io(IoError),
+    /// A launch error.
+    Launch(LaunchError),
+    /// A fence revealed a device fault (the work before it failed).
+    Device(DriverError),
+}
+
+impl ServerError {
+    /// Whether the error means the device is lost, looking through to the roots.
+    pub fn is_device_poisoned(&self) -> bool {
+        match self {
+            Self::DevicePoisoned { .. } => true,
+            Self::Io(e) => e.is_device_poisoned(),
+            Self::Device(e) => e.poisons_device(),
+            Self::Unwritten { root, .. } => root.is_device_poisoned(),
+            Self::Several(all) => all.iter().any(Self::is_device_poisoned),
+            _ => false,
+        }
+    }
+}
+
+impl From<IoError> for ServerError {
+    fn from(e: IoError) -> Self {
+        match e {
+            IoError::DevicePoisoned { cause } => Self::DevicePoisoned { cause },
+            e => Self::Io(e),
+        }
+    }
+}
+
+impl From<LaunchError> for ServerError {
+    fn from(e: LaunchError) -> Self {
+        Self::Launch(e)
+    }
+}
+
+impl From<Validation> for ServerError {
+    fn from(e: Validation) -> Self {
+        Self::Validation(e)
+    }
+}
+
+impl From<DriverError> for ServerError {
+    fn from(e: DriverError) -> Self {
+        if e.poisons_device() {
+            Self::DevicePoisoned { cause: e }
+        } else {
+            Self::Device(e)
+        }
+    }
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Validation(v) => write!(f, "{v}"),
+            Self::Capture { op, phase } => write!(
+                f,
+                "`{op}` is out of order: the capture is {phase}; follow prepare, begin, end"
+            ),
+            Self::Unwritten {
+                failure,
+                handle,
+                chain,
+                skipped_total,
+                root,
+            } => {
+                write!(
+                    f,
+                    "handle {handle} holds bytes that failed work left unwritten (failure {failure}"
+                )?;
+                if *skipped_total > 0 {
+                    write!(f, ", carried through {skipped_total} skipped launches:")?;
+                    for k in chain {
+                        write!(f, " {k}")?;
+                    }
+                }
+                write!(
+                    f,
+                    "); root cause: {root}; rewrite the buffer or rerun the work"
+                )
+            }
+            Self::Skipped { kernel, failure } => write!(
+                f,
+                "`{kernel}` was skipped because an input carries failure {failure}; \
+                 its outputs now carry it too"
+            ),
+            Self::Several(all) => {
+                write!(f, "{} failures:", all.len())?;
+                for e in all {
+                    write!(f, " [{e}]")?;
+                }
+                Ok(())
+            }
+            Self::DevicePoisoned { cause } => {
+                write!(f, "the device is lost ({cause}); recreate it")
+            }
+            Self::Io(e) => write!(f, "{e}"),
+            Self::Launch(e) => write!(f, "{e}"),
+            Self::Device(e) => write!(f, "work on the stream failed: {e}"),
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for ServerError {}

@@ -5,8 +5,9 @@
 //! device shim implements ([`Shim`]). It makes no device call itself: a shim does
 //! (`devcmd-std` for a CPU device, `devcmd-cuda` for NVIDIA GPUs, or one of your own).
 //!
-//! Start with [`Shim`] (what a device must do) and [`memory::MemoryManager`] (what the core does
-//! with the pages a device hands out).
+//! Start with [`Shim`] (what a device must do), [`Device`] (streams and cross-stream order) and
+//! [`Command`] (every operation), then [`memory::MemoryManager`] (what the core does with the
+//! pages a device hands out).
 #![no_std]
 #![deny(missing_docs)]
 
@@ -21,15 +22,27 @@ compile_error!("the `log` and `defmt` features are mutually exclusive: enable on
 #[macro_use]
 mod fmt;
 
+pub mod capture;
+pub mod command;
 pub mod copy;
+pub mod device;
 pub mod drop_queue;
 pub mod error;
+pub mod failure;
 pub mod host;
 pub mod memory;
+pub mod pinned;
 pub mod shim;
+pub mod stream;
 #[cfg(test)]
 mod test_shim;
 
+pub use command::{Command, Launch, ManagedResource, ReadFuture, ReadRequest, SyncFuture};
 pub use copy::CopyLayout;
-pub use error::{DriverError, Fault, IoError, ShimOp};
+pub use device::{Device, DeviceConfig, DeviceReport};
+pub use drop_queue::{DropPolicy, DropStats};
+pub use error::{DriverError, Fault, IoError, LaunchError, ServerError, ShimOp, Validation};
+pub use host::{ExternalBytes, HostBuffer, HostOrigin};
+pub use memory::{AllocationMode, Handle};
 pub use shim::{DeviceAddr, DeviceFacts, DeviceSpan, Grid, Shim};
+pub use stream::StreamId;

@@ -113,7 +113,10 @@ impl StdShimBuilder {
             .checked_next_power_of_two()
             .filter(|a| usize::try_from(*a).is_ok_and(|a| Layout::from_size_align(1, a).is_ok()))
             .unwrap_or(256);
-        let max_page = self.max_page_size.unwrap_or(self.total_memory / 4).min(self.total_memory);
+        let max_page = self
+            .max_page_size
+            .unwrap_or(self.total_memory / 4)
+            .min(self.total_memory);
         let facts = DeviceFacts {
             total_memory: self.total_memory,
             memory_budget: self.memory_budget,
@@ -164,13 +167,24 @@ impl DeviceState {
         if len == 0 {
             return true;
         }
-        let (Ok(a), Ok(l)) = (usize::try_from(addr), usize::try_from(len)) else { return false };
-        let Some(end) = a.checked_add(l) else { return false };
-        self.ranges.range(..=a).next_back().is_some_and(|(&s, &n)| end <= s + n)
+        let (Ok(a), Ok(l)) = (usize::try_from(addr), usize::try_from(len)) else {
+            return false;
+        };
+        let Some(end) = a.checked_add(l) else {
+            return false;
+        };
+        self.ranges
+            .range(..=a)
+            .next_back()
+            .is_some_and(|(&s, &n)| end <= s + n)
     }
 
     fn poisoned_error(&self, op: ShimOp) -> DriverError {
-        classify(op, self.poison_cause.map_or(status::DEVICE_POISONED, |c| c.status))
+        classify(
+            op,
+            self.poison_cause
+                .map_or(status::DEVICE_POISONED, |c| c.status),
+        )
     }
 }
 
@@ -296,7 +310,8 @@ impl StdShim {
     /// queued work is skipped.
     pub fn poison_device(&self) {
         let mut st = lock(&self.inner.state);
-        self.inner.poison_locked(&mut st, classify(ShimOp::Launch, status::DEVICE_POISONED));
+        self.inner
+            .poison_locked(&mut st, classify(ShimOp::Launch, status::DEVICE_POISONED));
     }
 
     /// Whether the device is poisoned.
@@ -323,7 +338,9 @@ impl StdShim {
             return Err(st.poisoned_error(op));
         }
         let fired = st.injections.iter().find(|i| i.fires(op, count, size));
-        let Some(poisons) = fired.map(Injection::poisons) else { return Ok(()) };
+        let Some(poisons) = fired.map(Injection::poisons) else {
+            return Ok(());
+        };
         let e = classify(op, status::injected(op, poisons));
         if poisons {
             self.inner.poison_locked(&mut st, e);
@@ -345,7 +362,11 @@ impl StdShim {
             return Ok(());
         }
         let size = |v: u64| usize::try_from(v).map_err(|_| classify(op, status::BAD_ARGUMENT));
-        let (width, height, pitch) = (size(layout.width())?, size(layout.height())?, size(layout.pitch())?);
+        let (width, height, pitch) = (
+            size(layout.width())?,
+            size(layout.height())?,
+            size(layout.pitch())?,
+        );
         size(layout.packed_bytes())?;
         {
             let st = lock(&self.inner.state);
@@ -377,8 +398,6 @@ impl StdShim {
     /// Nothing uses the block any more (or only buggy late work the quarantine is meant to catch).
     unsafe fn release(&self, st: &mut DeviceState, block: Block) {
         st.ranges.remove(&block.addr());
-        // Freeing while recording is illegal on CUDA: it invalidates the recording.
-        st.captures.values_mut().for_each(|v| *v = true);
         if self.inner.poison_freed {
             // SAFETY: the caller promises nothing uses the block.
             unsafe { st.quarantine.push(block) };
@@ -423,14 +442,21 @@ impl Shim for StdShim {
         if event.captured {
             return Err(classify(ShimOp::StreamWaitEvent, status::UNSUPPORTED));
         }
-        stream.shared.enqueue(Op::Wait { stream: Arc::clone(&event.stream), seq: event.seq });
+        stream.shared.enqueue(Op::Wait {
+            stream: Arc::clone(&event.stream),
+            seq: event.seq,
+        });
         Ok(())
     }
 
     fn record_event(&self, stream: &StdStream) -> Result<StdEvent, DriverError> {
         self.enter(ShimOp::EventRecord, 0)?;
         let (seq, captured) = stream.shared.tail();
-        Ok(StdEvent { stream: Arc::clone(&stream.shared), seq, captured })
+        Ok(StdEvent {
+            stream: Arc::clone(&stream.shared),
+            seq,
+            captured,
+        })
     }
 
     fn event_query(&self, event: &StdEvent) -> Result<bool, DriverError> {
@@ -486,8 +512,10 @@ impl Shim for StdShim {
     unsafe fn device_free(&self, page: StdDevicePage) {
         let mut st = lock(&self.inner.state);
         st.stats.device_frees += 1;
-        st.stats.device_pages_live -= 1;
-        st.stats.device_bytes_live -= page.size;
+        // Freeing device memory while recording is illegal on CUDA: it invalidates the recording.
+        st.captures.values_mut().for_each(|v| *v = true);
+        st.stats.device_pages_live = st.stats.device_pages_live.saturating_sub(1);
+        st.stats.device_bytes_live = st.stats.device_bytes_live.saturating_sub(page.size);
         // SAFETY: `device_free`'s contract: no pending work uses the page.
         unsafe { self.release(&mut st, page.block) };
     }
@@ -514,14 +542,17 @@ impl Shim for StdShim {
     }
 
     fn host_page_device_addr(&self, page: &StdHostPage) -> Option<DeviceAddr> {
-        self.inner.facts.integrated.then(|| DeviceAddr(page.block.addr() as u64))
+        self.inner
+            .facts
+            .integrated
+            .then(|| DeviceAddr(page.block.addr() as u64))
     }
 
     unsafe fn host_free_pinned(&self, page: StdHostPage) {
         let mut st = lock(&self.inner.state);
         st.stats.host_frees += 1;
-        st.stats.host_pages_live -= 1;
-        st.stats.host_bytes_live -= page.size as u64;
+        st.stats.host_pages_live = st.stats.host_pages_live.saturating_sub(1);
+        st.stats.host_bytes_live = st.stats.host_bytes_live.saturating_sub(page.size as u64);
         // SAFETY: `host_free_pinned`'s contract: no pending copy uses the page.
         unsafe { self.release(&mut st, page.block) };
     }
@@ -555,7 +586,13 @@ impl Shim for StdShim {
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
-        self.copy(ShimOp::CopyDeviceToDevice, stream, (src.0, true), (dst.0, true), layout)
+        self.copy(
+            ShimOp::CopyDeviceToDevice,
+            stream,
+            (src.0, true),
+            (dst.0, true),
+            layout,
+        )
     }
 
     unsafe fn launch(
@@ -568,9 +605,11 @@ impl Shim for StdShim {
     ) -> Result<(), DriverError> {
         let bytes = buffers.iter().fold(0u64, |a, s| a.saturating_add(s.len));
         self.enter(ShimOp::Launch, bytes)?;
-        if !buffers.iter().all(|s| lock(&self.inner.state).holds(s.addr.0, s.len)) {
+        let st = lock(&self.inner.state);
+        if !buffers.iter().all(|s| st.holds(s.addr.0, s.len)) {
             return Err(classify(ShimOp::Launch, status::BAD_ADDRESS));
         }
+        drop(st);
         stream.shared.enqueue(Op::Launch {
             kernel: kernel.clone(),
             grid,
@@ -585,7 +624,9 @@ impl Shim for StdShim {
         if !stream.shared.begin_capture() {
             return Err(classify(ShimOp::GraphBegin, status::CAPTURE_STATE));
         }
-        lock(&self.inner.state).captures.insert(stream.shared.id, false);
+        lock(&self.inner.state)
+            .captures
+            .insert(stream.shared.id, false);
         Ok(())
     }
 
@@ -594,7 +635,9 @@ impl Shim for StdShim {
         let recorded = stream.shared.end_capture();
         let invalidated = lock(&self.inner.state).captures.remove(&stream.shared.id);
         self.enter(OP, 0)?;
-        let Some(ops) = recorded else { return Err(classify(OP, status::CAPTURE_STATE)) };
+        let Some(ops) = recorded else {
+            return Err(classify(OP, status::CAPTURE_STATE));
+        };
         if doomed {
             return Err(classify(OP, status::CAPTURE_DOOMED));
         }

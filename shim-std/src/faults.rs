@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// | 4 | `BAD_ADDRESS` | `Failed` | a device span outside every live page |
 /// | 5 | `BAD_ARGUMENT` | `Failed` | a null host pointer, a size past `usize` |
 /// | 6 | `CAPTURE_STATE` | `Failed` | begin while recording, end while not recording |
-/// | 7 | `CAPTURE_INVALIDATED` | `Failed` | `device_alloc` while a stream records (refused, and the recording is invalidated as CUDA would) |
+/// | 7 | `CAPTURE_INVALIDATED` | `Failed` | `device_alloc` while a stream records (refused), or `end_capture` of a recording invalidated by that or by a `device_free`, as on CUDA |
 /// | 8 | `CAPTURE_DOOMED` | `Failed` | `end_capture` with `doomed` |
 /// | 9 | `ILLEGAL_IN_CAPTURE` | `Failed` | query or wait of an event recorded on a recording stream |
 /// | 10 | `UNSUPPORTED` | `Unsupported` | a stream waiting on an event recorded in another stream's recording |
@@ -27,7 +27,7 @@ use std::sync::Arc;
 /// | 200 + op | `INJECTED_POISON` | `Poisoning` | a [poisoning](crate::Injection::poisoning) injection fired |
 ///
 /// `op` is the index of the [`ShimOp`] in declaration order (`StreamCreate` = 0 ...
-/// `GraphLaunch` = 14); [`injected`] computes the code.
+/// `GraphLaunch` = 14); [`status::injected`](crate::status::injected) computes the code.
 pub mod status {
     use devcmd::ShimOp;
 
@@ -160,19 +160,28 @@ pub struct Injection {
 impl Injection {
     /// Fails the `n`th call (counting from 1) of `op`.
     pub fn nth(op: ShimOp, n: u64) -> Self {
-        Self { trigger: Trigger::Nth(op, n), poisons: false }
+        Self {
+            trigger: Trigger::Nth(op, n),
+            poisons: false,
+        }
     }
 
     /// Fails every call of `op` after the first `n`.
     pub fn after(op: ShimOp, n: u64) -> Self {
-        Self { trigger: Trigger::After(op, n), poisons: false }
+        Self {
+            trigger: Trigger::After(op, n),
+            poisons: false,
+        }
     }
 
     /// Fails every call for which `pred(op, size)` holds. `size` is the bytes of the call: the
     /// allocation size, the packed bytes of a copy, the sum of a launch's spans, 0 otherwise.
     /// The predicate runs under the shim's lock: it must not call the shim.
     pub fn when(pred: impl Fn(ShimOp, u64) -> bool + Send + Sync + 'static) -> Self {
-        Self { trigger: Trigger::When(Arc::new(pred)), poisons: false }
+        Self {
+            trigger: Trigger::When(Arc::new(pred)),
+            poisons: false,
+        }
     }
 
     /// Makes the failure poison the device: the call fails with a [`Fault::Poisoning`] error and
@@ -265,9 +274,15 @@ mod tests {
         assert_eq!(f(status::DEVICE_POISONED), Fault::Poisoning);
         assert_eq!(f(status::KERNEL_FAILED), Fault::Failed);
         assert_eq!(f(-7), Fault::Failed);
-        assert_eq!(f(status::injected(ShimOp::DeviceAlloc, false)), Fault::OutOfMemory);
+        assert_eq!(
+            f(status::injected(ShimOp::DeviceAlloc, false)),
+            Fault::OutOfMemory
+        );
         assert_eq!(f(status::injected(ShimOp::EventWait, false)), Fault::Failed);
-        assert_eq!(f(status::injected(ShimOp::GraphLaunch, true)), Fault::Poisoning);
+        assert_eq!(
+            f(status::injected(ShimOp::GraphLaunch, true)),
+            Fault::Poisoning
+        );
         for (i, op) in OPS.iter().enumerate() {
             assert_eq!(op_index(*op), i);
         }

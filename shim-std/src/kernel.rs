@@ -35,7 +35,10 @@ impl StdKernel {
         name: &str,
         body: impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelFault> + Send + Sync + 'static,
     ) -> Self {
-        Self { name: name.into(), body: Arc::new(body) }
+        Self {
+            name: name.into(),
+            body: Arc::new(body),
+        }
     }
 
     /// The kernel's name.
@@ -55,7 +58,9 @@ impl StdKernel {
 
 impl fmt::Debug for StdKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StdKernel").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("StdKernel")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -165,7 +170,7 @@ impl<'a> KernelCtx<'a> {
 
 /// `bytes` as `f32`s; [`KernelFault::Failed`] if misaligned or not a multiple of 4 bytes.
 pub fn as_f32(bytes: &[u8]) -> Result<&[f32], KernelFault> {
-    if bytes.len() % 4 != 0 || !bytes.as_ptr().cast::<f32>().is_aligned() {
+    if !bytes.len().is_multiple_of(4) || !bytes.as_ptr().cast::<f32>().is_aligned() {
         return Err(KernelFault::Failed);
     }
     // SAFETY: aligned for f32 (checked), `len / 4` f32s cover exactly the bytes, every bit
@@ -175,7 +180,7 @@ pub fn as_f32(bytes: &[u8]) -> Result<&[f32], KernelFault> {
 
 /// `bytes` as mutable `f32`s; [`KernelFault::Failed`] if misaligned or not a multiple of 4 bytes.
 pub fn as_f32_mut(bytes: &mut [u8]) -> Result<&mut [f32], KernelFault> {
-    if bytes.len() % 4 != 0 || !bytes.as_ptr().cast::<f32>().is_aligned() {
+    if !bytes.len().is_multiple_of(4) || !bytes.as_ptr().cast::<f32>().is_aligned() {
         return Err(KernelFault::Failed);
     }
     // SAFETY: as in `as_f32`; the result borrows `bytes` mutably, so it is the only view.

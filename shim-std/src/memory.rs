@@ -30,7 +30,10 @@ impl Block {
         let layout = Layout::from_size_align(size.max(1), align).ok()?;
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { alloc_zeroed(layout) };
-        (!p.is_null()).then(|| Self { addr: p.expose_provenance(), layout })
+        (!p.is_null()).then(|| Self {
+            addr: p.expose_provenance(),
+            layout,
+        })
     }
 
     /// The block's first byte, as an address.
@@ -128,7 +131,9 @@ impl Quarantine {
         while self.blocks.len() > 1
             && (self.blocks.len() > QUARANTINE_BLOCKS || self.bytes > QUARANTINE_BYTES)
         {
-            let Some(old) = self.blocks.pop_front() else { break };
+            let Some(old) = self.blocks.pop_front() else {
+                break;
+            };
             self.bytes -= old.len();
             // SAFETY: the core freed it at least one free ago; the quarantine is a debugging net,
             // not part of the contract.

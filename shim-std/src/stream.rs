@@ -50,7 +50,11 @@ impl CopyOp {
         for row in 0..self.height {
             // SAFETY: row `row` of each side lies inside the span validated at enqueue.
             unsafe {
-                ptr::copy(src.add(row * self.src_pitch), dst.add(row * self.dst_pitch), self.width)
+                ptr::copy(
+                    src.add(row * self.src_pitch),
+                    dst.add(row * self.dst_pitch),
+                    self.width,
+                )
             };
         }
     }
@@ -59,8 +63,16 @@ impl CopyOp {
 /// One operation of a stream's queue (or of a recording).
 pub(crate) enum Op {
     Copy(CopyOp),
-    Launch { kernel: StdKernel, grid: Grid, spans: Vec<DeviceSpan>, args: Vec<u8> },
-    Wait { stream: Arc<StreamShared>, seq: u64 },
+    Launch {
+        kernel: StdKernel,
+        grid: Grid,
+        spans: Vec<DeviceSpan>,
+        args: Vec<u8>,
+    },
+    Wait {
+        stream: Arc<StreamShared>,
+        seq: u64,
+    },
     Replay(Arc<Vec<Op>>),
 }
 
@@ -74,7 +86,12 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
             unsafe { c.run() };
             Ok(())
         }
-        Op::Launch { kernel, grid, spans, args } => {
+        Op::Launch {
+            kernel,
+            grid,
+            spans,
+            args,
+        } => {
             // SAFETY: `Shim::launch`'s caller promised the spans lie in live pages and that the
             // kernel touches nothing else; the core orders other work on them with events.
             let mut ctx = unsafe { KernelCtx::new(*grid, spans, args) };
@@ -232,7 +249,11 @@ fn work(shared: Arc<StreamShared>) {
                 st = wait(&shared.cv, st);
             }
         };
-        let fault = if shared.dev.is_poisoned() { None } else { run(&op, &shared.dev).err() };
+        let fault = if shared.dev.is_poisoned() {
+            None
+        } else {
+            run(&op, &shared.dev).err()
+        };
         drop(op);
         if let Some(e) = fault {
             shared.dev.async_fault(e);
@@ -265,13 +286,21 @@ impl StdStream {
             capture: None,
             faults: Vec::new(),
         };
-        let shared = Arc::new(StreamShared { id, dev, state: Mutex::new(state), cv: Condvar::new() });
+        let shared = Arc::new(StreamShared {
+            id,
+            dev,
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+        });
         let for_worker = Arc::clone(&shared);
         let worker = thread::Builder::new()
             .name(format!("devcmd-stream-{id}"))
             .spawn(move || work(for_worker))
             .ok()?;
-        Some(Self { shared, worker: Some(worker) })
+        Some(Self {
+            shared,
+            worker: Some(worker),
+        })
     }
 
     /// The stream's id, unique within its shim.
@@ -306,7 +335,9 @@ impl Drop for StdStream {
 
 impl fmt::Debug for StdStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StdStream").field("id", &self.shared.id).finish_non_exhaustive()
+        f.debug_struct("StdStream")
+            .field("id", &self.shared.id)
+            .finish_non_exhaustive()
     }
 }
 

@@ -14,7 +14,8 @@
 //!
 //! Per cell: the op list is generated once; each contender gets a fresh manager, replays the whole
 //! list once (cold: ns/op = replay time / ops, peak held measured here), then replays it again on
-//! the same manager (warm). Contenders run one after the other, each dropped before the next.
+//! the same manager (warm). Contenders run one after the other, each dropped before the next; the
+//! order rotates from cell to cell. The table lists them in the order they ran.
 
 mod contender;
 mod cubecl;
@@ -129,7 +130,7 @@ fn main() {
         args.contenders,
         args.cells
     );
-    for &(n, max_mib) in &args.cells {
+    for (cell, &(n, max_mib)) in args.cells.iter().enumerate() {
         let t = trace::generate(n, max_mib * MIB, args.cap, args.seed);
         eprintln!(
             "cell N={n} max={max_mib} MiB: {} ops, {} allocs, live peak {} MiB ({} allocations)",
@@ -138,7 +139,9 @@ fn main() {
             mib(t.live_peak),
             t.live_count_peak
         );
-        for name in &args.contenders {
+        // Rotate the order from cell to cell, so no contender always runs first (on fresh memory).
+        let k = args.contenders.len();
+        for name in (0..k).map(|i| &args.contenders[(i + cell) % k]) {
             let (contender, cold, warm) = match name.as_str() {
                 "system" => run(System, &t.ops, t.live_count_peak, args.warm),
                 "cubecl" => run(cubecl::Cubecl::new(), &t.ops, t.live_count_peak, args.warm),
@@ -147,10 +150,11 @@ fn main() {
                 other => panic!("unknown contender {other}"),
             };
             eprintln!(
-                "  {contender:7} cold {:8.1} ns/op  warm {:>8}  peak held {:>9} MiB  failed {}",
+                "  {contender:7} cold {:8.1} ns/op  warm {:>8}  peak held {:>9} MiB  held after {:>9} MiB  failed {}",
                 cold.ns_per_op(),
                 opt(warm, |w| format!("{:.1}", w.ns_per_op())),
                 opt(cold.stats.peak_held, mib),
+                opt(cold.stats.held_after, mib),
                 cold.failed
             );
             rows.push(Row {

@@ -291,6 +291,15 @@ pub struct BindingRef<'a> {
 }
 
 impl BindingRef<'_> {
+    /// An owned binding of the same view.
+    pub fn to_binding(&self) -> Binding {
+        Binding {
+            identity: Arc::clone(self.identity),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+
     pub(crate) fn id(&self) -> u64 {
         self.identity.id
     }

@@ -170,6 +170,8 @@ pub struct MemoryManager<S: Shim> {
     dedicated_freed: bool,
     guards: Vec<Arc<PageRef>>,
     retired: Vec<RetiredPage<S::DevicePage>>,
+    /// Ids of allocations released or rebound, when the owner tracks them (failure marks).
+    freed: Option<Vec<u64>>,
 }
 
 fn round_up(value: u64, to: u64) -> Option<u64> {
@@ -211,6 +213,21 @@ impl<S: Shim> MemoryManager<S> {
             dedicated_freed: false,
             guards: Vec::new(),
             retired: Vec::new(),
+            freed: None,
+        }
+    }
+
+    /// Starts recording the ids of allocations released or rebound, for
+    /// [`Self::take_freed`] (the device drops their failure marks).
+    pub fn track_frees(&mut self) {
+        self.freed.get_or_insert_with(Vec::new);
+    }
+
+    /// The ids recorded since the last call (see [`Self::track_frees`]).
+    pub fn take_freed(&mut self, out: &mut Vec<u64>) {
+        self.collect_returns();
+        if let Some(freed) = &mut self.freed {
+            out.append(freed);
         }
     }
 
@@ -684,6 +701,9 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     fn free_location(&mut self, location: Location, owner: u64) {
+        if let Some(freed) = &mut self.freed {
+            freed.push(owner);
+        }
         match location.pool {
             POOL_PERSISTENT => {
                 self.persistent.free(location.block, owner);
@@ -813,6 +833,59 @@ impl<S: Shim> MemoryManager<S> {
             // SAFETY: the caller guarantees the device is done with freed memory.
             unsafe { page.free(shim) };
         }
+    }
+
+    /// Frees every page the manager holds, live allocations included: for the owner's teardown.
+    /// Handles still out resolve to nothing afterwards (their pages are gone from the pools).
+    ///
+    /// # Safety
+    ///
+    /// No work that may use any memory of this manager is pending on any stream of the device.
+    pub unsafe fn release_all(&mut self, shim: &S) {
+        let mut pages: Vec<(S::DevicePage, u64)> = Vec::new();
+        let mut sliced: Vec<SlicedPool<S::DevicePage>> = Vec::new();
+        let small_page = self.small.page_size;
+        sliced.push(core::mem::replace(
+            &mut self.small,
+            SlicedPool::new(small_page),
+        ));
+        sliced.extend(self.arena.iter_mut().filter_map(Option::take));
+        self.current = None;
+        for pool in sliced {
+            pages.extend(pool.into_pages().map(|p| (p.raw, p.size)));
+        }
+        for whole in [&mut self.persistent, &mut self.dedicated] {
+            pages.extend(core::mem::take(whole).into_pages().map(|p| (p.raw, p.size)));
+        }
+        self.outdated_empty.clear();
+        for (raw, size) in pages {
+            let page = RetiredPage {
+                raw,
+                size,
+                budget: self.budget.clone(),
+            };
+            // SAFETY: the caller guarantees no pending work uses any page of this manager.
+            unsafe { page.free(shim) };
+        }
+        // SAFETY: as above.
+        unsafe { self.free_retired(shim) };
+    }
+
+    /// Leaks every page on purpose: for a teardown that could not tell whether the device is
+    /// done with them.
+    pub fn forget_all(&mut self) {
+        let small_page = self.small.page_size;
+        core::mem::forget(core::mem::replace(
+            &mut self.small,
+            SlicedPool::new(small_page),
+        ));
+        for slot in &mut self.arena {
+            core::mem::forget(slot.take());
+        }
+        self.current = None;
+        core::mem::forget(core::mem::take(&mut self.persistent));
+        core::mem::forget(core::mem::take(&mut self.dedicated));
+        core::mem::forget(core::mem::take(&mut self.retired));
     }
 
     /// Bytes of pages held by this manager (retired pages included).

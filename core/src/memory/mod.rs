@@ -6,15 +6,16 @@
 mod budget;
 mod config;
 mod free_index;
-mod handle;
+pub(crate) mod handle;
 mod manager;
 mod report;
-mod sliced;
+pub(crate) mod sliced;
 mod whole;
 
 pub use budget::MemoryBudget;
 pub use config::{MemoryConfig, PageRelease};
 pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
+pub(crate) use handle::{Location, POOL_SMALL, ReturnQueue, Returned};
 pub use manager::{
     AllocationInfo, AllocationMode, Cleanup, MemoryManager, PageGuard, PageInfo, PageRef,
     PageUpdate, Resolved, RetiredPage,

@@ -390,6 +390,11 @@ impl<P> SlicedPool<P> {
         }
     }
 
+    /// Every page, for teardown.
+    pub(crate) fn into_pages(self) -> impl Iterator<Item = Page<P>> {
+        self.pages.into_iter().flatten()
+    }
+
     pub(crate) fn is_serving(&self) -> bool {
         self.serving
     }

@@ -159,6 +159,11 @@ impl<P> WholePagePool<P> {
             })
     }
 
+    /// Every page, for teardown.
+    pub(crate) fn into_pages(self) -> impl Iterator<Item = WholePage<P>> {
+        self.pages.into_iter().flatten()
+    }
+
     /// The largest page (for the report's page size).
     pub(crate) fn largest_page(&self) -> u64 {
         self.pages().map(|(_, p)| p.size).max().unwrap_or(0)

@@ -1,0 +1,349 @@
+//! The device: owner of the streams and of the device-wide state; hands out commands.
+//!
+//! Owns the shim, the streams (created on first use), the memory budget shared by their
+//! managers, the failure records, and whether the device is lost. Resolves the order between
+//! streams when a command uses memory another stream owns. Does not own the operations
+//! themselves (`command.rs`).
+
+use crate::command::Command;
+use crate::copy::StagingPolicy;
+use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
+use crate::error::{DriverError, IoError, ServerError, Validation};
+use crate::failure::Failures;
+use crate::memory::{
+    AsBinding, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport, PageRelease,
+};
+use crate::pinned::{PinnedConfig, PinnedPool};
+use crate::shim::{DeviceFacts, Shim};
+use crate::stream::{Stream, StreamId};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+static NEXT_DEVICE: AtomicU32 = AtomicU32::new(1);
+
+/// Everything configurable about a device, with the design's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Pool sizes of every stream's memory manager.
+    pub memory: MemoryConfig,
+    /// Drop-queue thresholds.
+    pub drops: DropPolicy,
+    /// Staging thresholds.
+    pub staging: StagingPolicy,
+    /// Pinned pool sizes.
+    pub pinned: PinnedConfig,
+    /// Streams the device may create.
+    pub max_streams: u32,
+    /// A budget for device pages, tighter than the shim's own (`None`: the shim's).
+    pub memory_budget: Option<u64>,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            memory: MemoryConfig::default(),
+            drops: DropPolicy::default(),
+            staging: StagingPolicy::default(),
+            pinned: PinnedConfig::default(),
+            max_streams: 16,
+            memory_budget: None,
+        }
+    }
+}
+
+/// Whether the device is lost, shared with the futures of reads and syncs that may find out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Poison(Arc<spin::Mutex<Option<DriverError>>>);
+
+impl Poison {
+    pub fn get(&self) -> Option<DriverError> {
+        *self.0.lock()
+    }
+
+    /// Records `e` if it poisons the device.
+    pub fn note(&self, e: &DriverError) {
+        if e.poisons_device() {
+            self.0.lock().get_or_insert(*e);
+        }
+    }
+}
+
+/// The memory report of a whole device: one report per stream created.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceReport {
+    /// Per stream: its id and the figures of its pools (pinned host pool included).
+    pub streams: Vec<(StreamId, MemoryReport)>,
+    /// Bytes of device pages held on the device, retired pages included.
+    pub held: u64,
+    /// The device's budget, if any.
+    pub budget: Option<u64>,
+}
+
+impl core::fmt::Display for DeviceReport {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        for (id, report) in &self.streams {
+            writeln!(f, "stream {}:", id.0)?;
+            writeln!(f, "{report}")?;
+        }
+        write!(f, "device pages held: {} bytes", self.held)?;
+        if let Some(b) = self.budget {
+            write!(f, " of a {b}-byte budget")?;
+        }
+        Ok(())
+    }
+}
+
+/// A device: the shim, its streams and the device-wide state. Driven by one thread at a time;
+/// wrap it in a `spin::Mutex` to share it.
+#[derive(Debug)]
+pub struct Device<S: Shim> {
+    pub(crate) shim: Arc<S>,
+    pub(crate) id: u32,
+    pub(crate) facts: DeviceFacts,
+    pub(crate) config: DeviceConfig,
+    pub(crate) budget: MemoryBudget,
+    pub(crate) streams: Vec<Option<Stream<S>>>,
+    pub(crate) failures: Failures,
+    pub(crate) poison: Poison,
+    /// Scratch for freed allocation ids.
+    pub(crate) freed: Vec<u64>,
+}
+
+impl<S: Shim> Device<S> {
+    /// A device over `shim` with `config`.
+    pub fn new(shim: S, config: DeviceConfig) -> Self {
+        let facts = shim.facts();
+        let limit = match (facts.memory_budget, config.memory_budget) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Self {
+            shim: Arc::new(shim),
+            id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
+            facts,
+            config,
+            budget: MemoryBudget::new(limit),
+            streams: Vec::new(),
+            failures: Failures::default(),
+            poison: Poison::default(),
+            freed: Vec::new(),
+        }
+    }
+
+    /// The shim.
+    pub fn shim(&self) -> &S {
+        &self.shim
+    }
+
+    /// The device's id (handles carry it).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The device's facts.
+    pub fn facts(&self) -> DeviceFacts {
+        self.facts
+    }
+
+    /// The budget shared by every stream.
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+
+    /// The failure records (for checks: they never outgrow live memory).
+    pub fn failures(&self) -> &Failures {
+        &self.failures
+    }
+
+    /// A command on `stream`, ordered after the work of other streams that owns `bindings`.
+    ///
+    /// For each binding created on another stream, the command's stream waits on the device for
+    /// an event recorded on the owner (once per owner until the owner issues more work), and the
+    /// binding is kept in this stream's drop queue so the owner cannot reuse the memory before
+    /// this stream's work on it passed a fence.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::DevicePoisoned`]; a stream index past the limit; a handle of another
+    /// device; the shim's refusal to create the stream or order it.
+    pub fn command(
+        &mut self,
+        stream: StreamId,
+        bindings: &[&Handle],
+    ) -> Result<Command<'_, S>, ServerError> {
+        if let Some(cause) = self.poison.get() {
+            return Err(ServerError::DevicePoisoned { cause });
+        }
+        let index = self.ensure_stream(stream)?;
+        for b in bindings {
+            self.order_after(index, *b)?;
+        }
+        let s = self.streams[index].as_mut().expect("ensured above");
+        s.cursor += 1;
+        Ok(Command::new(self, index))
+    }
+
+    pub(crate) fn ensure_stream(&mut self, stream: StreamId) -> Result<usize, ServerError> {
+        let max = self.config.max_streams;
+        if stream.0 >= max {
+            return Err(Validation::StreamOutOfRange {
+                stream: stream.0,
+                max,
+            }
+            .into());
+        }
+        let index = stream.0 as usize;
+        if self.streams.len() <= index {
+            self.streams.resize_with(index + 1, || None);
+        }
+        if self.streams[index].is_none() {
+            let raw = self
+                .shim
+                .create_stream()
+                .inspect_err(|e| self.poison.note(e))?;
+            let issuer = Issuer {
+                device: self.id,
+                stream: stream.0,
+            };
+            let memory_config = MemoryConfig {
+                release: PageRelease::Fenced,
+                ..self.config.memory
+            };
+            let mut memory =
+                MemoryManager::new(&self.facts, memory_config, issuer, self.budget.clone());
+            memory.track_frees();
+            self.streams[index] = Some(Stream {
+                raw,
+                memory,
+                pinned: PinnedPool::new(self.config.pinned, issuer),
+                drops: DropQueue::new(self.config.drops),
+                capture: Default::default(),
+                cursor: 0,
+                synced: Vec::new(),
+            });
+        }
+        Ok(index)
+    }
+
+    /// Orders stream `current` after the owner of `binding`, if another stream owns it.
+    pub(crate) fn order_after(
+        &mut self,
+        current: usize,
+        binding: &impl AsBinding,
+    ) -> Result<(), ServerError> {
+        let b = binding.as_binding();
+        let issuer = b.issuer();
+        if issuer.device != self.id {
+            return Err(IoError::ForeignHandle {
+                issued_by: issuer.device,
+                used_on: self.id,
+            }
+            .into());
+        }
+        let owner = issuer.stream as usize;
+        if owner == current {
+            return Ok(());
+        }
+        let owner_cursor = match self.streams.get(owner).and_then(Option::as_ref) {
+            Some(s) => s.cursor,
+            None => {
+                return Err(IoError::NotFound {
+                    handle: b.id(),
+                    reason: crate::error::NotFoundReason::Stale,
+                }
+                .into());
+            }
+        };
+        let synced = self.streams[current]
+            .as_ref()
+            .and_then(|s| s.synced.get(owner).copied())
+            .unwrap_or(0);
+        if owner_cursor > synced {
+            let event = {
+                let o = self.streams[owner].as_ref().expect("checked above");
+                self.shim
+                    .record_event(&o.raw)
+                    .inspect_err(|e| self.poison.note(e))?
+            };
+            let c = self.streams[current].as_mut().expect("current exists");
+            self.shim
+                .stream_wait_event(&c.raw, &event)
+                .inspect_err(|e| self.poison.note(e))?;
+            if c.synced.len() <= owner {
+                c.synced.resize(owner + 1, 0);
+            }
+            c.synced[owner] = owner_cursor;
+        }
+        let c = self.streams[current].as_mut().expect("current exists");
+        c.drops.push(DropItem::Binding(binding_of(binding)));
+        Ok(())
+    }
+
+    /// The memory report of every stream.
+    pub fn memory_report(&mut self) -> DeviceReport {
+        let mut streams = Vec::new();
+        let mut held = 0;
+        for (i, s) in self.streams.iter_mut().enumerate() {
+            if let Some(s) = s {
+                let mut report = s.memory.report();
+                report.pools.push(s.pinned.report());
+                held += s.memory.bytes_held();
+                streams.push((StreamId(i as u32), report));
+            }
+        }
+        DeviceReport {
+            streams,
+            held,
+            budget: self.budget.limit(),
+        }
+    }
+
+    /// The drop-queue statistics of every stream.
+    pub fn drop_stats(&self) -> Vec<(StreamId, DropStats)> {
+        self.streams
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (StreamId(i as u32), s.drops.stats())))
+            .collect()
+    }
+
+    /// Moves freed allocation ids into the failure records and retired pages into drop queues.
+    pub(crate) fn settle(&mut self) {
+        for s in self.streams.iter_mut().flatten() {
+            s.memory.take_freed(&mut self.freed);
+            s.queue_retired();
+        }
+        for id in self.freed.drain(..) {
+            self.failures.forget(id);
+        }
+    }
+}
+
+fn binding_of(b: &impl AsBinding) -> crate::memory::Binding {
+    b.as_binding().to_binding()
+}
+
+impl<S: Shim> Drop for Device<S> {
+    fn drop(&mut self) {
+        let poisoned = self.poison.get().is_some();
+        // Every stream first: another stream may still read this one's memory.
+        let mut all_done = true;
+        for s in self.streams.iter_mut().flatten() {
+            all_done &= s.drain(&self.shim).is_ok();
+        }
+        if !(all_done || poisoned) {
+            warn!("a stream could not be drained at teardown: leaking the device's memory");
+            for s in self.streams.iter_mut().flatten() {
+                s.memory.forget_all();
+            }
+            return;
+        }
+        for s in self.streams.iter_mut().flatten() {
+            // SAFETY: every stream of the device was drained above (or the device is poisoned
+            // and runs nothing), so no work can use any page.
+            unsafe { s.memory.release_all(&self.shim) };
+            s.pinned.cleanup(&self.shim);
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The pinned host pool of a stream: page-locked pages from the shim, carved into slices for
+//! staging copies.
+//!
+//! Owns the pinned pages and the slices carved from them; a slice goes back when the
+//! [`HostBuffer`] holding it drops (after the drop queue released it). Does not own the fallback
+//! to the heap when the pool cannot serve (the command decides).
+
+use crate::host::HostBuffer;
+use crate::memory::sliced::{SlicedPool, Used};
+use crate::memory::{Handle, Issuer, PoolKind, PoolReport};
+use crate::memory::{POOL_SMALL, ReturnQueue, Returned};
+use crate::shim::Shim;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::ptr::NonNull;
+
+/// Sizes of a stream's pinned pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct PinnedConfig {
+    /// Bytes per pinned page; larger requests are not pinned.
+    pub page_size: u64,
+    /// Pinned bytes a stream may hold in all.
+    pub max_bytes: u64,
+    /// Alignment of slices.
+    pub alignment: u64,
+}
+
+impl Default for PinnedConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 32 << 20,
+            max_bytes: 256 << 20,
+            alignment: 64,
+        }
+    }
+}
+
+/// The pinned pool of one stream.
+#[derive(Debug)]
+pub(crate) struct PinnedPool<S: Shim> {
+    config: PinnedConfig,
+    pool: SlicedPool<S::HostPage>,
+    issuer: Issuer,
+    returns: Arc<ReturnQueue>,
+    returned: Vec<Returned>,
+    next_id: u64,
+    /// Whether the shim refused a pinned page: stop asking until a cleanup.
+    refused: bool,
+}
+
+impl<S: Shim> PinnedPool<S> {
+    pub(crate) fn new(config: PinnedConfig, issuer: Issuer) -> Self {
+        Self {
+            pool: SlicedPool::new(config.page_size.max(1)),
+            config,
+            issuer,
+            returns: Arc::default(),
+            returned: Vec::new(),
+            next_id: 1,
+            refused: false,
+        }
+    }
+
+    fn collect_returns(&mut self) {
+        self.returns.drain_into(&mut self.returned);
+        for r in self.returned.drain(..) {
+            self.pool.free(r.location.block, r.id);
+        }
+    }
+
+    /// A pinned buffer of `len` bytes, or `None` when the pool cannot serve it (too large, at its
+    /// limit, `may_add` false and no room held, or the shim refused).
+    pub(crate) fn reserve(&mut self, shim: &S, len: usize, may_add: bool) -> Option<HostBuffer> {
+        self.collect_returns();
+        let size = len as u64;
+        let aligned = size
+            .max(1)
+            .checked_next_multiple_of(self.config.alignment.max(1))?;
+        if aligned > self.pool.page_size {
+            return None;
+        }
+        let id = self.next_id;
+        let used = Used {
+            owner: id,
+            size,
+            cursor: 0,
+        };
+        let carved = match self.pool.try_carve(size, aligned, used) {
+            Some(c) => c,
+            None => {
+                let held = u64::from(self.pool.pages_live) * self.pool.page_size;
+                if !may_add || self.refused || held + self.pool.page_size > self.config.max_bytes {
+                    return None;
+                }
+                let page = match shim.host_alloc_pinned(self.pool.page_size as usize) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        debug!(
+                            "pinned page refused (status {}): staging from the heap",
+                            e.status
+                        );
+                        self.refused = true;
+                        return None;
+                    }
+                };
+                let addr = shim.host_page_ptr(&page).as_ptr() as u64;
+                self.pool.add_page(page, addr);
+                self.pool.try_carve(size, aligned, used)?
+            }
+        };
+        self.next_id += 1;
+        let handle = Handle::new(id, self.issuer, size, &self.returns);
+        handle.set_location(
+            Some(crate::memory::Location {
+                pool: POOL_SMALL,
+                block: carved.block,
+            }),
+            false,
+        );
+        let ptr = NonNull::new(carved.addr as *mut u8)?;
+        // SAFETY: the slice `carved` spans `aligned >= len` bytes of a live pinned page, owned by
+        // `handle` until it drops; the page is freed only once empty.
+        Some(unsafe { HostBuffer::pinned(ptr, len, handle) })
+    }
+
+    /// Frees every empty pinned page. Slices return only after the drop queue released their
+    /// buffers, so an empty page is unused by the device.
+    pub(crate) fn cleanup(&mut self, shim: &S) {
+        self.collect_returns();
+        self.refused = false;
+        let empty: Vec<u32> = self.pool.empty_pages().collect();
+        for page in empty {
+            if let Some(p) = self.pool.remove_page_if_empty(page) {
+                // SAFETY: the page is empty: every buffer carved from it was dropped after the
+                // fence covering its copies.
+                unsafe { shim.host_free_pinned(p.raw) };
+            }
+        }
+    }
+
+    pub(crate) fn report(&self) -> PoolReport {
+        let (allocations, in_use, padding, reserved) = self.pool.usage();
+        PoolReport {
+            kind: PoolKind::PinnedHost,
+            page_size: self.pool.page_size,
+            pages: self.pool.pages_live,
+            pages_peak: self.pool.pages_peak,
+            allocations,
+            in_use,
+            padding,
+            reserved,
+        }
+    }
+}
+
+impl<S: Shim> Drop for PinnedPool<S> {
+    fn drop(&mut self) {
+        let live = self.pool.pages_live;
+        if live > 0 {
+            // Buffers may still be out (in a caller's hands or a leaked drop queue): freeing the
+            // pages under them would be a use after free, so they are leaked on purpose.
+            warn!(
+                "pinned pool dropped with {} pages still held: leaking them",
+                live
+            );
+            let pool = core::mem::replace(&mut self.pool, SlicedPool::new(1));
+            core::mem::forget(pool);
+        }
+    }
+}
