@@ -503,7 +503,6 @@ impl fmt::Display for Validation {
 
 /// Errors of device operations: what a command returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum ServerError {
     /// The call was malformed.
     Validation(Validation),
@@ -648,3 +647,47 @@ impl fmt::Display for ServerError {
 
 #[cfg(feature = "std")]
 impl std::error::Error for ServerError {}
+
+// Written by hand: `derive(defmt::Format)` bounds every field type, and the recursive fields
+// (`Box<ServerError>`, `Vec<ServerError>`) make that bound overflow (E0275).
+#[cfg(feature = "defmt")]
+impl defmt::Format for ServerError {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        match self {
+            Self::Validation(v) => defmt::write!(f, "Validation({})", v),
+            Self::Capture { op, phase } => {
+                defmt::write!(f, "Capture {{ op: {=str}, phase: {=str} }}", op, phase)
+            }
+            Self::Unwritten {
+                failure,
+                handle,
+                chain,
+                skipped_total,
+                root,
+            } => defmt::write!(
+                f,
+                "Unwritten {{ failure: {=u64}, handle: {=u64}, chain: {=[?]}, skipped_total: {=u64}, root: {} }}",
+                failure,
+                handle,
+                chain.as_slice(),
+                skipped_total,
+                &**root
+            ),
+            Self::Skipped { kernel, failure } => {
+                defmt::write!(
+                    f,
+                    "Skipped {{ kernel: {=str}, failure: {=u64} }}",
+                    kernel,
+                    failure
+                )
+            }
+            Self::Several(all) => defmt::write!(f, "Several({=[?]})", all.as_slice()),
+            Self::DevicePoisoned { cause } => {
+                defmt::write!(f, "DevicePoisoned {{ cause: {} }}", cause)
+            }
+            Self::Io(e) => defmt::write!(f, "Io({})", e),
+            Self::Launch(e) => defmt::write!(f, "Launch({})", e),
+            Self::Device(e) => defmt::write!(f, "Device({})", e),
+        }
+    }
+}

@@ -307,10 +307,15 @@ impl<S: Shim> MemoryManager<S> {
         if update == PageUpdate::Allow {
             self.cleanup(shim, Cleanup::Periodic);
         }
-        let aligned = round_up(size.max(1), self.alignment).ok_or(IoError::BufferTooBig {
+        let too_big = IoError::BufferTooBig {
             size,
             max_page: self.max_page,
-        })?;
+        };
+        let aligned = round_up(size.max(1), self.alignment).ok_or(too_big.clone())?;
+        // No pool holds more than the device's largest page, whatever the mode.
+        if aligned > self.max_page {
+            return Err(too_big);
+        }
         let id = self.next_id;
         let used = Used {
             owner: id,
@@ -889,12 +894,13 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Bytes of pages held by this manager (retired pages included).
-    pub fn bytes_held(&self) -> u64 {
+    pub fn bytes_held(&mut self) -> u64 {
         self.report().reserved() + self.retired_bytes()
     }
 
-    /// The figures of every pool.
-    pub fn report(&self) -> MemoryReport {
+    /// The figures of every pool (allocations dropped since the last call are freed first).
+    pub fn report(&mut self) -> MemoryReport {
+        self.collect_returns();
         let mut pools = Vec::new();
         let sliced = |kind, p: &SlicedPool<S::DevicePage>| {
             let (allocations, in_use, padding, reserved) = p.usage();
@@ -949,8 +955,9 @@ impl<S: Shim> MemoryManager<S> {
             .map(|p| p.page_size)
     }
 
-    /// Every page held, for checks.
-    pub fn pages(&self) -> Vec<PageInfo> {
+    /// Every page held, for checks (allocations dropped since the last call are freed first).
+    pub fn pages(&mut self) -> Vec<PageInfo> {
+        self.collect_returns();
         let mut out = Vec::new();
         self.each_sliced(|kind, id, pool| {
             for (i, p) in pool.pages() {
@@ -980,8 +987,10 @@ impl<S: Shim> MemoryManager<S> {
         out
     }
 
-    /// Every live allocation, for checks.
-    pub fn allocations(&self) -> Vec<AllocationInfo> {
+    /// Every live allocation, for checks (allocations dropped since the last call are freed
+    /// first).
+    pub fn allocations(&mut self) -> Vec<AllocationInfo> {
+        self.collect_returns();
         let mut out = Vec::new();
         self.each_sliced(|kind, id, pool| {
             for (page, offset, span, used) in pool.used_blocks() {

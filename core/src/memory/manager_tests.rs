@@ -24,7 +24,7 @@ fn device() -> (TestShim, MemoryManager<TestShim>) {
     setup(1 << 30, 32, 256 * MIB)
 }
 
-fn pool(mm: &MemoryManager<TestShim>, kind: PoolKind) -> PoolReport {
+fn pool(mm: &mut MemoryManager<TestShim>, kind: PoolKind) -> PoolReport {
     *mm.report()
         .pools
         .iter()
@@ -37,7 +37,7 @@ fn small_requests_share_one_small_page() {
     let (shim, mut mm) = device();
     let a = mm.reserve(&shim, 512, PageUpdate::Allow).unwrap();
     let b = mm.reserve(&shim, 512, PageUpdate::Allow).unwrap();
-    let r = pool(&mm, PoolKind::Small);
+    let r = pool(&mut mm, PoolKind::Small);
     assert_eq!(
         (r.allocations, r.in_use, r.reserved, r.pages),
         (2, 1024, 8 * MIB, 1)
@@ -70,7 +70,7 @@ fn near_page_sizes_go_to_the_arena_and_the_page_follows_the_largest_request() {
         "page size never shrinks"
     );
     let _d = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mm, PoolKind::Arena { outdated: false }).pages, 2);
+    assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: false }).pages, 2);
 }
 
 #[test]
@@ -78,7 +78,7 @@ fn an_outdated_class_serves_nothing_new_and_gives_its_pages_back_once_empty() {
     let (shim, mut mm) = device();
     let small = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
     let _big = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
-    let outdated = pool(&mm, PoolKind::Arena { outdated: true });
+    let outdated = pool(&mut mm, PoolKind::Arena { outdated: true });
     assert_eq!(outdated.pages, 1);
     let another = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
     let on = |h: &Handle, mm: &MemoryManager<TestShim>| mm.resolve(h).unwrap().page;
@@ -90,7 +90,7 @@ fn an_outdated_class_serves_nothing_new_and_gives_its_pages_back_once_empty() {
     drop(small);
     // An AddOnly reservation releases nothing.
     let _x = mm.reserve(&shim, 100, PageUpdate::AddOnly).unwrap();
-    assert_eq!(pool(&mm, PoolKind::Arena { outdated: true }).pages, 1);
+    assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: true }).pages, 1);
     let _y = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     assert!(
         mm.report()
@@ -142,7 +142,7 @@ fn a_refused_growth_leaves_the_page_size_where_it_was() {
     );
     assert_eq!(mm.arena_page_size_now(), Some(2 * MIB));
     let _b = mm.reserve(&shim, MIB / 2, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mm, PoolKind::Arena { outdated: false }).pages, 1);
+    assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: false }).pages, 1);
 }
 
 #[test]
@@ -156,7 +156,7 @@ fn forbidden_updates_serve_only_the_room_held() {
         .unwrap_err();
     assert_eq!(e, IoError::PageUpdateForbidden { size: 4 * MIB });
     assert!(!e.may_succeed_after_reclaim());
-    assert_eq!(pool(&mm, PoolKind::Arena { outdated: false }).pages, 1);
+    assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: false }).pages, 1);
 }
 
 #[test]
@@ -192,21 +192,21 @@ fn persistent_windows_nest_and_reuse_by_exact_size() {
     mm.set_mode(AllocationMode::Persistent);
     mm.set_mode(AllocationMode::Auto);
     let a = mm.reserve(&shim, 1024, PageUpdate::Allow).unwrap();
-    let r = pool(&mm, PoolKind::Persistent);
+    let r = pool(&mut mm, PoolKind::Persistent);
     assert_eq!((r.in_use, r.reserved), (1024, 1024));
     assert_eq!(mm.report().pools.len(), 1, "nothing dynamic was touched");
     drop(a);
     let _b = mm.reserve(&shim, 1024, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mm, PoolKind::Persistent).reserved, 1024, "reused");
+    assert_eq!(pool(&mut mm, PoolKind::Persistent).reserved, 1024, "reused");
     let _c = mm.reserve(&shim, 1025, PageUpdate::Allow).unwrap();
     assert_eq!(
-        pool(&mm, PoolKind::Persistent).pages,
+        pool(&mut mm, PoolKind::Persistent).pages,
         2,
         "other size, new page"
     );
     mm.set_mode(AllocationMode::Auto);
     let _d = mm.reserve(&shim, 1024, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mm, PoolKind::Small).pages, 1);
+    assert_eq!(pool(&mut mm, PoolKind::Small).pages, 1);
 }
 
 #[test]
@@ -228,7 +228,7 @@ fn dedicated_allocations_are_released_at_the_next_tick_once_freed() {
     let probe = mm.reserve(&shim, 200 * MIB, PageUpdate::Allow).unwrap();
     mm.set_mode(AllocationMode::Auto);
     let _w = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mm, PoolKind::Persistent).in_use, MIB);
+    assert_eq!(pool(&mut mm, PoolKind::Persistent).in_use, MIB);
     assert_eq!(mm.report().reserved(), 201 * MIB);
     drop(probe);
     mm.set_mode(AllocationMode::Auto);

@@ -1,0 +1,436 @@
+//! Model-based property test of the memory manager: random reserve / bind / drop / guard / mode /
+//! cleanup sequences on the std shim, checked after every step against a plain model.
+//!
+//! The model is the list of live allocations (size, padding, pool kind expected from the mode),
+//! the guards (with the page and the addresses they pin), and the budget. After every step: no two
+//! live slices overlap, every slice lies inside its page, accounting (allocations, in use,
+//! padding, reserved) matches, guarded pages never move or go, nothing new is carved from an
+//! outdated class or a guarded page, `Forbidden` adds no page, `AddOnly` releases none, and the
+//! budget holds.
+
+use devcmd::memory::{
+    AllocationMode, Cleanup, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageGuard,
+    PageRelease, PageUpdate, PoolKind,
+};
+use devcmd::{IoError, Shim};
+use devcmd_std::StdShim;
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const ALIGN: u64 = 64;
+const MAX_PAGE: u64 = MIB;
+const BUDGET: u64 = 6 * MIB;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve {
+        size: u64,
+        update: PageUpdate,
+    },
+    /// Reserve then bind the room to a lazy handle.
+    ReserveBound {
+        size: u64,
+    },
+    Drop {
+        index: usize,
+    },
+    CloneAndDrop {
+        index: usize,
+    },
+    Guard {
+        index: usize,
+    },
+    DropGuard {
+        index: usize,
+    },
+    Mode(AllocationMode),
+    Cleanup(Cleanup),
+}
+
+fn size() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        3 => 0..4 * KIB,
+        3 => 4 * KIB..256 * KIB,
+        2 => 256 * KIB..MAX_PAGE,
+        1 => Just(0u64),
+        1 => MAX_PAGE - 100..MAX_PAGE + 100,
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (size(), prop_oneof![6 => Just(PageUpdate::Allow), 1 => Just(PageUpdate::AddOnly), 1 => Just(PageUpdate::Forbidden)])
+            .prop_map(|(size, update)| Op::Reserve { size, update }),
+        2 => size().prop_map(|size| Op::ReserveBound { size }),
+        6 => any::<usize>().prop_map(|index| Op::Drop { index }),
+        1 => any::<usize>().prop_map(|index| Op::CloneAndDrop { index }),
+        1 => any::<usize>().prop_map(|index| Op::Guard { index }),
+        1 => any::<usize>().prop_map(|index| Op::DropGuard { index }),
+        1 => prop_oneof![Just(AllocationMode::Auto), Just(AllocationMode::Persistent), Just(AllocationMode::Dedicated)].prop_map(Op::Mode),
+        1 => prop_oneof![Just(Cleanup::Periodic), Just(Cleanup::Explicit)].prop_map(Op::Cleanup),
+    ]
+}
+
+struct Live {
+    handle: Handle,
+    size: u64,
+}
+
+struct Pinned {
+    guard: PageGuard,
+    page_addr: u64,
+    page_size: u64,
+    /// Allocations on the page when it was guarded: (handle id, address).
+    residents: Vec<(u64, u64)>,
+}
+
+struct World {
+    shim: StdShim,
+    mm: MemoryManager<StdShim>,
+    budget: MemoryBudget,
+    live: Vec<Live>,
+    guards: Vec<Pinned>,
+    modes: Vec<AllocationMode>,
+}
+
+fn padded(size: u64) -> u64 {
+    size.max(1).next_multiple_of(ALIGN)
+}
+
+impl World {
+    fn new() -> Self {
+        let shim = StdShim::builder()
+            .total_memory(64 * MIB)
+            .page_alignment(ALIGN)
+            .max_page_size(MAX_PAGE)
+            .build();
+        let config = MemoryConfig {
+            small_page_size: 256 * KIB,
+            small_max_slice: 4 * KIB,
+            arena_min_page: 64 * KIB,
+            arena_slack: 16 * KIB,
+            arena_granule: 16 * KIB,
+            arena_classes: 6,
+            release: PageRelease::Immediate,
+        };
+        let budget = MemoryBudget::new(Some(BUDGET));
+        let mm = MemoryManager::new(
+            &shim.facts(),
+            config,
+            Issuer {
+                device: 1,
+                stream: 0,
+            },
+            budget.clone(),
+        );
+        Self {
+            shim,
+            mm,
+            budget,
+            live: Vec::new(),
+            guards: Vec::new(),
+            modes: Vec::new(),
+        }
+    }
+
+    fn mode(&self) -> AllocationMode {
+        self.modes.last().copied().unwrap_or(AllocationMode::Auto)
+    }
+
+    fn pages(&mut self) -> HashSet<(u64, u64)> {
+        self.mm.pages().iter().map(|p| (p.addr, p.size)).collect()
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match *op {
+            Op::Reserve { size, update } => {
+                let before = self.pages();
+                let reserved_before = self.mm.report().reserved();
+                let result = self.mm.reserve(&self.shim, size, update);
+                let after = self.pages();
+                if update == PageUpdate::Forbidden {
+                    prop_assert!(after.is_subset(&before), "Forbidden added a page");
+                    prop_assert!(self.mm.report().reserved() <= reserved_before);
+                }
+                if update == PageUpdate::AddOnly {
+                    prop_assert!(before.is_subset(&after), "AddOnly released a page");
+                }
+                self.check_reservation(size, update, result)?;
+            }
+            Op::ReserveBound { size } => {
+                let lazy = self.mm.lazy_handle(size);
+                let result = self.mm.reserve(&self.shim, size, PageUpdate::Allow);
+                match result {
+                    Ok(reserved) => {
+                        let stale = reserved.clone();
+                        self.mm
+                            .bind(reserved, &lazy, 1)
+                            .map_err(|e| TestCaseError::fail(format!("bind: {e}")))?;
+                        prop_assert!(
+                            self.mm.resolve(&stale).is_err(),
+                            "a handed-over reservation resolves"
+                        );
+                        drop(stale);
+                        self.check_new(&lazy)?;
+                        self.live.push(Live { handle: lazy, size });
+                    }
+                    Err(e) => self.check_error(size, PageUpdate::Allow, &e)?,
+                }
+            }
+            Op::Drop { index } => {
+                if !self.live.is_empty() {
+                    let i = index % self.live.len();
+                    self.live.swap_remove(i);
+                }
+            }
+            Op::CloneAndDrop { index } => {
+                if !self.live.is_empty() {
+                    let h = &self.live[index % self.live.len()].handle;
+                    let c = h.clone();
+                    prop_assert!(!h.can_mut());
+                    drop(c);
+                    prop_assert!(h.can_mut());
+                }
+            }
+            Op::Guard { index } => {
+                if !self.live.is_empty() {
+                    let h = &self.live[index % self.live.len()].handle;
+                    let addr = self
+                        .mm
+                        .resolve(h)
+                        .map_err(|e| TestCaseError::fail(format!("{e}")))?
+                        .addr
+                        .0;
+                    let guard = self
+                        .mm
+                        .guard(h)
+                        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                    let page = self
+                        .mm
+                        .pages()
+                        .into_iter()
+                        .find(|p| p.addr <= addr && addr < p.addr + p.size.max(1))
+                        .ok_or_else(|| TestCaseError::fail("guarded page not found"))?;
+                    let residents = self
+                        .mm
+                        .allocations()
+                        .into_iter()
+                        .filter(|a| a.page.addr == page.addr)
+                        .map(|a| (a.owner, a.addr))
+                        .collect();
+                    self.guards.push(Pinned {
+                        guard,
+                        page_addr: page.addr,
+                        page_size: page.size,
+                        residents,
+                    });
+                }
+            }
+            Op::DropGuard { index } => {
+                if !self.guards.is_empty() {
+                    let i = index % self.guards.len();
+                    self.guards.swap_remove(i);
+                }
+            }
+            Op::Mode(m) => {
+                self.mm.set_mode(m);
+                match m {
+                    AllocationMode::Auto => {
+                        self.modes.pop();
+                    }
+                    m => self.modes.push(m),
+                }
+                prop_assert_eq!(self.mm.mode(), self.mode());
+            }
+            Op::Cleanup(kind) => self.mm.cleanup(&self.shim, kind),
+        }
+        self.check_invariants()
+    }
+
+    fn check_reservation(
+        &mut self,
+        size: u64,
+        update: PageUpdate,
+        result: Result<Handle, IoError>,
+    ) -> Result<(), TestCaseError> {
+        match result {
+            Ok(h) => {
+                prop_assert!(
+                    padded(size) <= MAX_PAGE,
+                    "{} bytes served past the largest page",
+                    size
+                );
+                prop_assert_eq!(h.allocation_size(), size);
+                self.check_new(&h)?;
+                self.live.push(Live { handle: h, size });
+                Ok(())
+            }
+            Err(e) => self.check_error(size, update, &e),
+        }
+    }
+
+    /// A new allocation lies on a page that serves: not outdated, not guarded, and in the pool
+    /// the mode asks for.
+    fn check_new(&mut self, h: &Handle) -> Result<(), TestCaseError> {
+        let r = self
+            .mm
+            .resolve(h)
+            .map_err(|e| TestCaseError::fail(format!("new handle does not resolve: {e}")))?;
+        let info = self
+            .mm
+            .allocations()
+            .into_iter()
+            .find(|a| a.owner == h.id())
+            .ok_or_else(|| TestCaseError::fail("new allocation missing"))?;
+        prop_assert_eq!(info.addr, r.addr.0);
+        prop_assert!(
+            info.page.kind != PoolKind::Arena { outdated: true },
+            "carved from an outdated class"
+        );
+        let on_guarded = self
+            .guards
+            .iter()
+            .any(|g| g.page_addr == info.page.addr && !g.residents.iter().any(|r| r.0 == h.id()));
+        prop_assert!(!on_guarded, "carved from a guarded page");
+        let expected = match self.mode() {
+            AllocationMode::Persistent => Some(PoolKind::Persistent),
+            AllocationMode::Dedicated => Some(PoolKind::Dedicated),
+            AllocationMode::Auto => None,
+        };
+        if let Some(kind) = expected {
+            prop_assert_eq!(info.page.kind, kind);
+        } else {
+            let dynamic = matches!(info.page.kind, PoolKind::Small | PoolKind::Arena { .. });
+            prop_assert!(dynamic, "an Auto reservation outside the dynamic pools");
+        }
+        Ok(())
+    }
+
+    fn check_error(&self, size: u64, update: PageUpdate, e: &IoError) -> Result<(), TestCaseError> {
+        match e {
+            IoError::BufferTooBig { .. } => {
+                prop_assert!(
+                    padded(size) > MAX_PAGE,
+                    "BufferTooBig for {} bytes that a page could hold",
+                    size
+                );
+            }
+            IoError::OutOfMemory { budget, held, .. } => {
+                if let Some(b) = budget {
+                    prop_assert_eq!(*b, BUDGET);
+                }
+                prop_assert!(*held <= BUDGET);
+            }
+            IoError::PageUpdateForbidden { .. } => prop_assert_eq!(update, PageUpdate::Forbidden),
+            IoError::PageSizesExhausted { .. } => {}
+            other => prop_assert!(false, "unexpected error {other:?}"),
+        }
+        Ok(())
+    }
+
+    fn check_invariants(&mut self) -> Result<(), TestCaseError> {
+        let allocs = self.mm.allocations();
+        let pages = self.mm.pages();
+        // Every slice inside its page; no two overlap.
+        let mut spans: Vec<(u64, u64)> = Vec::with_capacity(allocs.len());
+        for a in &allocs {
+            prop_assert!(
+                a.page.addr <= a.addr && a.addr + a.span <= a.page.addr + a.page.size,
+                "slice outside its page"
+            );
+            prop_assert!(
+                pages
+                    .iter()
+                    .any(|p| p.page == a.page.page && p.addr == a.page.addr),
+                "slice on a page not held"
+            );
+            spans.push((a.addr, a.addr + a.span));
+        }
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            prop_assert!(
+                w[0].1 <= w[1].0,
+                "slices overlap: {:?} and {:?}",
+                w[0],
+                w[1]
+            );
+        }
+        // Accounting against the model.
+        let report = self.mm.report();
+        prop_assert_eq!(report.allocations(), self.live.len() as u64);
+        prop_assert_eq!(
+            report.in_use(),
+            self.live.iter().map(|l| l.size).sum::<u64>()
+        );
+        prop_assert_eq!(
+            report.padding(),
+            self.live
+                .iter()
+                .map(|l| padded(l.size) - l.size)
+                .sum::<u64>()
+        );
+        prop_assert_eq!(report.reserved(), pages.iter().map(|p| p.size).sum::<u64>());
+        // Every live handle resolves to its own allocation.
+        let ids: HashSet<u64> = allocs.iter().map(|a| a.owner).collect();
+        for l in &self.live {
+            prop_assert!(
+                ids.contains(&l.handle.id()),
+                "live handle {} lost its memory",
+                l.handle.id()
+            );
+            let r = self
+                .mm
+                .resolve(&l.handle)
+                .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert_eq!(r.len, l.size);
+        }
+        // Guarded pages never move or go, and their residents keep their address.
+        for g in &self.guards {
+            prop_assert!(
+                pages
+                    .iter()
+                    .any(|p| p.addr == g.page_addr && p.size == g.page_size && p.guarded),
+                "guarded page moved or went"
+            );
+            prop_assert_eq!(g.guard.page(), g.guard.page());
+            for (id, addr) in &g.residents {
+                if let Some(a) = allocs.iter().find(|a| a.owner == *id) {
+                    prop_assert_eq!(a.addr, *addr, "an allocation on a guarded page moved");
+                }
+            }
+        }
+        // The budget holds, and counts exactly the pages held (release is immediate here).
+        prop_assert!(self.budget.held() <= BUDGET);
+        prop_assert_eq!(self.budget.held(), report.reserved());
+        prop_assert_eq!(self.shim.stats().device_bytes_live, report.reserved());
+        Ok(())
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_manager_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut world = World::new();
+        for op in &ops {
+            world.apply(op)?;
+        }
+        // Everything dropped and cleaned up: nothing is held.
+        world.guards.clear();
+        world.live.clear();
+        world.mm.cleanup(&world.shim, Cleanup::Explicit);
+        prop_assert_eq!(world.mm.report().reserved(), 0);
+        prop_assert_eq!(world.budget.held(), 0);
+        prop_assert_eq!(world.shim.stats().device_pages_live, 0);
+    }
+}
