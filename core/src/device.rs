@@ -86,9 +86,13 @@ impl core::fmt::Display for DeviceReport {
             writeln!(f, "stream {}:", id.0)?;
             writeln!(f, "{report}")?;
         }
-        write!(f, "device pages held: {} bytes", self.held)?;
+        write!(
+            f,
+            "device pages held: {:.2} MiB",
+            self.held as f64 / (1 << 20) as f64
+        )?;
         if let Some(b) = self.budget {
-            write!(f, " of a {b}-byte budget")?;
+            write!(f, " of a {:.2} MiB budget", b as f64 / (1 << 20) as f64)?;
         }
         Ok(())
     }

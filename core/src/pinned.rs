@@ -139,7 +139,8 @@ impl<S: Shim> PinnedPool<S> {
         }
     }
 
-    pub(crate) fn report(&self) -> PoolReport {
+    pub(crate) fn report(&mut self) -> PoolReport {
+        self.collect_returns();
         let (allocations, in_use, padding, reserved) = self.pool.usage();
         PoolReport {
             kind: PoolKind::PinnedHost,

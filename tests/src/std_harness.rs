@@ -1,0 +1,91 @@
+//! The harness of `devcmd-std`: the reference implementation of [`Harness`] and [`Probe`].
+
+use crate::harness::{Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestKernel};
+use devcmd::ShimOp;
+use devcmd_std::{Injection, KernelCtx, KernelFault, StdKernel, StdShim};
+use std::time::Duration;
+
+/// Runs the suite against [`StdShim`]: every mode, with counters and fault injection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StdHarness;
+
+fn add(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let value = ctx.arg_u32(0)? as u8;
+    let mut bufs = ctx.buffers_mut()?;
+    let [input, output] = bufs.as_mut_slice() else {
+        return Err(KernelFault::Failed);
+    };
+    for (o, i) in output.iter_mut().zip(input.iter()) {
+        *o = i.wrapping_add(value);
+    }
+    Ok(())
+}
+
+impl Harness for StdHarness {
+    type S = StdShim;
+
+    fn shim(&self, mode: Mode) -> Option<StdShim> {
+        Some(
+            StdShim::builder()
+                .lazy(mode.lazy)
+                .poison(mode.poison)
+                .build(),
+        )
+    }
+
+    fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {
+        match kernel {
+            TestKernel::Fill => shim.register_kernel("fill", |ctx| {
+                let value = ctx.arg_u32(0)? as u8;
+                ctx.buffers_mut()?.into_iter().for_each(|b| b.fill(value));
+                Ok(())
+            }),
+            TestKernel::AddByte => shim.register_kernel("add", add),
+            TestKernel::SlowAdd => shim.register_kernel("slow_add", |ctx| {
+                std::thread::sleep(Duration::from_millis(SLOW_KERNEL_MS));
+                add(ctx)
+            }),
+        }
+    }
+
+    fn args(&self, _kernel: TestKernel, value: u8) -> Box<[u8]> {
+        Box::new(u32::from(value).to_ne_bytes())
+    }
+
+    fn probe(&self, shim: &StdShim) -> Option<Box<dyn Probe>> {
+        Some(Box::new(StdProbe(shim.clone())))
+    }
+}
+
+/// [`Probe`] over a clone of a [`StdShim`] (clones share the device, so it outlives the
+/// [`devcmd::Device`] that owns the original).
+#[derive(Debug, Clone)]
+pub struct StdProbe(pub StdShim);
+
+impl Probe for StdProbe {
+    fn counters(&self) -> Counters {
+        let s = self.0.stats();
+        Counters {
+            event_records: s.calls(ShimOp::EventRecord),
+            event_waits: s.calls(ShimOp::EventWait),
+            event_queries: s.calls(ShimOp::EventQuery),
+            device_pages_live: s.device_pages_live,
+            device_bytes_live: s.device_bytes_live,
+            host_pages_live: s.host_pages_live,
+        }
+    }
+
+    fn inject(&self, rule: FaultRule) {
+        let calls = |op| self.0.stats().calls(op);
+        let injection = match rule {
+            FaultRule::Once { op, skip } => Injection::nth(op, calls(op) + skip + 1),
+            FaultRule::Always { op } => Injection::after(op, calls(op)),
+            FaultRule::Poison { op } => Injection::nth(op, calls(op) + 1).poisoning(),
+        };
+        self.0.inject(injection);
+    }
+
+    fn clear(&self) {
+        self.0.clear_injections();
+    }
+}

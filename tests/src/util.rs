@@ -1,0 +1,266 @@
+//! Shared plumbing of the groups: a device with its kernels and probe, reads, leak checks, a
+//! seeded random generator.
+
+use crate::harness::{Counters, Harness, Mode, Probe, TestKernel};
+use devcmd::{
+    Device, DeviceConfig, Grid, Handle, HostBuffer, Launch, ReadRequest, ServerError, Shim,
+    StreamId,
+};
+use std::fmt::Display;
+
+/// Unwraps `r`, or panics naming `what` and the error.
+#[track_caller]
+pub(crate) fn must<T>(r: Result<T, ServerError>, what: impl Display) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{what}: unexpected error: {e}"),
+    }
+}
+
+/// A device under test, its kernels and (if the shim has one) its probe.
+pub(crate) struct Ctx<H: Harness> {
+    pub dev: Device<H::S>,
+    pub probe: Option<Box<dyn Probe>>,
+    pub mode: Mode,
+    fill: <H::S as Shim>::Kernel,
+    add: <H::S as Shim>::Kernel,
+    slow: <H::S as Shim>::Kernel,
+    args: Vec<Box<<H::S as Shim>::Args>>,
+}
+
+impl<H: Harness> Ctx<H> {
+    /// A fresh device in `mode` with `config`; `None` (after saying so) if the shim lacks the mode.
+    pub fn new(h: &H, mode: Mode, config: DeviceConfig, group: &str) -> Option<Self> {
+        let Some(shim) = h.shim(mode) else {
+            eprintln!("devcmd conformance: {group} skipped: the shim has no {mode} mode");
+            return None;
+        };
+        let probe = h.probe(&shim);
+        let dev = Device::new(shim, config);
+        let fill = h.kernel(dev.shim(), TestKernel::Fill);
+        let add = h.kernel(dev.shim(), TestKernel::AddByte);
+        let slow = h.kernel(dev.shim(), TestKernel::SlowAdd);
+        let args = (0..=255u8)
+            .flat_map(|v| {
+                [TestKernel::Fill, TestKernel::AddByte, TestKernel::SlowAdd].map(|k| h.args(k, v))
+            })
+            .collect();
+        Some(Self {
+            dev,
+            probe,
+            mode,
+            fill,
+            add,
+            slow,
+            args,
+        })
+    }
+
+    /// The probe's counters, or zeros without a probe.
+    pub fn counters(&self) -> Counters {
+        self.probe.as_ref().map(|p| p.counters()).unwrap_or_default()
+    }
+
+    /// Launches `kernel` with `value` on `stream`.
+    pub fn launch(
+        &mut self,
+        stream: StreamId,
+        kernel: TestKernel,
+        value: u8,
+        inputs: &[&Handle],
+        outputs: &[&Handle],
+    ) -> Result<(), ServerError> {
+        let (k, name, slot) = match kernel {
+            TestKernel::Fill => (&self.fill, "fill", 0),
+            TestKernel::AddByte => (&self.add, "add", 1),
+            TestKernel::SlowAdd => (&self.slow, "slow_add", 2),
+        };
+        let args = &*self.args[usize::from(value) * 3 + slot];
+        self.dev.command(stream, &[])?.launch(Launch {
+            kernel: k,
+            name,
+            grid: Grid::linear(1),
+            inputs,
+            outputs,
+            args,
+        })
+    }
+
+    /// A new allocation on `stream` holding `data`.
+    pub fn create(&mut self, stream: StreamId, data: &[u8]) -> Result<Handle, ServerError> {
+        self.dev.command(stream, &[])?.create(data)
+    }
+
+    /// Uploads `data` into `handle`'s view from `stream`.
+    pub fn write(
+        &mut self,
+        stream: StreamId,
+        handle: &Handle,
+        data: &[u8],
+    ) -> Result<(), ServerError> {
+        self.dev
+            .command(stream, &[])?
+            .write(handle, HostBuffer::from_vec(data.to_vec()))
+    }
+
+    /// Reads `handle`'s whole view back on `stream` and waits for it.
+    pub fn read(&mut self, stream: StreamId, handle: &Handle) -> Result<Vec<u8>, ServerError> {
+        let future = self
+            .dev
+            .command(stream, &[])?
+            .read_async(&[ReadRequest::whole(handle)])?;
+        let mut buffers = future.wait()?;
+        Ok(buffers.pop().map(HostBuffer::into_vec).unwrap_or_default())
+    }
+
+    /// Waits for everything enqueued on `stream`.
+    pub fn sync(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.dev.command(stream, &[])?.sync()?.wait()
+    }
+
+    /// Explicit cleanup of every stream the device made, twice (a binding released by one
+    /// stream's queue returns memory to another stream's pools).
+    pub fn cleanup_all(&mut self) -> Result<(), ServerError> {
+        for _ in 0..2 {
+            let streams: Vec<StreamId> = self
+                .dev
+                .memory_report()
+                .streams
+                .iter()
+                .map(|(id, _)| *id)
+                .collect();
+            for s in streams {
+                self.dev.command(s, &[])?.memory_cleanup()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `(allocations, in_use)` over every stream and pool (pinned pools included).
+    pub fn live(&mut self) -> (u64, u64) {
+        let report = self.dev.memory_report();
+        report.streams.iter().fold((0, 0), |(a, b), (_, r)| {
+            (a + r.allocations(), b + r.in_use())
+        })
+    }
+
+    /// `(allocations, in_use)` of one stream.
+    pub fn live_on(&mut self, stream: StreamId) -> (u64, u64) {
+        let report = self.dev.memory_report();
+        report
+            .streams
+            .iter()
+            .find(|(id, _)| *id == stream)
+            .map_or((0, 0), |(_, r)| (r.allocations(), r.in_use()))
+    }
+
+    /// Bytes of pages (retired included) the device holds for `stream`'s pools, from the report.
+    pub fn reserved_on(&mut self, stream: StreamId) -> u64 {
+        let report = self.dev.memory_report();
+        report
+            .streams
+            .iter()
+            .find(|(id, _)| *id == stream)
+            .map_or(0, |(_, r)| {
+                r.pools
+                    .iter()
+                    .filter(|p| p.kind != devcmd::memory::PoolKind::PinnedHost)
+                    .map(|p| p.reserved)
+                    .sum()
+            })
+    }
+
+    /// Cleans every stream up and checks that nothing is in use any more, that the failure
+    /// records are gone, and (with a probe) that every device page went back after teardown.
+    #[track_caller]
+    pub fn assert_no_leak(mut self, what: &str) {
+        let mode = self.mode;
+        must(self.cleanup_all(), format!("[{mode}] {what}: cleanup"));
+        let (allocations, in_use) = self.live();
+        assert_eq!(
+            (allocations, in_use),
+            (0, 0),
+            "[{mode}] {what}: allocations / bytes still in use after dropping every handle and \
+             cleaning up:\n{}",
+            self.dev.memory_report()
+        );
+        assert_eq!(
+            self.dev.failures().len(),
+            (0, 0),
+            "[{mode}] {what}: failure records outlive the memory they describe"
+        );
+        let probe = self.probe.take();
+        drop(self);
+        if let Some(p) = probe {
+            let c = p.counters();
+            assert_eq!(
+                (c.device_pages_live, c.device_bytes_live, c.host_pages_live),
+                (0, 0, 0),
+                "[{mode}] {what}: the shim still holds device/host pages after the device was \
+                 dropped"
+            );
+        }
+    }
+}
+
+/// splitmix64: a small seeded generator, so every failure names a seed that reproduces it.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    pub fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.byte()).collect()
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+/// `n` bytes of a recognisable pattern seeded by `seed`.
+pub(crate) fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+/// `data` with `value` added to every byte.
+pub(crate) fn plus(data: &[u8], value: u8) -> Vec<u8> {
+    data.iter().map(|b| b.wrapping_add(value)).collect()
+}
+
+/// The first differing index of two byte strings, for messages.
+pub(crate) fn first_diff(a: &[u8], b: &[u8]) -> String {
+    if a.len() != b.len() {
+        return format!("lengths differ: {} vs {}", a.len(), b.len());
+    }
+    match a.iter().zip(b).position(|(x, y)| x != y) {
+        Some(i) => format!("first difference at byte {i}: {:#04x} vs {:#04x}", a[i], b[i]),
+        None => "equal".into(),
+    }
+}
