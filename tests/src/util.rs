@@ -144,14 +144,34 @@ impl<H: Harness> Ctx<H> {
         })
     }
 
-    /// `(allocations, in_use)` of one stream.
+    /// `(allocations, in_use)` of one stream's device pools (pinned host pool left out).
     pub fn live_on(&mut self, stream: StreamId) -> (u64, u64) {
         let report = self.dev.memory_report();
         report
             .streams
             .iter()
             .find(|(id, _)| *id == stream)
-            .map_or((0, 0), |(_, r)| (r.allocations(), r.in_use()))
+            .map_or((0, 0), |(_, r)| {
+                r.pools
+                    .iter()
+                    .filter(|p| p.kind != devcmd::memory::PoolKind::PinnedHost)
+                    .fold((0, 0), |(a, b), p| (a + p.allocations, b + p.in_use))
+            })
+    }
+
+    /// Flushes `stream`'s drop queue.
+    pub fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
+        self.dev.command(stream, &[])?.flush_drops()
+    }
+
+    /// Polls `stream`'s drop queue.
+    pub fn poll(&mut self, stream: StreamId) -> Result<bool, ServerError> {
+        self.dev.command(stream, &[])?.poll_drops()
+    }
+
+    /// An allocation of `size` bytes on `stream`.
+    pub fn empty(&mut self, stream: StreamId, size: u64) -> Result<Handle, ServerError> {
+        self.dev.command(stream, &[])?.empty(size)
     }
 
     /// Bytes of pages (retired included) the device holds for `stream`'s pools, from the report.

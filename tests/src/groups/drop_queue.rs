@@ -37,8 +37,8 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
 
     // An empty flush on a fresh stream mints nothing.
     let before = c.counters();
-    must(c.dev.command(s, &[]).and_then(|mut k| k.flush_drops()), "flush");
-    must(c.dev.command(s, &[]).and_then(|mut k| k.flush_drops()), "flush");
+    must(c.flush(s), "flush");
+    must(c.flush(s), "flush");
     let after = c.counters();
     assert_eq!(
         (after.event_records, after.event_waits),
@@ -53,7 +53,7 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
     for i in 1..=n {
         let before = c.counters();
         must(c.write(s, &h0, &[i as u8; 64]), "write");
-        must(c.dev.command(s, &[]).and_then(|mut k| k.flush_drops()), "flush");
+        must(c.flush(s), "flush");
         let after = c.counters();
         let st = stats(&c, s);
         let waits = if i == 1 { 0 } else { 1 };
@@ -87,9 +87,9 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
 
     // Nothing staged: the pending batch goes, no new fence; then nothing at all.
     let before = c.counters();
-    must(c.dev.command(s, &[]).and_then(|mut k| k.flush_drops()), "flush");
+    must(c.flush(s), "flush");
     let mid = c.counters();
-    must(c.dev.command(s, &[]).and_then(|mut k| k.flush_drops()), "flush");
+    must(c.flush(s), "flush");
     let after = c.counters();
     let st = stats(&c, s);
     assert_eq!(st.items_released, n + 1, "[{mode}] the last batch is released");
@@ -113,23 +113,23 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
     // Release at the second flush: stream 1 owns `x`; a launch on stream 0 holds a binding.
     let (s0, s1) = (StreamId(0), StreamId(1));
     let x = must(c.create(s1, &pattern(256, 3)), "create");
-    let y = must(c.dev.command(s0, &[]).and_then(|mut k| k.empty(256)), "empty");
+    let y = must(c.empty(s0, 256), "empty");
     must(c.launch(s0, TestKernel::AddByte, 1, &[&x], &[&y]), "launch");
     drop(x);
     must(c.sync(s1), "sync");
-    must(c.dev.command(s1, &[]).and_then(|mut k| k.flush_drops()), "flush");
+    must(c.flush(s1), "flush");
     assert_eq!(
         c.live_on(s1).0,
         1,
         "[{mode}] stream 1 lost its allocation while stream 0's work still holds it"
     );
-    must(c.dev.command(s0, &[]).and_then(|mut k| k.flush_drops()), "flush");
+    must(c.flush(s0), "flush");
     assert_eq!(
         c.live_on(s1).0,
         1,
         "[{mode}] a binding was released at the first flush after its push (must be the second)"
     );
-    must(c.dev.command(s0, &[]).and_then(|mut k| k.flush_drops()), "flush");
+    must(c.flush(s0), "flush");
     assert_eq!(
         c.live_on(s1).0,
         0,
@@ -139,17 +139,17 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
     // Poll without blocking: a slow kernel sits before the fence.
     let s2 = StreamId(2);
     let a = must(c.create(s2, &pattern(128, 9)), "create");
-    let b = must(c.dev.command(s2, &[]).and_then(|mut k| k.empty(128)), "empty");
-    must(c.dev.command(s2, &[]).and_then(|mut k| k.flush_drops()), "flush");
-    must(c.dev.command(s2, &[]).and_then(|mut k| k.flush_drops()), "flush");
+    let b = must(c.empty(s2, 128), "empty");
+    must(c.flush(s2), "flush");
+    must(c.flush(s2), "flush");
     let launched = Instant::now();
     must(c.launch(s2, TestKernel::SlowAdd, 2, &[&a], &[&b]), "launch");
     must(c.write(s2, &a, &pattern(128, 10)), "write");
-    must(c.dev.command(s2, &[]).and_then(|mut k| k.flush_drops()), "flush");
+    must(c.flush(s2), "flush");
     let before = c.counters();
     let st0 = stats(&c, s2);
     let polled = Instant::now();
-    let done = must(c.dev.command(s2, &[]).and_then(|mut k| k.poll_drops()), "poll");
+    let done = must(c.poll(s2), "poll");
     let took = polled.elapsed();
     assert!(
         took < Duration::from_millis(SLOW_KERNEL_MS / 2),
@@ -172,7 +172,7 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
     }
     must(c.sync(s2), "sync");
     let before = c.counters();
-    let done = must(c.dev.command(s2, &[]).and_then(|mut k| k.poll_drops()), "poll");
+    let done = must(c.poll(s2), "poll");
     assert!(done, "[{mode}] poll_drops after the fence passed left work pending");
     let st = stats(&c, s2);
     assert_eq!(
