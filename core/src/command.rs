@@ -429,6 +429,18 @@ impl<'a, S: Shim> Command<'a, S> {
         self.device.failures.prune(f);
     }
 
+    /// Uploads borrowed bytes into the whole view of `handle`: they are copied into a staging
+    /// buffer (pinned when the pool can serve it) before this returns, so `data` is free to reuse.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::write_layout`].
+    pub fn write_from(&mut self, handle: &Handle, data: &[u8]) -> Result<(), ServerError> {
+        let mut staged = self.reserve_host(data.len(), true);
+        staged.as_mut_slice().copy_from_slice(data);
+        self.write(handle, staged)
+    }
+
     /// A new allocation holding a copy of `data`.
     ///
     /// # Errors
@@ -436,9 +448,7 @@ impl<'a, S: Shim> Command<'a, S> {
     /// As [`Self::empty`] and [`Self::write`].
     pub fn create(&mut self, data: &[u8]) -> Result<Handle, ServerError> {
         let handle = self.empty(data.len() as u64)?;
-        let mut staged = self.reserve_host(data.len(), true);
-        staged.as_mut_slice().copy_from_slice(data);
-        self.write(&handle, staged)?;
+        self.write_from(&handle, data)?;
         Ok(handle)
     }
 

@@ -318,6 +318,10 @@ impl<S: Shim> Device<S> {
             s.memory.take_freed(&mut self.freed);
             s.queue_retired();
         }
+        if self.failures.is_empty() {
+            self.freed.clear();
+            return;
+        }
         for id in self.freed.drain(..) {
             self.failures.forget(id);
         }

@@ -739,6 +739,14 @@ impl<S: Shim> MemoryManager<S> {
     /// arena class, and every freed persistent page.
     pub fn cleanup(&mut self, shim: &S, kind: Cleanup) {
         self.collect_returns();
+        // The periodic tick runs on every reservation: with nothing to release it costs nothing.
+        if kind == Cleanup::Periodic
+            && !self.dedicated_freed
+            && self.outdated_empty.is_empty()
+            && self.guards.is_empty()
+        {
+            return;
+        }
         self.drop_released_guards();
         let mut released: Vec<(S::DevicePage, u64)> = Vec::new();
         if self.dedicated_freed || kind == Cleanup::Explicit {

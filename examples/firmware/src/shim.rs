@@ -1,0 +1,882 @@
+//! The firmware shim: a device without an OS, modelled on a DMA engine.
+//!
+//! - **Device memory** is a static 16 KiB RAM region ([`DEVICE_BYTES`]) seen by the engine at
+//!   the bus address [`DEVICE_BASE`] (above the 32-bit host space, so a device address can never
+//!   be mistaken for a host pointer). Pages are runs of 64-byte granules ([`GRANULE`]) handed out
+//!   first-fit from a bitmap; the largest page is the whole region. A refused page is
+//!   [`Fault::OutOfMemory`], a page larger than the region [`Fault::TooBig`].
+//! - **Pinned host pages** come from a second, 2 KiB region ([`PINNED_BYTES`], standing for a
+//!   DMA-coherent SRAM window). When it is full the request is refused and the core stages from
+//!   the heap instead.
+//! - **Copies and launches** are descriptors queued on a stream; nothing runs when they are
+//!   enqueued. The engine runs descriptors only when it is *pumped*: [`FwShim::pump`] (the
+//!   engine's clock: call it from the main loop, an idle hook or a timer interrupt) or
+//!   [`Shim::event_wait`] (the host blocks, so it drives the engine until the event is reached).
+//!   [`Shim::event_query`] pumps nothing: it reads the engine's progress like a status register,
+//!   so a drop queue polled without pumping keeps its items, and the fences matter.
+//! - **Events** are sequence numbers: an event is the number of descriptors enqueued on its
+//!   stream when it was recorded, and it is reached once the stream has completed that many. The
+//!   64-bit counters live under the engine's `spin::Mutex` (Cortex-M3 has no 64-bit atomics).
+//!   [`Shim::stream_wait_event`] queues a wait descriptor the engine passes only once the other
+//!   stream reached the event.
+//! - **Kernels** are plain functions ([`FwKernel`]) run once per block of the grid when the engine
+//!   reaches them. A kernel that fails is a device fault: the device is lost (like CUDA's sticky
+//!   errors) and every later call reports it.
+//! - **Graphs** are not supported: every graph call fails with [`Fault::Unsupported`].
+//!
+//! Every error is built by [`Shim::classify`] from a status of [`status`].
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use core::cell::UnsafeCell;
+use core::fmt;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicBool, Ordering};
+use devcmd::{
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp,
+};
+
+/// Bytes of device memory.
+pub const DEVICE_BYTES: usize = 16 * 1024;
+/// Bytes of the pinned (DMA-coherent) host window.
+pub const PINNED_BYTES: usize = 2 * 1024;
+/// Allocation granule and page alignment of both regions.
+pub const GRANULE: usize = 64;
+/// The engine's bus address of the first byte of device memory.
+pub const DEVICE_BASE: u64 = 0x1_0000_0000;
+/// Streams the engine runs at once.
+pub const MAX_STREAMS: usize = 4;
+/// The byte device memory is filled with when a page is freed (catches use after free).
+pub const FREED_BYTE: u8 = 0xA5;
+
+/// The status codes of the engine, and how [`Shim::classify`] reads them.
+pub mod status {
+    /// No granule run is free for the page: [`devcmd::Fault::OutOfMemory`].
+    pub const OUT_OF_MEMORY: i32 = 1;
+    /// Larger than the region: [`devcmd::Fault::TooBig`].
+    pub const TOO_BIG: i32 = 2;
+    /// Graphs: [`devcmd::Fault::Unsupported`].
+    pub const UNSUPPORTED: i32 = 3;
+    /// A wait that nothing can ever satisfy (cyclic stream waits): [`devcmd::Fault::Failed`].
+    pub const STALLED: i32 = 4;
+    /// A descriptor outside the pages handed out: [`devcmd::Fault::Failed`].
+    pub const BAD_ADDRESS: i32 = 5;
+    /// Every stream slot is in use: [`devcmd::Fault::Failed`].
+    pub const NO_STREAM_SLOT: i32 = 6;
+    /// A launch whose buffers do not match the kernel: [`devcmd::Fault::Failed`].
+    pub const BAD_LAUNCH: i32 = 7;
+    /// A kernel failed while running: the device is lost, [`devcmd::Fault::Poisoning`].
+    pub const KERNEL_FAULT: i32 = 8;
+}
+
+// ---- the two static regions ----
+
+#[repr(C, align(64))]
+struct Region<const N: usize>(UnsafeCell<[u8; N]>);
+
+// SAFETY: device memory is read and written only by the engine, with the engine's lock held; the
+// pinned window only through the pages the engine handed out, which are disjoint, each owned by
+// one holder (the core's pinned pool) or by the engine while a queued copy uses it.
+unsafe impl<const N: usize> Sync for Region<N> {}
+
+impl<const N: usize> Region<N> {
+    fn base(&self) -> *mut u8 {
+        self.0.get().cast()
+    }
+}
+
+static DEVICE_MEM: Region<DEVICE_BYTES> = Region(UnsafeCell::new([0; DEVICE_BYTES]));
+static PINNED_MEM: Region<PINNED_BYTES> = Region(UnsafeCell::new([0; PINNED_BYTES]));
+
+/// A first-fit allocator of granules, one bit each.
+struct Granules<const W: usize> {
+    bits: [u32; W],
+    used: usize,
+}
+
+impl<const W: usize> Granules<W> {
+    const LEN: usize = W * 32;
+
+    const fn new() -> Self {
+        Self {
+            bits: [0; W],
+            used: 0,
+        }
+    }
+
+    fn is_set(&self, i: usize) -> bool {
+        self.bits[i / 32] & (1 << (i % 32)) != 0
+    }
+
+    fn set(&mut self, start: usize, n: usize, on: bool) {
+        for i in start..start + n {
+            if on {
+                self.bits[i / 32] |= 1 << (i % 32);
+            } else {
+                self.bits[i / 32] &= !(1 << (i % 32));
+            }
+        }
+    }
+
+    /// The first run of `n` free granules, now taken.
+    fn alloc(&mut self, n: usize) -> Option<usize> {
+        let mut run = 0;
+        for i in 0..Self::LEN {
+            if self.is_set(i) {
+                run = 0;
+                continue;
+            }
+            run += 1;
+            if run == n {
+                let start = i + 1 - n;
+                self.set(start, n, true);
+                self.used += n;
+                return Some(start);
+            }
+        }
+        None
+    }
+
+    fn free(&mut self, start: usize, n: usize) {
+        self.set(start, n, false);
+        self.used -= n;
+    }
+
+    /// Whether every granule of `bytes` bytes from byte `offset` is taken.
+    fn covers(&self, offset: usize, bytes: usize) -> bool {
+        bytes == 0 || (offset / GRANULE..=(offset + bytes - 1) / GRANULE).all(|i| self.is_set(i))
+    }
+}
+
+const DEVICE_WORDS: usize = DEVICE_BYTES / GRANULE / 32;
+const PINNED_WORDS: usize = PINNED_BYTES.div_ceil(GRANULE * 32);
+
+// ---- descriptors and the engine ----
+
+/// One unit of queued work.
+enum Desc {
+    ToDevice {
+        src: *const u8,
+        dst: usize,
+        layout: CopyLayout,
+    },
+    ToHost {
+        src: usize,
+        dst: *mut u8,
+        layout: CopyLayout,
+    },
+    OnDevice {
+        src: usize,
+        dst: usize,
+        layout: CopyLayout,
+    },
+    Kernel {
+        kernel: FwKernel,
+        grid: Grid,
+        /// Offsets and lengths in device memory, inputs then outputs.
+        spans: Vec<(usize, usize)>,
+        args: Vec<u8>,
+    },
+    Wait {
+        slot: usize,
+        generation: u32,
+        seq: u64,
+    },
+}
+
+// SAFETY: the firmware is single-core and the engine state is reached only through its lock; the
+// raw pointers are host buffers the core keeps valid until a fence after the copy passes (the
+// Shim contract), whichever context pumps the engine.
+unsafe impl Send for Desc {}
+
+/// A stream's queue in the engine.
+struct Lane {
+    live: bool,
+    /// Bumped when the slot is released, so events of an older stream in the slot read as reached.
+    generation: u32,
+    queue: VecDeque<Desc>,
+    enqueued: u64,
+    completed: u64,
+}
+
+impl Lane {
+    const fn new() -> Self {
+        Self {
+            live: false,
+            generation: 0,
+            queue: VecDeque::new(),
+            enqueued: 0,
+            completed: 0,
+        }
+    }
+}
+
+/// What the engine has done, for reports and checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Descriptors queued (copies, launches, waits).
+    pub enqueued: u64,
+    /// Descriptors the engine ran.
+    pub completed: u64,
+    /// Kernel blocks run.
+    pub kernel_blocks: u64,
+    /// Device pages handed out and not yet freed.
+    pub pages_live: u32,
+    /// Device pages freed.
+    pub pages_freed: u64,
+    /// Device page requests refused for want of room.
+    pub pages_refused: u64,
+    /// Device bytes in pages handed out (granule-rounded).
+    pub device_bytes_used: u32,
+    /// Pinned pages handed out and not yet freed.
+    pub pinned_live: u32,
+    /// Pinned page requests refused.
+    pub pinned_refused: u64,
+}
+
+struct Engine {
+    device: Granules<DEVICE_WORDS>,
+    pinned: Granules<PINNED_WORDS>,
+    lanes: [Lane; MAX_STREAMS],
+    /// Round-robin start of the next pump.
+    next: usize,
+    /// The status of the fault that lost the device.
+    fault: Option<i32>,
+    stats: EngineStats,
+}
+
+static ENGINE: spin::Mutex<Engine> = spin::Mutex::new(Engine {
+    device: Granules::new(),
+    pinned: Granules::new(),
+    lanes: [const { Lane::new() }; MAX_STREAMS],
+    next: 0,
+    fault: None,
+    stats: EngineStats {
+        enqueued: 0,
+        completed: 0,
+        kernel_blocks: 0,
+        pages_live: 0,
+        pages_freed: 0,
+        pages_refused: 0,
+        device_bytes_used: 0,
+        pinned_live: 0,
+        pinned_refused: 0,
+    },
+});
+
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+impl Engine {
+    fn reached(&self, slot: usize, generation: u32, seq: u64) -> bool {
+        let lane = &self.lanes[slot];
+        lane.generation != generation || lane.completed >= seq
+    }
+
+    fn device_offset(&self, addr: DeviceAddr, len: u64) -> Option<usize> {
+        let off = addr.0.checked_sub(DEVICE_BASE)?;
+        let end = off.checked_add(len)?;
+        if end > DEVICE_BYTES as u64 {
+            return None;
+        }
+        let (off, len) = (off as usize, len as usize);
+        self.device.covers(off, len).then_some(off)
+    }
+
+    fn enqueue(&mut self, slot: usize, desc: Desc) {
+        let lane = &mut self.lanes[slot];
+        lane.queue.push_back(desc);
+        lane.enqueued += 1;
+        self.stats.enqueued += 1;
+    }
+
+    /// Runs one runnable descriptor, round robin over the streams. False when none can run.
+    fn pump_one(&mut self) -> bool {
+        if self.fault.is_some() {
+            return false;
+        }
+        for k in 0..MAX_STREAMS {
+            let slot = (self.next + k) % MAX_STREAMS;
+            let runnable = match self.lanes[slot].queue.front() {
+                None => false,
+                Some(Desc::Wait {
+                    slot: s,
+                    generation,
+                    seq,
+                }) => self.reached(*s, *generation, *seq),
+                Some(_) => true,
+            };
+            if !runnable {
+                continue;
+            }
+            let desc = self.lanes[slot].queue.pop_front().expect("checked above");
+            self.run(desc);
+            self.lanes[slot].completed += 1;
+            self.stats.completed += 1;
+            self.next = (slot + 1) % MAX_STREAMS;
+            return true;
+        }
+        false
+    }
+
+    fn run(&mut self, desc: Desc) {
+        let dev = DEVICE_MEM.base();
+        match desc {
+            Desc::ToDevice { src, dst, layout } => {
+                for (host, device, width) in rows(layout) {
+                    // SAFETY: `src` holds `packed_bytes` readable bytes until a fence after this
+                    // copy passes (the Shim contract); the device rows were checked to lie in
+                    // pages handed out; the engine's lock is held, so nothing else touches them.
+                    unsafe { core::ptr::copy(src.add(host), dev.add(dst + device), width) };
+                }
+            }
+            Desc::ToHost { src, dst, layout } => {
+                for (host, device, width) in rows(layout) {
+                    // SAFETY: as above, with `dst` writable and untouched by the host until the
+                    // fence passes.
+                    unsafe { core::ptr::copy(dev.add(src + device), dst.add(host), width) };
+                }
+            }
+            Desc::OnDevice { src, dst, layout } => {
+                for (_, device, width) in rows(layout) {
+                    // SAFETY: both spans were checked to lie in pages handed out; `copy` allows
+                    // overlap, which the contract excludes anyway.
+                    unsafe {
+                        core::ptr::copy(dev.add(src + device), dev.add(dst + device), width)
+                    };
+                }
+            }
+            Desc::Kernel {
+                kernel,
+                grid,
+                spans,
+                args,
+            } => {
+                if let Err(e) = self.run_kernel(&kernel, grid, &spans, &args) {
+                    log::error!(
+                        "kernel `{}` faulted: {}; the device is lost",
+                        kernel.name,
+                        e.0
+                    );
+                    self.lose(status::KERNEL_FAULT);
+                }
+            }
+            Desc::Wait { .. } => {}
+        }
+    }
+
+    fn run_kernel(
+        &mut self,
+        kernel: &FwKernel,
+        grid: Grid,
+        spans: &[(usize, usize)],
+        args: &[u8],
+    ) -> Result<(), KernelFault> {
+        let dev = DEVICE_MEM.base();
+        let first_out = spans.len() - kernel.outputs;
+        let inputs: Vec<&[u8]> = spans[..first_out]
+            .iter()
+            // SAFETY: each span lies in pages handed out (checked at launch); outputs overlap no
+            // other span (checked at launch), so these shared slices alias no mutable one; the
+            // engine's lock is held, so no copy runs meanwhile and the host never touches device
+            // memory directly.
+            .map(|&(o, l)| unsafe { core::slice::from_raw_parts(dev.add(o), l) })
+            .collect();
+        let mut outputs: Vec<&mut [u8]> = spans[first_out..]
+            .iter()
+            // SAFETY: as above; the outputs are pairwise disjoint.
+            .map(|&(o, l)| unsafe { core::slice::from_raw_parts_mut(dev.add(o), l) })
+            .collect();
+        for z in 0..grid.z {
+            for y in 0..grid.y {
+                for x in 0..grid.x {
+                    let mut ctx = KernelCtx {
+                        grid,
+                        block: [x, y, z],
+                        inputs: &inputs,
+                        outputs: &mut outputs,
+                        args,
+                    };
+                    (kernel.run)(&mut ctx)?;
+                    self.stats.kernel_blocks += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Loses the device: nothing runs again.
+    fn lose(&mut self, status: i32) {
+        self.fault.get_or_insert(status);
+        for lane in &mut self.lanes {
+            lane.queue.clear();
+        }
+    }
+}
+
+/// The rows of a copy: (host offset, device offset, width).
+fn rows(layout: CopyLayout) -> impl Iterator<Item = (usize, usize, usize)> {
+    let (w, p) = (layout.width() as usize, layout.pitch() as usize);
+    (0..layout.height() as usize).map(move |r| (r * w, r * p, w))
+}
+
+// ---- kernels ----
+
+/// Why a kernel gave up; the engine then loses the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelFault(pub &'static str);
+
+/// A kernel: a plain function run once per block of the launch grid.
+pub type KernelFn = fn(&mut KernelCtx<'_, '_>) -> Result<(), KernelFault>;
+
+/// A kernel the engine can run: its function and how many of the launch's buffers (the last
+/// ones) it writes.
+#[derive(Clone, Copy)]
+pub struct FwKernel {
+    /// Its name.
+    pub name: &'static str,
+    /// The number of output buffers (they come after the inputs).
+    pub outputs: usize,
+    /// The function.
+    pub run: KernelFn,
+}
+
+impl fmt::Debug for FwKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FwKernel")
+            .field("name", &self.name)
+            .field("outputs", &self.outputs)
+            .finish()
+    }
+}
+
+/// What a kernel sees of one block: the grid, the block's index, its buffers and arguments.
+#[derive(Debug)]
+pub struct KernelCtx<'a, 'b> {
+    /// The launch grid.
+    pub grid: Grid,
+    /// This block's index (x, y, z).
+    pub block: [u32; 3],
+    inputs: &'a [&'b [u8]],
+    outputs: &'a mut [&'b mut [u8]],
+    args: &'a [u8],
+}
+
+impl<'b> KernelCtx<'_, 'b> {
+    /// Input buffer `i`.
+    pub fn input(&self, i: usize) -> Result<&'b [u8], KernelFault> {
+        self.inputs
+            .get(i)
+            .copied()
+            .ok_or(KernelFault("input index out of range"))
+    }
+
+    /// Output buffer `i`.
+    pub fn output(&mut self, i: usize) -> Result<&mut [u8], KernelFault> {
+        self.outputs
+            .get_mut(i)
+            .map(|o| &mut **o)
+            .ok_or(KernelFault("output index out of range"))
+    }
+
+    /// The `i`-th little-endian `u32` of the arguments.
+    pub fn arg_u32(&self, i: usize) -> Result<u32, KernelFault> {
+        self.args
+            .get(i * 4..i * 4 + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or(KernelFault("argument out of range"))
+    }
+}
+
+// ---- the shim ----
+
+/// The firmware device. There is one (its memory is static): [`FwShim::take`] hands it out once.
+#[derive(Debug)]
+pub struct FwShim {
+    _one: (),
+}
+
+/// A stream slot of the engine. Dropping it lets its queue finish, then frees the slot.
+#[derive(Debug)]
+pub struct FwStream {
+    slot: usize,
+    generation: u32,
+}
+
+impl Drop for FwStream {
+    fn drop(&mut self) {
+        let mut e = ENGINE.lock();
+        while !e.lanes[self.slot].queue.is_empty() {
+            if !e.pump_one() {
+                // Lost device or a wait nothing can satisfy: the queue will never run.
+                e.lanes[self.slot].queue.clear();
+            }
+        }
+        let lane = &mut e.lanes[self.slot];
+        lane.live = false;
+        lane.generation = lane.generation.wrapping_add(1);
+    }
+}
+
+/// A fence: reached once its stream completed `seq` descriptors.
+#[derive(Debug, Clone, Copy)]
+pub struct FwEvent {
+    slot: usize,
+    generation: u32,
+    seq: u64,
+}
+
+/// A run of device granules.
+#[derive(Debug)]
+pub struct FwPage {
+    offset: usize,
+    granules: usize,
+}
+
+/// A run of pinned-window granules.
+#[derive(Debug)]
+pub struct FwHostPage {
+    offset: usize,
+    granules: usize,
+}
+
+/// Graphs are unsupported: no value of this type exists.
+#[derive(Debug)]
+pub enum FwGraph {}
+
+impl FwShim {
+    /// The device, the first time; `None` afterwards (its memory is one static region).
+    pub fn take() -> Option<Self> {
+        (!TAKEN.swap(true, Ordering::AcqRel)).then_some(Self { _one: () })
+    }
+
+    /// Runs at most `max` descriptors; returns how many ran. The engine's clock: call it from the
+    /// main loop (or an idle hook, or a timer interrupt) so work progresses while the host polls.
+    pub fn pump(&self, max: usize) -> usize {
+        let mut e = ENGINE.lock();
+        (0..max).take_while(|_| e.pump_one()).count()
+    }
+
+    /// Runs descriptors until none can run; returns how many ran.
+    pub fn pump_all(&self) -> usize {
+        self.pump(usize::MAX)
+    }
+
+    /// Descriptors queued and not yet run, over every stream.
+    pub fn queued(&self) -> usize {
+        ENGINE.lock().lanes.iter().map(|l| l.queue.len()).sum()
+    }
+
+    /// What the engine has done.
+    pub fn stats(&self) -> EngineStats {
+        ENGINE.lock().stats
+    }
+
+    fn enter(&self, e: &Engine, op: ShimOp) -> Result<(), DriverError> {
+        match e.fault {
+            Some(s) => Err(self.classify(op, s)),
+            None => Ok(()),
+        }
+    }
+
+    fn check_stream(&self, e: &Engine, s: &FwStream, op: ShimOp) -> Result<(), DriverError> {
+        self.enter(e, op)?;
+        let lane = &e.lanes[s.slot];
+        if lane.live && lane.generation == s.generation {
+            Ok(())
+        } else {
+            Err(self.classify(op, status::NO_STREAM_SLOT))
+        }
+    }
+}
+
+impl Shim for FwShim {
+    type Stream = FwStream;
+    type Event = FwEvent;
+    type DevicePage = FwPage;
+    type HostPage = FwHostPage;
+    type Kernel = FwKernel;
+    type Args = [u8];
+    type Graph = FwGraph;
+
+    fn facts(&self) -> DeviceFacts {
+        DeviceFacts {
+            total_memory: DEVICE_BYTES as u64,
+            memory_budget: None,
+            page_alignment: GRANULE as u64,
+            max_page_size: DEVICE_BYTES as u64,
+            integrated: false,
+            can_map_host: false,
+        }
+    }
+
+    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
+        let fault = match status {
+            status::OUT_OF_MEMORY => Fault::OutOfMemory,
+            status::TOO_BIG => Fault::TooBig,
+            status::UNSUPPORTED => Fault::Unsupported,
+            status::KERNEL_FAULT => Fault::Poisoning,
+            _ => Fault::Failed,
+        };
+        DriverError::new(op, status, fault)
+    }
+
+    fn create_stream(&self) -> Result<FwStream, DriverError> {
+        let mut e = ENGINE.lock();
+        self.enter(&e, ShimOp::StreamCreate)?;
+        let Some(slot) = e.lanes.iter().position(|l| !l.live) else {
+            return Err(self.classify(ShimOp::StreamCreate, status::NO_STREAM_SLOT));
+        };
+        let lane = &mut e.lanes[slot];
+        lane.live = true;
+        lane.enqueued = 0;
+        lane.completed = 0;
+        Ok(FwStream {
+            slot,
+            generation: lane.generation,
+        })
+    }
+
+    fn stream_wait_event(&self, stream: &FwStream, event: &FwEvent) -> Result<(), DriverError> {
+        let mut e = ENGINE.lock();
+        self.check_stream(&e, stream, ShimOp::StreamWaitEvent)?;
+        if !e.reached(event.slot, event.generation, event.seq) {
+            let wait = Desc::Wait {
+                slot: event.slot,
+                generation: event.generation,
+                seq: event.seq,
+            };
+            e.enqueue(stream.slot, wait);
+        }
+        Ok(())
+    }
+
+    fn record_event(&self, stream: &FwStream) -> Result<FwEvent, DriverError> {
+        let e = ENGINE.lock();
+        self.check_stream(&e, stream, ShimOp::EventRecord)?;
+        Ok(FwEvent {
+            slot: stream.slot,
+            generation: stream.generation,
+            seq: e.lanes[stream.slot].enqueued,
+        })
+    }
+
+    fn event_query(&self, event: &FwEvent) -> Result<bool, DriverError> {
+        // A status-register read: pumps nothing.
+        let e = ENGINE.lock();
+        self.enter(&e, ShimOp::EventQuery)?;
+        Ok(e.reached(event.slot, event.generation, event.seq))
+    }
+
+    fn event_wait(&self, event: &FwEvent) -> Result<(), DriverError> {
+        // The host blocks: it drives the engine until the event is reached.
+        let mut e = ENGINE.lock();
+        loop {
+            self.enter(&e, ShimOp::EventWait)?;
+            if e.reached(event.slot, event.generation, event.seq) {
+                return Ok(());
+            }
+            if !e.pump_one() {
+                self.enter(&e, ShimOp::EventWait)?;
+                return Err(self.classify(ShimOp::EventWait, status::STALLED));
+            }
+        }
+    }
+
+    fn device_alloc(&self, size: u64) -> Result<FwPage, DriverError> {
+        let mut e = ENGINE.lock();
+        self.enter(&e, ShimOp::DeviceAlloc)?;
+        if size > DEVICE_BYTES as u64 {
+            return Err(self.classify(ShimOp::DeviceAlloc, status::TOO_BIG));
+        }
+        let granules = (size as usize).div_ceil(GRANULE);
+        if granules == 0 {
+            return Ok(FwPage {
+                offset: 0,
+                granules: 0,
+            });
+        }
+        match e.device.alloc(granules) {
+            Some(start) => {
+                e.stats.pages_live += 1;
+                e.stats.device_bytes_used += (granules * GRANULE) as u32;
+                Ok(FwPage {
+                    offset: start * GRANULE,
+                    granules,
+                })
+            }
+            None => {
+                e.stats.pages_refused += 1;
+                Err(self.classify(ShimOp::DeviceAlloc, status::OUT_OF_MEMORY))
+            }
+        }
+    }
+
+    fn device_page_addr(&self, page: &FwPage) -> DeviceAddr {
+        DeviceAddr(DEVICE_BASE + page.offset as u64)
+    }
+
+    unsafe fn device_free(&self, page: FwPage) {
+        if page.granules == 0 {
+            return;
+        }
+        let mut e = ENGINE.lock();
+        let bytes = page.granules * GRANULE;
+        // SAFETY: the page lies in the region (the engine handed it out) and no queued work uses
+        // it (the caller's promise); the lock is held.
+        unsafe { core::ptr::write_bytes(DEVICE_MEM.base().add(page.offset), FREED_BYTE, bytes) };
+        e.device.free(page.offset / GRANULE, page.granules);
+        e.stats.pages_live -= 1;
+        e.stats.pages_freed += 1;
+        e.stats.device_bytes_used -= bytes as u32;
+    }
+
+    fn host_alloc_pinned(&self, size: usize) -> Result<FwHostPage, DriverError> {
+        let mut e = ENGINE.lock();
+        self.enter(&e, ShimOp::HostAlloc)?;
+        if size > PINNED_BYTES {
+            e.stats.pinned_refused += 1;
+            return Err(self.classify(ShimOp::HostAlloc, status::TOO_BIG));
+        }
+        let granules = size.div_ceil(GRANULE).max(1);
+        match e.pinned.alloc(granules) {
+            Some(start) => {
+                e.stats.pinned_live += 1;
+                Ok(FwHostPage {
+                    offset: start * GRANULE,
+                    granules,
+                })
+            }
+            None => {
+                e.stats.pinned_refused += 1;
+                Err(self.classify(ShimOp::HostAlloc, status::OUT_OF_MEMORY))
+            }
+        }
+    }
+
+    fn host_page_ptr(&self, page: &FwHostPage) -> NonNull<u8> {
+        // SAFETY: the offset lies inside the static window, whose base is not null.
+        unsafe { NonNull::new_unchecked(PINNED_MEM.base().add(page.offset)) }
+    }
+
+    fn host_page_device_addr(&self, _page: &FwHostPage) -> Option<DeviceAddr> {
+        None
+    }
+
+    unsafe fn host_free_pinned(&self, page: FwHostPage) {
+        let mut e = ENGINE.lock();
+        e.pinned.free(page.offset / GRANULE, page.granules);
+        e.stats.pinned_live -= 1;
+    }
+
+    unsafe fn copy_to_device(
+        &self,
+        stream: &FwStream,
+        src: *const u8,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        let op = ShimOp::CopyHostToDevice;
+        let mut e = ENGINE.lock();
+        self.check_stream(&e, stream, op)?;
+        let dst = e
+            .device_offset(dst, layout.device_span())
+            .ok_or(self.classify(op, status::BAD_ADDRESS))?;
+        e.enqueue(stream.slot, Desc::ToDevice { src, dst, layout });
+        Ok(())
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        stream: &FwStream,
+        src: DeviceAddr,
+        dst: *mut u8,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        let op = ShimOp::CopyDeviceToHost;
+        let mut e = ENGINE.lock();
+        self.check_stream(&e, stream, op)?;
+        let src = e
+            .device_offset(src, layout.device_span())
+            .ok_or(self.classify(op, status::BAD_ADDRESS))?;
+        e.enqueue(stream.slot, Desc::ToHost { src, dst, layout });
+        Ok(())
+    }
+
+    unsafe fn copy_on_device(
+        &self,
+        stream: &FwStream,
+        src: DeviceAddr,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        let op = ShimOp::CopyDeviceToDevice;
+        let mut e = ENGINE.lock();
+        self.check_stream(&e, stream, op)?;
+        let span = layout.device_span();
+        let bad = self.classify(op, status::BAD_ADDRESS);
+        let src = e.device_offset(src, span).ok_or(bad)?;
+        let dst = e.device_offset(dst, span).ok_or(bad)?;
+        e.enqueue(stream.slot, Desc::OnDevice { src, dst, layout });
+        Ok(())
+    }
+
+    unsafe fn launch(
+        &self,
+        stream: &FwStream,
+        kernel: &FwKernel,
+        grid: Grid,
+        buffers: &[DeviceSpan],
+        args: &[u8],
+    ) -> Result<(), DriverError> {
+        let op = ShimOp::Launch;
+        let mut e = ENGINE.lock();
+        self.check_stream(&e, stream, op)?;
+        if buffers.len() < kernel.outputs {
+            return Err(self.classify(op, status::BAD_LAUNCH));
+        }
+        let mut spans = Vec::with_capacity(buffers.len());
+        for b in buffers {
+            let off = e
+                .device_offset(b.addr, b.len)
+                .ok_or(self.classify(op, status::BAD_ADDRESS))?;
+            spans.push((off, b.len as usize));
+        }
+        // An output may overlap no other buffer: the kernel gets it as `&mut [u8]`.
+        let first_out = spans.len() - kernel.outputs;
+        let overlap = |a: (usize, usize), b: (usize, usize)| a.0 < b.0 + b.1 && b.0 < a.0 + a.1;
+        for (i, &o) in spans.iter().enumerate().skip(first_out) {
+            if spans
+                .iter()
+                .enumerate()
+                .any(|(j, &s)| j != i && o.1 > 0 && s.1 > 0 && overlap(o, s))
+            {
+                return Err(self.classify(op, status::BAD_LAUNCH));
+            }
+        }
+        let desc = Desc::Kernel {
+            kernel: *kernel,
+            grid,
+            spans,
+            args: args.to_vec(),
+        };
+        e.enqueue(stream.slot, desc);
+        Ok(())
+    }
+
+    fn begin_capture(&self, _stream: &FwStream) -> Result<(), DriverError> {
+        Err(self.classify(ShimOp::GraphBegin, status::UNSUPPORTED))
+    }
+
+    fn end_capture(&self, _stream: &FwStream, _doomed: bool) -> Result<FwGraph, DriverError> {
+        Err(self.classify(ShimOp::GraphEnd, status::UNSUPPORTED))
+    }
+
+    fn graph_upload(&self, graph: &FwGraph, _stream: &FwStream) -> Result<(), DriverError> {
+        match *graph {}
+    }
+
+    unsafe fn graph_launch(&self, graph: &FwGraph, _stream: &FwStream) -> Result<(), DriverError> {
+        match *graph {}
+    }
+}

@@ -1,0 +1,265 @@
+//! Benchmark of the command layer on the std shim: per-operation CPU cost of `Command`
+//! (reserve, reserve + bind, write, launch, read) against the raw shim call or the system
+//! allocator measured in the same run, and staged upload / readback bandwidth for 4 KiB to
+//! 256 MiB against a plain `memcpy` of the same bytes.
+//!
+//! Run: `cargo run --release -p devcmd-examples --bin command-bench` (`--quick` for fewer sizes).
+
+use devcmd::{CopyLayout, Device, DeviceConfig, Grid, Launch, ReadRequest, Shim, StreamId};
+use devcmd_std::StdShim;
+use std::hint::black_box;
+use std::time::Instant;
+
+const S: StreamId = StreamId(0);
+
+fn per_op(iters: u32, f: impl FnMut()) -> f64 {
+    per_op_then(iters, f, || {})
+}
+
+/// ns per call of `f`, counting `finish` (a wait for asynchronous work) once at the end.
+fn per_op_then(iters: u32, mut f: impl FnMut(), mut finish: impl FnMut()) -> f64 {
+    for _ in 0..iters / 10 {
+        f();
+    }
+    finish();
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    finish();
+    t.elapsed().as_nanos() as f64 / f64::from(iters)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let shim = StdShim::builder().total_memory(4 << 30).build();
+    let noop = shim.register_kernel("noop", |_| Ok(()));
+    let raw = shim.clone();
+    let mut device = Device::new(shim, DeviceConfig::default());
+    let iters = if quick { 20_000 } else { 200_000 };
+
+    println!("## Command per-operation CPU cost (std shim)\n");
+    println!("| operation | ns/op | anchor | anchor ns/op | ratio |");
+    println!("|---|---:|---|---:|---:|");
+
+    // reserve + drop, 4 KiB, against malloc/free of the same size.
+    let layout = std::alloc::Layout::from_size_align(4096, 64)?;
+    let anchor = per_op(iters, || {
+        // SAFETY: a non-zero layout; the block is freed right after.
+        unsafe {
+            let p = std::alloc::alloc(layout);
+            black_box(p);
+            std::alloc::dealloc(p, layout);
+        }
+    });
+    let mut cmd = device.command(S, &[])?;
+    let ours = per_op(iters, || {
+        black_box(cmd.reserve(4096).expect("reserve"));
+    });
+    println!(
+        "| reserve + drop 4 KiB | {ours:.1} | malloc + free | {anchor:.1} | {:.2} |",
+        ours / anchor
+    );
+    let ours_1m = per_op(iters, || {
+        black_box(cmd.reserve(1 << 20).expect("reserve"));
+    });
+    println!(
+        "| reserve + drop 1 MiB | {ours_1m:.1} | malloc + free 4 KiB | {anchor:.1} | {:.2} |",
+        ours_1m / anchor
+    );
+    let bind = per_op(iters, || {
+        let lazy = cmd.lazy(4096);
+        let r = cmd.reserve(4096).expect("reserve");
+        cmd.bind(r, &lazy).expect("bind");
+        black_box(lazy);
+    });
+    println!(
+        "| lazy + reserve + bind + drop 4 KiB | {bind:.1} | malloc + free | {anchor:.1} | {:.2} |",
+        bind / anchor
+    );
+
+    // launch: Command (resolve 2 buffers, failure check, enqueue) against the raw shim call.
+    let a = cmd.empty(4096)?;
+    let b = cmd.empty(4096)?;
+    let stream = raw.create_stream()?;
+    let pa = raw.device_alloc(4096)?;
+    let pb = raw.device_alloc(4096)?;
+    let spans = [
+        devcmd::DeviceSpan {
+            addr: raw.device_page_addr(&pa),
+            len: 4096,
+        },
+        devcmd::DeviceSpan {
+            addr: raw.device_page_addr(&pb),
+            len: 4096,
+        },
+    ];
+    let launches = iters / 4;
+    let raw_sync = || {
+        raw.event_wait(&raw.record_event(&stream).expect("record"))
+            .expect("wait")
+    };
+    let anchor_launch = per_op_then(
+        launches,
+        || {
+            // SAFETY: both spans are live pages of this shim; the noop kernel touches nothing.
+            unsafe {
+                raw.launch(&stream, &noop, Grid::linear(1), &spans, &[])
+                    .expect("launch")
+            };
+        },
+        raw_sync,
+    );
+    let cmd_cell = std::cell::RefCell::new(cmd);
+    let ours_launch = per_op_then(
+        launches,
+        || {
+            let launch = Launch {
+                kernel: &noop,
+                name: "noop",
+                grid: Grid::linear(1),
+                inputs: &[&a],
+                outputs: &[&b],
+                args: &[][..],
+            };
+            cmd_cell.borrow_mut().launch(launch).expect("launch");
+        },
+        || {
+            cmd_cell
+                .borrow_mut()
+                .sync()
+                .expect("sync")
+                .wait()
+                .expect("wait")
+        },
+    );
+    println!(
+        "| launch, 2 buffers | {ours_launch:.1} | raw shim launch | {anchor_launch:.1} | {:.2} |",
+        ours_launch / anchor_launch
+    );
+
+    // write 4 KiB (staged through pinned, drop queue) against a raw shim copy from a fixed buffer.
+    let src = vec![7u8; 4096];
+    let anchor_copy = per_op_then(
+        launches,
+        || {
+            // SAFETY: `src` outlives the wait at the end; the page holds 4096 bytes.
+            unsafe {
+                raw.copy_to_device(
+                    &stream,
+                    src.as_ptr(),
+                    spans[0].addr,
+                    CopyLayout::linear(4096),
+                )
+                .expect("copy")
+            };
+        },
+        raw_sync,
+    );
+    let ours_write = per_op_then(
+        launches,
+        || cmd_cell.borrow_mut().write_from(&a, &src).expect("write"),
+        || {
+            cmd_cell
+                .borrow_mut()
+                .sync()
+                .expect("sync")
+                .wait()
+                .expect("wait")
+        },
+    );
+    let mut cmd = cmd_cell.into_inner();
+    println!(
+        "| write 4 KiB (staged from a borrowed slice) | {ours_write:.1} | raw shim copy | {anchor_copy:.1} | {:.2} |",
+        ours_write / anchor_copy
+    );
+
+    // read 4 KiB round trip (enqueue, fence, wait) against raw copy + event + wait.
+    let mut dst = vec![0u8; 4096];
+    let reads = launches / 10;
+    let anchor_read = per_op(reads, || {
+        // SAFETY: `dst` outlives the wait in this closure.
+        unsafe {
+            raw.copy_to_host(
+                &stream,
+                spans[0].addr,
+                dst.as_mut_ptr(),
+                CopyLayout::linear(4096),
+            )
+            .expect("copy")
+        };
+        raw.event_wait(&raw.record_event(&stream).expect("record"))
+            .expect("wait");
+    });
+    let ours_read = per_op(reads, || {
+        let got = cmd
+            .read_async(&[ReadRequest::whole(&a)])
+            .expect("read")
+            .wait()
+            .expect("wait");
+        black_box(got);
+    });
+    println!(
+        "| read 4 KiB round trip | {ours_read:.1} | raw copy + event wait | {anchor_read:.1} | {:.2} |",
+        ours_read / anchor_read
+    );
+    drop(cmd);
+    // SAFETY: the stream was waited on after the last use of both pages.
+    unsafe {
+        raw.device_free(pa);
+        raw.device_free(pb);
+    }
+
+    println!("\n## Staged bandwidth (std shim) against memcpy of the same bytes\n");
+    println!(
+        "| size | upload GB/s | readback GB/s | memcpy GB/s | upload / memcpy | readback / memcpy |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let sizes: &[usize] = if quick {
+        &[4 << 10, 1 << 20, 16 << 20]
+    } else {
+        &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+    };
+    for &size in sizes {
+        let reps = ((256usize << 20) / size).clamp(3, 2000);
+        let data = vec![0x5Au8; size];
+        let mut copy_dst = vec![0u8; size];
+        let t = Instant::now();
+        for _ in 0..reps {
+            copy_dst.copy_from_slice(black_box(&data));
+            black_box(&mut copy_dst);
+        }
+        let memcpy = (size * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        let mut cmd = device.command(S, &[])?;
+        let h = cmd.empty(size as u64)?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            cmd.write_from(&h, &data)?;
+        }
+        cmd.sync()?.wait()?;
+        let upload = (size * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        let t = Instant::now();
+        for _ in 0..reps {
+            let got = cmd.read_async(&[ReadRequest::whole(&h)])?.wait()?;
+            assert_eq!(got[0].len(), size);
+            black_box(got);
+        }
+        let readback = (size * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        drop(h);
+        cmd.memory_cleanup()?;
+        println!(
+            "| {} | {upload:.2} | {readback:.2} | {memcpy:.2} | {:.2} | {:.2} |",
+            human(size),
+            upload / memcpy,
+            readback / memcpy
+        );
+    }
+    Ok(())
+}
+
+fn human(n: usize) -> String {
+    match n {
+        _ if n >= 1 << 20 => format!("{} MiB", n >> 20),
+        _ => format!("{} KiB", n >> 10),
+    }
+}
