@@ -421,7 +421,6 @@ fn serve(
             act = out;
         }
         let read = cmd.read_async(&[ReadRequest::whole(&act)])?;
-        drop(cmd);
         in_flight.push_back(Pending { batch, input, read });
         if in_flight.len() >= IN_FLIGHT {
             mismatches += check(

@@ -203,7 +203,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "| read 4 KiB round trip | {ours_read:.1} | raw copy + event wait | {anchor_read:.1} | {:.2} |",
         ours_read / anchor_read
     );
-    drop(cmd);
     // SAFETY: the stream was waited on after the last use of both pages.
     unsafe {
         raw.device_free(pa);
