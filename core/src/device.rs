@@ -225,6 +225,7 @@ impl<S: Shim> Device<S> {
                 capture: Default::default(),
                 cursor: 0,
                 synced: Vec::new(),
+                touched_by: Vec::new(),
             });
         }
         Ok(index)
@@ -246,26 +247,70 @@ impl<S: Shim> Device<S> {
             .into());
         }
         let owner = issuer.stream as usize;
-        if owner == current {
-            return Ok(());
-        }
-        let owner_cursor = match self.streams.get(owner).and_then(Option::as_ref) {
-            Some(s) => s.cursor,
-            None => {
-                return Err(IoError::NotFound {
-                    handle: b.id(),
-                    reason: crate::error::NotFoundReason::Stale,
-                }
-                .into());
+        let Some(owner_cursor) = self
+            .streams
+            .get(owner)
+            .and_then(Option::as_ref)
+            .map(|s| s.cursor)
+        else {
+            return Err(IoError::NotFound {
+                handle: b.id(),
+                reason: crate::error::NotFoundReason::Stale,
             }
+            .into());
         };
+        if owner != current {
+            self.wait_for(current, owner, owner_cursor)?;
+            let cursor = self.streams[current].as_ref().map_or(0, |s| s.cursor);
+            let o = self.streams[owner].as_mut().expect("checked above");
+            if o.touched_by.len() <= current {
+                o.touched_by.resize(current + 1, 0);
+            }
+            o.touched_by[current] = cursor;
+            let c = self.streams[current].as_mut().expect("current exists");
+            c.drops.push(DropItem::Binding(binding_of(binding)));
+        }
+        // Other streams may have used (written) the owner's memory: order after them too.
+        let users = self.streams[owner]
+            .as_ref()
+            .expect("checked above")
+            .touched_by
+            .len();
+        for user in 0..users {
+            let used_at = self.streams[owner]
+                .as_ref()
+                .expect("checked above")
+                .touched_by[user];
+            if user == current || user == owner || used_at == 0 {
+                continue;
+            }
+            let synced = self.streams[current]
+                .as_ref()
+                .and_then(|s| s.synced.get(user).copied())
+                .unwrap_or(0);
+            if used_at > synced {
+                let cursor = self.streams[user].as_ref().map_or(0, |s| s.cursor);
+                self.wait_for(current, user, cursor.max(used_at))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes stream `current` wait on the device for the work stream `other` issued up to
+    /// cursor `other_cursor`, unless it already did.
+    fn wait_for(
+        &mut self,
+        current: usize,
+        other: usize,
+        other_cursor: u64,
+    ) -> Result<(), ServerError> {
         let synced = self.streams[current]
             .as_ref()
-            .and_then(|s| s.synced.get(owner).copied())
+            .and_then(|s| s.synced.get(other).copied())
             .unwrap_or(0);
-        if owner_cursor > synced {
+        if other_cursor > synced {
             let event = {
-                let o = self.streams[owner].as_ref().expect("checked above");
+                let o = self.streams[other].as_ref().expect("checked by the caller");
                 self.shim
                     .record_event(&o.raw)
                     .inspect_err(|e| self.poison.note(e))?
@@ -274,13 +319,11 @@ impl<S: Shim> Device<S> {
             self.shim
                 .stream_wait_event(&c.raw, &event)
                 .inspect_err(|e| self.poison.note(e))?;
-            if c.synced.len() <= owner {
-                c.synced.resize(owner + 1, 0);
+            if c.synced.len() <= other {
+                c.synced.resize(other + 1, 0);
             }
-            c.synced[owner] = owner_cursor;
+            c.synced[other] = other_cursor;
         }
-        let c = self.streams[current].as_mut().expect("current exists");
-        c.drops.push(DropItem::Binding(binding_of(binding)));
         Ok(())
     }
 

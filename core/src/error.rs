@@ -557,6 +557,8 @@ impl ServerError {
             Self::Device(e) => e.poisons_device(),
             Self::Unwritten { root, .. } => root.is_device_poisoned(),
             Self::Several(all) => all.iter().any(Self::is_device_poisoned),
+            Self::Launch(LaunchError::Refused { cause, .. }) => cause.poisons_device(),
+            Self::Launch(LaunchError::Buffer { cause, .. }) => cause.is_device_poisoned(),
             _ => false,
         }
     }

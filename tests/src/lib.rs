@@ -1,1 +1,77 @@
-//! The conformance suite.
+//! The devcmd conformance suite, generic over any [`devcmd::Shim`].
+//!
+//! A shim author implements [`Harness`] (a fresh shim per [`Mode`], the three [`TestKernel`]s,
+//! their arguments, and optionally a [`Probe`] for counters and fault injection), then either
+//! calls [`run_conformance`] from one test, or lets [`conformance_tests!`] generate one `#[test]`
+//! per behaviour group and mode so failures are legible:
+//!
+//! ```ignore
+//! struct MyHarness;
+//! impl devcmd_tests::Harness for MyHarness { /* ... */ }
+//! devcmd_tests::conformance_tests!(MyHarness);
+//! ```
+//!
+//! The groups ([`groups`]) check the drop queue, copy layouts and staging, round trips, memory
+//! reuse across streams (ONNX Runtime #4829, PyTorch #71616 and #189504 analogues), the failure
+//! rule as a seeded property against a model, fault injection of every shim call under every
+//! operation, and bad input. [`StdHarness`] runs them against `devcmd-std` and is the reference
+//! implementation of a harness.
+#![deny(missing_docs)]
+
+pub mod groups;
+mod harness;
+mod std_harness;
+mod util;
+
+pub use harness::{Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestKernel};
+pub use std_harness::{StdHarness, StdProbe};
+
+/// Seeds of the failure-rule property per mode ([`groups::failure_rule`]).
+pub const FAILURE_SEEDS: u64 = 40;
+/// Operations per seed of the failure-rule property.
+pub const FAILURE_OPS: usize = 300;
+
+/// Runs every group in every mode the shim offers. Panics on the first failure, with a message
+/// naming the mode and the behaviour.
+pub fn run_conformance<H: Harness>(harness: &H) {
+    for mode in Mode::ALL {
+        groups::drop_queue(harness, mode);
+        groups::layouts(harness, mode);
+        groups::round_trips(harness, mode);
+        groups::cross_stream_reuse(harness, mode);
+        groups::pending_frees(harness, mode);
+        groups::failure_rule(harness, mode);
+        groups::fault_injection(harness, mode);
+        groups::bad_input(harness, mode);
+    }
+}
+
+/// Generates one `#[test]` per behaviour group and mode for the harness expression `$h`: a module
+/// per mode (`normal`, `lazy_poison`) with one test per group (`normal::drop_queue`, ...), and
+/// `lazy::cross_stream_reuse`, `poison::cross_stream_reuse` besides.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($h:expr) => {
+        $crate::conformance_tests!(@mode normal, NORMAL, $h;
+            drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
+            failure_rule, fault_injection, bad_input);
+        $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
+            drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
+            failure_rule, fault_injection, bad_input);
+        $crate::conformance_tests!(@mode lazy, LAZY, $h; cross_stream_reuse);
+        $crate::conformance_tests!(@mode poison, POISON, $h; cross_stream_reuse);
+    };
+    (@mode $name:ident, $mode:ident, $h:expr; $($group:ident),*) => {
+        #[doc = concat!("The groups in mode `", stringify!($mode), "`.")]
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[test]
+                fn $group() {
+                    $crate::groups::$group(&$h, $crate::Mode::$mode);
+                }
+            )*
+        }
+    };
+}

@@ -8,6 +8,18 @@ use devcmd::{
 };
 use std::fmt::Display;
 
+/// A device configuration with small pages, for groups that make many devices (faster, same
+/// rules).
+pub(crate) fn small_pages() -> DeviceConfig {
+    let mut config = DeviceConfig::default();
+    config.memory.small_page_size = 512 << 10;
+    config.memory.arena_min_page = 512 << 10;
+    config.memory.arena_slack = 256 << 10;
+    config.memory.arena_granule = 256 << 10;
+    config.pinned.page_size = 1 << 20;
+    config
+}
+
 /// Unwraps `r`, or panics naming `what` and the error.
 #[track_caller]
 pub(crate) fn must<T>(r: Result<T, ServerError>, what: impl Display) -> T {
@@ -58,7 +70,10 @@ impl<H: Harness> Ctx<H> {
 
     /// The probe's counters, or zeros without a probe.
     pub fn counters(&self) -> Counters {
-        self.probe.as_ref().map(|p| p.counters()).unwrap_or_default()
+        self.probe
+            .as_ref()
+            .map(|p| p.counters())
+            .unwrap_or_default()
     }
 
     /// Launches `kernel` with `value` on `stream`.
@@ -280,7 +295,10 @@ pub(crate) fn first_diff(a: &[u8], b: &[u8]) -> String {
         return format!("lengths differ: {} vs {}", a.len(), b.len());
     }
     match a.iter().zip(b).position(|(x, y)| x != y) {
-        Some(i) => format!("first difference at byte {i}: {:#04x} vs {:#04x}", a[i], b[i]),
+        Some(i) => format!(
+            "first difference at byte {i}: {:#04x} vs {:#04x}",
+            a[i], b[i]
+        ),
         None => "equal".into(),
     }
 }

@@ -14,7 +14,9 @@
 //!   `MemoryManagement` does not drive it on its own.
 //!
 //! `BytesStorage` allocates with `alloc_zeroed` (calloc: fresh mmap'd pages are not touched).
-//! It is wrapped in [`CountingStorage`] to record the peak bytes held and the page calls.
+//! It is wrapped in [`CountingStorage`] to record the peak bytes held and the page calls, and to
+//! free what is still held when the contender is dropped: `BytesStorage` has no `Drop`, and
+//! `MemoryManagement` gives nothing back on drop, so without it every page would leak.
 
 use crate::contender::{Contender, HeldStats};
 use cubecl_ir::MemoryDeviceProperties;
@@ -25,14 +27,25 @@ use cubecl_server::memory_management::{
 };
 use cubecl_server::server::IoError;
 use cubecl_server::storage::{BytesStorage, ComputeStorage, StorageHandle, StorageId};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// A `ComputeStorage` that forwards to another and records the peak of the bytes it holds.
-pub struct CountingStorage<S> {
+pub struct CountingStorage<S: ComputeStorage> {
     inner: S,
     peak: u64,
     allocs: u64,
     deallocs: u64,
+    /// Pages held now, to free them on drop.
+    ids: HashSet<StorageId>,
+}
+
+impl<S: ComputeStorage> Drop for CountingStorage<S> {
+    fn drop(&mut self) {
+        for id in core::mem::take(&mut self.ids) {
+            self.inner.dealloc(id);
+        }
+    }
 }
 
 impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
@@ -49,12 +62,14 @@ impl<S: ComputeStorage> ComputeStorage for CountingStorage<S> {
     fn alloc(&mut self, size: u64) -> Result<StorageHandle, IoError> {
         let handle = self.inner.alloc(size)?;
         self.allocs += 1;
+        self.ids.insert(handle.id);
         self.peak = self.peak.max(self.inner.bytes_allocated());
         Ok(handle)
     }
 
     fn dealloc(&mut self, id: StorageId) {
         self.deallocs += 1;
+        self.ids.remove(&id);
         self.inner.dealloc(id)
     }
 
@@ -83,6 +98,7 @@ impl Cubecl {
             peak: 0,
             allocs: 0,
             deallocs: 0,
+            ids: HashSet::new(),
         };
         let props = MemoryDeviceProperties::new(MAX_PAGE_SIZE, BytesStorage::ALIGNMENT as u64);
         let mm = MemoryManagement::from_configuration(

@@ -173,12 +173,13 @@ fn main() {
                 other => panic!("unknown contender {other}"),
             };
             eprintln!(
-                "  {contender:7} cold {:8.1} ns/op  warm {:>8}  peak held {:>9} MiB  held after {:>9} MiB  failed {}  (rss now {} MiB)",
+                "  {contender:7} cold {:8.1} ns/op  warm {:>8}  peak held {:>9} MiB  held after {:>9} MiB  failed {}  warm pages alloc/free {}  (rss now {} MiB)",
                 cold.ns_per_op(),
                 opt(warm, |w| format!("{:.1}", w.ns_per_op())),
                 opt(cold.stats.peak_held, mib),
                 opt(cold.stats.held_after, mib),
                 cold.failed,
+                opt(warm.and_then(|w| Some((w.stats.page_allocs?, w.stats.page_frees?))), |(a, f)| format!("{a}/{f}")),
                 opt(rss_mib(), |r| r.to_string())
             );
             rows.push(Row {

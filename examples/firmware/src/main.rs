@@ -12,9 +12,12 @@
 extern crate alloc;
 
 mod shim;
+mod stack;
 
 use alloc::vec;
 use alloc::vec::Vec;
+use core::alloc::{GlobalAlloc, Layout};
+use core::sync::atomic::{AtomicUsize, Ordering};
 use cortex_m_rt::entry;
 use cortex_m_semihosting::{debug, hprintln};
 use devcmd::copy::StagingPolicy;
@@ -24,17 +27,53 @@ use devcmd::{
     AllocationMode, CopyLayout, Device, DeviceConfig, DropPolicy, DropStats, Grid, Handle,
     HostBuffer, IoError, Launch, ReadRequest, ServerError, StreamId,
 };
-use embedded_alloc::LlffHeap as Heap;
+use embedded_alloc::LlffHeap;
 use shim::{FwKernel, FwShim, KernelCtx, KernelFault};
 
 // Names `cortex_m` so its critical-section implementation is linked.
 use cortex_m as _;
 
-#[global_allocator]
-static HEAP: Heap = Heap::empty();
+/// The heap, with its high-water mark.
+struct Heap {
+    inner: LlffHeap,
+    peak: AtomicUsize,
+}
 
-/// Heap bytes. RAM is 64 KiB: 16 KiB device memory + 2 KiB pinned window + this + the stack.
-const HEAP_BYTES: usize = 24 * 1024;
+impl Heap {
+    fn used(&self) -> usize {
+        self.inner.used()
+    }
+
+    fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the linked-list heap, which upholds the contract;
+// the wrapper only reads how much is used.
+unsafe impl GlobalAlloc for Heap {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is passed on.
+        let p = unsafe { self.inner.alloc(layout) };
+        self.peak.fetch_max(self.inner.used(), Ordering::Relaxed);
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract is passed on.
+        unsafe { self.inner.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static HEAP: Heap = Heap {
+    inner: LlffHeap::empty(),
+    peak: AtomicUsize::new(0),
+};
+
+/// Heap bytes. RAM is 64 KiB: 16 KiB device memory + 1 KiB pinned window + this + the stack
+/// (about 12 KiB, of which the job uses about 6).
+const HEAP_BYTES: usize = 35 * 1024;
 
 const ROWS: usize = 16;
 const COLS: usize = 32;
@@ -50,7 +89,12 @@ impl log::Log for SemihostingLogger {
 
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
-            hprintln!("[{}] {}: {}", record.level(), record.target(), record.args());
+            hprintln!(
+                "[{}] {}: {}",
+                record.level(),
+                record.target(),
+                record.args()
+            );
         }
     }
 
@@ -96,6 +140,9 @@ fn f32_at(bytes: &[u8], i: usize) -> Result<f32, KernelFault> {
 /// Buffers: w (rows x cols), b (rows), x (cols); output y (rows). Args: rows, cols (u32 LE).
 fn matvec_bias_relu(ctx: &mut KernelCtx<'_, '_>) -> Result<(), KernelFault> {
     let (rows, cols) = (ctx.arg_u32(0)? as usize, ctx.arg_u32(1)? as usize);
+    if (ctx.grid.x as usize) < rows {
+        return Err(KernelFault("the grid has fewer blocks than rows"));
+    }
     let r = ctx.block[0] as usize;
     if r >= rows {
         return Ok(());
@@ -171,6 +218,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> Option<f32> {
 // ---- the job ----
 
 const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
 
 fn config() -> DeviceConfig {
     DeviceConfig {
@@ -180,7 +228,7 @@ fn config() -> DeviceConfig {
             arena_min_page: 2048,
             arena_slack: 512,
             arena_granule: 512,
-            arena_classes: 4,
+            arena_classes: 2,
             release: PageRelease::Fenced,
         },
         drops: DropPolicy {
@@ -194,7 +242,7 @@ fn config() -> DeviceConfig {
             flush_after: 4096,
         },
         pinned: PinnedConfig {
-            page_size: 1024,
+            page_size: 512,
             max_bytes: shim::PINNED_BYTES as u64,
             alignment: 64,
         },
@@ -245,11 +293,13 @@ fn run_layer(
         args: &args,
     })?;
     let read = cmd.read_async(&[ReadRequest::whole(&y)])?;
-    drop(cmd);
     // Nothing has run yet: the engine runs only when pumped (here by the wait below).
     let queued = device.shim().queued();
     check!(queued >= 3, "work ran before the engine was pumped");
-    hprintln!("layer: {} descriptors queued, none run until pumped", queued);
+    hprintln!(
+        "layer: {} descriptors queued, none run until pumped",
+        queued
+    );
     let out = read.wait()?;
     let y_host = from_bytes(out[0].as_slice());
     Ok(y_host)
@@ -268,8 +318,10 @@ fn drop_queue_cycle(device: &mut Device<FwShim>) -> Result<(), Failure> {
         cmd.write(&x, HostBuffer::from_vec(vec![i; 128]))?;
     }
     cmd.flush_drops()?;
-    check!(!cmd.poll_drops()?, "the fence passed before the engine ran the copies");
-    drop(cmd);
+    check!(
+        !cmd.poll_drops()?,
+        "the fence passed before the engine ran the copies"
+    );
     let ran = device.shim().pump(3);
     check!(
         !device.command(S0, &[])?.poll_drops()?,
@@ -311,7 +363,10 @@ fn drop_queue_cycle(device: &mut Device<FwShim>) -> Result<(), Failure> {
         "the last upload did not land"
     );
     let after = stats0(device);
-    check!(after.flushes == mid.flushes + 2, "two more flushes expected");
+    check!(
+        after.flushes == mid.flushes + 2,
+        "two more flushes expected"
+    );
     check!(
         after.fences_waited == mid.fences_waited + 1
             && after.bytes_released - mid.bytes_released == 2 * 128,
@@ -392,14 +447,12 @@ fn reclaim_after_pressure(device: &mut Device<FwShim>) -> Result<Handle, Failure
     Ok(big)
 }
 
-/// Heap bytes the core keeps per live allocation and per page, measured on stream 1.
-fn measure_bookkeeping(device: &mut Device<FwShim>) -> Result<(), Failure> {
+/// Heap bytes the core keeps per live allocation and per page, measured on stream 1 (`streams`:
+/// the bytes the two streams took when they were created).
+fn measure_bookkeeping(device: &mut Device<FwShim>, streams: usize) -> Result<(), Failure> {
     const N: usize = 32;
     const K: usize = 8;
-    let s1 = StreamId(1);
-    let u0 = HEAP.used();
-    let mut cmd = device.command(s1, &[])?;
-    let u1 = HEAP.used();
+    let mut cmd = device.command(S1, &[])?;
     let mut live: Vec<Handle> = Vec::with_capacity(N);
     let u2 = HEAP.used();
     for _ in 0..N {
@@ -424,10 +477,9 @@ fn measure_bookkeeping(device: &mut Device<FwShim>) -> Result<(), Failure> {
     cmd.allocation_mode(AllocationMode::Auto);
     live.clear();
     cmd.memory_cleanup()?;
-    drop(cmd);
     hprintln!(
-        "bookkeeping: stream {} B; {} small allocations cold {} B ({} B each, pages and vectors grown); warm {} B ({} B each); {} whole pages {} B ({} B each); handle {} B",
-        u1 - u0,
+        "bookkeeping: 2 streams {} B; {} small allocations cold {} B ({} B each, pages and vectors grown); warm {} B ({} B each); {} whole pages {} B ({} B each); handle {} B",
+        streams,
         N,
         u3 - u2,
         (u3 - u2) / N,
@@ -441,9 +493,20 @@ fn measure_bookkeeping(device: &mut Device<FwShim>) -> Result<(), Failure> {
     Ok(())
 }
 
-fn job() -> Result<(), Failure> {
+/// What the final line reports.
+struct Summary {
+    flushes: u64,
+    bytes_released: u64,
+}
+
+fn job() -> Result<Summary, Failure> {
     let shim = FwShim::take().ok_or(Failure::Check("the device was taken twice"))?;
     let mut device = Device::new(shim, config());
+    // Both streams first: the device keeps them in one vector, which grows by reallocation.
+    let before = HEAP.used();
+    let _ = device.command(S1, &[])?;
+    let _ = device.command(S0, &[])?;
+    let streams = HEAP.used() - before;
     hprintln!(
         "devcmd-firmware: {} B device memory, {} B pinned window, {} B heap",
         shim::DEVICE_BYTES,
@@ -460,13 +523,15 @@ fn job() -> Result<(), Failure> {
     cmd.allocation_mode(AllocationMode::Auto);
     cmd.write(&w, HostBuffer::from_vec(to_bytes(&w_data)))?;
     cmd.write(&b, HostBuffer::from_vec(to_bytes(&b_data)))?;
-    drop(cmd);
     let layer = Layer { w, b };
 
     let x_data = input(0);
     let y = run_layer(&mut device, &layer, &x_data)?;
     let diff = max_diff(&y, &reference(&w_data, &b_data, &x_data));
-    check!(diff == Some(0.0), "the layer's output differs from the CPU's");
+    check!(
+        diff == Some(0.0),
+        "the layer's output differs from the CPU's"
+    );
     hprintln!(
         "layer: y[0..4] = {:?}, matches the CPU reference (max |diff| 0)",
         &y[..4]
@@ -493,7 +558,7 @@ fn job() -> Result<(), Failure> {
         );
     }
 
-    measure_bookkeeping(&mut device)?;
+    measure_bookkeeping(&mut device, streams)?;
 
     device.command(S0, &[])?.memory_cleanup()?;
     let report = device.memory_report();
@@ -512,27 +577,52 @@ fn job() -> Result<(), Failure> {
     let drops = stats0(&device);
     drop(layer);
     drop(device);
+    Ok(Summary {
+        flushes: drops.flushes,
+        bytes_released: drops.bytes_released,
+    })
+}
+
+/// Runs the job, then checks that it left no heap behind and kept off the statics.
+fn run() -> Result<(), Failure> {
+    let base = HEAP.used();
+    let summary = job()?;
+    let (used, size) = (stack::high_water(), stack::size());
+    hprintln!(
+        "ram: heap peak {} B of {} B, {} B left after teardown; stack {} B used at most, of {} B",
+        HEAP.peak(),
+        HEAP_BYTES,
+        HEAP.used() - base,
+        used,
+        size
+    );
+    check!(HEAP.used() == base, "the device left heap memory behind");
+    check!(
+        used + 1024 < size,
+        "the stack came within 1 KiB of the statics"
+    );
     hprintln!(
         "devcmd-firmware: VERIFIED 16x32 matvec+bias+relu (2 runs, max |diff| 0), drop queue flushes={} bytes_released={}, reclaim after pressure ok",
-        drops.flushes,
-        drops.bytes_released
+        summary.flushes,
+        summary.bytes_released
     );
     Ok(())
 }
 
 #[entry]
 fn main() -> ! {
+    stack::paint();
     {
         use core::mem::MaybeUninit;
         static mut HEAP_MEM: [MaybeUninit<u8>; HEAP_BYTES] = [MaybeUninit::uninit(); HEAP_BYTES];
         // SAFETY: runs once, before any allocation; nothing else uses HEAP_MEM.
-        unsafe { HEAP.init(&raw mut HEAP_MEM as usize, HEAP_BYTES) }
+        unsafe { HEAP.inner.init(&raw mut HEAP_MEM as usize, HEAP_BYTES) }
     }
     // `set_logger` fails only when a logger is set already: there is none.
     let _ = log::set_logger(&LOGGER);
     log::set_max_level(log::LevelFilter::Debug);
 
-    match job() {
+    match run() {
         Ok(()) => debug::exit(debug::EXIT_SUCCESS),
         Err(e) => {
             match e {

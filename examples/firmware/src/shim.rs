@@ -5,7 +5,7 @@
 //!   be mistaken for a host pointer). Pages are runs of 64-byte granules ([`GRANULE`]) handed out
 //!   first-fit from a bitmap; the largest page is the whole region. A refused page is
 //!   [`Fault::OutOfMemory`], a page larger than the region [`Fault::TooBig`].
-//! - **Pinned host pages** come from a second, 2 KiB region ([`PINNED_BYTES`], standing for a
+//! - **Pinned host pages** come from a second, 1 KiB region ([`PINNED_BYTES`], standing for a
 //!   DMA-coherent SRAM window). When it is full the request is refused and the core stages from
 //!   the heap instead.
 //! - **Copies and launches** are descriptors queued on a stream; nothing runs when they are
@@ -39,7 +39,7 @@ use devcmd::{
 /// Bytes of device memory.
 pub const DEVICE_BYTES: usize = 16 * 1024;
 /// Bytes of the pinned (DMA-coherent) host window.
-pub const PINNED_BYTES: usize = 2 * 1024;
+pub const PINNED_BYTES: usize = 1024;
 /// Allocation granule and page alignment of both regions.
 pub const GRANULE: usize = 64;
 /// The engine's bus address of the first byte of device memory.
@@ -340,9 +340,7 @@ impl Engine {
                 for (_, device, width) in rows(layout) {
                     // SAFETY: both spans were checked to lie in pages handed out; `copy` allows
                     // overlap, which the contract excludes anyway.
-                    unsafe {
-                        core::ptr::copy(dev.add(src + device), dev.add(dst + device), width)
-                    };
+                    unsafe { core::ptr::copy(dev.add(src + device), dev.add(dst + device), width) };
                 }
             }
             Desc::Kernel {
@@ -515,6 +513,8 @@ impl Drop for FwStream {
         let lane = &mut e.lanes[self.slot];
         lane.live = false;
         lane.generation = lane.generation.wrapping_add(1);
+        // The slot may stay unused: give its queue's buffer back to the heap.
+        lane.queue = VecDeque::new();
     }
 }
 

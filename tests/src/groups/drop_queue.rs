@@ -92,8 +92,15 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
     must(c.flush(s), "flush");
     let after = c.counters();
     let st = stats(&c, s);
-    assert_eq!(st.items_released, n + 1, "[{mode}] the last batch is released");
-    assert_eq!(st.flushes, n, "[{mode}] a flush with nothing staged minted a fence");
+    assert_eq!(
+        st.items_released,
+        n + 1,
+        "[{mode}] the last batch is released"
+    );
+    assert_eq!(
+        st.flushes, n,
+        "[{mode}] a flush with nothing staged minted a fence"
+    );
     if probed {
         assert_eq!(
             (
@@ -161,7 +168,11 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
             "[{mode}] poll_drops reported a fence passed before the slow kernel could finish"
         );
     } else {
-        assert_eq!(stats(&c, s2), st0, "[{mode}] a poll that found nothing released something");
+        assert_eq!(
+            stats(&c, s2),
+            st0,
+            "[{mode}] a poll that found nothing released something"
+        );
     }
     if probed {
         assert_eq!(
@@ -173,16 +184,26 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
     must(c.sync(s2), "sync");
     let before = c.counters();
     let done = must(c.poll(s2), "poll");
-    assert!(done, "[{mode}] poll_drops after the fence passed left work pending");
+    assert!(
+        done,
+        "[{mode}] poll_drops after the fence passed left work pending"
+    );
     let st = stats(&c, s2);
     assert_eq!(
         st.items_released,
         st0.items_released + 1,
         "[{mode}] the polled batch (one upload source) was not released"
     );
-    assert_eq!(st.fences_waited, st0.fences_waited, "[{mode}] poll counted a blocking wait");
+    assert_eq!(
+        st.fences_waited, st0.fences_waited,
+        "[{mode}] poll counted a blocking wait"
+    );
     if probed {
-        assert_eq!(c.counters().event_waits, before.event_waits, "[{mode}] poll waited");
+        assert_eq!(
+            c.counters().event_waits,
+            before.event_waits,
+            "[{mode}] poll waited"
+        );
     }
     assert_eq!(
         must(c.read(s2, &b), "read"),

@@ -2,8 +2,8 @@
 //! returns was last written by work that succeeded, checked against a plain model.
 
 use crate::harness::{FaultRule, Harness, Mode, TestKernel};
-use crate::util::{Ctx, Rng, must};
-use devcmd::{DeviceConfig, Handle, LaunchError, ServerError, ShimOp, StreamId};
+use crate::util::{Ctx, Rng, must, small_pages};
+use devcmd::{Handle, LaunchError, ServerError, ShimOp, StreamId};
 
 const STREAMS: u32 = 4;
 const MAX_LIVE: usize = 24;
@@ -36,13 +36,22 @@ fn view_of(rng: &mut Rng, len: usize) -> (usize, usize) {
 /// One run of `ops` random operations from `seed`. Panics with the seed and the step on the
 /// first disagreement with the model.
 fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
-    let Some(mut c) = Ctx::new(h, mode, DeviceConfig::default(), "failure_rule") else {
+    let Some(mut c) = Ctx::new(h, mode, small_pages(), "failure_rule") else {
         return false;
     };
     let can_fail = c.probe.is_some();
     let mut rng = Rng::new(seed);
     let mut bufs: Vec<Buf> = Vec::new();
-    let ctx = |step: usize, what: &str| format!("[{mode}] seed {seed} step {step}: {what}");
+    let trace = std::cell::RefCell::new(Vec::<String>::new());
+    let ctx = |step: usize, what: &str| {
+        let t = trace.borrow();
+        let from = t.len().saturating_sub(40);
+        format!(
+            "[{mode}] seed {seed} step {step}: {what}\nlast operations:\n  {}",
+            t[from..].join("\n  ")
+        )
+    };
+    let log = |line: String| trace.borrow_mut().push(line);
     for step in 0..ops {
         let s = StreamId(rng.below(STREAMS as usize) as u32);
         let roll = rng.below(100);
@@ -57,10 +66,15 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                 if rng.chance(70) {
                     let data = rng.bytes(len);
                     let handle = must(c.create(s, &data), ctx(step, "create"));
+                    log(format!(
+                        "{step}: create #{} ({len} B) on {s:?}",
+                        handle.id()
+                    ));
                     let bytes = data.into_iter().map(Byte::Known).collect();
                     bufs.push(Buf { handle, bytes });
                 } else {
                     let handle = must(c.empty(s, len as u64), ctx(step, "empty"));
+                    log(format!("{step}: empty #{} ({len} B) on {s:?}", handle.id()));
                     bufs.push(Buf {
                         handle,
                         bytes: vec![Byte::Unknown; len],
@@ -74,6 +88,10 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                 let data = rng.bytes(n);
                 let view = bufs[b].handle.view(off as u64, n as u64).unwrap();
                 must(c.write(s, &view, &data), ctx(step, "write"));
+                log(format!(
+                    "{step}: write #{} [{off}..+{n}] on {s:?}",
+                    view.id()
+                ));
                 for (m, v) in bufs[b].bytes[off..off + n].iter_mut().zip(&data) {
                     *m = Byte::Known(*v);
                 }
@@ -110,8 +128,14 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                 if let Some(p) = &c.probe {
                     p.clear();
                 }
-                let carried =
-                    !fill && bufs[i].bytes[io..io + n].iter().any(|b| *b == Byte::Failed);
+                log(format!(
+                    "{step}: launch fill={fill} fail={fail} #{}[{io}..+{n}] -> #{}[{oo}..+{n}] \
+                     +{value} on {s:?}: {}",
+                    inp.id(),
+                    out.id(),
+                    if result.is_ok() { "ok" } else { "err" }
+                ));
+                let carried = !fill && bufs[i].bytes[io..io + n].iter().any(|b| *b == Byte::Failed);
                 match (&result, carried, fail) {
                     (Err(ServerError::Skipped { .. }), true, _) => {}
                     (Err(ServerError::Launch(LaunchError::Refused { cause, .. })), false, true)
@@ -144,6 +168,10 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                 let view = bufs[b].handle.view(off as u64, n as u64).unwrap();
                 let model = &bufs[b].bytes[off..off + n];
                 let failed = model.contains(&Byte::Failed);
+                log(format!(
+                    "{step}: read #{} [{off}..+{n}] on {s:?}",
+                    view.id()
+                ));
                 match c.read(s, &view) {
                     Err(ServerError::Unwritten { .. }) if failed => {}
                     Err(e) => panic!(
@@ -156,9 +184,10 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                         ctx(step, "read")
                     ),
                     Ok(got) => {
-                        let bad = model.iter().zip(&got).position(
-                            |(m, g)| matches!(m, Byte::Known(v) if v != g),
-                        );
+                        let bad = model
+                            .iter()
+                            .zip(&got)
+                            .position(|(m, g)| matches!(m, Byte::Known(v) if v != g));
                         if let Some(k) = bad {
                             panic!(
                                 "{}: byte {} of a read at {off}: got {:#04x}, model {:?}",
@@ -174,14 +203,21 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
             // Free.
             85..=94 if !bufs.is_empty() => {
                 let b = rng.below(bufs.len());
+                log(format!("{step}: free #{}", bufs[b].handle.id()));
                 bufs.swap_remove(b);
             }
             // Cleanup, flush or poll.
             95..=96 => must(
-                c.dev.command(s, &[]).and_then(|mut k| k.memory_cleanup()),
+                {
+                    log(format!("{step}: cleanup {s:?}"));
+                    c.dev.command(s, &[]).and_then(|mut k| k.memory_cleanup())
+                },
                 ctx(step, "cleanup"),
             ),
-            97..=98 => must(c.flush(s), ctx(step, "flush")),
+            97..=98 => {
+                log(format!("{step}: flush {s:?}"));
+                must(c.flush(s), ctx(step, "flush"))
+            }
             _ => {
                 must(c.poll(s), ctx(step, "poll"));
             }
@@ -205,7 +241,12 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
 ///   `failures().len() == (0, 0)`.
 ///
 /// Without a probe the runs have no failing launches (the rest is checked all the same).
-pub fn failure_rule<H: Harness>(h: &H, mode: Mode, seeds: u64, ops: usize) {
+pub fn failure_rule<H: Harness>(h: &H, mode: Mode) {
+    failure_rule_with(h, mode, crate::FAILURE_SEEDS, crate::FAILURE_OPS);
+}
+
+/// [`failure_rule`] with `seeds` runs of `ops` operations each.
+pub fn failure_rule_with<H: Harness>(h: &H, mode: Mode, seeds: u64, ops: usize) {
     for seed in 0..seeds {
         if !run(h, mode, 0x5EED_0000 + seed, ops) {
             return;

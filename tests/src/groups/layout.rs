@@ -28,7 +28,10 @@ fn layout_rules() {
     let l = CopyLayout::of(&[4, 8], &[8, 1], 4).expect("packed rows");
     assert!(l.is_linear(), "packed rows must be one linear copy");
     assert_eq!(l, CopyLayout::linear(128));
-    assert_eq!(CopyLayout::of(&[8], &[1], 4).unwrap(), CopyLayout::linear(32));
+    assert_eq!(
+        CopyLayout::of(&[8], &[1], 4).unwrap(),
+        CopyLayout::linear(32)
+    );
     // (4, 8) with strides (12, 1), f32: 4 rows of 32 bytes, 48 apart.
     let l = CopyLayout::of(&[4, 8], &[12, 1], 4).expect("pitched rows");
     assert_eq!((l.width(), l.pitch(), l.height()), (32, 48, 4));
@@ -83,7 +86,9 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
     let span = layout.device_span();
     let total = offset + span + 16;
     let whole = must(c.create(s, &vec![0xEE; total as usize]), "create");
-    let view = whole.view(offset, span).expect("view inside the allocation");
+    let view = whole
+        .view(offset, span)
+        .expect("view inside the allocation");
     let packed = pattern(layout.packed_bytes() as usize, 77);
     must(
         c.dev
@@ -105,9 +110,12 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
         first_diff(&device, &expected)
     );
     let fut = must(
-        c.dev
-            .command(s, &[])
-            .and_then(|mut k| k.read_async(&[ReadRequest { handle: &view, layout }])),
+        c.dev.command(s, &[]).and_then(|mut k| {
+            k.read_async(&[ReadRequest {
+                handle: &view,
+                layout,
+            }])
+        }),
         "pitched read",
     );
     let back = must(fut.wait(), "pitched read wait").remove(0).into_vec();
@@ -124,7 +132,10 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
         .and_then(|mut k| k.write_layout(&short, HostBuffer::from_vec(packed.clone()), layout))
         .expect_err("a layout past the view must be refused");
     assert!(
-        matches!(err, ServerError::Validation(Validation::LayoutPastView { .. })),
+        matches!(
+            err,
+            ServerError::Validation(Validation::LayoutPastView { .. })
+        ),
         "[{mode}] layout past the view: {err}"
     );
 }
@@ -198,10 +209,30 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
             true,
             true,
         ),
-        ("heap below the threshold", HostBuffer::from_vec(pattern(4095, 2)), true, true),
-        ("heap at the threshold", HostBuffer::from_vec(pattern(4096, 3)), false, true),
-        ("heap at the flush size", HostBuffer::from_vec(pattern(2048, 4)), true, false),
-        ("small heap", HostBuffer::from_vec(pattern(100, 5)), true, false),
+        (
+            "heap below the threshold",
+            HostBuffer::from_vec(pattern(4095, 2)),
+            true,
+            true,
+        ),
+        (
+            "heap at the threshold",
+            HostBuffer::from_vec(pattern(4096, 3)),
+            false,
+            true,
+        ),
+        (
+            "heap at the flush size",
+            HostBuffer::from_vec(pattern(2048, 4)),
+            true,
+            false,
+        ),
+        (
+            "small heap",
+            HostBuffer::from_vec(pattern(100, 5)),
+            true,
+            false,
+        ),
     ];
     for (i, (what, data, staged, flushed)) in cases.into_iter().enumerate() {
         let s = StreamId(1 + i as u32);
@@ -209,7 +240,10 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
         let view = dst.view(0, bytes.len() as u64).unwrap();
         must(c.flush(s), "flush");
         let (p0, f0) = (pinned_allocations(&mut c, s), flushes(&c, s));
-        must(c.dev.command(s, &[]).and_then(|mut k| k.write(&view, data)), what);
+        must(
+            c.dev.command(s, &[]).and_then(|mut k| k.write(&view, data)),
+            what,
+        );
         let (p1, f1) = (pinned_allocations(&mut c, s), flushes(&c, s));
         assert_eq!(
             p1 - p0,
@@ -224,7 +258,11 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
             bytes.len()
         );
         let back = must(c.read(s, &view), "read");
-        assert!(back == bytes, "[{mode}] {what}: {}", first_diff(&back, &bytes));
+        assert!(
+            back == bytes,
+            "[{mode}] {what}: {}",
+            first_diff(&back, &bytes)
+        );
     }
     // Pinned data is not copied again (if the shim serves pinned memory at all).
     let s = StreamId(7);
@@ -233,14 +271,22 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
         pinned.as_mut_slice().copy_from_slice(&pattern(512, 6));
         let p0 = pinned_allocations(&mut c, s);
         let view = dst.view(0, 512).unwrap();
-        must(c.dev.command(s, &[]).and_then(|mut k| k.write(&view, pinned)), "write");
+        must(
+            c.dev
+                .command(s, &[])
+                .and_then(|mut k| k.write(&view, pinned)),
+            "write",
+        );
         assert_eq!(
             pinned_allocations(&mut c, s),
             p0,
             "[{mode}] pinned data was staged again"
         );
         let back = must(c.read(s, &view), "read");
-        assert!(back == pattern(512, 6), "[{mode}] pinned upload: wrong bytes");
+        assert!(
+            back == pattern(512, 6),
+            "[{mode}] pinned upload: wrong bytes"
+        );
     }
     // Bad strides never reach the device.
     assert!(matches!(

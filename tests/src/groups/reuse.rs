@@ -118,11 +118,17 @@ pub fn pending_frees<H: Harness>(h: &H, mode: Mode) {
                 c.dev.memory_report()
             )
         });
-        must(c.launch(a, TestKernel::Fill, round, &[], &[&x]), "fill x on A");
-        let y = c.empty(b, size).unwrap_or_else(|e| {
-            panic!("[{mode}] round {round}: reserving y on B failed: {e}")
-        });
-        must(c.launch(b, TestKernel::AddByte, 1, &[&x], &[&y]), "derive y on B");
+        must(
+            c.launch(a, TestKernel::Fill, round, &[], &[&x]),
+            "fill x on A",
+        );
+        let y = c
+            .empty(b, size)
+            .unwrap_or_else(|e| panic!("[{mode}] round {round}: reserving y on B failed: {e}"));
+        must(
+            c.launch(b, TestKernel::AddByte, 1, &[&x], &[&y]),
+            "derive y on B",
+        );
         let got = must(c.read(b, &y), "read y");
         assert!(
             got.iter().all(|&v| v == round.wrapping_add(1)),
@@ -141,7 +147,9 @@ pub fn pending_frees<H: Harness>(h: &H, mode: Mode) {
         }
     }
     // A request that cannot fit: a clear error.
-    let live: Vec<Handle> = (0..2).map(|_| must(c.empty(a, size), "fill the budget")).collect();
+    let live: Vec<Handle> = (0..2)
+        .map(|_| must(c.empty(a, size), "fill the budget"))
+        .collect();
     match c.empty(a, size) {
         Err(ServerError::Io(IoError::OutOfMemory { budget, .. })) => assert_eq!(
             budget,

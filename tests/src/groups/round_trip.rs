@@ -18,7 +18,10 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         return;
     };
     let (s0, s1) = (StreamId(0), StreamId(1));
-    for (i, size) in [0usize, 1, 7, 256, 4096, 65_537, 3 << 20].into_iter().enumerate() {
+    for (i, size) in [0usize, 1, 7, 256, 4096, 65_537, 3 << 20]
+        .into_iter()
+        .enumerate()
+    {
         let data = pattern(size, i as u8);
         let a = must(c.create(s0, &data), format!("[{mode}] create {size}"));
         let back = must(c.read(s0, &a), "read");
@@ -60,7 +63,10 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         );
         must(c.write(s1, &l, &data), "write lazy");
         let back = must(c.read(s1, &l), "read lazy");
-        assert!(back == data, "[{mode}] lazy handle round trip of {size} bytes");
+        assert!(
+            back == data,
+            "[{mode}] lazy handle round trip of {size} bytes"
+        );
     }
 
     // Upload on stream 1, kernel on stream 0, read on stream 0: no host sync in between.
@@ -82,7 +88,10 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         );
         // The reverse: stream 1 reads what stream 0 wrote, and re-derives from it.
         let z = must(c.empty(s1, size as u64), "empty on stream 1");
-        must(c.launch(s1, TestKernel::AddByte, 4, &[&y], &[&z]), "kernel on stream 1");
+        must(
+            c.launch(s1, TestKernel::AddByte, 4, &[&y], &[&z]),
+            "kernel on stream 1",
+        );
         let back = must(c.read(s0, &z), "read on stream 0");
         assert!(
             back == plus(&data, 7),
@@ -96,11 +105,17 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
     for step in 0..10u32 {
         let s = StreamId(step % 2);
         let next = must(c.empty(s, 4096), "empty");
-        must(c.launch(s, TestKernel::AddByte, 1, &[&cur], &[&next]), "chain");
+        must(
+            c.launch(s, TestKernel::AddByte, 1, &[&cur], &[&next]),
+            "chain",
+        );
         cur = next;
     }
     let back = must(c.read(s1, &cur), "read chain");
-    assert!(back == plus(&data, 10), "[{mode}] a 10-kernel chain across two streams");
+    assert!(
+        back == plus(&data, 10),
+        "[{mode}] a 10-kernel chain across two streams"
+    );
     drop(cur);
     c.assert_no_leak("round_trips");
 }

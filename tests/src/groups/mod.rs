@@ -1,0 +1,18 @@
+//! The behaviour groups. Each is a public function generic over a [`Harness`](crate::Harness)
+//! that panics with a message naming the mode, the behaviour and what was seen.
+
+mod bad_input;
+mod drop_queue;
+mod failure_rule;
+mod faults;
+mod layout;
+mod reuse;
+mod round_trip;
+
+pub use bad_input::bad_input;
+pub use drop_queue::drop_queue;
+pub use failure_rule::{failure_rule, failure_rule_with};
+pub use faults::fault_injection;
+pub use layout::layouts;
+pub use reuse::{cross_stream_reuse, pending_frees};
+pub use round_trip::round_trips;
