@@ -10,6 +10,7 @@ use crate::copy::StagingPolicy;
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
 use crate::error::{DriverError, IoError, ServerError, Validation};
 use crate::failure::Failures;
+use crate::memory::ReadableBytes;
 use crate::memory::{
     AsBinding, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport, PageRelease,
 };
@@ -86,13 +87,9 @@ impl core::fmt::Display for DeviceReport {
             writeln!(f, "stream {}:", id.0)?;
             writeln!(f, "{report}")?;
         }
-        write!(
-            f,
-            "device pages held: {:.2} MiB",
-            self.held as f64 / (1 << 20) as f64
-        )?;
+        write!(f, "device pages held: {}", ReadableBytes(self.held))?;
         if let Some(b) = self.budget {
-            write!(f, " of a {:.2} MiB budget", b as f64 / (1 << 20) as f64)?;
+            write!(f, " of a {} budget", ReadableBytes(b))?;
         }
         Ok(())
     }
@@ -107,7 +104,8 @@ pub struct Device<S: Shim> {
     pub(crate) facts: DeviceFacts,
     pub(crate) config: DeviceConfig,
     pub(crate) budget: MemoryBudget,
-    pub(crate) streams: Vec<Option<Stream<S>>>,
+    /// Boxed: a stream's state is kilobytes, and the vector grows as streams are first used.
+    pub(crate) streams: Vec<Option<alloc::boxed::Box<Stream<S>>>>,
     pub(crate) failures: Failures,
     pub(crate) poison: Poison,
     /// Scratch for freed allocation ids.
@@ -217,7 +215,7 @@ impl<S: Shim> Device<S> {
             let mut memory =
                 MemoryManager::new(&self.facts, memory_config, issuer, self.budget.clone());
             memory.track_frees();
-            self.streams[index] = Some(Stream {
+            self.streams[index] = Some(alloc::boxed::Box::new(Stream {
                 raw,
                 memory,
                 pinned: PinnedPool::new(self.config.pinned, issuer),
@@ -226,7 +224,7 @@ impl<S: Shim> Device<S> {
                 cursor: 0,
                 synced: Vec::new(),
                 touched_by: Vec::new(),
-            });
+            }));
         }
         Ok(index)
     }

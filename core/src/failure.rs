@@ -98,10 +98,7 @@ impl Failures {
     /// `alloc` was released or rebound: every mark on it goes.
     pub fn forget(&mut self, alloc: u64) {
         if let Some(marks) = self.marks.remove(&alloc) {
-            let mut ids: Vec<u64> = marks.iter().map(|m| m.2).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            for id in ids {
+            for id in distinct(marks.iter().map(|m| m.2)) {
                 self.untag(id);
             }
         }
@@ -172,16 +169,22 @@ impl Failures {
         if marks.is_empty() {
             self.marks.remove(&alloc);
         }
-        let mut gone: Vec<u64> = before
-            .into_iter()
-            .filter(|id| !after.contains(id))
-            .collect();
-        gone.sort_unstable();
-        gone.dedup();
-        for id in gone {
+        for id in distinct(before.into_iter().filter(|id| !after.contains(id))) {
             self.untag(id);
         }
     }
+}
+
+/// The distinct ids of a short list, in first-seen order (a sort would cost kilobytes of code on
+/// firmware for lists of a few entries).
+fn distinct(ids: impl Iterator<Item = u64>) -> Vec<u64> {
+    let mut out: Vec<u64> = Vec::new();
+    for id in ids {
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -15,7 +15,24 @@ for profile in "${@:-release footprint}"; do
     "$NM" -S --defined-only "$elf" | python3 -c '
 import re, subprocess, sys
 
+def demangle_v0(s):
+    # Rust v0 mangling (the precompiled standard library): keep the identifiers, in order.
+    out, i = [], 2
+    while i < len(s):
+        m = re.match(r"(\d+)_?", s[i:])
+        if m and (i == 0 or not s[i - 1].isdigit()):
+            n, j = int(m.group(1)), i + m.end()
+            ident = s[j:j + n]
+            if n > 0 and len(ident) == n and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ident):
+                out.append(ident)
+                i = j + n
+                continue
+        i += 1
+    return "::".join(out)
+
 def demangle(s):
+    if s.startswith("_R"):
+        return demangle_v0(s)
     # Rust legacy mangling, as llvm-nm leaves it: _ZN...E, with $LT$-style escapes.
     m = re.match(r"_ZN(.*)E$", s)
     if not m:
@@ -41,9 +58,10 @@ buckets = {}
 order = ["devcmd (the core)", "generic code over the core'"'"'s types, in other crates",
          "firmware (shim, job, logger)", "core::fmt and number formatting",
          "hashbrown/foldhash", "compiler builtins (soft float, 64-bit division, memcpy)",
-         "cortex-m, cortex-m-rt, semihosting, log, allocator", "other"]
+         "cortex-m, cortex-m-rt, semihosting, log, allocator", "other",
+         "core::slice::sort (for devcmd::failure'"'"'s sort_unstable)"]
 total = 0
-top = []
+top, rest = [], []
 for line in sys.stdin:
     f = line.split()
     if len(f) < 4 or f[2] not in "tTwW":
@@ -53,11 +71,14 @@ for line in sys.stdin:
     if re.match(r"^<?devcmd::", name):
         b = order[0]
         top.append((size, name))
-    elif "devcmd_firmware" in name:
+    elif re.match(r"^<?devcmd_firmware", name):
         b = order[2]
     elif "devcmd::" in name:
         b = order[1]
-    elif re.search(r"core::fmt|flt2dec|core::num::fmt|Display>::fmt|Debug>::fmt", name):
+    elif "core::slice::sort" in name:
+        # Only the core sorts (`sort_unstable` on failure ids in devcmd::failure).
+        b = order[8]
+    elif re.search(r"core::fmt|flt2dec|core::num::fmt|Display>::fmt|Debug>::fmt|fmt::float|fmt::num", name):
         b = order[3]
     elif "hashbrown" in name or "foldhash" in name:
         b = order[4]
@@ -67,13 +88,19 @@ for line in sys.stdin:
         b = order[6]
     else:
         b = order[7]
+        rest.append((size, name))
     buckets[b] = buckets.get(b, 0) + size
 print(f"  text in symbols: {total} B ({total / 1024:.1f} KiB)")
 for b in order:
     v = buckets.get(b, 0)
     print(f"  {b:58} {v:7} B  {v / 1024:5.1f} KiB")
+share = sum(buckets.get(order[i], 0) for i in (0, 1, 8))
+print(f"  the core'"'"'s share (devcmd + generic code over its types + its sort): {share} B ({share / 1024:.1f} KiB)")
 print("  largest devcmd functions:")
 for size, name in sorted(top, reverse=True)[:8]:
+    print(f"    {size:6} B  {name[:110]}")
+print("  largest other functions:")
+for size, name in sorted(rest, reverse=True)[:6]:
     print(f"    {size:6} B  {name[:110]}")
 '
     llvm-size -A "$elf" 2>/dev/null | awk '$1 ~ /^\.(vector_table|text|rodata|data|bss)$/ {printf "  section %-14s %7d B\n", $1, $2}' || true

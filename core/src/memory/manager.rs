@@ -160,7 +160,8 @@ pub struct MemoryManager<S: Shim> {
     returned: Vec<Returned>,
     next_id: u64,
     small: SlicedPool<S::DevicePage>,
-    arena: Vec<Option<SlicedPool<S::DevicePage>>>,
+    /// Boxed so the 64 slots cost a pointer each until used (a pool carries its free index).
+    arena: Vec<Option<alloc::boxed::Box<SlicedPool<S::DevicePage>>>>,
     current: Option<usize>,
     persistent: WholePagePool<S::DevicePage>,
     dedicated: WholePagePool<S::DevicePage>,
@@ -484,7 +485,7 @@ impl<S: Shim> MemoryManager<S> {
             self.outdated_empty
                 .extend(empty.into_iter().map(|page| PageRef { pool: id, page }));
         }
-        self.arena[slot] = Some(pool);
+        self.arena[slot] = Some(alloc::boxed::Box::new(pool));
         Ok(Location {
             pool: POOL_ARENA_BASE + slot as u8,
             block: c.block,
@@ -647,7 +648,7 @@ impl<S: Shim> MemoryManager<S> {
         }
         self.arena
             .get(usize::from(pool.checked_sub(POOL_ARENA_BASE)?))?
-            .as_ref()
+            .as_deref()
     }
 
     fn sliced_mut(&mut self, pool: PoolId) -> Option<&mut SlicedPool<S::DevicePage>> {
@@ -656,7 +657,7 @@ impl<S: Shim> MemoryManager<S> {
         }
         self.arena
             .get_mut(usize::from(pool.checked_sub(POOL_ARENA_BASE)?))?
-            .as_mut()
+            .as_deref_mut()
     }
 
     fn used_mut(&mut self, location: Location, owner: u64) -> Option<&mut Used> {
@@ -862,7 +863,7 @@ impl<S: Shim> MemoryManager<S> {
             &mut self.small,
             SlicedPool::new(small_page),
         ));
-        sliced.extend(self.arena.iter_mut().filter_map(Option::take));
+        sliced.extend(self.arena.iter_mut().filter_map(Option::take).map(|b| *b));
         self.current = None;
         for pool in sliced {
             pages.extend(pool.into_pages().map(|p| (p.raw, p.size)));

@@ -20,4 +20,4 @@ pub use manager::{
     AllocationInfo, AllocationMode, Cleanup, MemoryManager, PageGuard, PageInfo, PageRef,
     PageUpdate, Resolved, RetiredPage,
 };
-pub use report::{MemoryReport, PoolKind, PoolReport};
+pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes};

@@ -72,9 +72,11 @@ impl MemoryReport {
     }
 }
 
-struct Bytes(u64);
+/// A byte count printed with a binary unit (`8 MiB`, `1.50 KiB`, `12 B`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadableBytes(pub u64);
 
-impl fmt::Display for Bytes {
+impl fmt::Display for ReadableBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0;
         let (scale, unit) = match n {
@@ -116,13 +118,13 @@ impl fmt::Display for MemoryReport {
                 f,
                 "{:<18} {:>10} {:>6} {:>6} {:>8} {:>12} {:>10} {:>12}",
                 alloc::format!("{}", p.kind),
-                alloc::format!("{}", Bytes(p.page_size)),
+                alloc::format!("{}", ReadableBytes(p.page_size)),
                 p.pages,
                 p.pages_peak,
                 p.allocations,
-                alloc::format!("{}", Bytes(p.in_use)),
-                alloc::format!("{}", Bytes(p.padding)),
-                alloc::format!("{}", Bytes(p.reserved)),
+                alloc::format!("{}", ReadableBytes(p.in_use)),
+                alloc::format!("{}", ReadableBytes(p.padding)),
+                alloc::format!("{}", ReadableBytes(p.reserved)),
             )?;
         }
         write!(
@@ -133,9 +135,9 @@ impl fmt::Display for MemoryReport {
             "",
             "",
             self.allocations(),
-            alloc::format!("{}", Bytes(self.in_use())),
-            alloc::format!("{}", Bytes(self.padding())),
-            alloc::format!("{}", Bytes(self.reserved()))
+            alloc::format!("{}", ReadableBytes(self.in_use())),
+            alloc::format!("{}", ReadableBytes(self.padding())),
+            alloc::format!("{}", ReadableBytes(self.reserved()))
         )
     }
 }
