@@ -133,6 +133,7 @@ impl StdShimBuilder {
             captures: HashMap::new(),
             ranges: BTreeMap::new(),
             quarantine: Quarantine::default(),
+            graveyard: Vec::new(),
         };
         StdShim {
             inner: Arc::new(DeviceInner {
@@ -159,6 +160,20 @@ struct DeviceState {
     /// Device-visible memory: start address -> length (device pages; host pages if integrated).
     ranges: BTreeMap<usize, usize>,
     quarantine: Quarantine,
+    /// Blocks freed after the device was poisoned: an operation a worker was already running
+    /// may still touch them (the core frees everything at once on a lost device), so they go
+    /// back to the heap only when the device state drops, after every worker has exited.
+    graveyard: Vec<Block>,
+}
+
+impl Drop for DeviceState {
+    fn drop(&mut self) {
+        for block in self.graveyard.drain(..) {
+            // SAFETY: the device state drops only once every stream worker (each holds the
+            // device) has exited, so nothing can run that uses the block.
+            unsafe { block.free() };
+        }
+    }
 }
 
 impl DeviceState {
@@ -398,7 +413,9 @@ impl StdShim {
     /// Nothing uses the block any more (or only buggy late work the quarantine is meant to catch).
     unsafe fn release(&self, st: &mut DeviceState, block: Block) {
         st.ranges.remove(&block.addr());
-        if self.inner.poison_freed {
+        if self.inner.is_poisoned() {
+            st.graveyard.push(block);
+        } else if self.inner.poison_freed {
             // SAFETY: the caller promises nothing uses the block.
             unsafe { st.quarantine.push(block) };
             st.stats.quarantined_bytes = st.quarantine.bytes() as u64;

@@ -131,6 +131,9 @@ struct StreamState {
     completed: u64,
     drive_to: u64,
     shutdown: bool,
+    /// The worker took an operation off the queue and has not completed it yet. Once the device
+    /// is poisoned, waits return early, but never while an operation may still touch memory.
+    running: bool,
     capture: Option<Vec<Op>>,
     /// Asynchronous faults not yet reported, by the sequence number of the failed operation.
     faults: Vec<(u64, DriverError)>,
@@ -190,7 +193,7 @@ impl StreamShared {
     fn reach(&self, seq: u64) {
         let mut st = lock(&self.state);
         self.drive(&mut st, seq);
-        while st.completed < seq && !self.dev.is_poisoned() {
+        while st.completed < seq && (st.running || !self.dev.is_poisoned()) {
             st = wait(&self.cv, st);
         }
     }
@@ -209,6 +212,9 @@ impl StreamShared {
         let mut st = lock(&self.state);
         self.drive(&mut st, seq);
         if self.dev.is_poisoned() {
+            if st.running && st.completed < seq {
+                return Ok(false); // an operation may still touch memory: not done yet
+            }
             return Err(self.dev.poisoned_error(op));
         }
         Self::take_fault(&mut st, seq)?;
@@ -241,6 +247,7 @@ fn work(shared: Arc<StreamShared>) {
                 if st.queue.front().is_some_and(|(seq, _)| *seq <= st.drive_to)
                     && let Some(next) = st.queue.pop_front()
                 {
+                    st.running = true;
                     break next;
                 }
                 if st.shutdown && st.queue.is_empty() {
@@ -260,6 +267,7 @@ fn work(shared: Arc<StreamShared>) {
         }
         let mut st = lock(&shared.state);
         st.completed = seq;
+        st.running = false;
         if let Some(e) = fault.filter(|e| !e.poisons_device()) {
             st.faults.push((seq, e));
         }
@@ -283,6 +291,7 @@ impl StdStream {
             completed: 0,
             drive_to: if lazy { 0 } else { u64::MAX },
             shutdown: false,
+            running: false,
             capture: None,
             faults: Vec::new(),
         };

@@ -118,7 +118,6 @@ pub fn bad_input<H: Harness>(h: &H, mode: Mode) {
     must(k.bind(reserved, &target), "bind");
     let never = k.lazy(64);
     let big = k.lazy(128);
-    drop(k);
     let handed_over = |e: &ServerError| {
         io(e, |i| {
             matches!(

@@ -112,13 +112,11 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                 let (oo, io) = (rng.below(olen - n + 1), rng.below(ilen - n + 1));
                 let out = bufs[o].handle.view(oo as u64, n as u64).unwrap();
                 let inp = bufs[i].handle.view(io as u64, n as u64).unwrap();
-                if fail {
-                    if let Some(p) = &c.probe {
-                        p.inject(FaultRule::Once {
-                            op: ShimOp::Launch,
-                            skip: 0,
-                        });
-                    }
+                if fail && let Some(p) = &c.probe {
+                    p.inject(FaultRule::Once {
+                        op: ShimOp::Launch,
+                        skip: 0,
+                    });
                 }
                 let result = if fill {
                     c.launch(s, TestKernel::Fill, value, &[], &[&out])
@@ -135,7 +133,7 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                     out.id(),
                     if result.is_ok() { "ok" } else { "err" }
                 ));
-                let carried = !fill && bufs[i].bytes[io..io + n].iter().any(|b| *b == Byte::Failed);
+                let carried = !fill && bufs[i].bytes[io..io + n].contains(&Byte::Failed);
                 match (&result, carried, fail) {
                     (Err(ServerError::Skipped { .. }), true, _) => {}
                     (Err(ServerError::Launch(LaunchError::Refused { cause, .. })), false, true)

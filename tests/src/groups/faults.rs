@@ -429,10 +429,17 @@ pub fn fault_injection<H: Harness>(h: &H, mode: Mode) {
         return;
     }
     drop(c);
-    precise(h, mode);
+    let only = std::env::var("DEVCMD_FAULTS_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "precise" {
+        precise(h, mode);
+    }
     for call in CALLS {
         for op in OPS {
             for poisons in [false, true] {
+                let tag = format!("{call:?}/{op:?}/{poisons}");
+                if !only.is_empty() && !tag.contains(&only) {
+                    continue;
+                }
                 scenario(h, mode, call, op, poisons);
             }
         }
