@@ -20,6 +20,7 @@ use crate::stream::{Stream, StreamId};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU32, Ordering};
+use hashbrown::HashMap;
 
 static NEXT_DEVICE: AtomicU32 = AtomicU32::new(1);
 
@@ -110,6 +111,9 @@ pub struct Device<S: Shim> {
     pub(crate) poison: Poison,
     /// Scratch for freed allocation ids.
     pub(crate) freed: Vec<u64>,
+    /// Allocations used by streams other than their owner: which streams, at which cursor. A
+    /// later use on any other stream waits for those; entries go when the allocation is freed.
+    pub(crate) foreign_uses: HashMap<u64, Vec<(usize, u64)>>,
 }
 
 impl<S: Shim> Device<S> {
@@ -130,6 +134,7 @@ impl<S: Shim> Device<S> {
             failures: Failures::default(),
             poison: Poison::default(),
             freed: Vec::new(),
+            foreign_uses: HashMap::new(),
         }
     }
 
@@ -223,7 +228,6 @@ impl<S: Shim> Device<S> {
                 capture: Default::default(),
                 cursor: 0,
                 synced: Vec::new(),
-                touched_by: Vec::new(),
             }));
         }
         Ok(index)
@@ -257,38 +261,32 @@ impl<S: Shim> Device<S> {
             }
             .into());
         };
+        let id = b.id();
         if owner != current {
             self.wait_for(current, owner, owner_cursor)?;
             let cursor = self.streams[current].as_ref().map_or(0, |s| s.cursor);
-            let o = self.streams[owner].as_mut().expect("checked above");
-            if o.touched_by.len() <= current {
-                o.touched_by.resize(current + 1, 0);
+            let uses = self.foreign_uses.entry(id).or_default();
+            match uses.iter_mut().find(|u| u.0 == current) {
+                Some(u) => u.1 = cursor,
+                None => uses.push((current, cursor)),
             }
-            o.touched_by[current] = cursor;
             let c = self.streams[current].as_mut().expect("current exists");
             c.drops.push(DropItem::Binding(binding_of(binding)));
         }
-        // Other streams may have used (written) the owner's memory: order after them too.
-        let users = self.streams[owner]
-            .as_ref()
-            .expect("checked above")
-            .touched_by
-            .len();
-        for user in 0..users {
-            let used_at = self.streams[owner]
-                .as_ref()
-                .expect("checked above")
-                .touched_by[user];
-            if user == current || user == owner || used_at == 0 {
-                continue;
+        // Other streams that used this allocation (a kernel on another stream may have written
+        // it): order after their work too, or this use could overtake theirs.
+        if let Some(uses) = self.foreign_uses.get(&id) {
+            let waits: Vec<(usize, u64)> = uses
+                .iter()
+                .copied()
+                .filter(|&(user, _)| user != current && user != owner)
+                .collect();
+            for (user, used_at) in waits {
+                self.wait_for(current, user, used_at)?;
             }
-            let synced = self.streams[current]
-                .as_ref()
-                .and_then(|s| s.synced.get(user).copied())
-                .unwrap_or(0);
-            if used_at > synced {
-                let cursor = self.streams[user].as_ref().map_or(0, |s| s.cursor);
-                self.wait_for(current, user, cursor.max(used_at))?;
+            if current == owner {
+                // The owner has waited for every foreign use: later owner uses need no wait.
+                self.foreign_uses.remove(&id);
             }
         }
         Ok(())
@@ -359,12 +357,13 @@ impl<S: Shim> Device<S> {
             s.memory.take_freed(&mut self.freed);
             s.queue_retired();
         }
-        if self.failures.is_empty() {
+        if self.failures.is_empty() && self.foreign_uses.is_empty() {
             self.freed.clear();
             return;
         }
         for id in self.freed.drain(..) {
             self.failures.forget(id);
+            self.foreign_uses.remove(&id);
         }
     }
 }

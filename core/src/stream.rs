@@ -30,9 +30,6 @@ pub(crate) struct Stream<S: Shim> {
     pub cursor: u64,
     /// For each other stream (by index): its cursor when this stream last waited for it.
     pub synced: Vec<u64>,
-    /// For each other stream (by index): its cursor when it last used this stream's memory (0:
-    /// never). Work on this stream's memory is ordered after those uses too.
-    pub touched_by: Vec<u64>,
 }
 
 impl<S: Shim> Stream<S> {
