@@ -190,8 +190,14 @@ impl<S: Shim> MemoryManager<S> {
     ) -> Self {
         let alignment = facts.page_alignment.max(1).next_power_of_two();
         let max_page = (facts.max_page_size / alignment * alignment).max(alignment);
-        let small_page =
-            round_up(config.small_page_size.min(max_page), alignment).unwrap_or(max_page);
+        let small_page = round_up(config.small_page_size.clamp(alignment, max_page), alignment)
+            .unwrap_or(max_page)
+            .min(max_page);
+        // A configuration must not be able to route a request to a pool that cannot hold it.
+        let config = MemoryConfig {
+            small_max_slice: config.small_max_slice.min(small_page),
+            ..config
+        };
         let classes = config.arena_classes.clamp(1, 64);
         let mut arena = Vec::with_capacity(classes);
         arena.resize_with(classes, || None);
@@ -464,11 +470,25 @@ impl<S: Shim> MemoryManager<S> {
     /// Makes a new current class sized for `aligned`, with its first page; the previous class
     /// becomes outdated. A refused page leaves the classes as they were.
     fn grow_arena(&mut self, shim: &S, aligned: u64, used: Used) -> Result<Location, IoError> {
-        let Some(slot) = self.arena.iter().position(Option::is_none) else {
-            return Err(IoError::PageSizesExhausted {
-                size: used.size,
-                classes: self.arena.len(),
-            });
+        // A free slot, or the current class's own when it holds no page (an explicit cleanup
+        // emptied it): replacing it then loses nothing.
+        let current_is_empty = self
+            .current
+            .and_then(|c| self.arena[c].as_ref())
+            .is_some_and(|p| p.pages_live == 0);
+        let slot = match self.arena.iter().position(Option::is_none) {
+            Some(slot) => slot,
+            None if current_is_empty => {
+                let slot = self.current.take().expect("checked above");
+                self.arena[slot] = None;
+                slot
+            }
+            None => {
+                return Err(IoError::PageSizesExhausted {
+                    size: used.size,
+                    classes: self.arena.len(),
+                });
+            }
         };
         let page_size = self.arena_page_size(aligned);
         let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;

@@ -424,3 +424,23 @@ fn the_report_reads_well() {
     );
     assert!(text.contains("8 MiB") && text.contains("4 MiB"), "{text}");
 }
+
+#[test]
+fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
+    let shim = TestShim::new(1 << 30, 32, 256 * MIB);
+    let config = MemoryConfig {
+        small_page_size: 0,
+        small_max_slice: u64::MAX,
+        arena_min_page: 0,
+        arena_slack: 0,
+        arena_granule: 0,
+        arena_classes: 0,
+        release: PageRelease::Immediate,
+    };
+    let mut mm = MemoryManager::new(&shim.facts, config, Issuer { device: 1, stream: 0 }, MemoryBudget::new(None));
+    for size in [0, 1, 31, 32, 33, 4096, MIB, 256 * MIB] {
+        let h = mm.reserve(&shim, size, PageUpdate::Allow).unwrap();
+        assert_eq!(mm.resolve(&h).unwrap().len, size);
+    }
+    assert!(matches!(mm.reserve(&shim, 256 * MIB + 1, PageUpdate::Allow), Err(IoError::BufferTooBig { .. })));
+}

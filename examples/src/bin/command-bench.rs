@@ -222,13 +222,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &size in sizes {
         let reps = ((256usize << 20) / size).clamp(3, 2000);
         let data = vec![0x5Au8; size];
-        let mut copy_dst = vec![0u8; size];
-        let t = Instant::now();
-        for _ in 0..reps {
-            copy_dst.copy_from_slice(black_box(&data));
-            black_box(&mut copy_dst);
-        }
-        let memcpy = (size * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        let memcpy = best_memcpy(&data, reps);
         let mut cmd = device.command(S, &[])?;
         let h = cmd.empty(size as u64)?;
         // Warm-up: the pinned pool and the pages reach their working set (first touches fault).
@@ -259,6 +253,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// GB/s of the fastest plain copy of `src` this machine does: two destinations at different
+/// offsets, because a destination 4 KiB-aliased with the source runs many times slower, and the
+/// anchor is the limit, not an unlucky placement.
+fn best_memcpy(src: &[u8], reps: usize) -> f64 {
+    let size = src.len();
+    let mut best = 0.0f64;
+    for offset in [0usize, 2048 + 64] {
+        let mut dst = vec![0u8; size + offset];
+        dst[offset..].copy_from_slice(src); // first touch faults the pages in
+        let t = Instant::now();
+        for _ in 0..reps {
+            dst[offset..].copy_from_slice(black_box(src));
+            black_box(&mut dst);
+        }
+        best = best.max((size * reps) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
 }
 
 fn human(n: usize) -> String {
