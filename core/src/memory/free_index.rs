@@ -7,18 +7,26 @@
 /// No block.
 pub(crate) const NIL: u32 = u32::MAX;
 
-/// Size classes: four per power of two (sizes below 4 have one class each).
-const CLASSES: usize = 256;
+/// Sub-classes per power of two, as a shift. Eight per doubling (64-bit hosts) bound a good fit's
+/// waste by 12.5 % and cut held/live by 2-3 points on the allocator trace, for a 2 KiB index per
+/// pool; four (32-bit targets, where RAM is counted in kilobytes) keep the index at 1 KiB.
+#[cfg(target_pointer_width = "64")]
+const SUB_BITS: usize = 3;
+#[cfg(not(target_pointer_width = "64"))]
+const SUB_BITS: usize = 2;
+const SUBS: usize = 1 << SUB_BITS;
+/// Size classes: `SUBS` per power of two (sizes below `SUBS` have one class each).
+const CLASSES: usize = 64 * SUBS;
 
 /// The class a block of `size` bytes is listed under: every block in class `c` has a size in
 /// `[lower(c), lower(c + 1))`.
 fn class_of(size: u64) -> usize {
-    if size < 4 {
+    if size < SUBS as u64 {
         return size as usize;
     }
     let fl = 63 - size.leading_zeros() as usize;
-    let sl = ((size >> (fl - 2)) & 3) as usize;
-    fl * 4 + sl
+    let sl = ((size >> (fl - SUB_BITS)) as usize) & (SUBS - 1);
+    fl * SUBS + sl
 }
 
 /// The first class all of whose blocks are at least `size` bytes.
@@ -32,13 +40,14 @@ fn class_holding(size: u64) -> usize {
 }
 
 fn lower_bound(class: usize) -> u64 {
-    if class < 8 {
-        // Classes 4..8 are never used: sizes from 4 on start at class 8.
-        return class.min(4) as u64;
+    if class < SUBS * SUB_BITS {
+        // Classes SUBS..SUBS * SUB_BITS are never used: sizes from SUBS on start at class
+        // SUBS * SUB_BITS.
+        return class.min(SUBS) as u64;
     }
-    let fl = class / 4;
-    let sl = (class % 4) as u64;
-    (1u64 << fl) | (sl << (fl - 2))
+    let fl = class / SUBS;
+    let sl = (class % SUBS) as u64;
+    (1u64 << fl) | (sl << (fl - SUB_BITS))
 }
 
 /// Access to the free-list links stored in the blocks.
