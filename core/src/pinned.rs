@@ -1,14 +1,16 @@
 //! The pinned host pool of a stream: page-locked pages from the shim, carved into slices for
 //! staging copies.
 //!
-//! Owns the pinned pages and the slices carved from them; a slice goes back when the
-//! [`HostBuffer`] holding it drops (after the drop queue released it). Does not own the fallback
+//! Owns the pinned pages and the slices carved from them (requests larger than a page get a page
+//! of their own, reused by exact size, so large uploads do not fall back to fresh heap memory);
+//! a slice goes back when the [`HostBuffer`] holding it drops (after the drop queue released it). Does not own the fallback
 //! to the heap when the pool cannot serve (the command decides).
 
 use crate::host::HostBuffer;
 use crate::memory::sliced::{SlicedPool, Used};
+use crate::memory::whole::WholePagePool;
 use crate::memory::{Handle, Issuer, PoolKind, PoolReport};
-use crate::memory::{POOL_SMALL, ReturnQueue, Returned};
+use crate::memory::{POOL_DEDICATED, POOL_SMALL, ReturnQueue, Returned};
 use crate::shim::Shim;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -41,6 +43,8 @@ impl Default for PinnedConfig {
 pub(crate) struct PinnedPool<S: Shim> {
     config: PinnedConfig,
     pool: SlicedPool<S::HostPage>,
+    /// Requests larger than a page: one pinned page each, reused by exact size.
+    large: WholePagePool<S::HostPage>,
     issuer: Issuer,
     returns: Arc<ReturnQueue>,
     returned: Vec<Returned>,
@@ -53,6 +57,7 @@ impl<S: Shim> PinnedPool<S> {
     pub(crate) fn new(config: PinnedConfig, issuer: Issuer) -> Self {
         Self {
             pool: SlicedPool::new(config.page_size.max(1)),
+            large: WholePagePool::default(),
             config,
             issuer,
             returns: Arc::default(),
@@ -65,7 +70,11 @@ impl<S: Shim> PinnedPool<S> {
     fn collect_returns(&mut self) {
         self.returns.drain_into(&mut self.returned);
         for r in self.returned.drain(..) {
-            self.pool.free(r.location.block, r.id);
+            if r.location.pool == POOL_DEDICATED {
+                self.large.free(r.location.block, r.id);
+            } else {
+                self.pool.free(r.location.block, r.id);
+            }
         }
     }
 
@@ -77,51 +86,63 @@ impl<S: Shim> PinnedPool<S> {
         let aligned = size
             .max(1)
             .checked_next_multiple_of(self.config.alignment.max(1))?;
-        if aligned > self.pool.page_size {
-            return None;
-        }
         let id = self.next_id;
         let used = Used {
             owner: id,
             size,
             cursor: 0,
         };
-        let carved = match self.pool.try_carve(size, aligned, used) {
-            Some(c) => c,
-            None => {
-                let held = u64::from(self.pool.pages_live) * self.pool.page_size;
-                if !may_add || self.refused || held + self.pool.page_size > self.config.max_bytes {
-                    return None;
+        let (pool, block, addr) = if aligned > self.pool.page_size {
+            match self.large.try_reuse(aligned, used) {
+                Some((block, addr)) => (POOL_DEDICATED, block, addr),
+                None => {
+                    let (page, addr) = self.new_page(shim, aligned, may_add)?;
+                    (
+                        POOL_DEDICATED,
+                        self.large.add(page, addr, aligned, used),
+                        addr,
+                    )
                 }
-                let page = match shim.host_alloc_pinned(self.pool.page_size as usize) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        debug!(
-                            "pinned page refused (status {}): staging from the heap",
-                            e.status
-                        );
-                        self.refused = true;
-                        return None;
-                    }
-                };
-                let addr = shim.host_page_ptr(&page).as_ptr() as u64;
-                self.pool.add_page(page, addr);
-                self.pool.try_carve(size, aligned, used)?
             }
+        } else {
+            let carved = match self.pool.try_carve(size, aligned, used) {
+                Some(c) => c,
+                None => {
+                    let (page, addr) = self.new_page(shim, self.pool.page_size, may_add)?;
+                    self.pool.add_page(page, addr);
+                    self.pool.try_carve(size, aligned, used)?
+                }
+            };
+            (POOL_SMALL, carved.block, carved.addr)
         };
         self.next_id += 1;
         let handle = Handle::new(id, self.issuer, size, &self.returns);
-        handle.set_location(
-            Some(crate::memory::Location {
-                pool: POOL_SMALL,
-                block: carved.block,
-            }),
-            false,
-        );
-        let ptr = NonNull::new(carved.addr as *mut u8)?;
-        // SAFETY: the slice `carved` spans `aligned >= len` bytes of a live pinned page, owned by
-        // `handle` until it drops; the page is freed only once empty.
+        handle.set_location(Some(crate::memory::Location { pool, block }), false);
+        let ptr = NonNull::new(addr as *mut u8)?;
+        // SAFETY: the slice at `addr` spans `aligned >= len` bytes of a live pinned page, owned by
+        // `handle` until it drops; a page is freed only once nothing on it is held.
         Some(unsafe { HostBuffer::pinned(ptr, len, handle) })
+    }
+
+    /// A new pinned page of `size` bytes, within the pool's limit, or `None`.
+    fn new_page(&mut self, shim: &S, size: u64, may_add: bool) -> Option<(S::HostPage, u64)> {
+        let held = self.pool.usage().3 + self.large.usage().3;
+        if !may_add || self.refused || held.saturating_add(size) > self.config.max_bytes {
+            return None;
+        }
+        let page = match shim.host_alloc_pinned(usize::try_from(size).ok()?) {
+            Ok(p) => p,
+            Err(e) => {
+                debug!(
+                    "pinned page refused (status {}): staging from the heap",
+                    e.status
+                );
+                self.refused = true;
+                return None;
+            }
+        };
+        let addr = shim.host_page_ptr(&page).as_ptr() as u64;
+        Some((page, addr))
     }
 
     /// Frees every empty pinned page. Slices return only after the drop queue released their
@@ -137,16 +158,24 @@ impl<S: Shim> PinnedPool<S> {
                 unsafe { shim.host_free_pinned(p.raw) };
             }
         }
+        let mut large = Vec::new();
+        self.large.take_free(&mut large);
+        for p in large {
+            // SAFETY: as above: a free large page's buffer was dropped after its fence.
+            unsafe { shim.host_free_pinned(p.raw) };
+        }
     }
 
     pub(crate) fn report(&mut self) -> PoolReport {
         self.collect_returns();
-        let (allocations, in_use, padding, reserved) = self.pool.usage();
+        let (n, u, p, r) = self.pool.usage();
+        let (ln, lu, lp, lr) = self.large.usage();
+        let (allocations, in_use, padding, reserved) = (n + ln, u + lu, p + lp, r + lr);
         PoolReport {
             kind: PoolKind::PinnedHost,
-            page_size: self.pool.page_size,
-            pages: self.pool.pages_live,
-            pages_peak: self.pool.pages_peak,
+            page_size: self.pool.page_size.max(self.large.largest_page()),
+            pages: self.pool.pages_live + self.large.pages_live,
+            pages_peak: self.pool.pages_peak + self.large.pages_peak,
             allocations,
             in_use,
             padding,
@@ -157,7 +186,7 @@ impl<S: Shim> PinnedPool<S> {
 
 impl<S: Shim> Drop for PinnedPool<S> {
     fn drop(&mut self) {
-        let live = self.pool.pages_live;
+        let live = self.pool.pages_live + self.large.pages_live;
         if live > 0 {
             // Buffers may still be out (in a caller's hands or a leaked drop queue): freeing the
             // pages under them would be a use after free, so they are leaked on purpose.
@@ -167,6 +196,7 @@ impl<S: Shim> Drop for PinnedPool<S> {
             );
             let pool = core::mem::replace(&mut self.pool, SlicedPool::new(1));
             core::mem::forget(pool);
+            core::mem::forget(core::mem::take(&mut self.large));
         }
     }
 }

@@ -437,10 +437,21 @@ fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
         arena_classes: 0,
         release: PageRelease::Immediate,
     };
-    let mut mm = MemoryManager::new(&shim.facts, config, Issuer { device: 1, stream: 0 }, MemoryBudget::new(None));
+    let mut mm = MemoryManager::new(
+        &shim.facts,
+        config,
+        Issuer {
+            device: 1,
+            stream: 0,
+        },
+        MemoryBudget::new(None),
+    );
     for size in [0, 1, 31, 32, 33, 4096, MIB, 256 * MIB] {
         let h = mm.reserve(&shim, size, PageUpdate::Allow).unwrap();
         assert_eq!(mm.resolve(&h).unwrap().len, size);
     }
-    assert!(matches!(mm.reserve(&shim, 256 * MIB + 1, PageUpdate::Allow), Err(IoError::BufferTooBig { .. })));
+    assert!(matches!(
+        mm.reserve(&shim, 256 * MIB + 1, PageUpdate::Allow),
+        Err(IoError::BufferTooBig { .. })
+    ));
 }

@@ -10,12 +10,12 @@ pub(crate) mod handle;
 mod manager;
 mod report;
 pub(crate) mod sliced;
-mod whole;
+pub(crate) mod whole;
 
 pub use budget::MemoryBudget;
 pub use config::{MemoryConfig, PageRelease};
 pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
-pub(crate) use handle::{Location, POOL_SMALL, ReturnQueue, Returned};
+pub(crate) use handle::{Location, POOL_DEDICATED, POOL_SMALL, ReturnQueue, Returned};
 pub use manager::{
     AllocationInfo, AllocationMode, Cleanup, MemoryManager, PageGuard, PageInfo, PageRef,
     PageUpdate, Resolved, RetiredPage,
