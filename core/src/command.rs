@@ -775,10 +775,10 @@ where
 impl<S: Shim> Drop for ReadFuture<S> {
     fn drop(&mut self) {
         if let Some(ev) = self.event.take() {
-            // Dropped before completion: the device may still write the buffers.
-            if self.shim.event_wait(&ev).is_err() && self.poison.get().is_none() {
-                core::mem::forget(core::mem::take(&mut self.buffers));
-            }
+            // Dropped before completion: the device may still write the buffers and read the
+            // sources. Wait, then release or leak exactly as a completed read would.
+            let waited = wait_event(&*self.shim, &ev, &self.poison);
+            drop(self.finish(waited));
         }
     }
 }

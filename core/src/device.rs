@@ -12,7 +12,7 @@ use crate::error::{DriverError, IoError, ServerError, Validation};
 use crate::failure::Failures;
 use crate::memory::ReadableBytes;
 use crate::memory::{
-    AsBinding, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport, PageRelease,
+    AsBinding, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport,
 };
 use crate::pinned::{PinnedConfig, PinnedPool};
 use crate::shim::{DeviceFacts, Shim};
@@ -76,7 +76,8 @@ impl Poison {
 pub struct DeviceReport {
     /// Per stream: its id and the figures of its pools (pinned host pool included).
     pub streams: Vec<(StreamId, MemoryReport)>,
-    /// Bytes of device pages held on the device, retired pages included.
+    /// Bytes of device pages held on the device: in the pools, retired and waiting for a fence in
+    /// a drop queue, or leaked after an inconclusive fence (the budget's count).
     pub held: u64,
     /// The device's budget, if any.
     pub budget: Option<u64>,
@@ -183,16 +184,20 @@ impl<S: Shim> Device<S> {
             return Err(ServerError::DevicePoisoned { cause });
         }
         let index = self.ensure_stream(stream)?;
+        // The command's work is issued at the new cursor: uses recorded below carry it, so a
+        // later waiter on this stream waits for this command's work, not only what came before.
+        if let Some(s) = self.streams[index].as_mut() {
+            s.cursor += 1;
+        }
         for b in bindings {
             self.order_after(index, *b)?;
         }
-        let s = self.streams[index].as_mut().expect("ensured above");
-        s.cursor += 1;
         Ok(Command::new(self, index))
     }
 
     pub(crate) fn ensure_stream(&mut self, stream: StreamId) -> Result<usize, ServerError> {
-        let max = self.config.max_streams;
+        // Handle ids carry the stream in their top 16 bits: at most 65 536 streams.
+        let max = self.config.max_streams.min(1 << 16);
         if stream.0 >= max {
             return Err(Validation::StreamOutOfRange {
                 stream: stream.0,
@@ -213,10 +218,7 @@ impl<S: Shim> Device<S> {
                 device: self.id,
                 stream: stream.0,
             };
-            let memory_config = MemoryConfig {
-                release: PageRelease::Fenced,
-                ..self.config.memory
-            };
+            let memory_config = self.config.memory;
             let mut memory =
                 MemoryManager::new(&self.facts, memory_config, issuer, self.budget.clone());
             memory.track_frees();
@@ -261,6 +263,11 @@ impl<S: Shim> Device<S> {
             }
             .into());
         };
+        // Resolve first: a handle that names no memory must leave no trace (no wait, no
+        // keep-alive, no record of a use).
+        if let Some(o) = self.streams[owner].as_ref() {
+            o.memory.resolve(binding)?;
+        }
         let id = b.id();
         if owner != current {
             self.wait_for(current, owner, owner_cursor)?;
@@ -326,18 +333,16 @@ impl<S: Shim> Device<S> {
     /// The memory report of every stream.
     pub fn memory_report(&mut self) -> DeviceReport {
         let mut streams = Vec::new();
-        let mut held = 0;
         for (i, s) in self.streams.iter_mut().enumerate() {
             if let Some(s) = s {
                 let mut report = s.memory.report();
                 report.pools.push(s.pinned.report());
-                held += s.memory.bytes_held();
                 streams.push((StreamId(i as u32), report));
             }
         }
         DeviceReport {
             streams,
-            held,
+            held: self.budget.held(),
             budget: self.budget.limit(),
         }
     }
@@ -378,7 +383,9 @@ impl<S: Shim> Drop for Device<S> {
         // Every stream first: another stream may still read this one's memory.
         let mut all_done = true;
         for s in self.streams.iter_mut().flatten() {
-            all_done &= s.drain(&self.shim).is_ok();
+            // The drain releases what the queue covers; the sync covers work that left nothing
+            // in it (a launch, a read), which may still use pages about to be freed.
+            all_done &= s.drain(&self.shim).is_ok() && s.sync(&self.shim).is_ok();
         }
         if !(all_done || poisoned) {
             warn!("a stream could not be drained at teardown: leaking the device's memory");
@@ -388,8 +395,8 @@ impl<S: Shim> Drop for Device<S> {
             return;
         }
         for s in self.streams.iter_mut().flatten() {
-            // SAFETY: every stream of the device was drained above (or the device is poisoned
-            // and runs nothing), so no work can use any page.
+            // SAFETY: every stream of the device was drained and synchronised above (or the
+            // device is poisoned and runs nothing), so no work can use any page.
             unsafe { s.memory.release_all(&self.shim) };
             s.pinned.cleanup(&self.shim);
         }

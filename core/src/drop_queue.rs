@@ -235,6 +235,22 @@ impl<S: Shim> DropQueue<S> {
     }
 }
 
+impl<S: Shim> Drop for DropQueue<S> {
+    fn drop(&mut self) {
+        // Whatever is still here was never covered by a fence that passed (a drain failed):
+        // the device may still use it, so it is leaked on purpose rather than freed.
+        let left = self.staged.len() + self.pending.len();
+        if left > 0 {
+            warn!(
+                "drop queue dropped with {} items not released: leaking them",
+                left
+            );
+            core::mem::forget(core::mem::take(&mut self.staged));
+            core::mem::forget(core::mem::take(&mut self.pending));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

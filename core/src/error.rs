@@ -205,6 +205,21 @@ pub enum IoError {
         /// The id of the device it was used on.
         used_on: u32,
     },
+    /// The handle belongs to another stream's memory, and the operation must run on its owner.
+    WrongStream {
+        /// The handle's id.
+        handle: u64,
+        /// The stream whose memory it is.
+        owner: u32,
+        /// The stream the operation ran on.
+        used_on: u32,
+    },
+    /// The handle's memory is still used by in-flight work (a binding is out), so it cannot be
+    /// replaced now.
+    InUse {
+        /// The handle's id.
+        handle: u64,
+    },
     /// A byte range past the end of its allocation.
     OutOfRange {
         /// First byte asked for.
@@ -322,6 +337,20 @@ impl fmt::Display for IoError {
                 f,
                 "a handle issued by device {issued_by} was used on device {used_on}; \
                  copy the data through the host"
+            ),
+            Self::WrongStream {
+                handle,
+                owner,
+                used_on,
+            } => write!(
+                f,
+                "handle {handle} is memory of stream {owner} but was used on stream {used_on}; \
+                 run this operation on stream {owner}"
+            ),
+            Self::InUse { handle } => write!(
+                f,
+                "handle {handle} is still used by in-flight work; wait for it (sync) or bind \
+                 the new memory to a fresh handle"
             ),
             Self::OutOfRange { offset, len, size } => write!(
                 f,

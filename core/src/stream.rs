@@ -49,9 +49,17 @@ impl<S: Shim> Stream<S> {
         self.drops.flush(shim, &self.raw)
     }
 
-    /// Waits for everything enqueued so far and releases everything the drop queue holds.
+    /// Releases everything the drop queue holds, retired pages included, each once the fence
+    /// covering it passed. Work that put nothing in the queue (a launch, a read) is not waited
+    /// for when the queue was empty: see [`Self::sync`].
     pub fn drain(&mut self, shim: &S) -> Result<(), DriverError> {
         self.queue_retired();
         self.drops.drain(shim, &self.raw)
+    }
+
+    /// Waits for everything enqueued on the stream so far.
+    pub fn sync(&mut self, shim: &S) -> Result<(), DriverError> {
+        let fence = shim.record_event(&self.raw)?;
+        shim.event_wait(&fence)
     }
 }

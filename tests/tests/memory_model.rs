@@ -10,7 +10,7 @@
 
 use devcmd::memory::{
     AllocationMode, Cleanup, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageGuard,
-    PageRelease, PageUpdate, PoolKind,
+    PageUpdate, PoolKind,
 };
 use devcmd::{IoError, Shim};
 use devcmd_std::StdShim;
@@ -113,10 +113,9 @@ impl World {
             arena_slack: 16 * KIB,
             arena_granule: 16 * KIB,
             arena_classes: 6,
-            release: PageRelease::Immediate,
         };
         let budget = MemoryBudget::new(Some(BUDGET));
-        let mm = MemoryManager::new(
+        let mut mm = MemoryManager::new(
             &shim.facts(),
             config,
             Issuer {
@@ -125,6 +124,8 @@ impl World {
             },
             budget.clone(),
         );
+        // SAFETY: no device work is ever enqueued in this test: pages may go back at once.
+        unsafe { mm.release_pages_immediately() };
         Self {
             shim,
             mm,

@@ -3,8 +3,9 @@
 //! - Device: `StdShim::builder().total_memory(16 GiB).page_alignment(64).max_page_size(1 GiB)`
 //!   (the same page limit and alignment cubecl is given). Pages are `alloc_zeroed` heap blocks,
 //!   as in cubecl's `BytesStorage`.
-//! - Manager: `MemoryManager::new(&shim.facts(), MemoryConfig { release: PageRelease::Immediate,
-//!   ..Default::default() }, Issuer { device: 0, stream: 0 }, MemoryBudget::new(None))`.
+//! - Manager: `MemoryManager::new(&shim.facts(), MemoryConfig::default(), Issuer { device: 0,
+//!   stream: 0 }, MemoryBudget::new(None))`, then the unsafe `release_pages_immediately()` (no
+//!   device work is ever enqueued here).
 //!   `Immediate`: an empty page goes back to the shim when the manager releases it, as cubecl's
 //!   `BytesStorage` deallocates at once (the default, `Fenced`, retires pages until the owner
 //!   proves the device idle, which needs a device around the manager).
@@ -14,7 +15,7 @@
 //!   (`budget().held()`, one uncontended spin lock) after every reservation, inside the timed loop.
 
 use crate::contender::{Contender, HeldStats};
-use devcmd::memory::{Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageRelease, PageUpdate};
+use devcmd::memory::{Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageUpdate};
 use devcmd::{Shim, ShimOp};
 use devcmd_std::StdShim;
 
@@ -36,16 +37,15 @@ impl Devcmd {
             .page_alignment(64)
             .max_page_size(GIB)
             .build();
-        let config = MemoryConfig {
-            release: PageRelease::Immediate,
-            ..MemoryConfig::default()
-        };
-        let mm = MemoryManager::new(
+        let config = MemoryConfig::default();
+        let mut mm = MemoryManager::new(
             &shim.facts(),
             config,
             Issuer { device: 0, stream: 0 },
             MemoryBudget::new(None),
         );
+        // SAFETY: the benchmark enqueues no device work: a page may go back as soon as it empties.
+        unsafe { mm.release_pages_immediately() };
         Self {
             mm,
             shim,

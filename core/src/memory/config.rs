@@ -18,8 +18,6 @@ pub struct MemoryConfig {
     pub arena_granule: u64,
     /// Page-size classes the arena may hold at once (at most 64).
     pub arena_classes: usize,
-    /// What the manager may do with a page once it is empty.
-    pub release: PageRelease,
 }
 
 impl Default for MemoryConfig {
@@ -31,12 +29,13 @@ impl Default for MemoryConfig {
             arena_slack: MIB,
             arena_granule: MIB,
             arena_classes: 64,
-            release: PageRelease::Fenced,
         }
     }
 }
 
-/// When a page the manager no longer needs goes back to the device.
+/// When a page the manager no longer needs goes back to the device. `Fenced` unless the owner
+/// opts in to `Immediate` through the unsafe
+/// [`MemoryManager::release_pages_immediately`](super::MemoryManager::release_pages_immediately).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PageRelease {

@@ -173,6 +173,7 @@ pub struct MemoryManager<S: Shim> {
     retired: Vec<RetiredPage<S::DevicePage>>,
     /// Ids of allocations released or rebound, when the owner tracks them (failure marks).
     freed: Option<Vec<u64>>,
+    release: PageRelease,
 }
 
 fn round_up(value: u64, to: u64) -> Option<u64> {
@@ -221,7 +222,20 @@ impl<S: Shim> MemoryManager<S> {
             guards: Vec::new(),
             retired: Vec::new(),
             freed: None,
+            release: PageRelease::Fenced,
         }
+    }
+
+    /// Frees pages through the shim as soon as the manager lets them go, instead of retiring
+    /// them until the owner frees them ([`Self::take_retired`], [`Self::free_retired`]).
+    ///
+    /// # Safety
+    ///
+    /// From now on, whenever a handle of this manager is dropped, no device work that may use its
+    /// memory is pending (a synchronous device, or no device work at all: allocator benchmarks,
+    /// tests).
+    pub unsafe fn release_pages_immediately(&mut self) {
+        self.release = PageRelease::Immediate;
     }
 
     /// Starts recording the ids of allocations released or rebound, for
@@ -573,6 +587,13 @@ impl<S: Shim> MemoryManager<S> {
             });
         }
         if let Ok(old) = target.as_binding().location() {
+            // Bindings of the old memory (in-flight work, a managed resource) would follow the
+            // handle to the new memory, and the old memory would be reused under that work.
+            if target.is_bound() {
+                return Err(IoError::InUse {
+                    handle: target.id(),
+                });
+            }
             self.free_location(old, target.id());
         }
         let slot = self.used_mut(location, reserved.id()).expect("found above");
@@ -592,9 +613,10 @@ impl<S: Shim> MemoryManager<S> {
             });
         }
         if issuer.stream != self.issuer.stream {
-            return Err(IoError::NotFound {
+            return Err(IoError::WrongStream {
                 handle: b.id(),
-                reason: crate::error::NotFoundReason::Stale,
+                owner: issuer.stream,
+                used_on: self.issuer.stream,
             });
         }
         Ok(())
@@ -837,9 +859,10 @@ impl<S: Shim> MemoryManager<S> {
             size,
             budget: self.budget.clone(),
         };
-        match self.config.release {
-            // SAFETY: with `Immediate` the owner promised that no device work uses memory whose
-            // handles were dropped; an empty page holds no live allocation.
+        match self.release {
+            // SAFETY: `Immediate` is set only through the unsafe `release_pages_immediately`,
+            // whose caller promised that no device work uses memory whose handles were dropped;
+            // an empty page holds no live allocation.
             PageRelease::Immediate => unsafe { page.free(shim) },
             PageRelease::Fenced => self.retired.push(page),
         }

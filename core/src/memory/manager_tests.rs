@@ -8,15 +8,14 @@ const MIB: u64 = 1 << 20;
 
 fn setup(total: u64, alignment: u64, max_page: u64) -> (TestShim, MemoryManager<TestShim>) {
     let shim = TestShim::new(total, alignment, max_page);
-    let config = MemoryConfig {
-        release: PageRelease::Immediate,
-        ..MemoryConfig::default()
-    };
+    let config = MemoryConfig::default();
     let issuer = Issuer {
         device: 1,
         stream: 0,
     };
-    let mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    let mut mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    // SAFETY: the test shim runs no device work.
+    unsafe { mm.release_pages_immediately() };
     (shim, mm)
 }
 
@@ -352,10 +351,7 @@ fn a_guarded_page_keeps_its_place_and_serves_nothing_new() {
 fn the_budget_is_never_exceeded_and_the_refusal_names_it() {
     let shim = TestShim::new(1 << 30, 32, 256 * MIB);
     let budget = MemoryBudget::new(Some(20 * MIB));
-    let config = MemoryConfig {
-        release: PageRelease::Immediate,
-        ..MemoryConfig::default()
-    };
+    let config = MemoryConfig::default();
     let mut mm = MemoryManager::new(
         &shim.facts,
         config,
@@ -365,6 +361,8 @@ fn the_budget_is_never_exceeded_and_the_refusal_names_it() {
         },
         budget.clone(),
     );
+    // SAFETY: the test shim runs no device work.
+    unsafe { mm.release_pages_immediately() };
     let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
     let e = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap_err();
     assert_eq!(
@@ -435,7 +433,6 @@ fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
         arena_slack: 0,
         arena_granule: 0,
         arena_classes: 0,
-        release: PageRelease::Immediate,
     };
     let mut mm = MemoryManager::new(
         &shim.facts,

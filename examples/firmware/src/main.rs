@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use cortex_m_rt::entry;
 use cortex_m_semihosting::{debug, hprintln};
 use devcmd::copy::StagingPolicy;
-use devcmd::memory::{MemoryConfig, PageRelease};
+use devcmd::memory::MemoryConfig;
 use devcmd::pinned::PinnedConfig;
 use devcmd::{
     AllocationMode, CopyLayout, Device, DeviceConfig, DropPolicy, DropStats, Grid, Handle,
@@ -229,7 +229,6 @@ fn config() -> DeviceConfig {
             arena_slack: 512,
             arena_granule: 512,
             arena_classes: 2,
-            release: PageRelease::Fenced,
         },
         drops: DropPolicy {
             max_items: 8,
