@@ -418,9 +418,32 @@ impl<'a, S: Shim> Command<'a, S> {
         let s = self.current();
         s.drops.push(DropItem::Host(source));
         if staging.flush_after || s.drops.should_flush() {
-            s.flush(&shim).map_err(|e| self.note(e))?;
+            self.flush_after_enqueue(&shim)?;
         }
         Ok(())
+    }
+
+    /// Flushes the drop queue after an enqueue that asked for it. The enqueue itself succeeded: a
+    /// fault the flush's fence reveals belongs to earlier work, so it is kept for the next
+    /// `read_async` or `sync` on this stream (where the design says asynchronous faults surface)
+    /// instead of failing this call. A poisoning fault is returned at once.
+    fn flush_after_enqueue(&mut self, shim: &S) -> Result<(), ServerError> {
+        match self.current().flush(shim) {
+            Ok(()) => Ok(()),
+            Err(e) if e.poisons_device() => Err(self.note(e).into()),
+            Err(e) => {
+                self.current().fault.get_or_insert(e);
+                Ok(())
+            }
+        }
+    }
+
+    /// Returns (once) a fault an earlier internal flush revealed on this stream.
+    fn take_pending_fault(&mut self) -> Result<(), ServerError> {
+        match self.current().fault.take() {
+            Some(e) => Err(ServerError::Device(e)),
+            None => Ok(()),
+        }
     }
 
     fn fail_range(&mut self, alloc: u64, start: u64, end: u64, root: ServerError) {
@@ -517,6 +540,7 @@ impl<'a, S: Shim> Command<'a, S> {
         requests: &[ReadRequest<'_>],
     ) -> Result<ReadFuture<S>, ServerError> {
         self.check_poisoned()?;
+        self.take_pending_fault()?;
         let mut buffers: Vec<HostBuffer> = Vec::with_capacity(requests.len());
         let mut held: Vec<Binding> = Vec::with_capacity(requests.len());
         let mut failed = None;
@@ -583,6 +607,7 @@ impl<'a, S: Shim> Command<'a, S> {
     /// The shim's refusal to record the fence.
     pub fn sync(&mut self) -> Result<SyncFuture<S>, ServerError> {
         self.check_poisoned()?;
+        self.take_pending_fault()?;
         if self.current().capture.is_recording() {
             return Err(Validation::Recording { op: "sync" }.into());
         }
@@ -673,7 +698,7 @@ impl<'a, S: Shim> Command<'a, S> {
         }
         let s = self.current();
         if s.drops.should_flush() {
-            s.flush(&shim).map_err(|e| self.note(e))?;
+            self.flush_after_enqueue(&shim)?;
         }
         Ok(())
     }

@@ -230,6 +230,7 @@ impl<S: Shim> Device<S> {
                 capture: Default::default(),
                 cursor: 0,
                 synced: Vec::new(),
+                fault: None,
             }));
         }
         Ok(index)

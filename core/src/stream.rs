@@ -30,6 +30,8 @@ pub(crate) struct Stream<S: Shim> {
     pub cursor: u64,
     /// For each other stream (by index): its cursor when this stream last waited for it.
     pub synced: Vec<u64>,
+    /// A fault an internal drop-queue flush revealed, kept for the next read or sync.
+    pub fault: Option<DriverError>,
 }
 
 impl<S: Shim> Stream<S> {

@@ -452,3 +452,49 @@ fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
         Err(IoError::BufferTooBig { .. })
     ));
 }
+
+#[test]
+fn a_handle_whose_memory_is_in_use_is_not_rebound() {
+    let (shim, mut mm) = device();
+    let user = mm.lazy_handle(100);
+    let first = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    mm.bind(first, &user, 0).unwrap();
+    let in_flight = user.binding();
+    let addr = mm.resolve(&in_flight).unwrap().addr;
+    let second = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        mm.bind(second, &user, 1).unwrap_err(),
+        IoError::InUse { handle: user.id() }
+    );
+    assert_eq!(
+        mm.resolve(&in_flight).unwrap().addr,
+        addr,
+        "the work keeps its memory"
+    );
+    drop(in_flight);
+    let third = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    mm.bind(third, &user, 2).unwrap();
+}
+
+#[test]
+fn a_handle_of_another_stream_says_so() {
+    let (shim, mut mm) = device();
+    let mut other: MemoryManager<TestShim> = MemoryManager::new(
+        &shim.facts,
+        MemoryConfig::default(),
+        Issuer {
+            device: 1,
+            stream: 3,
+        },
+        MemoryBudget::new(None),
+    );
+    let theirs = other.lazy_handle(10);
+    assert_eq!(
+        mm.resolve(&theirs).unwrap_err(),
+        IoError::WrongStream {
+            handle: theirs.id(),
+            owner: 3,
+            used_on: 0
+        }
+    );
+}
