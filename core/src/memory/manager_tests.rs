@@ -478,7 +478,7 @@ fn a_handle_whose_memory_is_in_use_is_not_rebound() {
 
 #[test]
 fn a_handle_of_another_stream_says_so() {
-    let (shim, mut mm) = device();
+    let (shim, mm) = device();
     let mut other: MemoryManager<TestShim> = MemoryManager::new(
         &shim.facts,
         MemoryConfig::default(),
