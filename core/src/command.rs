@@ -789,7 +789,9 @@ where
         match polled {
             Poll::Ready(r) => Poll::Ready(this.finish(r)),
             Poll::Pending => {
-                // Devices raise no wake-ups: ask to be polled again.
+                // Devices raise no wake-ups, so the future asks to be polled again: under an
+                // executor it spins on a non-blocking query. Hosts with nothing else to run
+                // should call `wait`; a firmware main loop polls it between other work.
                 cx.waker().wake_by_ref();
                 Poll::Pending
             }

@@ -23,9 +23,15 @@ pub enum HostOrigin {
 }
 
 /// Bytes owned by the caller that the core may hand to a copy (a memory-mapped file, a buffer of
-/// the caller's own allocator). Implement it for a type that keeps the bytes alive and unchanged
-/// until it is dropped.
-pub trait ExternalBytes: Send {
+/// the caller's own allocator).
+///
+/// # Safety
+///
+/// The device may read the bytes asynchronously until the value is dropped, through the address
+/// the first call of [`ExternalBytes::bytes`] returned. So every call must return the same
+/// slice (same address, same length), and its bytes must stay alive and unchanged until the value
+/// is dropped.
+pub unsafe trait ExternalBytes: Send {
     /// The bytes.
     fn bytes(&self) -> &[u8];
     /// Where they live.

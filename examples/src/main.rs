@@ -125,7 +125,9 @@ struct MappedTensor {
     len: usize,
 }
 
-impl ExternalBytes for MappedTensor {
+// SAFETY: the mapping is shared through an `Arc` and never modified or unmapped while a tensor
+// holds it; `bytes` always returns the same window of it.
+unsafe impl ExternalBytes for MappedTensor {
     fn bytes(&self) -> &[u8] {
         &self.map[self.start..self.start + self.len]
     }

@@ -14,7 +14,9 @@ const MIB: u64 = 1 << 20;
 /// Bytes the caller owns, claiming to be a memory-mapped file.
 struct MappedFile(Vec<u8>);
 
-impl ExternalBytes for MappedFile {
+// SAFETY: the vector is owned by the value and never modified: `bytes` returns the same slice
+// until the value drops.
+unsafe impl ExternalBytes for MappedFile {
     fn bytes(&self) -> &[u8] {
         &self.0
     }
