@@ -158,10 +158,14 @@ pub fn drop_queue<H: Harness>(h: &H, mode: Mode) {
     let polled = Instant::now();
     let done = must(c.poll(s2), "poll");
     let took = polled.elapsed();
-    assert!(
-        took < Duration::from_millis(SLOW_KERNEL_MS / 2),
-        "[{mode}] poll_drops blocked for {took:?}"
-    );
+    // With a probe the shim's own counters prove no blocking wait (below); without one, time is
+    // the only witness (a loaded machine can stretch it, so it is the fallback, not the rule).
+    if !probed {
+        assert!(
+            took < Duration::from_millis(SLOW_KERNEL_MS / 2),
+            "[{mode}] poll_drops blocked for {took:?}"
+        );
+    }
     if done {
         assert!(
             launched.elapsed() >= Duration::from_millis(SLOW_KERNEL_MS),
