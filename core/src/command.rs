@@ -373,28 +373,14 @@ impl<'a, S: Shim> Command<'a, S> {
         data: HostBuffer,
         layout: CopyLayout,
     ) -> Result<(), ServerError> {
-        self.check_poisoned()?;
-        let expected = layout.packed_bytes();
-        if data.len() as u64 != expected {
-            return Err(Validation::LengthMismatch {
-                expected,
-                found: data.len() as u64,
-            }
-            .into());
-        }
-        if expected == 0 {
+        let Some(r) = self.copy_target(handle, layout, data.len())? else {
             return Ok(());
-        }
-        self.device.order_after(self.stream, handle)?;
-        let r = self.resource(handle)?;
-        if layout.device_span() > r.len {
-            return Err(Validation::LayoutPastView {
-                span: layout.device_span(),
-                view: r.len,
-            }
-            .into());
-        }
-        let staging = Staging::of(expected, data.origin(), &self.device.config.staging);
+        };
+        let staging = Staging::of(
+            layout.packed_bytes(),
+            data.origin(),
+            &self.device.config.staging,
+        );
         let source = if staging.through_pinned {
             let mut staged = self.reserve_host(data.len(), true);
             staged.as_mut_slice().copy_from_slice(data.as_slice());
@@ -421,6 +407,38 @@ impl<'a, S: Shim> Command<'a, S> {
             self.flush_after_enqueue(&shim)?;
         }
         Ok(())
+    }
+
+    /// The checks every copy makes, then the device range it targets, ordered after other
+    /// streams' use: `None` for an empty copy (nothing to do, nothing checked but the length).
+    fn copy_target(
+        &mut self,
+        handle: &Handle,
+        layout: CopyLayout,
+        host_len: usize,
+    ) -> Result<Option<Resolved>, ServerError> {
+        self.check_poisoned()?;
+        let expected = layout.packed_bytes();
+        if host_len as u64 != expected {
+            return Err(Validation::LengthMismatch {
+                expected,
+                found: host_len as u64,
+            }
+            .into());
+        }
+        if expected == 0 {
+            return Ok(None);
+        }
+        self.device.order_after(self.stream, handle)?;
+        let r = self.resource(handle)?;
+        if layout.device_span() > r.len {
+            return Err(Validation::LayoutPastView {
+                span: layout.device_span(),
+                view: r.len,
+            }
+            .into());
+        }
+        Ok(Some(r))
     }
 
     /// Flushes the drop queue after an enqueue that asked for it. The enqueue itself succeeded: a
@@ -492,31 +510,13 @@ impl<'a, S: Shim> Command<'a, S> {
         request: ReadRequest<'_>,
         dst: &mut HostBuffer,
     ) -> Result<(), ServerError> {
-        self.check_poisoned()?;
         let ReadRequest { handle, layout } = request;
-        let expected = layout.packed_bytes();
-        if dst.len() as u64 != expected {
-            return Err(Validation::LengthMismatch {
-                expected,
-                found: dst.len() as u64,
-            }
-            .into());
-        }
-        if expected == 0 {
-            return Ok(());
-        }
-        if dst.as_mut_slice().is_empty() {
+        if !dst.is_empty() && dst.as_mut_slice().is_empty() {
             return Err(Validation::ReadOnlyDestination.into());
         }
-        self.device.order_after(self.stream, handle)?;
-        let r = self.resource(handle)?;
-        if layout.device_span() > r.len {
-            return Err(Validation::LayoutPastView {
-                span: layout.device_span(),
-                view: r.len,
-            }
-            .into());
-        }
+        let Some(r) = self.copy_target(handle, layout, dst.len())? else {
+            return Ok(());
+        };
         let (start, end) = (handle.offset(), handle.offset() + layout.device_span());
         if let Some(f) = self.device.failures.failure(handle.id(), start, end) {
             return Err(self.device.failures.report(f, handle.id()));

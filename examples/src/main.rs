@@ -169,8 +169,12 @@ fn matmul_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     Ok(())
 }
 
-/// out = relu(x + bias) row by row. Args: m, n.
-fn bias_relu_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+/// Runs `body(m, n, x, bias, out)` over the kernel's three buffers (x and out m×n, bias n),
+/// checked against the arguments m and n.
+fn bias_kernel(
+    ctx: &mut KernelCtx<'_>,
+    body: impl FnOnce(usize, usize, &[f32], &[f32], &mut [f32]),
+) -> Result<(), KernelFault> {
     let (m, n) = (ctx.arg_u32(0)? as usize, ctx.arg_u32(4)? as usize);
     let mut bufs = ctx.buffers_mut()?;
     let [x, bias, out] = bufs.as_mut_slice() else {
@@ -180,32 +184,36 @@ fn bias_relu_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     if x.len() < m * n || bias.len() < n || out.len() < m * n {
         return Err(KernelFault::Failed);
     }
-    for (i, o) in out[..m * n].iter_mut().enumerate() {
-        *o = (x[i] + bias[i % n]).max(0.0);
-    }
+    body(m, n, x, bias, out);
     Ok(())
+}
+
+/// out = relu(x + bias) row by row. Args: m, n.
+fn bias_relu_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    bias_kernel(ctx, |m, n, x, bias, out| {
+        for (i, o) in out[..m * n].iter_mut().enumerate() {
+            *o = (x[i] + bias[i % n]).max(0.0);
+        }
+    })
 }
 
 /// out = softmax(x + bias) row by row. Args: m, n.
 fn bias_softmax_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let (m, n) = (ctx.arg_u32(0)? as usize, ctx.arg_u32(4)? as usize);
-    let mut bufs = ctx.buffers_mut()?;
-    let [x, bias, out] = bufs.as_mut_slice() else {
-        return Err(KernelFault::Failed);
-    };
-    let (x, bias, out) = (as_f32(x)?, as_f32(bias)?, as_f32_mut(out)?);
-    if x.len() < m * n || bias.len() < n || out.len() < m * n {
-        return Err(KernelFault::Failed);
-    }
-    for row in 0..m {
-        let logits: Vec<f32> = (0..n).map(|j| x[row * n + j] + bias[j]).collect();
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
-        for j in 0..n {
-            out[row * n + j] = (logits[j] - max).exp() / sum;
+    bias_kernel(ctx, |m, n, x, bias, out| {
+        for row in 0..m {
+            let logits: Vec<f32> = (0..n).map(|j| x[row * n + j] + bias[j]).collect();
+            softmax_into(&logits, &mut out[row * n..(row + 1) * n]);
         }
+    })
+}
+
+/// `out = softmax(logits)`, max-subtracted.
+fn softmax_into(logits: &[f32], out: &mut [f32]) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+    for (o, l) in out.iter_mut().zip(logits) {
+        *o = (l - max).exp() / sum;
     }
-    Ok(())
 }
 
 // ---- the reference, computed on the host without the layer ----
@@ -230,11 +238,7 @@ fn reference(weights: &[Vec<f32>], input: &[f32], m: usize) -> Vec<f32> {
         } else {
             for row in 0..m {
                 let logits: Vec<f32> = (0..n).map(|j| next[row * n + j] + b[j]).collect();
-                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = logits.iter().map(|v| (v - max).exp()).sum();
-                for j in 0..n {
-                    next[row * n + j] = (logits[j] - max).exp() / sum;
-                }
+                softmax_into(&logits, &mut next[row * n..(row + 1) * n]);
             }
         }
         act = next;
