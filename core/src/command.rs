@@ -91,16 +91,23 @@ impl<'a, S: Shim> Command<'a, S> {
             .expect("a command's stream exists")
     }
 
+    /// Fails fast when the device is lost or this stream's work failed while it ran.
     fn check_poisoned(&self) -> Result<(), ServerError> {
-        match self.device.poison.get() {
-            Some(cause) => Err(ServerError::DevicePoisoned { cause }),
+        if let Some(cause) = self.device.poison.get() {
+            return Err(ServerError::DevicePoisoned { cause });
+        }
+        match self.device.poison.stream_fault(self.stream) {
+            Some(cause) => Err(ServerError::StreamFaulted {
+                stream: self.stream as u32,
+                cause,
+            }),
             None => Ok(()),
         }
     }
 
     /// Records a poisoning fault; returns the error for `?`.
     fn note(&self, e: DriverError) -> DriverError {
-        self.device.poison.note(&e);
+        self.device.poison.note_at(self.stream, &e);
         e
     }
 
@@ -239,11 +246,11 @@ impl<'a, S: Shim> Command<'a, S> {
         let Some(s) = self.device.streams[index].as_mut() else {
             return Ok(());
         };
-        s.drain(&shim).inspect_err(|e| poison.note(e))?;
+        s.drain(&shim).inspect_err(|e| poison.note_at(index, e))?;
         s.memory.cleanup(&shim, Cleanup::Explicit);
         self.device.settle();
         let s = self.device.streams[index].as_mut().expect("exists");
-        s.drain(&shim).inspect_err(|e| poison.note(e))?;
+        s.drain(&shim).inspect_err(|e| poison.note_at(index, e))?;
         s.pinned.cleanup(&shim);
         Ok(())
     }
@@ -449,6 +456,11 @@ impl<'a, S: Shim> Command<'a, S> {
         match self.current().flush(shim) {
             Ok(()) => Ok(()),
             Err(e) if e.poisons_device() => Err(self.note(e).into()),
+            // The stream is now tainted: its next operation fails with the fault.
+            Err(e) if e.fault == crate::error::Fault::WorkFailed => {
+                self.note(e);
+                Ok(())
+            }
             Err(e) => {
                 self.current().fault.get_or_insert(e);
                 Ok(())
@@ -567,7 +579,7 @@ impl<'a, S: Shim> Command<'a, S> {
                 let waited = shim.record_event(raw).and_then(|ev| shim.event_wait(&ev));
                 if let Err(w) = waited {
                     self.note(w);
-                    if !w.poisons_device() {
+                    if !w.poisons_device() && w.fault != crate::error::Fault::WorkFailed {
                         warn!(
                             "a partial read could not be waited for: leaking {} buffers",
                             buffers.len()
@@ -596,7 +608,10 @@ impl<'a, S: Shim> Command<'a, S> {
             event: Some(event),
             buffers,
             held,
-            poison: self.device.poison.clone(),
+            watch: Watch {
+                poison: self.device.poison.clone(),
+                stream: self.stream,
+            },
         })
     }
 
@@ -618,7 +633,10 @@ impl<'a, S: Shim> Command<'a, S> {
         Ok(SyncFuture {
             shim,
             event: Some(event),
-            poison: self.device.poison.clone(),
+            watch: Watch {
+                poison: self.device.poison.clone(),
+                stream: self.stream,
+            },
         })
     }
 
@@ -704,26 +722,47 @@ impl<'a, S: Shim> Command<'a, S> {
     }
 }
 
-/// Waits until `event` completes, recording a poisoning fault.
-fn wait_event<S: Shim>(shim: &S, event: &S::Event, poison: &Poison) -> Result<(), ServerError> {
-    shim.event_wait(event).map_err(|e| {
-        poison.note(&e);
-        e.into()
-    })
+/// Where a future's fence was recorded, so what it reveals reaches the device's fault state.
+#[derive(Debug, Clone)]
+struct Watch {
+    poison: Poison,
+    stream: usize,
+}
+
+impl Watch {
+    /// Records what a fence revealed and turns it into the caller's error.
+    fn fault(&self, e: DriverError) -> ServerError {
+        self.poison.note_at(self.stream, &e);
+        if e.fault == crate::error::Fault::WorkFailed {
+            ServerError::StreamFaulted {
+                stream: self.stream as u32,
+                cause: e,
+            }
+        } else {
+            e.into()
+        }
+    }
+}
+
+/// Whether the device is done with what a fence covered, after the fence ended with `e`.
+fn fence_completed(e: &ServerError) -> bool {
+    e.is_device_poisoned() || matches!(e, ServerError::StreamFaulted { .. })
+}
+
+/// Waits until `event` completes.
+fn wait_event<S: Shim>(shim: &S, event: &S::Event, watch: &Watch) -> Result<(), ServerError> {
+    shim.event_wait(event).map_err(|e| watch.fault(e))
 }
 
 fn query_event<S: Shim>(
     shim: &S,
     event: &S::Event,
-    poison: &Poison,
+    watch: &Watch,
 ) -> Poll<Result<(), ServerError>> {
     match shim.event_query(event) {
         Ok(true) => Poll::Ready(Ok(())),
         Ok(false) => Poll::Pending,
-        Err(e) => {
-            poison.note(&e);
-            Poll::Ready(Err(e.into()))
-        }
+        Err(e) => Poll::Ready(Err(watch.fault(e))),
     }
 }
 
@@ -734,7 +773,7 @@ pub struct ReadFuture<S: Shim> {
     event: Option<S::Event>,
     buffers: Vec<HostBuffer>,
     held: Vec<Binding>,
-    poison: Poison,
+    watch: Watch,
 }
 
 impl<S: Shim> ReadFuture<S> {
@@ -748,7 +787,7 @@ impl<S: Shim> ReadFuture<S> {
                 Ok(buffers)
             }
             Err(e) => {
-                if !e.is_device_poisoned() {
+                if !fence_completed(&e) {
                     warn!(
                         "a read's fence failed: leaking {} buffers the device may still write",
                         buffers.len()
@@ -767,7 +806,7 @@ impl<S: Shim> ReadFuture<S> {
     /// A device fault the fence reveals (the buffers are then leaked unless the device is lost).
     pub fn wait(mut self) -> Result<Vec<HostBuffer>, ServerError> {
         let result = match &self.event {
-            Some(ev) => wait_event(&*self.shim, ev, &self.poison),
+            Some(ev) => wait_event(&*self.shim, ev, &self.watch),
             None => Ok(()),
         };
         self.finish(result)
@@ -783,7 +822,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let polled = match &this.event {
-            Some(ev) => query_event(&*this.shim, ev, &this.poison),
+            Some(ev) => query_event(&*this.shim, ev, &this.watch),
             None => Poll::Ready(Ok(())),
         };
         match polled {
@@ -804,7 +843,7 @@ impl<S: Shim> Drop for ReadFuture<S> {
         if let Some(ev) = self.event.take() {
             // Dropped before completion: the device may still write the buffers and read the
             // sources. Wait, then release or leak exactly as a completed read would.
-            let waited = wait_event(&*self.shim, &ev, &self.poison);
+            let waited = wait_event(&*self.shim, &ev, &self.watch);
             drop(self.finish(waited));
         }
     }
@@ -815,7 +854,7 @@ impl<S: Shim> Drop for ReadFuture<S> {
 pub struct SyncFuture<S: Shim> {
     shim: Arc<S>,
     event: Option<S::Event>,
-    poison: Poison,
+    watch: Watch,
 }
 
 impl<S: Shim> SyncFuture<S> {
@@ -826,7 +865,7 @@ impl<S: Shim> SyncFuture<S> {
     /// A device fault the fence reveals.
     pub fn wait(mut self) -> Result<(), ServerError> {
         match self.event.take() {
-            Some(ev) => wait_event(&*self.shim, &ev, &self.poison),
+            Some(ev) => wait_event(&*self.shim, &ev, &self.watch),
             None => Ok(()),
         }
     }
@@ -841,7 +880,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let polled = match &this.event {
-            Some(ev) => query_event(&*this.shim, ev, &this.poison),
+            Some(ev) => query_event(&*this.shim, ev, &this.watch),
             None => Poll::Ready(Ok(())),
         };
         if polled.is_ready() {

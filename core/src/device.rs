@@ -8,7 +8,7 @@
 use crate::command::Command;
 use crate::copy::StagingPolicy;
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
-use crate::error::{DriverError, IoError, ServerError, Validation};
+use crate::error::{DriverError, Fault, IoError, ServerError, Validation};
 use crate::failure::Failures;
 use crate::memory::ReadableBytes;
 use crate::memory::{
@@ -54,19 +54,46 @@ impl Default for DeviceConfig {
     }
 }
 
-/// Whether the device is lost, shared with the futures of reads and syncs that may find out.
+#[derive(Debug, Default)]
+struct FaultState {
+    device: Option<DriverError>,
+    streams: Vec<Option<DriverError>>,
+}
+
+/// Whether the device is lost, and which streams' work failed while it ran: shared with the
+/// futures of reads and syncs, which may be the ones to find out.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Poison(Arc<spin::Mutex<Option<DriverError>>>);
+pub(crate) struct Poison(Arc<spin::Mutex<FaultState>>);
 
 impl Poison {
+    /// The fault that lost the device, if any.
     pub fn get(&self) -> Option<DriverError> {
-        *self.0.lock()
+        self.0.lock().device
+    }
+
+    /// The fault that made `stream`'s work untrustworthy, if any.
+    pub fn stream_fault(&self, stream: usize) -> Option<DriverError> {
+        self.0.lock().streams.get(stream).copied().flatten()
     }
 
     /// Records `e` if it poisons the device.
     pub fn note(&self, e: &DriverError) {
         if e.poisons_device() {
-            self.0.lock().get_or_insert(*e);
+            self.0.lock().device.get_or_insert(*e);
+        }
+    }
+
+    /// Records `e`, seen on `stream`: a poisoning fault loses the device; a fault of work that
+    /// ran ([`Fault::WorkFailed`]) taints the stream for good.
+    pub fn note_at(&self, stream: usize, e: &DriverError) {
+        let mut s = self.0.lock();
+        if e.poisons_device() {
+            s.device.get_or_insert(*e);
+        } else if e.fault == Fault::WorkFailed {
+            if s.streams.len() <= stream {
+                s.streams.resize(stream + 1, None);
+            }
+            s.streams[stream].get_or_insert(*e);
         }
     }
 }
@@ -269,6 +296,12 @@ impl<S: Shim> Device<S> {
         if let Some(o) = self.streams[owner].as_ref() {
             o.memory.resolve(binding)?;
         }
+        if let Some(cause) = self.poison.stream_fault(owner) {
+            return Err(ServerError::StreamFaulted {
+                stream: owner as u32,
+                cause,
+            });
+        }
         let id = b.id();
         if owner != current {
             self.wait_for(current, owner, owner_cursor)?;
@@ -308,6 +341,13 @@ impl<S: Shim> Device<S> {
         other: usize,
         other_cursor: u64,
     ) -> Result<(), ServerError> {
+        // Work ordered after a stream whose work failed would read what it left unwritten.
+        if let Some(cause) = self.poison.stream_fault(other) {
+            return Err(ServerError::StreamFaulted {
+                stream: other as u32,
+                cause,
+            });
+        }
         let synced = self.streams[current]
             .as_ref()
             .and_then(|s| s.synced.get(other).copied())
@@ -317,12 +357,12 @@ impl<S: Shim> Device<S> {
                 let o = self.streams[other].as_ref().expect("checked by the caller");
                 self.shim
                     .record_event(&o.raw)
-                    .inspect_err(|e| self.poison.note(e))?
+                    .inspect_err(|e| self.poison.note_at(other, e))?
             };
             let c = self.streams[current].as_mut().expect("current exists");
             self.shim
                 .stream_wait_event(&c.raw, &event)
-                .inspect_err(|e| self.poison.note(e))?;
+                .inspect_err(|e| self.poison.note_at(current, e))?;
             if c.synced.len() <= other {
                 c.synced.resize(other + 1, 0);
             }

@@ -204,14 +204,16 @@ impl<S: Shim> DropQueue<S> {
         self.flush(shim, stream)
     }
 
-    /// Releases the pending batch after a wait that ended with `waited`: at once if it succeeded
-    /// or the device is poisoned (nothing will touch the memory again); otherwise the batch is
-    /// leaked on purpose, because freeing memory the device may still use could hand it to
-    /// someone else.
+    /// Releases the pending batch after a wait that ended with `waited`: at once if it succeeded,
+    /// if the fence completed over failed work, or if the device is poisoned (nothing will touch
+    /// the memory again); otherwise the batch is leaked on purpose, because freeing memory the
+    /// device may still use could hand it to someone else.
     fn settle(&mut self, shim: &S, waited: Result<(), DriverError>) -> Result<(), DriverError> {
         let batch = core::mem::take(&mut self.pending);
         match waited {
-            Err(e) if !e.poisons_device() => {
+            // A failure of the work (the fence completed) says the device is done with the
+            // batch; only a wait whose outcome is unknown leaves the device possibly using it.
+            Err(e) if !e.poisons_device() && e.fault != crate::error::Fault::WorkFailed => {
                 warn!(
                     "fence wait failed (status {}): leaking {} items the device may still use",
                     e.status,

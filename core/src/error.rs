@@ -77,6 +77,9 @@ pub enum Fault {
     Unsupported,
     /// The device is lost: nothing will run on it again (CUDA's sticky errors).
     Poisoning,
+    /// Reported by a fence: work enqueued before it failed while it ran, and the fence itself
+    /// completed. The shim cannot say which work; the core stops trusting the stream.
+    WorkFailed,
     /// Any other failure of this one call; the device stays usable.
     Failed,
 }
@@ -120,6 +123,10 @@ impl fmt::Display for DriverError {
             Fault::Poisoning => (
                 "the device is lost and will run nothing again",
                 "recreate the device",
+            ),
+            Fault::WorkFailed => (
+                "work enqueued before this point failed while it ran",
+                "recreate the device; the stream's data can no longer be trusted",
             ),
             Fault::Failed => ("the call failed", "check the shim's status code"),
         };
@@ -575,6 +582,15 @@ pub enum ServerError {
     Launch(LaunchError),
     /// A fence revealed a device fault (the work before it failed).
     Device(DriverError),
+    /// Work on a stream failed while it ran ([`Fault::WorkFailed`]): nothing written on that
+    /// stream, or ordered after it, can be trusted, so every operation on it or depending on it
+    /// fails with this.
+    StreamFaulted {
+        /// The stream whose work failed.
+        stream: u32,
+        /// The fault its fence reported.
+        cause: DriverError,
+    },
 }
 
 impl ServerError {
@@ -672,6 +688,11 @@ impl fmt::Display for ServerError {
             Self::Io(e) => write!(f, "{e}"),
             Self::Launch(e) => write!(f, "{e}"),
             Self::Device(e) => write!(f, "work on the stream failed: {e}"),
+            Self::StreamFaulted { stream, cause } => write!(
+                f,
+                "work on stream {stream} failed while it ran ({cause}); its data, and work \
+                 ordered after it, can no longer be trusted: recreate the device"
+            ),
         }
     }
 }
@@ -719,6 +740,14 @@ impl defmt::Format for ServerError {
             Self::Io(e) => defmt::write!(f, "Io({})", e),
             Self::Launch(e) => defmt::write!(f, "Launch({})", e),
             Self::Device(e) => defmt::write!(f, "Device({})", e),
+            Self::StreamFaulted { stream, cause } => {
+                defmt::write!(
+                    f,
+                    "StreamFaulted {{ stream: {=u32}, cause: {} }}",
+                    stream,
+                    cause
+                )
+            }
         }
     }
 }

@@ -28,6 +28,11 @@
 //! - An event completes only once everything enqueued on its stream before it has completed.
 //! - Every error is a [`DriverError`] built by [`Shim::classify`], so the core can tell a device
 //!   that is lost from a call that merely failed.
+//! - A fault of work that was enqueued fine but failed while it ran surfaces at a later
+//!   [`Shim::event_query`] or [`Shim::event_wait`]: as [`Fault::Poisoning`] when the device is
+//!   lost, as [`Fault::WorkFailed`] when the fence still completed (the core then stops trusting
+//!   that stream: it cannot know which work failed). Any other error from a wait means its
+//!   outcome is unknown, and the core leaks what the fence covered rather than free it.
 
 use crate::copy::CopyLayout;
 use crate::error::{DriverError, Fault, ShimOp};

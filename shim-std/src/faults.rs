@@ -18,8 +18,8 @@ use std::sync::Arc;
 /// | 9 | `ILLEGAL_IN_CAPTURE` | `Failed` | query or wait of an event recorded on a recording stream |
 /// | 10 | `UNSUPPORTED` | `Unsupported` | a stream waiting on an event recorded in another stream's recording |
 /// | 11 | `THREAD_SPAWN` | `Failed` | the worker thread of a new stream could not start |
-/// | 20 | `KERNEL_FAILED` | `Failed` | a kernel returned [`KernelFault::Failed`](crate::KernelFault::Failed) |
-/// | 21 | `KERNEL_PANICKED` | `Failed` | a kernel panicked |
+/// | 20 | `KERNEL_FAILED` | `WorkFailed` | a kernel returned [`KernelFault::Failed`](crate::KernelFault::Failed) (reported by the next fence, which completed) |
+/// | 21 | `KERNEL_PANICKED` | `WorkFailed` | a kernel panicked (reported like `KERNEL_FAILED`) |
 /// | 22 | `KERNEL_POISONED` | `Poisoning` | a kernel returned [`KernelFault::Poisoning`](crate::KernelFault::Poisoning) |
 /// | 23 | `DEVICE_POISONED` | `Poisoning` | any call after the device was poisoned |
 /// | 30 | `BUDGET` | `OutOfMemory` | injected: `device_alloc` past [`StdShim::set_alloc_budget`](crate::StdShim::set_alloc_budget) |
@@ -126,6 +126,7 @@ pub fn classify(op: ShimOp, code: i32) -> DriverError {
         status::TOO_BIG => Fault::TooBig,
         status::UNSUPPORTED => Fault::Unsupported,
         status::KERNEL_POISONED | status::DEVICE_POISONED => Fault::Poisoning,
+        status::KERNEL_FAILED | status::KERNEL_PANICKED => Fault::WorkFailed,
         _ if injected(status::INJECTED_POISON).is_some() => Fault::Poisoning,
         _ => match injected(status::INJECTED) {
             Some(ShimOp::DeviceAlloc | ShimOp::HostAlloc) => Fault::OutOfMemory,
@@ -272,7 +273,8 @@ mod tests {
         assert_eq!(f(status::UNSUPPORTED), Fault::Unsupported);
         assert_eq!(f(status::KERNEL_POISONED), Fault::Poisoning);
         assert_eq!(f(status::DEVICE_POISONED), Fault::Poisoning);
-        assert_eq!(f(status::KERNEL_FAILED), Fault::Failed);
+        assert_eq!(f(status::KERNEL_FAILED), Fault::WorkFailed);
+        assert_eq!(f(status::KERNEL_PANICKED), Fault::WorkFailed);
         assert_eq!(f(-7), Fault::Failed);
         assert_eq!(
             f(status::injected(ShimOp::DeviceAlloc, false)),

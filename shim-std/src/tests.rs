@@ -374,7 +374,7 @@ fn kernel_faults_surface_at_the_next_fence() {
     let err = sync(&shim, &s).unwrap_err();
     assert_eq!(
         (err.op, err.fault, err.status),
-        (ShimOp::Launch, Fault::Failed, status::KERNEL_FAILED)
+        (ShimOp::Launch, Fault::WorkFailed, status::KERNEL_FAILED)
     );
     sync(&shim, &s).unwrap(); // reported once; the device stays usable
     launch(&shim, &s, &panics, &[], 0);
