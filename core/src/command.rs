@@ -400,14 +400,22 @@ impl<'a, S: Shim> Command<'a, S> {
         // SAFETY: `source` stays alive and unchanged in the drop queue until a fence after this
         // copy passes; `r` is a live range of `r.len >= device_span` bytes in one page.
         let copied = unsafe { shim.copy_to_device(&s.raw, source.as_ptr(), r.addr, layout) };
-        let (start, end) = (handle.offset(), handle.offset() + layout.device_span());
         if let Err(e) = copied {
             let e = self.note(e);
             let error: ServerError = e.into();
-            self.fail_range(handle.id(), start, end, error.clone());
+            let f = self.device.failures.new_failure(error.clone());
+            for (start, end) in rows(handle, layout) {
+                self.device.failures.mark(handle.id(), start, end, f);
+            }
+            self.device.failures.prune(f);
             return Err(error);
         }
-        self.device.failures.written(handle.id(), start, end);
+        if !self.device.failures.is_empty() {
+            // Only the rows were written: marks on the padding between them stay.
+            for (start, end) in rows(handle, layout) {
+                self.device.failures.written(handle.id(), start, end);
+            }
+        }
         let s = self.current();
         s.drops.push(DropItem::Host(source));
         if staging.flush_after || s.drops.should_flush() {
@@ -476,12 +484,6 @@ impl<'a, S: Shim> Command<'a, S> {
         }
     }
 
-    fn fail_range(&mut self, alloc: u64, start: u64, end: u64, root: ServerError) {
-        let f = self.device.failures.new_failure(root);
-        self.device.failures.mark(alloc, start, end, f);
-        self.device.failures.prune(f);
-    }
-
     /// Uploads borrowed bytes into the whole view of `handle`: they are copied into a staging
     /// buffer (pinned when the pool can serve it) before this returns, so `data` is free to reuse.
     ///
@@ -529,9 +531,13 @@ impl<'a, S: Shim> Command<'a, S> {
         let Some(r) = self.copy_target(handle, layout, dst.len())? else {
             return Ok(());
         };
-        let (start, end) = (handle.offset(), handle.offset() + layout.device_span());
-        if let Some(f) = self.device.failures.failure(handle.id(), start, end) {
-            return Err(self.device.failures.report(f, handle.id()));
+        if !self.device.failures.is_empty() {
+            // Only the rows are read: a mark on the padding between them does not matter.
+            let failed = rows(handle, layout)
+                .find_map(|(start, end)| self.device.failures.failure(handle.id(), start, end));
+            if let Some(f) = failed {
+                return Err(self.device.failures.report(f, handle.id()));
+            }
         }
         let shim = Arc::clone(&self.device.shim);
         let s = self.current();
@@ -720,6 +726,24 @@ impl<'a, S: Shim> Command<'a, S> {
         }
         Ok(())
     }
+}
+
+/// The byte ranges of `handle`'s allocation a copy with `layout` touches: one per row (one in
+/// all for a linear layout), from the start of the allocation.
+fn rows(handle: &Handle, layout: CopyLayout) -> impl Iterator<Item = (u64, u64)> {
+    let base = handle.offset();
+    let (width, pitch) = (layout.width(), layout.pitch());
+    let height = if layout.is_linear() {
+        1
+    } else {
+        layout.height()
+    };
+    let width = if layout.is_linear() {
+        layout.device_span()
+    } else {
+        width
+    };
+    (0..height).map(move |r| (base + r * pitch, base + r * pitch + width))
 }
 
 /// Where a future's fence was recorded, so what it reveals reaches the device's fault state.
