@@ -97,8 +97,8 @@ impl<'a, S: Shim> Command<'a, S> {
             return Err(ServerError::DevicePoisoned { cause });
         }
         match self.device.poison.stream_fault(self.stream) {
-            Some(cause) => Err(ServerError::StreamFaulted {
-                stream: self.stream as u32,
+            Some((stream, cause)) => Err(ServerError::StreamFaulted {
+                stream: stream as u32,
                 cause,
             }),
             None => Ok(()),
@@ -237,29 +237,57 @@ impl<'a, S: Shim> Command<'a, S> {
             .into());
         }
         self.cleanup_stream(self.stream)
+            .map_err(|e| Self::fence_error(self.stream, e))
     }
 
-    fn cleanup_stream(&mut self, index: usize) -> Result<(), ServerError> {
+    fn cleanup_stream(&mut self, index: usize) -> Result<(), DriverError> {
         self.device.settle();
         let shim = Arc::clone(&self.device.shim);
         let poison = self.device.poison.clone();
         let Some(s) = self.device.streams[index].as_mut() else {
             return Ok(());
         };
-        s.drain(&shim).inspect_err(|e| poison.note_at(index, e))?;
+        s.drain_noting(&shim, &poison, index)?;
         s.memory.cleanup(&shim, Cleanup::Explicit);
         self.device.settle();
         let s = self.device.streams[index].as_mut().expect("exists");
-        s.drain(&shim).inspect_err(|e| poison.note_at(index, e))?;
+        s.drain_noting(&shim, &poison, index)?;
         s.pinned.cleanup(&shim);
         Ok(())
     }
 
+    /// The caller's error for a fault a fence of `stream` revealed.
+    fn fence_error(stream: usize, e: DriverError) -> ServerError {
+        if e.fault == crate::error::Fault::WorkFailed {
+            ServerError::StreamFaulted {
+                stream: stream as u32,
+                cause: e,
+            }
+        } else {
+            e.into()
+        }
+    }
+
     /// Makes room on every stream of the device: drains their queues, releases their empty pages.
+    /// Another stream's fault does not fail this stream's reservation: it stays with that stream
+    /// (its next read or sync reports it), unless the device is lost.
     fn make_room(&mut self) -> Result<(), ServerError> {
         for i in 0..self.device.streams.len() {
-            if self.device.streams[i].is_some() {
-                self.cleanup_stream(i)?;
+            if self.device.streams[i].is_none() {
+                continue;
+            }
+            match self.cleanup_stream(i) {
+                Ok(()) => {}
+                Err(e) if i == self.stream || e.poisons_device() => {
+                    return Err(Self::fence_error(i, e));
+                }
+                Err(e) => {
+                    if e.fault != crate::error::Fault::WorkFailed
+                        && let Some(s) = self.device.streams[i].as_mut()
+                    {
+                        s.fault.get_or_insert(e);
+                    }
+                }
             }
         }
         Ok(())
@@ -754,6 +782,18 @@ struct Watch {
 }
 
 impl Watch {
+    /// A fence that completed cleanly still covers nothing trustworthy if this stream (or one it
+    /// was ordered after) turned out to run failed work: another fence may have heard first.
+    fn settled(&self, r: Result<(), ServerError>) -> Result<(), ServerError> {
+        match (r, self.poison.stream_fault(self.stream)) {
+            (Ok(()), Some((stream, cause))) => Err(ServerError::StreamFaulted {
+                stream: stream as u32,
+                cause,
+            }),
+            (r, _) => r,
+        }
+    }
+
     /// Records what a fence revealed and turns it into the caller's error.
     fn fault(&self, e: DriverError) -> ServerError {
         self.poison.note_at(self.stream, &e);
@@ -775,7 +815,7 @@ fn fence_completed(e: &ServerError) -> bool {
 
 /// Waits until `event` completes.
 fn wait_event<S: Shim>(shim: &S, event: &S::Event, watch: &Watch) -> Result<(), ServerError> {
-    shim.event_wait(event).map_err(|e| watch.fault(e))
+    watch.settled(shim.event_wait(event).map_err(|e| watch.fault(e)))
 }
 
 fn query_event<S: Shim>(
@@ -784,9 +824,16 @@ fn query_event<S: Shim>(
     watch: &Watch,
 ) -> Poll<Result<(), ServerError>> {
     match shim.event_query(event) {
-        Ok(true) => Poll::Ready(Ok(())),
+        Ok(true) => Poll::Ready(watch.settled(Ok(()))),
         Ok(false) => Poll::Pending,
-        Err(e) => Poll::Ready(Err(watch.fault(e))),
+        Err(e) => {
+            // What the fence covered is released only once it completed: make sure it did.
+            let e = match e.fault {
+                crate::error::Fault::WorkFailed => shim.event_wait(event).err().unwrap_or(e),
+                _ => e,
+            };
+            Poll::Ready(Err(watch.fault(e)))
+        }
     }
 }
 

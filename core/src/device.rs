@@ -57,7 +57,11 @@ impl Default for DeviceConfig {
 #[derive(Debug, Default)]
 struct FaultState {
     device: Option<DriverError>,
+    /// Per stream: the fault of its own work that ran, if any.
     streams: Vec<Option<DriverError>>,
+    /// Per stream: the streams it was ever ordered after (a device-side wait), so a fault found
+    /// later on one of those reaches it too.
+    waited_on: Vec<Vec<usize>>,
 }
 
 /// Whether the device is lost, and which streams' work failed while it ran: shared with the
@@ -71,9 +75,40 @@ impl Poison {
         self.0.lock().device
     }
 
-    /// The fault that made `stream`'s work untrustworthy, if any.
-    pub fn stream_fault(&self, stream: usize) -> Option<DriverError> {
-        self.0.lock().streams.get(stream).copied().flatten()
+    /// The fault that made `stream`'s work untrustworthy, if any: its own, or that of a stream
+    /// it was ordered after, directly or through others (what that stream wrote may have been
+    /// read). Returns the faulted stream with its fault.
+    pub fn stream_fault(&self, stream: usize) -> Option<(usize, DriverError)> {
+        let s = self.0.lock();
+        if s.streams.iter().all(Option::is_none) {
+            return None;
+        }
+        let mut seen: Vec<usize> = Vec::new();
+        let mut todo: Vec<usize> = alloc::vec![stream];
+        while let Some(x) = todo.pop() {
+            if seen.contains(&x) {
+                continue;
+            }
+            seen.push(x);
+            if let Some(Some(e)) = s.streams.get(x) {
+                return Some((x, *e));
+            }
+            if let Some(deps) = s.waited_on.get(x) {
+                todo.extend(deps.iter().copied());
+            }
+        }
+        None
+    }
+
+    /// Records that `stream` was ordered after `other` on the device.
+    pub fn waited(&self, stream: usize, other: usize) {
+        let mut s = self.0.lock();
+        if s.waited_on.len() <= stream {
+            s.waited_on.resize_with(stream + 1, Vec::new);
+        }
+        if !s.waited_on[stream].contains(&other) {
+            s.waited_on[stream].push(other);
+        }
     }
 
     /// Records `e` if it poisons the device.
@@ -296,9 +331,9 @@ impl<S: Shim> Device<S> {
         if let Some(o) = self.streams[owner].as_ref() {
             o.memory.resolve(binding)?;
         }
-        if let Some(cause) = self.poison.stream_fault(owner) {
+        if let Some((stream, cause)) = self.poison.stream_fault(owner) {
             return Err(ServerError::StreamFaulted {
-                stream: owner as u32,
+                stream: stream as u32,
                 cause,
             });
         }
@@ -342,9 +377,9 @@ impl<S: Shim> Device<S> {
         other_cursor: u64,
     ) -> Result<(), ServerError> {
         // Work ordered after a stream whose work failed would read what it left unwritten.
-        if let Some(cause) = self.poison.stream_fault(other) {
+        if let Some((stream, cause)) = self.poison.stream_fault(other) {
             return Err(ServerError::StreamFaulted {
-                stream: other as u32,
+                stream: stream as u32,
                 cause,
             });
         }
@@ -367,6 +402,7 @@ impl<S: Shim> Device<S> {
                 c.synced.resize(other + 1, 0);
             }
             c.synced[other] = other_cursor;
+            self.poison.waited(current, other);
         }
         Ok(())
     }
@@ -420,14 +456,23 @@ fn binding_of(b: &impl AsBinding) -> crate::memory::Binding {
 
 impl<S: Shim> Drop for Device<S> {
     fn drop(&mut self) {
-        let poisoned = self.poison.get().is_some();
-        // Every stream first: another stream may still read this one's memory.
+        let poison = self.poison.clone();
+        // Every stream first: another stream may still read this one's memory. The drain
+        // releases what the queue covers; the sync covers work that left nothing in it (a
+        // launch, a read), which may still use pages about to be freed. A fault of work that ran
+        // is reported once and its fence completed, so one more sync settles it.
         let mut all_done = true;
-        for s in self.streams.iter_mut().flatten() {
-            // The drain releases what the queue covers; the sync covers work that left nothing
-            // in it (a launch, a read), which may still use pages about to be freed.
-            all_done &= s.drain(&self.shim).is_ok() && s.sync(&self.shim).is_ok();
+        for (i, s) in self.streams.iter_mut().enumerate() {
+            let Some(s) = s else { continue };
+            let synced = s.drain_noting(&self.shim, &poison, i).and_then(|()| {
+                s.sync(&self.shim).or_else(|e| match e.fault {
+                    Fault::WorkFailed => s.sync(&self.shim),
+                    _ => Err(e),
+                })
+            });
+            all_done &= synced.is_ok();
         }
+        let poisoned = poison.get().is_some();
         if !(all_done || poisoned) {
             warn!("a stream could not be drained at teardown: leaking the device's memory");
             for s in self.streams.iter_mut().flatten() {
@@ -436,6 +481,10 @@ impl<S: Shim> Drop for Device<S> {
             return;
         }
         for s in self.streams.iter_mut().flatten() {
+            if poisoned {
+                // Nothing will run again: what the queues still hold can go.
+                s.drops.release_all(&self.shim);
+            }
             // SAFETY: every stream of the device was drained and synchronised above (or the
             // device is poisoned and runs nothing), so no work can use any page.
             unsafe { s.memory.release_all(&self.shim) };

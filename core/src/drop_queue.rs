@@ -188,10 +188,32 @@ impl<S: Shim> DropQueue<S> {
                 Ok(true)
             }
             Err(e) => {
+                // Release only once the fence completed, whatever the shim answered first.
+                let waited = if e.fault == crate::error::Fault::WorkFailed {
+                    shim.event_wait(fence).and(Err(e))
+                } else {
+                    Err(e)
+                };
                 self.fence = None;
-                self.settle(shim, Err(e)).map(|()| true)
+                self.settle(shim, waited).map(|()| true)
             }
         }
+    }
+
+    /// Releases everything the queue holds without a fence: only for a device that is lost
+    /// (poisoned), where nothing will touch the memory again.
+    pub(crate) fn release_all(&mut self, shim: &S) {
+        self.fence = None;
+        let items = core::mem::take(&mut self.staged)
+            .into_iter()
+            .chain(core::mem::take(&mut self.pending));
+        for item in items {
+            self.stats.items_released = self.stats.items_released.saturating_add(1);
+            self.stats.bytes_released = self.stats.bytes_released.saturating_add(item.bytes());
+            item.release(shim);
+        }
+        self.staged_items = 0;
+        self.staged_bytes = 0;
     }
 
     /// Flushes twice: everything pushed before is released (or leaked after a failed wait).

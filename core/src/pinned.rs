@@ -20,7 +20,8 @@ use core::ptr::NonNull;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct PinnedConfig {
-    /// Bytes per pinned page; larger requests are not pinned.
+    /// Bytes per pinned page carved into slices; a larger request gets a pinned page of its own
+    /// (within `max_bytes`).
     pub page_size: u64,
     /// Pinned bytes a stream may hold in all.
     pub max_bytes: u64,
@@ -51,6 +52,8 @@ pub(crate) struct PinnedPool<S: Shim> {
     next_id: u64,
     /// Whether the shim refused a pinned page: stop asking until a cleanup.
     refused: bool,
+    /// Most pages of both kinds held at once.
+    pages_peak: u32,
 }
 
 impl<S: Shim> PinnedPool<S> {
@@ -64,6 +67,7 @@ impl<S: Shim> PinnedPool<S> {
             returned: Vec::new(),
             next_id: 1,
             refused: false,
+            pages_peak: 0,
         }
     }
 
@@ -116,6 +120,9 @@ impl<S: Shim> PinnedPool<S> {
             (POOL_SMALL, carved.block, carved.addr)
         };
         self.next_id += 1;
+        self.pages_peak = self
+            .pages_peak
+            .max(self.pool.pages_live + self.large.pages_live);
         let handle = Handle::new(id, self.issuer, size, &self.returns);
         handle.set_location(Some(crate::memory::Location { pool, block }), false);
         let ptr = NonNull::new(addr as *mut u8)?;
@@ -126,9 +133,16 @@ impl<S: Shim> PinnedPool<S> {
 
     /// A new pinned page of `size` bytes, within the pool's limit, or `None`.
     fn new_page(&mut self, shim: &S, size: u64, may_add: bool) -> Option<(S::HostPage, u64)> {
-        let held = self.pool.usage().3 + self.large.usage().3;
-        if !may_add || self.refused || held.saturating_add(size) > self.config.max_bytes {
+        let large = size > self.pool.page_size;
+        if !may_add || (self.refused && !large) {
             return None;
+        }
+        if self.held().saturating_add(size) > self.config.max_bytes {
+            // Free large pages of other sizes are room nothing can use now: give them back.
+            self.free_large(shim);
+            if self.held().saturating_add(size) > self.config.max_bytes {
+                return None;
+            }
         }
         let page = match shim.host_alloc_pinned(usize::try_from(size).ok()?) {
             Ok(p) => p,
@@ -137,12 +151,29 @@ impl<S: Shim> PinnedPool<S> {
                     "pinned page refused (status {}): staging from the heap",
                     e.status
                 );
-                self.refused = true;
+                // A refused page of the common size stops asking until a cleanup; a refused
+                // large page says nothing about the common size.
+                self.refused |= !large;
                 return None;
             }
         };
         let addr = shim.host_page_ptr(&page).as_ptr() as u64;
         Some((page, addr))
+    }
+
+    /// Pinned bytes held, both kinds of pages.
+    fn held(&self) -> u64 {
+        self.pool.usage().3 + self.large.usage().3
+    }
+
+    /// Frees the large pages no buffer holds.
+    fn free_large(&mut self, shim: &S) {
+        let mut free = Vec::new();
+        self.large.take_free(&mut free);
+        for p in free {
+            // SAFETY: a free large page's buffer was dropped after the fence covering its copies.
+            unsafe { shim.host_free_pinned(p.raw) };
+        }
     }
 
     /// Frees every empty pinned page. Slices return only after the drop queue released their
@@ -158,12 +189,7 @@ impl<S: Shim> PinnedPool<S> {
                 unsafe { shim.host_free_pinned(p.raw) };
             }
         }
-        let mut large = Vec::new();
-        self.large.take_free(&mut large);
-        for p in large {
-            // SAFETY: as above: a free large page's buffer was dropped after its fence.
-            unsafe { shim.host_free_pinned(p.raw) };
-        }
+        self.free_large(shim);
     }
 
     pub(crate) fn report(&mut self) -> PoolReport {
@@ -173,9 +199,10 @@ impl<S: Shim> PinnedPool<S> {
         let (allocations, in_use, padding, reserved) = (n + ln, u + lu, p + lp, r + lr);
         PoolReport {
             kind: PoolKind::PinnedHost,
-            page_size: self.pool.page_size.max(self.large.largest_page()),
+            // The size of the carved pages; large requests' own pages count in `pages`.
+            page_size: self.pool.page_size,
             pages: self.pool.pages_live + self.large.pages_live,
-            pages_peak: self.pool.pages_peak + self.large.pages_peak,
+            pages_peak: self.pages_peak,
             allocations,
             in_use,
             padding,

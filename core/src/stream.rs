@@ -59,6 +59,23 @@ impl<S: Shim> Stream<S> {
         self.drops.drain(shim, &self.raw)
     }
 
+    /// [`Self::drain`], recording what its fences reveal in `poison`. A fault of work that ran is
+    /// reported once and its fence completed, so the drain is finished with a second attempt.
+    pub fn drain_noting(
+        &mut self,
+        shim: &S,
+        poison: &crate::device::Poison,
+        index: usize,
+    ) -> Result<(), DriverError> {
+        match self.drain(shim) {
+            Err(e) if e.fault == crate::error::Fault::WorkFailed => {
+                poison.note_at(index, &e);
+                self.drain(shim).inspect_err(|e| poison.note_at(index, e))
+            }
+            r => r.inspect_err(|e| poison.note_at(index, e)),
+        }
+    }
+
     /// Waits for everything enqueued on the stream so far.
     pub fn sync(&mut self, shim: &S) -> Result<(), DriverError> {
         let fence = shim.record_event(&self.raw)?;

@@ -217,8 +217,13 @@ impl StreamShared {
             }
             return Err(self.dev.poisoned_error(op));
         }
+        // A fault is reported only with the fence it belongs to, once that fence completed:
+        // the core releases what the fence covered when it hears of a fault of run work.
+        if st.completed < seq {
+            return Ok(false);
+        }
         Self::take_fault(&mut st, seq)?;
-        Ok(st.completed >= seq)
+        Ok(true)
     }
 
     /// Blocks the host until `seq` completes.

@@ -32,7 +32,7 @@ fn class_of(size: u64) -> usize {
 /// The first class all of whose blocks are at least `size` bytes.
 fn class_holding(size: u64) -> usize {
     let c = class_of(size);
-    if size < 4 || lower_bound(c) == size {
+    if size < SUBS as u64 || lower_bound(c) == size {
         c
     } else {
         c + 1

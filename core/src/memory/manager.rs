@@ -490,13 +490,9 @@ impl<S: Shim> MemoryManager<S> {
             .current
             .and_then(|c| self.arena[c].as_ref())
             .is_some_and(|p| p.pages_live == 0);
-        let slot = match self.arena.iter().position(Option::is_none) {
-            Some(slot) => slot,
-            None if current_is_empty => {
-                let slot = self.current.take().expect("checked above");
-                self.arena[slot] = None;
-                slot
-            }
+        let (slot, replaces_current) = match self.arena.iter().position(Option::is_none) {
+            Some(slot) => (slot, false),
+            None if current_is_empty => (self.current.expect("checked above"), true),
             None => {
                 return Err(IoError::PageSizesExhausted {
                     size: used.size,
@@ -505,7 +501,12 @@ impl<S: Shim> MemoryManager<S> {
             }
         };
         let page_size = self.arena_page_size(aligned);
+        // A refused page leaves the classes as they were: the slot changes only after this.
         let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;
+        if replaces_current {
+            self.current = None;
+            self.arena[slot] = None;
+        }
         let mut pool = SlicedPool::new(page_size);
         pool.add_page(raw, addr);
         let c = pool
