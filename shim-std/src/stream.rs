@@ -106,7 +106,9 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
         }
         Op::Wait { stream, seq } => {
             stream.reach(*seq);
-            Ok(())
+            // Work ordered after failed work depends on what it left unwritten: the failure
+            // travels with the order, and this stream's next fence reports it too.
+            stream.first_fault_through(*seq).map_or(Ok(()), Err)
         }
         Op::Replay(ops) => {
             let mut first = None;
@@ -137,6 +139,9 @@ struct StreamState {
     capture: Option<Vec<Op>>,
     /// Asynchronous faults not yet reported, by the sequence number of the failed operation.
     faults: Vec<(u64, DriverError)>,
+    /// The first asynchronous fault ever, reported or not: what streams ordered after this one
+    /// inherit.
+    first_fault: Option<(u64, DriverError)>,
 }
 
 /// The state a stream shares with its worker and its events.
@@ -187,6 +192,14 @@ impl StreamShared {
             st.drive_to = seq;
             self.cv.notify_all();
         }
+    }
+
+    /// The first fault of an operation at or before `seq`, reported or not.
+    fn first_fault_through(&self, seq: u64) -> Option<DriverError> {
+        lock(&self.state)
+            .first_fault
+            .filter(|(s, _)| *s <= seq)
+            .map(|(_, e)| e)
     }
 
     /// Blocks the calling thread until `seq` has completed or the device is poisoned.
@@ -275,6 +288,7 @@ fn work(shared: Arc<StreamShared>) {
         st.running = false;
         if let Some(e) = fault.filter(|e| !e.poisons_device()) {
             st.faults.push((seq, e));
+            st.first_fault.get_or_insert((seq, e));
         }
         shared.cv.notify_all();
     }
@@ -299,6 +313,7 @@ impl StdStream {
             running: false,
             capture: None,
             faults: Vec::new(),
+            first_fault: None,
         };
         let shared = Arc::new(StreamShared {
             id,
