@@ -471,6 +471,7 @@ fn a_handle_whose_memory_is_in_use_is_not_rebound() {
         addr,
         "the work keeps its memory"
     );
+    assert_eq!(mm.report().allocations(), 1, "the refused room went back");
     drop(in_flight);
     let third = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     mm.bind(third, &user, 2).unwrap();
