@@ -324,19 +324,23 @@ impl<S: Shim> MemoryManager<S> {
         size: u64,
         update: PageUpdate,
     ) -> Result<Handle, IoError> {
-        self.collect_returns();
         if update == PageUpdate::Allow {
-            self.cleanup(shim, Cleanup::Periodic);
+            self.cleanup(shim, Cleanup::Periodic); // collects the returns first
+        } else {
+            self.collect_returns();
         }
-        let too_big = IoError::BufferTooBig {
-            size,
-            max_page: self.max_page,
+        // The alignment is a power of two: a mask rounds without a division.
+        let mask = self.alignment - 1;
+        let aligned = match size.max(1).checked_add(mask) {
+            // No pool holds more than the device's largest page, whatever the mode.
+            Some(padded) if padded & !mask <= self.max_page => padded & !mask,
+            _ => {
+                return Err(IoError::BufferTooBig {
+                    size,
+                    max_page: self.max_page,
+                });
+            }
         };
-        let aligned = round_up(size.max(1), self.alignment).ok_or(too_big.clone())?;
-        // No pool holds more than the device's largest page, whatever the mode.
-        if aligned > self.max_page {
-            return Err(too_big);
-        }
         let id = self.next_id;
         let used = Used {
             owner: id,
@@ -742,6 +746,9 @@ impl<S: Shim> MemoryManager<S> {
     /// Frees what was dropped since the last call (handles dropped on any thread).
     fn collect_returns(&mut self) {
         self.returns.drain_into(&mut self.returned);
+        if self.returned.is_empty() {
+            return;
+        }
         let mut returned = core::mem::take(&mut self.returned);
         for r in returned.drain(..) {
             self.free_location(r.location, r.id);
