@@ -24,23 +24,15 @@ fn faulted(e: &ServerError) -> bool {
 
 #[test]
 fn a_fault_found_by_a_read_taints_the_stream_and_what_depends_on_it() {
-    let shim = StdShim::new();
-    let kernel = failing_kernel(&shim);
-    let probe = shim.clone();
-    let mut device = Device::new(shim, DeviceConfig::default());
+    let (probe, kernel, mut device) = setup();
     let (x, y) = {
         let mut cmd = device.command(StreamId(0), &[]).unwrap();
-        let x = cmd.create(&[1u8; 64]).unwrap();
-        let y = cmd.create(&[2u8; 64]).unwrap();
-        let launch = Launch {
-            kernel: &kernel,
-            name: "write_then_fail",
-            grid: Grid::linear(1),
-            inputs: &[&x],
-            outputs: &[&y],
-            args: &[][..],
-        };
-        cmd.launch(launch).expect("the enqueue itself succeeds");
+        let (x, y) = (
+            cmd.create(&[1u8; 64]).unwrap(),
+            cmd.create(&[2u8; 64]).unwrap(),
+        );
+        launch_failing(&mut device, StreamId(0), &kernel, &x, &y);
+        let mut cmd = device.command(StreamId(0), &[]).unwrap();
         let err = cmd
             .read_async(&[ReadRequest::whole(&y)])
             .unwrap()
@@ -87,17 +79,12 @@ fn a_fault_found_by_an_internal_flush_still_stops_the_read() {
     };
     let mut device = Device::new(shim, config);
     let mut cmd = device.command(StreamId(0), &[]).unwrap();
-    let x = cmd.create(&[1u8; 64]).unwrap();
-    let y = cmd.create(&[2u8; 64]).unwrap();
-    let launch = Launch {
-        kernel: &kernel,
-        name: "write_then_fail",
-        grid: Grid::linear(1),
-        inputs: &[&x],
-        outputs: &[&y],
-        args: &[][..],
-    };
-    cmd.launch(launch).unwrap();
+    let (x, y) = (
+        cmd.create(&[1u8; 64]).unwrap(),
+        cmd.create(&[2u8; 64]).unwrap(),
+    );
+    launch_failing(&mut device, StreamId(0), &kernel, &x, &y);
+    let mut cmd = device.command(StreamId(0), &[]).unwrap();
     // Two uploads: the second one's flush waits for the fence recorded after the launch and
     // meets the fault; the uploads themselves succeed.
     cmd.write_from(&x, &[4u8; 64]).expect("first upload");
