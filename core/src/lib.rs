@@ -27,6 +27,8 @@ pub mod command;
 pub mod copy;
 pub mod device;
 pub mod drop_queue;
+#[cfg(test)]
+mod drop_queue_model;
 pub mod error;
 pub mod failure;
 pub mod host;
