@@ -205,7 +205,10 @@ impl<'a, S: Shim> Command<'a, S> {
     pub fn flush_drops(&mut self) -> Result<(), ServerError> {
         self.device.settle();
         let shim = Arc::clone(&self.device.shim);
-        self.current().flush(&shim).map_err(|e| self.note(e).into())
+        let stream = self.stream;
+        self.current()
+            .flush(&shim)
+            .map_err(|e| Self::fence_error(stream, self.note(e)))
     }
 
     /// Releases what this stream's drop queue holds whose fence has passed, without blocking.
@@ -216,10 +219,11 @@ impl<'a, S: Shim> Command<'a, S> {
     /// A device fault the poll reveals.
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         let shim = Arc::clone(&self.device.shim);
+        let stream = self.stream;
         self.current()
             .drops
             .poll(&shim)
-            .map_err(|e| self.note(e).into())
+            .map_err(|e| Self::fence_error(stream, self.note(e)))
     }
 
     /// Drains the drop queue, releases every empty page of this stream's pools and its pinned

@@ -1,7 +1,8 @@
 //! The device: owner of the streams and of the device-wide state; hands out commands.
 //!
 //! Owns the shim, the streams (created on first use), the memory budget shared by their
-//! managers, the failure records, and whether the device is lost. Resolves the order between
+//! managers, the failure records, whether the device is lost and which streams ran failed work
+//! (and so which streams ordered after them cannot be trusted either). Resolves the order between
 //! streams when a command uses memory another stream owns. Does not own the operations
 //! themselves (`command.rs`).
 
@@ -460,14 +461,19 @@ impl<S: Shim> Drop for Device<S> {
         // Every stream first: another stream may still read this one's memory. The drain
         // releases what the queue covers; the sync covers work that left nothing in it (a
         // launch, a read), which may still use pages about to be freed. A fault of work that ran
-        // is reported once and its fence completed, so one more sync settles it.
+        // still means the fence completed: the stream is done with its memory.
         let mut all_done = true;
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
             let synced = s.drain_noting(&self.shim, &poison, i).and_then(|()| {
-                s.sync(&self.shim).or_else(|e| match e.fault {
-                    Fault::WorkFailed => s.sync(&self.shim),
-                    _ => Err(e),
+                s.sync(&self.shim).or_else(|e| {
+                    poison.note_at(i, &e);
+                    // The fence completed over failed work: the stream is done all the same.
+                    if e.fault == Fault::WorkFailed {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
                 })
             });
             all_done &= synced.is_ok();

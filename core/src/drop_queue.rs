@@ -139,13 +139,16 @@ impl<S: Shim> DropQueue<S> {
     ///
     /// # Errors
     ///
-    /// The fence wait's failure (the pending batch was then released if the device is poisoned,
-    /// leaked otherwise), or the refusal to record the new fence (the batch stays pending and
-    /// the next flush covers it).
+    /// The fence wait's failure: a fault of work that ran ([`crate::Fault::WorkFailed`], the
+    /// fence completed) releases the pending batch and the flush goes on, then reports it; any
+    /// other failure releases the batch if the device is poisoned, leaks it otherwise, and stops.
+    /// Or the refusal to record the new fence (the batch stays pending and the next flush covers
+    /// it).
     pub fn flush(&mut self, shim: &S, stream: &S::Stream) -> Result<(), DriverError> {
         if self.staged.is_empty() && self.pending.is_empty() {
             return Ok(());
         }
+        let mut failed_work = Ok(());
         if !self.pending.is_empty() {
             let fence = match self.fence.take() {
                 Some(f) => f,
@@ -154,7 +157,10 @@ impl<S: Shim> DropQueue<S> {
             };
             let waited = shim.event_wait(&fence);
             self.stats.fences_waited = self.stats.fences_waited.saturating_add(1);
-            self.settle(shim, waited)?;
+            match self.settle(shim, waited) {
+                Err(e) if e.fault == crate::error::Fault::WorkFailed => failed_work = Err(e),
+                other => other?,
+            }
         }
         self.fence = None;
         core::mem::swap(&mut self.pending, &mut self.staged);
@@ -162,11 +168,11 @@ impl<S: Shim> DropQueue<S> {
         self.staged_bytes = 0;
         if self.pending.is_empty() {
             // Nothing to cover: a fence would cost a device call and cover nothing.
-            return Ok(());
+            return failed_work;
         }
         self.stats.flushes = self.stats.flushes.saturating_add(1);
         self.fence = Some(shim.record_event(stream)?);
-        Ok(())
+        failed_work
     }
 
     /// Releases the pending batch if its fence has passed, without blocking. Returns whether
@@ -216,14 +222,16 @@ impl<S: Shim> DropQueue<S> {
         self.staged_bytes = 0;
     }
 
-    /// Flushes twice: everything pushed before is released (or leaked after a failed wait).
+    /// Flushes twice, whatever the first flush met: everything pushed before is released, or
+    /// leaked after a wait whose outcome is unknown.
     ///
     /// # Errors
     ///
-    /// As [`Self::flush`].
+    /// The first failure of the two flushes (see [`Self::flush`]).
     pub fn drain(&mut self, shim: &S, stream: &S::Stream) -> Result<(), DriverError> {
-        self.flush(shim, stream)?;
-        self.flush(shim, stream)
+        let first = self.flush(shim, stream);
+        let second = self.flush(shim, stream);
+        first.and(second)
     }
 
     /// Releases the pending batch after a wait that ended with `waited`: at once if it succeeded,

@@ -1,6 +1,10 @@
-//! Model-based property test of the drop queue: random push / flush / poll / drain sequences, with
-//! fence waits that succeed, fail with an unknown outcome, fail over work that ran, or poison,
-//! checked after every step against a plain model of the two batches.
+//! Model-based property test of the drop queue: random push / flush / poll / drain sequences,
+//! with fence records, waits and queries that succeed, fail with an unknown outcome, fail over
+//! work that ran, or poison, checked after every step against a plain model of DESIGN.md's two
+//! batches: an item is released at the second flush after its push once that flush's wait
+//! succeeds (or reports failed work, or poisoning); a wait of unknown outcome leaks the batch;
+//! nothing is released by a poll that finds the device busy; whatever no fence covered is leaked
+//! when the queue drops.
 
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue};
 use crate::error::Fault;
@@ -10,30 +14,43 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use proptest::prelude::*;
 
+#[derive(Debug, Clone, Copy)]
+struct Faults {
+    record: Option<Fault>,
+    wait: Option<Fault>,
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Push,
-    Flush(Option<Fault>),
-    Poll,
-    Drain,
+    Flush(Faults),
+    Poll { busy: bool, query: Option<Fault> },
+    Drain(Faults),
 }
 
-fn op() -> impl Strategy<Value = Op> {
-    let wait = prop_oneof![
-        6 => Just(None),
+fn fault() -> impl Strategy<Value = Option<Fault>> {
+    prop_oneof![
+        12 => Just(None),
         1 => Just(Some(Fault::Failed)),
         1 => Just(Some(Fault::WorkFailed)),
         1 => Just(Some(Fault::Poisoning)),
-    ];
-    prop_oneof![
-        5 => Just(Op::Push),
-        3 => wait.prop_map(Op::Flush),
-        1 => Just(Op::Poll),
-        1 => Just(Op::Drain),
     ]
 }
 
-/// The model: ids staged, ids pending (with whether a fence covers them), ids released, ids
+fn faults() -> impl Strategy<Value = Faults> {
+    (fault(), fault()).prop_map(|(record, wait)| Faults { record, wait })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => Just(Op::Push),
+        4 => faults().prop_map(Op::Flush),
+        2 => (any::<bool>(), fault()).prop_map(|(busy, query)| Op::Poll { busy, query }),
+        1 => faults().prop_map(Op::Drain),
+    ]
+}
+
+/// The model: ids staged, ids pending (and whether a fence covers them), ids released and
 /// leaked, and the device calls the queue should have made.
 #[derive(Debug, Default)]
 struct Model {
@@ -47,36 +64,81 @@ struct Model {
 }
 
 impl Model {
+    /// What happens to the pending batch after a wait (or query) that ended with `fault`.
     fn settle(&mut self, fault: Option<Fault>) {
         let batch = core::mem::take(&mut self.pending);
         match fault {
-            Some(Fault::Failed) => self.leaked.extend(batch),
+            Some(Fault::Failed | Fault::OutOfMemory | Fault::TooBig | Fault::Unsupported) => {
+                self.leaked.extend(batch)
+            }
             _ => self.released.extend(batch),
         }
     }
 
-    fn flush(&mut self, fault: Option<Fault>) -> bool {
+    /// One record; the first of an operation may fail.
+    fn record(&mut self, fault: &mut Option<Fault>) -> bool {
+        self.records += 1;
+        fault.take().is_none()
+    }
+
+    /// One flush; the faults armed for the operation hit its first record and first wait.
+    fn flush(&mut self, f: &mut Faults) -> bool {
         if self.staged.is_empty() && self.pending.is_empty() {
             return true;
         }
+        let mut ok = true;
         if !self.pending.is_empty() {
-            if !self.fenced {
-                self.records += 1;
+            if !self.fenced && !self.record(&mut f.record) {
+                return false;
             }
             self.waits += 1;
-            self.settle(fault);
-            if fault.is_some() {
-                self.fenced = false;
-                return false;
+            let wait = f.wait.take();
+            self.settle(wait);
+            match wait {
+                None => {}
+                Some(Fault::WorkFailed) => ok = false,
+                Some(_) => {
+                    self.fenced = false;
+                    return false;
+                }
             }
         }
         self.fenced = false;
         self.pending = core::mem::take(&mut self.staged);
-        if !self.pending.is_empty() {
-            self.records += 1;
-            self.fenced = true;
+        if self.pending.is_empty() {
+            return ok;
         }
-        true
+        if !self.record(&mut f.record) {
+            return false;
+        }
+        self.fenced = true;
+        ok
+    }
+
+    fn poll(&mut self, busy: bool, query: Option<Fault>) -> Option<bool> {
+        if !self.fenced {
+            return Some(self.pending.is_empty());
+        }
+        match query {
+            Some(Fault::WorkFailed) => {
+                // The queue waits for the fence before it releases anything.
+                self.waits += 1;
+                self.fenced = false;
+                self.settle(None);
+                None
+            }
+            Some(f) => {
+                self.fenced = false;
+                self.settle(Some(f));
+                None
+            }
+            None if busy => Some(false),
+            None => {
+                self.fenced = false;
+                self.settle(None);
+                Some(true)
+            }
+        }
     }
 }
 
@@ -101,6 +163,18 @@ fn tracked(id: u64, returns: &Arc<ReturnQueue>) -> DropItem<TestShim> {
     DropItem::Binding(h.binding())
 }
 
+fn arm(shim: &TestShim, f: Faults) {
+    shim.fail_next_record.set(f.record);
+    shim.fail_next_wait.set(f.wait);
+}
+
+fn disarm(shim: &TestShim) {
+    shim.fail_next_record.set(None);
+    shim.fail_next_wait.set(None);
+    shim.fail_next_query.set(None);
+    shim.busy.set(false);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
@@ -112,53 +186,47 @@ proptest! {
         let mut m = Model::default();
         let mut next = 0u64;
         for op in &ops {
-            match op {
+            match *op {
                 Op::Push => {
                     next += 1;
                     q.push(tracked(next, &returns));
                     m.staged.push(next);
                     prop_assert_eq!(q.should_flush(), m.staged.len() >= 4);
                 }
-                Op::Flush(fault) => {
-                    shim.fail_next_wait.set(*fault);
-                    let ok = q.flush(&shim, &()).is_ok();
-                    prop_assert_eq!(ok, m.flush(*fault));
-                    shim.fail_next_wait.set(None);
+                Op::Flush(f) => {
+                    arm(&shim, f);
+                    prop_assert_eq!(q.flush(&shim, &()).is_ok(), m.flush(&mut f.clone()), "flush {:?}", f);
                 }
-                Op::Poll => {
-                    // The test shim's events complete at once: a poll releases what is pending.
-                    let done = q.poll(&shim).unwrap();
-                    if m.fenced {
-                        m.settle(None);
-                        m.fenced = false;
-                    }
-                    prop_assert_eq!(done, m.pending.is_empty());
+                Op::Poll { busy, query } => {
+                    shim.busy.set(busy);
+                    shim.fail_next_query.set(query);
+                    prop_assert_eq!(q.poll(&shim).ok(), m.poll(busy, query), "poll");
                 }
-                Op::Drain => {
-                    q.drain(&shim, &()).unwrap();
-                    m.flush(None);
-                    m.flush(None);
-                    prop_assert!(m.staged.is_empty() && m.pending.is_empty());
+                Op::Drain(f) => {
+                    arm(&shim, f);
+                    let mut armed = f;
+                    let first = m.flush(&mut armed);
+                    let second = m.flush(&mut armed);
+                    prop_assert_eq!(q.drain(&shim, &()).is_ok(), first && second, "drain {:?}", f);
                 }
             }
+            disarm(&shim);
             let mut out: Vec<Returned> = Vec::new();
             returns.drain_into(&mut out);
             let mut released: Vec<u64> = out.iter().map(|r| r.id).collect();
             released.sort_unstable();
-            let mut expected = m.released.clone();
+            let mut expected = core::mem::take(&mut m.released);
             expected.sort_unstable();
             prop_assert_eq!(released, expected, "released ids after {:?}", op);
-            m.released.clear();
             prop_assert_eq!((q.staged_len(), q.pending_len()), (m.staged.len(), m.pending.len()));
-            prop_assert_eq!(shim.events_waited.get(), m.waits);
-            prop_assert_eq!(shim.events_recorded.get(), m.records);
+            prop_assert_eq!(shim.events_waited.get(), m.waits, "waits after {:?}", op);
+            prop_assert_eq!(shim.events_recorded.get(), m.records, "records after {:?}", op);
             prop_assert_eq!(q.stats().items_leaked, m.leaked.len() as u64);
         }
-        // Whatever is left is leaked on purpose when the queue drops (no fence covered it).
-        let left = m.staged.len() + m.pending.len();
+        // Whatever is left was never covered by a fence that passed: the queue leaks it.
         drop(q);
         let mut out: Vec<Returned> = Vec::new();
         returns.drain_into(&mut out);
-        prop_assert!(out.is_empty(), "{} items freed without a fence ({} left)", out.len(), left);
+        prop_assert!(out.is_empty(), "{} items freed without a fence", out.len());
     }
 }

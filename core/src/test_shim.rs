@@ -18,6 +18,12 @@ pub(crate) struct TestShim {
     pub events_waited: Cell<u32>,
     /// The next event wait fails with this fault.
     pub fail_next_wait: Cell<Option<Fault>>,
+    /// The next event record fails with this fault.
+    pub fail_next_record: Cell<Option<Fault>>,
+    /// The next event query fails with this fault.
+    pub fail_next_query: Cell<Option<Fault>>,
+    /// Queries answer "not yet" (the device is still busy).
+    pub busy: Cell<bool>,
 }
 
 #[derive(Debug)]
@@ -44,6 +50,9 @@ impl TestShim {
             events_recorded: Cell::new(0),
             events_waited: Cell::new(0),
             fail_next_wait: Cell::new(None),
+            fail_next_record: Cell::new(None),
+            fail_next_query: Cell::new(None),
+            busy: Cell::new(false),
         }
     }
 }
@@ -76,10 +85,16 @@ impl Shim for TestShim {
     }
     fn record_event(&self, _: &()) -> Result<(), DriverError> {
         self.events_recorded.set(self.events_recorded.get() + 1);
-        Ok(())
+        match self.fail_next_record.take() {
+            Some(fault) => Err(DriverError::new(ShimOp::EventRecord, 98, fault)),
+            None => Ok(()),
+        }
     }
     fn event_query(&self, _: &()) -> Result<bool, DriverError> {
-        Ok(true)
+        match self.fail_next_query.take() {
+            Some(fault) => Err(DriverError::new(ShimOp::EventQuery, 97, fault)),
+            None => Ok(!self.busy.get()),
+        }
     }
     fn event_wait(&self, _: &()) -> Result<(), DriverError> {
         self.events_waited.set(self.events_waited.get() + 1);

@@ -137,10 +137,8 @@ struct StreamState {
     /// is poisoned, waits return early, but never while an operation may still touch memory.
     running: bool,
     capture: Option<Vec<Op>>,
-    /// Asynchronous faults not yet reported, by the sequence number of the failed operation.
-    faults: Vec<(u64, DriverError)>,
-    /// The first asynchronous fault ever, reported or not: what streams ordered after this one
-    /// inherit.
+    /// The first asynchronous fault, by the sequence number of the failed operation: every
+    /// fence from there on reports it, and streams ordered after this one inherit it.
     first_fault: Option<(u64, DriverError)>,
 }
 
@@ -211,13 +209,14 @@ impl StreamShared {
         }
     }
 
-    /// Takes the earliest unreported fault at or before `seq` (and drops the others up to it).
-    fn take_fault(st: &mut StreamState, seq: u64) -> Result<(), DriverError> {
-        let Some(&(_, first)) = st.faults.iter().find(|(s, _)| *s <= seq) else {
-            return Ok(());
-        };
-        st.faults.retain(|(s, _)| *s > seq);
-        Err(first)
+    /// The fault of the stream's first failed operation, if it ran at or before `seq`. Faults
+    /// are sticky: every fence from the failed work on reports it, so no fence covering the
+    /// failure can look clean to one caller because another caller heard first.
+    fn fault_through(st: &StreamState, seq: u64) -> Result<(), DriverError> {
+        match st.first_fault {
+            Some((s, e)) if s <= seq => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Whether `seq` has completed, without blocking (lazy mode: also drives up to it).
@@ -235,7 +234,7 @@ impl StreamShared {
         if st.completed < seq {
             return Ok(false);
         }
-        Self::take_fault(&mut st, seq)?;
+        Self::fault_through(&st, seq)?;
         Ok(true)
     }
 
@@ -245,7 +244,7 @@ impl StreamShared {
         if self.dev.is_poisoned() {
             return Err(self.dev.poisoned_error(op));
         }
-        Self::take_fault(&mut lock(&self.state), seq)
+        Self::fault_through(&lock(&self.state), seq)
     }
 
     /// Operations enqueued and not completed yet.
@@ -287,7 +286,6 @@ fn work(shared: Arc<StreamShared>) {
         st.completed = seq;
         st.running = false;
         if let Some(e) = fault.filter(|e| !e.poisons_device()) {
-            st.faults.push((seq, e));
             st.first_fault.get_or_insert((seq, e));
         }
         shared.cv.notify_all();
@@ -312,7 +310,6 @@ impl StdStream {
             shutdown: false,
             running: false,
             capture: None,
-            faults: Vec::new(),
             first_fault: None,
         };
         let shared = Arc::new(StreamShared {

@@ -360,9 +360,9 @@ fn graphs_record_then_replay_rereading_host_bytes() {
 }
 
 #[test]
-fn kernel_faults_surface_at_the_next_fence() {
+fn kernel_faults_surface_at_every_later_fence_of_their_stream() {
     let shim = StdShim::new();
-    let s = shim.create_stream().unwrap();
+    let (s, other) = (shim.create_stream().unwrap(), shim.create_stream().unwrap());
     let fail = shim.register_kernel("fail", |_| Err(KernelFault::Failed));
     let panics = shim.register_kernel("panics", |_| panic!("kernel panic (expected by the test)"));
     let before = shim.record_event(&s).unwrap();
@@ -376,10 +376,15 @@ fn kernel_faults_surface_at_the_next_fence() {
         (err.op, err.fault, err.status),
         (ShimOp::Launch, Fault::WorkFailed, status::KERNEL_FAILED)
     );
-    sync(&shim, &s).unwrap(); // reported once; the device stays usable
+    // Sticky: a later fence reports the same first fault, whoever asked before.
     launch(&shim, &s, &panics, &[], 0);
-    assert_eq!(sync(&shim, &s).unwrap_err().status, status::KERNEL_PANICKED);
+    assert_eq!(sync(&shim, &s).unwrap_err().status, status::KERNEL_FAILED);
     assert_eq!(shim.stats().async_faults, 2);
+    // Another stream is unaffected until it is ordered after the failed one.
+    assert!(sync(&shim, &other).is_ok());
+    let e = shim.record_event(&s).unwrap();
+    shim.stream_wait_event(&other, &e).unwrap();
+    assert_eq!(sync(&shim, &other).unwrap_err().fault, Fault::WorkFailed);
     assert!(!shim.is_poisoned());
 }
 
