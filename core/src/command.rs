@@ -489,9 +489,10 @@ impl<'a, S: Shim> Command<'a, S> {
     }
 
     /// Flushes the drop queue after an enqueue that asked for it. The enqueue itself succeeded: a
-    /// fault the flush's fence reveals belongs to earlier work, so it is kept for the next
-    /// `read_async` or `sync` on this stream (where the design says asynchronous faults surface)
-    /// instead of failing this call. A poisoning fault is returned at once.
+    /// fault the flush's fence reveals belongs to earlier work, so it does not fail this call. A
+    /// fault of work that ran taints the stream (its next operation fails with it); a wait of
+    /// unknown outcome is kept for the next `read_async` or `sync` on this stream (where the
+    /// design says asynchronous faults surface). A poisoning fault is returned at once.
     fn flush_after_enqueue(&mut self, shim: &S) -> Result<(), ServerError> {
         match self.current().flush(shim) {
             Ok(()) => Ok(()),
@@ -878,7 +879,9 @@ impl<S: Shim> ReadFuture<S> {
     ///
     /// # Errors
     ///
-    /// A device fault the fence reveals (the buffers are then leaked unless the device is lost).
+    /// A device fault the fence reveals: [`ServerError::StreamFaulted`] for failed work (the fence
+    /// completed; the buffers are released), or a fault of unknown outcome (the buffers are then
+    /// leaked unless the device is lost).
     pub fn wait(mut self) -> Result<Vec<HostBuffer>, ServerError> {
         let result = match &self.event {
             Some(ev) => wait_event(&*self.shim, ev, &self.watch),

@@ -580,7 +580,8 @@ pub enum ServerError {
     Io(IoError),
     /// A launch error.
     Launch(LaunchError),
-    /// A fence revealed a device fault (the work before it failed).
+    /// A fence wait or query failed with an outcome the core cannot know (not a fault of work
+    /// that ran, which is [`ServerError::StreamFaulted`], nor a lost device).
     Device(DriverError),
     /// Work on a stream failed while it ran ([`Fault::WorkFailed`]): nothing written on that
     /// stream, or ordered after it, can be trusted, so every operation on it or depending on it

@@ -50,8 +50,10 @@ pub(crate) struct PinnedPool<S: Shim> {
     returns: Arc<ReturnQueue>,
     returned: Vec<Returned>,
     next_id: u64,
-    /// Whether the shim refused a pinned page: stop asking until a cleanup.
+    /// Whether the shim refused a pinned page of the carved size: stop asking until a cleanup.
     refused: bool,
+    /// The smallest large page the shim refused: larger ones are not asked for until a cleanup.
+    refused_large: Option<u64>,
     /// Most pages of both kinds held at once.
     pages_peak: u32,
 }
@@ -67,6 +69,7 @@ impl<S: Shim> PinnedPool<S> {
             returned: Vec::new(),
             next_id: 1,
             refused: false,
+            refused_large: None,
             pages_peak: 0,
         }
     }
@@ -134,7 +137,12 @@ impl<S: Shim> PinnedPool<S> {
     /// A new pinned page of `size` bytes, within the pool's limit, or `None`.
     fn new_page(&mut self, shim: &S, size: u64, may_add: bool) -> Option<(S::HostPage, u64)> {
         let large = size > self.pool.page_size;
-        if !may_add || (self.refused && !large) {
+        let refused = if large {
+            self.refused_large.is_some_and(|r| size >= r)
+        } else {
+            self.refused
+        };
+        if !may_add || refused || size > self.config.max_bytes {
             return None;
         }
         if self.held().saturating_add(size) > self.config.max_bytes {
@@ -151,9 +159,13 @@ impl<S: Shim> PinnedPool<S> {
                     "pinned page refused (status {}): staging from the heap",
                     e.status
                 );
-                // A refused page of the common size stops asking until a cleanup; a refused
-                // large page says nothing about the common size.
-                self.refused |= !large;
+                // A refused page stops asking for pages that large until a cleanup; a refused
+                // large page says nothing about the carved size.
+                if large {
+                    self.refused_large = Some(self.refused_large.map_or(size, |r| r.min(size)));
+                } else {
+                    self.refused = true;
+                }
                 return None;
             }
         };
@@ -181,6 +193,7 @@ impl<S: Shim> PinnedPool<S> {
     pub(crate) fn cleanup(&mut self, shim: &S) {
         self.collect_returns();
         self.refused = false;
+        self.refused_large = None;
         let empty: Vec<u32> = self.pool.empty_pages().collect();
         for page in empty {
             if let Some(p) = self.pool.remove_page_if_empty(page) {

@@ -28,11 +28,18 @@
 //! - An event completes only once everything enqueued on its stream before it has completed.
 //! - Every error is a [`DriverError`] built by [`Shim::classify`], so the core can tell a device
 //!   that is lost from a call that merely failed.
-//! - A fault of work that was enqueued fine but failed while it ran surfaces at a later
-//!   [`Shim::event_query`] or [`Shim::event_wait`]: as [`Fault::Poisoning`] when the device is
-//!   lost, as [`Fault::WorkFailed`] when the fence still completed (the core then stops trusting
-//!   that stream: it cannot know which work failed). Any other error from a wait means its
-//!   outcome is unknown, and the core leaks what the fence covered rather than free it.
+//! - A fault of work that was enqueued fine but failed while it ran surfaces at later
+//!   [`Shim::event_query`] / [`Shim::event_wait`] calls: as [`Fault::Poisoning`] when the device
+//!   is lost, otherwise as [`Fault::WorkFailed`], with three rules the core relies on:
+//!   - it is reported only by a fence that has completed (a query answers "not yet" before);
+//!   - it is sticky: every fence of that stream at or after the failed work reports it, so no
+//!     caller sees a clean fence because another caller heard of the fault first;
+//!   - it travels with [`Shim::stream_wait_event`]: a stream ordered after the failed work
+//!     reports it too at its own later fences.
+//!
+//!   The core then stops trusting the stream (it cannot know which work failed). Any other error
+//!   from a wait means its outcome is unknown, and the core leaks what the fence covered rather
+//!   than free it.
 
 use crate::copy::CopyLayout;
 use crate::error::{DriverError, Fault, ShimOp};

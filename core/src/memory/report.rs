@@ -27,7 +27,8 @@ pub enum PoolKind {
 pub struct PoolReport {
     /// Which pool.
     pub kind: PoolKind,
-    /// Bytes per page (the largest page for pools of varied pages).
+    /// Bytes per page: the size the pool carves (for pools of one allocation per page, the largest
+    /// page; the pinned pool's large requests have pages of their own, counted in `pages`).
     pub page_size: u64,
     /// Pages held now.
     pub pages: u32,
