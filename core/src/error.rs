@@ -42,6 +42,27 @@ pub enum ShimOp {
     GraphLaunch,
 }
 
+impl ShimOp {
+    /// Every device call, in declaration order (shims index per-call tables by it).
+    pub const ALL: [ShimOp; 15] = [
+        Self::StreamCreate,
+        Self::StreamWaitEvent,
+        Self::EventRecord,
+        Self::EventQuery,
+        Self::EventWait,
+        Self::DeviceAlloc,
+        Self::HostAlloc,
+        Self::CopyHostToDevice,
+        Self::CopyDeviceToHost,
+        Self::CopyDeviceToDevice,
+        Self::Launch,
+        Self::GraphBegin,
+        Self::GraphEnd,
+        Self::GraphUpload,
+        Self::GraphLaunch,
+    ];
+}
+
 impl fmt::Display for ShimOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = match self {

@@ -73,25 +73,9 @@ pub mod status {
     }
 }
 
-const OP_COUNT: usize = 15;
+const OP_COUNT: usize = ShimOp::ALL.len();
 
-const OPS: [ShimOp; OP_COUNT] = [
-    ShimOp::StreamCreate,
-    ShimOp::StreamWaitEvent,
-    ShimOp::EventRecord,
-    ShimOp::EventQuery,
-    ShimOp::EventWait,
-    ShimOp::DeviceAlloc,
-    ShimOp::HostAlloc,
-    ShimOp::CopyHostToDevice,
-    ShimOp::CopyDeviceToHost,
-    ShimOp::CopyDeviceToDevice,
-    ShimOp::Launch,
-    ShimOp::GraphBegin,
-    ShimOp::GraphEnd,
-    ShimOp::GraphUpload,
-    ShimOp::GraphLaunch,
-];
+const OPS: [ShimOp; OP_COUNT] = ShimOp::ALL;
 
 pub(crate) const fn op_index(op: ShimOp) -> usize {
     match op {

@@ -8,18 +8,18 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// The shim calls the core makes outside graph capture. (`CopyDeviceToDevice` is left out: the
 /// core makes no device-to-device copy outside relocation, which it does not run yet.)
-const CALLS: [ShimOp; 10] = [
-    ShimOp::StreamCreate,
-    ShimOp::StreamWaitEvent,
-    ShimOp::EventRecord,
-    ShimOp::EventQuery,
-    ShimOp::EventWait,
-    ShimOp::DeviceAlloc,
-    ShimOp::HostAlloc,
-    ShimOp::CopyHostToDevice,
-    ShimOp::CopyDeviceToHost,
-    ShimOp::Launch,
-];
+fn calls() -> impl Iterator<Item = ShimOp> {
+    ShimOp::ALL.into_iter().filter(|op| {
+        !matches!(
+            op,
+            ShimOp::CopyDeviceToDevice
+                | ShimOp::GraphBegin
+                | ShimOp::GraphEnd
+                | ShimOp::GraphUpload
+                | ShimOp::GraphLaunch
+        )
+    })
+}
 
 /// The operations run while a call fails.
 #[derive(Debug, Clone, Copy)]
@@ -433,7 +433,7 @@ pub fn fault_injection<H: Harness>(h: &H, mode: Mode) {
     if only.is_empty() || only == "precise" {
         precise(h, mode);
     }
-    for call in CALLS {
+    for call in calls() {
         for op in OPS {
             for poisons in [false, true] {
                 let tag = format!("{call:?}/{op:?}/{poisons}");
