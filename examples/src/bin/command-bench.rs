@@ -3,7 +3,8 @@
 //! allocator measured in the same run, and staged upload / readback bandwidth for 4 KiB to
 //! 256 MiB against a plain `memcpy` of the same bytes.
 //!
-//! Run: `cargo run --release -p devcmd-examples --bin command-bench` (`--quick` for fewer sizes).
+//! Run: `cargo run --release -p devcmd-examples --bin command-bench` (`--quick` for fewer sizes,
+//! `--drop-mib N` for the drop queue's byte threshold).
 
 use devcmd::{CopyLayout, Device, DeviceConfig, Grid, Launch, ReadRequest, Shim, StreamId};
 use devcmd_std::StdShim;
@@ -35,7 +36,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shim = StdShim::builder().total_memory(4 << 30).build();
     let noop = shim.register_kernel("noop", |_| Ok(()));
     let raw = shim.clone();
-    let mut device = Device::new(shim, DeviceConfig::default());
+    // `--drop-mib N`: the drop queue's byte threshold (default 64 MiB, the design's).
+    let args: Vec<String> = std::env::args().collect();
+    let drop_mib: u64 = args
+        .iter()
+        .position(|a| a == "--drop-mib")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let drops = devcmd::DropPolicy {
+        max_bytes: drop_mib << 20,
+        ..devcmd::DropPolicy::default()
+    };
+    let config = DeviceConfig {
+        drops,
+        ..DeviceConfig::default()
+    };
+    println!(
+        "drop queue: flush at {} items or {drop_mib} MiB\n",
+        drops.max_items
+    );
+    let mut device = Device::new(shim, config);
     let iters = if quick { 20_000 } else { 200_000 };
 
     println!("## Command per-operation CPU cost (std shim)\n");
