@@ -111,6 +111,15 @@ fn setup() -> (StdShim, StdKernel, Device<StdShim>) {
     (shim, kernel, device)
 }
 
+/// Two buffers of stream 0: 64 bytes of 1 and 64 bytes of 2.
+fn two_buffers(device: &mut Device<StdShim>) -> (devcmd::Handle, devcmd::Handle) {
+    let mut cmd = device.command(StreamId(0), &[]).unwrap();
+    (
+        cmd.create(&[1u8; 64]).unwrap(),
+        cmd.create(&[2u8; 64]).unwrap(),
+    )
+}
+
 fn launch_failing(
     device: &mut Device<StdShim>,
     stream: StreamId,
@@ -133,9 +142,7 @@ fn launch_failing(
 #[test]
 fn a_read_that_completed_before_the_fault_was_heard_of_is_still_refused() {
     let (probe, kernel, mut device) = setup();
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
-    let x = cmd.create(&[1u8; 64]).unwrap();
-    let y = cmd.create(&[2u8; 64]).unwrap();
+    let (x, y) = two_buffers(&mut device);
     launch_failing(&mut device, StreamId(0), &kernel, &x, &y);
     let mut cmd = device.command(StreamId(0), &[]).unwrap();
     let first = cmd.read_async(&[ReadRequest::whole(&y)]).unwrap();
@@ -152,13 +159,7 @@ fn a_read_that_completed_before_the_fault_was_heard_of_is_still_refused() {
 #[test]
 fn a_fault_on_a_foreign_writer_reaches_the_owner_that_waited_for_it() {
     let (probe, kernel, mut device) = setup();
-    let (x, h) = {
-        let mut cmd = device.command(StreamId(0), &[]).unwrap();
-        (
-            cmd.create(&[1u8; 64]).unwrap(),
-            cmd.create(&[2u8; 64]).unwrap(),
-        )
-    };
+    let (x, h) = two_buffers(&mut device);
     // Stream 1 writes stream 0's buffer and fails; nobody has asked stream 1 yet.
     launch_failing(&mut device, StreamId(1), &kernel, &x, &h);
     let mut cmd = device.command(StreamId(0), &[&h]).unwrap();
@@ -177,9 +178,7 @@ fn a_fault_on_a_foreign_writer_reaches_the_owner_that_waited_for_it() {
 #[test]
 fn a_device_dropped_without_hearing_of_the_fault_still_frees_everything() {
     let (probe, kernel, mut device) = setup();
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
-    let x = cmd.create(&[1u8; 64]).unwrap();
-    let y = cmd.create(&[2u8; 64]).unwrap();
+    let (x, y) = two_buffers(&mut device);
     launch_failing(&mut device, StreamId(0), &kernel, &x, &y);
     drop((x, y));
     drop(device);

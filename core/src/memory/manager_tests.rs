@@ -6,16 +6,21 @@ use crate::test_shim::TestShim;
 
 const MIB: u64 = 1 << 20;
 
-fn setup(total: u64, alignment: u64, max_page: u64) -> (TestShim, MemoryManager<TestShim>) {
-    let shim = TestShim::new(total, alignment, max_page);
-    let config = MemoryConfig::default();
+/// A manager of stream 0 of device 1 that frees pages at once.
+fn manager(shim: &TestShim, config: MemoryConfig, budget: MemoryBudget) -> MemoryManager<TestShim> {
     let issuer = Issuer {
         device: 1,
         stream: 0,
     };
-    let mut mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    let mut mm = MemoryManager::new(&shim.facts, config, issuer, budget);
     // SAFETY: the test shim runs no device work.
     unsafe { mm.release_pages_immediately() };
+    mm
+}
+
+fn setup(total: u64, alignment: u64, max_page: u64) -> (TestShim, MemoryManager<TestShim>) {
+    let shim = TestShim::new(total, alignment, max_page);
+    let mm = manager(&shim, MemoryConfig::default(), MemoryBudget::new(None));
     (shim, mm)
 }
 
@@ -351,18 +356,7 @@ fn a_guarded_page_keeps_its_place_and_serves_nothing_new() {
 fn the_budget_is_never_exceeded_and_the_refusal_names_it() {
     let shim = TestShim::new(1 << 30, 32, 256 * MIB);
     let budget = MemoryBudget::new(Some(20 * MIB));
-    let config = MemoryConfig::default();
-    let mut mm = MemoryManager::new(
-        &shim.facts,
-        config,
-        Issuer {
-            device: 1,
-            stream: 0,
-        },
-        budget.clone(),
-    );
-    // SAFETY: the test shim runs no device work.
-    unsafe { mm.release_pages_immediately() };
+    let mut mm = manager(&shim, MemoryConfig::default(), budget.clone());
     let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
     let e = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap_err();
     assert_eq!(
@@ -434,15 +428,7 @@ fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
         arena_granule: 0,
         arena_classes: 0,
     };
-    let mut mm = MemoryManager::new(
-        &shim.facts,
-        config,
-        Issuer {
-            device: 1,
-            stream: 0,
-        },
-        MemoryBudget::new(None),
-    );
+    let mut mm = manager(&shim, config, MemoryBudget::new(None));
     for size in [0, 1, 31, 32, 33, 4096, MIB, 256 * MIB] {
         let h = mm.reserve(&shim, size, PageUpdate::Allow).unwrap();
         assert_eq!(mm.resolve(&h).unwrap().len, size);
