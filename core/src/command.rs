@@ -94,7 +94,7 @@ impl<'a, S: Shim> Command<'a, S> {
     /// Fails fast when the device is lost or this stream's work failed while it ran.
     fn check_poisoned(&self) -> Result<(), ServerError> {
         if let Some(cause) = self.device.poison.get() {
-            return Err(ServerError::DevicePoisoned { cause });
+            return Err(ServerError::DeviceLost { cause });
         }
         match self.device.poison.stream_fault(self.stream) {
             Some((stream, cause)) => Err(ServerError::StreamFaulted {
@@ -282,7 +282,7 @@ impl<'a, S: Shim> Command<'a, S> {
             }
             match self.cleanup_stream(i) {
                 Ok(()) => {}
-                Err(e) if i == self.stream || e.poisons_device() => {
+                Err(e) if i == self.stream || e.loses_device() => {
                     return Err(Self::fence_error(i, e));
                 }
                 Err(e) => {
@@ -313,7 +313,7 @@ impl<'a, S: Shim> Command<'a, S> {
             Err(e)
                 if update == PageUpdate::Allow
                     && e.may_succeed_after_reclaim()
-                    && !e.is_device_poisoned() =>
+                    && !e.is_device_lost() =>
             {
                 debug!(
                     "reserve of {} bytes failed; making room on every stream",
@@ -326,7 +326,7 @@ impl<'a, S: Shim> Command<'a, S> {
         };
         self.device.settle();
         result.map_err(|e| {
-            if let IoError::DevicePoisoned { cause } = &e {
+            if let Some(cause) = e.driver_error() {
                 self.device.poison.note(cause);
             }
             e.into()
@@ -496,7 +496,7 @@ impl<'a, S: Shim> Command<'a, S> {
     fn flush_after_enqueue(&mut self, shim: &S) -> Result<(), ServerError> {
         match self.current().flush(shim) {
             Ok(()) => Ok(()),
-            Err(e) if e.poisons_device() => Err(self.note(e).into()),
+            Err(e) if e.loses_device() => Err(self.note(e).into()),
             // The stream is now tainted: its next operation fails with the fault.
             Err(e) if e.fault == crate::error::Fault::WorkFailed => {
                 self.note(e);
@@ -552,7 +552,7 @@ impl<'a, S: Shim> Command<'a, S> {
     /// # Safety
     ///
     /// `dst` is neither dropped nor accessed until a fence recorded after this call completes.
-    pub unsafe fn write_to_host(
+    pub unsafe fn read_into(
         &mut self,
         request: ReadRequest<'_>,
         dst: &mut HostBuffer,
@@ -600,7 +600,7 @@ impl<'a, S: Shim> Command<'a, S> {
             // SAFETY: `buffer` moves into `buffers` (its heap address does not change) and is
             // neither read nor dropped before the fence below passed (or the wait in the error
             // path returned).
-            match unsafe { self.write_to_host(*req, &mut buffer) } {
+            match unsafe { self.read_into(*req, &mut buffer) } {
                 Ok(()) => {
                     buffers.push(buffer);
                     held.push(req.handle.binding());
@@ -618,7 +618,7 @@ impl<'a, S: Shim> Command<'a, S> {
                 let waited = shim.record_event(raw).and_then(|ev| shim.event_wait(&ev));
                 if let Err(w) = waited {
                     self.note(w);
-                    if !w.poisons_device() && w.fault != crate::error::Fault::WorkFailed {
+                    if !w.loses_device() && w.fault != crate::error::Fault::WorkFailed {
                         warn!(
                             "a partial read could not be waited for: leaking {} buffers",
                             buffers.len()
@@ -636,7 +636,7 @@ impl<'a, S: Shim> Command<'a, S> {
                 // No fence covers the copies: completion is unknown, so the buffers are leaked
                 // unless the device is lost.
                 let e = self.note(e);
-                if !e.poisons_device() {
+                if !e.loses_device() {
                     core::mem::forget((buffers, held));
                 }
                 return Err(e.into());
@@ -685,7 +685,7 @@ impl<'a, S: Shim> Command<'a, S> {
     ///
     /// # Errors
     ///
-    /// [`ServerError::Skipped`], [`ServerError::Launch`], [`ServerError::DevicePoisoned`].
+    /// [`ServerError::Skipped`], [`ServerError::Launch`], [`ServerError::DeviceLost`].
     pub fn launch(&mut self, launch: Launch<'_, S>) -> Result<(), ServerError> {
         self.check_poisoned()?;
         let Launch {
@@ -815,7 +815,7 @@ impl Watch {
 
 /// Whether the device is done with what a fence covered, after the fence ended with `e`.
 fn fence_completed(e: &ServerError) -> bool {
-    e.is_device_poisoned() || matches!(e, ServerError::StreamFaulted { .. })
+    e.is_device_lost() || matches!(e, ServerError::StreamFaulted { .. })
 }
 
 /// Waits until `event` completes.

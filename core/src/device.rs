@@ -12,9 +12,7 @@ use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
 use crate::error::{DriverError, Fault, IoError, ServerError, Validation};
 use crate::failure::Failures;
 use crate::memory::ReadableBytes;
-use crate::memory::{
-    AsBinding, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport,
-};
+use crate::memory::{AsBinding, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport};
 use crate::pinned::{PinnedConfig, PinnedPool};
 use crate::shim::{DeviceFacts, Shim};
 use crate::stream::{Stream, StreamId};
@@ -114,7 +112,7 @@ impl Poison {
 
     /// Records `e` if it poisons the device.
     pub fn note(&self, e: &DriverError) {
-        if e.poisons_device() {
+        if e.loses_device() {
             self.0.lock().device.get_or_insert(*e);
         }
     }
@@ -123,7 +121,7 @@ impl Poison {
     /// ran ([`Fault::WorkFailed`]) taints the stream for good.
     pub fn note_at(&self, stream: usize, e: &DriverError) {
         let mut s = self.0.lock();
-        if e.poisons_device() {
+        if e.loses_device() {
             s.device.get_or_insert(*e);
         } else if e.fault == Fault::WorkFailed {
             if s.streams.len() <= stream {
@@ -227,33 +225,26 @@ impl<S: Shim> Device<S> {
         &self.failures
     }
 
-    /// A command on `stream`, ordered after the work of other streams that owns `bindings`.
+    /// A command on `stream` (created on first use).
     ///
-    /// For each binding created on another stream, the command's stream waits on the device for
-    /// an event recorded on the owner (once per owner until the owner issues more work), and the
-    /// binding is kept in this stream's drop queue so the owner cannot reuse the memory before
-    /// this stream's work on it passed a fence.
+    /// Cross-stream order is resolved by each operation for the handles it uses: an operation on
+    /// memory another stream owns (or used) first makes this stream wait, on the device, for that
+    /// stream's work, and keeps the memory alive until this stream's work on it passed a fence.
     ///
     /// # Errors
     ///
-    /// [`ServerError::DevicePoisoned`]; a stream index past the limit; a handle of another
-    /// device; the shim's refusal to create the stream or order it.
-    pub fn command(
-        &mut self,
-        stream: StreamId,
-        bindings: &[&Handle],
-    ) -> Result<Command<'_, S>, ServerError> {
+    /// [`ServerError::DeviceLost`]; a stream index past the limit; the shim's refusal to create
+    /// the stream.
+    pub fn command(&mut self, stream: StreamId) -> Result<Command<'_, S>, ServerError> {
         if let Some(cause) = self.poison.get() {
-            return Err(ServerError::DevicePoisoned { cause });
+            return Err(ServerError::DeviceLost { cause });
         }
         let index = self.ensure_stream(stream)?;
-        // The command's work is issued at the new cursor: uses recorded below carry it, so a
-        // later waiter on this stream waits for this command's work, not only what came before.
+        // The command's work is issued at the new cursor: uses recorded by its operations carry
+        // it, so a later waiter on this stream waits for this command's work, not only what came
+        // before.
         if let Some(s) = self.streams[index].as_mut() {
             s.cursor += 1;
-        }
-        for b in bindings {
-            self.order_after(index, *b)?;
         }
         Ok(Command::new(self, index))
     }

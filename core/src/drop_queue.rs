@@ -243,7 +243,7 @@ impl<S: Shim> DropQueue<S> {
         match waited {
             // A failure of the work (the fence completed) says the device is done with the
             // batch; only a wait whose outcome is unknown leaves the device possibly using it.
-            Err(e) if !e.poisons_device() && e.fault != crate::error::Fault::WorkFailed => {
+            Err(e) if !e.loses_device() && e.fault != crate::error::Fault::WorkFailed => {
                 warn!(
                     "fence wait failed (status {}): leaking {} items the device may still use",
                     e.status,
@@ -411,7 +411,7 @@ mod tests {
         assert_eq!((q.stats().items_leaked, q.stats().items_released), (1, 0));
         q.push(item(1));
         q.flush(&shim, &()).unwrap();
-        shim.fail_next_wait.set(Some(Fault::Poisoning));
+        shim.fail_next_wait.set(Some(Fault::DeviceLost));
         assert!(q.flush(&shim, &()).is_err());
         assert_eq!(q.stats().items_released, 1, "poisoned: released");
     }

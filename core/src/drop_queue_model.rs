@@ -33,7 +33,7 @@ fn fault() -> impl Strategy<Value = Option<Fault>> {
         12 => Just(None),
         1 => Just(Some(Fault::Failed)),
         1 => Just(Some(Fault::WorkFailed)),
-        1 => Just(Some(Fault::Poisoning)),
+        1 => Just(Some(Fault::DeviceLost)),
     ]
 }
 

@@ -96,8 +96,9 @@ pub enum Fault {
     TooBig,
     /// The shim does not implement this call.
     Unsupported,
-    /// The device is lost: nothing will run on it again (CUDA's sticky errors).
-    Poisoning,
+    /// The device is lost: nothing will run on it again (CUDA's sticky errors such as an illegal
+    /// address, a launch failure or an uncorrectable ECC error).
+    DeviceLost,
     /// Reported by a fence: work enqueued before it failed while it ran, and the fence itself
     /// completed. The shim cannot say which work; the core stops trusting the stream.
     WorkFailed,
@@ -124,8 +125,8 @@ impl DriverError {
     }
 
     /// Whether the device is lost after this failure.
-    pub const fn poisons_device(&self) -> bool {
-        matches!(self.fault, Fault::Poisoning)
+    pub const fn loses_device(&self) -> bool {
+        matches!(self.fault, Fault::DeviceLost)
     }
 }
 
@@ -141,7 +142,7 @@ impl fmt::Display for DriverError {
                 "the shim does not support this call",
                 "use a shim that does",
             ),
-            Fault::Poisoning => (
+            Fault::DeviceLost => (
                 "the device is lost and will run nothing again",
                 "recreate the device",
             ),
@@ -257,12 +258,7 @@ pub enum IoError {
         /// Size of the allocation.
         size: u64,
     },
-    /// The device is lost; every operation now fails fast.
-    DevicePoisoned {
-        /// The call that poisoned the device.
-        cause: DriverError,
-    },
-    /// A device call failed.
+    /// A device call failed (a lost device among them: see [`IoError::is_device_lost`]).
     Shim(DriverError),
 }
 
@@ -278,13 +274,12 @@ impl IoError {
     }
 
     /// Whether this error means the device is lost.
-    pub const fn is_device_poisoned(&self) -> bool {
+    pub const fn is_device_lost(&self) -> bool {
         match self {
-            Self::DevicePoisoned { .. } => true,
-            Self::Shim(e) => e.poisons_device(),
+            Self::Shim(e) => e.loses_device(),
             Self::OutOfMemory {
                 source: Some(e), ..
-            } => e.poisons_device(),
+            } => e.loses_device(),
             _ => false,
         }
     }
@@ -292,11 +287,7 @@ impl IoError {
 
 impl From<DriverError> for IoError {
     fn from(e: DriverError) -> Self {
-        if e.poisons_device() {
-            Self::DevicePoisoned { cause: e }
-        } else {
-            Self::Shim(e)
-        }
+        Self::Shim(e)
     }
 }
 
@@ -386,19 +377,36 @@ impl fmt::Display for IoError {
                  keep ranges inside the allocation",
                 offset.saturating_add(*len)
             ),
-            Self::DevicePoisoned { cause } => {
-                write!(f, "the device is lost ({cause}); recreate it")
-            }
             Self::Shim(e) => write!(f, "{e}"),
         }
     }
 }
 
-#[cfg(feature = "std")]
-impl std::error::Error for IoError {}
+impl IoError {
+    /// The device call underneath, if the error came from one.
+    pub const fn driver_error(&self) -> Option<&DriverError> {
+        match self {
+            Self::Shim(e)
+            | Self::OutOfMemory {
+                source: Some(e), ..
+            } => Some(e),
+            _ => None,
+        }
+    }
+}
 
-#[cfg(feature = "std")]
-impl std::error::Error for DriverError {}
+impl core::error::Error for IoError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Self::OutOfMemory {
+                source: Some(e), ..
+            } => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl core::error::Error for DriverError {}
 
 #[cfg(test)]
 mod tests {
@@ -432,11 +440,15 @@ mod tests {
     }
 
     #[test]
-    fn a_poisoning_driver_error_becomes_device_poisoned() {
-        let e = DriverError::new(ShimOp::Launch, 700, Fault::Poisoning);
+    fn a_lost_device_is_one_variant_of_the_callers_error() {
+        let e = DriverError::new(ShimOp::Launch, 700, Fault::DeviceLost);
         let io: IoError = e.into();
-        assert!(io.is_device_poisoned());
-        assert!(matches!(io, IoError::DevicePoisoned { .. }));
+        assert!(io.is_device_lost());
+        assert!(matches!(ServerError::from(io), ServerError::DeviceLost { cause } if cause == e));
+        assert!(matches!(
+            ServerError::from(e),
+            ServerError::DeviceLost { .. }
+        ));
     }
 
     #[test]
@@ -563,13 +575,6 @@ impl fmt::Display for Validation {
 pub enum ServerError {
     /// The call was malformed.
     Validation(Validation),
-    /// The operation is out of order with a graph capture.
-    Capture {
-        /// What was asked.
-        op: &'static str,
-        /// The capture phase it found.
-        phase: &'static str,
-    },
     /// A read of bytes that work which failed should have written.
     Unwritten {
         /// The failure's id on the device.
@@ -590,11 +595,10 @@ pub enum ServerError {
         /// The failure's id.
         failure: u64,
     },
-    /// Several failures at once (a read of several buffers).
-    Several(alloc::vec::Vec<ServerError>),
-    /// The device is lost: every operation fails fast.
-    DevicePoisoned {
-        /// The call that poisoned it.
+    /// The device is lost: every operation fails fast. The one variant for a lost device,
+    /// whichever call found out.
+    DeviceLost {
+        /// The call that found the device lost.
         cause: DriverError,
     },
     /// A memory or copy error.
@@ -617,15 +621,14 @@ pub enum ServerError {
 
 impl ServerError {
     /// Whether the error means the device is lost, looking through to the roots.
-    pub fn is_device_poisoned(&self) -> bool {
+    pub fn is_device_lost(&self) -> bool {
         match self {
-            Self::DevicePoisoned { .. } => true,
-            Self::Io(e) => e.is_device_poisoned(),
-            Self::Device(e) => e.poisons_device(),
-            Self::Unwritten { root, .. } => root.is_device_poisoned(),
-            Self::Several(all) => all.iter().any(Self::is_device_poisoned),
-            Self::Launch(LaunchError::Refused { cause, .. }) => cause.poisons_device(),
-            Self::Launch(LaunchError::Buffer { cause, .. }) => cause.is_device_poisoned(),
+            Self::DeviceLost { .. } => true,
+            Self::Io(e) => e.is_device_lost(),
+            Self::Device(e) => e.loses_device(),
+            Self::Unwritten { root, .. } => root.is_device_lost(),
+            Self::Launch(LaunchError::Refused { cause, .. }) => cause.loses_device(),
+            Self::Launch(LaunchError::Buffer { cause, .. }) => cause.is_device_lost(),
             _ => false,
         }
     }
@@ -633,9 +636,9 @@ impl ServerError {
 
 impl From<IoError> for ServerError {
     fn from(e: IoError) -> Self {
-        match e {
-            IoError::DevicePoisoned { cause } => Self::DevicePoisoned { cause },
-            e => Self::Io(e),
+        match e.driver_error() {
+            Some(cause) if cause.loses_device() => Self::DeviceLost { cause: *cause },
+            _ => Self::Io(e),
         }
     }
 }
@@ -654,8 +657,8 @@ impl From<Validation> for ServerError {
 
 impl From<DriverError> for ServerError {
     fn from(e: DriverError) -> Self {
-        if e.poisons_device() {
-            Self::DevicePoisoned { cause: e }
+        if e.loses_device() {
+            Self::DeviceLost { cause: e }
         } else {
             Self::Device(e)
         }
@@ -666,10 +669,6 @@ impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Validation(v) => write!(f, "{v}"),
-            Self::Capture { op, phase } => write!(
-                f,
-                "`{op}` is out of order: the capture is {phase}; follow prepare, begin, end"
-            ),
             Self::Unwritten {
                 failure,
                 handle,
@@ -697,14 +696,7 @@ impl fmt::Display for ServerError {
                 "`{kernel}` was skipped because an input carries failure {failure}; \
                  its outputs now carry it too"
             ),
-            Self::Several(all) => {
-                write!(f, "{} failures:", all.len())?;
-                for e in all {
-                    write!(f, " [{e}]")?;
-                }
-                Ok(())
-            }
-            Self::DevicePoisoned { cause } => {
+            Self::DeviceLost { cause } => {
                 write!(f, "the device is lost ({cause}); recreate it")
             }
             Self::Io(e) => write!(f, "{e}"),
@@ -719,8 +711,29 @@ impl fmt::Display for ServerError {
     }
 }
 
-#[cfg(feature = "std")]
-impl std::error::Error for ServerError {}
+impl core::error::Error for ServerError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Self::Validation(_) | Self::Skipped { .. } => None,
+            Self::Unwritten { root, .. } => Some(&**root),
+            Self::DeviceLost { cause } | Self::Device(cause) => Some(cause),
+            Self::StreamFaulted { cause, .. } => Some(cause),
+            Self::Io(e) => Some(e),
+            Self::Launch(e) => Some(e),
+        }
+    }
+}
+
+impl core::error::Error for LaunchError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Self::Refused { cause, .. } => Some(cause),
+            Self::Buffer { cause, .. } => Some(cause),
+        }
+    }
+}
+
+impl core::error::Error for Validation {}
 
 // Written by hand: `derive(defmt::Format)` bounds every field type, and the recursive fields
 // (`Box<ServerError>`, `Vec<ServerError>`) make that bound overflow (E0275).
@@ -729,9 +742,6 @@ impl defmt::Format for ServerError {
     fn format(&self, f: defmt::Formatter<'_>) {
         match self {
             Self::Validation(v) => defmt::write!(f, "Validation({})", v),
-            Self::Capture { op, phase } => {
-                defmt::write!(f, "Capture {{ op: {=str}, phase: {=str} }}", op, phase)
-            }
             Self::Unwritten {
                 failure,
                 handle,
@@ -755,9 +765,8 @@ impl defmt::Format for ServerError {
                     failure
                 )
             }
-            Self::Several(all) => defmt::write!(f, "Several({=[?]})", all.as_slice()),
-            Self::DevicePoisoned { cause } => {
-                defmt::write!(f, "DevicePoisoned {{ cause: {} }}", cause)
+            Self::DeviceLost { cause } => {
+                defmt::write!(f, "DeviceLost {{ cause: {} }}", cause)
             }
             Self::Io(e) => defmt::write!(f, "Io({})", e),
             Self::Launch(e) => defmt::write!(f, "Launch({})", e),

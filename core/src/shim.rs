@@ -29,7 +29,7 @@
 //! - Every error is a [`DriverError`] built by [`Shim::classify`], so the core can tell a device
 //!   that is lost from a call that merely failed.
 //! - A fault of work that was enqueued fine but failed while it ran surfaces at later
-//!   [`Shim::event_query`] / [`Shim::event_wait`] calls: as [`Fault::Poisoning`] when the device
+//!   [`Shim::event_query`] / [`Shim::event_wait`] calls: as [`Fault::DeviceLost`] when the device
 //!   is lost, otherwise as [`Fault::WorkFailed`], with three rules the core relies on:
 //!   - it is reported only by a fence that has completed (a query answers "not yet" before);
 //!   - it is sticky: every fence of that stream at or after the failed work reports it, so no
@@ -136,7 +136,7 @@ pub trait Shim {
     ///
     /// Every error a shim returns comes from here, so the classification is written once: a
     /// status after which nothing will run again (CUDA's sticky errors) must be
-    /// [`Fault::Poisoning`]; a transient shortage [`Fault::OutOfMemory`]; a size the device can
+    /// [`Fault::DeviceLost`]; a transient shortage [`Fault::OutOfMemory`]; a size the device can
     /// never hold [`Fault::TooBig`].
     fn classify(&self, op: ShimOp, status: i32) -> DriverError;
 

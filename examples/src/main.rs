@@ -320,7 +320,7 @@ fn run(o: &Options) -> Result<usize, Box<dyn std::error::Error>> {
         .zip(reference_weights)
         .map(|(m, r)| HostWeights::Mapped(m, r))
         .collect();
-    device.command(COMPUTE, &[])?; // create the compute stream first
+    device.command(COMPUTE)?; // create the compute stream first
     serve(o, device, &kernels, uploads)
 }
 
@@ -346,7 +346,7 @@ fn serve(
     let reference_weights: Vec<Vec<f32>> = weights.iter().map(|w| w.floats().to_vec()).collect();
     let mut file_backed = 0usize;
     let device_weights: Vec<Handle> = {
-        let mut cmd = device.command(COMPUTE, &[])?;
+        let mut cmd = device.command(COMPUTE)?;
         cmd.allocation_mode(AllocationMode::Persistent);
         let mut handles = Vec::new();
         for w in weights {
@@ -392,7 +392,7 @@ fn serve(
         let input: Vec<f32> = (0..m * INPUT).map(|_| rng.f32(1.0)).collect();
         // Upload on the copy stream, through pinned staging.
         let x = {
-            let mut cmd = device.command(COPY, &[])?;
+            let mut cmd = device.command(COPY)?;
             let x = cmd.empty((m * INPUT * 4) as u64)?;
             let mut staged = cmd.reserve_host(m * INPUT * 4, true);
             staged.as_mut_slice().copy_from_slice(&to_bytes(&input));
@@ -400,7 +400,7 @@ fn serve(
             x
         };
         // Compute, ordered after the upload on the device (no host sync).
-        let mut cmd = device.command(COMPUTE, &[&x])?;
+        let mut cmd = device.command(COMPUTE)?;
         let mut act = x;
         for (l, &(kin, kout)) in LAYERS.iter().enumerate() {
             let pre = cmd.empty((m * kout * 4) as u64)?;
@@ -461,7 +461,7 @@ fn serve(
     // Two flushes per stream: everything pushed so far passes its fence and is released.
     for _ in 0..2 {
         for s in [COMPUTE, COPY] {
-            device.command(s, &[])?.flush_drops()?;
+            device.command(s)?.flush_drops()?;
         }
     }
     println!("\nmemory report:\n{}", device.memory_report());

@@ -234,7 +234,7 @@ impl DeviceInner {
     pub(crate) fn async_fault(&self, e: DriverError) {
         let mut st = lock(&self.state);
         st.stats.async_faults += 1;
-        if e.poisons_device() {
+        if e.loses_device() {
             self.poison_locked(&mut st, e);
         }
     }

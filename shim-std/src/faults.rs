@@ -20,11 +20,11 @@ use std::sync::Arc;
 /// | 11 | `THREAD_SPAWN` | `Failed` | the worker thread of a new stream could not start |
 /// | 20 | `KERNEL_FAILED` | `WorkFailed` | a kernel returned [`KernelFault::Failed`](crate::KernelFault::Failed) (reported by the next fence, which completed) |
 /// | 21 | `KERNEL_PANICKED` | `WorkFailed` | a kernel panicked (reported like `KERNEL_FAILED`) |
-/// | 22 | `KERNEL_POISONED` | `Poisoning` | a kernel returned [`KernelFault::Poisoning`](crate::KernelFault::Poisoning) |
-/// | 23 | `DEVICE_POISONED` | `Poisoning` | any call after the device was poisoned |
+/// | 22 | `KERNEL_POISONED` | `DeviceLost` | a kernel returned [`KernelFault::DeviceLost`](crate::KernelFault::DeviceLost) |
+/// | 23 | `DEVICE_POISONED` | `DeviceLost` | any call after the device was poisoned |
 /// | 30 | `BUDGET` | `OutOfMemory` | injected: `device_alloc` past [`StdShim::set_alloc_budget`](crate::StdShim::set_alloc_budget) |
 /// | 100 + op | `INJECTED` | `OutOfMemory` for allocations, `Failed` otherwise | an [`Injection`](crate::Injection) fired |
-/// | 200 + op | `INJECTED_POISON` | `Poisoning` | a [poisoning](crate::Injection::poisoning) injection fired |
+/// | 200 + op | `INJECTED_POISON` | `DeviceLost` | a [poisoning](crate::Injection::poisoning) injection fired |
 ///
 /// `op` is the index of the [`ShimOp`] in declaration order (`StreamCreate` = 0 ...
 /// `GraphLaunch` = 14); [`status::injected`](crate::status::injected) computes the code.
@@ -109,9 +109,9 @@ pub fn classify(op: ShimOp, code: i32) -> DriverError {
         status::OUT_OF_MEMORY | status::BUDGET => Fault::OutOfMemory,
         status::TOO_BIG => Fault::TooBig,
         status::UNSUPPORTED => Fault::Unsupported,
-        status::KERNEL_POISONED | status::DEVICE_POISONED => Fault::Poisoning,
+        status::KERNEL_POISONED | status::DEVICE_POISONED => Fault::DeviceLost,
         status::KERNEL_FAILED | status::KERNEL_PANICKED => Fault::WorkFailed,
-        _ if injected(status::INJECTED_POISON).is_some() => Fault::Poisoning,
+        _ if injected(status::INJECTED_POISON).is_some() => Fault::DeviceLost,
         _ => match injected(status::INJECTED) {
             Some(ShimOp::DeviceAlloc | ShimOp::HostAlloc) => Fault::OutOfMemory,
             _ => Fault::Failed,
@@ -169,7 +169,7 @@ impl Injection {
         }
     }
 
-    /// Makes the failure poison the device: the call fails with a [`Fault::Poisoning`] error and
+    /// Makes the failure poison the device: the call fails with a [`Fault::DeviceLost`] error and
     /// every later call fails too.
     pub fn poisoning(mut self) -> Self {
         self.poisons = true;
@@ -255,8 +255,8 @@ mod tests {
         assert_eq!(f(status::BUDGET), Fault::OutOfMemory);
         assert_eq!(f(status::TOO_BIG), Fault::TooBig);
         assert_eq!(f(status::UNSUPPORTED), Fault::Unsupported);
-        assert_eq!(f(status::KERNEL_POISONED), Fault::Poisoning);
-        assert_eq!(f(status::DEVICE_POISONED), Fault::Poisoning);
+        assert_eq!(f(status::KERNEL_POISONED), Fault::DeviceLost);
+        assert_eq!(f(status::DEVICE_POISONED), Fault::DeviceLost);
         assert_eq!(f(status::KERNEL_FAILED), Fault::WorkFailed);
         assert_eq!(f(status::KERNEL_PANICKED), Fault::WorkFailed);
         assert_eq!(f(-7), Fault::Failed);
@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(f(status::injected(ShimOp::EventWait, false)), Fault::Failed);
         assert_eq!(
             f(status::injected(ShimOp::GraphLaunch, true)),
-            Fault::Poisoning
+            Fault::DeviceLost
         );
         for (i, op) in OPS.iter().enumerate() {
             assert_eq!(op_index(*op), i);

@@ -14,8 +14,8 @@ use std::sync::Arc;
 pub enum KernelFault {
     /// This launch failed; the device stays usable ([`devcmd::Fault::Failed`]).
     Failed,
-    /// The device is lost: nothing will run again ([`devcmd::Fault::Poisoning`]).
-    Poisoning,
+    /// The device is lost: nothing will run again ([`devcmd::Fault::DeviceLost`]).
+    DeviceLost,
 }
 
 /// The body of a kernel. It must touch no memory but the context's buffers.

@@ -98,7 +98,7 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
             kernel.run(&mut ctx).map_err(|f| {
                 let code = match f {
                     Some(KernelFault::Failed) => status::KERNEL_FAILED,
-                    Some(KernelFault::Poisoning) => status::KERNEL_POISONED,
+                    Some(KernelFault::DeviceLost) => status::KERNEL_POISONED,
                     None => status::KERNEL_PANICKED,
                 };
                 classify(ShimOp::Launch, code)
@@ -117,7 +117,7 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
                     break;
                 }
                 match run(op, dev) {
-                    Err(e) if e.poisons_device() => return Err(e),
+                    Err(e) if e.loses_device() => return Err(e),
                     Err(e) => _ = first.get_or_insert(e),
                     Ok(()) => {}
                 }
@@ -285,7 +285,7 @@ fn work(shared: Arc<StreamShared>) {
         let mut st = lock(&shared.state);
         st.completed = seq;
         st.running = false;
-        if let Some(e) = fault.filter(|e| !e.poisons_device()) {
+        if let Some(e) = fault.filter(|e| !e.loses_device()) {
             st.first_fault.get_or_insert((seq, e));
         }
         shared.cv.notify_all();

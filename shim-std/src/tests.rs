@@ -392,22 +392,22 @@ fn kernel_faults_surface_at_every_later_fence_of_their_stream() {
 fn a_poisoning_kernel_loses_the_device() {
     let shim = StdShim::new();
     let s = shim.create_stream().unwrap();
-    let lose = shim.register_kernel("lose", |_| Err(KernelFault::Poisoning));
+    let lose = shim.register_kernel("lose", |_| Err(KernelFault::DeviceLost));
     let page = shim.device_alloc(8).unwrap();
     launch(&shim, &s, &lose, &[], 0);
     launch(&shim, &s, &fill_kernel(&shim), &[&page], 4); // skipped
     let err = sync(&shim, &s).unwrap_err();
     assert_eq!(
         (err.fault, err.status),
-        (Fault::Poisoning, status::KERNEL_POISONED)
+        (Fault::DeviceLost, status::KERNEL_POISONED)
     );
     assert!(shim.is_poisoned());
     assert_eq!(peek(&shim, &page), vec![0; 8]);
-    assert_eq!(shim.device_alloc(8).unwrap_err().fault, Fault::Poisoning);
-    assert_eq!(shim.create_stream().unwrap_err().fault, Fault::Poisoning);
+    assert_eq!(shim.device_alloc(8).unwrap_err().fault, Fault::DeviceLost);
+    assert_eq!(shim.create_stream().unwrap_err().fault, Fault::DeviceLost);
     assert_eq!(
         shim.host_alloc_pinned(8).unwrap_err().fault,
-        Fault::Poisoning
+        Fault::DeviceLost
     );
     // SAFETY: the device is poisoned: nothing will run again.
     unsafe { shim.device_free(page) };
@@ -486,17 +486,20 @@ fn injected_poisoning_and_poison_device() {
     let err = unsafe { shim.launch(&s, &k, Grid::linear(1), &[], &[0; 4]) }.unwrap_err();
     assert_eq!(
         (err.status, err.fault),
-        (status::injected(ShimOp::Launch, true), Fault::Poisoning)
+        (status::injected(ShimOp::Launch, true), Fault::DeviceLost)
     );
     let err = shim.record_event(&s).unwrap_err();
-    assert_eq!((err.op, err.fault), (ShimOp::EventRecord, Fault::Poisoning));
+    assert_eq!(
+        (err.op, err.fault),
+        (ShimOp::EventRecord, Fault::DeviceLost)
+    );
 
     let shim = StdShim::new();
     shim.poison_device();
     let err = shim.device_alloc(1).unwrap_err();
     assert_eq!(
         (err.status, err.fault),
-        (status::DEVICE_POISONED, Fault::Poisoning)
+        (status::DEVICE_POISONED, Fault::DeviceLost)
     );
 }
 

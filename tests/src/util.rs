@@ -91,7 +91,7 @@ impl<H: Harness> Ctx<H> {
             TestKernel::SlowAdd => (&self.slow, "slow_add", 2),
         };
         let args = &*self.args[usize::from(value) * 3 + slot];
-        self.dev.command(stream, &[])?.launch(Launch {
+        self.dev.command(stream)?.launch(Launch {
             kernel: k,
             name,
             grid: Grid::linear(1),
@@ -103,7 +103,7 @@ impl<H: Harness> Ctx<H> {
 
     /// A new allocation on `stream` holding `data`.
     pub fn create(&mut self, stream: StreamId, data: &[u8]) -> Result<Handle, ServerError> {
-        self.dev.command(stream, &[])?.create(data)
+        self.dev.command(stream)?.create(data)
     }
 
     /// Uploads `data` into `handle`'s view from `stream`.
@@ -114,7 +114,7 @@ impl<H: Harness> Ctx<H> {
         data: &[u8],
     ) -> Result<(), ServerError> {
         self.dev
-            .command(stream, &[])?
+            .command(stream)?
             .write(handle, HostBuffer::from_vec(data.to_vec()))
     }
 
@@ -122,7 +122,7 @@ impl<H: Harness> Ctx<H> {
     pub fn read(&mut self, stream: StreamId, handle: &Handle) -> Result<Vec<u8>, ServerError> {
         let future = self
             .dev
-            .command(stream, &[])?
+            .command(stream)?
             .read_async(&[ReadRequest::whole(handle)])?;
         let mut buffers = future.wait()?;
         Ok(buffers.pop().map(HostBuffer::into_vec).unwrap_or_default())
@@ -130,7 +130,7 @@ impl<H: Harness> Ctx<H> {
 
     /// Waits for everything enqueued on `stream`.
     pub fn sync(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.dev.command(stream, &[])?.sync()?.wait()
+        self.dev.command(stream)?.sync()?.wait()
     }
 
     /// Explicit cleanup of every stream the device made, twice (a binding released by one
@@ -145,7 +145,7 @@ impl<H: Harness> Ctx<H> {
                 .map(|(id, _)| *id)
                 .collect();
             for s in streams {
-                self.dev.command(s, &[])?.memory_cleanup()?;
+                self.dev.command(s)?.memory_cleanup()?;
             }
         }
         Ok(())
@@ -176,17 +176,17 @@ impl<H: Harness> Ctx<H> {
 
     /// Flushes `stream`'s drop queue.
     pub fn flush(&mut self, stream: StreamId) -> Result<(), ServerError> {
-        self.dev.command(stream, &[])?.flush_drops()
+        self.dev.command(stream)?.flush_drops()
     }
 
     /// Polls `stream`'s drop queue.
     pub fn poll(&mut self, stream: StreamId) -> Result<bool, ServerError> {
-        self.dev.command(stream, &[])?.poll_drops()
+        self.dev.command(stream)?.poll_drops()
     }
 
     /// An allocation of `size` bytes on `stream`.
     pub fn empty(&mut self, stream: StreamId, size: u64) -> Result<Handle, ServerError> {
-        self.dev.command(stream, &[])?.empty(size)
+        self.dev.command(stream)?.empty(size)
     }
 
     /// Bytes of pages (retired included) the device holds for `stream`'s pools, from the report.

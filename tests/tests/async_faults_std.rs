@@ -26,13 +26,13 @@ fn faulted(e: &ServerError) -> bool {
 fn a_fault_found_by_a_read_taints_the_stream_and_what_depends_on_it() {
     let (probe, kernel, mut device) = setup();
     let (x, y) = {
-        let mut cmd = device.command(StreamId(0), &[]).unwrap();
+        let mut cmd = device.command(StreamId(0)).unwrap();
         let (x, y) = (
             cmd.create(&[1u8; 64]).unwrap(),
             cmd.create(&[2u8; 64]).unwrap(),
         );
         launch_failing(&mut device, StreamId(0), &kernel, &x, &y);
-        let mut cmd = device.command(StreamId(0), &[]).unwrap();
+        let mut cmd = device.command(StreamId(0)).unwrap();
         let err = cmd
             .read_async(&[ReadRequest::whole(&y)])
             .unwrap()
@@ -42,12 +42,14 @@ fn a_fault_found_by_a_read_taints_the_stream_and_what_depends_on_it() {
         (x, y)
     };
     // Everything on stream 0 now fails, and so does work ordered after it.
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
+    let mut cmd = device.command(StreamId(0)).unwrap();
     let err = cmd.read_async(&[ReadRequest::whole(&x)]).unwrap_err();
     assert!(faulted(&err), "{err}");
-    assert!(faulted(&device.command(StreamId(1), &[&y]).unwrap_err()));
+    let mut dependent = device.command(StreamId(1)).unwrap();
+    let err = dependent.read_async(&[ReadRequest::whole(&y)]).unwrap_err();
+    assert!(faulted(&err), "a use ordered after the faulted stream: {err}");
     // An unrelated stream keeps working.
-    let mut other = device.command(StreamId(1), &[]).unwrap();
+    let mut other = device.command(StreamId(1)).unwrap();
     let z = other.create(&[3u8; 32]).unwrap();
     let got = other
         .read_async(&[ReadRequest::whole(&z)])
@@ -78,13 +80,13 @@ fn a_fault_found_by_an_internal_flush_still_stops_the_read() {
         ..DeviceConfig::default()
     };
     let mut device = Device::new(shim, config);
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
+    let mut cmd = device.command(StreamId(0)).unwrap();
     let (x, y) = (
         cmd.create(&[1u8; 64]).unwrap(),
         cmd.create(&[2u8; 64]).unwrap(),
     );
     launch_failing(&mut device, StreamId(0), &kernel, &x, &y);
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
+    let mut cmd = device.command(StreamId(0)).unwrap();
     // Two uploads: the second one's flush waits for the fence recorded after the launch and
     // meets the fault; the uploads themselves succeed.
     cmd.write_from(&x, &[4u8; 64]).expect("first upload");
@@ -113,7 +115,7 @@ fn setup() -> (StdShim, StdKernel, Device<StdShim>) {
 
 /// Two buffers of stream 0: 64 bytes of 1 and 64 bytes of 2.
 fn two_buffers(device: &mut Device<StdShim>) -> (devcmd::Handle, devcmd::Handle) {
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
+    let mut cmd = device.command(StreamId(0)).unwrap();
     (
         cmd.create(&[1u8; 64]).unwrap(),
         cmd.create(&[2u8; 64]).unwrap(),
@@ -127,7 +129,7 @@ fn launch_failing(
     input: &devcmd::Handle,
     output: &devcmd::Handle,
 ) {
-    let mut cmd = device.command(stream, &[input, output]).unwrap();
+    let mut cmd = device.command(stream).unwrap();
     let launch = Launch {
         kernel,
         name: "write_then_fail",
@@ -144,7 +146,7 @@ fn a_read_that_completed_before_the_fault_was_heard_of_is_still_refused() {
     let (probe, kernel, mut device) = setup();
     let (x, y) = two_buffers(&mut device);
     launch_failing(&mut device, StreamId(0), &kernel, &x, &y);
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
+    let mut cmd = device.command(StreamId(0)).unwrap();
     let first = cmd.read_async(&[ReadRequest::whole(&y)]).unwrap();
     let second = cmd.read_async(&[ReadRequest::whole(&x)]).unwrap();
     // The later read's fence hears of the fault first; the earlier one completed cleanly.
@@ -162,7 +164,7 @@ fn a_fault_on_a_foreign_writer_reaches_the_owner_that_waited_for_it() {
     let (x, h) = two_buffers(&mut device);
     // Stream 1 writes stream 0's buffer and fails; nobody has asked stream 1 yet.
     launch_failing(&mut device, StreamId(1), &kernel, &x, &h);
-    let mut cmd = device.command(StreamId(0), &[&h]).unwrap();
+    let mut cmd = device.command(StreamId(0)).unwrap();
     match cmd.read_async(&[ReadRequest::whole(&h)]).map(|r| r.wait()) {
         Err(e) | Ok(Err(e)) => assert!(matches!(e, ServerError::StreamFaulted { .. }), "{e}"),
         Ok(Ok(bytes)) => panic!(

@@ -13,7 +13,7 @@ fn large_requests_get_pinned_pages_of_their_own_and_refusals_stay_local() {
     let shim = StdShim::new();
     let probe = shim.clone();
     let mut device = Device::new(shim, DeviceConfig::default());
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
+    let mut cmd = device.command(StreamId(0)).unwrap();
     let big = cmd.reserve_host(48 * MIB, true);
     assert_eq!(
         big.origin(),

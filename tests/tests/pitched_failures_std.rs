@@ -11,7 +11,7 @@ fn a_failed_pitched_upload_marks_its_rows_only() {
     let shim = StdShim::new();
     let probe = shim.clone();
     let mut device = Device::new(shim, DeviceConfig::default());
-    let mut cmd = device.command(StreamId(0), &[]).unwrap();
+    let mut cmd = device.command(StreamId(0)).unwrap();
     // 4 rows of 32 bytes at a pitch of 48: 176 bytes spanned, 16 bytes of padding after rows 0-2.
     let h = cmd.create(&[9u8; 176]).unwrap();
     let layout = CopyLayout::of(&[4, 32], &[48, 1], 1).unwrap();

@@ -32,7 +32,7 @@ fn dropping_a_device_runs_queued_work_before_freeing_its_pages() {
     let probe = shim.clone();
     {
         let mut device = Device::new(shim, DeviceConfig::default());
-        let mut cmd = device.command(StreamId(0), &[]).unwrap();
+        let mut cmd = device.command(StreamId(0)).unwrap();
         let input = cmd.create(&[7u8; 4096]).unwrap();
         let output = cmd.empty(4096).unwrap();
         // Release the upload's staging buffer: the drop queue is empty from here on, so no

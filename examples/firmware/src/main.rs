@@ -271,7 +271,7 @@ fn run_layer(
     layer: &Layer,
     x_data: &[f32],
 ) -> Result<Vec<f32>, Failure> {
-    let mut cmd = device.command(S0, &[])?;
+    let mut cmd = device.command(S0)?;
     // The input goes through the pinned window (it fits a pinned page).
     let x = cmd.empty((COLS * 4) as u64)?;
     let mut staged = cmd.reserve_host(COLS * 4, true);
@@ -305,14 +305,14 @@ fn run_layer(
 }
 
 fn drop_queue_cycle(device: &mut Device<FwShim>) -> Result<(), Failure> {
-    let x = device.command(S0, &[])?.empty(128)?;
+    let x = device.command(S0)?.empty(128)?;
     // Start from an empty queue: two flushes release everything pushed so far.
-    device.command(S0, &[])?.flush_drops()?;
-    device.command(S0, &[])?.flush_drops()?;
+    device.command(S0)?.flush_drops()?;
+    device.command(S0)?.flush_drops()?;
     let before = stats0(device);
 
     // Six uploads from heap buffers: each buffer waits in the queue until a fence covers it.
-    let mut cmd = device.command(S0, &[])?;
+    let mut cmd = device.command(S0)?;
     for i in 0..6u8 {
         cmd.write(&x, HostBuffer::from_vec(vec![i; 128]))?;
     }
@@ -323,12 +323,12 @@ fn drop_queue_cycle(device: &mut Device<FwShim>) -> Result<(), Failure> {
     );
     let ran = device.shim().pump(3);
     check!(
-        !device.command(S0, &[])?.poll_drops()?,
+        !device.command(S0)?.poll_drops()?,
         "the fence passed with copies still queued"
     );
     let ran = ran + device.shim().pump_all();
     check!(
-        device.command(S0, &[])?.poll_drops()?,
+        device.command(S0)?.poll_drops()?,
         "the fence did not pass after the engine ran"
     );
     let mid = stats0(device);
@@ -350,7 +350,7 @@ fn drop_queue_cycle(device: &mut Device<FwShim>) -> Result<(), Failure> {
     );
 
     // A blocking cycle: the second flush waits (pumping) for the first one's fence.
-    let mut cmd = device.command(S0, &[])?;
+    let mut cmd = device.command(S0)?;
     cmd.write(&x, HostBuffer::from_vec(vec![7; 128]))?;
     cmd.write(&x, HostBuffer::from_vec(vec![8; 128]))?;
     cmd.flush_drops()?;
@@ -387,7 +387,7 @@ fn reclaim_after_pressure(device: &mut Device<FwShim>) -> Result<Handle, Failure
     const BIG: u64 = 8 * 1024;
     let mut fillers = Vec::new();
     let oom = loop {
-        match device.command(S0, &[])?.reserve(FILL) {
+        match device.command(S0)?.reserve(FILL) {
             Ok(h) => fillers.push(h),
             Err(e) => break e,
         }
@@ -410,7 +410,7 @@ fn reclaim_after_pressure(device: &mut Device<FwShim>) -> Result<Handle, Failure
     // The fillers' pages are empty but still held by the small pool: the first attempt is
     // refused, the command makes room (drains, releases empty pages behind a fence) and retries.
     let before = device.shim().stats();
-    let big = device.command(S0, &[])?.reserve(BIG)?;
+    let big = device.command(S0)?.reserve(BIG)?;
     let after = device.shim().stats();
     check!(
         after.pages_refused == before.pages_refused + 1,
@@ -426,7 +426,7 @@ fn reclaim_after_pressure(device: &mut Device<FwShim>) -> Result<Handle, Failure
         after.pages_freed - before.pages_freed
     );
     // The room is usable: a round trip through its first 256 bytes.
-    let mut cmd = device.command(S0, &[])?;
+    let mut cmd = device.command(S0)?;
     let pattern: Vec<u8> = (0..=255u8).collect();
     cmd.write_layout(
         &big,
@@ -451,7 +451,7 @@ fn reclaim_after_pressure(device: &mut Device<FwShim>) -> Result<Handle, Failure
 fn measure_bookkeeping(device: &mut Device<FwShim>, streams: usize) -> Result<(), Failure> {
     const N: usize = 32;
     const K: usize = 8;
-    let mut cmd = device.command(S1, &[])?;
+    let mut cmd = device.command(S1)?;
     let mut live: Vec<Handle> = Vec::with_capacity(N);
     let u2 = HEAP.used();
     for _ in 0..N {
@@ -503,8 +503,8 @@ fn job() -> Result<Summary, Failure> {
     let mut device = Device::new(shim, config());
     // Both streams first: the device keeps them in one vector, which grows by reallocation.
     let before = HEAP.used();
-    let _ = device.command(S1, &[])?;
-    let _ = device.command(S0, &[])?;
+    let _ = device.command(S1)?;
+    let _ = device.command(S0)?;
     let streams = HEAP.used() - before;
     hprintln!(
         "devcmd-firmware: {} B device memory, {} B pinned window, {} B heap",
@@ -515,7 +515,7 @@ fn job() -> Result<Summary, Failure> {
 
     // Weights in the persistent mode: one exact-size page each, kept for reuse.
     let (w_data, b_data) = (weights(), bias());
-    let mut cmd = device.command(S0, &[])?;
+    let mut cmd = device.command(S0)?;
     cmd.allocation_mode(AllocationMode::Persistent);
     let w = cmd.empty((ROWS * COLS * 4) as u64)?;
     let b = cmd.empty((ROWS * 4) as u64)?;
@@ -559,7 +559,7 @@ fn job() -> Result<Summary, Failure> {
 
     measure_bookkeeping(&mut device, streams)?;
 
-    device.command(S0, &[])?.memory_cleanup()?;
+    device.command(S0)?.memory_cleanup()?;
     let report = device.memory_report();
     hprintln!("memory report:\n{}", report);
     let engine = device.shim().stats();

@@ -65,7 +65,7 @@ pub mod status {
     pub const NO_STREAM_SLOT: i32 = 6;
     /// A launch whose buffers do not match the kernel: [`devcmd::Fault::Failed`].
     pub const BAD_LAUNCH: i32 = 7;
-    /// A kernel failed while running: the device is lost, [`devcmd::Fault::Poisoning`].
+    /// A kernel failed while running: the device is lost, [`devcmd::Fault::DeviceLost`].
     pub const KERNEL_FAULT: i32 = 8;
 }
 
@@ -615,7 +615,7 @@ impl Shim for FwShim {
             status::OUT_OF_MEMORY => Fault::OutOfMemory,
             status::TOO_BIG => Fault::TooBig,
             status::UNSUPPORTED => Fault::Unsupported,
-            status::KERNEL_FAULT => Fault::Poisoning,
+            status::KERNEL_FAULT => Fault::DeviceLost,
             _ => Fault::Failed,
         };
         DriverError::new(op, status, fault)

@@ -73,7 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::alloc::dealloc(p, layout);
         }
     });
-    let mut cmd = device.command(S, &[])?;
+    let mut cmd = device.command(S)?;
     let ours = per_op(iters, || {
         black_box(cmd.reserve(4096).expect("reserve"));
     });
@@ -244,7 +244,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let reps = ((256usize << 20) / size).clamp(3, 2000);
         let data = vec![0x5Au8; size];
         let memcpy = best_memcpy(&data, reps);
-        let mut cmd = device.command(S, &[])?;
+        let mut cmd = device.command(S)?;
         let h = cmd.empty(size as u64)?;
         // Warm-up: the pinned pool and the pages reach their working set (first touches fault).
         for _ in 0..reps.min(64) {

@@ -208,7 +208,7 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
             95..=96 => must(
                 {
                     log(format!("{step}: cleanup {s:?}"));
-                    c.dev.command(s, &[]).and_then(|mut k| k.memory_cleanup())
+                    c.dev.command(s).and_then(|mut k| k.memory_cleanup())
                 },
                 ctx(step, "cleanup"),
             ),

@@ -67,7 +67,7 @@ fn run_op<H: Harness>(
         }
         Op::Launch => c.launch(s0, TestKernel::AddByte, 1, &[e], &[f])?,
         Op::CrossStream => {
-            c.dev.command(StreamId(2), &[e])?;
+            c.dev.command(StreamId(2))?;
             c.launch(StreamId(2), TestKernel::AddByte, 2, &[e], &[f])?;
         }
         Op::Sync => c.sync(s0)?,
@@ -82,7 +82,7 @@ fn run_op<H: Harness>(
             c.flush(s0)?;
             c.poll(s0)?;
         }
-        Op::Cleanup => c.dev.command(s0, &[])?.memory_cleanup()?,
+        Op::Cleanup => c.dev.command(s0)?.memory_cleanup()?,
     }
     Ok(())
 }
@@ -137,17 +137,14 @@ fn scenario<H: Harness>(h: &H, mode: Mode, call: ShimOp, op: Op, poisons: bool) 
             "{what}: a refused pinned allocation must fall back to the heap, got {result:?}"
         );
     }
-    let poisoned = result.as_ref().is_err_and(ServerError::is_device_poisoned);
+    let poisoned = result.as_ref().is_err_and(ServerError::is_device_lost);
     if poisoned {
         match c.create(s0, &[1, 2, 3]) {
-            Err(ServerError::DevicePoisoned { .. }) => {}
+            Err(ServerError::DeviceLost { .. }) => {}
             other => panic!("{what}: after a poisoning fault, create gave {other:?}"),
         }
         assert!(
-            matches!(
-                c.dev.command(s1, &[]),
-                Err(ServerError::DevicePoisoned { .. })
-            ),
+            matches!(c.dev.command(s1), Err(ServerError::DeviceLost { .. })),
             "{what}: after a poisoning fault, a new command must fail fast"
         );
     }
@@ -225,7 +222,7 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
     c.probe.as_ref().unwrap().inject(FaultRule::Always {
         op: ShimOp::HostAlloc,
     });
-    let buf = must(c.dev.command(s0, &[]), "command").reserve_host(64, true);
+    let buf = must(c.dev.command(s0), "command").reserve_host(64, true);
     assert_eq!(
         buf.origin(),
         HostOrigin::Heap,
@@ -282,7 +279,7 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
         op: ShimOp::CopyDeviceToHost,
         skip: 1,
     });
-    let two = c.dev.command(s0, &[]).and_then(|mut k| {
+    let two = c.dev.command(s0).and_then(|mut k| {
         k.read_async(&[ReadRequest::whole(&x), ReadRequest::whole(&y)])
             .map(drop)
     });
@@ -327,11 +324,11 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
         skip: 0,
     });
     device_err(
-        c.dev.command(s0, &[]).and_then(|mut k| k.sync().map(drop)),
+        c.dev.command(s0).and_then(|mut k| k.sync().map(drop)),
         ShimOp::EventRecord,
         "sync with a refused fence",
     );
-    let fut = must(c.dev.command(s0, &[]).and_then(|mut k| k.sync()), "sync");
+    let fut = must(c.dev.command(s0).and_then(|mut k| k.sync()), "sync");
     c.probe.as_ref().unwrap().inject(FaultRule::Once {
         op: ShimOp::EventWait,
         skip: 0,
@@ -354,7 +351,7 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
         skip: 0,
     });
     device_err(
-        c.dev.command(s0, &[&y]).map(drop),
+        c.read(s0, &y).map(drop),
         ShimOp::StreamWaitEvent,
         "cross-stream order",
     );
@@ -363,7 +360,7 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
         skip: 0,
     });
     device_err(
-        c.dev.command(StreamId(5), &[]).map(drop),
+        c.dev.command(StreamId(5)).map(drop),
         ShimOp::StreamCreate,
         "stream creation",
     );
@@ -381,15 +378,15 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
     let err = c
         .launch(s0, TestKernel::AddByte, 1, &[&y], &[&z])
         .expect_err("a poisoning launch must fail");
-    assert!(err.is_device_poisoned(), "[{mode}] poisoning launch: {err}");
+    assert!(err.is_device_lost(), "[{mode}] poisoning launch: {err}");
     for r in [
         c.create(s0, &[1]).map(drop),
         c.read(s1, &y).map(drop),
         c.sync(s0),
-        c.dev.command(s1, &[]).map(drop),
+        c.dev.command(s1).map(drop),
     ] {
         assert!(
-            matches!(r, Err(ServerError::DevicePoisoned { .. })),
+            matches!(r, Err(ServerError::DeviceLost { .. })),
             "[{mode}] after poisoning every operation fails fast, got {r:?}"
         );
     }

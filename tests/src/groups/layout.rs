@@ -94,7 +94,7 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
     let packed = pattern(layout.packed_bytes() as usize, 77);
     must(
         c.dev
-            .command(s, &[])
+            .command(s)
             .and_then(|mut k| k.write_layout(&view, HostBuffer::from_vec(packed.clone()), layout)),
         "pitched write",
     );
@@ -112,7 +112,7 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
         first_diff(&device, &expected)
     );
     let fut = must(
-        c.dev.command(s, &[]).and_then(|mut k| {
+        c.dev.command(s).and_then(|mut k| {
             k.read_async(&[ReadRequest {
                 handle: &view,
                 layout,
@@ -130,7 +130,7 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
     let short = whole.view(offset, span - 1).unwrap();
     let err = c
         .dev
-        .command(s, &[])
+        .command(s)
         .and_then(|mut k| k.write_layout(&short, HostBuffer::from_vec(packed.clone()), layout))
         .expect_err("a layout past the view must be refused");
     assert!(
@@ -243,7 +243,7 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
         must(c.flush(s), "flush");
         let (p0, f0) = (pinned_allocations(&mut c, s), flushes(&c, s));
         must(
-            c.dev.command(s, &[]).and_then(|mut k| k.write(&view, data)),
+            c.dev.command(s).and_then(|mut k| k.write(&view, data)),
             what,
         );
         let (p1, f1) = (pinned_allocations(&mut c, s), flushes(&c, s));
@@ -268,15 +268,13 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
     }
     // Pinned data is not copied again (if the shim serves pinned memory at all).
     let s = StreamId(7);
-    let mut pinned = must(c.dev.command(s, &[]), "command").reserve_host(512, true);
+    let mut pinned = must(c.dev.command(s), "command").reserve_host(512, true);
     if pinned.origin() == HostOrigin::Pinned {
         pinned.as_mut_slice().copy_from_slice(&pattern(512, 6));
         let p0 = pinned_allocations(&mut c, s);
         let view = dst.view(0, 512).unwrap();
         must(
-            c.dev
-                .command(s, &[])
-                .and_then(|mut k| k.write(&view, pinned)),
+            c.dev.command(s).and_then(|mut k| k.write(&view, pinned)),
             "write",
         );
         assert_eq!(

@@ -10,7 +10,7 @@ const MIB: u64 = 1 << 20;
 fn range<H: Harness>(c: &mut Ctx<H>, s: StreamId, h: &Handle) -> (u64, u64) {
     let r = must(
         c.dev
-            .command(s, &[])
+            .command(s)
             .and_then(|mut k| k.resource(h).map_err(Into::into)),
         "resource",
     );
@@ -52,7 +52,7 @@ pub fn cross_stream_reuse<H: Harness>(h: &H, mode: Mode) {
         for round in 0..4 {
             if round == 2 {
                 must(
-                    c.dev.command(a, &[]).and_then(|mut k| k.memory_cleanup()),
+                    c.dev.command(a).and_then(|mut k| k.memory_cleanup()),
                     "cleanup A",
                 );
             }

@@ -56,9 +56,9 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
             assert!(back == part, "[{mode}] read through a view");
         }
 
-        let l = must(c.dev.command(s1, &[]), "command").lazy(size as u64);
+        let l = must(c.dev.command(s1), "command").lazy(size as u64);
         must(
-            c.dev.command(s1, &[]).and_then(|mut k| k.initialize(&l)),
+            c.dev.command(s1).and_then(|mut k| k.initialize(&l)),
             "initialize",
         );
         must(c.write(s1, &l, &data), "write lazy");
