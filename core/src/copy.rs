@@ -54,6 +54,18 @@ impl Staging {
     }
 }
 
+/// One row of a copy (see [`CopyLayout::rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct CopyRow {
+    /// Offset of the row on the host side (packed).
+    pub host: u64,
+    /// Offset of the row on the device side.
+    pub device: u64,
+    /// Bytes in the row.
+    pub len: u64,
+}
+
 /// The device-side geometry of a copy, in bytes: `height` rows of `width` bytes, each row starting
 /// `pitch` bytes after the previous one. The host side of a copy is always packed
 /// (`height * width` bytes). Built only by [`CopyLayout::of`] or [`CopyLayout::linear`], so a shim
@@ -165,6 +177,31 @@ impl CopyLayout {
     /// Bytes on the host side (packed).
     pub const fn packed_bytes(&self) -> u64 {
         self.width * self.height
+    }
+
+    /// The rows of the copy, in order: where each starts on the host side (packed) and on the
+    /// device side (pitched), both from the start of the copy, and its length. A linear layout is
+    /// one row. The one walk every copy (and every failure mark of a copy) makes.
+    ///
+    /// ```
+    /// use devcmd::copy::{CopyLayout, CopyRow};
+    /// // Two rows of 4 bytes, 16 bytes apart on the device.
+    /// let layout = CopyLayout::of(&[2, 4], &[16, 1], 1).unwrap();
+    /// let rows: Vec<CopyRow> = layout.rows().collect();
+    /// assert_eq!(rows, [CopyRow { host: 0, device: 0, len: 4 }, CopyRow { host: 4, device: 16, len: 4 }]);
+    /// assert_eq!(CopyLayout::linear(10).rows().count(), 1);
+    /// ```
+    pub fn rows(&self) -> impl Iterator<Item = CopyRow> + use<> {
+        let (height, width, pitch) = if self.is_linear() {
+            (u64::from(self.packed_bytes() > 0), self.packed_bytes(), 0)
+        } else {
+            (self.height, self.width, self.pitch)
+        };
+        (0..height).map(move |r| CopyRow {
+            host: r * width,
+            device: r * pitch,
+            len: width,
+        })
     }
 
     /// Bytes the device side spans, from the first byte of the first row to the last of the last.

@@ -8,18 +8,19 @@
 
 use crate::command::Command;
 use crate::copy::StagingPolicy;
-use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
-use crate::error::{DriverError, Fault, IoError, ServerError, Validation};
+use crate::drop_queue::{DropPolicy, DropQueue, DropStats};
+use crate::error::{ServerError, Validation};
 use crate::failure::Failures;
+use crate::fault::{FaultLedger, FenceOutcome};
 use crate::memory::ReadableBytes;
-use crate::memory::{AsBinding, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport};
+use crate::memory::{Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport};
+use crate::order::ForeignUses;
 use crate::pinned::{PinnedConfig, PinnedPool};
 use crate::shim::{DeviceFacts, Shim};
 use crate::stream::{Stream, StreamId};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU32, Ordering};
-use hashbrown::HashMap;
 
 static NEXT_DEVICE: AtomicU32 = AtomicU32::new(1);
 
@@ -49,85 +50,6 @@ impl Default for DeviceConfig {
             pinned: PinnedConfig::default(),
             max_streams: 16,
             memory_budget: None,
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct FaultState {
-    device: Option<DriverError>,
-    /// Per stream: the fault of its own work that ran, if any.
-    streams: Vec<Option<DriverError>>,
-    /// Per stream: the streams it was ever ordered after (a device-side wait), so a fault found
-    /// later on one of those reaches it too.
-    waited_on: Vec<Vec<usize>>,
-}
-
-/// Whether the device is lost, and which streams' work failed while it ran: shared with the
-/// futures of reads and syncs, which may be the ones to find out.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Poison(Arc<spin::Mutex<FaultState>>);
-
-impl Poison {
-    /// The fault that lost the device, if any.
-    pub fn get(&self) -> Option<DriverError> {
-        self.0.lock().device
-    }
-
-    /// The fault that made `stream`'s work untrustworthy, if any: its own, or that of a stream
-    /// it was ordered after, directly or through others (what that stream wrote may have been
-    /// read). Returns the faulted stream with its fault.
-    pub fn stream_fault(&self, stream: usize) -> Option<(usize, DriverError)> {
-        let s = self.0.lock();
-        if s.streams.iter().all(Option::is_none) {
-            return None;
-        }
-        let mut seen: Vec<usize> = Vec::new();
-        let mut todo: Vec<usize> = alloc::vec![stream];
-        while let Some(x) = todo.pop() {
-            if seen.contains(&x) {
-                continue;
-            }
-            seen.push(x);
-            if let Some(Some(e)) = s.streams.get(x) {
-                return Some((x, *e));
-            }
-            if let Some(deps) = s.waited_on.get(x) {
-                todo.extend(deps.iter().copied());
-            }
-        }
-        None
-    }
-
-    /// Records that `stream` was ordered after `other` on the device.
-    pub fn waited(&self, stream: usize, other: usize) {
-        let mut s = self.0.lock();
-        if s.waited_on.len() <= stream {
-            s.waited_on.resize_with(stream + 1, Vec::new);
-        }
-        if !s.waited_on[stream].contains(&other) {
-            s.waited_on[stream].push(other);
-        }
-    }
-
-    /// Records `e` if it poisons the device.
-    pub fn note(&self, e: &DriverError) {
-        if e.loses_device() {
-            self.0.lock().device.get_or_insert(*e);
-        }
-    }
-
-    /// Records `e`, seen on `stream`: a poisoning fault loses the device; a fault of work that
-    /// ran ([`Fault::WorkFailed`]) taints the stream for good.
-    pub fn note_at(&self, stream: usize, e: &DriverError) {
-        let mut s = self.0.lock();
-        if e.loses_device() {
-            s.device.get_or_insert(*e);
-        } else if e.fault == Fault::WorkFailed {
-            if s.streams.len() <= stream {
-                s.streams.resize(stream + 1, None);
-            }
-            s.streams[stream].get_or_insert(*e);
         }
     }
 }
@@ -170,12 +92,11 @@ pub struct Device<S: Shim> {
     /// Boxed: a stream's state is kilobytes, and the vector grows as streams are first used.
     pub(crate) streams: Vec<Option<alloc::boxed::Box<Stream<S>>>>,
     pub(crate) failures: Failures,
-    pub(crate) poison: Poison,
+    pub(crate) ledger: FaultLedger,
     /// Scratch for freed allocation ids.
     pub(crate) freed: Vec<u64>,
-    /// Allocations used by streams other than their owner: which streams, at which cursor. A
-    /// later use on any other stream waits for those; entries go when the allocation is freed.
-    pub(crate) foreign_uses: HashMap<u64, Vec<(usize, u64)>>,
+    /// Which streams used each allocation besides its owner (see `order.rs`).
+    pub(crate) foreign_uses: ForeignUses,
 }
 
 impl<S: Shim> Device<S> {
@@ -194,9 +115,9 @@ impl<S: Shim> Device<S> {
             budget: MemoryBudget::new(limit),
             streams: Vec::new(),
             failures: Failures::default(),
-            poison: Poison::default(),
+            ledger: FaultLedger::default(),
             freed: Vec::new(),
-            foreign_uses: HashMap::new(),
+            foreign_uses: ForeignUses::default(),
         }
     }
 
@@ -236,9 +157,7 @@ impl<S: Shim> Device<S> {
     /// [`ServerError::DeviceLost`]; a stream index past the limit; the shim's refusal to create
     /// the stream.
     pub fn command(&mut self, stream: StreamId) -> Result<Command<'_, S>, ServerError> {
-        if let Some(cause) = self.poison.get() {
-            return Err(ServerError::DeviceLost { cause });
-        }
+        self.ledger.check_device()?;
         let index = self.ensure_stream(stream)?;
         // The command's work is issued at the new cursor: uses recorded by its operations carry
         // it, so a later waiter on this stream waits for this command's work, not only what came
@@ -267,7 +186,7 @@ impl<S: Shim> Device<S> {
             let raw = self
                 .shim
                 .create_stream()
-                .inspect_err(|e| self.poison.note(e))?;
+                .map_err(|e| self.ledger.call_failed(e))?;
             let issuer = Issuer {
                 device: self.id,
                 stream: stream.0,
@@ -284,119 +203,10 @@ impl<S: Shim> Device<S> {
                 capture: Default::default(),
                 cursor: 0,
                 synced: Vec::new(),
-                fault: None,
+                last_kernel: None,
             }));
         }
         Ok(index)
-    }
-
-    /// Orders stream `current` after the owner of `binding`, if another stream owns it.
-    pub(crate) fn order_after(
-        &mut self,
-        current: usize,
-        binding: &impl AsBinding,
-    ) -> Result<(), ServerError> {
-        let b = binding.as_binding();
-        let issuer = b.issuer();
-        if issuer.device != self.id {
-            return Err(IoError::ForeignHandle {
-                issued_by: issuer.device,
-                used_on: self.id,
-            }
-            .into());
-        }
-        let owner = issuer.stream as usize;
-        let Some(owner_cursor) = self
-            .streams
-            .get(owner)
-            .and_then(Option::as_ref)
-            .map(|s| s.cursor)
-        else {
-            return Err(IoError::NotFound {
-                handle: b.id(),
-                reason: crate::error::NotFoundReason::Stale,
-            }
-            .into());
-        };
-        // Resolve first: a handle that names no memory must leave no trace (no wait, no
-        // keep-alive, no record of a use).
-        if let Some(o) = self.streams[owner].as_ref() {
-            o.memory.resolve(binding)?;
-        }
-        if let Some((stream, cause)) = self.poison.stream_fault(owner) {
-            return Err(ServerError::StreamFaulted {
-                stream: stream as u32,
-                cause,
-            });
-        }
-        let id = b.id();
-        if owner != current {
-            self.wait_for(current, owner, owner_cursor)?;
-            let cursor = self.streams[current].as_ref().map_or(0, |s| s.cursor);
-            let uses = self.foreign_uses.entry(id).or_default();
-            match uses.iter_mut().find(|u| u.0 == current) {
-                Some(u) => u.1 = cursor,
-                None => uses.push((current, cursor)),
-            }
-            let c = self.streams[current].as_mut().expect("current exists");
-            c.drops.push(DropItem::Binding(binding_of(binding)));
-        }
-        // Other streams that used this allocation (a kernel on another stream may have written
-        // it): order after their work too, or this use could overtake theirs.
-        if let Some(uses) = self.foreign_uses.get(&id) {
-            let waits: Vec<(usize, u64)> = uses
-                .iter()
-                .copied()
-                .filter(|&(user, _)| user != current && user != owner)
-                .collect();
-            for (user, used_at) in waits {
-                self.wait_for(current, user, used_at)?;
-            }
-            if current == owner {
-                // The owner has waited for every foreign use: later owner uses need no wait.
-                self.foreign_uses.remove(&id);
-            }
-        }
-        Ok(())
-    }
-
-    /// Makes stream `current` wait on the device for the work stream `other` issued up to
-    /// cursor `other_cursor`, unless it already did.
-    fn wait_for(
-        &mut self,
-        current: usize,
-        other: usize,
-        other_cursor: u64,
-    ) -> Result<(), ServerError> {
-        // Work ordered after a stream whose work failed would read what it left unwritten.
-        if let Some((stream, cause)) = self.poison.stream_fault(other) {
-            return Err(ServerError::StreamFaulted {
-                stream: stream as u32,
-                cause,
-            });
-        }
-        let synced = self.streams[current]
-            .as_ref()
-            .and_then(|s| s.synced.get(other).copied())
-            .unwrap_or(0);
-        if other_cursor > synced {
-            let event = {
-                let o = self.streams[other].as_ref().expect("checked by the caller");
-                self.shim
-                    .record_event(&o.raw)
-                    .inspect_err(|e| self.poison.note_at(other, e))?
-            };
-            let c = self.streams[current].as_mut().expect("current exists");
-            self.shim
-                .stream_wait_event(&c.raw, &event)
-                .inspect_err(|e| self.poison.note_at(current, e))?;
-            if c.synced.len() <= other {
-                c.synced.resize(other + 1, 0);
-            }
-            c.synced[other] = other_cursor;
-            self.poison.waited(current, other);
-        }
-        Ok(())
     }
 
     /// The memory report of every stream.
@@ -425,8 +235,13 @@ impl<S: Shim> Device<S> {
             .collect()
     }
 
-    /// Moves freed allocation ids into the failure records and retired pages into drop queues.
-    pub(crate) fn settle(&mut self) {
+    /// The device's bookkeeping, run at the start of every command operation and at teardown: the
+    /// last steps of the dropped-handle path. A dropped handle's allocation comes back through
+    /// its stream's return queue into that stream's manager (which frees its slice, and retires a
+    /// page that emptied); here the freed ids leave the failure and cross-stream records, and the
+    /// retired pages go into the stream's drop queue, which frees them on the device once a fence
+    /// after their last use passed.
+    pub(crate) fn collect(&mut self) {
         for s in self.streams.iter_mut().flatten() {
             s.memory.take_freed(&mut self.freed);
             s.queue_retired();
@@ -437,40 +252,34 @@ impl<S: Shim> Device<S> {
         }
         for id in self.freed.drain(..) {
             self.failures.forget(id);
-            self.foreign_uses.remove(&id);
+            self.foreign_uses.forget(id);
         }
     }
 }
 
-fn binding_of(b: &impl AsBinding) -> crate::memory::Binding {
-    b.as_binding().to_binding()
-}
-
 impl<S: Shim> Drop for Device<S> {
     fn drop(&mut self) {
-        let poison = self.poison.clone();
-        // Every stream first: another stream may still read this one's memory. The drain
-        // releases what the queue covers; the sync covers work that left nothing in it (a
-        // launch, a read), which may still use pages about to be freed. A fault of work that ran
-        // still means the fence completed: the stream is done with its memory.
+        self.collect();
+        // Every stream first: another stream may still read this one's memory. The sync drains
+        // the queue (releasing what it covers) and then waits for work that left nothing in it (a
+        // launch, a read), which may still use pages about to be freed.
         let mut all_done = true;
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
-            let synced = s.drain_noting(&self.shim, &poison, i).and_then(|()| {
-                s.sync(&self.shim).or_else(|e| {
-                    poison.note_at(i, &e);
-                    // The fence completed over failed work: the stream is done all the same.
-                    if e.fault == Fault::WorkFailed {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                })
-            });
-            all_done &= synced.is_ok();
+            let outcome = s.sync(&self.shim);
+            // Recorded so a lost device is known below; there is no caller to tell.
+            let _ = self.ledger.defer(i, outcome, s.last_kernel);
+            match outcome {
+                // The fence completed (over failed work, or the device runs nothing again): the
+                // stream is done with its memory.
+                FenceOutcome::Passed
+                | FenceOutcome::PassedOverFailedWork(_)
+                | FenceOutcome::DeviceLost(_) => {}
+                FenceOutcome::Unknown(_) => all_done = false,
+            }
         }
-        let poisoned = poison.get().is_some();
-        if !(all_done || poisoned) {
+        let lost = self.ledger.device_lost().is_some();
+        if !(all_done || lost) {
             warn!("a stream could not be drained at teardown: leaking the device's memory");
             for s in self.streams.iter_mut().flatten() {
                 s.memory.forget_all();
@@ -478,12 +287,12 @@ impl<S: Shim> Drop for Device<S> {
             return;
         }
         for s in self.streams.iter_mut().flatten() {
-            if poisoned {
+            if lost {
                 // Nothing will run again: what the queues still hold can go.
                 s.drops.release_all(&self.shim);
             }
             // SAFETY: every stream of the device was drained and synchronised above (or the
-            // device is poisoned and runs nothing), so no work can use any page.
+            // device is lost and runs nothing), so no work can use any page.
             unsafe { s.memory.release_all(&self.shim) };
             s.pinned.cleanup(&self.shim);
         }

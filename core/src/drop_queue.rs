@@ -7,7 +7,7 @@
 //! (the command does, by [`DropQueue::should_flush`] and the staging rules) and never flushes by
 //! itself: no helper thread, everything is released by fences polled or waited.
 
-use crate::error::DriverError;
+use crate::fault::FenceOutcome;
 use crate::host::HostBuffer;
 use crate::memory::{Binding, RetiredPage};
 use crate::shim::Shim;
@@ -137,29 +137,31 @@ impl<S: Shim> DropQueue<S> {
     /// records one fence on `stream` for it. Does nothing (and records no fence) when both batches
     /// are empty.
     ///
-    /// # Errors
-    ///
-    /// The fence wait's failure: a fault of work that ran ([`crate::Fault::WorkFailed`], the
-    /// fence completed) releases the pending batch and the flush goes on, then reports it; any
-    /// other failure releases the batch if the device is poisoned, leaks it otherwise, and stops.
-    /// Or the refusal to record the new fence (the batch stays pending and the next flush covers
-    /// it).
-    pub fn flush(&mut self, shim: &S, stream: &S::Stream) -> Result<(), DriverError> {
+    /// Returns the graver outcome of the wait and of recording the new fence: failed work (the
+    /// fence completed) releases the pending batch and the flush goes on; a lost device releases
+    /// it and stops; a wait of unknown outcome leaks it and stops. A fence that could not be recorded leaves the
+    /// batch pending: the next flush records one that covers it.
+    pub fn flush(&mut self, shim: &S, stream: &S::Stream) -> FenceOutcome {
         if self.staged.is_empty() && self.pending.is_empty() {
-            return Ok(());
+            return FenceOutcome::Passed;
         }
-        let mut failed_work = Ok(());
+        let mut waited = FenceOutcome::Passed;
         if !self.pending.is_empty() {
             let fence = match self.fence.take() {
                 Some(f) => f,
                 // The last fence could not be recorded: one now covers the pending batch too.
-                None => shim.record_event(stream)?,
+                None => match shim.record_event(stream) {
+                    Ok(f) => f,
+                    Err(e) => return FenceOutcome::of(Err(e)),
+                },
             };
-            let waited = shim.event_wait(&fence);
+            waited = FenceOutcome::wait(shim, &fence);
             self.stats.fences_waited = self.stats.fences_waited.saturating_add(1);
-            match self.settle(shim, waited) {
-                Err(e) if e.fault == crate::error::Fault::WorkFailed => failed_work = Err(e),
-                other => other?,
+            self.release_pending(shim, waited);
+            match waited {
+                FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {}
+                // Nothing more is worth a fence: the device is gone or its state unknown.
+                FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => return waited,
             }
         }
         self.fence = None;
@@ -168,46 +170,37 @@ impl<S: Shim> DropQueue<S> {
         self.staged_bytes = 0;
         if self.pending.is_empty() {
             // Nothing to cover: a fence would cost a device call and cover nothing.
-            return failed_work;
+            return waited;
         }
         self.stats.flushes = self.stats.flushes.saturating_add(1);
-        self.fence = Some(shim.record_event(stream)?);
-        failed_work
-    }
-
-    /// Releases the pending batch if its fence has passed, without blocking. Returns whether
-    /// nothing is left pending.
-    ///
-    /// # Errors
-    ///
-    /// A device fault the query reveals (the batch is then released or leaked as in a flush).
-    pub fn poll(&mut self, shim: &S) -> Result<bool, DriverError> {
-        let Some(fence) = &self.fence else {
-            return Ok(self.pending.is_empty());
-        };
-        match shim.event_query(fence) {
-            Ok(false) => Ok(false),
-            Ok(true) => {
-                self.fence = None;
-                self.stats.fences_polled = self.stats.fences_polled.saturating_add(1);
-                self.settle(shim, Ok(()))?;
-                Ok(true)
+        match shim.record_event(stream) {
+            Ok(f) => {
+                self.fence = Some(f);
+                waited
             }
-            Err(e) => {
-                // Release only once the fence completed, whatever the shim answered first.
-                let waited = if e.fault == crate::error::Fault::WorkFailed {
-                    shim.event_wait(fence).and(Err(e))
-                } else {
-                    Err(e)
-                };
-                self.fence = None;
-                self.settle(shim, waited).map(|()| true)
-            }
+            Err(e) => waited.and(FenceOutcome::of(Err(e))),
         }
     }
 
-    /// Releases everything the queue holds without a fence: only for a device that is lost
-    /// (poisoned), where nothing will touch the memory again.
+    /// Releases the pending batch if its fence has passed, without blocking. Returns `None` while
+    /// something is still pending (its fence has not passed, or none could be recorded yet), and
+    /// otherwise the outcome of the fence that settled it (the batch is then released or leaked
+    /// as in a flush).
+    pub fn poll(&mut self, shim: &S) -> Option<FenceOutcome> {
+        let Some(fence) = &self.fence else {
+            return self.pending.is_empty().then_some(FenceOutcome::Passed);
+        };
+        let outcome = FenceOutcome::query(shim, fence)?;
+        self.fence = None;
+        if outcome == FenceOutcome::Passed {
+            self.stats.fences_polled = self.stats.fences_polled.saturating_add(1);
+        }
+        self.release_pending(shim, outcome);
+        Some(outcome)
+    }
+
+    /// Releases everything the queue holds without a fence: only for a device that is lost, where
+    /// nothing will touch the memory again.
     pub(crate) fn release_all(&mut self, shim: &S) {
         self.fence = None;
         let items = core::mem::take(&mut self.staged)
@@ -223,27 +216,30 @@ impl<S: Shim> DropQueue<S> {
     }
 
     /// Flushes twice, whatever the first flush met: everything pushed before is released, or
-    /// leaked after a wait whose outcome is unknown.
-    ///
-    /// # Errors
-    ///
-    /// The first failure of the two flushes (see [`Self::flush`]).
-    pub fn drain(&mut self, shim: &S, stream: &S::Stream) -> Result<(), DriverError> {
+    /// leaked after a wait whose outcome is unknown. Returns the graver outcome of the two.
+    pub fn drain(&mut self, shim: &S, stream: &S::Stream) -> FenceOutcome {
         let first = self.flush(shim, stream);
         let second = self.flush(shim, stream);
         first.and(second)
     }
 
-    /// Releases the pending batch after a wait that ended with `waited`: at once if it succeeded,
-    /// if the fence completed over failed work, or if the device is poisoned (nothing will touch
-    /// the memory again); otherwise the batch is leaked on purpose, because freeing memory the
-    /// device may still use could hand it to someone else.
-    fn settle(&mut self, shim: &S, waited: Result<(), DriverError>) -> Result<(), DriverError> {
+    /// Releases the pending batch after its fence ended with `outcome`: at once if the device is
+    /// done with it; otherwise it is leaked on purpose, because freeing memory the device may
+    /// still use could hand it to someone else.
+    fn release_pending(&mut self, shim: &S, outcome: FenceOutcome) {
         let batch = core::mem::take(&mut self.pending);
-        match waited {
-            // A failure of the work (the fence completed) says the device is done with the
-            // batch; only a wait whose outcome is unknown leaves the device possibly using it.
-            Err(e) if !e.loses_device() && e.fault != crate::error::Fault::WorkFailed => {
+        match outcome {
+            FenceOutcome::Passed
+            | FenceOutcome::PassedOverFailedWork(_)
+            | FenceOutcome::DeviceLost(_) => {
+                for item in batch {
+                    self.stats.items_released = self.stats.items_released.saturating_add(1);
+                    self.stats.bytes_released =
+                        self.stats.bytes_released.saturating_add(item.bytes());
+                    item.release(shim);
+                }
+            }
+            FenceOutcome::Unknown(e) => {
                 warn!(
                     "fence wait failed (status {}): leaking {} items the device may still use",
                     e.status,
@@ -252,16 +248,6 @@ impl<S: Shim> DropQueue<S> {
                 self.stats.items_leaked =
                     self.stats.items_leaked.saturating_add(batch.len() as u64);
                 core::mem::forget(batch);
-                Err(e)
-            }
-            result => {
-                for item in batch {
-                    self.stats.items_released = self.stats.items_released.saturating_add(1);
-                    self.stats.bytes_released =
-                        self.stats.bytes_released.saturating_add(item.bytes());
-                    item.release(shim);
-                }
-                result
             }
         }
     }
@@ -345,14 +331,14 @@ mod tests {
     fn the_first_flush_waits_for_nothing_and_each_later_one_for_one_fence() {
         let (shim, mut q) = setup();
         q.push(item(1));
-        q.flush(&shim, &()).unwrap();
+        q.flush(&shim, &());
         assert_eq!(shim.events_waited.get(), 0);
         q.push(item(1));
-        q.flush(&shim, &()).unwrap();
+        q.flush(&shim, &());
         assert_eq!(shim.events_waited.get(), 1);
         for _ in 0..8 {
             q.push(item(1));
-            q.flush(&shim, &()).unwrap();
+            q.flush(&shim, &());
         }
         assert_eq!(shim.events_waited.get(), 9, "n - 1 waits after n flushes");
     }
@@ -364,11 +350,11 @@ mod tests {
             q.push(item(1));
         }
         assert!(q.should_flush() || q.staged_len() == 5);
-        q.flush(&shim, &()).unwrap();
+        q.flush(&shim, &());
         assert_eq!((q.staged_len(), q.pending_len()), (0, 5));
         assert!(!q.should_flush(), "counters reset");
         q.push(item(1));
-        q.flush(&shim, &()).unwrap();
+        q.flush(&shim, &());
         assert_eq!(q.pending_len(), 1);
         assert_eq!(q.stats().items_released, 5);
     }
@@ -377,13 +363,13 @@ mod tests {
     fn an_empty_flush_records_no_fence() {
         let (shim, mut q) = setup();
         for _ in 0..3 {
-            q.flush(&shim, &()).unwrap();
+            q.flush(&shim, &());
         }
         assert_eq!(shim.events_recorded.get(), 0);
         q.push(item(1));
-        q.drain(&shim, &()).unwrap();
+        q.drain(&shim, &());
         assert_eq!(q.pending_len(), 0);
-        q.flush(&shim, &()).unwrap();
+        q.flush(&shim, &());
         assert_eq!(
             shim.events_recorded.get(),
             1,
@@ -395,8 +381,8 @@ mod tests {
     fn poll_releases_a_passed_fence_without_blocking() {
         let (shim, mut q) = setup();
         q.push(item(10));
-        q.flush(&shim, &()).unwrap();
-        assert!(q.poll(&shim).unwrap());
+        q.flush(&shim, &());
+        assert_eq!(q.poll(&shim), Some(FenceOutcome::Passed));
         assert_eq!(shim.events_waited.get(), 0);
         assert_eq!(q.stats().bytes_released, 10);
     }
@@ -405,14 +391,14 @@ mod tests {
     fn a_failed_wait_leaks_unless_the_device_is_poisoned() {
         let (shim, mut q) = setup();
         q.push(item(1));
-        q.flush(&shim, &()).unwrap();
+        q.flush(&shim, &());
         shim.fail_next_wait.set(Some(Fault::Failed));
-        assert!(q.flush(&shim, &()).is_err());
+        assert_ne!(q.flush(&shim, &()), FenceOutcome::Passed);
         assert_eq!((q.stats().items_leaked, q.stats().items_released), (1, 0));
         q.push(item(1));
-        q.flush(&shim, &()).unwrap();
+        q.flush(&shim, &());
         shim.fail_next_wait.set(Some(Fault::DeviceLost));
-        assert!(q.flush(&shim, &()).is_err());
+        assert_ne!(q.flush(&shim, &()), FenceOutcome::Passed);
         assert_eq!(q.stats().items_released, 1, "poisoned: released");
     }
 }

@@ -8,6 +8,7 @@
 
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue};
 use crate::error::Fault;
+use crate::fault::FenceOutcome;
 use crate::memory::{Handle, Issuer, Location, ReturnQueue, Returned};
 use crate::test_shim::TestShim;
 use alloc::sync::Arc;
@@ -65,7 +66,7 @@ struct Model {
 
 impl Model {
     /// What happens to the pending batch after a wait (or query) that ended with `fault`.
-    fn settle(&mut self, fault: Option<Fault>) {
+    fn release_pending(&mut self, fault: Option<Fault>) {
         let batch = core::mem::take(&mut self.pending);
         match fault {
             Some(Fault::Failed | Fault::OutOfMemory | Fault::TooBig | Fault::Unsupported) => {
@@ -93,7 +94,7 @@ impl Model {
             }
             self.waits += 1;
             let wait = f.wait.take();
-            self.settle(wait);
+            self.release_pending(wait);
             match wait {
                 None => {}
                 Some(Fault::WorkFailed) => ok = false,
@@ -124,18 +125,18 @@ impl Model {
                 // The queue waits for the fence before it releases anything.
                 self.waits += 1;
                 self.fenced = false;
-                self.settle(None);
+                self.release_pending(None);
                 None
             }
             Some(f) => {
                 self.fenced = false;
-                self.settle(Some(f));
+                self.release_pending(Some(f));
                 None
             }
             None if busy => Some(false),
             None => {
                 self.fenced = false;
-                self.settle(None);
+                self.release_pending(None);
                 Some(true)
             }
         }
@@ -195,19 +196,24 @@ proptest! {
                 }
                 Op::Flush(f) => {
                     arm(&shim, f);
-                    prop_assert_eq!(q.flush(&shim, &()).is_ok(), m.flush(&mut f.clone()), "flush {:?}", f);
+                    prop_assert_eq!(q.flush(&shim, &()) == FenceOutcome::Passed, m.flush(&mut f.clone()), "flush {:?}", f);
                 }
                 Op::Poll { busy, query } => {
                     shim.busy.set(busy);
                     shim.fail_next_query.set(query);
-                    prop_assert_eq!(q.poll(&shim).ok(), m.poll(busy, query), "poll");
+                    let polled = match q.poll(&shim) {
+                        None => Some(false),
+                        Some(FenceOutcome::Passed) => Some(true),
+                        Some(_) => None,
+                    };
+                    prop_assert_eq!(polled, m.poll(busy, query), "poll");
                 }
                 Op::Drain(f) => {
                     arm(&shim, f);
                     let mut armed = f;
                     let first = m.flush(&mut armed);
                     let second = m.flush(&mut armed);
-                    prop_assert_eq!(q.drain(&shim, &()).is_ok(), first && second, "drain {:?}", f);
+                    prop_assert_eq!(q.drain(&shim, &()) == FenceOutcome::Passed, first && second, "drain {:?}", f);
                 }
             }
             disarm(&shim);

@@ -260,6 +260,11 @@ pub enum IoError {
     },
     /// A device call failed (a lost device among them: see [`IoError::is_device_lost`]).
     Shim(DriverError),
+    /// The host could not hold a buffer of this size (a read's destination, a staging buffer).
+    HostAllocFailed {
+        /// Bytes asked for.
+        len: u64,
+    },
 }
 
 impl IoError {
@@ -378,6 +383,11 @@ impl fmt::Display for IoError {
                 offset.saturating_add(*len)
             ),
             Self::Shim(e) => write!(f, "{e}"),
+            Self::HostAllocFailed { len } => write!(
+                f,
+                "asked for a host buffer of {len} bytes but the host heap cannot hold it; \
+                 read or write in smaller pieces"
+            ),
         }
     }
 }
@@ -538,6 +548,17 @@ pub enum Validation {
         /// The operation.
         op: &'static str,
     },
+    /// A launch output overlaps another buffer of the same launch: kernels may run their blocks
+    /// in any order, so a buffer both read and written (or written twice) gives no defined
+    /// result.
+    AliasedLaunch {
+        /// The kernel.
+        kernel: &'static str,
+        /// Position of the output among the launch's buffers (inputs first).
+        output: usize,
+        /// Position of the buffer it overlaps.
+        other: usize,
+    },
 }
 
 impl fmt::Display for Validation {
@@ -565,6 +586,15 @@ impl fmt::Display for Validation {
             Self::Recording { op } => write!(
                 f,
                 "`{op}` is refused while a stream records a graph; call it after the capture ends"
+            ),
+            Self::AliasedLaunch {
+                kernel,
+                output,
+                other,
+            } => write!(
+                f,
+                "buffer {output} of the launch of `{kernel}` is an output that overlaps buffer \
+                 {other} of the same launch; give the kernel a separate output buffer"
             ),
         }
     }
@@ -609,13 +639,16 @@ pub enum ServerError {
     /// that ran, which is [`ServerError::StreamFaulted`], nor a lost device).
     Device(DriverError),
     /// Work on a stream failed while it ran ([`Fault::WorkFailed`]): nothing written on that
-    /// stream, or ordered after it, can be trusted, so every operation on it or depending on it
-    /// fails with this.
+    /// stream, or by work ordered after it, can be trusted, so every operation on it or depending
+    /// on it fails with this. Other streams keep working.
     StreamFaulted {
         /// The stream whose work failed.
         stream: u32,
         /// The fault its fence reported.
         cause: DriverError,
+        /// The last kernel launched on the stream before the fence that reported the fault (the
+        /// shim cannot say which work failed; this is the likeliest suspect).
+        kernel: Option<&'static str>,
     },
 }
 
@@ -702,11 +735,23 @@ impl fmt::Display for ServerError {
             Self::Io(e) => write!(f, "{e}"),
             Self::Launch(e) => write!(f, "{e}"),
             Self::Device(e) => write!(f, "work on the stream failed: {e}"),
-            Self::StreamFaulted { stream, cause } => write!(
-                f,
-                "work on stream {stream} failed while it ran ({cause}); its data, and work \
-                 ordered after it, can no longer be trusted: recreate the device"
-            ),
+            Self::StreamFaulted {
+                stream,
+                cause,
+                kernel,
+            } => {
+                write!(f, "work on stream {stream} failed while it ran")?;
+                if let Some(k) = kernel {
+                    write!(f, " (the last kernel launched before the fence was `{k}`)")?;
+                }
+                write!(
+                    f,
+                    ": the {} reported status {}; what the stream wrote, and work ordered after it, \
+                     can no longer be trusted while other streams keep working: write the inputs \
+                     again on another stream, or recreate the device to use stream {stream} again",
+                    cause.op, cause.status
+                )
+            }
         }
     }
 }
@@ -771,12 +816,17 @@ impl defmt::Format for ServerError {
             Self::Io(e) => defmt::write!(f, "Io({})", e),
             Self::Launch(e) => defmt::write!(f, "Launch({})", e),
             Self::Device(e) => defmt::write!(f, "Device({})", e),
-            Self::StreamFaulted { stream, cause } => {
+            Self::StreamFaulted {
+                stream,
+                cause,
+                kernel,
+            } => {
                 defmt::write!(
                     f,
-                    "StreamFaulted {{ stream: {=u32}, cause: {} }}",
+                    "StreamFaulted {{ stream: {=u32}, cause: {}, kernel: {} }}",
                     stream,
-                    cause
+                    cause,
+                    kernel
                 )
             }
         }

@@ -75,6 +75,15 @@ impl HostBuffer {
         Self::from_vec(alloc::vec![0; len])
     }
 
+    /// A heap buffer of `len` zero bytes, or `None` when the heap cannot hold it (never a panic
+    /// nor an abort).
+    pub fn try_zeroed(len: usize) -> Option<Self> {
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(len).ok()?;
+        bytes.resize(len, 0);
+        Some(Self::from_vec(bytes))
+    }
+
     /// A heap buffer owning `bytes`.
     pub fn from_vec(mut bytes: Vec<u8>) -> Self {
         let ptr = NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling());

@@ -6,8 +6,8 @@
 
 use crate::capture::CaptureState;
 use crate::drop_queue::{DropItem, DropQueue};
-use crate::error::DriverError;
-use crate::memory::MemoryManager;
+use crate::fault::FenceOutcome;
+use crate::memory::{Cleanup, MemoryManager};
 use crate::pinned::PinnedPool;
 use crate::shim::Shim;
 use alloc::vec::Vec;
@@ -30,8 +30,8 @@ pub(crate) struct Stream<S: Shim> {
     pub cursor: u64,
     /// For each other stream (by index): its cursor when this stream last waited for it.
     pub synced: Vec<u64>,
-    /// A fault an internal drop-queue flush revealed, kept for the next read or sync.
-    pub fault: Option<DriverError>,
+    /// The last kernel launched on the stream: named when a later fence reports failed work.
+    pub last_kernel: Option<&'static str>,
 }
 
 impl<S: Shim> Stream<S> {
@@ -43,42 +43,47 @@ impl<S: Shim> Stream<S> {
         }
     }
 
-    /// Flushes the drop queue unless the stream records (a fence would land in the graph).
-    pub fn flush(&mut self, shim: &S) -> Result<(), DriverError> {
+    /// Flushes the drop queue (retired pages included) unless the stream records: a fence would
+    /// land in the graph.
+    pub fn flush(&mut self, shim: &S) -> FenceOutcome {
         if self.capture.is_recording() {
-            return Ok(());
+            return FenceOutcome::Passed;
         }
+        self.queue_retired();
         self.drops.flush(shim, &self.raw)
     }
 
     /// Releases everything the drop queue holds, retired pages included, each once the fence
     /// covering it passed. Work that put nothing in the queue (a launch, a read) is not waited
-    /// for when the queue was empty: see [`Self::sync`].
-    pub fn drain(&mut self, shim: &S) -> Result<(), DriverError> {
+    /// for when the queue was empty: see [`FenceOutcome::sync`].
+    pub fn drain(&mut self, shim: &S) -> FenceOutcome {
         self.queue_retired();
         self.drops.drain(shim, &self.raw)
     }
 
-    /// [`Self::drain`], recording what its fences reveal in `poison`. A fault of work that ran
-    /// taints the stream but the drain completed (its fences did), so it is not an error here.
-    pub fn drain_noting(
-        &mut self,
-        shim: &S,
-        poison: &crate::device::Poison,
-        index: usize,
-    ) -> Result<(), DriverError> {
-        match self.drain(shim) {
-            Err(e) if e.fault == crate::error::Fault::WorkFailed => {
-                poison.note_at(index, &e);
-                Ok(())
-            }
-            r => r.inspect_err(|e| poison.note_at(index, e)),
+    /// Drains the queue, returns the stream's empty pages and its idle pinned pages to the device:
+    /// the cleanup every reclaim runs.
+    pub fn cleanup(&mut self, shim: &S) -> FenceOutcome {
+        let drained = self.drain(shim);
+        if !drained.completed() {
+            return drained;
         }
+        self.memory.cleanup(shim, Cleanup::Explicit);
+        let drained = drained.and(self.drain(shim));
+        if drained.completed() {
+            self.pinned.cleanup(shim);
+        }
+        drained
     }
 
-    /// Waits for everything enqueued on the stream so far.
-    pub fn sync(&mut self, shim: &S) -> Result<(), DriverError> {
-        let fence = shim.record_event(&self.raw)?;
-        shim.event_wait(&fence)
+    /// Waits for everything enqueued on the stream so far: its queue, then its last work.
+    pub fn sync(&mut self, shim: &S) -> FenceOutcome {
+        let drained = self.drain(shim);
+        match drained {
+            FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {
+                drained.and(FenceOutcome::sync(shim, &self.raw))
+            }
+            FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => drained,
+        }
     }
 }

@@ -394,7 +394,7 @@ fn serve(
         let x = {
             let mut cmd = device.command(COPY)?;
             let x = cmd.empty((m * INPUT * 4) as u64)?;
-            let mut staged = cmd.reserve_host(m * INPUT * 4, true);
+            let mut staged = cmd.reserve_host(m * INPUT * 4, true)?;
             staged.as_mut_slice().copy_from_slice(&to_bytes(&input));
             cmd.write(&x, staged)?;
             x

@@ -47,7 +47,10 @@ fn a_fault_found_by_a_read_taints_the_stream_and_what_depends_on_it() {
     assert!(faulted(&err), "{err}");
     let mut dependent = device.command(StreamId(1)).unwrap();
     let err = dependent.read_async(&[ReadRequest::whole(&y)]).unwrap_err();
-    assert!(faulted(&err), "a use ordered after the faulted stream: {err}");
+    assert!(
+        faulted(&err),
+        "a use ordered after the faulted stream: {err}"
+    );
     // An unrelated stream keeps working.
     let mut other = device.command(StreamId(1)).unwrap();
     let z = other.create(&[3u8; 32]).unwrap();

@@ -14,7 +14,7 @@ fn large_requests_get_pinned_pages_of_their_own_and_refusals_stay_local() {
     let probe = shim.clone();
     let mut device = Device::new(shim, DeviceConfig::default());
     let mut cmd = device.command(StreamId(0)).unwrap();
-    let big = cmd.reserve_host(48 * MIB, true);
+    let big = cmd.reserve_host(48 * MIB, true).unwrap();
     assert_eq!(
         big.origin(),
         HostOrigin::Pinned,
@@ -22,7 +22,7 @@ fn large_requests_get_pinned_pages_of_their_own_and_refusals_stay_local() {
     );
     let big_addr = big.as_slice().as_ptr();
     drop(big);
-    let again = cmd.reserve_host(48 * MIB, true);
+    let again = cmd.reserve_host(48 * MIB, true).unwrap();
     assert_eq!(again.as_slice().as_ptr(), big_addr, "reused by exact size");
     drop(again);
 
@@ -32,21 +32,21 @@ fn large_requests_get_pinned_pages_of_their_own_and_refusals_stay_local() {
     }));
     let asks = || probe.stats().calls(ShimOp::HostAlloc);
     let before = asks();
-    let refused = cmd.reserve_host(80 * MIB, true);
+    let refused = cmd.reserve_host(80 * MIB, true).unwrap();
     assert_eq!(
         refused.origin(),
         HostOrigin::Heap,
         "a refused page falls back to the heap"
     );
     assert_eq!(asks(), before + 1);
-    let refused_again = cmd.reserve_host(96 * MIB, true);
+    let refused_again = cmd.reserve_host(96 * MIB, true).unwrap();
     assert_eq!(refused_again.origin(), HostOrigin::Heap);
     assert_eq!(
         asks(),
         before + 1,
         "not asked again for a page at least as large"
     );
-    let small = cmd.reserve_host(4096, true);
+    let small = cmd.reserve_host(4096, true).unwrap();
     assert_eq!(
         small.origin(),
         HostOrigin::Pinned,

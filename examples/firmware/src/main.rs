@@ -274,7 +274,7 @@ fn run_layer(
     let mut cmd = device.command(S0)?;
     // The input goes through the pinned window (it fits a pinned page).
     let x = cmd.empty((COLS * 4) as u64)?;
-    let mut staged = cmd.reserve_host(COLS * 4, true);
+    let mut staged = cmd.reserve_host(COLS * 4, true)?;
     check!(
         staged.origin() == devcmd::HostOrigin::Pinned,
         "the input was not served from the pinned window"

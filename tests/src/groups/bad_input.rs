@@ -178,17 +178,20 @@ pub fn bad_input<H: Harness>(h: &H, mode: Mode) {
         matches!(mine.view(u64::MAX, 2), Err(IoError::OutOfRange { .. })),
         "[{mode}] view overflow"
     );
-    expect_err(
-        mode,
-        "write of 65 bytes into 64",
-        || c.write(s, &mine, &[0; 65]),
-        |e| {
-            matches!(
-                e,
-                ServerError::Validation(Validation::LayoutPastView { .. })
-            )
-        },
-    );
+    for len in [65, 63, 0] {
+        expect_err(
+            mode,
+            &format!("write of {len} bytes into the whole view of 64"),
+            || c.write(s, &mine, &vec![0; len]),
+            |e| {
+                matches!(
+                    e,
+                    ServerError::Validation(Validation::LengthMismatch { expected: 64, found })
+                        if *found == len as u64
+                )
+            },
+        );
+    }
     expect_err(
         mode,
         "data shorter than its layout",

@@ -222,7 +222,10 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
     c.probe.as_ref().unwrap().inject(FaultRule::Always {
         op: ShimOp::HostAlloc,
     });
-    let buf = must(c.dev.command(s0), "command").reserve_host(64, true);
+    let buf = must(
+        must(c.dev.command(s0), "command").reserve_host(64, true),
+        "reserve_host",
+    );
     assert_eq!(
         buf.origin(),
         HostOrigin::Heap,

@@ -268,7 +268,10 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
     }
     // Pinned data is not copied again (if the shim serves pinned memory at all).
     let s = StreamId(7);
-    let mut pinned = must(c.dev.command(s), "command").reserve_host(512, true);
+    let mut pinned = must(
+        must(c.dev.command(s), "command").reserve_host(512, true),
+        "reserve_host",
+    );
     if pinned.origin() == HostOrigin::Pinned {
         pinned.as_mut_slice().copy_from_slice(&pattern(512, 6));
         let p0 = pinned_allocations(&mut c, s);

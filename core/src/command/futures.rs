@@ -1,0 +1,244 @@
+//! The fences a caller waits for: [`ReadFuture`] (bytes read back) and [`SyncFuture`] (a stream
+//! reached a point).
+//!
+//! Owns what a future holds until its fence passes (the read's buffers and the bindings that keep
+//! the memory alive) and whether it releases or leaks them, decided by the fence's
+//! [`FenceOutcome`]. Does not decide what an outcome means for the stream: the fault ledger does.
+
+use super::Command;
+use crate::error::{DriverError, ServerError, Validation};
+use crate::fault::{FaultLedger, FenceOutcome};
+use crate::host::HostBuffer;
+use crate::memory::Binding;
+use crate::shim::Shim;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+
+#[derive(Debug)]
+enum FenceState<E> {
+    /// Recorded and not yet found passed.
+    Recorded(E),
+    /// The shim refused to record it: nothing covers the work before it.
+    NotRecorded(DriverError),
+    /// Its outcome was taken.
+    Done,
+}
+
+/// A fence recorded on a stream for a future, with what is needed to report its outcome.
+#[derive(Debug)]
+pub(super) struct Fence<S: Shim> {
+    shim: Arc<S>,
+    state: FenceState<S::Event>,
+    ledger: FaultLedger,
+    stream: usize,
+    /// The last kernel launched before the fence, named if it reveals failed work.
+    kernel: Option<&'static str>,
+}
+
+impl<S: Shim> Fence<S> {
+    pub(super) fn new(
+        shim: Arc<S>,
+        recorded: Result<S::Event, DriverError>,
+        ledger: FaultLedger,
+        stream: usize,
+        kernel: Option<&'static str>,
+    ) -> Self {
+        let state = match recorded {
+            Ok(e) => FenceState::Recorded(e),
+            Err(e) => FenceState::NotRecorded(e),
+        };
+        Self {
+            shim,
+            state,
+            ledger,
+            stream,
+            kernel,
+        }
+    }
+
+    fn pending(&self) -> bool {
+        !matches!(self.state, FenceState::Done)
+    }
+
+    fn recorded(&self) -> bool {
+        !matches!(self.state, FenceState::NotRecorded(_))
+    }
+
+    /// Blocks until the fence completes (at once when it was never recorded: the outcome is then
+    /// unknown, unless the device is lost).
+    fn wait(&mut self) -> FenceOutcome {
+        match core::mem::replace(&mut self.state, FenceState::Done) {
+            FenceState::Recorded(e) => FenceOutcome::wait(&*self.shim, &e),
+            FenceState::NotRecorded(e) => FenceOutcome::of(Err(e)),
+            FenceState::Done => FenceOutcome::Passed,
+        }
+    }
+
+    /// The outcome once the fence completed, without blocking.
+    fn poll(&mut self) -> Option<FenceOutcome> {
+        let outcome = match &self.state {
+            FenceState::Recorded(e) => FenceOutcome::query(&*self.shim, e)?,
+            FenceState::NotRecorded(_) | FenceState::Done => return Some(self.wait()),
+        };
+        self.state = FenceState::Done;
+        Some(outcome)
+    }
+
+    /// The caller's result of `outcome`, recorded in the ledger.
+    fn answer(&self, outcome: FenceOutcome) -> Result<(), ServerError> {
+        self.ledger.answer(self.stream, outcome, self.kernel)
+    }
+}
+
+/// The bytes of a [`Command::read_async`], once its fence passes.
+#[derive(Debug)]
+pub struct ReadFuture<S: Shim> {
+    fence: Fence<S>,
+    buffers: Vec<HostBuffer>,
+    held: Vec<Binding>,
+}
+
+impl<S: Shim> ReadFuture<S> {
+    pub(super) fn new(fence: Fence<S>, buffers: Vec<HostBuffer>, held: Vec<Binding>) -> Self {
+        Self {
+            fence,
+            buffers,
+            held,
+        }
+    }
+
+    /// Fails (releasing or leaking the buffers) when the fence could not be recorded.
+    pub(super) fn check_recorded(&mut self) -> Result<(), ServerError> {
+        if self.fence.recorded() {
+            return Ok(());
+        }
+        let outcome = self.fence.wait();
+        self.finish(outcome).map(drop)
+    }
+
+    /// Releases the buffers and bindings once the device is done with them, leaks them when it
+    /// may not be, and returns the bytes or the fence's error.
+    fn finish(&mut self, outcome: FenceOutcome) -> Result<Vec<HostBuffer>, ServerError> {
+        let buffers = core::mem::take(&mut self.buffers);
+        let held = core::mem::take(&mut self.held);
+        match outcome {
+            FenceOutcome::Passed
+            | FenceOutcome::PassedOverFailedWork(_)
+            | FenceOutcome::DeviceLost(_) => drop(held),
+            FenceOutcome::Unknown(_) => {
+                warn!(
+                    "a read's fence failed: leaking {} buffers the device may still write",
+                    buffers.len()
+                );
+                core::mem::forget((buffers, held));
+                return self.fence.answer(outcome).map(|()| Vec::new());
+            }
+        }
+        self.fence.answer(outcome).map(|()| buffers)
+    }
+
+    /// Blocks until the copies landed and returns the bytes, one buffer per request.
+    ///
+    /// # Errors
+    ///
+    /// A device fault the fence reveals: [`ServerError::StreamFaulted`] for failed work (the fence
+    /// completed; the buffers are released), or a fault of unknown outcome (the buffers are then
+    /// leaked unless the device is lost).
+    pub fn wait(mut self) -> Result<Vec<HostBuffer>, ServerError> {
+        let outcome = self.fence.wait();
+        self.finish(outcome)
+    }
+}
+
+impl<S: Shim> Future for ReadFuture<S>
+where
+    S::Event: Unpin,
+{
+    type Output = Result<Vec<HostBuffer>, ServerError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.fence.poll() {
+            Some(outcome) => Poll::Ready(this.finish(outcome)),
+            None => {
+                // Devices raise no wake-ups, so the future asks to be polled again: under an
+                // executor it spins on a non-blocking query. Hosts with nothing else to run
+                // should call `wait`; a firmware main loop polls it between other work.
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<S: Shim> Drop for ReadFuture<S> {
+    fn drop(&mut self) {
+        if self.fence.pending() {
+            // Dropped before completion: the device may still write the buffers and read the
+            // sources. Wait, then release or leak exactly as a completed read would.
+            let outcome = self.fence.wait();
+            drop(self.finish(outcome));
+        }
+    }
+}
+
+/// Resolves once everything enqueued before it on its stream has run.
+#[derive(Debug)]
+pub struct SyncFuture<S: Shim> {
+    fence: Fence<S>,
+}
+
+impl<S: Shim> SyncFuture<S> {
+    /// Blocks until the stream reached the fence.
+    ///
+    /// # Errors
+    ///
+    /// A device fault the fence reveals.
+    pub fn wait(mut self) -> Result<(), ServerError> {
+        let outcome = self.fence.wait();
+        self.fence.answer(outcome)
+    }
+}
+
+impl<S: Shim> Future for SyncFuture<S>
+where
+    S::Event: Unpin,
+{
+    type Output = Result<(), ServerError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.fence.poll() {
+            Some(outcome) => Poll::Ready(this.fence.answer(outcome)),
+            None => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<S: Shim> Command<'_, S> {
+    /// A future that resolves once everything enqueued on this stream so far has run.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::DeviceLost`], [`ServerError::StreamFaulted`], a fault kept for this
+    /// stream's next sync, [`Validation::Recording`], the shim's refusal to record the fence.
+    pub fn sync(&mut self) -> Result<SyncFuture<S>, ServerError> {
+        self.begin()?;
+        self.device.ledger.take_deferred(self.stream)?;
+        if self.current().capture.is_recording() {
+            return Err(Validation::Recording { op: "sync" }.into());
+        }
+        let mut fence = self.fence();
+        if !fence.recorded() {
+            let outcome = fence.wait();
+            fence.answer(outcome)?;
+        }
+        Ok(SyncFuture { fence })
+    }
+}

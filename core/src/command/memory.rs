@@ -1,0 +1,200 @@
+//! The memory operations of a command: reservation (with the one reclaim-and-retry), binding,
+//! host buffers, cleanup and the drop queue.
+//!
+//! Owns when reclaim runs and what its fences mean for the streams it touches. Does not own the
+//! pools (`memory/`) nor the fence decisions (`fault.rs`).
+
+use super::Command;
+use crate::error::{IoError, ServerError, Validation};
+use crate::host::HostBuffer;
+use crate::memory::{Handle, PageUpdate};
+use crate::shim::Shim;
+
+impl<S: Shim> Command<'_, S> {
+    /// Reserves `size` bytes on this stream. A failure that reclaiming might cure, on a
+    /// reservation that may change the pages, makes room on every stream once and retries once.
+    ///
+    /// # Errors
+    ///
+    /// The second failure, or the first when reclaim cannot help (see
+    /// [`IoError::may_succeed_after_reclaim`]); [`ServerError::DeviceLost`];
+    /// [`ServerError::StreamFaulted`].
+    pub fn reserve(&mut self, size: u64) -> Result<Handle, ServerError> {
+        self.begin()?;
+        let update = self.page_update();
+        let (shim, s) = self.parts();
+        let first = s.memory.try_reserve(shim, size, update);
+        let result = match first {
+            Err(e)
+                if update == PageUpdate::Allow
+                    && e.may_succeed_after_reclaim()
+                    && !e.is_device_lost() =>
+            {
+                debug!(
+                    "reserve of {} bytes failed; making room on every stream",
+                    size
+                );
+                self.make_room()?;
+                let (shim, s) = self.parts();
+                s.memory.try_reserve(shim, size, update)
+            }
+            other => other,
+        };
+        result.map_err(|e| {
+            if let Some(cause) = e.driver_error() {
+                self.device.ledger.call_failed(*cause);
+            }
+            e.into()
+        })
+    }
+
+    /// Makes room on every stream of the device: drains their queues, releases their empty pages.
+    /// Another stream's fault does not fail this stream's reservation: it stays with that stream
+    /// (its next operation, read or sync reports it), unless the device is lost.
+    fn make_room(&mut self) -> Result<(), ServerError> {
+        let device = &mut *self.device;
+        for (i, s) in device.streams.iter_mut().enumerate() {
+            let Some(s) = s else { continue };
+            let outcome = s.cleanup(&device.shim);
+            if i == self.stream {
+                device.ledger.answer(i, outcome, s.last_kernel)?;
+            } else {
+                device.ledger.defer(i, outcome, s.last_kernel)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An allocation of `size` bytes, stamped with this stream's cursor.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::reserve`].
+    pub fn empty(&mut self, size: u64) -> Result<Handle, ServerError> {
+        let handle = self.reserve(size)?;
+        let cursor = self.cursor();
+        self.current().memory.stamp(&handle, cursor)?;
+        Ok(handle)
+    }
+
+    /// A handle of `size` bytes with no memory yet; [`Self::initialize`] or [`Self::bind`] gives
+    /// it some.
+    pub fn lazy(&mut self, size: u64) -> Handle {
+        self.current().memory.lazy_handle(size)
+    }
+
+    /// Gives the room of `reserved` (from [`Self::reserve`]) to `handle`.
+    ///
+    /// The room may still be in use by another stream's work (a kernel that read or wrote
+    /// `reserved`): this stream is ordered after that work first, so what is later written into
+    /// `handle` here cannot overtake it.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::memory::MemoryManager::bind`]; the failures of cross-stream order.
+    pub fn bind(&mut self, reserved: Handle, handle: &Handle) -> Result<(), ServerError> {
+        self.begin()?;
+        self.device.order_after(self.stream, &reserved)?;
+        let cursor = self.cursor();
+        self.current().memory.bind(reserved, handle, cursor)?;
+        Ok(())
+    }
+
+    /// Gives memory to a lazy handle.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::reserve`] and [`Self::bind`].
+    pub fn initialize(&mut self, handle: &Handle) -> Result<(), ServerError> {
+        let reserved = self.reserve(handle.allocation_size())?;
+        self.bind(reserved, handle)
+    }
+
+    /// `len` bytes of host memory for copies: pinned when asked and the pool can serve it,
+    /// otherwise (and always while this stream records) the heap.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::HostAllocFailed`] when neither the pinned pool nor the heap can hold `len`
+    /// bytes.
+    pub fn reserve_host(&mut self, len: usize, pinned: bool) -> Result<HostBuffer, ServerError> {
+        let update = self.page_update();
+        let (shim, s) = self.parts();
+        let buffer = if pinned && !s.capture.is_recording() {
+            s.pinned.reserve(shim, len, update != PageUpdate::Forbidden)
+        } else {
+            None
+        };
+        match buffer {
+            Some(b) => Ok(b),
+            None => HostBuffer::try_zeroed(len)
+                .ok_or(IoError::HostAllocFailed { len: len as u64 }.into()),
+        }
+    }
+
+    /// Flushes this stream's drop queue (unless it records): waits for the last flush's fence,
+    /// releases what it covered, and records a fence for what is queued now.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::DeviceLost`]; what the fence reveals ([`ServerError::StreamFaulted`], or
+    /// [`ServerError::Device`] for a wait of unknown outcome: what it covered is then leaked).
+    pub fn flush_drops(&mut self) -> Result<(), ServerError> {
+        self.device.ledger.check_device()?;
+        let (shim, s) = self.parts();
+        let outcome = s.flush(shim);
+        let kernel = s.last_kernel;
+        self.device.ledger.answer(self.stream, outcome, kernel)
+    }
+
+    /// Releases what this stream's drop queue holds whose fence has passed, without blocking.
+    /// Returns whether nothing is left pending.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::DeviceLost`]; what the fence reveals, as [`Self::flush_drops`].
+    pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
+        self.device.ledger.check_device()?;
+        let (shim, s) = self.parts();
+        let kernel = s.last_kernel;
+        match s.drops.poll(shim) {
+            None => Ok(false),
+            Some(outcome) => self
+                .device
+                .ledger
+                .answer(self.stream, outcome, kernel)
+                .map(|()| true),
+        }
+    }
+
+    /// Drains the drop queue, releases every empty page of this stream's pools and its pinned
+    /// pool. Refused while any stream records.
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::Recording`], [`ServerError::DeviceLost`], [`ServerError::StreamFaulted`],
+    /// a fence's failure.
+    pub fn memory_cleanup(&mut self) -> Result<(), ServerError> {
+        self.begin()?;
+        if self.any_recording() {
+            return Err(Validation::Recording {
+                op: "memory_cleanup",
+            }
+            .into());
+        }
+        let (shim, s) = self.parts();
+        let outcome = s.cleanup(shim);
+        let kernel = s.last_kernel;
+        self.device.ledger.answer(self.stream, outcome, kernel)
+    }
+
+    /// Flushes the drop queue after an enqueue that asked for it. The enqueue itself succeeded:
+    /// a fault the flush's fence reveals belongs to earlier work, so only a lost device fails
+    /// this call (see [`crate::fault`]).
+    pub(super) fn flush_after_enqueue(&mut self) -> Result<(), ServerError> {
+        let (shim, s) = self.parts();
+        let outcome = s.flush(shim);
+        let kernel = s.last_kernel;
+        self.device.ledger.defer(self.stream, outcome, kernel)
+    }
+}

@@ -1,0 +1,170 @@
+//! One unit of work against the device: every operation that touches memory or launches goes
+//! through a [`Command`], so every policy rule is written once.
+//!
+//! A command borrows the device for one stream. Its operations live in one file per role:
+//! `memory.rs` (reservation with reclaim-and-retry, binding, host buffers, cleanup, the drop
+//! queue), `transfer.rs` (uploads and reads), `launch.rs` (kernels and the failure rule), and
+//! `futures.rs` (the fences a caller waits for). Each operation checks the fault ledger first
+//! (`fault.rs`), orders itself after other streams for every handle it touches (`order.rs`), and
+//! reports what fences reveal to the ledger. Every operation begins the same way
+//! (`Command::begin`): the device's bookkeeping runs (freed allocations leave the failure and
+//! cross-stream records, retired pages go to the drop queue), then the ledger is checked. No
+//! operation has to remember either.
+//!
+//! Does not own the pools (`memory/`), the fault decisions (`fault.rs`) nor cross-stream order
+//! (`order.rs`).
+
+mod futures;
+mod launch;
+mod memory;
+mod transfer;
+
+pub use futures::{ReadFuture, SyncFuture};
+pub use launch::Launch;
+pub use transfer::ReadRequest;
+
+use crate::device::{Device, DeviceReport};
+use crate::error::{IoError, NotFoundReason, ServerError};
+use crate::memory::{AllocationMode, AsBinding, Binding, Handle, PageUpdate, Resolved};
+use crate::shim::Shim;
+use crate::stream::{Stream, StreamId};
+
+/// A device range resolved for a caller outside the layer, with the binding that keeps the
+/// allocation alive (and unmoved) while this value lives.
+#[derive(Debug, Clone)]
+pub struct ManagedResource {
+    /// The range.
+    pub resource: Resolved,
+    binding: Binding,
+}
+
+impl ManagedResource {
+    /// The binding held.
+    pub fn binding(&self) -> &Binding {
+        &self.binding
+    }
+}
+
+/// One unit of work on one stream of a device. See the module documentation.
+#[derive(Debug)]
+pub struct Command<'a, S: Shim> {
+    device: &'a mut Device<S>,
+    stream: usize,
+}
+
+impl<'a, S: Shim> Command<'a, S> {
+    pub(crate) fn new(device: &'a mut Device<S>, stream: usize) -> Self {
+        Self { device, stream }
+    }
+
+    fn current(&mut self) -> &mut Stream<S> {
+        self.device.streams[self.stream]
+            .as_mut()
+            .expect("a command's stream exists")
+    }
+
+    /// The shim and this command's stream, borrowed together.
+    fn parts(&mut self) -> (&S, &mut Stream<S>) {
+        let stream = self.device.streams[self.stream]
+            .as_mut()
+            .expect("a command's stream exists");
+        (&self.device.shim, stream)
+    }
+
+    /// How every operation begins: the device's bookkeeping runs (freed allocations leave the
+    /// failure and cross-stream records, retired pages go to their drop queue), then the
+    /// operation fails fast when the device is lost or this stream's work (or work it was ordered
+    /// after) failed while it ran.
+    fn begin(&mut self) -> Result<(), ServerError> {
+        self.device.collect();
+        self.device.ledger.check(self.stream)
+    }
+
+    /// The stream this command runs on.
+    pub fn stream_id(&self) -> StreamId {
+        StreamId(self.stream as u32)
+    }
+
+    /// The stream's cursor: commands issued on it so far.
+    pub fn cursor(&self) -> u64 {
+        self.device.streams[self.stream]
+            .as_ref()
+            .map_or(0, |s| s.cursor)
+    }
+
+    /// What a reservation on this stream may do to the pages, given the capture state of every
+    /// stream.
+    fn page_update(&self) -> PageUpdate {
+        let another =
+            self.device.streams.iter().enumerate().any(|(i, s)| {
+                i != self.stream && s.as_ref().is_some_and(|s| s.capture.is_recording())
+            });
+        let own = &self.device.streams[self.stream]
+            .as_ref()
+            .expect("exists")
+            .capture;
+        own.page_update(another)
+    }
+
+    fn any_recording(&self) -> bool {
+        self.device
+            .streams
+            .iter()
+            .flatten()
+            .any(|s| s.capture.is_recording())
+    }
+
+    /// The device range `handle` names, resolved on the stream that owns it.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::ForeignHandle`], [`IoError::NotFound`], [`IoError::OutOfRange`].
+    pub fn resource(&mut self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
+        let b = handle.as_binding();
+        let issuer = b.issuer();
+        if issuer.device != self.device.id {
+            return Err(IoError::ForeignHandle {
+                issued_by: issuer.device,
+                used_on: self.device.id,
+            });
+        }
+        match self
+            .device
+            .streams
+            .get(issuer.stream as usize)
+            .and_then(Option::as_ref)
+        {
+            Some(owner) => owner.memory.resolve(handle),
+            None => Err(IoError::NotFound {
+                handle: b.id(),
+                reason: NotFoundReason::Stale,
+            }),
+        }
+    }
+
+    /// The device range of `handle` with a binding that keeps it alive for a caller outside the
+    /// layer.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::resource`].
+    pub fn managed_resource(&mut self, handle: &Handle) -> Result<ManagedResource, IoError> {
+        let resource = self.resource(handle)?;
+        Ok(ManagedResource {
+            resource,
+            binding: handle.binding(),
+        })
+    }
+
+    /// The memory report of the whole device (every stream, pinned pools included).
+    pub fn memory_report(&mut self) -> DeviceReport {
+        self.device.collect();
+        self.device.memory_report()
+    }
+
+    /// Opens (`Persistent`, `Dedicated`) or closes (`Auto`) an allocation-mode window on this
+    /// stream.
+    pub fn allocation_mode(&mut self, mode: AllocationMode) {
+        self.current().memory.set_mode(mode);
+    }
+}

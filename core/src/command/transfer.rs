@@ -1,0 +1,305 @@
+//! The transfers of a command: uploads (staged through pinned memory by the staging rules) and
+//! reads back to the host.
+//!
+//! Owns the checks every copy makes (length, layout against the view, failed bytes), in
+//! [`Command::copy_target`], and the failure marks a copy leaves. Does not own the staging
+//! decision (`copy.rs`) nor the fences (`futures.rs`).
+
+use super::Command;
+use super::futures::{Fence, ReadFuture};
+use crate::copy::{CopyLayout, Staging};
+use crate::drop_queue::DropItem;
+use crate::error::{IoError, ServerError, Validation};
+use crate::host::HostBuffer;
+use crate::memory::{Binding, Handle, Resolved};
+use crate::shim::Shim;
+use alloc::vec::Vec;
+
+/// One read of a [`Command::read_async`]: a handle's view copied to the host with a layout.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadRequest<'a> {
+    /// The memory to read.
+    pub handle: &'a Handle,
+    /// Its device-side layout (the host side is packed).
+    pub layout: CopyLayout,
+}
+
+impl<'a> ReadRequest<'a> {
+    /// The whole view of `handle`, packed.
+    pub fn whole(handle: &'a Handle) -> Self {
+        Self {
+            handle,
+            layout: CopyLayout::linear(handle.len()),
+        }
+    }
+}
+
+/// The byte ranges of `handle`'s allocation a copy with `layout` touches, from the start of the
+/// allocation: one per row.
+fn rows(handle: &Handle, layout: CopyLayout) -> impl Iterator<Item = (u64, u64)> {
+    let base = handle.offset();
+    layout
+        .rows()
+        .map(move |r| (base + r.device, base + r.device + r.len))
+}
+
+impl<S: Shim> Command<'_, S> {
+    /// Uploads `data` into the whole view of `handle`: `data` must be exactly as long as the view
+    /// (use [`Self::write_layout`] to write part of it).
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::LengthMismatch`] when `data` is not the view's length; as
+    /// [`Self::write_layout`].
+    pub fn write(&mut self, handle: &Handle, data: HostBuffer) -> Result<(), ServerError> {
+        self.write_layout(handle, data, CopyLayout::linear(handle.len()))
+    }
+
+    /// Uploads `data` (packed rows) into `handle`'s view with the device-side `layout`, staging
+    /// it through pinned memory when the staging rules say so. The bytes are released once the
+    /// device is done with them.
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::LengthMismatch`], [`Validation::LayoutPastView`], a handle that does not
+    /// resolve, the shim's refusal (the range is then marked failed).
+    pub fn write_layout(
+        &mut self,
+        handle: &Handle,
+        data: HostBuffer,
+        layout: CopyLayout,
+    ) -> Result<(), ServerError> {
+        let Some(r) = self.copy_target(handle, layout, data.len() as u64)? else {
+            return Ok(());
+        };
+        let staging = Staging::of(
+            layout.packed_bytes(),
+            data.origin(),
+            &self.device.config.staging,
+        );
+        let source = if staging.through_pinned {
+            let mut staged = self.reserve_host(data.len(), true)?;
+            staged.as_mut_slice().copy_from_slice(data.as_slice());
+            staged
+        } else {
+            data
+        };
+        let (shim, s) = self.parts();
+        // SAFETY: `source` stays alive and unchanged in the drop queue until a fence after this
+        // copy passes; `r` is a live range of `r.len >= device_span` bytes in one page.
+        let copied = unsafe { shim.copy_to_device(&s.raw, source.as_ptr(), r.addr, layout) };
+        let failures = &mut self.device.failures;
+        if let Err(e) = copied {
+            let error: ServerError = self.device.ledger.call_failed(e).into();
+            let f = failures.new_failure(error.clone());
+            for (start, end) in rows(handle, layout) {
+                failures.mark(handle.id(), start, end, f);
+            }
+            failures.prune(f);
+            return Err(error);
+        }
+        if !failures.is_empty() {
+            // Only the rows were written: marks on the padding between them stay.
+            for (start, end) in rows(handle, layout) {
+                failures.written(handle.id(), start, end);
+            }
+        }
+        let s = self.current();
+        s.drops.push(DropItem::Host(source));
+        if staging.flush_after || s.drops.should_flush() {
+            self.flush_after_enqueue()?;
+        }
+        Ok(())
+    }
+
+    /// The checks every copy makes, then the device range it targets, ordered after other
+    /// streams' use: `None` for an empty copy (nothing to do, nothing checked but the length).
+    /// A read also fails here when the bytes it would return are marked failed.
+    fn copy_target(
+        &mut self,
+        handle: &Handle,
+        layout: CopyLayout,
+        host_len: u64,
+    ) -> Result<Option<Resolved>, ServerError> {
+        self.begin()?;
+        let expected = layout.packed_bytes();
+        if host_len != expected {
+            return Err(Validation::LengthMismatch {
+                expected,
+                found: host_len,
+            }
+            .into());
+        }
+        if expected == 0 {
+            return Ok(None);
+        }
+        let r = self.resource(handle)?;
+        if layout.device_span() > r.len {
+            return Err(Validation::LayoutPastView {
+                span: layout.device_span(),
+                view: r.len,
+            }
+            .into());
+        }
+        self.device.order_after(self.stream, handle)?;
+        Ok(Some(r))
+    }
+
+    /// The failure a read of `handle` with `layout` would return, if its bytes are marked failed.
+    /// Only the rows are read: a mark on the padding between them does not matter.
+    fn unwritten(&self, handle: &Handle, layout: CopyLayout) -> Result<(), ServerError> {
+        let failures = &self.device.failures;
+        if failures.is_empty() {
+            return Ok(());
+        }
+        match rows(handle, layout)
+            .find_map(|(start, end)| failures.failure(handle.id(), start, end))
+        {
+            Some(f) => Err(failures.report(f, handle.id())),
+            None => Ok(()),
+        }
+    }
+
+    /// Uploads borrowed bytes into the whole view of `handle`: they are copied into a staging
+    /// buffer (pinned when the pool can serve it) before this returns, so `data` is free to reuse.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::write`].
+    pub fn write_from(&mut self, handle: &Handle, data: &[u8]) -> Result<(), ServerError> {
+        if data.len() as u64 != handle.len() {
+            return Err(Validation::LengthMismatch {
+                expected: handle.len(),
+                found: data.len() as u64,
+            }
+            .into());
+        }
+        let mut staged = self.reserve_host(data.len(), true)?;
+        staged.as_mut_slice().copy_from_slice(data);
+        self.write(handle, staged)
+    }
+
+    /// A new allocation holding a copy of `data`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::empty`] and [`Self::write`].
+    pub fn create(&mut self, data: &[u8]) -> Result<Handle, ServerError> {
+        let handle = self.empty(data.len() as u64)?;
+        self.write_from(&handle, data)?;
+        Ok(handle)
+    }
+
+    /// Enqueues a copy of `handle`'s view into `dst` (device to host): the read primitive under
+    /// [`Self::read_async`]. The caller must keep `dst` until a fence after this passes
+    /// ([`Self::sync`]): the drop queue cannot, because the caller reads it afterwards.
+    ///
+    /// # Errors
+    ///
+    /// A read of failed bytes ([`ServerError::Unwritten`]), a handle that does not resolve, a
+    /// length mismatch, a read-only destination, the shim's refusal.
+    ///
+    /// # Safety
+    ///
+    /// `dst` is neither dropped nor accessed until a fence recorded after this call completes.
+    pub unsafe fn read_into(
+        &mut self,
+        request: ReadRequest<'_>,
+        dst: &mut HostBuffer,
+    ) -> Result<(), ServerError> {
+        let ReadRequest { handle, layout } = request;
+        if !dst.is_empty() && dst.as_mut_slice().is_empty() {
+            return Err(Validation::ReadOnlyDestination.into());
+        }
+        let Some(r) = self.copy_target(handle, layout, dst.len() as u64)? else {
+            return Ok(());
+        };
+        self.unwritten(handle, layout)?;
+        let (shim, s) = self.parts();
+        // SAFETY: the caller keeps `dst` untouched until a later fence; `r` is a live range.
+        unsafe { shim.copy_to_host(&s.raw, r.addr, dst.as_mut_ptr(), layout) }
+            .map_err(|e| self.device.ledger.call_failed(e).into())
+    }
+
+    /// Reads every request back to the host. Every request is checked first (handle, layout,
+    /// failed bytes, a host buffer the host can hold); then the copies are enqueued, then one
+    /// fence; the future resolves once it passes. If a copy fails after others were enqueued,
+    /// this waits for those before their buffers are dropped (and leaks them if the wait is
+    /// inconclusive).
+    ///
+    /// # Errors
+    ///
+    /// The failure of any request (a read of failed bytes is [`ServerError::Unwritten`]; a
+    /// layout the host cannot hold is [`IoError::HostAllocFailed`]), a fault kept for this
+    /// stream's next read.
+    pub fn read_async(
+        &mut self,
+        requests: &[ReadRequest<'_>],
+    ) -> Result<ReadFuture<S>, ServerError> {
+        self.begin()?;
+        self.device.ledger.take_deferred(self.stream)?;
+        // Checked before any host memory is reserved: a bad layout costs nothing.
+        for req in requests {
+            self.copy_target(req.handle, req.layout, req.layout.packed_bytes())?;
+            self.unwritten(req.handle, req.layout)?;
+            usize::try_from(req.layout.packed_bytes()).map_err(|_| IoError::HostAllocFailed {
+                len: req.layout.packed_bytes(),
+            })?;
+        }
+        let mut buffers: Vec<HostBuffer> = Vec::with_capacity(requests.len());
+        let mut held: Vec<Binding> = Vec::with_capacity(requests.len());
+        let mut failed = None;
+        for req in requests {
+            // Fits a usize: checked above.
+            let mut buffer = match self.reserve_host(req.layout.packed_bytes() as usize, true) {
+                Ok(b) => b,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            // SAFETY: `buffer` moves into `buffers` (its heap address does not change) and is
+            // neither read nor dropped before the fence below passed (or the wait in the error
+            // path returned).
+            match unsafe { self.read_into(*req, &mut buffer) } {
+                Ok(()) => {
+                    buffers.push(buffer);
+                    held.push(req.handle.binding());
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let fence = self.fence();
+        let mut future = ReadFuture::new(fence, buffers, held);
+        match failed {
+            // Dropping the future waits for the copies already enqueued, then releases (or
+            // leaks) their buffers as a completed read would.
+            Some(e) => {
+                drop(future);
+                Err(e)
+            }
+            None => {
+                future.check_recorded()?;
+                Ok(future)
+            }
+        }
+    }
+
+    /// A fence recorded now on this stream, for a future.
+    pub(super) fn fence(&mut self) -> Fence<S> {
+        let (shim, s) = self.parts();
+        let recorded = shim.record_event(&s.raw);
+        let kernel = s.last_kernel;
+        let recorded = recorded.map_err(|e| self.device.ledger.call_failed(e));
+        Fence::new(
+            alloc::sync::Arc::clone(&self.device.shim),
+            recorded,
+            self.device.ledger.clone(),
+            self.stream,
+            kernel,
+        )
+    }
+}

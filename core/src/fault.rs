@@ -1,0 +1,386 @@
+//! The fault ledger: what a fence told the core, and what the core remembers of it.
+//!
+//! Owns the one decision of what a shim's answer at a fence means ([`FenceOutcome::of`]), the
+//! record of which streams ran failed work and whether the device is lost ([`FaultLedger`]), and
+//! the turning of both into the caller's error. Every path that waits for or polls a fence (the
+//! drop queue, the read and sync futures, reclaim, teardown) gets a [`FenceOutcome`] and matches
+//! on it; nothing else in the core looks at a [`Fault`] of a fence.
+//!
+//! Does not own the fences themselves (streams and the drop queue record them) nor the failure
+//! records of data (`failure.rs`: a refused enqueue marks the bytes it would have written).
+//!
+//! # The four outcomes of a fence
+//!
+//! | outcome | the device is done with what the fence covered | the stream | the caller |
+//! |---|---|---|---|
+//! | [`FenceOutcome::Passed`] | yes | unchanged | `Ok` (unless the ledger already holds a fault for the stream) |
+//! | [`FenceOutcome::PassedOverFailedWork`] | yes | faulted for good | [`ServerError::StreamFaulted`] |
+//! | [`FenceOutcome::Unknown`] | maybe not: what it covered is leaked | unchanged | [`ServerError::Device`] |
+//! | [`FenceOutcome::DeviceLost`] | yes: nothing runs again | the device is lost | [`ServerError::DeviceLost`] |
+
+use crate::error::{DriverError, Fault, ServerError};
+use crate::shim::Shim;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+
+/// What a fence (an event waited for or polled) says about the work it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum FenceOutcome {
+    /// Everything before the fence ran.
+    Passed,
+    /// The fence completed, but work before it failed while it ran ([`Fault::WorkFailed`]): the
+    /// device is done with what the fence covered, and the stream can no longer be trusted.
+    PassedOverFailedWork(DriverError),
+    /// The wait or query failed in a way that says nothing about completion (or the fence could
+    /// not be recorded): the device may still use what the fence was to cover.
+    Unknown(DriverError),
+    /// The device is lost: nothing will run on it again, so nothing it held is in use.
+    DeviceLost(DriverError),
+}
+
+impl FenceOutcome {
+    /// The one place a shim's answer at a fence is read: a wait's result (or a failed record of
+    /// the fence itself) turned into an outcome.
+    pub const fn of(answer: Result<(), DriverError>) -> Self {
+        match answer {
+            Ok(()) => Self::Passed,
+            Err(e) => match e.fault {
+                Fault::WorkFailed => Self::PassedOverFailedWork(e),
+                Fault::DeviceLost => Self::DeviceLost(e),
+                Fault::OutOfMemory | Fault::TooBig | Fault::Unsupported | Fault::Failed => {
+                    Self::Unknown(e)
+                }
+            },
+        }
+    }
+
+    /// Blocks until `event` completes.
+    pub fn wait<S: Shim>(shim: &S, event: &S::Event) -> Self {
+        Self::of(shim.event_wait(event))
+    }
+
+    /// Whether `event` has completed, without blocking: `None` while it has not. A fault of work
+    /// that ran is confirmed by a wait first, so what the fence covered is released only once the
+    /// fence really completed, whatever the shim answered the query.
+    pub fn query<S: Shim>(shim: &S, event: &S::Event) -> Option<Self> {
+        match shim.event_query(event) {
+            Ok(true) => Some(Self::Passed),
+            Ok(false) => None,
+            Err(e) if e.fault == Fault::WorkFailed => {
+                Some(Self::of(shim.event_wait(event).and(Err(e))))
+            }
+            Err(e) => Some(Self::of(Err(e))),
+        }
+    }
+
+    /// Records a fence on `stream` and waits for it: everything enqueued so far.
+    pub fn sync<S: Shim>(shim: &S, stream: &S::Stream) -> Self {
+        match shim.record_event(stream) {
+            Ok(event) => Self::wait(shim, &event),
+            Err(e) => Self::of(Err(e)),
+        }
+    }
+
+    /// Whether the device is done with what the fence covered, so it may be released.
+    pub const fn completed(&self) -> bool {
+        match self {
+            Self::Passed | Self::PassedOverFailedWork(_) | Self::DeviceLost(_) => true,
+            Self::Unknown(_) => false,
+        }
+    }
+
+    /// The graver of two outcomes (a lost device, then an unknown wait, then failed work), for a
+    /// sequence of fences such as a drain.
+    pub const fn and(self, other: Self) -> Self {
+        const fn rank(o: &FenceOutcome) -> u8 {
+            match o {
+                FenceOutcome::Passed => 0,
+                FenceOutcome::PassedOverFailedWork(_) => 1,
+                FenceOutcome::Unknown(_) => 2,
+                FenceOutcome::DeviceLost(_) => 3,
+            }
+        }
+        if rank(&other) > rank(&self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// A stream whose work failed while it ran, as the caller's error reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamFault {
+    /// The stream whose work failed.
+    pub stream: usize,
+    /// What its fence reported.
+    pub cause: DriverError,
+    /// The last kernel launched on the stream before the fence that reported the fault.
+    pub kernel: Option<&'static str>,
+}
+
+impl StreamFault {
+    fn error(self) -> ServerError {
+        ServerError::StreamFaulted {
+            stream: self.stream as u32,
+            cause: self.cause,
+            kernel: self.kernel,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct StreamEntry {
+    /// Its own work failed while it ran: sticky.
+    failed: Option<StreamFault>,
+    /// An internal flush met a fence of unknown outcome after an enqueue that succeeded: reported
+    /// once, at the stream's next read or sync (where asynchronous faults surface).
+    deferred: Option<DriverError>,
+    /// The streams it was ever ordered after on the device: a fault found later on one of those
+    /// reaches it too (it may have read what the failed work left unwritten).
+    waited_on: Vec<usize>,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    device: Option<DriverError>,
+    streams: Vec<StreamEntry>,
+}
+
+impl Ledger {
+    fn entry(&mut self, stream: usize) -> &mut StreamEntry {
+        if self.streams.len() <= stream {
+            self.streams.resize_with(stream + 1, StreamEntry::default);
+        }
+        &mut self.streams[stream]
+    }
+
+    /// The fault that makes `stream`'s work untrustworthy: its own, or that of a stream it was
+    /// ordered after, directly or through others.
+    fn stream_fault(&self, stream: usize) -> Option<StreamFault> {
+        if self.streams.iter().all(|s| s.failed.is_none()) {
+            return None;
+        }
+        let mut seen: Vec<usize> = Vec::new();
+        let mut todo: Vec<usize> = alloc::vec![stream];
+        while let Some(x) = todo.pop() {
+            if seen.contains(&x) {
+                continue;
+            }
+            seen.push(x);
+            if let Some(entry) = self.streams.get(x) {
+                if let Some(f) = entry.failed {
+                    return Some(f);
+                }
+                todo.extend(entry.waited_on.iter().copied());
+            }
+        }
+        None
+    }
+}
+
+/// The device's fault state: whether it is lost, which streams ran failed work, and the faults
+/// kept for a stream's next read or sync. Shared (cheaply cloned) with the futures of reads and
+/// syncs, which may be the ones to find out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FaultLedger(Arc<spin::Mutex<Ledger>>);
+
+impl FaultLedger {
+    /// The fault that lost the device, if any.
+    pub fn device_lost(&self) -> Option<DriverError> {
+        self.0.lock().device
+    }
+
+    /// Fails fast when the device is lost.
+    pub fn check_device(&self) -> Result<(), ServerError> {
+        match self.device_lost() {
+            Some(cause) => Err(ServerError::DeviceLost { cause }),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails fast when the device is lost or `stream` (or a stream it was ordered after) ran
+    /// failed work.
+    pub fn check(&self, stream: usize) -> Result<(), ServerError> {
+        let l = self.0.lock();
+        if let Some(cause) = l.device {
+            return Err(ServerError::DeviceLost { cause });
+        }
+        match l.stream_fault(stream) {
+            Some(f) => Err(f.error()),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `stream`'s work can no longer be trusted (the device being lost aside).
+    pub fn check_stream(&self, stream: usize) -> Result<(), ServerError> {
+        match self.0.lock().stream_fault(stream) {
+            Some(f) => Err(f.error()),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a fence outcome of `stream` that its caller waited for, and returns the caller's
+    /// result. A fence that passed still fails when the stream is known to be faulted: another
+    /// caller may have heard of the fault first.
+    pub fn answer(
+        &self,
+        stream: usize,
+        outcome: FenceOutcome,
+        kernel: Option<&'static str>,
+    ) -> Result<(), ServerError> {
+        let mut l = self.0.lock();
+        match outcome {
+            FenceOutcome::Passed => match l.stream_fault(stream) {
+                Some(f) => Err(f.error()),
+                None => Ok(()),
+            },
+            FenceOutcome::PassedOverFailedWork(cause) => {
+                let f = *l.entry(stream).failed.get_or_insert(StreamFault {
+                    stream,
+                    cause,
+                    kernel,
+                });
+                Err(f.error())
+            }
+            FenceOutcome::Unknown(e) => Err(ServerError::Device(e)),
+            FenceOutcome::DeviceLost(cause) => {
+                l.device.get_or_insert(cause);
+                Err(ServerError::DeviceLost { cause })
+            }
+        }
+    }
+
+    /// Records a fence outcome of `stream` met by the core's own bookkeeping (a flush after an
+    /// enqueue that succeeded, reclaim on another stream): only a lost device fails the caller.
+    /// Failed work taints the stream (its next operation fails); an unknown outcome is kept for
+    /// the stream's next read or sync.
+    pub fn defer(
+        &self,
+        stream: usize,
+        outcome: FenceOutcome,
+        kernel: Option<&'static str>,
+    ) -> Result<(), ServerError> {
+        match outcome {
+            FenceOutcome::Passed => Ok(()),
+            FenceOutcome::PassedOverFailedWork(_) => {
+                // Recorded; the error is the stream's from now on, not this call's.
+                let _ = self.answer(stream, outcome, kernel);
+                Ok(())
+            }
+            FenceOutcome::Unknown(e) => {
+                self.0.lock().entry(stream).deferred.get_or_insert(e);
+                Ok(())
+            }
+            FenceOutcome::DeviceLost(_) => self.answer(stream, outcome, kernel),
+        }
+    }
+
+    /// Returns (once) a fault [`Self::defer`] kept for `stream`.
+    pub fn take_deferred(&self, stream: usize) -> Result<(), ServerError> {
+        let mut l = self.0.lock();
+        match l.streams.get_mut(stream).and_then(|s| s.deferred.take()) {
+            Some(e) => Err(ServerError::Device(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Records the failure of a device call that is not a fence (a copy, a launch, an event
+    /// record, a stream wait) on `stream`; returns it for `?`. Only a lost device is remembered:
+    /// a refused call changed nothing on the device.
+    pub fn call_failed(&self, e: DriverError) -> DriverError {
+        if e.loses_device() {
+            self.0.lock().device.get_or_insert(e);
+        }
+        e
+    }
+
+    /// Records that `stream` was ordered after `other` on the device.
+    pub fn waited(&self, stream: usize, other: usize) {
+        let mut l = self.0.lock();
+        let entry = l.entry(stream);
+        if !entry.waited_on.contains(&other) {
+            entry.waited_on.push(other);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ShimOp;
+
+    fn err(fault: Fault) -> DriverError {
+        DriverError::new(ShimOp::EventWait, 7, fault)
+    }
+
+    #[test]
+    fn every_fault_of_a_wait_has_one_outcome() {
+        assert_eq!(FenceOutcome::of(Ok(())), FenceOutcome::Passed);
+        for (fault, completed) in [
+            (Fault::WorkFailed, true),
+            (Fault::DeviceLost, true),
+            (Fault::Failed, false),
+            (Fault::OutOfMemory, false),
+            (Fault::TooBig, false),
+            (Fault::Unsupported, false),
+        ] {
+            assert_eq!(
+                FenceOutcome::of(Err(err(fault))).completed(),
+                completed,
+                "{fault:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn failed_work_is_sticky_and_travels_with_waits() {
+        let ledger = FaultLedger::default();
+        ledger.waited(2, 1);
+        let outcome = FenceOutcome::of(Err(err(Fault::WorkFailed)));
+        let first = ledger.answer(1, outcome, Some("k")).unwrap_err();
+        assert!(matches!(
+            first,
+            ServerError::StreamFaulted {
+                stream: 1,
+                kernel: Some("k"),
+                ..
+            }
+        ));
+        // A later clean fence of the stream, or of a stream ordered after it, still fails.
+        assert_eq!(
+            ledger.answer(1, FenceOutcome::Passed, None),
+            Err(first.clone())
+        );
+        assert_eq!(ledger.answer(2, FenceOutcome::Passed, None), Err(first));
+        assert!(ledger.check(0).is_ok(), "an unrelated stream keeps working");
+    }
+
+    #[test]
+    fn deferred_faults_surface_once_and_a_lost_device_fails_everything() {
+        let ledger = FaultLedger::default();
+        let unknown = FenceOutcome::of(Err(err(Fault::Failed)));
+        assert!(ledger.defer(0, unknown, None).is_ok());
+        assert!(ledger.check(0).is_ok(), "an unknown outcome does not taint");
+        assert!(ledger.take_deferred(0).is_err());
+        assert!(ledger.take_deferred(0).is_ok(), "reported once");
+        let lost = FenceOutcome::of(Err(err(Fault::DeviceLost)));
+        assert!(ledger.defer(3, lost, None).is_err());
+        assert!(matches!(
+            ledger.check(0),
+            Err(ServerError::DeviceLost { .. })
+        ));
+    }
+
+    #[test]
+    fn the_graver_outcome_wins() {
+        let f = FenceOutcome::of(Err(err(Fault::WorkFailed)));
+        let u = FenceOutcome::of(Err(err(Fault::Failed)));
+        let l = FenceOutcome::of(Err(err(Fault::DeviceLost)));
+        assert_eq!(FenceOutcome::Passed.and(f), f);
+        assert_eq!(f.and(u), u);
+        assert_eq!(l.and(u), l);
+        assert_eq!(u.and(FenceOutcome::Passed), u);
+    }
+}

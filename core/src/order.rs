@@ -1,0 +1,143 @@
+//! Cross-stream order: before a stream uses memory another stream owns or used, it waits for that
+//! stream's work on the device.
+//!
+//! Owns the record of foreign uses (which streams used an allocation besides its owner, and at
+//! which cursor) and the one function every operation calls for each handle it touches
+//! ([`Device::order_after`]). A wait is made once per other stream until that stream issues more
+//! work (`Stream::synced`). Does not own the waits' faults: a stream ordered after failed work is
+//! recorded in the fault ledger (`fault.rs`), which makes it fail too.
+
+use crate::device::Device;
+use crate::drop_queue::DropItem;
+use crate::error::{IoError, NotFoundReason, ServerError};
+use crate::memory::AsBinding;
+use crate::shim::Shim;
+use alloc::vec::Vec;
+use hashbrown::HashMap;
+
+/// Allocations used by streams other than their owner: which streams, at which cursor. A later
+/// use on any other stream (the owner included) waits for those; entries go when the owner has
+/// waited for them all or the allocation is freed.
+#[derive(Debug, Default)]
+pub(crate) struct ForeignUses(HashMap<u64, Vec<(usize, u64)>>);
+
+impl ForeignUses {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The allocation `id` is gone: nothing can use it again.
+    pub fn forget(&mut self, id: u64) {
+        self.0.remove(&id);
+    }
+
+    fn record(&mut self, id: u64, stream: usize, cursor: u64) {
+        let uses = self.0.entry(id).or_default();
+        match uses.iter_mut().find(|u| u.0 == stream) {
+            Some(u) => u.1 = cursor,
+            None => uses.push((stream, cursor)),
+        }
+    }
+
+    /// The uses of `id` by streams other than `current` and `owner`.
+    fn others(&self, id: u64, current: usize, owner: usize) -> Vec<(usize, u64)> {
+        self.0.get(&id).map_or_else(Vec::new, |uses| {
+            uses.iter()
+                .copied()
+                .filter(|&(user, _)| user != current && user != owner)
+                .collect()
+        })
+    }
+}
+
+impl<S: Shim> Device<S> {
+    /// Orders stream `current` after every other stream's work on the memory `binding` names: its
+    /// owner's and any other stream's that used it. Called by every operation for every handle it
+    /// touches, before it enqueues anything.
+    ///
+    /// # Errors
+    ///
+    /// A handle of another device or one that names no memory (nothing is then recorded); a
+    /// stream ordered after failed work ([`ServerError::StreamFaulted`]); the shim's refusal to
+    /// record or wait.
+    pub(crate) fn order_after(
+        &mut self,
+        current: usize,
+        binding: &impl AsBinding,
+    ) -> Result<(), ServerError> {
+        let b = binding.as_binding();
+        let issuer = b.issuer();
+        if issuer.device != self.id {
+            return Err(IoError::ForeignHandle {
+                issued_by: issuer.device,
+                used_on: self.id,
+            }
+            .into());
+        }
+        let owner = issuer.stream as usize;
+        let Some(o) = self.streams.get(owner).and_then(Option::as_ref) else {
+            return Err(IoError::NotFound {
+                handle: b.id(),
+                reason: NotFoundReason::Stale,
+            }
+            .into());
+        };
+        // Resolve first: a handle that names no memory must leave no trace (no wait, no
+        // keep-alive, no record of a use).
+        o.memory.resolve(binding)?;
+        let owner_cursor = o.cursor;
+        self.ledger.check_stream(owner)?;
+        let id = b.id();
+        if owner != current {
+            self.wait_for(current, owner, owner_cursor)?;
+            let c = self.streams[current].as_mut().expect("current exists");
+            let cursor = c.cursor;
+            c.drops.push(DropItem::Binding(b.to_binding()));
+            self.foreign_uses.record(id, current, cursor);
+        }
+        // Other streams that used this allocation (a kernel on another stream may have written
+        // it): order after their work too, or this use could overtake theirs.
+        for (user, used_at) in self.foreign_uses.others(id, current, owner) {
+            self.wait_for(current, user, used_at)?;
+        }
+        if current == owner {
+            // The owner has waited for every foreign use: later owner uses need no wait.
+            self.foreign_uses.forget(id);
+        }
+        Ok(())
+    }
+
+    /// Makes stream `current` wait on the device for the work stream `other` issued up to
+    /// cursor `other_cursor`, unless it already did.
+    fn wait_for(
+        &mut self,
+        current: usize,
+        other: usize,
+        other_cursor: u64,
+    ) -> Result<(), ServerError> {
+        // Work ordered after a stream whose work failed would read what it left unwritten.
+        self.ledger.check_stream(other)?;
+        let synced = self.streams[current]
+            .as_ref()
+            .and_then(|s| s.synced.get(other).copied())
+            .unwrap_or(0);
+        if other_cursor <= synced {
+            return Ok(());
+        }
+        let o = self.streams[other].as_ref().expect("checked by the caller");
+        let event = self
+            .shim
+            .record_event(&o.raw)
+            .map_err(|e| self.ledger.call_failed(e))?;
+        let c = self.streams[current].as_mut().expect("current exists");
+        self.shim
+            .stream_wait_event(&c.raw, &event)
+            .map_err(|e| self.ledger.call_failed(e))?;
+        if c.synced.len() <= other {
+            c.synced.resize(other + 1, 0);
+        }
+        c.synced[other] = other_cursor;
+        self.ledger.waited(current, other);
+        Ok(())
+    }
+}
