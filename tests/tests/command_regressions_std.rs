@@ -1,0 +1,243 @@
+//! Regression tests for defects found in the command layer, one test each, on the std shim in lazy
+//! mode (a stream runs nothing until one of its fences is waited on, so a missing cross-stream
+//! wait shows up as wrong bytes instead of depending on timing).
+
+use devcmd::{
+    CopyLayout, Device, DeviceConfig, Grid, IoError, Launch, ReadRequest, ServerError, StreamId,
+    Validation,
+};
+use devcmd_std::{KernelFault, StdKernel, StdShim};
+
+const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
+
+fn lazy_device() -> (StdShim, Device<StdShim>) {
+    let shim = StdShim::builder().lazy(true).poison(true).build();
+    let device = Device::new(shim.clone(), DeviceConfig::default());
+    (shim, device)
+}
+
+/// Copies buffer 0 into buffer 1.
+fn copy_kernel(shim: &StdShim) -> StdKernel {
+    shim.register_kernel("copy", |ctx| {
+        let mut bufs = ctx.buffers_mut()?;
+        let (input, output) = bufs.split_at_mut(1);
+        output[0].copy_from_slice(input[0]);
+        Ok(())
+    })
+}
+
+/// Fills its only buffer with 7.
+fn fill_kernel(shim: &StdShim) -> StdKernel {
+    shim.register_kernel("fill7", |ctx| {
+        for b in ctx.buffers_mut()? {
+            b.fill(7);
+        }
+        Ok(())
+    })
+}
+
+fn launch(
+    device: &mut Device<StdShim>,
+    stream: StreamId,
+    kernel: &StdKernel,
+    name: &'static str,
+    inputs: &[&devcmd::Handle],
+    outputs: &[&devcmd::Handle],
+) -> Result<(), ServerError> {
+    device.command(stream)?.launch(Launch {
+        kernel,
+        name,
+        grid: Grid::linear(1),
+        inputs,
+        outputs,
+        args: &[][..],
+    })
+}
+
+fn read(device: &mut Device<StdShim>, stream: StreamId, h: &devcmd::Handle) -> Vec<u8> {
+    let mut bytes = device
+        .command(stream)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(h)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    bytes.pop().unwrap().into_vec()
+}
+
+fn sync(device: &mut Device<StdShim>, stream: StreamId) {
+    device
+        .command(stream)
+        .unwrap()
+        .sync()
+        .unwrap()
+        .wait()
+        .unwrap();
+}
+
+#[test]
+fn bind_keeps_the_order_after_another_streams_reader() {
+    let (shim, mut device) = lazy_device();
+    let copy = copy_kernel(&shim);
+    let a = device.command(S0).unwrap().create(&[1; 64]).unwrap();
+    let out = device.command(S1).unwrap().empty(64).unwrap();
+    // Stream 1 reads `a` (stream 0's memory).
+    launch(&mut device, S1, &copy, "copy", &[&a], &[&out]).unwrap();
+    // Stream 0 hands `a`'s room to a new handle and overwrites it.
+    let t = {
+        let mut cmd = device.command(S0).unwrap();
+        let t = cmd.lazy(64);
+        cmd.bind(a, &t).unwrap();
+        cmd.write_from(&t, &[9; 64]).unwrap();
+        t
+    };
+    sync(&mut device, S0);
+    assert_eq!(
+        read(&mut device, S1, &out),
+        vec![1; 64],
+        "stream 1's kernel saw bytes written after it on stream 0"
+    );
+    assert_eq!(read(&mut device, S0, &t), vec![9; 64]);
+}
+
+#[test]
+fn bind_keeps_the_order_after_another_streams_writer_of_reserved_room() {
+    let (shim, mut device) = lazy_device();
+    let fill = fill_kernel(&shim);
+    let room = device.command(S0).unwrap().reserve(64).unwrap();
+    // Stream 1 writes the reserved room.
+    launch(&mut device, S1, &fill, "fill7", &[], &[&room]).unwrap();
+    let t = {
+        let mut cmd = device.command(S0).unwrap();
+        let t = cmd.lazy(64);
+        cmd.bind(room, &t).unwrap();
+        cmd.write_from(&t, &[9; 64]).unwrap();
+        t
+    };
+    sync(&mut device, S0);
+    sync(&mut device, S1);
+    assert_eq!(
+        read(&mut device, S0, &t),
+        vec![9; 64],
+        "stream 1's kernel overwrote bytes written after it on stream 0"
+    );
+}
+
+#[test]
+fn an_aliased_launch_is_refused_before_it_runs_and_the_stream_stays_healthy() {
+    let (shim, mut device) = lazy_device();
+    let copy = copy_kernel(&shim);
+    let a = device.command(S0).unwrap().create(&[3; 64]).unwrap();
+    let err = launch(&mut device, S0, &copy, "copy", &[&a], &[&a]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ServerError::Validation(Validation::AliasedLaunch {
+                kernel: "copy",
+                output: 1,
+                other: 0
+            })
+        ),
+        "{err:?}"
+    );
+    let low = a.view(0, 32).unwrap();
+    let high = a.view(32, 32).unwrap();
+    launch(&mut device, S0, &copy, "copy", &[&low], &[&high]).unwrap();
+    assert_eq!(read(&mut device, S0, &a), vec![3; 64]);
+}
+
+#[test]
+fn reads_of_impossible_layouts_fail_before_reserving_host_memory() {
+    let (_shim, mut device) = lazy_device();
+    let h = device.command(S0).unwrap().create(&[5; 64]).unwrap();
+    let before = device.command(S0).unwrap().memory_report();
+    for bytes in [u64::MAX, 1 << 40, 200 << 20, 65] {
+        let request = ReadRequest {
+            handle: &h,
+            layout: CopyLayout::linear(bytes),
+        };
+        let err = device
+            .command(S0)
+            .unwrap()
+            .read_async(&[request])
+            .map(drop)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ServerError::Validation(Validation::LayoutPastView { view: 64, .. })
+            ),
+            "{bytes} bytes: {err:?}"
+        );
+    }
+    assert_eq!(
+        device.command(S0).unwrap().memory_report(),
+        before,
+        "a refused read holds no memory"
+    );
+    assert_eq!(read(&mut device, S0, &h), vec![5; 64]);
+    let host = device.command(S0).unwrap().reserve_host(usize::MAX, true);
+    assert!(
+        matches!(
+            host,
+            Err(ServerError::Io(IoError::HostAllocFailed { len })) if len == usize::MAX as u64
+        ),
+        "{host:?}"
+    );
+}
+
+#[test]
+fn a_command_held_across_the_loss_of_the_device_fails_fast() {
+    let (shim, mut device) = lazy_device();
+    let mut cmd = device.command(S0).unwrap();
+    let h = cmd.create(&[1; 64]).unwrap();
+    cmd.flush_drops().unwrap();
+    shim.poison_device();
+    let lost = |r: Result<(), ServerError>| matches!(r, Err(ServerError::DeviceLost { .. }));
+    assert!(lost(cmd.sync().and_then(|f| f.wait())));
+    assert!(lost(cmd.poll_drops().map(drop)), "poll_drops");
+    assert!(lost(cmd.flush_drops()), "flush_drops");
+    assert!(lost(cmd.write_from(&h, &[2; 64])), "write");
+    assert!(lost(cmd.empty(8).map(drop)), "empty");
+}
+
+#[test]
+fn a_stream_fault_names_the_kernel_and_leaves_other_streams_working() {
+    let (shim, mut device) = lazy_device();
+    let failing = shim.register_kernel("write_then_fail", |ctx| {
+        for b in ctx.buffers_mut()? {
+            b.fill(0xEE);
+        }
+        Err(KernelFault::Failed)
+    });
+    let x = device.command(S0).unwrap().empty(64).unwrap();
+    launch(&mut device, S0, &failing, "write_then_fail", &[], &[&x]).unwrap();
+    let err = device
+        .command(S0)
+        .unwrap()
+        .sync()
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ServerError::StreamFaulted {
+                stream: 0,
+                kernel: Some("write_then_fail"),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("`write_then_fail`"), "{text}");
+    assert!(text.contains("other streams keep working"), "{text}");
+    assert!(
+        text.matches("recreate the device").count() <= 1,
+        "advice repeated: {text}"
+    );
+    let y = device.command(S1).unwrap().create(&[4; 16]).unwrap();
+    assert_eq!(read(&mut device, S1, &y), vec![4; 16]);
+}
