@@ -1,10 +1,10 @@
 //! The device: owner of the streams and of the device-wide state; hands out commands.
 //!
 //! Owns the shim, the streams (created on first use), the memory budget shared by their
-//! managers, the failure records, whether the device is lost and which streams ran failed work
-//! (and so which streams ordered after them cannot be trusted either). Resolves the order between
-//! streams when a command uses memory another stream owns. Does not own the operations
-//! themselves (`command.rs`).
+//! managers, the failure records, the fault ledger, the bookkeeping every operation begins with
+//! (`Device::collect`: the end of the dropped-handle path), and teardown. Does not own the
+//! operations (`command/`), cross-stream order (`order.rs`) nor what a fence's outcome means
+//! (`fault.rs`).
 
 use crate::command::Command;
 use crate::copy::StagingPolicy;

@@ -55,7 +55,7 @@ impl<S: Shim> DropItem<S> {
     fn release(self, shim: &S) {
         match self {
             // SAFETY: items are released only after the fence covering their last use passed
-            // (or the device is poisoned and will touch nothing again).
+            // (or the device is lost and will touch nothing again).
             Self::Page(p) => unsafe { p.free(shim) },
             other => drop(other),
         }
@@ -388,7 +388,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_wait_leaks_unless_the_device_is_poisoned() {
+    fn a_failed_wait_leaks_unless_the_device_is_lost() {
         let (shim, mut q) = setup();
         q.push(item(1));
         q.flush(&shim, &());
@@ -399,6 +399,6 @@ mod tests {
         q.flush(&shim, &());
         shim.fail_next_wait.set(Some(Fault::DeviceLost));
         assert_ne!(q.flush(&shim, &()), FenceOutcome::Passed);
-        assert_eq!(q.stats().items_released, 1, "poisoned: released");
+        assert_eq!(q.stats().items_released, 1, "lost: released");
     }
 }
