@@ -69,6 +69,7 @@ impl<S: Shim> Command<'_, S> {
         data: HostBuffer,
         layout: CopyLayout,
     ) -> Result<(), ServerError> {
+        self.begin()?;
         let Some(r) = self.copy_target(handle, layout, data.len() as u64)? else {
             return Ok(());
         };
@@ -121,7 +122,6 @@ impl<S: Shim> Command<'_, S> {
         layout: CopyLayout,
         host_len: u64,
     ) -> Result<Option<Resolved>, ServerError> {
-        self.begin()?;
         let expected = layout.packed_bytes();
         if host_len != expected {
             return Err(Validation::LengthMismatch {
@@ -207,6 +207,21 @@ impl<S: Shim> Command<'_, S> {
         request: ReadRequest<'_>,
         dst: &mut HostBuffer,
     ) -> Result<(), ServerError> {
+        self.begin()?;
+        // SAFETY: the caller's contract is this one.
+        unsafe { self.enqueue_read(request, dst) }
+    }
+
+    /// [`Self::read_into`] once the operation has begun.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::read_into`].
+    unsafe fn enqueue_read(
+        &mut self,
+        request: ReadRequest<'_>,
+        dst: &mut HostBuffer,
+    ) -> Result<(), ServerError> {
         let ReadRequest { handle, layout } = request;
         if !dst.is_empty() && dst.as_mut_slice().is_empty() {
             return Err(Validation::ReadOnlyDestination.into());
@@ -261,7 +276,7 @@ impl<S: Shim> Command<'_, S> {
             // SAFETY: `buffer` moves into `buffers` (its heap address does not change) and is
             // neither read nor dropped before the fence below passed (or the wait in the error
             // path returned).
-            match unsafe { self.read_into(*req, &mut buffer) } {
+            match unsafe { self.enqueue_read(*req, &mut buffer) } {
                 Ok(()) => {
                     buffers.push(buffer);
                     held.push(req.handle.binding());
