@@ -1,0 +1,160 @@
+//! What a shim returns: the failed call ([`ShimOp`]), the device's status, and its
+//! classification ([`Fault`]), written once by the shim's `classify`.
+
+use core::fmt;
+
+/// The device call that failed: lets an error name the operation without a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum ShimOp {
+    /// Creating a stream.
+    StreamCreate,
+    /// Making a stream wait for an event of another stream.
+    StreamWaitEvent,
+    /// Recording an event.
+    EventRecord,
+    /// Querying an event without blocking.
+    EventQuery,
+    /// Blocking on an event.
+    EventWait,
+    /// Allocating a device page.
+    DeviceAlloc,
+    /// Allocating a pinned host page.
+    HostAlloc,
+    /// Host to device copy.
+    CopyHostToDevice,
+    /// Device to host copy.
+    CopyDeviceToHost,
+    /// Device to device copy.
+    CopyDeviceToDevice,
+    /// Launching a kernel.
+    Launch,
+    /// Starting to record a stream into a graph.
+    GraphBegin,
+    /// Ending a recording and instantiating the graph.
+    GraphEnd,
+    /// Uploading a graph to the device.
+    GraphUpload,
+    /// Launching a graph.
+    GraphLaunch,
+}
+
+impl ShimOp {
+    /// Every device call, in declaration order (shims index per-call tables by it).
+    pub const ALL: [ShimOp; 15] = [
+        Self::StreamCreate,
+        Self::StreamWaitEvent,
+        Self::EventRecord,
+        Self::EventQuery,
+        Self::EventWait,
+        Self::DeviceAlloc,
+        Self::HostAlloc,
+        Self::CopyHostToDevice,
+        Self::CopyDeviceToHost,
+        Self::CopyDeviceToDevice,
+        Self::Launch,
+        Self::GraphBegin,
+        Self::GraphEnd,
+        Self::GraphUpload,
+        Self::GraphLaunch,
+    ];
+}
+
+impl fmt::Display for ShimOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Self::StreamCreate => "stream create",
+            Self::StreamWaitEvent => "stream wait on event",
+            Self::EventRecord => "event record",
+            Self::EventQuery => "event query",
+            Self::EventWait => "event wait",
+            Self::DeviceAlloc => "device page allocation",
+            Self::HostAlloc => "pinned host page allocation",
+            Self::CopyHostToDevice => "host-to-device copy",
+            Self::CopyDeviceToHost => "device-to-host copy",
+            Self::CopyDeviceToDevice => "device-to-device copy",
+            Self::Launch => "kernel launch",
+            Self::GraphBegin => "graph capture begin",
+            Self::GraphEnd => "graph capture end",
+            Self::GraphUpload => "graph upload",
+            Self::GraphLaunch => "graph launch",
+        };
+        f.write_str(name)
+    }
+}
+
+/// How a shim classifies a failed device call. The core's reaction depends only on this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Fault {
+    /// The device is short of memory right now; freeing memory may cure it.
+    OutOfMemory,
+    /// The request can never succeed on this device (a size past what it can ever hold).
+    TooBig,
+    /// The shim does not implement this call.
+    Unsupported,
+    /// The device is lost: nothing will run on it again (CUDA's sticky errors such as an illegal
+    /// address, a launch failure or an uncorrectable ECC error).
+    DeviceLost,
+    /// Reported by a fence: work enqueued before it failed while it ran, and the fence itself
+    /// completed. The shim cannot say which work; the core stops trusting the stream.
+    WorkFailed,
+    /// Any other failure of this one call; the device stays usable.
+    Failed,
+}
+
+/// A failed device call, as a shim reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct DriverError {
+    /// The call that failed.
+    pub op: ShimOp,
+    /// The device's own status code (CUDA's `CUresult`, a shim-defined number elsewhere).
+    pub status: i32,
+    /// What the failure means for the core.
+    pub fault: Fault,
+}
+
+impl DriverError {
+    /// A failure of `op` with the device status `status`, classified as `fault`.
+    pub const fn new(op: ShimOp, status: i32, fault: Fault) -> Self {
+        Self { op, status, fault }
+    }
+
+    /// Whether the device is lost after this failure.
+    pub const fn loses_device(&self) -> bool {
+        matches!(self.fault, Fault::DeviceLost)
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (what, todo) = match self.fault {
+            Fault::OutOfMemory => (
+                "the device is out of memory",
+                "free memory or lower the load",
+            ),
+            Fault::TooBig => ("the size can never fit on this device", "split the request"),
+            Fault::Unsupported => (
+                "the shim does not support this call",
+                "use a shim that does",
+            ),
+            Fault::DeviceLost => (
+                "the device is lost and will run nothing again",
+                "recreate the device",
+            ),
+            Fault::WorkFailed => (
+                "work enqueued before this point failed while it ran",
+                "recreate the device; the stream's data can no longer be trusted",
+            ),
+            Fault::Failed => ("the call failed", "check the shim's status code"),
+        };
+        write!(
+            f,
+            "{} failed with status {}: {what}; {todo}",
+            self.op, self.status
+        )
+    }
+}
+
+impl core::error::Error for DriverError {}

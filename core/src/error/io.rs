@@ -1,0 +1,317 @@
+//! The errors of the memory, copy and I/O paths.
+
+use super::DriverError;
+use core::fmt;
+
+/// Why a handle could not be resolved to memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum NotFoundReason {
+    /// The handle was issued lazily and no memory was ever bound to it.
+    NeverBound,
+    /// The handle's memory was handed to another handle (a reservation after `bind`).
+    HandedOver,
+    /// The location the handle remembers is held by another allocation or no longer exists.
+    Stale,
+}
+
+/// Errors of the memory, copy and I/O paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum IoError {
+    /// No page this device can ever hold fits the request.
+    BufferTooBig {
+        /// Bytes asked for (alignment padding included).
+        size: u64,
+        /// The largest page the device can hold.
+        max_page: u64,
+    },
+    /// The device or the memory budget cannot hold the request right now, even after reclaim.
+    OutOfMemory {
+        /// Bytes asked for.
+        size: u64,
+        /// Bytes of device pages held on this device when the request failed.
+        held: u64,
+        /// The device-wide budget, when one is set.
+        budget: Option<u64>,
+        /// The device call that refused, when the refusal came from the device, not the budget.
+        source: Option<DriverError>,
+    },
+    /// No room was held and the page set may not change (the stream is recording a graph).
+    PageUpdateForbidden {
+        /// Bytes asked for.
+        size: u64,
+    },
+    /// A new page size was needed but every page-size class of the arena is in use.
+    PageSizesExhausted {
+        /// Bytes asked for.
+        size: u64,
+        /// The number of classes, all live.
+        classes: usize,
+    },
+    /// A layout that is not pitched row-major.
+    UnsupportedStrides {
+        /// Number of dimensions of the layout.
+        rank: usize,
+        /// The first dimension whose stride breaks the rule.
+        dim: usize,
+    },
+    /// The handle does not resolve to memory.
+    NotFound {
+        /// The handle's id.
+        handle: u64,
+        /// Why it does not resolve.
+        reason: NotFoundReason,
+    },
+    /// The handle routes to a page the manager no longer has.
+    StorageHandleNotFound {
+        /// The handle's id.
+        handle: u64,
+        /// The page index it routed to.
+        page: u32,
+    },
+    /// The handle was issued by another device.
+    ForeignHandle {
+        /// The id of the device that issued the handle.
+        issued_by: u32,
+        /// The id of the device it was used on.
+        used_on: u32,
+    },
+    /// The handle belongs to another stream's memory, and the operation must run on its owner.
+    WrongStream {
+        /// The handle's id.
+        handle: u64,
+        /// The stream whose memory it is.
+        owner: u32,
+        /// The stream the operation ran on.
+        used_on: u32,
+    },
+    /// The handle's memory is still used by in-flight work (a binding is out), so it cannot be
+    /// replaced now.
+    InUse {
+        /// The handle's id.
+        handle: u64,
+    },
+    /// A byte range past the end of its allocation.
+    OutOfRange {
+        /// First byte asked for.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// Size of the allocation.
+        size: u64,
+    },
+    /// A device call failed (a lost device among them: see [`IoError::is_device_lost`]).
+    Shim(DriverError),
+    /// The host could not hold a buffer of this size (a read's destination, a staging buffer).
+    HostAllocFailed {
+        /// Bytes asked for.
+        len: u64,
+    },
+}
+
+impl IoError {
+    /// Whether reclaiming memory (cleanup, relocation) and retrying might cure this error.
+    ///
+    /// False only for sizes nothing can ever hold and for reservations that may not add pages.
+    pub const fn may_succeed_after_reclaim(&self) -> bool {
+        !matches!(
+            self,
+            Self::BufferTooBig { .. } | Self::PageUpdateForbidden { .. }
+        )
+    }
+
+    /// Whether this error means the device is lost.
+    pub const fn is_device_lost(&self) -> bool {
+        match self {
+            Self::Shim(e) => e.loses_device(),
+            Self::OutOfMemory {
+                source: Some(e), ..
+            } => e.loses_device(),
+            _ => false,
+        }
+    }
+}
+
+impl From<DriverError> for IoError {
+    fn from(e: DriverError) -> Self {
+        Self::Shim(e)
+    }
+}
+
+impl fmt::Display for IoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BufferTooBig { size, max_page } => write!(
+                f,
+                "asked for {size} bytes but the largest page this device holds is {max_page} bytes; \
+                 split the buffer"
+            ),
+            Self::OutOfMemory {
+                size,
+                held,
+                budget,
+                source,
+            } => {
+                write!(
+                    f,
+                    "asked for {size} bytes with {held} bytes of device pages held"
+                )?;
+                if let Some(b) = budget {
+                    write!(f, " under a budget of {b} bytes")?;
+                }
+                if let Some(e) = source {
+                    write!(f, " ({e})")?;
+                }
+                f.write_str(
+                    " after reclaiming what could be reclaimed; free buffers or raise the budget",
+                )
+            }
+            Self::PageUpdateForbidden { size } => write!(
+                f,
+                "asked for {size} bytes while the stream records a graph and no room is held; \
+                 reserve the working set in the warm-up run"
+            ),
+            Self::PageSizesExhausted { size, classes } => write!(
+                f,
+                "asked for {size} bytes needing a new page size but all {classes} page-size \
+                 classes hold live allocations; free long-lived buffers or run a cleanup"
+            ),
+            Self::UnsupportedStrides { rank, dim } => write!(
+                f,
+                "a layout of rank {rank} is not pitched row-major at dimension {dim}; \
+                 make the data contiguous first"
+            ),
+            Self::NotFound { handle, reason } => {
+                let why = match reason {
+                    NotFoundReason::NeverBound => "was issued lazily and never bound to memory",
+                    NotFoundReason::HandedOver => {
+                        "was a reservation whose memory was bound to another handle"
+                    }
+                    NotFoundReason::Stale => "points to memory that was released or reused",
+                };
+                write!(
+                    f,
+                    "handle {handle} {why}; use the handle the memory was bound to"
+                )
+            }
+            Self::StorageHandleNotFound { handle, page } => write!(
+                f,
+                "handle {handle} routes to page {page}, which the pool no longer holds; \
+                 this is a bug in devcmd, please report it"
+            ),
+            Self::ForeignHandle { issued_by, used_on } => write!(
+                f,
+                "a handle issued by device {issued_by} was used on device {used_on}; \
+                 copy the data through the host"
+            ),
+            Self::WrongStream {
+                handle,
+                owner,
+                used_on,
+            } => write!(
+                f,
+                "handle {handle} is memory of stream {owner} but was used on stream {used_on}; \
+                 run this operation on stream {owner}"
+            ),
+            Self::InUse { handle } => write!(
+                f,
+                "handle {handle} is still used by in-flight work; wait for it (sync) or bind \
+                 the new memory to a fresh handle"
+            ),
+            Self::OutOfRange { offset, len, size } => write!(
+                f,
+                "asked for bytes {offset}..{} of an allocation of {size} bytes; \
+                 keep ranges inside the allocation",
+                offset.saturating_add(*len)
+            ),
+            Self::Shim(e) => write!(f, "{e}"),
+            Self::HostAllocFailed { len } => write!(
+                f,
+                "asked for a host buffer of {len} bytes but the host heap cannot hold it; \
+                 read or write in smaller pieces"
+            ),
+        }
+    }
+}
+
+impl IoError {
+    /// The device call underneath, if the error came from one.
+    pub const fn driver_error(&self) -> Option<&DriverError> {
+        match self {
+            Self::Shim(e)
+            | Self::OutOfMemory {
+                source: Some(e), ..
+            } => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl core::error::Error for IoError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Self::OutOfMemory {
+                source: Some(e), ..
+            } => Some(e),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{Fault, ServerError, ShimOp};
+    use alloc::string::ToString;
+
+    #[test]
+    fn only_impossible_sizes_and_forbidden_updates_are_final() {
+        assert!(
+            !IoError::BufferTooBig {
+                size: 1,
+                max_page: 0
+            }
+            .may_succeed_after_reclaim()
+        );
+        assert!(!IoError::PageUpdateForbidden { size: 1 }.may_succeed_after_reclaim());
+        let oom = IoError::OutOfMemory {
+            size: 1,
+            held: 0,
+            budget: None,
+            source: None,
+        };
+        assert!(oom.may_succeed_after_reclaim());
+        assert!(
+            IoError::PageSizesExhausted {
+                size: 1,
+                classes: 64
+            }
+            .may_succeed_after_reclaim()
+        );
+    }
+
+    #[test]
+    fn a_lost_device_is_one_variant_of_the_callers_error() {
+        let e = DriverError::new(ShimOp::Launch, 700, Fault::DeviceLost);
+        let io: IoError = e.into();
+        assert!(io.is_device_lost());
+        assert!(matches!(ServerError::from(io), ServerError::DeviceLost { cause } if cause == e));
+        assert!(matches!(
+            ServerError::from(e),
+            ServerError::DeviceLost { .. }
+        ));
+    }
+
+    #[test]
+    fn out_of_memory_names_the_budget_and_what_is_held() {
+        let text = IoError::OutOfMemory {
+            size: 10,
+            held: 90,
+            budget: Some(96),
+            source: None,
+        }
+        .to_string();
+        assert!(text.contains("10 bytes") && text.contains("90 bytes") && text.contains("96"));
+    }
+}
