@@ -1,7 +1,7 @@
 //! The fault ledger: what a fence told the core, and what the core remembers of it.
 //!
 //! Owns the one decision of what a shim's answer at a fence means ([`FenceOutcome::of`]), the
-//! record of which streams ran failed work and whether the device is lost ([`FaultLedger`]), and
+//! record of which streams ran failed work and whether the device is lost (the ledger), and
 //! the turning of both into the caller's error. Every path that waits for or polls a fence (the
 //! drop queue, the read and sync futures, reclaim, teardown) gets a [`FenceOutcome`] and matches
 //! on it; nothing else in the core looks at a [`Fault`] of a fence.

@@ -168,7 +168,7 @@ pub enum ServerError {
     /// A fence wait or query failed with an outcome the core cannot know (not a fault of work
     /// that ran, which is [`ServerError::StreamFaulted`], nor a lost device).
     Device(DriverError),
-    /// Work on a stream failed while it ran ([`Fault::WorkFailed`]): nothing written on that
+    /// Work on a stream failed while it ran ([`Fault::WorkFailed`](super::Fault::WorkFailed)): nothing written on that
     /// stream, or by work ordered after it, can be trusted, so every operation on it or depending
     /// on it fails with this. Other streams keep working.
     StreamFaulted {

@@ -317,7 +317,8 @@ impl<S: Shim> MemoryManager<S> {
     /// [`IoError::BufferTooBig`] when no page can ever hold the size; [`IoError::OutOfMemory`]
     /// when the device or the budget refuses a page; [`IoError::PageUpdateForbidden`] when
     /// `update` is `Forbidden` and no room is held; [`IoError::PageSizesExhausted`] when the arena
-    /// needs a new page size and all classes are live; [`IoError::DeviceLost`].
+    /// needs a new page size and all classes are live; a device call that failed
+    /// ([`IoError::Shim`], a lost device among them).
     pub fn try_reserve(
         &mut self,
         shim: &S,
