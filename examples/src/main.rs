@@ -6,16 +6,26 @@
 //! upload on the device, and read back asynchronously while the next batches are enqueued.
 //! Every result is checked against a reference computed on the host without the layer; any
 //! mismatch exits non-zero.
+//!
+//! This file owns the model (layer shapes, seeded weights and inputs, kernels, reference) and the
+//! serving loop. The flags, their defaults and the refusal of bad values live in [`cli`]; the
+//! weights file (format, writing, mapping, refusing non-finite values) in [`weights`]; the
+//! NaN-safe comparison with the reference in [`verify`].
 
+mod cli;
+mod verify;
+mod weights;
+
+use cli::{Options, Parsed};
 use devcmd::memory::AllocationMode;
 use devcmd::{
-    Device, DeviceConfig, ExternalBytes, Grid, Handle, HostBuffer, HostOrigin, Launch, ReadFuture,
-    ReadRequest, ServerError, StreamId,
+    Device, DeviceConfig, Grid, Handle, HostBuffer, Launch, ReadFuture, ReadRequest, StreamId,
 };
 use devcmd_std::{KernelCtx, KernelFault, StdKernel, StdShim, as_f32, as_f32_mut};
 use std::collections::VecDeque;
 use std::process::ExitCode;
 use std::time::Instant;
+use weights::{MappedTensor, from_bytes, to_bytes};
 
 const INPUT: usize = 256;
 const HIDDEN1: usize = 512;
@@ -28,51 +38,6 @@ const IN_FLIGHT: usize = 4;
 
 const COMPUTE: StreamId = StreamId(0);
 const COPY: StreamId = StreamId(1);
-
-struct Options {
-    batches: usize,
-    batch_size: usize,
-    lazy: bool,
-    weights: Option<String>,
-    save_weights: Option<String>,
-    seed: u64,
-}
-
-fn parse() -> Result<Options, lexopt::Error> {
-    use lexopt::prelude::*;
-    let mut o = Options {
-        batches: 400,
-        batch_size: 32,
-        lazy: false,
-        weights: None,
-        save_weights: None,
-        seed: 7,
-    };
-    let mut p = lexopt::Parser::from_env();
-    while let Some(arg) = p.next()? {
-        match arg {
-            Long("batches") => o.batches = p.value()?.parse()?,
-            Long("batch-size") => o.batch_size = p.value()?.parse()?,
-            Long("lazy") => o.lazy = true,
-            Long("weights") => o.weights = Some(p.value()?.string()?),
-            Long("save-weights") => o.save_weights = Some(p.value()?.string()?),
-            Long("seed") => o.seed = p.value()?.parse()?,
-            Long("help") | Short('h') => {
-                println!(
-                    "edge-host [--batches N] [--batch-size B] [--lazy] [--weights FILE] \
-                     [--save-weights FILE] [--seed S]\n\
-                     Serves N batches of B requests through a 3-layer MLP on devcmd's std shim.\n\
-                     --weights maps FILE (raw little-endian f32: W1 b1 W2 b2 W3 b3) instead of \
-                     seeding; --save-weights writes the seeded weights there first; --lazy runs \
-                     the shim's streams only when a fence is waited on or queried."
-                );
-                std::process::exit(0);
-            }
-            _ => return Err(arg.unexpected()),
-        }
-    }
-    Ok(o)
-}
 
 /// SplitMix64: a small seeded generator for weights and inputs.
 struct Rng(u64);
@@ -102,38 +67,6 @@ fn seeded_weights(seed: u64) -> Vec<Vec<f32>> {
         out.push((0..o).map(|_| rng.f32(0.1)).collect());
     }
     out
-}
-
-fn tensor_lens() -> Vec<usize> {
-    LAYERS.iter().flat_map(|&(i, o)| [i * o, o]).collect()
-}
-
-fn to_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn from_bytes(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-/// A window of a memory-mapped weights file: file-backed bytes the device may read.
-struct MappedTensor {
-    map: std::sync::Arc<memmap2::Mmap>,
-    start: usize,
-    len: usize,
-}
-
-// SAFETY: the mapping is shared through an `Arc` and never modified or unmapped while a tensor
-// holds it; `bytes` always returns the same window of it.
-unsafe impl ExternalBytes for MappedTensor {
-    fn bytes(&self) -> &[u8] {
-        &self.map[self.start..self.start + self.len]
-    }
-    fn origin(&self) -> HostOrigin {
-        HostOrigin::FileMapped
-    }
 }
 
 // ---- kernels: plain Rust over device addresses ----
@@ -258,7 +191,27 @@ struct Pending {
     read: ReadFuture<StdShim>,
 }
 
+/// The weights to serve: seeded (and saved if asked), or mapped from a file and checked. Runs
+/// before the device exists, so a bad file or path never reaches it.
+fn host_weights(o: &Options) -> Result<Vec<HostWeights>, weights::WeightsError> {
+    match &o.weights {
+        Some(path) => Ok(weights::load(path)?
+            .into_iter()
+            .map(|(m, floats)| HostWeights::Mapped(m, floats))
+            .collect()),
+        None => {
+            let seeded = seeded_weights(o.seed);
+            if let Some(path) = &o.save_weights {
+                weights::save(path, &seeded)?;
+                println!("wrote seeded weights to {}", path.display());
+            }
+            Ok(seeded.into_iter().map(HostWeights::Owned).collect())
+        }
+    }
+}
+
 fn run(o: &Options) -> Result<usize, Box<dyn std::error::Error>> {
+    let weights = host_weights(o)?;
     let shim = StdShim::builder()
         .total_memory(2 << 30)
         .lazy(o.lazy)
@@ -268,60 +221,12 @@ fn run(o: &Options) -> Result<usize, Box<dyn std::error::Error>> {
         bias_relu: shim.register_kernel("bias_relu", bias_relu_kernel),
         bias_softmax: shim.register_kernel("bias_softmax", bias_softmax_kernel),
     };
-    let mut device = Device::new(shim, DeviceConfig::default());
-
-    // Weights: seeded, or mapped from a file (the file-backed staging path).
-    let host_weights = match &o.weights {
-        Some(path) => {
-            let file = std::fs::File::open(path)
-                .map_err(|e| format!("cannot open weights {path}: {e}"))?;
-            // SAFETY: the file is opened read-only and this program does not modify it while
-            // mapped; a concurrent writer is outside what the host supports.
-            let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&file)? });
-            let need: usize = tensor_lens().iter().sum::<usize>() * 4;
-            if map.len() != need {
-                return Err(format!(
-                    "weights file {path} holds {} bytes, the model needs {need}",
-                    map.len()
-                )
-                .into());
-            }
-            let mut start = 0;
-            let mut mapped = Vec::new();
-            for len in tensor_lens() {
-                mapped.push(MappedTensor {
-                    map: map.clone(),
-                    start,
-                    len: len * 4,
-                });
-                start += len * 4;
-            }
-            mapped
-        }
-        None => {
-            let seeded = seeded_weights(o.seed);
-            if let Some(path) = &o.save_weights {
-                let bytes: Vec<u8> = seeded.iter().flat_map(|t| to_bytes(t)).collect();
-                std::fs::write(path, bytes)?;
-                println!("wrote seeded weights to {path}");
-            }
-            return serve(
-                o,
-                device,
-                &kernels,
-                seeded.into_iter().map(HostWeights::Owned).collect(),
-            );
-        }
-    };
-    let reference_weights: Vec<Vec<f32>> =
-        host_weights.iter().map(|m| from_bytes(m.bytes())).collect();
-    let uploads = host_weights
-        .into_iter()
-        .zip(reference_weights)
-        .map(|(m, r)| HostWeights::Mapped(m, r))
-        .collect();
-    device.command(COMPUTE)?; // create the compute stream first
-    serve(o, device, &kernels, uploads)
+    serve(
+        o,
+        Device::new(shim, DeviceConfig::default()),
+        &kernels,
+        weights,
+    )
 }
 
 enum HostWeights {
@@ -353,8 +258,8 @@ fn serve(
             let (bytes, data) = match w {
                 HostWeights::Owned(v) => (v.len() * 4, HostBuffer::from_vec(to_bytes(&v))),
                 HostWeights::Mapped(m, _) => {
-                    file_backed += m.len;
-                    (m.len, HostBuffer::external(Box::new(m)))
+                    file_backed += m.len();
+                    (m.len(), HostBuffer::external(Box::new(m)))
                 }
             };
             let h = cmd.empty(bytes as u64)?;
@@ -446,7 +351,7 @@ fn serve(
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
-    let requests = o.batches * m;
+    let requests = o.batches as u128 * m as u128; // no overflow, whatever was asked
     println!(
         "served {} batches x {} = {} requests in {:.3} s: {:.0} requests/s, {:.3} ms per batch; {} mismatches",
         o.batches,
@@ -481,28 +386,33 @@ fn serve(
     Ok(mismatches)
 }
 
-fn check(p: Pending, weights: &[Vec<f32>], m: usize) -> Result<usize, ServerError> {
+/// Waits for a batch's result and counts the outputs that differ from the host reference.
+fn check(p: Pending, weights: &[Vec<f32>], m: usize) -> Result<usize, Box<dyn std::error::Error>> {
     let got = from_bytes(p.read.wait()?[0].as_slice());
     let want = reference(weights, &p.input, m);
-    let bad = got
-        .iter()
-        .zip(&want)
-        .filter(|(g, w)| (*g - *w).abs() > 1e-5 * w.abs().max(1e-3) + 1e-7)
-        .count()
-        + got.len().abs_diff(want.len());
-    if bad > 0 {
+    let bad = verify::compare(&got, &want).map_err(|e| format!("batch {}: {e}", p.batch))?;
+    if let Some((i, g, w)) = bad.first {
+        let side = |v: Option<f32>| v.map_or_else(|| "nothing".to_owned(), |v| v.to_string());
         eprintln!(
-            "batch {}: {bad} of {} outputs differ from the reference",
+            "batch {}: {} of {} outputs differ from the reference (first: output {i}, got {}, \
+             want {})",
             p.batch,
-            want.len()
+            bad.count,
+            want.len(),
+            side(g),
+            side(w)
         );
     }
-    Ok(bad)
+    Ok(bad.count)
 }
 
 fn main() -> ExitCode {
-    let options = match parse() {
-        Ok(o) => o,
+    let options = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(Parsed::Run(o)) => o,
+        Ok(Parsed::Help) => {
+            println!("{}", cli::usage(weights::file_len()));
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("edge-host: {e} (try --help)");
             return ExitCode::from(2);

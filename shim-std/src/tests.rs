@@ -393,23 +393,72 @@ fn a_poisoning_kernel_loses_the_device() {
     let shim = StdShim::new();
     let s = shim.create_stream().unwrap();
     let lose = shim.register_kernel("lose", |_| Err(KernelFault::DeviceLost));
+    let fill = fill_kernel(&shim);
     let page = shim.device_alloc(8).unwrap();
+    // The stream is held by a blocked kernel while the rest is enqueued, so the fill is queued
+    // behind the kernel that loses the device whatever the scheduling (no launch races the loss).
+    let (block, release) = blocking_kernel(&shim);
+    launch(&shim, &s, &block, &[], 0);
     launch(&shim, &s, &lose, &[], 0);
-    launch(&shim, &s, &fill_kernel(&shim), &[&page], 4); // skipped
-    let err = sync(&shim, &s).unwrap_err();
+    launch(&shim, &s, &fill, &[&page], 4); // skipped: queued behind the loss
+    let after = shim.record_event(&s).unwrap();
+    assert!(
+        !shim.is_poisoned(),
+        "nothing ran yet: the stream is blocked"
+    );
+    release.send(()).unwrap();
+    // Waiting on the event is the deterministic point of the loss: it returns only once the
+    // poisoning kernel has run (or the device is lost with no operation still running).
+    let err = shim.event_wait(&after).unwrap_err();
     assert_eq!(
-        (err.fault, err.status),
-        (Fault::DeviceLost, status::KERNEL_POISONED)
+        (err.op, err.fault, err.status),
+        (
+            ShimOp::EventWait,
+            Fault::DeviceLost,
+            status::KERNEL_POISONED
+        )
     );
     assert!(shim.is_poisoned());
-    assert_eq!(peek(&shim, &page), vec![0; 8]);
-    assert_eq!(shim.device_alloc(8).unwrap_err().fault, Fault::DeviceLost);
-    assert_eq!(shim.create_stream().unwrap_err().fault, Fault::DeviceLost);
+    assert_eq!(shim.stats().async_faults, 1);
     assert_eq!(
-        shim.host_alloc_pinned(8).unwrap_err().fault,
-        Fault::DeviceLost
+        peek(&shim, &page),
+        vec![0; 8],
+        "work after the loss never runs"
     );
-    // SAFETY: the device is poisoned: nothing will run again.
+
+    // Every later call fails fast with a device-lost error that carries the cause's status.
+    let lost = |op: ShimOp, r: Result<(), DriverError>| {
+        let err = r.expect_err("a call on a lost device must fail");
+        assert_eq!(
+            (err.op, err.fault, err.status),
+            (op, Fault::DeviceLost, status::KERNEL_POISONED),
+            "{op:?} after the device was lost"
+        );
+    };
+    let addr = shim.device_page_addr(&page);
+    let mut host = [0u8; 8];
+    // SAFETY: the span is the whole live page; the call fails before anything is enqueued.
+    let r = unsafe { shim.launch(&s, &fill, Grid::linear(1), &[span(&shim, &page)], &[4; 4]) };
+    lost(ShimOp::Launch, r);
+    // SAFETY: `host` outlives the call, which fails before anything is enqueued.
+    let r = unsafe { shim.copy_to_device(&s, host.as_ptr(), addr, CopyLayout::linear(8)) };
+    lost(ShimOp::CopyHostToDevice, r);
+    // SAFETY: as above.
+    let r = unsafe { shim.copy_to_host(&s, addr, host.as_mut_ptr(), CopyLayout::linear(8)) };
+    lost(ShimOp::CopyDeviceToHost, r);
+    // SAFETY: as above.
+    let r = unsafe { shim.copy_on_device(&s, addr, addr.offset(4), CopyLayout::linear(4)) };
+    lost(ShimOp::CopyDeviceToDevice, r);
+    lost(ShimOp::EventRecord, shim.record_event(&s).map(drop));
+    lost(ShimOp::EventQuery, shim.event_query(&after).map(drop));
+    lost(ShimOp::EventWait, shim.event_wait(&after));
+    lost(ShimOp::StreamWaitEvent, shim.stream_wait_event(&s, &after));
+    lost(ShimOp::DeviceAlloc, shim.device_alloc(8).map(drop));
+    lost(ShimOp::StreamCreate, shim.create_stream().map(drop));
+    lost(ShimOp::GraphBegin, shim.begin_capture(&s));
+    lost(ShimOp::HostAlloc, shim.host_alloc_pinned(8).map(drop));
+    assert_eq!(host, [0; 8]);
+    // SAFETY: the device is lost: nothing will run again.
     unsafe { shim.device_free(page) };
 }
 
