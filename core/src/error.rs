@@ -260,6 +260,18 @@ pub enum IoError {
     },
     /// A device call failed (a lost device among them: see [`IoError::is_device_lost`]).
     Shim(DriverError),
+    /// A reservation was bound to itself: the target of `bind` is the reserved handle, a clone
+    /// or a view of it.
+    SelfBind {
+        /// The allocation's id.
+        handle: u64,
+    },
+    /// Host memory could not be allocated (the length overflows what the heap can address, or
+    /// the allocator refused it).
+    HostAllocFailed {
+        /// Bytes asked for.
+        len: u64,
+    },
 }
 
 impl IoError {
@@ -378,6 +390,17 @@ impl fmt::Display for IoError {
                 offset.saturating_add(*len)
             ),
             Self::Shim(e) => write!(f, "{e}"),
+            Self::SelfBind { handle } => write!(
+                f,
+                "asked to bind the room reserved as handle {handle} to handle {handle} itself \
+                 (the target is the reservation, a clone or a view of it); bind a reservation \
+                 to another handle, such as a lazy one"
+            ),
+            Self::HostAllocFailed { len } => write!(
+                f,
+                "asked for {len} bytes of host memory but the heap could not provide them; \
+                 ask for fewer bytes or free host memory"
+            ),
         }
     }
 }
