@@ -54,16 +54,21 @@ impl Default for DeviceConfig {
     }
 }
 
-/// The memory report of a whole device: one report per stream created.
+/// The memory report of a whole device: one report per stream created. Device memory and
+/// pinned host memory are kept apart, in the totals as in each stream's report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceReport {
-    /// Per stream: its id and the figures of its pools (pinned host pool included).
+    /// Per stream: its id and the figures of its pools (its device pools, then its pinned host
+    /// pool; [`MemoryReport::device`] and [`MemoryReport::pinned_host`] total them apart).
     pub streams: Vec<(StreamId, MemoryReport)>,
     /// Bytes of device pages held on the device: in the pools, retired and waiting for a fence in
-    /// a drop queue, or leaked after an inconclusive fence (the budget's count).
+    /// a drop queue, or leaked after an inconclusive fence (the budget's count). Host memory is
+    /// never counted here.
     pub held: u64,
-    /// The device's budget, if any.
+    /// The device's budget, if any (it bounds `held`, not pinned host memory).
     pub budget: Option<u64>,
+    /// Bytes of pinned host pages held by every stream's pinned pool.
+    pub pinned_host: u64,
 }
 
 impl core::fmt::Display for DeviceReport {
@@ -76,7 +81,11 @@ impl core::fmt::Display for DeviceReport {
         if let Some(b) = self.budget {
             write!(f, " of a {} budget", ReadableBytes(b))?;
         }
-        Ok(())
+        write!(
+            f,
+            "\npinned host pages held: {}",
+            ReadableBytes(self.pinned_host)
+        )
     }
 }
 
@@ -198,7 +207,7 @@ impl<S: Shim> Device<S> {
             self.streams[index] = Some(alloc::boxed::Box::new(Stream {
                 raw,
                 memory,
-                pinned: PinnedPool::new(self.config.pinned, issuer),
+                pinned: PinnedPool::new(self.config.pinned),
                 drops: DropQueue::new(self.config.drops),
                 capture: Default::default(),
                 cursor: 0,
@@ -209,13 +218,15 @@ impl<S: Shim> Device<S> {
         Ok(index)
     }
 
-    /// The memory report of every stream.
+    /// The memory report of every stream; device and pinned host memory are totalled apart.
     pub fn memory_report(&mut self) -> DeviceReport {
         let mut streams = Vec::new();
+        let mut pinned_host = 0;
         for (i, s) in self.streams.iter_mut().enumerate() {
             if let Some(s) = s {
                 let mut report = s.memory.report();
                 report.pools.push(s.pinned.report());
+                pinned_host += report.pinned_host().reserved;
                 streams.push((StreamId(i as u32), report));
             }
         }
@@ -223,6 +234,7 @@ impl<S: Shim> Device<S> {
             streams,
             held: self.budget.held(),
             budget: self.budget.limit(),
+            pinned_host,
         }
     }
 

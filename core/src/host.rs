@@ -1,9 +1,13 @@
 //! Host buffers: bytes on the host side of a copy, and where they come from.
 //!
 //! Owns the ownership of those bytes until the device is done with them (they travel through the
-//! drop queue). Does not own the pinned pool they may be carved from (`pinned.rs`).
+//! drop queue), and the heap allocation of host buffers, which is fallible: a length the heap
+//! cannot provide is [`IoError::HostAllocFailed`], never a panic ([`HostBuffer::try_zeroed`]).
+//! Does not own the pinned pool they may be carved from (`pinned.rs`): a pinned buffer holds the
+//! pool's slice token and gives the slice back when it drops.
 
-use crate::memory::Handle;
+use crate::error::IoError;
+use crate::pinned::PinnedSlice;
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::fmt;
@@ -42,8 +46,8 @@ pub unsafe trait ExternalBytes: Send {
 #[allow(dead_code)]
 enum Backing {
     Heap(Vec<u8>),
-    /// A slice of a stream's pinned pool; dropping the handle returns it.
-    Pinned(Handle),
+    /// A slice of a stream's pinned pool; dropping the token returns it.
+    Pinned(PinnedSlice),
     External(Box<dyn ExternalBytes>),
 }
 
@@ -56,7 +60,7 @@ pub struct HostBuffer {
     backing: Backing,
 }
 
-// SAFETY: the buffer owns its bytes exclusively (heap vector, pinned slice held by its handle,
+// SAFETY: the buffer owns its bytes exclusively (heap vector, pinned slice held by its token,
 // or an `ExternalBytes` that is `Send`); the raw pointer only caches their address.
 unsafe impl Send for HostBuffer {}
 
@@ -71,17 +75,32 @@ impl fmt::Debug for HostBuffer {
 
 impl HostBuffer {
     /// A heap buffer of `len` zero bytes.
+    ///
+    /// # Panics
+    ///
+    /// When the heap cannot provide `len` bytes (as `vec![0; len]` does). For a length that
+    /// comes from outside, use [`Self::try_zeroed`].
     pub fn zeroed(len: usize) -> Self {
         Self::from_vec(alloc::vec![0; len])
     }
 
-    /// A heap buffer of `len` zero bytes, or `None` when the heap cannot hold it (never a panic
-    /// nor an abort).
-    pub fn try_zeroed(len: usize) -> Option<Self> {
+    /// A heap buffer of `len` zero bytes, or an error when the heap cannot provide them.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::HostAllocFailed`] when `len` overflows what the heap can address or the
+    /// allocator refuses it. Nothing panics or aborts, whatever `len`.
+    pub fn try_zeroed(len: usize) -> Result<Self, IoError> {
         let mut bytes = Vec::new();
-        bytes.try_reserve_exact(len).ok()?;
+        bytes
+            .try_reserve_exact(len)
+            .map_err(|_| IoError::HostAllocFailed {
+                // A `usize` always fits a `u64` on the targets devcmd builds for.
+                len: u64::try_from(len).unwrap_or(u64::MAX),
+            })?;
+        // Zeroing writes the pages the allocator gave: a copy into the buffer writes them anyway.
         bytes.resize(len, 0);
-        Some(Self::from_vec(bytes))
+        Ok(Self::from_vec(bytes))
     }
 
     /// A heap buffer owning `bytes`.
@@ -108,17 +127,17 @@ impl HostBuffer {
         }
     }
 
-    /// A pinned slice at `ptr` of `len` bytes, kept by `handle`.
+    /// A pinned slice at `ptr` of `len` bytes, kept by `slice`.
     ///
     /// # Safety
     ///
-    /// `ptr .. ptr + len` is pinned memory owned by the slice `handle` keeps, valid until it drops.
-    pub(crate) unsafe fn pinned(ptr: NonNull<u8>, len: usize, handle: Handle) -> Self {
+    /// `ptr .. ptr + len` is pinned memory of the slice `slice` names, valid until it drops.
+    pub(crate) unsafe fn pinned(ptr: NonNull<u8>, len: usize, slice: PinnedSlice) -> Self {
         Self {
             ptr,
             len,
             origin: HostOrigin::Pinned,
-            backing: Backing::Pinned(handle),
+            backing: Backing::Pinned(slice),
         }
     }
 
@@ -170,5 +189,44 @@ impl HostBuffer {
             Backing::Heap(v) => v,
             _ => self.as_slice().to_vec(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    #[test]
+    fn a_length_the_heap_cannot_hold_is_an_error_not_a_panic() {
+        for len in [usize::MAX, isize::MAX as usize + 1] {
+            let e = HostBuffer::try_zeroed(len).unwrap_err();
+            assert_eq!(e, IoError::HostAllocFailed { len: len as u64 });
+            let text = e.to_string();
+            assert!(
+                text.contains(&len.to_string()) && text.contains("host memory"),
+                "{text}"
+            );
+        }
+    }
+
+    // A valid layout past any address space: the allocator itself refuses it. Miri would try to
+    // provide it instead.
+    #[cfg_attr(miri, ignore)]
+    #[test]
+    fn a_length_the_allocator_refuses_is_an_error_not_an_abort() {
+        let len = 1usize << 62;
+        assert_eq!(
+            HostBuffer::try_zeroed(len).unwrap_err(),
+            IoError::HostAllocFailed { len: len as u64 }
+        );
+    }
+
+    #[test]
+    fn a_fallible_buffer_is_zeroed_on_the_heap() {
+        let b = HostBuffer::try_zeroed(100).unwrap();
+        assert_eq!((b.len(), b.origin()), (100, HostOrigin::Heap));
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        assert!(HostBuffer::try_zeroed(0).unwrap().is_empty());
     }
 }

@@ -2,19 +2,22 @@
 //! staging copies.
 //!
 //! Owns the pinned pages and the slices carved from them (requests larger than a page get a page
-//! of their own, reused by exact size, so large uploads do not fall back to fresh heap memory);
-//! a slice goes back when the [`HostBuffer`] holding it drops (after the drop queue released it). Does not own the fallback
-//! to the heap when the pool cannot serve (the command decides).
+//! of their own, reused by exact size, so large uploads do not fall back to fresh heap memory),
+//! and the token of a slice (`PinnedSlice`): the [`HostBuffer`] carved from the pool holds it,
+//! and dropping it (after the drop queue released the buffer, on any thread) gives the slice
+//! back. Host memory stays host memory here: slices are named by their own token, not by a
+//! device [`Handle`](crate::memory::Handle), and their bytes by pointers derived from the page's
+//! own pointer, never by integer addresses. Does not own the fallback to the heap when the pool
+//! cannot serve (the command decides), nor device memory (`memory/`).
 
 use crate::host::HostBuffer;
+use crate::memory::ReturnQueue;
 use crate::memory::sliced::{SlicedPool, Used};
 use crate::memory::whole::WholePagePool;
-use crate::memory::{Handle, Issuer, PoolKind, PoolReport};
-use crate::memory::{POOL_DEDICATED, POOL_SMALL, ReturnQueue, Returned};
+use crate::memory::{PoolKind, PoolReport};
 use crate::shim::Shim;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::ptr::NonNull;
 
 /// Sizes of a stream's pinned pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,16 +42,48 @@ impl Default for PinnedConfig {
     }
 }
 
+/// Which of a pinned pool's two pools a slice lies in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SliceKind {
+    /// Carved from a page of the configured size.
+    Carved,
+    /// A page of its own (a request larger than the carved pages).
+    Large,
+}
+
+/// Where a slice lies in its pool, and whose it is (the pools check it on free).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SliceRef {
+    kind: SliceKind,
+    block: u32,
+    id: u64,
+}
+
+/// A slice of a stream's pinned pool: held by the [`HostBuffer`] carved from it, it gives the
+/// slice back to its pool when dropped (from any thread; the pool takes it in at its next call).
+#[derive(Debug)]
+pub(crate) struct PinnedSlice {
+    slice: SliceRef,
+    returns: Arc<ReturnQueue<SliceRef>>,
+}
+
+impl Drop for PinnedSlice {
+    fn drop(&mut self) {
+        self.returns.push(self.slice);
+    }
+}
+
 /// The pinned pool of one stream.
 #[derive(Debug)]
 pub(crate) struct PinnedPool<S: Shim> {
     config: PinnedConfig,
+    /// Pages of `config.page_size`, carved. Host pages enter the pools at base 0: what the pools
+    /// call an address is an offset in the page; the pointer comes from the page itself.
     pool: SlicedPool<S::HostPage>,
     /// Requests larger than a page: one pinned page each, reused by exact size.
     large: WholePagePool<S::HostPage>,
-    issuer: Issuer,
-    returns: Arc<ReturnQueue>,
-    returned: Vec<Returned>,
+    returns: Arc<ReturnQueue<SliceRef>>,
+    returned: Vec<SliceRef>,
     next_id: u64,
     /// Whether the shim refused a pinned page of the carved size: stop asking until a cleanup.
     refused: bool,
@@ -59,12 +94,11 @@ pub(crate) struct PinnedPool<S: Shim> {
 }
 
 impl<S: Shim> PinnedPool<S> {
-    pub(crate) fn new(config: PinnedConfig, issuer: Issuer) -> Self {
+    pub(crate) fn new(config: PinnedConfig) -> Self {
         Self {
             pool: SlicedPool::new(config.page_size.max(1)),
             large: WholePagePool::default(),
             config,
-            issuer,
             returns: Arc::default(),
             returned: Vec::new(),
             next_id: 1,
@@ -77,19 +111,23 @@ impl<S: Shim> PinnedPool<S> {
     fn collect_returns(&mut self) {
         self.returns.drain_into(&mut self.returned);
         for r in self.returned.drain(..) {
-            if r.location.pool == POOL_DEDICATED {
-                self.large.free(r.location.block, r.id);
-            } else {
-                self.pool.free(r.location.block, r.id);
+            match r.kind {
+                SliceKind::Large => {
+                    self.large.free(r.block, r.id);
+                }
+                SliceKind::Carved => {
+                    self.pool.free(r.block, r.id);
+                }
             }
         }
     }
 
     /// A pinned buffer of `len` bytes, or `None` when the pool cannot serve it (too large, at its
-    /// limit, `may_add` false and no room held, or the shim refused).
+    /// limit, `may_add` false and no room held, or the shim refused). Never panics, whatever
+    /// `len`: a length no pinned page can hold is `None`.
     pub(crate) fn reserve(&mut self, shim: &S, len: usize, may_add: bool) -> Option<HostBuffer> {
         self.collect_returns();
-        let size = len as u64;
+        let size = u64::try_from(len).ok()?;
         let aligned = size
             .max(1)
             .checked_next_multiple_of(self.config.alignment.max(1))?;
@@ -99,43 +137,55 @@ impl<S: Shim> PinnedPool<S> {
             size,
             cursor: 0,
         };
-        let (pool, block, addr) = if aligned > self.pool.page_size {
-            match self.large.try_reuse(aligned, used) {
-                Some((block, addr)) => (POOL_DEDICATED, block, addr),
+        let (kind, block) = if aligned > self.pool.page_size {
+            let block = match self.large.try_reuse(aligned, used) {
+                Some((block, _)) => block,
                 None => {
-                    let (page, addr) = self.new_page(shim, aligned, may_add)?;
-                    (
-                        POOL_DEDICATED,
-                        self.large.add(page, addr, aligned, used),
-                        addr,
-                    )
+                    let page = self.new_page(shim, aligned, may_add)?;
+                    self.large.add(page, 0, aligned, used)
                 }
-            }
+            };
+            (SliceKind::Large, block)
         } else {
             let carved = match self.pool.try_carve(size, aligned, used) {
                 Some(c) => c,
                 None => {
-                    let (page, addr) = self.new_page(shim, self.pool.page_size, may_add)?;
-                    self.pool.add_page(page, addr);
+                    let page = self.new_page(shim, self.pool.page_size, may_add)?;
+                    self.pool.add_page(page, 0);
                     self.pool.try_carve(size, aligned, used)?
                 }
             };
-            (POOL_SMALL, carved.block, carved.addr)
+            (SliceKind::Carved, carved.block)
         };
         self.next_id += 1;
         self.pages_peak = self
             .pages_peak
             .max(self.pool.pages_live + self.large.pages_live);
-        let handle = Handle::new(id, self.issuer, size, &self.returns);
-        handle.set_location(Some(crate::memory::Location { pool, block }), false);
-        let ptr = NonNull::new(addr as *mut u8)?;
-        // SAFETY: the slice at `addr` spans `aligned >= len` bytes of a live pinned page, owned by
-        // `handle` until it drops; a page is freed only once nothing on it is held.
-        Some(unsafe { HostBuffer::pinned(ptr, len, handle) })
+        // The token first: should anything below refuse, dropping it gives the slice back.
+        let slice = PinnedSlice {
+            slice: SliceRef { kind, block, id },
+            returns: Arc::clone(&self.returns),
+        };
+        // The slice's first byte: the page's own pointer, plus the offset the pool carved at.
+        let (page, offset) = match kind {
+            SliceKind::Large => (&self.large.page(block)?.raw, 0),
+            SliceKind::Carved => {
+                let (_, page, offset) = self.pool.used(block, id)?;
+                (&self.pool.page(page)?.raw, offset)
+            }
+        };
+        let offset = usize::try_from(offset).ok()?;
+        // SAFETY: the pool carved `aligned` bytes at `offset` of a page whose `page_size` bytes
+        // start at the page's pointer (a large page is the slice, at offset 0), so the result
+        // stays inside that allocation.
+        let ptr = unsafe { shim.host_page_ptr(page).add(offset) };
+        // SAFETY: the slice at `ptr` spans `aligned >= len` bytes of a live pinned page, owned by
+        // `slice` until it drops; a page is freed only once no slice on it is held.
+        Some(unsafe { HostBuffer::pinned(ptr, len, slice) })
     }
 
     /// A new pinned page of `size` bytes, within the pool's limit, or `None`.
-    fn new_page(&mut self, shim: &S, size: u64, may_add: bool) -> Option<(S::HostPage, u64)> {
+    fn new_page(&mut self, shim: &S, size: u64, may_add: bool) -> Option<S::HostPage> {
         let large = size > self.pool.page_size;
         let refused = if large {
             self.refused_large.is_some_and(|r| size >= r)
@@ -169,13 +219,12 @@ impl<S: Shim> PinnedPool<S> {
                 return None;
             }
         };
-        let addr = shim.host_page_ptr(&page).as_ptr() as u64;
-        Some((page, addr))
+        Some(page)
     }
 
     /// Pinned bytes held, both kinds of pages.
     fn held(&self) -> u64 {
-        self.pool.usage().3 + self.large.usage().3
+        self.pool.usage().reserved + self.large.usage().reserved
     }
 
     /// Frees the large pages no buffer holds.
@@ -207,19 +256,17 @@ impl<S: Shim> PinnedPool<S> {
 
     pub(crate) fn report(&mut self) -> PoolReport {
         self.collect_returns();
-        let (n, u, p, r) = self.pool.usage();
-        let (ln, lu, lp, lr) = self.large.usage();
-        let (allocations, in_use, padding, reserved) = (n + ln, u + lu, p + lp, r + lr);
+        let usage = self.pool.usage() + self.large.usage();
         PoolReport {
             kind: PoolKind::PinnedHost,
             // The size of the carved pages; large requests' own pages count in `pages`.
             page_size: self.pool.page_size,
             pages: self.pool.pages_live + self.large.pages_live,
             pages_peak: self.pages_peak,
-            allocations,
-            in_use,
-            padding,
-            reserved,
+            allocations: usage.allocations,
+            in_use: usage.in_use,
+            padding: usage.padding,
+            reserved: usage.reserved,
         }
     }
 }
@@ -238,5 +285,32 @@ impl<S: Shim> Drop for PinnedPool<S> {
             core::mem::forget(pool);
             core::mem::forget(core::mem::take(&mut self.large));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_shim::TestShim;
+
+    #[test]
+    fn huge_lengths_are_refused_never_a_panic() {
+        // The test shim refuses pinned pages: only the pool's own checks are reached.
+        let shim = TestShim::new(1 << 30, 64, 1 << 28);
+        let mut pool: PinnedPool<TestShim> = PinnedPool::new(PinnedConfig::default());
+        let huge = [
+            usize::MAX,
+            usize::MAX - 63,
+            isize::MAX as usize + 1,
+            1 << 40,
+            (256 << 20) + 1,
+        ];
+        for len in huge {
+            for may_add in [true, false] {
+                assert!(pool.reserve(&shim, len, may_add).is_none(), "{len}");
+            }
+        }
+        assert_eq!(pool.report().pages, 0);
+        pool.cleanup(&shim);
     }
 }

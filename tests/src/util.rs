@@ -155,7 +155,8 @@ impl<H: Harness> Ctx<H> {
     pub fn live(&mut self) -> (u64, u64) {
         let report = self.dev.memory_report();
         report.streams.iter().fold((0, 0), |(a, b), (_, r)| {
-            (a + r.allocations(), b + r.in_use())
+            let u = r.device() + r.pinned_host();
+            (a + u.allocations, b + u.in_use)
         })
     }
 

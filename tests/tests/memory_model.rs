@@ -7,12 +7,16 @@
 //! padding, reserved) matches, guarded pages never move or go, nothing new is carved from an
 //! outdated class or a guarded page, `Forbidden` adds no page, `AddOnly` releases none, and the
 //! budget holds.
+//!
+//! Beside it, the manager's regressions seen through a device: a small budget serves small and
+//! MiB-sized allocations (page sizes fit the budget), and a bind of a handle to itself is an
+//! error.
 
 use devcmd::memory::{
     AllocationMode, Cleanup, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageGuard,
     PageUpdate, PoolKind,
 };
-use devcmd::{IoError, Shim};
+use devcmd::{Device, DeviceConfig, IoError, ServerError, Shim, StreamId};
 use devcmd_std::StdShim;
 use proptest::prelude::*;
 use std::collections::HashSet;
@@ -148,12 +152,12 @@ impl World {
         match *op {
             Op::Reserve { size, update } => {
                 let before = self.pages();
-                let reserved_before = self.mm.report().reserved();
+                let reserved_before = self.mm.report().device().reserved;
                 let result = self.mm.reserve(&self.shim, size, update);
                 let after = self.pages();
                 if update == PageUpdate::Forbidden {
                     prop_assert!(after.is_subset(&before), "Forbidden added a page");
-                    prop_assert!(self.mm.report().reserved() <= reserved_before);
+                    prop_assert!(self.mm.report().device().reserved <= reserved_before);
                 }
                 if update == PageUpdate::AddOnly {
                     prop_assert!(before.is_subset(&after), "AddOnly released a page");
@@ -360,19 +364,22 @@ impl World {
         }
         // Accounting against the model.
         let report = self.mm.report();
-        prop_assert_eq!(report.allocations(), self.live.len() as u64);
+        prop_assert_eq!(report.device().allocations, self.live.len() as u64);
         prop_assert_eq!(
-            report.in_use(),
+            report.device().in_use,
             self.live.iter().map(|l| l.size).sum::<u64>()
         );
         prop_assert_eq!(
-            report.padding(),
+            report.device().padding,
             self.live
                 .iter()
                 .map(|l| padded(l.size) - l.size)
                 .sum::<u64>()
         );
-        prop_assert_eq!(report.reserved(), pages.iter().map(|p| p.size).sum::<u64>());
+        prop_assert_eq!(
+            report.device().reserved,
+            pages.iter().map(|p| p.size).sum::<u64>()
+        );
         // Every live handle resolves to its own allocation.
         let ids: HashSet<u64> = allocs.iter().map(|a| a.owner).collect();
         for l in &self.live {
@@ -404,8 +411,11 @@ impl World {
         }
         // The budget holds, and counts exactly the pages held (release is immediate here).
         prop_assert!(self.budget.held() <= BUDGET);
-        prop_assert_eq!(self.budget.held(), report.reserved());
-        prop_assert_eq!(self.shim.stats().device_bytes_live, report.reserved());
+        prop_assert_eq!(self.budget.held(), report.device().reserved);
+        prop_assert_eq!(
+            self.shim.stats().device_bytes_live,
+            report.device().reserved
+        );
         Ok(())
     }
 }
@@ -430,8 +440,53 @@ proptest! {
         world.guards.clear();
         world.live.clear();
         world.mm.cleanup(&world.shim, Cleanup::Explicit);
-        prop_assert_eq!(world.mm.report().reserved(), 0);
+        prop_assert_eq!(world.mm.report().device().reserved, 0);
         prop_assert_eq!(world.budget.held(), 0);
         prop_assert_eq!(world.shim.stats().device_pages_live, 0);
     }
+}
+
+#[test]
+fn a_device_with_a_4_mib_budget_serves_many_small_allocations_and_one_mib() {
+    let config = DeviceConfig {
+        memory_budget: Some(4 * MIB),
+        ..DeviceConfig::default()
+    };
+    let mut device = Device::new(StdShim::new(), config);
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    let small: Vec<Handle> = (0..2000)
+        .map(|i| {
+            cmd.empty(64)
+                .unwrap_or_else(|e| panic!("empty(64) #{i} under a 4 MiB budget: {e}"))
+        })
+        .collect();
+    let big = cmd
+        .empty(MIB)
+        .unwrap_or_else(|e| panic!("empty(1 MiB) under a 4 MiB budget: {e}"));
+    let report = cmd.memory_report();
+    assert_eq!(report.streams[0].1.device().allocations, 2001, "{report}");
+    assert!(report.held <= 4 * MIB, "{report}");
+    drop((small, big));
+}
+
+#[test]
+fn binding_a_handle_to_itself_through_a_device_is_an_error() {
+    let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    let reserved = cmd.reserve(256).unwrap();
+    let view = reserved.view(64, 64).unwrap();
+    for target in [reserved.clone(), view] {
+        let e = cmd.bind(reserved.clone(), &target).unwrap_err();
+        assert_eq!(
+            e,
+            ServerError::Io(IoError::SelfBind {
+                handle: reserved.id()
+            })
+        );
+    }
+    // The device goes on: the room still binds to another handle.
+    let lazy = cmd.lazy(256);
+    cmd.bind(reserved, &lazy).unwrap();
+    cmd.write(&lazy, devcmd::HostBuffer::from_vec(vec![7u8; 256]))
+        .unwrap();
 }

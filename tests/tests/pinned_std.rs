@@ -1,6 +1,7 @@
 //! The pinned pool on the std shim: large requests get pinned pages of their own, reused by exact
 //! size; a refused large page neither blocks small pinned staging nor is asked for again before a
-//! cleanup; the report counts both kinds of pages.
+//! cleanup; slices carved from one page are distinct bytes that go back when their buffers drop;
+//! the report counts both kinds of pages, and keeps pinned host memory apart from device memory.
 
 use devcmd::memory::PoolKind;
 use devcmd::{Device, DeviceConfig, HostOrigin, ShimOp, StreamId};
@@ -69,4 +70,83 @@ fn large_requests_get_pinned_pages_of_their_own_and_refusals_stay_local() {
     cmd.memory_cleanup().unwrap();
     drop(device);
     assert_eq!(probe.stats().host_pages_live, 0);
+}
+
+#[test]
+fn slices_of_one_pinned_page_are_distinct_bytes_and_go_back_when_dropped() {
+    let shim = StdShim::new();
+    let mut device = Device::new(shim, DeviceConfig::default());
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    let mut buffers: Vec<_> = (0..8u8)
+        .map(|i| {
+            let mut b = cmd.reserve_host(1000 + usize::from(i), true).unwrap();
+            assert_eq!(b.origin(), HostOrigin::Pinned);
+            b.as_mut_slice().fill(i);
+            b
+        })
+        .collect();
+    let mut spans: Vec<(usize, usize)> = buffers
+        .iter()
+        .map(|b| {
+            let start = b.as_slice().as_ptr() as usize;
+            (start, start + b.len())
+        })
+        .collect();
+    spans.sort_unstable();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "slices overlap");
+    for (i, b) in buffers.iter().enumerate() {
+        assert!(b.as_slice().iter().all(|&x| usize::from(x) == i));
+    }
+    let pinned =
+        |cmd: &mut devcmd::Command<'_, StdShim>| cmd.memory_report().streams[0].1.pinned_host();
+    assert_eq!(
+        (pinned(&mut cmd).allocations, pinned(&mut cmd).reserved),
+        (8, 32 * MIB as u64)
+    );
+    buffers.truncate(3);
+    assert_eq!(
+        pinned(&mut cmd).allocations,
+        3,
+        "dropped buffers gave their slices back"
+    );
+    drop(buffers);
+    assert_eq!(pinned(&mut cmd).allocations, 0);
+}
+
+#[test]
+fn the_report_keeps_pinned_host_memory_apart_from_device_memory() {
+    let shim = StdShim::new();
+    let mut device = Device::new(shim, DeviceConfig::default());
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    let _h = cmd.empty(1000).unwrap();
+    let host = cmd.reserve_host(4096, true).unwrap();
+    assert_eq!(host.origin(), HostOrigin::Pinned);
+    let report = cmd.memory_report();
+    let stream = &report.streams[0].1;
+    let (dev, pinned) = (stream.device(), stream.pinned_host());
+    assert_eq!((dev.allocations, dev.in_use), (1, 1000));
+    assert_eq!((pinned.allocations, pinned.in_use), (1, 4096));
+    assert_eq!(
+        report.held, dev.reserved,
+        "device pages held count no host bytes"
+    );
+    assert_eq!(report.pinned_host, pinned.reserved);
+    let text = report.to_string();
+    let line = |label: &str| {
+        text.lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no `{label}` line in\n{text}"))
+            .to_string()
+    };
+    assert!(
+        line("device total").ends_with(&devcmd::memory::ReadableBytes(dev.reserved).to_string()),
+        "{text}"
+    );
+    assert!(line("pinned host total").ends_with("32 MiB"), "{text}");
+    assert!(line("pinned host pages held").ends_with("32 MiB"), "{text}");
+    assert!(
+        line("device pages held").contains(&devcmd::memory::ReadableBytes(report.held).to_string()),
+        "{text}"
+    );
+    drop(host);
 }

@@ -5,7 +5,7 @@
 //! pools (`memory/`) nor the fence decisions (`fault.rs`).
 
 use super::Command;
-use crate::error::{IoError, ServerError, Validation};
+use crate::error::{ServerError, Validation};
 use crate::host::HostBuffer;
 use crate::memory::{Handle, PageUpdate};
 use crate::shim::Shim;
@@ -127,8 +127,7 @@ impl<S: Shim> Command<'_, S> {
         };
         match buffer {
             Some(b) => Ok(b),
-            None => HostBuffer::try_zeroed(len)
-                .ok_or(IoError::HostAllocFailed { len: len as u64 }.into()),
+            None => Ok(HostBuffer::try_zeroed(len)?),
         }
     }
 

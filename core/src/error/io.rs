@@ -103,7 +103,14 @@ pub enum IoError {
     },
     /// A device call failed (a lost device among them: see [`IoError::is_device_lost`]).
     Shim(DriverError),
-    /// The host could not hold a buffer of this size (a read's destination, a staging buffer).
+    /// A reservation was bound to itself: the target of `bind` is the reserved handle, a clone
+    /// or a view of it.
+    SelfBind {
+        /// The allocation's id.
+        handle: u64,
+    },
+    /// The host could not hold a buffer of this size (a read's destination, a staging buffer):
+    /// the length overflows what the heap can address, or the allocator refused it.
     HostAllocFailed {
         /// Bytes asked for.
         len: u64,
@@ -226,10 +233,16 @@ impl fmt::Display for IoError {
                 offset.saturating_add(*len)
             ),
             Self::Shim(e) => write!(f, "{e}"),
+            Self::SelfBind { handle } => write!(
+                f,
+                "asked to bind the room reserved as handle {handle} to handle {handle} itself \
+                 (the target is the reservation, a clone or a view of it); bind a reservation \
+                 to another handle, such as a lazy one"
+            ),
             Self::HostAllocFailed { len } => write!(
                 f,
-                "asked for a host buffer of {len} bytes but the host heap cannot hold it; \
-                 read or write in smaller pieces"
+                "asked for {len} bytes of host memory but the heap cannot provide them; read or \
+                 write in smaller pieces, or free host memory"
             ),
         }
     }

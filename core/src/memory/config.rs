@@ -1,20 +1,30 @@
-//! The sizes and thresholds of the memory manager, with their defaults in one place.
+//! The sizes and thresholds of the memory manager, with their defaults in one place, and when
+//! pages go back.
+//!
+//! Owns the numbers as asked for. Does not own fitting them to a device: the manager does that
+//! when it is built (no page past the device's largest page or the memory it may hold; small
+//! pages and the arena's smallest page a fraction of that memory), so the defaults, sized for a
+//! GPU, also suit a board of a few MiB.
 
 const MIB: u64 = 1 << 20;
 
-/// Sizes and thresholds of the pools. Every number the manager uses comes from here.
+/// Sizes and thresholds of the pools. Every number the manager uses comes from here, fitted to
+/// the device and the budget by [`MemoryManager::new`](super::MemoryManager::new) (the sizes in
+/// effect: [`MemoryManager::config`](super::MemoryManager::config)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct MemoryConfig {
-    /// Page size of the small pool (clamped to the device's largest page).
+    /// Page size of the small pool (at most the device's largest page and an eighth of the
+    /// memory the manager may hold: the budget, or the device's total).
     pub small_page_size: u64,
-    /// Largest request the small pool serves.
+    /// Largest request the small pool serves (at most its page size).
     pub small_max_slice: u64,
-    /// Smallest page of the adaptive arena.
+    /// Smallest page of the adaptive arena (at most a quarter of the memory the manager may hold).
     pub arena_min_page: u64,
-    /// Room added to a request when the arena grows a new page size for it.
+    /// Room added to a request when the arena grows a new page size for it (at most an eighth of
+    /// that memory; given up when the budget has no room left for it).
     pub arena_slack: u64,
-    /// Granule the arena rounds new page sizes up to.
+    /// Granule the arena rounds new page sizes up to (at most an eighth of that memory).
     pub arena_granule: u64,
     /// Page-size classes the arena may hold at once (at most 64).
     pub arena_classes: usize,
@@ -39,9 +49,11 @@ impl Default for MemoryConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PageRelease {
-    /// The page is retired: it goes back only when the owner says no device work can still touch
-    /// it ([`MemoryManager::free_retired`](super::MemoryManager::free_retired)). The device's
-    /// streams use this: work enqueued before a handle was dropped may still run.
+    /// The page is retired: it goes back only when its owner, the device, knows no work can
+    /// still touch it (it moves retired pages into a stream's drop queue, freed once a fence
+    /// passes). Work enqueued before a handle was dropped may still run. A manager used without a
+    /// device keeps retired pages until
+    /// [`MemoryManager::release_all`](super::MemoryManager::release_all).
     Fenced,
     /// The page goes back at once. Only for owners that never leave device work in flight when
     /// they drop a handle (synchronous devices, allocator benchmarks, tests).

@@ -38,22 +38,32 @@ pub(crate) struct Returned {
     pub id: u64,
 }
 
-/// Dropped allocations, pushed from any thread, drained by the device thread.
-#[derive(Debug, Default)]
-pub(crate) struct ReturnQueue {
+/// Dropped allocations, pushed from any thread, drained by the device thread. The device memory
+/// manager queues [`Returned`]; the pinned pool queues its own slices.
+#[derive(Debug)]
+pub(crate) struct ReturnQueue<T = Returned> {
     len: AtomicUsize,
-    items: spin::Mutex<Vec<Returned>>,
+    items: spin::Mutex<Vec<T>>,
 }
 
-impl ReturnQueue {
-    fn push(&self, item: Returned) {
+impl<T> Default for ReturnQueue<T> {
+    fn default() -> Self {
+        Self {
+            len: AtomicUsize::new(0),
+            items: spin::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<T> ReturnQueue<T> {
+    pub(crate) fn push(&self, item: T) {
         let mut items = self.items.lock();
         items.push(item);
         self.len.store(items.len(), Ordering::Release);
     }
 
     /// Moves every returned allocation into `out` (cheap when there is none).
-    pub(crate) fn drain_into(&self, out: &mut Vec<Returned>) {
+    pub(crate) fn drain_into(&self, out: &mut Vec<T>) {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }
@@ -314,6 +324,10 @@ impl BindingRef<'_> {
     }
     pub(crate) fn allocation_size(&self) -> u64 {
         self.identity.size
+    }
+    /// Whether `other` names the same allocation (itself, a clone, a view or a binding of it).
+    pub(crate) fn same_allocation(&self, other: &BindingRef<'_>) -> bool {
+        Arc::ptr_eq(self.identity, other.identity)
     }
     pub(crate) fn location(&self) -> Result<Location, IoError> {
         self.identity

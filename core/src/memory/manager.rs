@@ -1,10 +1,18 @@
 //! The memory manager of one stream: routes reservations to pools, holds the allocation modes,
 //! runs cleanup, and keeps the device-wide budget.
 //!
-//! Owns the pools and the pages in them, and the rule that a handle resolves only to memory bound
-//! to it. Does not own the device calls (it takes the shim as an argument), nor fences: a page it
-//! lets go is *retired* until its owner says no device work can touch it (see
-//! [`PageRelease`]).
+//! Owns the pools and the pages in them, the page sizes (fitted to the device and the budget
+//! when the manager is built: see [`MemoryManager::new`]), and the rule that a handle resolves
+//! only to memory bound to it. Does not own the device calls (it takes the shim as an argument),
+//! nor fences: a page it lets go is *retired* until its owner says no device work can touch it
+//! (see [`PageRelease`]).
+//!
+//! The public surface is what a user of the manager needs: reserve, lazy handles and `bind`,
+//! resolve, guards, modes, cleanup and the report. A manager used on its own, with no device
+//! around it (allocator benchmarks, tests), opts in to freeing pages at once
+//! ([`MemoryManager::release_pages_immediately`]) and is torn down with
+//! [`MemoryManager::release_all`]. The device's plumbing (tracking freed ids, handing retired
+//! pages to a drop queue, leaking on an inconclusive teardown) is crate-private.
 
 use super::budget::MemoryBudget;
 use super::config::{MemoryConfig, PageRelease};
@@ -121,7 +129,8 @@ pub struct PageInfo {
     pub guarded: bool,
 }
 
-/// A page the manager let go that must wait for the device before it is freed.
+/// A page the manager let go that must wait for the device before it is freed. The device takes
+/// them from its streams' managers into their drop queues (hence public: a drop-queue item).
 #[derive(Debug)]
 pub struct RetiredPage<P> {
     raw: P,
@@ -183,6 +192,12 @@ fn round_up(value: u64, to: u64) -> Option<u64> {
 impl<S: Shim> MemoryManager<S> {
     /// A manager for the stream `issuer.stream` of a device with `facts`, counting its pages
     /// against `budget` (shared by every stream of the device).
+    ///
+    /// The page sizes of `config` are fitted to the memory the manager may ever hold (the
+    /// budget's limit or the device's total memory, whichever is smaller), so that the defaults
+    /// suit a board of a few MiB as well as a GPU: no page is larger than that memory, the small
+    /// pool's page is at most an eighth of it, the arena's smallest page at most a quarter, its
+    /// slack and granule at most an eighth. [`Self::config`] gives the sizes in effect.
     pub fn new(
         facts: &DeviceFacts,
         config: MemoryConfig,
@@ -190,18 +205,31 @@ impl<S: Shim> MemoryManager<S> {
         budget: MemoryBudget,
     ) -> Self {
         let alignment = facts.page_alignment.max(1).next_power_of_two();
-        let max_page = (facts.max_page_size / alignment * alignment).max(alignment);
-        let small_page = round_up(config.small_page_size.clamp(alignment, max_page), alignment)
-            .unwrap_or(max_page)
-            .min(max_page);
-        // A configuration must not be able to route a request to a pool that cannot hold it.
-        let config = MemoryConfig {
-            small_max_slice: config.small_max_slice.min(small_page),
-            ..config
+        // The memory every page of this manager must fit in (a total of 0 means unknown).
+        let memory = match (budget.limit(), facts.total_memory) {
+            (Some(limit), 0) => limit,
+            (Some(limit), total) => limit.min(total),
+            (None, 0) => u64::MAX,
+            (None, total) => total,
         };
-        let classes = config.arena_classes.clamp(1, 64);
-        let mut arena = Vec::with_capacity(classes);
-        arena.resize_with(classes, || None);
+        // Rounds down to the alignment, never below one aligned unit.
+        let fit = |bytes: u64| (bytes / alignment * alignment).max(alignment);
+        let max_page = fit(facts.max_page_size.min(memory));
+        let small_page = fit(round_up(config.small_page_size.max(1), alignment)
+            .unwrap_or(max_page)
+            .min(max_page)
+            .min(memory / 8));
+        let config = MemoryConfig {
+            small_page_size: small_page,
+            // A configuration must not be able to route a request to a pool that cannot hold it.
+            small_max_slice: config.small_max_slice.min(small_page),
+            arena_min_page: config.arena_min_page.min(memory / 4),
+            arena_slack: config.arena_slack.min(memory / 8),
+            arena_granule: config.arena_granule.min(memory / 8),
+            arena_classes: config.arena_classes.clamp(1, 64),
+        };
+        let mut arena = Vec::with_capacity(config.arena_classes);
+        arena.resize_with(config.arena_classes, || None);
         Self {
             config,
             issuer,
@@ -226,8 +254,22 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
+    /// The sizes in effect: the configuration given to [`Self::new`], fitted to the device and
+    /// the budget.
+    pub fn config(&self) -> MemoryConfig {
+        self.config
+    }
+
+    /// The largest page this manager asks for: the device's largest page, or less when the
+    /// budget or the device's total memory is smaller. A request past it is
+    /// [`IoError::BufferTooBig`].
+    pub fn max_page(&self) -> u64 {
+        self.max_page
+    }
+
     /// Frees pages through the shim as soon as the manager lets them go, instead of retiring
-    /// them until the owner frees them ([`Self::take_retired`], [`Self::free_retired`]).
+    /// them until the owner (the device) frees them. For a manager used on its own: without a
+    /// device to free them, retired pages would stay held until [`Self::release_all`].
     ///
     /// # Safety
     ///
@@ -240,12 +282,12 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Starts recording the ids of allocations released or rebound, for
     /// [`Self::take_freed`] (the device drops their failure marks).
-    pub fn track_frees(&mut self) {
+    pub(crate) fn track_frees(&mut self) {
         self.freed.get_or_insert_with(Vec::new);
     }
 
     /// The ids recorded since the last call (see [`Self::track_frees`]).
-    pub fn take_freed(&mut self, out: &mut Vec<u64>) {
+    pub(crate) fn take_freed(&mut self, out: &mut Vec<u64>) {
         self.collect_returns();
         if let Some(freed) = &mut self.freed {
             out.append(freed);
@@ -314,11 +356,12 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// # Errors
     ///
-    /// [`IoError::BufferTooBig`] when no page can ever hold the size; [`IoError::OutOfMemory`]
-    /// when the device or the budget refuses a page; [`IoError::PageUpdateForbidden`] when
-    /// `update` is `Forbidden` and no room is held; [`IoError::PageSizesExhausted`] when the arena
-    /// needs a new page size and all classes are live; a device call that failed
-    /// ([`IoError::Shim`], a lost device among them).
+    /// [`IoError::BufferTooBig`] when no page can ever hold the size (past [`Self::max_page`]);
+    /// [`IoError::OutOfMemory`] when the device or the budget refuses a page;
+    /// [`IoError::PageUpdateForbidden`] when `update` is `Forbidden` and no room is held;
+    /// [`IoError::PageSizesExhausted`] when the arena needs a new page size and all classes are
+    /// live; [`IoError::Shim`] when the device refuses otherwise (a lost device among those: see
+    /// [`IoError::is_device_lost`]).
     pub fn try_reserve(
         &mut self,
         shim: &S,
@@ -438,6 +481,20 @@ impl<S: Shim> MemoryManager<S> {
         grown.clamp(min, self.max_page)
     }
 
+    /// `page_size`, or less when the room the budget has left is smaller but still holds
+    /// `aligned`: a new class gives up its slack before the request fails.
+    fn fit_to_budget(&self, page_size: u64, aligned: u64) -> u64 {
+        let Some(limit) = self.budget.limit() else {
+            return page_size;
+        };
+        let room = limit.saturating_sub(self.budget.held()) / self.alignment * self.alignment;
+        if page_size > room && aligned <= room {
+            room
+        } else {
+            page_size
+        }
+    }
+
     fn reserve_arena(
         &mut self,
         shim: &S,
@@ -505,7 +562,7 @@ impl<S: Shim> MemoryManager<S> {
                 });
             }
         };
-        let page_size = self.arena_page_size(aligned);
+        let page_size = self.fit_to_budget(self.arena_page_size(aligned), aligned);
         // A refused page leaves the classes as they were: the slot changes only after this.
         let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;
         if replaces_current {
@@ -579,11 +636,19 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// # Errors
     ///
+    /// [`IoError::SelfBind`] when `target` is `reserved`, a clone or a view of it;
     /// [`IoError::NotFound`] when `reserved` does not hold room of this manager;
-    /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::OutOfRange`] when
-    /// `target` is larger than the room.
+    /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::WrongStream`] for a
+    /// handle of another stream; [`IoError::OutOfRange`] when `target` is larger than the room;
+    /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work. On any error
+    /// nothing changes; the room goes back when `reserved` drops.
     pub fn bind(&mut self, reserved: Handle, target: &Handle, cursor: u64) -> Result<(), IoError> {
         self.check_issuer(target.as_binding())?;
+        if reserved.as_binding().same_allocation(&target.as_binding()) {
+            return Err(IoError::SelfBind {
+                handle: reserved.id(),
+            });
+        }
         let (location, used, _) = self.find(reserved.as_binding())?;
         if target.allocation_size() > used.size {
             return Err(IoError::OutOfRange {
@@ -600,9 +665,18 @@ impl<S: Shim> MemoryManager<S> {
                     handle: target.id(),
                 });
             }
+            // Freed only if `target` still owns it (a stale location frees nothing): never the
+            // room being bound, which `reserved` owns.
             self.free_location(old, target.id());
         }
-        let slot = self.used_mut(location, reserved.id()).expect("found above");
+        let Some(slot) = self.used_mut(location, reserved.id()) else {
+            // Unreachable: `reserved` owns the room (found above) and only `target`'s own room
+            // was freed since. Refused rather than a panic should that ever change.
+            return Err(IoError::StorageHandleNotFound {
+                handle: reserved.id(),
+                page: location.block,
+            });
+        };
         slot.owner = target.id();
         slot.cursor = cursor;
         target.set_location(Some(location), false);
@@ -879,7 +953,7 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Takes the pages retired since the last call; each must be freed (see
     /// [`RetiredPage::free`]) once no device work can use it.
-    pub fn take_retired(&mut self) -> Vec<RetiredPage<S::DevicePage>> {
+    pub(crate) fn take_retired(&mut self) -> Vec<RetiredPage<S::DevicePage>> {
         core::mem::take(&mut self.retired)
     }
 
@@ -894,15 +968,16 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// No work that may use memory of this manager whose handles were dropped is pending on any
     /// stream of the device.
-    pub unsafe fn free_retired(&mut self, shim: &S) {
+    pub(crate) unsafe fn free_retired(&mut self, shim: &S) {
         for page in core::mem::take(&mut self.retired) {
             // SAFETY: the caller guarantees the device is done with freed memory.
             unsafe { page.free(shim) };
         }
     }
 
-    /// Frees every page the manager holds, live allocations included: for the owner's teardown.
-    /// Handles still out resolve to nothing afterwards (their pages are gone from the pools).
+    /// Frees every page the manager holds, live allocations and retired pages included: for the
+    /// owner's teardown (the device's, or that of a manager used on its own). Handles still out
+    /// resolve to nothing afterwards (their pages are gone from the pools).
     ///
     /// # Safety
     ///
@@ -939,7 +1014,7 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Leaks every page on purpose: for a teardown that could not tell whether the device is
     /// done with them.
-    pub fn forget_all(&mut self) {
+    pub(crate) fn forget_all(&mut self) {
         let small_page = self.small.page_size;
         core::mem::forget(core::mem::replace(
             &mut self.small,
@@ -956,7 +1031,7 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Bytes of pages held by this manager (retired pages included).
     pub fn bytes_held(&mut self) -> u64 {
-        self.report().reserved() + self.retired_bytes()
+        self.report().device().reserved + self.retired_bytes()
     }
 
     /// The figures of every pool (allocations dropped since the last call are freed first).
@@ -964,16 +1039,16 @@ impl<S: Shim> MemoryManager<S> {
         self.collect_returns();
         let mut pools = Vec::new();
         let sliced = |kind, p: &SlicedPool<S::DevicePage>| {
-            let (allocations, in_use, padding, reserved) = p.usage();
+            let usage = p.usage();
             PoolReport {
                 kind,
                 page_size: p.page_size,
                 pages: p.pages_live,
                 pages_peak: p.pages_peak,
-                allocations,
-                in_use,
-                padding,
-                reserved,
+                allocations: usage.allocations,
+                in_use: usage.in_use,
+                padding: usage.padding,
+                reserved: usage.reserved,
             }
         };
         if self.small.pages_peak > 0 {
@@ -993,16 +1068,16 @@ impl<S: Shim> MemoryManager<S> {
             (PoolKind::Dedicated, &self.dedicated),
         ] {
             if w.pages_peak > 0 {
-                let (allocations, in_use, padding, reserved) = w.usage();
+                let usage = w.usage();
                 pools.push(PoolReport {
                     kind,
                     page_size: w.largest_page(),
                     pages: w.pages_live,
                     pages_peak: w.pages_peak,
-                    allocations,
-                    in_use,
-                    padding,
-                    reserved,
+                    allocations: usage.allocations,
+                    in_use: usage.in_use,
+                    padding: usage.padding,
+                    reserved: usage.reserved,
                 });
             }
         }

@@ -48,7 +48,11 @@ fn small_requests_share_one_small_page() {
     );
     drop((a, b));
     let _c = mm.reserve(&shim, 512, PageUpdate::Allow).unwrap();
-    assert_eq!(mm.report().reserved(), 8 * MIB, "freed room is reused");
+    assert_eq!(
+        mm.report().device().reserved,
+        8 * MIB,
+        "freed room is reused"
+    );
 }
 
 #[test]
@@ -57,7 +61,7 @@ fn padding_is_counted() {
     let _a = mm.reserve(&shim, 40, PageUpdate::Allow).unwrap();
     let _b = mm.reserve(&shim, 40, PageUpdate::Allow).unwrap();
     let r = mm.report();
-    assert_eq!((r.in_use(), r.padding()), (80, 48));
+    assert_eq!((r.device().in_use, r.device().padding), (80, 48));
 }
 
 #[test]
@@ -233,11 +237,11 @@ fn dedicated_allocations_are_released_at_the_next_tick_once_freed() {
     mm.set_mode(AllocationMode::Auto);
     let _w = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
     assert_eq!(pool(&mut mm, PoolKind::Persistent).in_use, MIB);
-    assert_eq!(mm.report().reserved(), 201 * MIB);
+    assert_eq!(mm.report().device().reserved, 201 * MIB);
     drop(probe);
     mm.set_mode(AllocationMode::Auto);
     let _x = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(mm.report().reserved(), MIB + 2 * MIB);
+    assert_eq!(mm.report().device().reserved, MIB + 2 * MIB);
 }
 
 #[test]
@@ -276,7 +280,7 @@ fn bind_hands_the_room_over_and_the_reservation_goes_stale() {
     );
     drop(stale);
     assert_eq!(
-        mm.report().allocations(),
+        mm.report().device().allocations,
         1,
         "the stale clone frees nothing"
     );
@@ -348,7 +352,7 @@ fn a_guarded_page_keeps_its_place_and_serves_nothing_new() {
     drop(guard);
     drop(b);
     mm.cleanup(&shim, Cleanup::Explicit);
-    assert_eq!(mm.report().reserved(), 0);
+    assert_eq!(mm.report().device().reserved, 0);
     assert_eq!(shim.live_pages.get(), 0);
 }
 
@@ -457,7 +461,11 @@ fn a_handle_whose_memory_is_in_use_is_not_rebound() {
         addr,
         "the work keeps its memory"
     );
-    assert_eq!(mm.report().allocations(), 1, "the refused room went back");
+    assert_eq!(
+        mm.report().device().allocations,
+        1,
+        "the refused room went back"
+    );
     drop(in_flight);
     let third = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     mm.bind(third, &user, 2).unwrap();
@@ -484,4 +492,90 @@ fn a_handle_of_another_stream_says_so() {
             used_on: 0
         }
     );
+}
+
+#[test]
+fn binding_a_reservation_to_itself_or_a_view_of_it_is_an_error_not_a_panic() {
+    let (shim, mut mm) = device();
+    let reserved = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    let addr = mm.resolve(&reserved).unwrap().addr;
+    let id = reserved.id();
+    let view = reserved.view(10, 50).unwrap();
+    let clone = reserved.clone();
+    for target in [&clone, &view] {
+        assert_eq!(
+            mm.bind(reserved.clone(), target, 1).unwrap_err(),
+            IoError::SelfBind { handle: id }
+        );
+    }
+    let text = alloc::format!("{}", IoError::SelfBind { handle: id });
+    assert!(
+        text.contains(&alloc::format!("handle {id}")) && text.contains("another handle"),
+        "{text}"
+    );
+    // Nothing changed: the room is still the reservation's, and can go to another handle.
+    assert_eq!(mm.resolve(&view).unwrap().addr.0, addr.0 + 10);
+    assert_eq!(mm.allocations().len(), 1);
+    let user = mm.lazy_handle(100);
+    mm.bind(reserved, &user, 2).unwrap();
+    assert_eq!(mm.resolve(&user).unwrap().addr, addr);
+    drop((clone, view, user));
+    assert_eq!(mm.report().device().allocations, 0);
+}
+
+#[test]
+fn page_sizes_fit_a_small_budget_many_small_slices_and_one_mib_are_served() {
+    let shim = TestShim::new(1 << 30, 32, 256 * MIB);
+    let budget = MemoryBudget::new(Some(4 * MIB));
+    let mut mm = manager(&shim, MemoryConfig::default(), budget.clone());
+    let c = mm.config();
+    assert_eq!(
+        (c.small_page_size, c.arena_min_page, mm.max_page()),
+        (MIB / 2, MIB, 4 * MIB),
+        "the small page is an eighth of the budget, the arena's smallest page a quarter"
+    );
+    let small: Vec<Handle> = (0..1000)
+        .map(|i| {
+            mm.reserve(&shim, 64, PageUpdate::Allow)
+                .unwrap_or_else(|e| panic!("small allocation {i} under a 4 MiB budget: {e}"))
+        })
+        .collect();
+    let big = mm
+        .reserve(&shim, MIB, PageUpdate::Allow)
+        .unwrap_or_else(|e| panic!("1 MiB under a 4 MiB budget: {e}"));
+    assert_eq!(mm.resolve(&big).unwrap().len, MIB);
+    assert_eq!(pool(&mut mm, PoolKind::Small).pages, 1);
+    assert!(budget.held() <= 4 * MIB, "{}", mm.report());
+    // Past the budget is a size no page can hold, not a shortage reclaim could cure.
+    assert!(matches!(
+        mm.reserve(&shim, 4 * MIB + 1, PageUpdate::Allow),
+        Err(IoError::BufferTooBig { max_page, .. }) if max_page == 4 * MIB
+    ));
+    drop((small, big));
+}
+
+#[test]
+fn the_devices_total_memory_fits_the_page_sizes_as_a_budget_does() {
+    let shim = TestShim::new(2 * MIB, 32, 2 * MIB);
+    let mut mm = manager(&shim, MemoryConfig::default(), MemoryBudget::new(None));
+    assert_eq!(mm.config().small_page_size, MIB / 4);
+    let _a = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    let _b = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert!(shim.live_bytes.get() <= 2 * MIB);
+}
+
+#[test]
+fn a_new_page_size_gives_up_its_slack_before_the_budget_refuses_it() {
+    let shim = TestShim::new(1 << 30, 32, 256 * MIB);
+    let budget = MemoryBudget::new(Some(4 * MIB));
+    let mut mm = manager(&shim, MemoryConfig::default(), budget.clone());
+    let _small = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    // 3.25 MiB + slack rounds to 4 MiB, past the 3.5 MiB the budget has left: the page is
+    // fitted to the room instead.
+    let big = mm
+        .reserve(&shim, 3 * MIB + MIB / 4, PageUpdate::Allow)
+        .unwrap();
+    assert_eq!(mm.arena_page_size_now(), Some(3 * MIB + MIB / 2));
+    assert_eq!(budget.held(), 4 * MIB);
+    assert_eq!(mm.resolve(&big).unwrap().len, 3 * MIB + MIB / 4);
 }

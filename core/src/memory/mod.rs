@@ -1,7 +1,10 @@
 //! Device memory: handles, pages, pools, the manager, guards and the report.
 //!
 //! Pages come from the shim; the core carves slices out of them. One [`MemoryManager`] serves one
-//! stream; the [`MemoryBudget`] is shared by every stream of a device.
+//! stream; the [`MemoryBudget`] is shared by every stream of a device. Owns device memory only:
+//! the pinned host pool of a stream lives in `pinned.rs` (it borrows the sliced and whole-page
+//! pools from here, with host pages of its own and its own slice token), and the report keeps
+//! the two kinds of memory apart ([`MemoryReport::device`], [`MemoryReport::pinned_host`]).
 
 mod budget;
 mod config;
@@ -14,10 +17,12 @@ pub(crate) mod whole;
 
 pub use budget::MemoryBudget;
 pub use config::{MemoryConfig, PageRelease};
+pub(crate) use handle::ReturnQueue;
 pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
-pub(crate) use handle::{Location, POOL_DEDICATED, POOL_SMALL, ReturnQueue, Returned};
+#[cfg(test)]
+pub(crate) use handle::{Location, Returned};
 pub use manager::{
     AllocationInfo, AllocationMode, Cleanup, MemoryManager, PageGuard, PageInfo, PageRef,
     PageUpdate, Resolved, RetiredPage,
 };
-pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes};
+pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};

@@ -1,6 +1,12 @@
 //! The memory report: what each pool holds, for humans (`Display`) and for checks.
+//!
+//! Owns the figures' shapes ([`PoolReport`], [`Usage`], [`MemoryReport`]) and how they print.
+//! Keeps device memory and pinned host memory apart: they are different resources, so their
+//! totals are never added together. Does not gather the figures (the manager and the pinned pool
+//! do) nor the device-wide report of every stream (`DeviceReport`, in `device.rs`).
 
 use core::fmt;
+use core::ops::{Add, AddAssign};
 
 /// Which pool a report line describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,32 +50,91 @@ pub struct PoolReport {
     pub reserved: u64,
 }
 
-/// The report of one memory manager: one line per pool that holds or held pages.
+impl PoolReport {
+    /// The pool's usage figures.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            allocations: self.allocations,
+            in_use: self.in_use,
+            padding: self.padding,
+            reserved: self.reserved,
+        }
+    }
+
+    /// Whether the pool holds pinned host memory (not device memory).
+    pub fn is_host(&self) -> bool {
+        self.kind == PoolKind::PinnedHost
+    }
+}
+
+/// What a pool, or a group of pools of one kind of memory, holds: the figures a report adds up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Usage {
+    /// Live allocations.
+    pub allocations: u64,
+    /// Bytes asked for by the live allocations.
+    pub in_use: u64,
+    /// Alignment padding of the live allocations.
+    pub padding: u64,
+    /// Bytes of pages held.
+    pub reserved: u64,
+}
+
+impl Add for Usage {
+    type Output = Usage;
+
+    fn add(self, other: Usage) -> Usage {
+        Usage {
+            allocations: self.allocations + other.allocations,
+            in_use: self.in_use + other.in_use,
+            padding: self.padding + other.padding,
+            reserved: self.reserved + other.reserved,
+        }
+    }
+}
+
+impl AddAssign for Usage {
+    fn add_assign(&mut self, other: Usage) {
+        *self = *self + other;
+    }
+}
+
+impl core::iter::Sum for Usage {
+    fn sum<I: Iterator<Item = Usage>>(iter: I) -> Usage {
+        iter.fold(Usage::default(), Add::add)
+    }
+}
+
+/// The report of one stream's memory: one line per pool that holds or held pages.
+///
+/// A memory manager's report holds device pools only; the device's report of a stream adds the
+/// line of the stream's pinned host pool. The totals keep the two apart: [`Self::device`] and
+/// [`Self::pinned_host`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemoryReport {
-    /// The pools, small first, then the arena (current class first), persistent, dedicated.
+    /// The pools, small first, then the arena (current class first), persistent, dedicated;
+    /// then the pinned host pool, where the report has one.
     pub pools: alloc::vec::Vec<PoolReport>,
 }
 
 impl MemoryReport {
-    /// Bytes asked for by live allocations, over every pool.
-    pub fn in_use(&self) -> u64 {
-        self.pools.iter().map(|p| p.in_use).sum()
+    /// What the device pools hold, together (pinned host memory left out).
+    pub fn device(&self) -> Usage {
+        self.pools
+            .iter()
+            .filter(|p| !p.is_host())
+            .map(PoolReport::usage)
+            .sum()
     }
 
-    /// Alignment padding, over every pool.
-    pub fn padding(&self) -> u64 {
-        self.pools.iter().map(|p| p.padding).sum()
-    }
-
-    /// Bytes of pages held, over every pool.
-    pub fn reserved(&self) -> u64 {
-        self.pools.iter().map(|p| p.reserved).sum()
-    }
-
-    /// Live allocations, over every pool.
-    pub fn allocations(&self) -> u64 {
-        self.pools.iter().map(|p| p.allocations).sum()
+    /// What the pinned host pools hold, together (device memory left out).
+    pub fn pinned_host(&self) -> Usage {
+        self.pools
+            .iter()
+            .filter(|p| p.is_host())
+            .map(PoolReport::usage)
+            .sum()
     }
 }
 
@@ -108,37 +173,117 @@ impl fmt::Display for PoolKind {
 }
 
 impl fmt::Display for MemoryReport {
+    /// One line per pool, device pools first with their total, then the pinned host pools with
+    /// theirs: host bytes are never added to device bytes.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
+        write!(
             f,
             "{:<18} {:>10} {:>6} {:>6} {:>8} {:>12} {:>10} {:>12}",
             "pool", "page", "pages", "peak", "allocs", "in use", "padding", "reserved"
         )?;
-        for p in &self.pools {
-            writeln!(
-                f,
-                "{:<18} {:>10} {:>6} {:>6} {:>8} {:>12} {:>10} {:>12}",
-                alloc::format!("{}", p.kind),
-                alloc::format!("{}", ReadableBytes(p.page_size)),
-                p.pages,
-                p.pages_peak,
-                p.allocations,
-                alloc::format!("{}", ReadableBytes(p.in_use)),
-                alloc::format!("{}", ReadableBytes(p.padding)),
-                alloc::format!("{}", ReadableBytes(p.reserved)),
-            )?;
+        for host in [false, true] {
+            let mut lines = self.pools.iter().filter(|p| p.is_host() == host).peekable();
+            if host && lines.peek().is_none() {
+                break;
+            }
+            for p in lines {
+                writeln!(f)?;
+                write!(
+                    f,
+                    "{:<18} {:>10} {:>6} {:>6} ",
+                    alloc::format!("{}", p.kind),
+                    alloc::format!("{}", ReadableBytes(p.page_size)),
+                    p.pages,
+                    p.pages_peak,
+                )?;
+                write_usage(f, &p.usage())?;
+            }
+            let (label, total) = if host {
+                ("pinned host total", self.pinned_host())
+            } else {
+                ("device total", self.device())
+            };
+            writeln!(f)?;
+            write!(f, "{:<18} {:>10} {:>6} {:>6} ", label, "", "", "")?;
+            write_usage(f, &total)?;
         }
-        write!(
-            f,
-            "{:<18} {:>10} {:>6} {:>6} {:>8} {:>12} {:>10} {:>12}",
-            "total",
-            "",
-            "",
-            "",
-            self.allocations(),
-            alloc::format!("{}", ReadableBytes(self.in_use())),
-            alloc::format!("{}", ReadableBytes(self.padding())),
-            alloc::format!("{}", ReadableBytes(self.reserved()))
-        )
+        Ok(())
+    }
+}
+
+fn write_usage(f: &mut fmt::Formatter<'_>, u: &Usage) -> fmt::Result {
+    write!(
+        f,
+        "{:>8} {:>12} {:>10} {:>12}",
+        u.allocations,
+        alloc::format!("{}", ReadableBytes(u.in_use)),
+        alloc::format!("{}", ReadableBytes(u.padding)),
+        alloc::format!("{}", ReadableBytes(u.reserved)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    const MIB: u64 = 1 << 20;
+
+    fn line(kind: PoolKind, allocations: u64, in_use: u64, reserved: u64) -> PoolReport {
+        PoolReport {
+            kind,
+            page_size: reserved,
+            pages: 1,
+            pages_peak: 1,
+            allocations,
+            in_use,
+            padding: 0,
+            reserved,
+        }
+    }
+
+    #[test]
+    fn device_and_pinned_host_memory_are_totalled_apart() {
+        let report = MemoryReport {
+            pools: alloc::vec![
+                line(PoolKind::Small, 2, 1000, 8 * MIB),
+                line(PoolKind::Arena { outdated: false }, 1, 3 * MIB, 4 * MIB),
+                line(PoolKind::PinnedHost, 1, 4096, 32 * MIB),
+            ],
+        };
+        assert_eq!(
+            report.device(),
+            Usage {
+                allocations: 3,
+                in_use: 3 * MIB + 1000,
+                padding: 0,
+                reserved: 12 * MIB
+            }
+        );
+        assert_eq!(report.pinned_host().reserved, 32 * MIB);
+        let text = report.to_string();
+        let total = |label: &str| {
+            text.lines()
+                .find(|l| l.starts_with(label))
+                .unwrap_or_else(|| panic!("no {label} line in\n{text}"))
+                .to_string()
+        };
+        assert!(total("device total").ends_with("12 MiB"), "{text}");
+        assert!(total("pinned host total").ends_with("32 MiB"), "{text}");
+        assert!(
+            !text.contains("44 MiB"),
+            "host bytes added to device bytes:\n{text}"
+        );
+    }
+
+    #[test]
+    fn a_report_without_pinned_memory_has_no_host_total() {
+        let report = MemoryReport {
+            pools: alloc::vec![line(PoolKind::Small, 1, 64, MIB)],
+        };
+        let text = report.to_string();
+        assert!(text.contains("device total"), "{text}");
+        assert!(!text.contains("pinned host"), "{text}");
+        assert_eq!(report.pinned_host(), Usage::default());
     }
 }

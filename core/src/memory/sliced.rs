@@ -6,6 +6,7 @@
 //! pages in and takes them out) nor the decision of when an empty page goes back.
 
 use super::free_index::{FreeIndex, Links, NIL};
+use super::report::Usage;
 use alloc::vec::Vec;
 
 #[derive(Debug, Clone, Copy)]
@@ -399,16 +400,16 @@ impl<P> SlicedPool<P> {
         self.serving
     }
 
-    /// Totals over the pool: (allocations, bytes in use, padding, bytes reserved).
-    pub(crate) fn usage(&self) -> (u64, u64, u64, u64) {
-        self.pages().fold((0, 0, 0, 0), |(n, u, pad, r), (_, p)| {
-            (
-                n + u64::from(p.live),
-                u + p.in_use,
-                pad + p.padding,
-                r + p.size,
-            )
-        })
+    /// Totals over the pool.
+    pub(crate) fn usage(&self) -> Usage {
+        self.pages()
+            .map(|(_, p)| Usage {
+                allocations: u64::from(p.live),
+                in_use: p.in_use,
+                padding: p.padding,
+                reserved: p.size,
+            })
+            .sum()
     }
 
     /// Every used block as (page, offset within page, block size, used), for checks.
@@ -458,7 +459,15 @@ mod tests {
             .try_carve(20 * MIB, 20 * MIB, used(10, 20 * MIB))
             .unwrap();
         assert_eq!(big.addr, 0x1000_0000 + 4 * MIB);
-        assert_eq!(pool.usage(), (3, 28 * MIB, 0, 32 * MIB));
+        assert_eq!(
+            pool.usage(),
+            Usage {
+                allocations: 3,
+                in_use: 28 * MIB,
+                padding: 0,
+                reserved: 32 * MIB
+            }
+        );
     }
 
     #[test]
@@ -469,9 +478,25 @@ mod tests {
         assert_eq!(pool.free(c.block, 6), None);
         assert_eq!(pool.free(c.block, 5), Some(c.page));
         assert_eq!(pool.free(c.block, 5), None);
-        assert_eq!(pool.usage(), (0, 0, 0, MIB));
+        assert_eq!(
+            pool.usage(),
+            Usage {
+                allocations: 0,
+                in_use: 0,
+                padding: 0,
+                reserved: MIB
+            }
+        );
         assert!(pool.remove_page_if_empty(c.page).is_some());
-        assert_eq!(pool.usage(), (0, 0, 0, 0));
+        assert_eq!(
+            pool.usage(),
+            Usage {
+                allocations: 0,
+                in_use: 0,
+                padding: 0,
+                reserved: 0
+            }
+        );
     }
 
     #[test]

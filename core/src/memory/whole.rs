@@ -4,6 +4,7 @@
 //! Owns the pages and the free pages by size. Does not own when free pages go back: the manager
 //! asks, at cleanup, for the free pages this pool's policy lets go.
 
+use super::report::Usage;
 use super::sliced::Used;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
@@ -150,13 +151,22 @@ impl<P> WholePagePool<P> {
             .filter_map(|(i, p)| p.as_ref().map(|p| (i as u32, p)))
     }
 
-    /// (allocations, in use, padding, reserved).
-    pub(crate) fn usage(&self) -> (u64, u64, u64, u64) {
+    /// Totals over the pool (a page's room past its allocation counts as padding).
+    pub(crate) fn usage(&self) -> Usage {
         self.pages()
-            .fold((0, 0, 0, 0), |(n, u, pad, r), (_, p)| match p.used {
-                Some(used) => (n + 1, u + used.size, pad + (p.size - used.size), r + p.size),
-                None => (n, u, pad, r + p.size),
+            .map(|(_, p)| match p.used {
+                Some(used) => Usage {
+                    allocations: 1,
+                    in_use: used.size,
+                    padding: p.size - used.size,
+                    reserved: p.size,
+                },
+                None => Usage {
+                    reserved: p.size,
+                    ..Usage::default()
+                },
             })
+            .sum()
     }
 
     /// Every page, for teardown.
@@ -191,7 +201,15 @@ mod tests {
         assert!(pool.free(i, 1));
         assert!(pool.try_reuse(1024, used(2, 1024)).is_none(), "other size");
         assert_eq!(pool.try_reuse(1028, used(2, 1026)), Some((i, 0x100)));
-        assert_eq!(pool.usage(), (1, 1026, 2, 1028));
+        assert_eq!(
+            pool.usage(),
+            Usage {
+                allocations: 1,
+                in_use: 1026,
+                padding: 2,
+                reserved: 1028
+            }
+        );
     }
 
     #[test]
@@ -205,7 +223,15 @@ mod tests {
         let mut out = Vec::new();
         pool.take_free(&mut out);
         assert_eq!(out.len(), 1);
-        assert_eq!(pool.usage(), (0, 0, 0, 64));
+        assert_eq!(
+            pool.usage(),
+            Usage {
+                allocations: 0,
+                in_use: 0,
+                padding: 0,
+                reserved: 64
+            }
+        );
         pool.guard(b, false);
         pool.take_free(&mut out);
         assert_eq!(out.len(), 2);
