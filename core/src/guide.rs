@@ -13,9 +13,9 @@
 //! 6. [Which shim calls the core makes today](#6-which-shim-calls-the-core-makes-today)
 //!
 //! The vocabulary: a [`Device`] owns a shim and the streams created on it; a [`Command`] is one
-//! borrow of the device for one stream, and every operation goes through one; a [`Handle`] names an
-//! allocation (or a view of one) and may be dropped from any thread; a [`HostBuffer`] holds the host
-//! side of a copy until the device is done with it.
+//! borrow of the device for one stream, and every operation goes through one; a [`Handle`] names
+//! an allocation (or a view of one) and may be dropped from any thread; a [`HostBuffer`] holds the
+//! host side of a copy until the device is done with it.
 //!
 //! # 1. A host loop
 //!
@@ -97,6 +97,8 @@
 //!     // Enqueue the read and move on; `x` and `out` may be dropped now (see below).
 //!     let read = cmd.read_async(&[ReadRequest::whole(&out)])?;
 //!     in_flight.push((x_host, read));
+//!     // Between batches: release what passed fences already cover, without blocking.
+//!     device.command(COPY)?.poll_drops()?;
 //! }
 //!
 //! for (x_host, read) in in_flight {
@@ -108,9 +110,21 @@
 //!     }
 //! }
 //!
-//! // Give everything back: drop the handles, drain the queues, return the empty pages.
+//! // Two flushes release everything queued before the first: staging buffers, and the
+//! // bindings by which COMPUTE kept COPY's inputs alive.
+//! for _ in 0..2 {
+//!     device.command(COMPUTE)?.flush_drops()?;
+//!     device.command(COPY)?.flush_drops()?;
+//! }
+//! for (stream, stats) in device.drop_stats() {
+//!     println!(
+//!         "stream {}: {} items released",
+//!         stream.0, stats.items_released
+//!     );
+//! }
+//! // Give everything back: drop the weights, drain the queues, return the empty pages.
 //! drop(weights);
-//! device.command(COMPUTE)?.memory_cleanup()?; // first: it holds COPY's inputs
+//! device.command(COMPUTE)?.memory_cleanup()?;
 //! device.command(COPY)?.memory_cleanup()?;
 //! let report = device.memory_report();
 //! println!("{report}");
@@ -119,16 +133,16 @@
 //! # }
 //! ```
 //!
-//! [`ReadFuture`] is also a [`Future`]: a host with an executor awaits it,
-//! and a firmware main loop polls it between other work (a poll never blocks; devices raise no
-//! wake-ups, so it asks to be polled again):
+//! [`ReadFuture`] is also a [`Future`]: a host with an executor awaits it, and a firmware main
+//! loop polls it between other work (a poll never blocks; devices raise no wake-ups, so it asks
+//! to be polled again):
 //!
 //! ```
-//! # use devcmd::{Device, DeviceConfig, ReadRequest, StreamId};
-//! # use devcmd_std::StdShim;
 //! use core::future::Future;
 //! use core::pin::Pin;
 //! use core::task::{Context, Poll, Waker};
+//! # use devcmd::{Device, DeviceConfig, ReadRequest, StreamId};
+//! # use devcmd_std::StdShim;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let mut device = Device::new(StdShim::new(), DeviceConfig::default());
@@ -158,10 +172,11 @@
 //!    reads until its fence passed, and a stream that used another stream's memory holds a binding
 //!    in its own drop queue, so a dropped input of the copy stream comes back only once the
 //!    compute stream is done with it.
-//! 2. **Manager.** At the start of the next operation on the device (any [`Command`] operation
-//!    runs the bookkeeping first) the owner's [`MemoryManager`](crate::memory::MemoryManager)
-//!    takes the return queue: the slice is free in its pool and **the owning stream may reuse it
-//!    at once**, since its own later work runs after its earlier work.
+//! 2. **Manager.** At the start of the device's next operation (reservations, copies, launches,
+//!    reads, syncs and cleanups run the bookkeeping first) the owner's
+//!    [`MemoryManager`](crate::memory::MemoryManager) takes the return queue: the slice is free
+//!    in its pool and **the owning stream may reuse it at once**, since its own later work runs
+//!    after its earlier work.
 //! 3. **Retired page.** A page that emptied stays in its pool for reuse until a cleanup lets it go:
 //!    the periodic one (on every reservation: freed dedicated pages, empty pages of outdated arena
 //!    classes) or an explicit one ([`Command::memory_cleanup`], or the reclaim a failed
@@ -204,7 +219,7 @@
 //! |---|---|---|---|---|
 //! | the device is lost (CUDA's sticky errors) | [`ServerError::DeviceLost`] | released: nothing runs again | every operation on every stream fails fast with the same error | drop the [`Device`] and build a new one |
 //! | work on a stream failed while it ran | [`ServerError::StreamFaulted`] with the stream and the last kernel launched before the fence | released: the fence completed | that stream, and every stream ordered after it, fails fast; other streams keep working | write the inputs again on another stream, or recreate the device to use that stream again |
-//! | the wait or query failed without saying whether the work ran (an *unknown* outcome) | [`ServerError::Device`] | **leaked on purpose**: the device may still use it | nothing is tainted; the next operation may succeed | retry, watch the leak in [`DropStats::items_leaked`] and the report |
+//! | the wait or query failed without saying whether the work ran (an *unknown* outcome) | [`ServerError::Device`] | **leaked on purpose**: the device may still use it | nothing is tainted; the next operation may succeed | retry; each such fence leaks what it covered (the report's [`held`](crate::DeviceReport::held), [`DropStats::items_leaked`] for drop-queue batches), so if it repeats, recreate the device |
 //!
 //! A fence that passed cleanly is the fourth outcome ([`FenceOutcome::Passed`]). Faults the core
 //! meets in its own bookkeeping (a flush after an upload, reclaim on another stream) are kept for
@@ -238,14 +253,24 @@
 //!     args: &[],
 //! })?;
 //! match cmd.sync().and_then(SyncFuture::wait) {
-//!     Err(ServerError::StreamFaulted { stream: 1, kernel: Some("broken"), .. }) => {}
+//!     Err(ServerError::StreamFaulted {
+//!         stream: 1,
+//!         kernel: Some("broken"),
+//!         ..
+//!     }) => {}
 //!     other => panic!("expected a stream fault, got {other:?}"),
 //! }
 //! // Stream 1 fails fast from now on; stream 0 keeps working.
-//! assert!(matches!(cmd.empty(64), Err(ServerError::StreamFaulted { .. })));
+//! assert!(matches!(
+//!     cmd.empty(64),
+//!     Err(ServerError::StreamFaulted { .. })
+//! ));
 //! let mut cmd = device.command(StreamId(0))?;
 //! let h = cmd.create(&[1, 2, 3, 4])?;
-//! assert_eq!(cmd.read_async(&[ReadRequest::whole(&h)])?.wait()?[0].as_slice(), [1, 2, 3, 4]);
+//! assert_eq!(
+//!     cmd.read_async(&[ReadRequest::whole(&h)])?.wait()?[0].as_slice(),
+//!     [1, 2, 3, 4]
+//! );
 //!
 //! // An unknown outcome: the shim fails the next event wait without saying why. The read's
 //! // buffers are leaked (the device might still write them), the stream stays usable.
@@ -254,7 +279,10 @@
 //! probe.inject(Injection::nth(ShimOp::EventWait, waits + 1));
 //! assert!(matches!(read.wait(), Err(ServerError::Device(_))));
 //! probe.clear_injections();
-//! assert_eq!(cmd.read_async(&[ReadRequest::whole(&h)])?.wait()?[0].as_slice(), [1, 2, 3, 4]);
+//! assert_eq!(
+//!     cmd.read_async(&[ReadRequest::whole(&h)])?.wait()?[0].as_slice(),
+//!     [1, 2, 3, 4]
+//! );
 //!
 //! // A lost device: nothing runs again, every operation of every stream fails fast.
 //! let out = cmd.empty(64)?;
@@ -269,7 +297,10 @@
 //! // (The fence may fail to be recorded if the kernel already ran: same answer.)
 //! let lost = cmd.sync().and_then(SyncFuture::wait);
 //! assert!(matches!(lost, Err(ServerError::DeviceLost { .. })));
-//! assert!(matches!(device.command(StreamId(2)), Err(ServerError::DeviceLost { .. })));
+//! assert!(matches!(
+//!     device.command(StreamId(2)),
+//!     Err(ServerError::DeviceLost { .. })
+//! ));
 //! # Ok(())
 //! # }
 //! ```
@@ -298,15 +329,16 @@
 //! one thread at a time, frees nothing before a fence after its last use completed, and passes
 //! only addresses inside pages it got from this shim; the shim runs each stream in order,
 //! completes an event only after everything before it, and reports a fault of work that ran at
-//! completed fences only, stickily, and through [`stream_wait_event`](crate::Shim::stream_wait_event)
-//! too.
+//! completed fences only, stickily, and through
+//! [`stream_wait_event`](crate::Shim::stream_wait_event) too.
 //!
 //! **The rule of thumb: a shim is thin.** One device call per method; every error built by
-//! [`classify`](crate::Shim::classify) from the device's status, so the classification (lost device,
-//! out of memory, too big, work that failed, anything else) is written once; and no policy: no
-//! pooling, no caching of pages, no ordering between streams, no staging, no retry. The core owns
-//! all of that and is tested for it; a shim that adds its own hides it from the core. A call the
-//! device cannot make answers [`Fault::Unsupported`] (see [`shim::unsupported`](crate::shim::unsupported));
+//! [`classify`](crate::Shim::classify) from the device's status, so the classification (lost
+//! device, out of memory, too big, work that failed, anything else) is written once; and no
+//! policy: no pooling, no caching of pages, no ordering between streams, no staging, no retry.
+//! The core owns all of that and is tested for it; a shim that adds its own hides it from the
+//! core. A call the device cannot make answers [`Fault::Unsupported`] (from `classify`, or with
+//! the [`shim::unsupported`](crate::shim::unsupported) helper);
 //! [section 6](#6-which-shim-calls-the-core-makes-today) says which calls the core makes today.
 //!
 //! Below is a complete, if slow, shim: a *synchronous* device over host memory. Every call runs
@@ -320,10 +352,10 @@
 //! use core::cell::Cell;
 //! use core::convert::Infallible;
 //! use core::ptr::NonNull;
-//! use std::alloc::{Layout, alloc_zeroed, dealloc};
 //! use devcmd::{
 //!     CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp,
 //! };
+//! use std::alloc::{Layout, alloc_zeroed, dealloc};
 //!
 //! /// The device's status codes, classified in one place.
 //! mod status {
@@ -336,7 +368,7 @@
 //! const TOTAL: u64 = 256 << 20;
 //! const ALIGN: u64 = 256;
 //!
-//! /// A kernel: a function over copies of its buffers (inputs, then outputs) and the argument bytes.
+//! /// A kernel: a function over copies of its buffers (inputs, then outputs) and the arguments.
 //! pub type HostKernel = fn(&mut [Vec<u8>], &[u8]) -> Result<(), ()>;
 //!
 //! #[derive(Debug, Default)]
@@ -403,7 +435,11 @@
 //!         Ok(HostStream::default())
 //!     }
 //!
-//!     fn stream_wait_event(&self, stream: &HostStream, event: &HostEvent) -> Result<(), DriverError> {
+//!     fn stream_wait_event(
+//!         &self,
+//!         stream: &HostStream,
+//!         event: &HostEvent,
+//!     ) -> Result<(), DriverError> {
 //!         // Nothing to wait for on a synchronous device, but a fault travels with the wait.
 //!         if stream.failed.get().is_none() {
 //!             stream.failed.set(event.failed);
@@ -412,7 +448,9 @@
 //!     }
 //!
 //!     fn record_event(&self, stream: &HostStream) -> Result<HostEvent, DriverError> {
-//!         Ok(HostEvent { failed: stream.failed.get() })
+//!         Ok(HostEvent {
+//!             failed: stream.failed.get(),
+//!         })
 //!     }
 //!
 //!     fn event_query(&self, event: &HostEvent) -> Result<bool, DriverError> {
@@ -478,7 +516,11 @@
 //!             // page (`Shim::copy_to_device`'s contract); host and device memory are distinct.
 //!             unsafe {
 //!                 let to = host(dst.offset(row.device));
-//!                 core::ptr::copy_nonoverlapping(src.add(row.host as usize), to, row.len as usize);
+//!                 core::ptr::copy_nonoverlapping(
+//!                     src.add(row.host as usize),
+//!                     to,
+//!                     row.len as usize,
+//!                 );
 //!             }
 //!         }
 //!         Ok(())
@@ -495,7 +537,11 @@
 //!             // SAFETY: as in `copy_to_device`, the other way round.
 //!             unsafe {
 //!                 let from = host(src.offset(row.device));
-//!                 core::ptr::copy_nonoverlapping(from, dst.add(row.host as usize), row.len as usize);
+//!                 core::ptr::copy_nonoverlapping(
+//!                     from,
+//!                     dst.add(row.host as usize),
+//!                     row.len as usize,
+//!                 );
 //!             }
 //!         }
 //!         Ok(())
@@ -509,7 +555,7 @@
 //!         layout: CopyLayout,
 //!     ) -> Result<(), DriverError> {
 //!         for row in layout.rows() {
-//!             // SAFETY: both spans lie in live pages and do not overlap (the caller's contract).
+//!             // SAFETY: both spans lie in live pages and do not overlap (caller's contract).
 //!             unsafe {
 //!                 let (from, to) = (host(src.offset(row.device)), host(dst.offset(row.device)));
 //!                 core::ptr::copy_nonoverlapping(from, to, row.len as usize);
@@ -529,17 +575,23 @@
 //!         // SAFETY (both blocks): every span lies in a live page (the caller's contract).
 //!         let mut copies: Vec<Vec<u8>> = buffers
 //!             .iter()
-//!             .map(|s| unsafe { std::slice::from_raw_parts(host(s.addr), s.len as usize) }.to_vec())
+//!             .map(|s| {
+//!                 unsafe { std::slice::from_raw_parts(host(s.addr), s.len as usize) }.to_vec()
+//!             })
 //!             .collect();
 //!         if kernel(&mut copies, args).is_err() {
 //!             // Enqueued fine, failed while it ran: the stream's later fences report it.
 //!             if stream.failed.get().is_none() {
-//!                 stream.failed.set(Some(self.classify(ShimOp::Launch, status::KERNEL_FAILED)));
+//!                 stream
+//!                     .failed
+//!                     .set(Some(self.classify(ShimOp::Launch, status::KERNEL_FAILED)));
 //!             }
 //!             return Ok(());
 //!         }
 //!         for (span, bytes) in buffers.iter().zip(&copies) {
-//!             unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), host(span.addr), bytes.len()) };
+//!             unsafe {
+//!                 core::ptr::copy_nonoverlapping(bytes.as_ptr(), host(span.addr), bytes.len())
+//!             };
 //!         }
 //!         Ok(())
 //!     }
@@ -548,15 +600,27 @@
 //!         Err(self.classify(ShimOp::GraphBegin, status::UNSUPPORTED))
 //!     }
 //!
-//!     fn end_capture(&self, _stream: &HostStream, _doomed: bool) -> Result<Infallible, DriverError> {
+//!     fn end_capture(
+//!         &self,
+//!         _stream: &HostStream,
+//!         _doomed: bool,
+//!     ) -> Result<Infallible, DriverError> {
 //!         Err(self.classify(ShimOp::GraphEnd, status::UNSUPPORTED))
 //!     }
 //!
-//!     fn graph_upload(&self, graph: &Infallible, _stream: &HostStream) -> Result<(), DriverError> {
+//!     fn graph_upload(
+//!         &self,
+//!         graph: &Infallible,
+//!         _stream: &HostStream,
+//!     ) -> Result<(), DriverError> {
 //!         match *graph {}
 //!     }
 //!
-//!     unsafe fn graph_launch(&self, graph: &Infallible, _stream: &HostStream) -> Result<(), DriverError> {
+//!     unsafe fn graph_launch(
+//!         &self,
+//!         graph: &Infallible,
+//!         _stream: &HostStream,
+//!     ) -> Result<(), DriverError> {
 //!         match *graph {}
 //!     }
 //! }
@@ -565,7 +629,9 @@
 //! use devcmd::{Device, DeviceConfig, Launch, ReadRequest, ServerError, StreamId};
 //!
 //! fn add_one(bufs: &mut [Vec<u8>], _args: &[u8]) -> Result<(), ()> {
-//!     let [input, output] = bufs else { return Err(()) };
+//!     let [input, output] = bufs else {
+//!         return Err(());
+//!     };
 //!     for (o, i) in output.iter_mut().zip(input.iter()) {
 //!         *o = i.wrapping_add(1);
 //!     }
@@ -586,11 +652,18 @@
 //!     outputs: &[&b],
 //!     args: &[],
 //! })?;
-//! assert_eq!(cmd.read_async(&[ReadRequest::whole(&b)])?.wait()?[0].as_slice(), [2, 3, 4]);
+//! assert_eq!(
+//!     cmd.read_async(&[ReadRequest::whole(&b)])?.wait()?[0].as_slice(),
+//!     [2, 3, 4]
+//! );
 //! drop((a, b));
 //! cmd.memory_cleanup()?;
 //! device.command(StreamId(0))?.memory_cleanup()?;
-//! assert_eq!(device.shim().live.get(), 0, "every page went back to the shim");
+//! assert_eq!(
+//!     device.shim().live.get(),
+//!     0,
+//!     "every page went back to the shim"
+//! );
 //! # Ok(())
 //! # }
 //! ```
@@ -602,7 +675,7 @@
 //!
 //! | feature | default | what it adds | for |
 //! |---|---|---|---|
-//! | `std` | yes | links `std` (the errors implement [`core::error::Error`] without it) | hosts with an OS |
+//! | `std` | yes | links `std`; nothing in the core needs it today (the errors implement [`core::error::Error`] in every build) | hosts with an OS |
 //! | `log` | no | the core's diagnostics (a leaked batch, a reclaim) through the `log` crate | std hosts |
 //! | `defmt` | no | `defmt::Format` on the public types, diagnostics through `defmt` | firmware |
 //!
@@ -656,30 +729,53 @@
 //! # use core::cell::Cell;
 //! # use core::convert::Infallible;
 //! # use core::ptr::NonNull;
-//! # use std::alloc::{Layout, alloc_zeroed, dealloc};
 //! # use devcmd::{
 //! #     CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp,
 //! # };
+//! # use std::alloc::{Layout, alloc_zeroed, dealloc};
+//! #
+//! # /// The device's status codes, classified in one place.
 //! # mod status {
 //! #     pub const OUT_OF_MEMORY: i32 = 1;
 //! #     pub const TOO_BIG: i32 = 2;
 //! #     pub const UNSUPPORTED: i32 = 3;
 //! #     pub const KERNEL_FAILED: i32 = 4;
 //! # }
+//! #
 //! # const TOTAL: u64 = 256 << 20;
 //! # const ALIGN: u64 = 256;
+//! #
+//! # /// A kernel: a function over copies of its buffers (inputs, then outputs) and the arguments.
 //! # pub type HostKernel = fn(&mut [Vec<u8>], &[u8]) -> Result<(), ()>;
+//! #
 //! # #[derive(Debug, Default)]
-//! # pub struct HostShim { live: Cell<u64> }
+//! # pub struct HostShim {
+//! #     live: Cell<u64>,
+//! # }
+//! #
+//! # /// A stream remembers the first fault of its work (sticky).
 //! # #[derive(Debug, Default)]
-//! # pub struct HostStream { failed: Cell<Option<DriverError>> }
+//! # pub struct HostStream {
+//! #     failed: Cell<Option<DriverError>>,
+//! # }
+//! #
+//! # /// An event is complete when recorded; it carries the fault its stream had by then.
 //! # #[derive(Debug)]
-//! # pub struct HostEvent { failed: Option<DriverError> }
+//! # pub struct HostEvent {
+//! #     failed: Option<DriverError>,
+//! # }
+//! #
 //! # #[derive(Debug)]
-//! # pub struct Block { ptr: NonNull<u8>, layout: Layout, size: u64 }
+//! # pub struct Block {
+//! #     ptr: NonNull<u8>,
+//! #     layout: Layout,
+//! #     size: u64,
+//! # }
+//! #
 //! # fn host(addr: DeviceAddr) -> *mut u8 {
 //! #     std::ptr::with_exposed_provenance_mut(addr.0 as usize)
 //! # }
+//! #
 //! # impl Shim for HostShim {
 //! #     type Stream = HostStream;
 //! #     type Event = HostEvent;
@@ -688,6 +784,7 @@
 //! #     type Kernel = HostKernel;
 //! #     type Args = [u8];
 //! #     type Graph = Infallible;
+//! #
 //! #     fn facts(&self) -> DeviceFacts {
 //! #         DeviceFacts {
 //! #             total_memory: TOTAL,
@@ -698,34 +795,49 @@
 //! #             can_map_host: false,
 //! #         }
 //! #     }
+//! #
 //! #     fn classify(&self, op: ShimOp, status: i32) -> DriverError {
 //! #         let fault = match status {
 //! #             status::OUT_OF_MEMORY => Fault::OutOfMemory,
 //! #             status::TOO_BIG => Fault::TooBig,
 //! #             status::UNSUPPORTED => Fault::Unsupported,
 //! #             status::KERNEL_FAILED => Fault::WorkFailed,
+//! #             // A real device maps its sticky statuses to `Fault::DeviceLost` here.
 //! #             _ => Fault::Failed,
 //! #         };
 //! #         DriverError::new(op, status, fault)
 //! #     }
+//! #
 //! #     fn create_stream(&self) -> Result<HostStream, DriverError> {
 //! #         Ok(HostStream::default())
 //! #     }
-//! #     fn stream_wait_event(&self, stream: &HostStream, event: &HostEvent) -> Result<(), DriverError> {
+//! #
+//! #     fn stream_wait_event(
+//! #         &self,
+//! #         stream: &HostStream,
+//! #         event: &HostEvent,
+//! #     ) -> Result<(), DriverError> {
+//! #         // Nothing to wait for on a synchronous device, but a fault travels with the wait.
 //! #         if stream.failed.get().is_none() {
 //! #             stream.failed.set(event.failed);
 //! #         }
 //! #         Ok(())
 //! #     }
+//! #
 //! #     fn record_event(&self, stream: &HostStream) -> Result<HostEvent, DriverError> {
-//! #         Ok(HostEvent { failed: stream.failed.get() })
+//! #         Ok(HostEvent {
+//! #             failed: stream.failed.get(),
+//! #         })
 //! #     }
+//! #
 //! #     fn event_query(&self, event: &HostEvent) -> Result<bool, DriverError> {
 //! #         self.event_wait(event).map(|()| true)
 //! #     }
+//! #
 //! #     fn event_wait(&self, event: &HostEvent) -> Result<(), DriverError> {
 //! #         event.failed.map_or(Ok(()), Err)
 //! #     }
+//! #
 //! #     fn device_alloc(&self, size: u64) -> Result<Block, DriverError> {
 //! #         let refuse = |status| self.classify(ShimOp::DeviceAlloc, status);
 //! #         if size > self.facts().max_page_size {
@@ -736,50 +848,91 @@
 //! #         }
 //! #         let layout = Layout::from_size_align(size.max(1) as usize, ALIGN as usize)
 //! #             .map_err(|_| refuse(status::TOO_BIG))?;
+//! #         // SAFETY: the layout is at least one byte long.
 //! #         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })
 //! #             .ok_or_else(|| refuse(status::OUT_OF_MEMORY))?;
 //! #         self.live.set(self.live.get() + size);
 //! #         Ok(Block { ptr, layout, size })
 //! #     }
+//! #
 //! #     fn device_page_addr(&self, page: &Block) -> DeviceAddr {
 //! #         DeviceAddr(page.ptr.as_ptr().expose_provenance() as u64)
 //! #     }
+//! #
 //! #     unsafe fn device_free(&self, page: Block) {
 //! #         self.live.set(self.live.get() - page.size);
+//! #         // SAFETY: allocated by `device_alloc` with this layout; the core frees it once.
 //! #         unsafe { dealloc(page.ptr.as_ptr(), page.layout) };
 //! #     }
+//! #
 //! #     fn host_alloc_pinned(&self, _size: usize) -> Result<Infallible, DriverError> {
-//! #         Err(self.classify(ShimOp::HostAlloc, status::UNSUPPORTED))
+//! #         Err(self.classify(ShimOp::HostAlloc, status::UNSUPPORTED)) // the core uses the heap
 //! #     }
+//! #
 //! #     fn host_page_ptr(&self, page: &Infallible) -> NonNull<u8> {
 //! #         match *page {}
 //! #     }
+//! #
 //! #     fn host_page_device_addr(&self, page: &Infallible) -> Option<DeviceAddr> {
 //! #         match *page {}
 //! #     }
+//! #
 //! #     unsafe fn host_free_pinned(&self, page: Infallible) {
 //! #         match page {}
 //! #     }
-//! #     unsafe fn copy_to_device(&self, _: &HostStream, src: *const u8, dst: DeviceAddr, layout: CopyLayout) -> Result<(), DriverError> {
+//! #
+//! #     unsafe fn copy_to_device(
+//! #         &self,
+//! #         _stream: &HostStream,
+//! #         src: *const u8,
+//! #         dst: DeviceAddr,
+//! #         layout: CopyLayout,
+//! #     ) -> Result<(), DriverError> {
 //! #         for row in layout.rows() {
+//! #             // SAFETY: the caller keeps the packed source valid and the device rows in a live
+//! #             // page (`Shim::copy_to_device`'s contract); host and device memory are distinct.
 //! #             unsafe {
 //! #                 let to = host(dst.offset(row.device));
-//! #                 core::ptr::copy_nonoverlapping(src.add(row.host as usize), to, row.len as usize);
+//! #                 core::ptr::copy_nonoverlapping(
+//! #                     src.add(row.host as usize),
+//! #                     to,
+//! #                     row.len as usize,
+//! #                 );
 //! #             }
 //! #         }
 //! #         Ok(())
 //! #     }
-//! #     unsafe fn copy_to_host(&self, _: &HostStream, src: DeviceAddr, dst: *mut u8, layout: CopyLayout) -> Result<(), DriverError> {
+//! #
+//! #     unsafe fn copy_to_host(
+//! #         &self,
+//! #         _stream: &HostStream,
+//! #         src: DeviceAddr,
+//! #         dst: *mut u8,
+//! #         layout: CopyLayout,
+//! #     ) -> Result<(), DriverError> {
 //! #         for row in layout.rows() {
+//! #             // SAFETY: as in `copy_to_device`, the other way round.
 //! #             unsafe {
 //! #                 let from = host(src.offset(row.device));
-//! #                 core::ptr::copy_nonoverlapping(from, dst.add(row.host as usize), row.len as usize);
+//! #                 core::ptr::copy_nonoverlapping(
+//! #                     from,
+//! #                     dst.add(row.host as usize),
+//! #                     row.len as usize,
+//! #                 );
 //! #             }
 //! #         }
 //! #         Ok(())
 //! #     }
-//! #     unsafe fn copy_on_device(&self, _: &HostStream, src: DeviceAddr, dst: DeviceAddr, layout: CopyLayout) -> Result<(), DriverError> {
+//! #
+//! #     unsafe fn copy_on_device(
+//! #         &self,
+//! #         _stream: &HostStream,
+//! #         src: DeviceAddr,
+//! #         dst: DeviceAddr,
+//! #         layout: CopyLayout,
+//! #     ) -> Result<(), DriverError> {
 //! #         for row in layout.rows() {
+//! #             // SAFETY: both spans lie in live pages and do not overlap (caller's contract).
 //! #             unsafe {
 //! #                 let (from, to) = (host(src.offset(row.device)), host(dst.offset(row.device)));
 //! #                 core::ptr::copy_nonoverlapping(from, to, row.len as usize);
@@ -787,32 +940,64 @@
 //! #         }
 //! #         Ok(())
 //! #     }
-//! #     unsafe fn launch(&self, stream: &HostStream, kernel: &HostKernel, _grid: Grid, buffers: &[DeviceSpan], args: &[u8]) -> Result<(), DriverError> {
+//! #
+//! #     unsafe fn launch(
+//! #         &self,
+//! #         stream: &HostStream,
+//! #         kernel: &HostKernel,
+//! #         _grid: Grid,
+//! #         buffers: &[DeviceSpan],
+//! #         args: &[u8],
+//! #     ) -> Result<(), DriverError> {
+//! #         // SAFETY (both blocks): every span lies in a live page (the caller's contract).
 //! #         let mut copies: Vec<Vec<u8>> = buffers
 //! #             .iter()
-//! #             .map(|s| unsafe { std::slice::from_raw_parts(host(s.addr), s.len as usize) }.to_vec())
+//! #             .map(|s| {
+//! #                 unsafe { std::slice::from_raw_parts(host(s.addr), s.len as usize) }.to_vec()
+//! #             })
 //! #             .collect();
 //! #         if kernel(&mut copies, args).is_err() {
+//! #             // Enqueued fine, failed while it ran: the stream's later fences report it.
 //! #             if stream.failed.get().is_none() {
-//! #                 stream.failed.set(Some(self.classify(ShimOp::Launch, status::KERNEL_FAILED)));
+//! #                 stream
+//! #                     .failed
+//! #                     .set(Some(self.classify(ShimOp::Launch, status::KERNEL_FAILED)));
 //! #             }
 //! #             return Ok(());
 //! #         }
 //! #         for (span, bytes) in buffers.iter().zip(&copies) {
-//! #             unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), host(span.addr), bytes.len()) };
+//! #             unsafe {
+//! #                 core::ptr::copy_nonoverlapping(bytes.as_ptr(), host(span.addr), bytes.len())
+//! #             };
 //! #         }
 //! #         Ok(())
 //! #     }
+//! #
 //! #     fn begin_capture(&self, _stream: &HostStream) -> Result<(), DriverError> {
 //! #         Err(self.classify(ShimOp::GraphBegin, status::UNSUPPORTED))
 //! #     }
-//! #     fn end_capture(&self, _stream: &HostStream, _doomed: bool) -> Result<Infallible, DriverError> {
+//! #
+//! #     fn end_capture(
+//! #         &self,
+//! #         _stream: &HostStream,
+//! #         _doomed: bool,
+//! #     ) -> Result<Infallible, DriverError> {
 //! #         Err(self.classify(ShimOp::GraphEnd, status::UNSUPPORTED))
 //! #     }
-//! #     fn graph_upload(&self, graph: &Infallible, _stream: &HostStream) -> Result<(), DriverError> {
+//! #
+//! #     fn graph_upload(
+//! #         &self,
+//! #         graph: &Infallible,
+//! #         _stream: &HostStream,
+//! #     ) -> Result<(), DriverError> {
 //! #         match *graph {}
 //! #     }
-//! #     unsafe fn graph_launch(&self, graph: &Infallible, _stream: &HostStream) -> Result<(), DriverError> {
+//! #
+//! #     unsafe fn graph_launch(
+//! #         &self,
+//! #         graph: &Infallible,
+//! #         _stream: &HostStream,
+//! #     ) -> Result<(), DriverError> {
 //! #         match *graph {}
 //! #     }
 //! # }
@@ -826,7 +1011,9 @@
 //! }
 //!
 //! fn add(bufs: &mut [Vec<u8>], args: &[u8]) -> Result<(), ()> {
-//!     let [input, output] = bufs else { return Err(()) };
+//!     let [input, output] = bufs else {
+//!         return Err(());
+//!     };
 //!     for (o, i) in output.iter_mut().zip(input.iter()) {
 //!         *o = i.wrapping_add(args[0]);
 //!     }
@@ -859,8 +1046,10 @@
 //!     }
 //! }
 //!
+//! # fn main() {
 //! // In the shim's crate: `devcmd_tests::conformance_tests!(HostHarness);` in an integration test.
 //! devcmd_tests::run_conformance(&HostHarness);
+//! # }
 //! ```
 //!
 //! # 6. Which shim calls the core makes today
