@@ -1,6 +1,6 @@
 //! Model-based property test of the drop queue: random push / flush / poll / drain sequences,
 //! with fence records, waits and queries that succeed, fail with an unknown outcome, fail over
-//! work that ran, or poison, checked after every step against a plain model of DESIGN.md's two
+//! work that ran, or poison, checked after every step against a plain model of the queue's two
 //! batches: an item is released at the second flush after its push once that flush's wait
 //! succeeds (or reports failed work, or poisoning); a wait of unknown outcome leaks the batch;
 //! nothing is released by a poll that finds the device busy; whatever no fence covered is leaked

@@ -3,11 +3,15 @@
 //! This crate is the policy core: it is `no_std` + `alloc` and holds every rule about device
 //! memory (reservation, sub-allocation, guards, cleanup, the memory budget), and the contract a
 //! device shim implements ([`Shim`]). It makes no device call itself: a shim does
-//! (`devcmd-std` for a CPU device, `devcmd-cuda` for NVIDIA GPUs, or one of your own).
+//! (`devcmd-std` for a CPU device, the firmware host's own, a CUDA shim to come, or yours).
 //!
-//! Start with [`Shim`] (what a device must do), [`Device`] (streams and cross-stream order) and
-//! [`Command`] (every operation), then [`memory::MemoryManager`] (what the core does with the
-//! pages a device hands out).
+//! **New here? Read the [`guide`]**: a host loop on two streams, what to do when the device fails,
+//! a complete small shim, the features, the conformance suite, and which shim calls the core makes
+//! today, every example a doctest that runs.
+//!
+//! Then the reference: [`Shim`] (what a device must do), [`Device`] (streams and cross-stream
+//! order), [`Command`] (every operation), [`fault`] (what a failed fence means) and
+//! [`memory::MemoryManager`] (what the core does with the pages a device hands out).
 #![no_std]
 #![deny(missing_docs)]
 
@@ -32,6 +36,7 @@ mod drop_queue_model;
 pub mod error;
 pub mod failure;
 pub mod fault;
+pub mod guide;
 pub mod host;
 pub mod memory;
 mod order;
