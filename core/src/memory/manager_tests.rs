@@ -1,7 +1,8 @@
 //! The manager's rules, one test each.
 
 use super::*;
-use crate::error::NotFoundReason;
+use crate::error::{IoError, NotFoundReason};
+use crate::memory::{Cleanup, PageUpdate, PoolKind, PoolReport};
 use crate::test_shim::TestShim;
 
 const MIB: u64 = 1 << 20;

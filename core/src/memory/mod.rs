@@ -13,6 +13,7 @@ pub(crate) mod handle;
 mod manager;
 mod report;
 pub(crate) mod sliced;
+mod types;
 pub(crate) mod whole;
 
 pub use budget::MemoryBudget;
@@ -21,8 +22,9 @@ pub(crate) use handle::ReturnQueue;
 pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
 #[cfg(test)]
 pub(crate) use handle::{Location, Returned};
-pub use manager::{
-    AllocationInfo, AllocationMode, Cleanup, MemoryManager, PageGuard, PageInfo, PageRef,
-    PageUpdate, Resolved, RetiredPage,
-};
+pub use manager::MemoryManager;
 pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};
+pub use types::{
+    AllocationInfo, AllocationMode, Cleanup, PageGuard, PageInfo, PageRef, PageUpdate, Resolved,
+    RetiredPage,
+};

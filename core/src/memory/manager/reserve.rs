@@ -1,0 +1,321 @@
+//! Placement: where a reservation's room comes from.
+//!
+//! Owns [`MemoryManager::reserve`] and [`MemoryManager::try_reserve`], the routing of a request by
+//! mode and size to the small pool, the arena or a whole-page pool, the sizing of a new arena class
+//! (fitted to the budget), and the asking for pages (budget first, then the device, with the
+//! device's refusal turned into an [`IoError`]). Does not own what happens to room once it is
+//! placed: binding and lookup are in `lookup.rs`, giving it back in `release.rs`.
+
+use super::{MemoryManager, round_up};
+use crate::error::{DriverError, Fault, IoError};
+use crate::memory::handle::{
+    Handle, Location, POOL_ARENA_BASE, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId,
+};
+use crate::memory::sliced::{SlicedPool, Used};
+use crate::memory::types::{AllocationMode, Cleanup, PageRef, PageUpdate};
+use crate::shim::Shim;
+use alloc::vec::Vec;
+
+impl<S: Shim> MemoryManager<S> {
+    /// Reserves `size` bytes, with one reclaim and retry when the first attempt fails with an
+    /// error reclaiming may cure and `update` is [`PageUpdate::Allow`].
+    ///
+    /// With [`PageRelease::Fenced`] the reclaim can only retire pages; the device's reclaim also
+    /// waits for its streams and frees them, then retries through [`Self::try_reserve`].
+    ///
+    /// [`PageRelease::Fenced`]: crate::memory::PageRelease::Fenced
+    ///
+    /// # Errors
+    ///
+    /// See [`Self::try_reserve`].
+    pub fn reserve(&mut self, shim: &S, size: u64, update: PageUpdate) -> Result<Handle, IoError> {
+        match self.try_reserve(shim, size, update) {
+            Err(e) if update == PageUpdate::Allow && e.may_succeed_after_reclaim() => {
+                debug!("reserve of {} bytes failed; reclaiming once", size);
+                self.cleanup(shim, Cleanup::Explicit);
+                self.try_reserve(shim, size, update)
+            }
+            other => other,
+        }
+    }
+
+    /// Reserves `size` bytes, without reclaim. The handle owns the room; to give it to a lazy
+    /// handle, [`Self::bind`] it.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::BufferTooBig`] when no page can ever hold the size (past [`Self::max_page`]);
+    /// [`IoError::OutOfMemory`] when the device or the budget refuses a page;
+    /// [`IoError::PageUpdateForbidden`] when `update` is `Forbidden` and no room is held;
+    /// [`IoError::PageSizesExhausted`] when the arena needs a new page size and all classes are
+    /// live; [`IoError::Shim`] when the device refuses otherwise (a lost device among those: see
+    /// [`IoError::is_device_lost`]).
+    pub fn try_reserve(
+        &mut self,
+        shim: &S,
+        size: u64,
+        update: PageUpdate,
+    ) -> Result<Handle, IoError> {
+        if update == PageUpdate::Allow {
+            self.cleanup(shim, Cleanup::Periodic); // collects the returns first
+        } else {
+            self.collect_returns();
+        }
+        // The alignment is a power of two: a mask rounds without a division.
+        let mask = self.alignment - 1;
+        let aligned = match size.max(1).checked_add(mask) {
+            // No pool holds more than the device's largest page, whatever the mode.
+            Some(padded) if padded & !mask <= self.max_page => padded & !mask,
+            _ => {
+                return Err(IoError::BufferTooBig {
+                    size,
+                    max_page: self.max_page,
+                });
+            }
+        };
+        let id = self.next_id;
+        let used = Used {
+            owner: id,
+            size,
+            cursor: 0,
+        };
+        let location = match self.mode() {
+            AllocationMode::Persistent => {
+                self.reserve_whole(shim, POOL_PERSISTENT, aligned, used, update)?
+            }
+            AllocationMode::Dedicated => {
+                self.reserve_whole(shim, POOL_DEDICATED, aligned, used, update)?
+            }
+            AllocationMode::Auto if aligned <= self.config.small_max_slice => {
+                self.reserve_small(shim, aligned, used, update)?
+            }
+            AllocationMode::Auto => self.reserve_arena(shim, aligned, used, update)?,
+        };
+        self.next_id += 1;
+        let handle = Handle::new(id, self.issuer, size, &self.returns);
+        handle.set_location(Some(location), false);
+        Ok(handle)
+    }
+
+    fn reserve_whole(
+        &mut self,
+        shim: &S,
+        pool: PoolId,
+        aligned: u64,
+        used: Used,
+        update: PageUpdate,
+    ) -> Result<Location, IoError> {
+        let whole = if pool == POOL_PERSISTENT {
+            &mut self.persistent
+        } else {
+            &mut self.dedicated
+        };
+        if let Some((block, _)) = whole.try_reuse(aligned, used) {
+            return Ok(Location { pool, block });
+        }
+        if update == PageUpdate::Forbidden {
+            return Err(IoError::PageUpdateForbidden { size: used.size });
+        }
+        let (raw, addr) = self.alloc_page(shim, aligned, used.size)?;
+        let whole = if pool == POOL_PERSISTENT {
+            &mut self.persistent
+        } else {
+            &mut self.dedicated
+        };
+        Ok(Location {
+            pool,
+            block: whole.add(raw, addr, aligned, used),
+        })
+    }
+
+    fn reserve_small(
+        &mut self,
+        shim: &S,
+        aligned: u64,
+        used: Used,
+        update: PageUpdate,
+    ) -> Result<Location, IoError> {
+        if let Some(c) = self.small.try_carve(used.size, aligned, used) {
+            return Ok(Location {
+                pool: POOL_SMALL,
+                block: c.block,
+            });
+        }
+        if update == PageUpdate::Forbidden {
+            return Err(IoError::PageUpdateForbidden { size: used.size });
+        }
+        let (raw, addr) = self.alloc_page(shim, self.small.page_size, used.size)?;
+        self.small.add_page(raw, addr);
+        let c = self
+            .small
+            .try_carve(used.size, aligned, used)
+            .expect("a fresh page fits a small slice");
+        Ok(Location {
+            pool: POOL_SMALL,
+            block: c.block,
+        })
+    }
+
+    /// The page size a new arena class gets for a request of `aligned` bytes.
+    fn arena_page_size(&self, aligned: u64) -> u64 {
+        let c = &self.config;
+        let grown = aligned
+            .saturating_add(c.arena_slack)
+            .checked_next_multiple_of(c.arena_granule.max(1))
+            .and_then(|s| round_up(s, self.alignment))
+            .unwrap_or(self.max_page);
+        let min =
+            round_up(c.arena_min_page.min(self.max_page), self.alignment).unwrap_or(self.max_page);
+        grown.clamp(min, self.max_page)
+    }
+
+    /// `page_size`, or less when the room the budget has left is smaller but still holds
+    /// `aligned`: a new class gives up its slack before the request fails.
+    fn fit_to_budget(&self, page_size: u64, aligned: u64) -> u64 {
+        let Some(limit) = self.budget.limit() else {
+            return page_size;
+        };
+        let room = limit.saturating_sub(self.budget.held()) / self.alignment * self.alignment;
+        if page_size > room && aligned <= room {
+            room
+        } else {
+            page_size
+        }
+    }
+
+    fn reserve_arena(
+        &mut self,
+        shim: &S,
+        aligned: u64,
+        used: Used,
+        update: PageUpdate,
+    ) -> Result<Location, IoError> {
+        if aligned > self.max_page {
+            return Err(IoError::BufferTooBig {
+                size: aligned,
+                max_page: self.max_page,
+            });
+        }
+        if let Some(slot) = self.current {
+            let pool = self.arena[slot]
+                .as_mut()
+                .expect("the current class is live");
+            let id = POOL_ARENA_BASE + slot as u8;
+            if let Some(c) = pool.try_carve(used.size, aligned, used) {
+                return Ok(Location {
+                    pool: id,
+                    block: c.block,
+                });
+            }
+            if update == PageUpdate::Forbidden {
+                return Err(IoError::PageUpdateForbidden { size: used.size });
+            }
+            let page_size = pool.page_size;
+            if aligned <= page_size {
+                let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;
+                let pool = self.arena[slot]
+                    .as_mut()
+                    .expect("the current class is live");
+                pool.add_page(raw, addr);
+                let c = pool
+                    .try_carve(used.size, aligned, used)
+                    .expect("a fresh page fits");
+                return Ok(Location {
+                    pool: id,
+                    block: c.block,
+                });
+            }
+        } else if update == PageUpdate::Forbidden {
+            return Err(IoError::PageUpdateForbidden { size: used.size });
+        }
+        self.grow_arena(shim, aligned, used)
+    }
+
+    /// Makes a new current class sized for `aligned`, with its first page; the previous class
+    /// becomes outdated. A refused page leaves the classes as they were.
+    fn grow_arena(&mut self, shim: &S, aligned: u64, used: Used) -> Result<Location, IoError> {
+        // A free slot, or the current class's own when it holds no page (an explicit cleanup
+        // emptied it): replacing it then loses nothing.
+        let current_is_empty = self
+            .current
+            .and_then(|c| self.arena[c].as_ref())
+            .is_some_and(|p| p.pages_live == 0);
+        let (slot, replaces_current) = match self.arena.iter().position(Option::is_none) {
+            Some(slot) => (slot, false),
+            None if current_is_empty => (self.current.expect("checked above"), true),
+            None => {
+                return Err(IoError::PageSizesExhausted {
+                    size: used.size,
+                    classes: self.arena.len(),
+                });
+            }
+        };
+        let page_size = self.fit_to_budget(self.arena_page_size(aligned), aligned);
+        // A refused page leaves the classes as they were: the slot changes only after this.
+        let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;
+        if replaces_current {
+            self.current = None;
+            self.arena[slot] = None;
+        }
+        let mut pool = SlicedPool::new(page_size);
+        pool.add_page(raw, addr);
+        let c = pool
+            .try_carve(used.size, aligned, used)
+            .expect("a page sized for the request fits it");
+        if let Some(old) = self.current.replace(slot) {
+            let old_pool = self.arena[old].as_mut().expect("the current class is live");
+            old_pool.stop_serving();
+            let empty: Vec<u32> = old_pool.empty_pages().collect();
+            let id = POOL_ARENA_BASE + old as u8;
+            self.outdated_empty
+                .extend(empty.into_iter().map(|page| PageRef { pool: id, page }));
+        }
+        self.arena[slot] = Some(alloc::boxed::Box::new(pool));
+        Ok(Location {
+            pool: POOL_ARENA_BASE + slot as u8,
+            block: c.block,
+        })
+    }
+
+    fn alloc_page(
+        &mut self,
+        shim: &S,
+        page_size: u64,
+        asked: u64,
+    ) -> Result<(S::DevicePage, u64), IoError> {
+        self.budget
+            .take(page_size)
+            .map_err(|r| IoError::OutOfMemory {
+                size: asked,
+                held: r.held,
+                budget: Some(r.limit),
+                source: None,
+            })?;
+        match shim.device_alloc(page_size) {
+            Ok(raw) => {
+                let addr = shim.device_page_addr(&raw).0;
+                Ok((raw, addr))
+            }
+            Err(e) => {
+                self.budget.give_back(page_size);
+                Err(self.page_error(e, asked, page_size))
+            }
+        }
+    }
+
+    fn page_error(&self, e: DriverError, asked: u64, page_size: u64) -> IoError {
+        match e.fault {
+            Fault::TooBig => IoError::BufferTooBig {
+                size: page_size.max(asked),
+                max_page: self.max_page,
+            },
+            Fault::OutOfMemory => IoError::OutOfMemory {
+                size: asked,
+                held: self.budget.held(),
+                budget: self.budget.limit(),
+                source: Some(e),
+            },
+            _ => e.into(),
+        }
+    }
+}

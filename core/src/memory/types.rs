@@ -1,0 +1,146 @@
+//! The manager's public types: what a user of [`MemoryManager`](super::MemoryManager) names in
+//! its calls and reads in its answers.
+//!
+//! Owns the modes and cleanup kinds a caller picks ([`AllocationMode`], [`PageUpdate`],
+//! [`Cleanup`]), what a lookup answers ([`Resolved`], [`PageRef`], [`PageGuard`]), the diagnostics
+//! of checks ([`AllocationInfo`], [`PageInfo`]) and the page the manager lets go before the device
+//! is done with it ([`RetiredPage`]). Does not own the rules that make or consume them: those are
+//! the manager's (`manager.rs` and the files under `manager/`). Fields the manager fills in are
+//! visible to the `memory` module only.
+
+use super::budget::MemoryBudget;
+use super::handle::PoolId;
+use super::report::PoolKind;
+use crate::shim::{DeviceAddr, Shim};
+use alloc::sync::Arc;
+
+/// How new reservations are served. Modes nest: see [`MemoryManager::set_mode`].
+///
+/// [`MemoryManager::set_mode`]: super::MemoryManager::set_mode
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum AllocationMode {
+    /// The pools chosen by size (small pool, adaptive arena). Closes the innermost window.
+    Auto,
+    /// Exact-size reuse, kept until an explicit cleanup (weights). Opens a window.
+    Persistent,
+    /// One page per reservation, released at the next cleanup once freed. Opens a window.
+    Dedicated,
+}
+
+/// What a reservation may do to the set of pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum PageUpdate {
+    /// Run the periodic cleanup and add pages as needed.
+    Allow,
+    /// Add pages, never release or renumber any (another stream records a graph).
+    AddOnly,
+    /// Only room already held (this stream records a graph).
+    Forbidden,
+}
+
+/// Explicit or periodic cleanup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Cleanup {
+    /// On every `Allow` reservation: freed dedicated pages and empty outdated pages go back.
+    Periodic,
+    /// Every empty, unguarded page of every pool goes back, and freed persistent pages.
+    Explicit,
+}
+
+/// A device address range a handle resolved to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Resolved {
+    /// First byte of the handle's view.
+    pub addr: DeviceAddr,
+    /// Bytes of the view.
+    pub len: u64,
+    /// The stream cursor stamped when the memory was bound.
+    pub cursor: u64,
+    /// The page it lies on.
+    pub page: PageRef,
+}
+
+/// A page of a manager, as named in guards and checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct PageRef {
+    pub(super) pool: PoolId,
+    pub(super) page: u32,
+}
+
+/// Keeps one page exactly as it is while alive: nothing new is carved from it, it is never
+/// released, and what lives on it keeps its address. May be dropped from any thread; the manager
+/// notices at its next cleanup.
+#[derive(Debug, Clone)]
+pub struct PageGuard {
+    pub(super) token: Arc<PageRef>,
+}
+
+impl PageGuard {
+    /// The guarded page.
+    pub fn page(&self) -> PageRef {
+        *self.token
+    }
+}
+
+/// A live allocation, for checks and diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocationInfo {
+    /// The handle id it is bound to.
+    pub owner: u64,
+    /// First device address.
+    pub addr: u64,
+    /// Bytes asked for.
+    pub size: u64,
+    /// Bytes it spans (size + padding).
+    pub span: u64,
+    /// The page it lies on.
+    pub page: PageInfo,
+}
+
+/// A page held, for checks and diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageInfo {
+    /// The pool it belongs to.
+    pub kind: PoolKind,
+    /// Which page.
+    pub page: PageRef,
+    /// First device address.
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Whether a guard holds it.
+    pub guarded: bool,
+}
+
+/// A page the manager let go that must wait for the device before it is freed. The device takes
+/// them from its streams' managers into their drop queues (hence public: a drop-queue item).
+#[derive(Debug)]
+pub struct RetiredPage<P> {
+    pub(super) raw: P,
+    pub(super) size: u64,
+    pub(super) budget: MemoryBudget,
+}
+
+impl<P> RetiredPage<P> {
+    /// Bytes of the page.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Frees the page on the device and gives its bytes back to the device's budget.
+    ///
+    /// # Safety
+    ///
+    /// No work that may use the page is pending on any stream of the device (or the device is
+    /// poisoned).
+    pub unsafe fn free<S: Shim<DevicePage = P>>(self, shim: &S) {
+        // SAFETY: the caller guarantees no pending work uses the page.
+        unsafe { shim.device_free(self.raw) };
+        self.budget.give_back(self.size);
+    }
+}
