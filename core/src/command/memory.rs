@@ -17,7 +17,7 @@ impl<S: Shim> Command<'_, S> {
     /// # Errors
     ///
     /// The second failure, or the first when reclaim cannot help (see
-    /// [`IoError::may_succeed_after_reclaim`]); [`ServerError::DeviceLost`];
+    /// [`IoError::may_succeed_after_reclaim`](crate::error::IoError::may_succeed_after_reclaim)); [`ServerError::DeviceLost`];
     /// [`ServerError::StreamFaulted`].
     pub fn reserve(&mut self, size: u64) -> Result<Handle, ServerError> {
         self.begin()?;
@@ -115,7 +115,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`IoError::HostAllocFailed`] when neither the pinned pool nor the heap can hold `len`
+    /// [`IoError::HostAllocFailed`](crate::error::IoError::HostAllocFailed) when neither the pinned pool nor the heap can hold `len`
     /// bytes.
     pub fn reserve_host(&mut self, len: usize, pinned: bool) -> Result<HostBuffer, ServerError> {
         let update = self.page_update();
