@@ -1,28 +1,37 @@
 //! The devcmd conformance suite, generic over any [`devcmd::Shim`].
 //!
-//! A shim author implements [`Harness`] (a fresh shim per [`Mode`], the three [`TestKernel`]s,
-//! their arguments, and optionally a [`Probe`] for counters and fault injection), then either
-//! calls [`run_conformance`] from one test, or lets [`conformance_tests!`] generate one `#[test]`
-//! per behaviour group and mode so failures are legible:
+//! A shim author implements [`Harness`] (a fresh shim per [`Mode`], the four [`TestKernel`]s,
+//! their arguments, and optionally a [`Probe`] for counters and fault injection; the contract of
+//! each method is in [`harness`]), then either calls [`run_conformance`] from one test, or lets
+//! [`conformance_tests!`] generate one `#[test]` per behaviour group and mode so failures are
+//! legible:
 //!
 //! ```ignore
 //! struct MyHarness;
-//! impl devcmd_tests::Harness for MyHarness { /* ... */ }
+//! impl devcmd_tests::Harness for MyHarness { /* shim, kernel, args */ }
 //! devcmd_tests::conformance_tests!(MyHarness);
+//! // Or, with no probe of your own, let the suite's wrapper count calls and inject faults:
+//! devcmd_tests::conformance_tests!(devcmd_tests::CountedHarness(MyHarness));
 //! ```
 //!
 //! The groups ([`groups`]) check the drop queue, copy layouts and staging, round trips, memory
 //! reuse across streams (ONNX Runtime #4829, PyTorch #71616 and #189504 analogues), the failure
 //! rule as a seeded property against a model, fault injection of every shim call under every
 //! operation, and bad input. [`StdHarness`] runs them against `devcmd-std` and is the reference
-//! implementation of a harness.
+//! implementation of a harness; [`Counted`] wraps any shim with counters and fault injection, so
+//! an author need not write a [`Probe`].
 #![deny(missing_docs)]
 
+mod counted;
 pub mod groups;
-mod harness;
+pub mod harness;
 mod std_harness;
 mod util;
 
+pub use counted::{
+    Counted, CountedHarness, CountedPage, CountedProbe, CountedStream, INJECTED_LOSS_STATUS,
+    INJECTED_STATUS,
+};
 pub use harness::{Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestKernel};
 pub use std_harness::{StdHarness, StdProbe};
 
@@ -46,9 +55,10 @@ pub fn run_conformance<H: Harness>(harness: &H) {
     }
 }
 
-/// Generates one `#[test]` per behaviour group and mode for the harness expression `$h`: a module
-/// per mode (`normal`, `lazy_poison`) with one test per group (`normal::drop_queue`, ...), and
-/// `lazy::cross_stream_reuse`, `poison::cross_stream_reuse` besides.
+/// Generates one `#[test]` per behaviour group and mode for the harness expression `$h`
+/// (evaluated anew in each test): a module per mode (`normal`, `lazy_poison`) with one test per
+/// group (`normal::drop_queue`, ...), and `lazy::cross_stream_reuse`, `poison::cross_stream_reuse`
+/// besides.
 #[macro_export]
 macro_rules! conformance_tests {
     ($h:expr) => {
