@@ -17,7 +17,10 @@
 //! The groups ([`groups`]) check the drop queue, copy layouts and staging, round trips, memory
 //! reuse across streams (ONNX Runtime #4829, PyTorch #71616 and #189504 analogues), the failure
 //! rule as a seeded property against a model, fault injection of every shim call under every
-//! operation, and bad input. [`StdHarness`] runs them against `devcmd-std` and is the reference
+//! operation, bad input, the three rules of faults of work that ran ([`groups::work_faults()`]:
+//! reported only by completed fences, sticky, carried by stream waits, each failure naming the
+//! rule), and that host buffers are released only after their fences ([`groups::host_release()`],
+//! seen as wrong bytes). [`StdHarness`] runs them against `devcmd-std` and is the reference
 //! implementation of a harness; [`Counted`] wraps any shim with counters and fault injection, so
 //! an author need not write a [`Probe`].
 #![deny(missing_docs)]
@@ -52,6 +55,8 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::failure_rule(harness, mode);
         groups::fault_injection(harness, mode);
         groups::bad_input(harness, mode);
+        groups::work_faults(harness, mode);
+        groups::host_release(harness, mode);
     }
 }
 
@@ -64,10 +69,10 @@ macro_rules! conformance_tests {
     ($h:expr) => {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input);
+            failure_rule, fault_injection, bad_input, work_faults, host_release);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input);
+            failure_rule, fault_injection, bad_input, work_faults, host_release);
         $crate::conformance_tests!(@mode lazy, LAZY, $h; cross_stream_reuse);
         $crate::conformance_tests!(@mode poison, POISON, $h; cross_stream_reuse);
     };
