@@ -40,6 +40,32 @@
 //!   The core then stops trusting the stream (it cannot know which work failed). Any other error
 //!   from a wait means its outcome is unknown, and the core leaks what the fence covered rather
 //!   than free it.
+//!
+//! The conformance suite (`devcmd-tests`) checks these rules on any shim, with a kernel that
+//! fails while it runs, and names the rule a shim breaks.
+//!
+//! # What a shim may leave out
+//!
+//! Some calls are not needed from every shim; each has a default that answers
+//! [`unsupported`] (or the equivalent), and the core copes:
+//!
+//! | call | default | what the core does without it |
+//! |---|---|---|
+//! | [`Shim::host_alloc_pinned`] | `Err(unsupported)` | stages copies through heap memory |
+//! | [`Shim::host_page_device_addr`] | `None` | stages copies (no zero copy on integrated devices) |
+//! | [`Shim::copy_on_device`] | `Err(unsupported)` | calls it nowhere today; relocation, when it lands, must leave pages in place on `Unsupported` |
+//! | [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | `Err(unsupported)` | calls none of them today; capture, when it lands, reports the refusal and every other operation works |
+//!
+//! A shim without pinned memory still names a [`Shim::HostPage`] type; an uninhabited one says
+//! that no page ever exists, and the two page calls that remain become one-liners:
+//!
+//! ```ignore
+//! type HostPage = core::convert::Infallible;
+//! fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8> { match *page {} }
+//! unsafe fn host_free_pinned(&self, page: Self::HostPage) { match page {} }
+//! ```
+//!
+//! A shim without graphs does the same with [`Shim::Graph`].
 
 use crate::copy::CopyLayout;
 use crate::error::{DriverError, Fault, ShimOp};
@@ -187,14 +213,24 @@ pub trait Shim {
 
     /// Allocates `size` bytes of pinned host memory. May fail with any fault: the core then
     /// falls back to ordinary heap memory.
-    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError>;
+    ///
+    /// Default: [`unsupported`] (every copy is staged through the heap).
+    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError> {
+        let _ = size;
+        Err(unsupported(ShimOp::HostAlloc))
+    }
 
     /// The first host byte of `page`, valid for the page's size until it is freed.
     fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8>;
 
     /// On an integrated device whose host pages are mapped, the device address of `page`; the
     /// device can then read and write it in place, with no staging copy. `None` otherwise.
-    fn host_page_device_addr(&self, page: &Self::HostPage) -> Option<DeviceAddr>;
+    ///
+    /// Default: `None` (no host page is mapped into the device).
+    fn host_page_device_addr(&self, page: &Self::HostPage) -> Option<DeviceAddr> {
+        let _ = page;
+        None
+    }
 
     /// Returns `page` to the host.
     ///
@@ -239,6 +275,9 @@ pub trait Shim {
 
     /// Enqueues a copy between two device ranges with the same `layout` on both sides.
     ///
+    /// Default: [`unsupported`]. The core makes no device-to-device copy today; relocation will,
+    /// and must leave a page where it is when this answers [`Fault::Unsupported`].
+    ///
     /// # Safety
     ///
     /// Both spans lie in live device pages and do not overlap.
@@ -248,7 +287,10 @@ pub trait Shim {
         src: DeviceAddr,
         dst: DeviceAddr,
         layout: CopyLayout,
-    ) -> Result<(), DriverError>;
+    ) -> Result<(), DriverError> {
+        let _ = (stream, src, dst, layout);
+        Err(unsupported(ShimOp::CopyDeviceToDevice))
+    }
 
     // ---- launch ----
 
@@ -267,20 +309,38 @@ pub trait Shim {
         args: &Self::Args,
     ) -> Result<(), DriverError>;
 
-    // ---- graphs ----
+    // ---- graphs (optional: a shim without graphs keeps the defaults) ----
 
     /// Starts recording `stream`: work enqueued on it from now on is recorded, not run.
-    fn begin_capture(&self, stream: &Self::Stream) -> Result<(), DriverError>;
+    ///
+    /// Default: [`unsupported`] (the stream never records, so the other graph calls are never
+    /// reached).
+    fn begin_capture(&self, stream: &Self::Stream) -> Result<(), DriverError> {
+        let _ = stream;
+        Err(unsupported(ShimOp::GraphBegin))
+    }
 
     /// Ends the recording of `stream` and instantiates it. With `doomed`, or when the recording
     /// allocated memory, the recording is discarded and an error returned; the stream is no
     /// longer recording either way.
-    fn end_capture(&self, stream: &Self::Stream, doomed: bool) -> Result<Self::Graph, DriverError>;
+    ///
+    /// Default: [`unsupported`].
+    fn end_capture(&self, stream: &Self::Stream, doomed: bool) -> Result<Self::Graph, DriverError> {
+        let _ = (stream, doomed);
+        Err(unsupported(ShimOp::GraphEnd))
+    }
 
     /// Uploads `graph` to the device ahead of its first launch on `stream`.
-    fn graph_upload(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<(), DriverError>;
+    ///
+    /// Default: [`unsupported`].
+    fn graph_upload(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<(), DriverError> {
+        let _ = (graph, stream);
+        Err(unsupported(ShimOp::GraphUpload))
+    }
 
     /// Enqueues one replay of `graph` on `stream`.
+    ///
+    /// Default: [`unsupported`].
     ///
     /// # Safety
     ///
@@ -289,10 +349,14 @@ pub trait Shim {
         &self,
         graph: &Self::Graph,
         stream: &Self::Stream,
-    ) -> Result<(), DriverError>;
+    ) -> Result<(), DriverError> {
+        let _ = (graph, stream);
+        Err(unsupported(ShimOp::GraphLaunch))
+    }
 }
 
-/// The error of a call a shim does not support: for shims that implement part of the contract.
+/// The error of a call a shim does not support: for shims that implement part of the contract
+/// (the defaults of the optional calls of [`Shim`] answer it).
 pub const fn unsupported(op: ShimOp) -> DriverError {
     DriverError::new(op, -1, Fault::Unsupported)
 }

@@ -1,6 +1,6 @@
 //! The device: its configuration, its shared state and the [`Shim`] implementation.
 
-use crate::faults::{Injection, Stats, classify, status};
+use crate::faults::{Effect, Injection, Stats, classify, status};
 use crate::graph::StdGraph;
 use crate::kernel::{KernelCtx, KernelFault, StdKernel};
 use crate::lock;
@@ -345,22 +345,25 @@ impl StdShim {
     }
 
     /// Counts a call of `op` with `size` bytes; fails if the device is poisoned or an injection
-    /// fires.
-    fn enter(&self, op: ShimOp, size: u64) -> Result<(), DriverError> {
+    /// fires. `Ok(Some(fault))`: an [`Injection::while_running`] fired, so the call goes ahead and
+    /// its work must fail with `fault` once it ran ([`then_fail`]).
+    fn enter(&self, op: ShimOp, size: u64) -> Result<Option<DriverError>, DriverError> {
         let mut st = lock(&self.inner.state);
         let count = st.stats.count(op);
         if self.inner.is_poisoned() {
             return Err(st.poisoned_error(op));
         }
         let fired = st.injections.iter().find(|i| i.fires(op, count, size));
-        let Some(poisons) = fired.map(Injection::poisons) else {
-            return Ok(());
-        };
-        let e = classify(op, status::injected(op, poisons));
-        if poisons {
-            self.inner.poison_locked(&mut st, e);
+        match fired.map(Injection::effect) {
+            None => Ok(None),
+            Some(Effect::FailWhileRunning) => Ok(Some(classify(op, status::injected_at_run(op)))),
+            Some(Effect::Refuse) => Err(classify(op, status::injected(op, false))),
+            Some(Effect::Poison) => {
+                let e = classify(op, status::injected(op, true));
+                self.inner.poison_locked(&mut st, e);
+                Err(e)
+            }
         }
-        Err(e)
     }
 
     /// Validates and enqueues a copy; each side is `(address, is device memory)`.
@@ -372,8 +375,9 @@ impl StdShim {
         dst: (u64, bool),
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
-        self.enter(op, layout.packed_bytes())?;
+        let fail = self.enter(op, layout.packed_bytes())?;
         if layout.packed_bytes() == 0 {
+            then_fail(stream, fail);
             return Ok(());
         }
         let size = |v: u64| usize::try_from(v).map_err(|_| classify(op, status::BAD_ARGUMENT));
@@ -403,6 +407,7 @@ impl StdShim {
             src_pitch: pitch_of(src.1),
             dst_pitch: pitch_of(dst.1),
         }));
+        then_fail(stream, fail);
         Ok(())
     }
 
@@ -423,6 +428,14 @@ impl StdShim {
             // SAFETY: the caller promises nothing uses the block.
             unsafe { block.free() };
         }
+    }
+}
+
+/// Enqueues, after the work of an accepted call, the failure an [`Injection::while_running`]
+/// asked for (`None`: nothing to do).
+fn then_fail(stream: &StdStream, fault: Option<DriverError>) {
+    if let Some(e) = fault {
+        stream.shared.enqueue(Op::Fail(e));
     }
 }
 
@@ -452,8 +465,9 @@ impl Shim for StdShim {
     }
 
     fn stream_wait_event(&self, stream: &StdStream, event: &StdEvent) -> Result<(), DriverError> {
-        self.enter(ShimOp::StreamWaitEvent, 0)?;
+        let fail = self.enter(ShimOp::StreamWaitEvent, 0)?;
         if Arc::ptr_eq(&event.stream, &stream.shared) {
+            then_fail(stream, fail);
             return Ok(()); // A stream is in order with itself.
         }
         if event.captured {
@@ -463,6 +477,7 @@ impl Shim for StdShim {
             stream: Arc::clone(&event.stream),
             seq: event.seq,
         });
+        then_fail(stream, fail);
         Ok(())
     }
 
@@ -621,7 +636,7 @@ impl Shim for StdShim {
         args: &[u8],
     ) -> Result<(), DriverError> {
         let bytes = buffers.iter().fold(0u64, |a, s| a.saturating_add(s.len));
-        self.enter(ShimOp::Launch, bytes)?;
+        let fail = self.enter(ShimOp::Launch, bytes)?;
         let st = lock(&self.inner.state);
         if !buffers.iter().all(|s| st.holds(s.addr.0, s.len)) {
             return Err(classify(ShimOp::Launch, status::BAD_ADDRESS));
@@ -633,6 +648,7 @@ impl Shim for StdShim {
             spans: buffers.to_vec(),
             args: args.to_vec(),
         });
+        then_fail(stream, fail);
         Ok(())
     }
 
@@ -665,12 +681,13 @@ impl Shim for StdShim {
     }
 
     fn graph_upload(&self, _graph: &StdGraph, _stream: &StdStream) -> Result<(), DriverError> {
-        self.enter(ShimOp::GraphUpload, 0)
+        self.enter(ShimOp::GraphUpload, 0).map(drop)
     }
 
     unsafe fn graph_launch(&self, graph: &StdGraph, stream: &StdStream) -> Result<(), DriverError> {
-        self.enter(ShimOp::GraphLaunch, 0)?;
+        let fail = self.enter(ShimOp::GraphLaunch, 0)?;
         stream.shared.enqueue(Op::Replay(Arc::clone(&graph.ops)));
+        then_fail(stream, fail);
         Ok(())
     }
 }

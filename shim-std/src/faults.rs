@@ -25,6 +25,7 @@ use std::sync::Arc;
 /// | 30 | `BUDGET` | `OutOfMemory` | injected: `device_alloc` past [`StdShim::set_alloc_budget`](crate::StdShim::set_alloc_budget) |
 /// | 100 + op | `INJECTED` | `OutOfMemory` for allocations, `Failed` otherwise | an [`Injection`](crate::Injection) fired |
 /// | 200 + op | `INJECTED_POISON` | `DeviceLost` | a [poisoning](crate::Injection::poisoning) injection fired |
+/// | 300 + op | `INJECTED_AT_RUN` | `WorkFailed` | the work of a call accepted by a [while-running](crate::Injection::while_running) injection failed (reported like `KERNEL_FAILED`) |
 ///
 /// `op` is the index of the [`ShimOp`] in declaration order (`StreamCreate` = 0 ...
 /// `GraphLaunch` = 14); [`status::injected`](crate::status::injected) computes the code.
@@ -65,11 +66,18 @@ pub mod status {
     pub const INJECTED: i32 = 100;
     /// Base of injected poisoning failures (plus the op index).
     pub const INJECTED_POISON: i32 = 200;
+    /// Base of injected failures of work that ran (plus the op index).
+    pub const INJECTED_AT_RUN: i32 = 300;
 
     /// The status code of an injected failure of `op` (poisoning or not).
     pub const fn injected(op: ShimOp, poisons: bool) -> i32 {
         let base = if poisons { INJECTED_POISON } else { INJECTED };
         base + super::op_index(op) as i32
+    }
+
+    /// The status code of an injected failure of the work `op` enqueued, while it ran.
+    pub const fn injected_at_run(op: ShimOp) -> i32 {
+        INJECTED_AT_RUN + super::op_index(op) as i32
     }
 }
 
@@ -112,6 +120,7 @@ pub fn classify(op: ShimOp, code: i32) -> DriverError {
         status::KERNEL_POISONED | status::DEVICE_POISONED => Fault::DeviceLost,
         status::KERNEL_FAILED | status::KERNEL_PANICKED => Fault::WorkFailed,
         _ if injected(status::INJECTED_POISON).is_some() => Fault::DeviceLost,
+        _ if injected(status::INJECTED_AT_RUN).is_some() => Fault::WorkFailed,
         _ => match injected(status::INJECTED) {
             Some(ShimOp::DeviceAlloc | ShimOp::HostAlloc) => Fault::OutOfMemory,
             _ => Fault::Failed,
@@ -130,16 +139,42 @@ enum Trigger {
     When(Predicate),
 }
 
+/// What a firing injection does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// The call fails and has no effect.
+    Refuse,
+    /// The call fails and the device is lost.
+    Poison,
+    /// The call is accepted and its work runs, then fails while it runs.
+    FailWhileRunning,
+}
+
+/// Whether `op` enqueues work on a stream (so its work can fail while it runs).
+pub(crate) const fn enqueues_work(op: ShimOp) -> bool {
+    matches!(
+        op,
+        ShimOp::StreamWaitEvent
+            | ShimOp::CopyHostToDevice
+            | ShimOp::CopyDeviceToHost
+            | ShimOp::CopyDeviceToDevice
+            | ShimOp::Launch
+            | ShimOp::GraphLaunch
+    )
+}
+
 /// A rule that makes calls fail on purpose. Install with [`StdShim::inject`](crate::StdShim::inject)
 /// or [`StdShimBuilder::inject`](crate::StdShimBuilder::inject).
 ///
 /// Calls are counted per [`ShimOp`] from 1 (the counts of [`Stats::calls`], which include failed
 /// calls). An injected failure returns an error with the status [`status::injected`] and changes
-/// nothing else. Frees cannot fail and are never injected.
+/// nothing else, unless the rule is [poisoning](Injection::poisoning) or
+/// [fails the work while it runs](Injection::while_running). Frees cannot fail and are never
+/// injected.
 #[derive(Clone)]
 pub struct Injection {
     trigger: Trigger,
-    poisons: bool,
+    effect: Effect,
 }
 
 impl Injection {
@@ -147,7 +182,7 @@ impl Injection {
     pub fn nth(op: ShimOp, n: u64) -> Self {
         Self {
             trigger: Trigger::Nth(op, n),
-            poisons: false,
+            effect: Effect::Refuse,
         }
     }
 
@@ -155,7 +190,7 @@ impl Injection {
     pub fn after(op: ShimOp, n: u64) -> Self {
         Self {
             trigger: Trigger::After(op, n),
-            poisons: false,
+            effect: Effect::Refuse,
         }
     }
 
@@ -165,19 +200,34 @@ impl Injection {
     pub fn when(pred: impl Fn(ShimOp, u64) -> bool + Send + Sync + 'static) -> Self {
         Self {
             trigger: Trigger::When(Arc::new(pred)),
-            poisons: false,
+            effect: Effect::Refuse,
         }
     }
 
     /// Makes the failure poison the device: the call fails with a [`Fault::DeviceLost`] error and
     /// every later call fails too.
     pub fn poisoning(mut self) -> Self {
-        self.poisons = true;
+        self.effect = Effect::Poison;
+        self
+    }
+
+    /// Makes the call succeed and its work fail while it runs, as a kernel that fails does: the
+    /// work runs (a copy copies, a kernel writes), then the stream's fences from there on report
+    /// a [`Fault::WorkFailed`] with the status [`status::injected_at_run`], and so do the fences
+    /// of streams ordered after it (the three rules of [`devcmd::shim`]).
+    ///
+    /// Only calls that enqueue work can fail this way: stream waits, copies, launches and graph
+    /// launches. The rule never fires on other calls (nor counts them as firing).
+    pub fn while_running(mut self) -> Self {
+        self.effect = Effect::FailWhileRunning;
         self
     }
 
     /// Whether the rule fires on the `count`th call of `op` with `size` bytes.
     pub(crate) fn fires(&self, op: ShimOp, count: u64, size: u64) -> bool {
+        if self.effect == Effect::FailWhileRunning && !enqueues_work(op) {
+            return false;
+        }
         match &self.trigger {
             Trigger::Nth(o, n) => *o == op && count == *n,
             Trigger::After(o, n) => *o == op && count > *n,
@@ -185,9 +235,9 @@ impl Injection {
         }
     }
 
-    /// Whether a firing poisons the device.
-    pub(crate) fn poisons(&self) -> bool {
-        self.poisons
+    /// What a firing does.
+    pub(crate) fn effect(&self) -> Effect {
+        self.effect
     }
 }
 
@@ -199,7 +249,7 @@ impl fmt::Debug for Injection {
             Trigger::After(op, n) => d.field("op", op).field("after", n),
             Trigger::When(_) => d.field("when", &"<predicate>"),
         };
-        d.field("poisons", &self.poisons).finish()
+        d.field("effect", &self.effect).finish()
     }
 }
 
@@ -269,8 +319,61 @@ mod tests {
             f(status::injected(ShimOp::GraphLaunch, true)),
             Fault::DeviceLost
         );
+        assert_eq!(
+            f(status::injected_at_run(ShimOp::CopyHostToDevice)),
+            Fault::WorkFailed
+        );
+        assert_eq!(
+            f(status::injected_at_run(ShimOp::GraphLaunch)),
+            Fault::WorkFailed
+        );
         for (i, op) in OPS.iter().enumerate() {
             assert_eq!(op_index(*op), i);
         }
+    }
+
+    #[test]
+    fn a_while_running_injection_lets_the_work_run_then_fails_its_fences() {
+        use devcmd::{CopyLayout, Shim};
+        let shim = crate::StdShim::builder().lazy(true).build();
+        // Never fires on a call that enqueues nothing; fires on the second upload.
+        shim.inject(Injection::nth(ShimOp::EventRecord, 1).while_running());
+        shim.inject(Injection::nth(ShimOp::CopyHostToDevice, 2).while_running());
+        let s = shim.create_stream().unwrap();
+        let page = shim.device_alloc(8).unwrap();
+        let (a, b, mut back) = ([1u8; 8], [2u8; 8], [0u8; 8]);
+        let addr = shim.device_page_addr(&page);
+        let clean = shim
+            .record_event(&s)
+            .expect("the EventRecord rule never fires");
+        // SAFETY: the host arrays outlive the waits below; the page holds 8 bytes.
+        unsafe {
+            shim.copy_to_device(&s, a.as_ptr(), addr, CopyLayout::linear(8))
+                .unwrap();
+            shim.copy_to_device(&s, b.as_ptr(), addr, CopyLayout::linear(8))
+                .expect("accepted: its work fails only while it runs");
+            shim.copy_to_host(&s, addr, back.as_mut_ptr(), CopyLayout::linear(8))
+                .unwrap();
+        }
+        shim.event_wait(&clean).unwrap();
+        let fence = shim.record_event(&s).unwrap();
+        let e = shim.event_wait(&fence).unwrap_err();
+        assert_eq!(
+            (e.op, e.status, e.fault),
+            (
+                ShimOp::CopyHostToDevice,
+                status::injected_at_run(ShimOp::CopyHostToDevice),
+                Fault::WorkFailed
+            )
+        );
+        assert_eq!(
+            back, b,
+            "the failed upload's work ran, and the work after it"
+        );
+        let later = shim.record_event(&s).unwrap();
+        assert_eq!(shim.event_query(&later).unwrap_err(), e, "sticky");
+        assert_eq!(shim.stats().async_faults, 1);
+        // SAFETY: every fence after the page's last use completed.
+        unsafe { shim.device_free(page) };
     }
 }

@@ -8,11 +8,12 @@ use devcmd::{DeviceSpan, Grid};
 use std::fmt;
 use std::sync::Arc;
 
-/// What a kernel can report at run time. It surfaces at the next query or wait of an event of the
-/// stream recorded after the launch.
+/// What a kernel can report at run time. It surfaces at the queries and waits of the stream's
+/// events recorded after the launch, once they completed (the three rules of [`devcmd::shim`]:
+/// reported only by completed fences, sticky, carried to streams ordered after it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelFault {
-    /// This launch failed; the device stays usable ([`devcmd::Fault::Failed`]).
+    /// This launch failed while it ran; the device stays usable ([`devcmd::Fault::WorkFailed`]).
     Failed,
     /// The device is lost: nothing will run again ([`devcmd::Fault::DeviceLost`]).
     DeviceLost,

@@ -17,9 +17,11 @@
 //!   [`Shim::begin_capture`] and [`Shim::end_capture`], replayed as one operation.
 //!
 //! For tests it offers a **lazy** mode (a stream runs nothing until one of its events is waited
-//! on or queried), **poisoning** of freed memory (filled with [`POISON_BYTE`] and kept in a
-//! quarantine), **fault injection** for every call ([`Injection`], [`StdShim::inject`]) and call
-//! counters ([`StdShim::stats`]). Every error is built by [`classify`] from a status code of the
+//! on or queried), **poisoning** of freed memory (device pages and pinned host pages alike, filled
+//! with [`POISON_BYTE`] and kept in a quarantine, so work that touches a page after the core let
+//! it go reads poison), **fault injection** for every call, refusing it, losing the device or
+//! making its work fail while it runs ([`Injection`], [`StdShim::inject`]), and call counters
+//! ([`StdShim::stats`]). Every error is built by [`classify`] from a status code of the
 //! table in [`status`].
 //!
 //! ```

@@ -74,11 +74,18 @@ pub(crate) enum Op {
         seq: u64,
     },
     Replay(Arc<Vec<Op>>),
+    /// The work before it fails while it runs (an [`Injection::while_running`] fired on the call
+    /// that enqueued that work): runs nothing, reports the fault.
+    ///
+    /// [`Injection::while_running`]: crate::Injection::while_running
+    Fail(DriverError),
 }
 
 /// Runs `op` on the calling worker.
 fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
-    dev.note_run(matches!(op, Op::Launch { .. }));
+    if !matches!(op, Op::Fail(_)) {
+        dev.note_run(matches!(op, Op::Launch { .. }));
+    }
     match op {
         Op::Copy(c) => {
             // SAFETY: the enqueuer's contract keeps both sides valid until an event after the copy
@@ -124,6 +131,7 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
             }
             first.map_or(Ok(()), Err)
         }
+        Op::Fail(e) => Err(*e),
     }
 }
 

@@ -1,5 +1,63 @@
 //! What a shim author implements to run the suite: [`Harness`] (required) and [`Probe`]
-//! (optional: call counters and fault injection).
+//! (optional: call counters and fault injection), and the contract each method keeps.
+//!
+//! # The harness contract
+//!
+//! A [`Harness`] hands the suite fresh shims and the test kernels loaded on them; the suite builds
+//! every [`devcmd::Device`] itself. What each method must do:
+//!
+//! - [`Harness::shim`]: a fresh device each call (no memory in use, nothing lost, no fault
+//!   pending) in the asked [`Mode`], or `None` when the shim cannot offer that mode (the groups of
+//!   that mode are then skipped, saying so on stderr). In a **lazy** mode no stream runs anything
+//!   until one of its fences is queried or waited on (a stream waiting on another's event drives
+//!   that one up to the event); in a **poison** mode every page given back, by
+//!   [`Shim::device_free`] and by [`Shim::host_free_pinned`] alike, is overwritten before anything
+//!   can use it again, so work that touches memory the core let go too early (because a fence
+//!   completed early, or the core did not wait for it) reads or leaves wrong bytes the suite sees.
+//! - [`Harness::kernel`]: the [`TestKernel`] asked for, loaded on that shim; each kernel's
+//!   variant documents what it must do, [`TestKernel::WriteThenFail`] included (a kernel that
+//!   fails while it runs: the suite checks the three rules of [`devcmd::shim`] with it).
+//! - [`Harness::args`]: the launch arguments that carry the byte `value` to the kernel.
+//! - [`Harness::probe`]: optional. With one, the suite also checks the shim's own counters and
+//!   injects faults; without one those checks are skipped or weakened (each group says how).
+//!   You need not write one: wrap your harness in [`CountedHarness`](crate::CountedHarness) and
+//!   the suite's [`Counted`](crate::Counted) wrapper counts and injects for any shim.
+//!
+//! # What a probe counts
+//!
+//! [`Counters`] are cumulative from the shim's creation and compared only as differences:
+//!
+//! - `event_records`, `event_waits`, `event_queries`: every call of [`Shim::record_event`],
+//!   [`Shim::event_wait`] and [`Shim::event_query`], whether it succeeded, failed, or was refused
+//!   by an injected fault;
+//! - `device_pages_live` / `device_bytes_live`: pages returned by a successful
+//!   [`Shim::device_alloc`] and not yet given to [`Shim::device_free`], and their sizes as asked;
+//! - `host_pages_live`: pages returned by a successful [`Shim::host_alloc_pinned`] and not yet
+//!   given to [`Shim::host_free_pinned`].
+//!
+//! Nothing else counts: a page that failed to allocate is not live; frees cannot fail.
+//!
+//! # How an injected fault must look
+//!
+//! [`Probe::inject`] installs a [`FaultRule`]; the calls it names are counted from the moment of
+//! the request. A fired rule must look to the core exactly as the real failure would:
+//!
+//! - a refused [`Shim::device_alloc`] or [`Shim::host_alloc_pinned`] is classified
+//!   [`Fault::OutOfMemory`](devcmd::Fault::OutOfMemory) (a transient shortage: the core then
+//!   reclaims and retries once, and reports [`IoError::OutOfMemory`](devcmd::IoError) naming the
+//!   refusal; a refused pinned page falls back to heap memory);
+//! - any other refused call is [`Fault::Failed`](devcmd::Fault::Failed), and the call has no
+//!   effect (nothing enqueued, nothing allocated);
+//! - [`FaultRule::Poison`] is [`Fault::DeviceLost`](devcmd::Fault::DeviceLost) and every later
+//!   call fails with `DeviceLost` too; no work may touch memory after the core hears of the loss
+//!   (it frees everything at once), so queued work is finished or dropped first;
+//! - [`FaultRule::WorkFails`] accepts the call, lets its work run, then reports
+//!   [`Fault::WorkFailed`](devcmd::Fault::WorkFailed) at the fences after it, keeping the three
+//!   rules of [`devcmd::shim`].
+//!
+//! Build the errors with the shim's own [`Shim::classify`] where its status codes allow it (as
+//! the std shim does); otherwise build [`devcmd::DriverError`]s with those faults directly (as
+//! [`Counted`](crate::Counted) does).
 
 use devcmd::{Shim, ShimOp};
 use std::fmt;
@@ -14,8 +72,8 @@ pub struct Mode {
     /// Streams run nothing until one of their fences is queried or waited on, so every
     /// early-free or missing-order bug shows deterministically.
     pub lazy: bool,
-    /// Freed device and host memory is overwritten (poisoned) before anyone can reuse it, so a
-    /// late read sees garbage instead of plausible old data.
+    /// Freed device pages and freed pinned host pages are overwritten (poisoned) before anyone
+    /// can reuse them, so a late read sees garbage instead of plausible old data.
     pub poison: bool,
 }
 
@@ -67,10 +125,40 @@ pub enum TestKernel {
     /// As [`TestKernel::AddByte`], but waits at least [`SLOW_KERNEL_MS`] before it reads its
     /// input (so a buffer freed or overwritten too early shows in its output).
     SlowAdd,
+    /// No inputs; sets every byte of every output to `value` (as [`TestKernel::Fill`]), then
+    /// **fails while it runs**. Launching it succeeds; the failure surfaces at the fences
+    /// recorded after it, as a fault of work that ran: [`devcmd::Fault::WorkFailed`], or
+    /// [`devcmd::Fault::DeviceLost`] on a device that cannot survive a failed kernel (CUDA's
+    /// sticky errors). With no outputs it writes nothing and fails all the same.
+    ///
+    /// On CUDA: a kernel that stores `value`, then traps. On a CPU shim: a function that writes,
+    /// then returns the shim's run-time failure.
+    WriteThenFail,
 }
 
-/// Call counters of a shim, as far as it keeps them. Counts are cumulative since the shim was
-/// made; the suite only compares differences.
+impl TestKernel {
+    /// Every test kernel.
+    pub const ALL: [Self; 4] = [
+        Self::Fill,
+        Self::AddByte,
+        Self::SlowAdd,
+        Self::WriteThenFail,
+    ];
+
+    /// The name the suite launches it under (carried in failure chains).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Fill => "fill",
+            Self::AddByte => "add",
+            Self::SlowAdd => "slow_add",
+            Self::WriteThenFail => "write_then_fail",
+        }
+    }
+}
+
+/// Call counters of a shim, as far as it keeps them (see the module documentation for which
+/// calls count). Counts are cumulative since the shim was made; the suite only compares
+/// differences.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Calls of [`Shim::record_event`].
@@ -88,6 +176,7 @@ pub struct Counters {
 }
 
 /// A fault the suite asks a [`Probe`] to inject. Counting starts at the moment of the request.
+/// See the module documentation for how each must be classified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultRule {
     /// The call of `op` after the next `skip` ones fails once (not poisoning).
@@ -107,6 +196,19 @@ pub enum FaultRule {
         /// The call.
         op: ShimOp,
     },
+    /// The call of `op` after the next `skip` ones succeeds and its work runs (a copy copies, a
+    /// kernel writes), then fails while it runs: the stream's fences from there on report a
+    /// [`Fault::WorkFailed`](devcmd::Fault::WorkFailed), and so do those of streams ordered
+    /// after it (the three rules of [`devcmd::shim`]). `op` is a call that enqueues work:
+    /// [`ShimOp::CopyHostToDevice`], [`ShimOp::CopyDeviceToHost`],
+    /// [`ShimOp::CopyDeviceToDevice`], [`ShimOp::Launch`], [`ShimOp::GraphLaunch`] or
+    /// [`ShimOp::StreamWaitEvent`].
+    WorkFails {
+        /// The call.
+        op: ShimOp,
+        /// Calls of `op` that still succeed first.
+        skip: u64,
+    },
 }
 
 /// Optional hooks into a shim: counters and fault injection. Bound to one shim instance (made by
@@ -115,14 +217,16 @@ pub enum FaultRule {
 pub trait Probe {
     /// The shim's counters now.
     fn counters(&self) -> Counters;
-    /// Installs `rule`. Injected failures must be built by [`Shim::classify`] like real ones and
-    /// change nothing else (the call has no effect).
+    /// Installs `rule`. An injected failure looks to the core exactly like a real one (see the
+    /// module documentation): a refused call changes nothing else.
     fn inject(&self, rule: FaultRule);
-    /// Removes every injected rule (a poisoned device stays poisoned).
+    /// Removes every injected rule (a poisoned device stays poisoned, a fault of work that ran
+    /// stays reported).
     fn clear(&self);
 }
 
-/// What a shim author implements to run the conformance suite (see the crate documentation).
+/// What a shim author implements to run the conformance suite (see the crate documentation and
+/// the module documentation for the contract of each method).
 ///
 /// Keep it thin: the suite builds the [`devcmd::Device`] itself (with the configurations its
 /// checks need) from the shim you return.
@@ -142,7 +246,8 @@ pub trait Harness {
 
     /// Counters and fault injection for `shim`, if the shim offers them. Without a probe the
     /// checks that need counters use the core's own statistics only, the failure-rule property
-    /// runs without failing launches, and the fault-injection group is skipped.
+    /// runs without failing launches, the three fault rules are checked with
+    /// [`TestKernel::WriteThenFail`] only, and the fault-injection group is skipped.
     fn probe(&self, shim: &Self::S) -> Option<Box<dyn Probe>> {
         let _ = shim;
         None

@@ -1,28 +1,40 @@
 //! The devcmd conformance suite, generic over any [`devcmd::Shim`].
 //!
-//! A shim author implements [`Harness`] (a fresh shim per [`Mode`], the three [`TestKernel`]s,
-//! their arguments, and optionally a [`Probe`] for counters and fault injection), then either
-//! calls [`run_conformance`] from one test, or lets [`conformance_tests!`] generate one `#[test]`
-//! per behaviour group and mode so failures are legible:
+//! A shim author implements [`Harness`] (a fresh shim per [`Mode`], the four [`TestKernel`]s,
+//! their arguments, and optionally a [`Probe`] for counters and fault injection; the contract of
+//! each method is in [`harness`]), then either calls [`run_conformance`] from one test, or lets
+//! [`conformance_tests!`] generate one `#[test]` per behaviour group and mode so failures are
+//! legible:
 //!
 //! ```ignore
 //! struct MyHarness;
-//! impl devcmd_tests::Harness for MyHarness { /* ... */ }
+//! impl devcmd_tests::Harness for MyHarness { /* shim, kernel, args */ }
 //! devcmd_tests::conformance_tests!(MyHarness);
+//! // Or, with no probe of your own, let the suite's wrapper count calls and inject faults:
+//! devcmd_tests::conformance_tests!(devcmd_tests::CountedHarness(MyHarness));
 //! ```
 //!
 //! The groups ([`groups`]) check the drop queue, copy layouts and staging, round trips, memory
 //! reuse across streams (ONNX Runtime #4829, PyTorch #71616 and #189504 analogues), the failure
 //! rule as a seeded property against a model, fault injection of every shim call under every
-//! operation, and bad input. [`StdHarness`] runs them against `devcmd-std` and is the reference
-//! implementation of a harness.
+//! operation, bad input, the three rules of faults of work that ran ([`groups::work_faults()`]:
+//! reported only by completed fences, sticky, carried by stream waits, each failure naming the
+//! rule), and that host buffers are released only after their fences ([`groups::host_release()`],
+//! seen as wrong bytes). [`StdHarness`] runs them against `devcmd-std` and is the reference
+//! implementation of a harness; [`Counted`] wraps any shim with counters and fault injection, so
+//! an author need not write a [`Probe`].
 #![deny(missing_docs)]
 
+mod counted;
 pub mod groups;
-mod harness;
+pub mod harness;
 mod std_harness;
 mod util;
 
+pub use counted::{
+    Counted, CountedHarness, CountedPage, CountedProbe, CountedStream, INJECTED_LOSS_STATUS,
+    INJECTED_STATUS,
+};
 pub use harness::{Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestKernel};
 pub use std_harness::{StdHarness, StdProbe};
 
@@ -43,21 +55,24 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::failure_rule(harness, mode);
         groups::fault_injection(harness, mode);
         groups::bad_input(harness, mode);
+        groups::work_faults(harness, mode);
+        groups::host_release(harness, mode);
     }
 }
 
-/// Generates one `#[test]` per behaviour group and mode for the harness expression `$h`: a module
-/// per mode (`normal`, `lazy_poison`) with one test per group (`normal::drop_queue`, ...), and
-/// `lazy::cross_stream_reuse`, `poison::cross_stream_reuse` besides.
+/// Generates one `#[test]` per behaviour group and mode for the harness expression `$h`
+/// (evaluated anew in each test): a module per mode (`normal`, `lazy_poison`) with one test per
+/// group (`normal::drop_queue`, ...), and `lazy::cross_stream_reuse`, `poison::cross_stream_reuse`
+/// besides.
 #[macro_export]
 macro_rules! conformance_tests {
     ($h:expr) => {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input);
+            failure_rule, fault_injection, bad_input, work_faults, host_release);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input);
+            failure_rule, fault_injection, bad_input, work_faults, host_release);
         $crate::conformance_tests!(@mode lazy, LAZY, $h; cross_stream_reuse);
         $crate::conformance_tests!(@mode poison, POISON, $h; cross_stream_reuse);
     };

@@ -45,6 +45,11 @@ impl Harness for StdHarness {
                 std::thread::sleep(Duration::from_millis(SLOW_KERNEL_MS));
                 add(ctx)
             }),
+            TestKernel::WriteThenFail => shim.register_kernel("write_then_fail", |ctx| {
+                let value = ctx.arg_u32(0)? as u8;
+                ctx.buffers_mut()?.into_iter().for_each(|b| b.fill(value));
+                Err(KernelFault::Failed)
+            }),
         }
     }
 
@@ -81,6 +86,9 @@ impl Probe for StdProbe {
             FaultRule::Once { op, skip } => Injection::nth(op, calls(op) + skip + 1),
             FaultRule::Always { op } => Injection::after(op, calls(op)),
             FaultRule::Poison { op } => Injection::nth(op, calls(op) + 1).poisoning(),
+            FaultRule::WorkFails { op, skip } => {
+                Injection::nth(op, calls(op) + skip + 1).while_running()
+            }
         };
         self.0.inject(injection);
     }

@@ -29,14 +29,34 @@ pub(crate) fn must<T>(r: Result<T, ServerError>, what: impl Display) -> T {
     }
 }
 
+/// The position of `kernel` in [`TestKernel::ALL`] (the index of its loaded kernel and args).
+pub(crate) fn kernel_slot(kernel: TestKernel) -> usize {
+    TestKernel::ALL
+        .iter()
+        .position(|k| *k == kernel)
+        .expect("every kernel is in TestKernel::ALL")
+}
+
+/// Every [`TestKernel`] loaded on `shim`, in [`TestKernel::ALL`] order, and their arguments for
+/// every byte value (at `value * ALL.len() + slot`).
+#[allow(clippy::type_complexity)]
+pub(crate) fn load_kernels<H: Harness>(
+    h: &H,
+    shim: &H::S,
+) -> (Vec<<H::S as Shim>::Kernel>, Vec<Box<<H::S as Shim>::Args>>) {
+    let kernels = TestKernel::ALL.map(|k| h.kernel(shim, k)).into();
+    let args = (0..=255u8)
+        .flat_map(|v| TestKernel::ALL.map(|k| h.args(k, v)))
+        .collect();
+    (kernels, args)
+}
+
 /// A device under test, its kernels and (if the shim has one) its probe.
 pub(crate) struct Ctx<H: Harness> {
     pub dev: Device<H::S>,
     pub probe: Option<Box<dyn Probe>>,
     pub mode: Mode,
-    fill: <H::S as Shim>::Kernel,
-    add: <H::S as Shim>::Kernel,
-    slow: <H::S as Shim>::Kernel,
+    kernels: Vec<<H::S as Shim>::Kernel>,
     args: Vec<Box<<H::S as Shim>::Args>>,
 }
 
@@ -49,21 +69,12 @@ impl<H: Harness> Ctx<H> {
         };
         let probe = h.probe(&shim);
         let dev = Device::new(shim, config);
-        let fill = h.kernel(dev.shim(), TestKernel::Fill);
-        let add = h.kernel(dev.shim(), TestKernel::AddByte);
-        let slow = h.kernel(dev.shim(), TestKernel::SlowAdd);
-        let args = (0..=255u8)
-            .flat_map(|v| {
-                [TestKernel::Fill, TestKernel::AddByte, TestKernel::SlowAdd].map(|k| h.args(k, v))
-            })
-            .collect();
+        let (kernels, args) = load_kernels(h, dev.shim());
         Some(Self {
             dev,
             probe,
             mode,
-            fill,
-            add,
-            slow,
+            kernels,
             args,
         })
     }
@@ -85,15 +96,11 @@ impl<H: Harness> Ctx<H> {
         inputs: &[&Handle],
         outputs: &[&Handle],
     ) -> Result<(), ServerError> {
-        let (k, name, slot) = match kernel {
-            TestKernel::Fill => (&self.fill, "fill", 0),
-            TestKernel::AddByte => (&self.add, "add", 1),
-            TestKernel::SlowAdd => (&self.slow, "slow_add", 2),
-        };
-        let args = &*self.args[usize::from(value) * 3 + slot];
+        let slot = kernel_slot(kernel);
+        let args = &*self.args[usize::from(value) * TestKernel::ALL.len() + slot];
         self.dev.command(stream)?.launch(Launch {
-            kernel: k,
-            name,
+            kernel: &self.kernels[slot],
+            name: kernel.name(),
             grid: Grid::linear(1),
             inputs,
             outputs,

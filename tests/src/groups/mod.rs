@@ -5,14 +5,18 @@ mod bad_input;
 mod drop_queue;
 mod failure_rule;
 mod faults;
+mod host_release;
 mod layout;
 mod reuse;
 mod round_trip;
+pub mod work_faults;
 
 pub use bad_input::bad_input;
 pub use drop_queue::drop_queue;
 pub use failure_rule::{failure_rule, failure_rule_with};
 pub use faults::fault_injection;
+pub use host_release::{RELEASED_BYTE, host_release};
 pub use layout::layouts;
 pub use reuse::{cross_stream_reuse, pending_frees};
 pub use round_trip::round_trips;
+pub use work_faults::work_faults;

@@ -1,0 +1,278 @@
+//! The suite catches shims that break the rules of faults of work that ran, and says which rule.
+//!
+//! Two wrappers around the std shim each break one rule of `devcmd::shim` and keep every other
+//! promise: [`Forgetful`] reports a fault of work that ran once, then answers clean (not sticky);
+//! [`NoCarry`] orders streams by waiting on the host, so the fault stays behind (it does not
+//! travel with `stream_wait_event`). The checks must fail against each, with a message that names
+//! the broken rule, and pass the rules each wrapper keeps.
+//!
+//! The wrappers leave the optional calls of the contract (graphs, device-to-device copies, mapped
+//! host pages) to their defaults, which answer `unsupported`: the suite needs none of them.
+
+use devcmd::{
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp,
+};
+use devcmd_std::StdShim;
+use devcmd_tests::groups::work_faults::{
+    RULE_STICKY, RULE_TRAVELS, fault_is_sticky, fault_reported_by_completed_fence,
+    fault_travels_with_waits, work_faults_through_core,
+};
+use devcmd_tests::{Harness, Mode, Probe, StdHarness, StdProbe, TestKernel, groups};
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How a broken shim bends the answers of the std shim.
+trait Twist: Default {
+    /// Whether stream waits are enqueued on the device (false: the host waits instead, and the
+    /// fault of the awaited work stays behind).
+    const CARRIES: bool = true;
+
+    /// What a completed fence answers, given the std shim's answer.
+    fn fence(&self, answer: Result<(), DriverError>) -> Result<(), DriverError> {
+        answer
+    }
+}
+
+/// Reports a fault of work that ran once, then answers clean: breaks rule 2 (sticky).
+#[derive(Debug, Default)]
+struct Forgetful {
+    heard: AtomicBool,
+}
+
+impl Twist for Forgetful {
+    fn fence(&self, answer: Result<(), DriverError>) -> Result<(), DriverError> {
+        match answer {
+            Err(e) if e.fault == Fault::WorkFailed && self.heard.swap(true, Ordering::SeqCst) => {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+}
+
+/// Orders streams with a host-side wait: breaks rule 3 (travels with `stream_wait_event`).
+#[derive(Debug, Default)]
+struct NoCarry;
+
+impl Twist for NoCarry {
+    const CARRIES: bool = false;
+}
+
+/// The std shim with a twist.
+#[derive(Debug)]
+struct Broken<T> {
+    inner: StdShim,
+    twist: T,
+}
+
+impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
+    type Stream = <StdShim as Shim>::Stream;
+    type Event = <StdShim as Shim>::Event;
+    type DevicePage = <StdShim as Shim>::DevicePage;
+    type HostPage = <StdShim as Shim>::HostPage;
+    type Kernel = <StdShim as Shim>::Kernel;
+    type Args = <StdShim as Shim>::Args;
+    type Graph = <StdShim as Shim>::Graph;
+
+    fn facts(&self) -> DeviceFacts {
+        self.inner.facts()
+    }
+
+    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
+        self.inner.classify(op, status)
+    }
+
+    fn create_stream(&self) -> Result<Self::Stream, DriverError> {
+        self.inner.create_stream()
+    }
+
+    fn stream_wait_event(
+        &self,
+        stream: &Self::Stream,
+        event: &Self::Event,
+    ) -> Result<(), DriverError> {
+        if T::CARRIES {
+            return self.inner.stream_wait_event(stream, event);
+        }
+        // The order holds (the host waits until the event completed), but the fault the event
+        // reports is dropped here instead of reaching `stream`'s later fences.
+        let _ = self.inner.event_wait(event);
+        Ok(())
+    }
+
+    fn record_event(&self, stream: &Self::Stream) -> Result<Self::Event, DriverError> {
+        self.inner.record_event(stream)
+    }
+
+    fn event_query(&self, event: &Self::Event) -> Result<bool, DriverError> {
+        match self.inner.event_query(event) {
+            Err(e) => self.twist.fence(Err(e)).map(|()| true),
+            other => other,
+        }
+    }
+
+    fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError> {
+        self.twist.fence(self.inner.event_wait(event))
+    }
+
+    fn device_alloc(&self, size: u64) -> Result<Self::DevicePage, DriverError> {
+        self.inner.device_alloc(size)
+    }
+
+    fn device_page_addr(&self, page: &Self::DevicePage) -> DeviceAddr {
+        self.inner.device_page_addr(page)
+    }
+
+    unsafe fn device_free(&self, page: Self::DevicePage) {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.device_free(page) }
+    }
+
+    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError> {
+        self.inner.host_alloc_pinned(size)
+    }
+
+    fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8> {
+        self.inner.host_page_ptr(page)
+    }
+
+    unsafe fn host_free_pinned(&self, page: Self::HostPage) {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.host_free_pinned(page) }
+    }
+
+    unsafe fn copy_to_device(
+        &self,
+        stream: &Self::Stream,
+        src: *const u8,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.copy_to_device(stream, src, dst, layout) }
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        stream: &Self::Stream,
+        src: DeviceAddr,
+        dst: *mut u8,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.copy_to_host(stream, src, dst, layout) }
+    }
+
+    unsafe fn launch(
+        &self,
+        stream: &Self::Stream,
+        kernel: &Self::Kernel,
+        grid: Grid,
+        buffers: &[DeviceSpan],
+        args: &Self::Args,
+    ) -> Result<(), DriverError> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.launch(stream, kernel, grid, buffers, args) }
+    }
+}
+
+/// The std harness, through a [`Broken`] shim.
+#[derive(Debug, Default)]
+struct BrokenHarness<T>(std::marker::PhantomData<T>);
+
+impl<T: Twist + std::fmt::Debug> Harness for BrokenHarness<T> {
+    type S = Broken<T>;
+
+    fn shim(&self, mode: Mode) -> Option<Self::S> {
+        Some(Broken {
+            inner: StdHarness.shim(mode)?,
+            twist: T::default(),
+        })
+    }
+
+    fn kernel(&self, shim: &Self::S, kernel: TestKernel) -> <StdShim as Shim>::Kernel {
+        StdHarness.kernel(&shim.inner, kernel)
+    }
+
+    fn args(&self, kernel: TestKernel, value: u8) -> Box<[u8]> {
+        StdHarness.args(kernel, value)
+    }
+
+    fn probe(&self, shim: &Self::S) -> Option<Box<dyn Probe>> {
+        Some(Box::new(StdProbe(shim.inner.clone())))
+    }
+}
+
+fn message(payload: Box<dyn Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(p) => p
+            .downcast::<&str>()
+            .map(|s| (*s).to_owned())
+            .unwrap_or_else(|_| "<a panic without a message>".to_owned()),
+    }
+}
+
+/// Runs `check`, which must fail with a message naming `rule`.
+#[track_caller]
+fn fails_naming(what: &str, rule: &str, check: impl FnOnce()) {
+    match catch_unwind(AssertUnwindSafe(check)) {
+        Ok(()) => panic!("{what}: passed, but the shim breaks {rule}"),
+        Err(payload) => {
+            let msg = message(payload);
+            assert!(
+                msg.contains(rule),
+                "{what}: failed, but its message does not name {rule}:\n{msg}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_shim_that_forgets_a_fault_fails_the_sticky_rule() {
+    let h = BrokenHarness::<Forgetful>::default();
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        fails_naming("fault_is_sticky", RULE_STICKY, || fault_is_sticky(&h, mode));
+        fails_naming("fault_reported_by_completed_fence", RULE_STICKY, || {
+            fault_reported_by_completed_fence(&h, mode)
+        });
+        fails_naming("work_faults_through_core", RULE_STICKY, || {
+            work_faults_through_core(&h, mode)
+        });
+        fails_naming("the work_faults group", "sticky", || {
+            groups::work_faults(&h, mode)
+        });
+    }
+}
+
+#[test]
+fn a_forgetful_shim_passes_the_groups_that_came_before() {
+    // What issue 7 found: a shim that forgets faults of work that ran passed the suite. The
+    // older groups still pass it; only the work_faults group catches it (above).
+    let h = BrokenHarness::<Forgetful>::default();
+    groups::round_trips(&h, Mode::LAZY_POISON);
+    groups::failure_rule_with(&h, Mode::LAZY_POISON, 4, 200);
+}
+
+#[test]
+fn a_shim_whose_faults_stay_behind_fails_the_travel_rule_and_only_it() {
+    let h = BrokenHarness::<NoCarry>::default();
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        fails_naming("fault_travels_with_waits", RULE_TRAVELS, || {
+            fault_travels_with_waits(&h, mode)
+        });
+        fails_naming("work_faults_through_core", RULE_TRAVELS, || {
+            work_faults_through_core(&h, mode)
+        });
+        fails_naming(
+            "the work_faults group",
+            "travels with stream_wait_event",
+            || groups::work_faults(&h, mode),
+        );
+        // The rules it keeps, it passes.
+        fault_is_sticky(&h, mode);
+        fault_reported_by_completed_fence(&h, mode);
+    }
+}
