@@ -1025,6 +1025,11 @@
 //!     add(bufs, args)
 //! }
 //!
+//! fn write_then_fail(bufs: &mut [Vec<u8>], args: &[u8]) -> Result<(), ()> {
+//!     fill(bufs, args)?;
+//!     Err(()) // a fault of work that ran: the stream's later fences report it
+//! }
+//!
 //! impl Harness for HostHarness {
 //!     type S = HostShim;
 //!
@@ -1038,6 +1043,7 @@
 //!             TestKernel::Fill => fill,
 //!             TestKernel::AddByte => add,
 //!             TestKernel::SlowAdd => slow_add,
+//!             TestKernel::WriteThenFail => write_then_fail,
 //!         }
 //!     }
 //!

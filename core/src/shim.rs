@@ -59,7 +59,7 @@
 //! A shim without pinned memory still names a [`Shim::HostPage`] type; an uninhabited one says
 //! that no page ever exists, and the two page calls that remain become one-liners:
 //!
-//! ```ignore
+//! ```text
 //! type HostPage = core::convert::Infallible;
 //! fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8> { match *page {} }
 //! unsafe fn host_free_pinned(&self, page: Self::HostPage) { match page {} }
@@ -299,7 +299,10 @@ pub trait Shim {
     ///
     /// # Safety
     ///
-    /// Every span lies in a live device page, and the kernel accesses nothing outside them.
+    /// Every span lies in a live device page, and the kernel accesses nothing outside them. The
+    /// spans the kernel writes (the launch's outputs, after its inputs) overlap no other span of
+    /// the launch: the core refuses such a launch ([`crate::Validation::AliasedLaunch`]), so a
+    /// shim may hand each output to the kernel as an exclusive buffer without checking.
     unsafe fn launch(
         &self,
         stream: &Self::Stream,
