@@ -381,12 +381,7 @@ impl StdShim {
             return Ok(());
         }
         let size = |v: u64| usize::try_from(v).map_err(|_| classify(op, status::BAD_ARGUMENT));
-        let (width, height, pitch) = (
-            size(layout.width())?,
-            size(layout.height())?,
-            size(layout.pitch())?,
-        );
-        size(layout.packed_bytes())?;
+        size(layout.device_span())?;
         {
             let st = lock(&self.inner.state);
             for (addr, device) in [src, dst] {
@@ -398,14 +393,12 @@ impl StdShim {
                 }
             }
         }
-        let pitch_of = |device| if device { pitch } else { width };
         stream.shared.enqueue(Op::Copy(CopyOp {
             src: size(src.0)?,
             dst: size(dst.0)?,
-            width,
-            height,
-            src_pitch: pitch_of(src.1),
-            dst_pitch: pitch_of(dst.1),
+            layout,
+            src_device: src.1,
+            dst_device: dst.1,
         }));
         then_fail(stream, fail);
         Ok(())

@@ -14,26 +14,28 @@ use crate::device::DeviceInner;
 use crate::faults::{classify, status};
 use crate::kernel::{KernelCtx, KernelFault, StdKernel};
 use crate::{lock, wait};
-use devcmd::{DeviceSpan, DriverError, Grid, ShimOp};
+use devcmd::{CopyLayout, CopyRow, DeviceSpan, DriverError, Grid, ShimOp};
 use std::collections::VecDeque;
 use std::fmt;
 use std::ptr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 
-/// A pitched copy between two address ranges, validated when it was enqueued.
+/// A copy between two address ranges, validated when it was enqueued: the device side (or both
+/// sides, device to device) is pitched by the layout, a host side is packed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CopyOp {
     pub(crate) src: usize,
     pub(crate) dst: usize,
-    pub(crate) width: usize,
-    pub(crate) height: usize,
-    pub(crate) src_pitch: usize,
-    pub(crate) dst_pitch: usize,
+    pub(crate) layout: CopyLayout,
+    /// Whether the source is device memory (pitched) rather than host memory (packed).
+    pub(crate) src_device: bool,
+    /// Whether the destination is device memory.
+    pub(crate) dst_device: bool,
 }
 
 impl CopyOp {
-    /// Copies `height` rows of `width` bytes.
+    /// Copies the rows of the layout ([`CopyLayout::rows`], the core's one row walk).
     ///
     /// # Safety
     ///
@@ -42,18 +44,15 @@ impl CopyOp {
     unsafe fn run(&self) {
         let src = ptr::with_exposed_provenance::<u8>(self.src);
         let dst = ptr::with_exposed_provenance_mut::<u8>(self.dst);
-        if self.src_pitch == self.width && self.dst_pitch == self.width {
-            // SAFETY: packed on both sides: `width * height` bytes, valid per the caller.
-            unsafe { ptr::copy(src, dst, self.width * self.height) };
-            return;
-        }
-        for row in 0..self.height {
-            // SAFETY: row `row` of each side lies inside the span validated at enqueue.
+        let side = |device: bool, r: CopyRow| if device { r.device } else { r.host } as usize;
+        for r in self.layout.rows() {
+            // SAFETY: each row of each side lies inside the span validated at enqueue (offsets
+            // and lengths were checked to fit a usize then).
             unsafe {
                 ptr::copy(
-                    src.add(row * self.src_pitch),
-                    dst.add(row * self.dst_pitch),
-                    self.width,
+                    src.add(side(self.src_device, r)),
+                    dst.add(side(self.dst_device, r)),
+                    r.len as usize,
                 )
             };
         }
