@@ -206,7 +206,7 @@ pub trait Shim {
     /// # Safety
     ///
     /// No work that uses the page may be pending on any stream: every event recorded after its
-    /// last use has completed (or the device is poisoned and nothing will run again).
+    /// last use has completed (or the device is lost and nothing will run again).
     unsafe fn device_free(&self, page: Self::DevicePage);
 
     // ---- pinned host pages ----

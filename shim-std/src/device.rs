@@ -129,7 +129,7 @@ impl StdShimBuilder {
             stats: Stats::default(),
             injections: self.injections,
             alloc_budget: self.alloc_budget,
-            poison_cause: None,
+            lost_cause: None,
             captures: HashMap::new(),
             ranges: BTreeMap::new(),
             quarantine: Quarantine::default(),
@@ -141,7 +141,7 @@ impl StdShimBuilder {
                 align: usize::try_from(align).unwrap_or(256),
                 lazy: self.lazy,
                 poison_freed: self.poison,
-                poisoned: AtomicBool::new(false),
+                lost: AtomicBool::new(false),
                 state: Mutex::new(state),
                 kernels: Mutex::new(HashMap::new()),
                 next_stream: AtomicU64::new(0),
@@ -154,13 +154,13 @@ struct DeviceState {
     stats: Stats,
     injections: Vec<Injection>,
     alloc_budget: Option<u64>,
-    poison_cause: Option<DriverError>,
+    lost_cause: Option<DriverError>,
     /// Recording streams, by id: whether the recording was invalidated (by an allocation).
     captures: HashMap<u64, bool>,
     /// Device-visible memory: start address -> length (device pages; host pages if integrated).
     ranges: BTreeMap<usize, usize>,
     quarantine: Quarantine,
-    /// Blocks freed after the device was poisoned: an operation a worker was already running
+    /// Blocks freed after the device was lost: an operation a worker was already running
     /// may still touch them (the core frees everything at once on a lost device), so they go
     /// back to the heap only when the device state drops, after every worker has exited.
     graveyard: Vec<Block>,
@@ -194,11 +194,10 @@ impl DeviceState {
             .is_some_and(|(&s, &n)| end <= s + n)
     }
 
-    fn poisoned_error(&self, op: ShimOp) -> DriverError {
+    fn lost_error(&self, op: ShimOp) -> DriverError {
         classify(
             op,
-            self.poison_cause
-                .map_or(status::DEVICE_POISONED, |c| c.status),
+            self.lost_cause.map_or(status::DEVICE_LOST, |c| c.status),
         )
     }
 }
@@ -209,25 +208,25 @@ pub(crate) struct DeviceInner {
     align: usize,
     lazy: bool,
     poison_freed: bool,
-    poisoned: AtomicBool,
+    lost: AtomicBool,
     state: Mutex<DeviceState>,
     kernels: Mutex<HashMap<String, StdKernel>>,
     next_stream: AtomicU64,
 }
 
 impl DeviceInner {
-    pub(crate) fn is_poisoned(&self) -> bool {
-        self.poisoned.load(Ordering::Acquire)
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
     }
 
-    /// The error of a call of `op` on the poisoned device (with the status of the cause).
-    pub(crate) fn poisoned_error(&self, op: ShimOp) -> DriverError {
-        lock(&self.state).poisoned_error(op)
+    /// The error of a call of `op` on the lost device (with the status of the cause).
+    pub(crate) fn lost_error(&self, op: ShimOp) -> DriverError {
+        lock(&self.state).lost_error(op)
     }
 
     fn poison_locked(&self, st: &mut DeviceState, cause: DriverError) {
-        st.poison_cause.get_or_insert(cause);
-        self.poisoned.store(true, Ordering::Release);
+        st.lost_cause.get_or_insert(cause);
+        self.lost.store(true, Ordering::Release);
     }
 
     /// A fault raised by running work; poisons the device if it is a poisoning one.
@@ -254,7 +253,7 @@ impl DeviceInner {
 
 /// The CPU device. Cheap to clone (clones share the device); `Send + Sync`.
 ///
-/// Every call counts itself in [`StdShim::stats`], then fails fast if the device is poisoned,
+/// Every call counts itself in [`StdShim::stats`], then fails fast if the device is lost,
 /// then fails if an [`Injection`] fires, then does its work.
 #[derive(Clone)]
 pub struct StdShim {
@@ -273,7 +272,7 @@ impl fmt::Debug for StdShim {
             .field("facts", &self.inner.facts)
             .field("lazy", &self.inner.lazy)
             .field("poison", &self.inner.poison_freed)
-            .field("poisoned", &self.inner.is_poisoned())
+            .field("lost", &self.inner.is_lost())
             .finish_non_exhaustive()
     }
 }
@@ -321,17 +320,17 @@ impl StdShim {
         lock(&self.inner.state).alloc_budget = bytes;
     }
 
-    /// Poisons the device now: every later call fails with [`status::DEVICE_POISONED`] and
+    /// Poisons the device now: every later call fails with [`status::DEVICE_LOST`] and
     /// queued work is skipped.
-    pub fn poison_device(&self) {
+    pub fn lose_device(&self) {
         let mut st = lock(&self.inner.state);
         self.inner
-            .poison_locked(&mut st, classify(ShimOp::Launch, status::DEVICE_POISONED));
+            .poison_locked(&mut st, classify(ShimOp::Launch, status::DEVICE_LOST));
     }
 
-    /// Whether the device is poisoned.
-    pub fn is_poisoned(&self) -> bool {
-        self.inner.is_poisoned()
+    /// Whether the device is lost.
+    pub fn is_lost(&self) -> bool {
+        self.inner.is_lost()
     }
 
     /// Whether the device runs in lazy mode.
@@ -344,21 +343,21 @@ impl StdShim {
         lock(&self.inner.state).stats.clone()
     }
 
-    /// Counts a call of `op` with `size` bytes; fails if the device is poisoned or an injection
+    /// Counts a call of `op` with `size` bytes; fails if the device is lost or an injection
     /// fires. `Ok(Some(fault))`: an [`Injection::while_running`] fired, so the call goes ahead and
     /// its work must fail with `fault` once it ran ([`then_fail`]).
     fn enter(&self, op: ShimOp, size: u64) -> Result<Option<DriverError>, DriverError> {
         let mut st = lock(&self.inner.state);
         let count = st.stats.count(op);
-        if self.inner.is_poisoned() {
-            return Err(st.poisoned_error(op));
+        if self.inner.is_lost() {
+            return Err(st.lost_error(op));
         }
         let fired = st.injections.iter().find(|i| i.fires(op, count, size));
         match fired.map(Injection::effect) {
             None => Ok(None),
             Some(Effect::FailWhileRunning) => Ok(Some(classify(op, status::injected_at_run(op)))),
             Some(Effect::Refuse) => Err(classify(op, status::injected(op, false))),
-            Some(Effect::Poison) => {
+            Some(Effect::LoseDevice) => {
                 let e = classify(op, status::injected(op, true));
                 self.inner.poison_locked(&mut st, e);
                 Err(e)
@@ -411,7 +410,7 @@ impl StdShim {
     /// Nothing uses the block any more (or only buggy late work the quarantine is meant to catch).
     unsafe fn release(&self, st: &mut DeviceState, block: Block) {
         st.ranges.remove(&block.addr());
-        if self.inner.is_poisoned() {
+        if self.inner.is_lost() {
             st.graveyard.push(block);
         } else if self.inner.poison_freed {
             // SAFETY: the caller promises nothing uses the block.

@@ -20,11 +20,11 @@ use std::sync::Arc;
 /// | 11 | `THREAD_SPAWN` | `Failed` | the worker thread of a new stream could not start |
 /// | 20 | `KERNEL_FAILED` | `WorkFailed` | a kernel returned [`KernelFault::Failed`](crate::KernelFault::Failed) (reported by the next fence, which completed) |
 /// | 21 | `KERNEL_PANICKED` | `WorkFailed` | a kernel panicked (reported like `KERNEL_FAILED`) |
-/// | 22 | `KERNEL_POISONED` | `DeviceLost` | a kernel returned [`KernelFault::DeviceLost`](crate::KernelFault::DeviceLost) |
-/// | 23 | `DEVICE_POISONED` | `DeviceLost` | any call after the device was poisoned |
+/// | 22 | `KERNEL_LOST_DEVICE` | `DeviceLost` | a kernel returned [`KernelFault::DeviceLost`](crate::KernelFault::DeviceLost) |
+/// | 23 | `DEVICE_LOST` | `DeviceLost` | any call after the device was lost |
 /// | 30 | `BUDGET` | `OutOfMemory` | injected: `device_alloc` past [`StdShim::set_alloc_budget`](crate::StdShim::set_alloc_budget) |
 /// | 100 + op | `INJECTED` | `OutOfMemory` for allocations, `Failed` otherwise | an [`Injection`](crate::Injection) fired |
-/// | 200 + op | `INJECTED_POISON` | `DeviceLost` | a [poisoning](crate::Injection::poisoning) injection fired |
+/// | 200 + op | `INJECTED_LOSS` | `DeviceLost` | a [device-losing](crate::Injection::losing_device) injection fired |
 /// | 300 + op | `INJECTED_AT_RUN` | `WorkFailed` | the work of a call accepted by a [while-running](crate::Injection::while_running) injection failed (reported like `KERNEL_FAILED`) |
 ///
 /// `op` is the index of the [`ShimOp`] in declaration order (`StreamCreate` = 0 ...
@@ -56,22 +56,22 @@ pub mod status {
     pub const KERNEL_FAILED: i32 = 20;
     /// A kernel panicked at run time.
     pub const KERNEL_PANICKED: i32 = 21;
-    /// A kernel reported a fault that poisons the device.
-    pub const KERNEL_POISONED: i32 = 22;
-    /// The device is poisoned.
-    pub const DEVICE_POISONED: i32 = 23;
+    /// A kernel reported a fault that loses the device.
+    pub const KERNEL_LOST_DEVICE: i32 = 22;
+    /// The device is lost.
+    pub const DEVICE_LOST: i32 = 23;
     /// An allocation past the injected byte budget.
     pub const BUDGET: i32 = 30;
     /// Base of injected failures (plus the op index).
     pub const INJECTED: i32 = 100;
-    /// Base of injected poisoning failures (plus the op index).
-    pub const INJECTED_POISON: i32 = 200;
+    /// Base of injected failures that lose the device (plus the op index).
+    pub const INJECTED_LOSS: i32 = 200;
     /// Base of injected failures of work that ran (plus the op index).
     pub const INJECTED_AT_RUN: i32 = 300;
 
-    /// The status code of an injected failure of `op` (poisoning or not).
+    /// The status code of an injected failure of `op` (losing the device or not).
     pub const fn injected(op: ShimOp, poisons: bool) -> i32 {
-        let base = if poisons { INJECTED_POISON } else { INJECTED };
+        let base = if poisons { INJECTED_LOSS } else { INJECTED };
         base + super::op_index(op) as i32
     }
 
@@ -117,9 +117,9 @@ pub fn classify(op: ShimOp, code: i32) -> DriverError {
         status::OUT_OF_MEMORY | status::BUDGET => Fault::OutOfMemory,
         status::TOO_BIG => Fault::TooBig,
         status::UNSUPPORTED => Fault::Unsupported,
-        status::KERNEL_POISONED | status::DEVICE_POISONED => Fault::DeviceLost,
+        status::KERNEL_LOST_DEVICE | status::DEVICE_LOST => Fault::DeviceLost,
         status::KERNEL_FAILED | status::KERNEL_PANICKED => Fault::WorkFailed,
-        _ if injected(status::INJECTED_POISON).is_some() => Fault::DeviceLost,
+        _ if injected(status::INJECTED_LOSS).is_some() => Fault::DeviceLost,
         _ if injected(status::INJECTED_AT_RUN).is_some() => Fault::WorkFailed,
         _ => match injected(status::INJECTED) {
             Some(ShimOp::DeviceAlloc | ShimOp::HostAlloc) => Fault::OutOfMemory,
@@ -145,7 +145,7 @@ pub(crate) enum Effect {
     /// The call fails and has no effect.
     Refuse,
     /// The call fails and the device is lost.
-    Poison,
+    LoseDevice,
     /// The call is accepted and its work runs, then fails while it runs.
     FailWhileRunning,
 }
@@ -168,7 +168,7 @@ pub(crate) const fn enqueues_work(op: ShimOp) -> bool {
 ///
 /// Calls are counted per [`ShimOp`] from 1 (the counts of [`Stats::calls`], which include failed
 /// calls). An injected failure returns an error with the status [`status::injected`] and changes
-/// nothing else, unless the rule is [poisoning](Injection::poisoning) or
+/// nothing else, unless the rule is [device-losing](Injection::losing_device) or
 /// [fails the work while it runs](Injection::while_running). Frees cannot fail and are never
 /// injected.
 #[derive(Clone)]
@@ -204,10 +204,10 @@ impl Injection {
         }
     }
 
-    /// Makes the failure poison the device: the call fails with a [`Fault::DeviceLost`] error and
+    /// Makes the failure lose the device: the call fails with a [`Fault::DeviceLost`] error and
     /// every later call fails too.
-    pub fn poisoning(mut self) -> Self {
-        self.effect = Effect::Poison;
+    pub fn losing_device(mut self) -> Self {
+        self.effect = Effect::LoseDevice;
         self
     }
 
@@ -274,7 +274,7 @@ pub struct Stats {
     pub ops_run: u64,
     /// Kernels that ran (also inside replays).
     pub kernels_run: u64,
-    /// Asynchronous faults raised by running work (kernels that failed, panicked or poisoned).
+    /// Asynchronous faults raised by running work (kernels that failed, panicked or lost the device).
     pub async_faults: u64,
     /// Bytes of freed blocks held in the poison quarantine.
     pub quarantined_bytes: u64,
@@ -305,8 +305,8 @@ mod tests {
         assert_eq!(f(status::BUDGET), Fault::OutOfMemory);
         assert_eq!(f(status::TOO_BIG), Fault::TooBig);
         assert_eq!(f(status::UNSUPPORTED), Fault::Unsupported);
-        assert_eq!(f(status::KERNEL_POISONED), Fault::DeviceLost);
-        assert_eq!(f(status::DEVICE_POISONED), Fault::DeviceLost);
+        assert_eq!(f(status::KERNEL_LOST_DEVICE), Fault::DeviceLost);
+        assert_eq!(f(status::DEVICE_LOST), Fault::DeviceLost);
         assert_eq!(f(status::KERNEL_FAILED), Fault::WorkFailed);
         assert_eq!(f(status::KERNEL_PANICKED), Fault::WorkFailed);
         assert_eq!(f(-7), Fault::Failed);

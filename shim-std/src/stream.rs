@@ -104,7 +104,7 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
             kernel.run(&mut ctx).map_err(|f| {
                 let code = match f {
                     Some(KernelFault::Failed) => status::KERNEL_FAILED,
-                    Some(KernelFault::DeviceLost) => status::KERNEL_POISONED,
+                    Some(KernelFault::DeviceLost) => status::KERNEL_LOST_DEVICE,
                     None => status::KERNEL_PANICKED,
                 };
                 classify(ShimOp::Launch, code)
@@ -119,7 +119,7 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
         Op::Replay(ops) => {
             let mut first = None;
             for op in ops.iter() {
-                if dev.is_poisoned() {
+                if dev.is_lost() {
                     break;
                 }
                 match run(op, dev) {
@@ -141,7 +141,7 @@ struct StreamState {
     drive_to: u64,
     shutdown: bool,
     /// The worker took an operation off the queue and has not completed it yet. Once the device
-    /// is poisoned, waits return early, but never while an operation may still touch memory.
+    /// is lost, waits return early, but never while an operation may still touch memory.
     running: bool,
     capture: Option<Vec<Op>>,
     /// The first asynchronous fault, by the sequence number of the failed operation: every
@@ -207,11 +207,11 @@ impl StreamShared {
             .map(|(_, e)| e)
     }
 
-    /// Blocks the calling thread until `seq` has completed or the device is poisoned.
+    /// Blocks the calling thread until `seq` has completed or the device is lost.
     fn reach(&self, seq: u64) {
         let mut st = lock(&self.state);
         self.drive(&mut st, seq);
-        while st.completed < seq && (st.running || !self.dev.is_poisoned()) {
+        while st.completed < seq && (st.running || !self.dev.is_lost()) {
             st = wait(&self.cv, st);
         }
     }
@@ -230,11 +230,11 @@ impl StreamShared {
     pub(crate) fn query(&self, seq: u64, op: ShimOp) -> Result<bool, DriverError> {
         let mut st = lock(&self.state);
         self.drive(&mut st, seq);
-        if self.dev.is_poisoned() {
+        if self.dev.is_lost() {
             if st.running && st.completed < seq {
                 return Ok(false); // an operation may still touch memory: not done yet
             }
-            return Err(self.dev.poisoned_error(op));
+            return Err(self.dev.lost_error(op));
         }
         // A fault is reported only with the fence it belongs to, once that fence completed:
         // the core releases what the fence covered when it hears of a fault of run work.
@@ -248,8 +248,8 @@ impl StreamShared {
     /// Blocks the host until `seq` completes.
     pub(crate) fn wait(&self, seq: u64, op: ShimOp) -> Result<(), DriverError> {
         self.reach(seq);
-        if self.dev.is_poisoned() {
-            return Err(self.dev.poisoned_error(op));
+        if self.dev.is_lost() {
+            return Err(self.dev.lost_error(op));
         }
         Self::fault_through(&lock(&self.state), seq)
     }
@@ -262,7 +262,7 @@ impl StreamShared {
 }
 
 /// The worker: runs the queue in order until the stream is dropped and the queue is empty. After
-/// the device is poisoned it completes operations without running them.
+/// the device is lost it completes operations without running them.
 fn work(shared: Arc<StreamShared>) {
     loop {
         let (seq, op) = {
@@ -280,7 +280,7 @@ fn work(shared: Arc<StreamShared>) {
                 st = wait(&shared.cv, st);
             }
         };
-        let fault = if shared.dev.is_poisoned() {
+        let fault = if shared.dev.is_lost() {
             None
         } else {
             run(&op, &shared.dev).err()

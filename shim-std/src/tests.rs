@@ -385,7 +385,7 @@ fn kernel_faults_surface_at_every_later_fence_of_their_stream() {
     let e = shim.record_event(&s).unwrap();
     shim.stream_wait_event(&other, &e).unwrap();
     assert_eq!(sync(&shim, &other).unwrap_err().fault, Fault::WorkFailed);
-    assert!(!shim.is_poisoned());
+    assert!(!shim.is_lost());
 }
 
 #[test]
@@ -402,10 +402,7 @@ fn a_poisoning_kernel_loses_the_device() {
     launch(&shim, &s, &lose, &[], 0);
     launch(&shim, &s, &fill, &[&page], 4); // skipped: queued behind the loss
     let after = shim.record_event(&s).unwrap();
-    assert!(
-        !shim.is_poisoned(),
-        "nothing ran yet: the stream is blocked"
-    );
+    assert!(!shim.is_lost(), "nothing ran yet: the stream is blocked");
     release.send(()).unwrap();
     // Waiting on the event is the deterministic point of the loss: it returns only once the
     // poisoning kernel has run (or the device is lost with no operation still running).
@@ -415,10 +412,10 @@ fn a_poisoning_kernel_loses_the_device() {
         (
             ShimOp::EventWait,
             Fault::DeviceLost,
-            status::KERNEL_POISONED
+            status::KERNEL_LOST_DEVICE
         )
     );
-    assert!(shim.is_poisoned());
+    assert!(shim.is_lost());
     assert_eq!(shim.stats().async_faults, 1);
     assert_eq!(
         peek(&shim, &page),
@@ -431,7 +428,7 @@ fn a_poisoning_kernel_loses_the_device() {
         let err = r.expect_err("a call on a lost device must fail");
         assert_eq!(
             (err.op, err.fault, err.status),
-            (op, Fault::DeviceLost, status::KERNEL_POISONED),
+            (op, Fault::DeviceLost, status::KERNEL_LOST_DEVICE),
             "{op:?} after the device was lost"
         );
     };
@@ -528,7 +525,7 @@ fn injection_by_predicate_and_budget() {
 #[test]
 fn injected_poisoning_and_poison_device() {
     let shim = StdShim::new();
-    shim.inject(Injection::nth(ShimOp::Launch, 1).poisoning());
+    shim.inject(Injection::nth(ShimOp::Launch, 1).losing_device());
     let s = shim.create_stream().unwrap();
     let k = fill_kernel(&shim);
     // SAFETY: no buffers.
@@ -544,11 +541,11 @@ fn injected_poisoning_and_poison_device() {
     );
 
     let shim = StdShim::new();
-    shim.poison_device();
+    shim.lose_device();
     let err = shim.device_alloc(1).unwrap_err();
     assert_eq!(
         (err.status, err.fault),
-        (status::DEVICE_POISONED, Fault::DeviceLost)
+        (status::DEVICE_LOST, Fault::DeviceLost)
     );
 }
 

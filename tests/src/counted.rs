@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 /// The status of a call refused by an injected [`FaultRule::Once`] or [`FaultRule::Always`].
 /// Negative, so it is never mistaken for a device's own code.
 pub const INJECTED_STATUS: i32 = -100;
-/// The status of a call that lost the device by an injected [`FaultRule::Poison`], and of every
+/// The status of a call that lost the device by an injected [`FaultRule::LoseDevice`], and of every
 /// call after it.
 pub const INJECTED_LOSS_STATUS: i32 = -200;
 
@@ -68,7 +68,7 @@ fn rule_op(rule: FaultRule) -> ShimOp {
     match rule {
         FaultRule::Once { op, .. }
         | FaultRule::Always { op }
-        | FaultRule::Poison { op }
+        | FaultRule::LoseDevice { op }
         | FaultRule::WorkFails { op, .. } => op,
     }
 }
@@ -84,7 +84,7 @@ impl Armed {
                 count == self.base + skip + 1
             }
             FaultRule::Always { .. } => count > self.base,
-            FaultRule::Poison { .. } => count == self.base + 1,
+            FaultRule::LoseDevice { .. } => count == self.base + 1,
         }
     }
 }
@@ -120,7 +120,7 @@ enum Verdict {
 /// - refusing it when an installed [`FaultRule`] fires: allocations with
 ///   [`Fault::OutOfMemory`], other calls with [`Fault::Failed`], both with
 ///   [`INJECTED_STATUS`] and with no effect on the inner shim;
-/// - after a [`FaultRule::Poison`] fired, refusing every call with [`Fault::DeviceLost`] (the
+/// - after a [`FaultRule::LoseDevice`] fired, refusing every call with [`Fault::DeviceLost`] (the
 ///   inner streams' queued work is finished first, so nothing touches memory the core then frees
 ///   at once);
 /// - for a [`FaultRule::WorkFails`], forwarding the call, then launching the harness's
@@ -223,7 +223,7 @@ impl<S: Shim> Counted<S> {
         st.fired += 1;
         match armed.rule {
             FaultRule::WorkFails { .. } => Ok(Verdict::GoThenFail),
-            FaultRule::Poison { .. } => {
+            FaultRule::LoseDevice { .. } => {
                 let e = DriverError::new(op, INJECTED_LOSS_STATUS, Fault::DeviceLost);
                 st.lost = Some(e);
                 drop(st);

@@ -48,7 +48,7 @@
 //!   refusal; a refused pinned page falls back to heap memory);
 //! - any other refused call is [`Fault::Failed`](devcmd::Fault::Failed), and the call has no
 //!   effect (nothing enqueued, nothing allocated);
-//! - [`FaultRule::Poison`] is [`Fault::DeviceLost`](devcmd::Fault::DeviceLost) and every later
+//! - [`FaultRule::LoseDevice`] is [`Fault::DeviceLost`](devcmd::Fault::DeviceLost) and every later
 //!   call fails with `DeviceLost` too; no work may touch memory after the core hears of the loss
 //!   (it frees everything at once), so queued work is finished or dropped first;
 //! - [`FaultRule::WorkFails`] accepts the call, lets its work run, then reports
@@ -179,20 +179,20 @@ pub struct Counters {
 /// See the module documentation for how each must be classified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultRule {
-    /// The call of `op` after the next `skip` ones fails once (not poisoning).
+    /// The call of `op` after the next `skip` ones fails once (the device is not lost).
     Once {
         /// The call.
         op: ShimOp,
         /// Calls of `op` that still succeed first.
         skip: u64,
     },
-    /// Every call of `op` from now fails (not poisoning), until [`Probe::clear`].
+    /// Every call of `op` from now fails (the device is not lost), until [`Probe::clear`].
     Always {
         /// The call.
         op: ShimOp,
     },
-    /// The next call of `op` fails with a fault that poisons the device (nothing runs again).
-    Poison {
+    /// The next call of `op` fails with a fault that loses the device (nothing runs again).
+    LoseDevice {
         /// The call.
         op: ShimOp,
     },

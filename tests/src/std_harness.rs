@@ -85,7 +85,7 @@ impl Probe for StdProbe {
         let injection = match rule {
             FaultRule::Once { op, skip } => Injection::nth(op, calls(op) + skip + 1),
             FaultRule::Always { op } => Injection::after(op, calls(op)),
-            FaultRule::Poison { op } => Injection::nth(op, calls(op) + 1).poisoning(),
+            FaultRule::LoseDevice { op } => Injection::nth(op, calls(op) + 1).losing_device(),
             FaultRule::WorkFails { op, skip } => {
                 Injection::nth(op, calls(op) + skip + 1).while_running()
             }

@@ -193,7 +193,7 @@ fn a_command_held_across_the_loss_of_the_device_fails_fast() {
     let mut cmd = device.command(S0).unwrap();
     let h = cmd.create(&[1; 64]).unwrap();
     cmd.flush_drops().unwrap();
-    shim.poison_device();
+    shim.lose_device();
     let lost = |r: Result<(), ServerError>| matches!(r, Err(ServerError::DeviceLost { .. }));
     assert!(lost(cmd.sync().and_then(|f| f.wait())));
     assert!(lost(cmd.poll_drops().map(drop)), "poll_drops");

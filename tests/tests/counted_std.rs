@@ -131,7 +131,7 @@ fn an_injected_loss_is_sticky_and_finishes_queued_work_first() {
     };
     // SAFETY: both spans lie in the live page; the kernel touches only them.
     unsafe { shim.launch(&s, &slow, devcmd::Grid::linear(1), &[span, out], &args) }.unwrap();
-    probe.inject(FaultRule::Poison {
+    probe.inject(FaultRule::LoseDevice {
         op: ShimOp::EventRecord,
     });
     let lost = shim.record_event(&s).unwrap_err();

@@ -118,7 +118,7 @@ fn scenario<H: Harness>(h: &H, mode: Mode, call: ShimOp, op: Op, poisons: bool) 
 
     let probe = c.probe.as_ref().expect("checked by the caller");
     probe.inject(if poisons {
-        FaultRule::Poison { op: call }
+        FaultRule::LoseDevice { op: call }
     } else {
         FaultRule::Always { op: call }
     });
@@ -376,7 +376,7 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
     c.probe
         .as_ref()
         .unwrap()
-        .inject(FaultRule::Poison { op: ShimOp::Launch });
+        .inject(FaultRule::LoseDevice { op: ShimOp::Launch });
     let z = must(c.empty(s0, 32), "empty");
     let err = c
         .launch(s0, TestKernel::AddByte, 1, &[&y], &[&z])
