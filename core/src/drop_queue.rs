@@ -21,6 +21,10 @@ pub struct DropPolicy {
     pub max_items: u64,
     /// Bytes staged.
     pub max_bytes: u64,
+    /// A test aid: released host buffers (staging, pinned slices, the caller's uploads) are
+    /// filled with this byte before they go, so a fence that passed too early shows up as wrong
+    /// bytes rather than as a timing accident. `None` (the default) leaves them as they are.
+    pub fill_released: Option<u8>,
 }
 
 impl Default for DropPolicy {
@@ -28,6 +32,7 @@ impl Default for DropPolicy {
         Self {
             max_items: 64,
             max_bytes: 64 << 20,
+            fill_released: None,
         }
     }
 }
@@ -52,12 +57,19 @@ impl<S: Shim> DropItem<S> {
         }
     }
 
-    fn release(self, shim: &S) {
+    fn release(self, shim: &S, fill: Option<u8>) {
         match self {
             // SAFETY: items are released only after the fence covering their last use passed
             // (or the device is lost and will touch nothing again).
             Self::Page(p) => unsafe { p.free(shim) },
-            other => drop(other),
+            Self::Host(mut h) => {
+                if let Some(byte) = fill {
+                    // Read-only (external) bytes give an empty slice: they are the caller's.
+                    h.as_mut_slice().fill(byte);
+                }
+                drop(h);
+            }
+            Self::Binding(b) => drop(b),
         }
     }
 }
@@ -209,7 +221,7 @@ impl<S: Shim> DropQueue<S> {
         for item in items {
             self.stats.items_released = self.stats.items_released.saturating_add(1);
             self.stats.bytes_released = self.stats.bytes_released.saturating_add(item.bytes());
-            item.release(shim);
+            item.release(shim, self.policy.fill_released);
         }
         self.staged_items = 0;
         self.staged_bytes = 0;
@@ -236,7 +248,7 @@ impl<S: Shim> DropQueue<S> {
                     self.stats.items_released = self.stats.items_released.saturating_add(1);
                     self.stats.bytes_released =
                         self.stats.bytes_released.saturating_add(item.bytes());
-                    item.release(shim);
+                    item.release(shim, self.policy.fill_released);
                 }
             }
             FenceOutcome::Unknown(e) => {
@@ -291,6 +303,7 @@ mod tests {
         let mut q = DropQueue::<TestShim>::new(DropPolicy {
             max_items: 4,
             max_bytes: 100,
+            fill_released: None,
         });
         assert!(!q.should_flush());
         for _ in 0..3 {
@@ -302,12 +315,14 @@ mod tests {
         let mut q = DropQueue::<TestShim>::new(DropPolicy {
             max_items: 4,
             max_bytes: 100,
+            fill_released: None,
         });
         q.push(item(101));
         assert!(q.should_flush(), "size");
         let mut q = DropQueue::<TestShim>::new(DropPolicy {
             max_items: 4,
             max_bytes: 100,
+            fill_released: None,
         });
         q.push(item(60));
         q.push(item(60));
@@ -319,6 +334,7 @@ mod tests {
         let mut q = DropQueue::<TestShim>::new(DropPolicy {
             max_items: u64::MAX,
             max_bytes: u64::MAX,
+            fill_released: None,
         });
         q.staged_items = u64::MAX;
         q.staged_bytes = u64::MAX - 1;

@@ -40,6 +40,11 @@ pub use std_harness::{StdHarness, StdProbe};
 
 /// Seeds of the failure-rule property per mode ([`groups::failure_rule`]).
 pub const FAILURE_SEEDS: u64 = 40;
+
+/// In poison mode, the byte the core fills released host buffers with
+/// ([`devcmd::DropPolicy::fill_released`]): a read of a buffer released before its fence passed
+/// sees it.
+pub const RELEASED_HOST_FILL: u8 = 0xDB;
 /// Operations per seed of the failure-rule property.
 pub const FAILURE_OPS: usize = 300;
 

@@ -1,6 +1,7 @@
 //! Shared plumbing of the groups: a device with its kernels and probe, reads, leak checks, a
 //! seeded random generator.
 
+use crate::RELEASED_HOST_FILL;
 use crate::harness::{Counters, Harness, Mode, Probe, TestKernel};
 use devcmd::{
     Device, DeviceConfig, Grid, Handle, HostBuffer, Launch, ReadRequest, ServerError, Shim,
@@ -68,6 +69,12 @@ impl<H: Harness> Ctx<H> {
             return None;
         };
         let probe = h.probe(&shim);
+        let mut config = config;
+        if mode.poison {
+            // Released host buffers are poisoned too: a fence that passed too early shows up as
+            // wrong bytes in the buffers the suite checks.
+            config.drops.fill_released.get_or_insert(RELEASED_HOST_FILL);
+        }
         let dev = Device::new(shim, config);
         let (kernels, args) = load_kernels(h, dev.shim());
         Some(Self {

@@ -79,6 +79,7 @@ fn a_fault_found_by_an_internal_flush_still_stops_the_read() {
         drops: DropPolicy {
             max_items: 1,
             max_bytes: 1 << 20,
+            fill_released: None,
         },
         ..DeviceConfig::default()
     };

@@ -233,6 +233,7 @@ fn config() -> DeviceConfig {
         drops: DropPolicy {
             max_items: 8,
             max_bytes: 4096,
+            fill_released: None,
         },
         // All SRAM is reachable by the engine: heap data is never staged through the pinned
         // window (a staging copy would double the heap it takes).

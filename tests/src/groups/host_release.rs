@@ -284,6 +284,7 @@ pub fn host_release<H: Harness>(h: &H, mode: Mode) {
         drops: DropPolicy {
             max_items: 1,
             max_bytes: 1 << 20,
+            fill_released: None,
         },
         ..small_pages()
     };
