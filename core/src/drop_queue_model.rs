@@ -4,7 +4,7 @@
 //! batches: an item is released at the second flush after its push once that flush's wait
 //! succeeds (or reports failed work, or poisoning); a wait of unknown outcome leaks the batch;
 //! nothing is released by a poll that finds the device busy; whatever no fence covered is leaked
-//! when the queue drops.
+//! when the queue drops. Cases: `DEVCMD_PROPTEST_CASES` (default 2000, 8 under miri).
 
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue};
 use crate::error::Fault;
@@ -176,8 +176,16 @@ fn disarm(shim: &TestShim) {
     shim.busy.set(false);
 }
 
+/// Cases: `DEVCMD_PROPTEST_CASES`, or 2000 (8 under miri).
+fn cases() -> u32 {
+    std::env::var("DEVCMD_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if cfg!(miri) { 8 } else { 2000 })
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn the_queue_matches_the_model(ops in proptest::collection::vec(op(), 1..80)) {

@@ -421,7 +421,7 @@ impl World {
 }
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
+    std::env::var("DEVCMD_PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000)
