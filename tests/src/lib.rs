@@ -22,10 +22,12 @@
 //! rule), and that host buffers are released only after their fences ([`groups::host_release()`],
 //! seen as wrong bytes). [`StdHarness`] runs them against `devcmd-std` and is the reference
 //! implementation of a harness; [`Counted`] wraps any shim with counters and fault injection, so
-//! an author need not write a [`Probe`].
+//! an author need not write a [`Probe`]. [`example_shim`] is the guide's skeleton shim, the
+//! smallest complete one, with its harness.
 #![deny(missing_docs)]
 
 mod counted;
+pub mod example_shim;
 pub mod groups;
 pub mod harness;
 mod std_harness;
