@@ -1,0 +1,355 @@
+//! Defects found in review of the fault-ledger change (issue 7). Each test fails today; the
+//! comment on each says what is wrong and where.
+//!
+//! All run on the std shim in lazy mode (a stream runs nothing until one of its fences is waited
+//! on), so work that runs too late or memory released too early shows up deterministically.
+
+use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
+use devcmd::{Device, DeviceConfig, Handle, Launch, ReadRequest, ServerError, StreamId};
+use devcmd_std::{Injection, KernelFault, StdKernel, StdShim, status};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
+
+fn lazy_device() -> (StdShim, Device<StdShim>) {
+    let shim = StdShim::builder().lazy(true).poison(true).build();
+    let device = Device::new(shim.clone(), DeviceConfig::default());
+    (shim, device)
+}
+
+/// Copies buffer 0 into buffer 1.
+fn copy_kernel(shim: &StdShim) -> StdKernel {
+    shim.register_kernel("copy", |ctx| {
+        let src = ctx.buffer(0)?.to_vec();
+        ctx.buffers_mut()?[1].copy_from_slice(&src);
+        Ok(())
+    })
+}
+
+fn failing_kernel(shim: &StdShim) -> StdKernel {
+    shim.register_kernel("fail", |_ctx| Err(KernelFault::Failed))
+}
+
+fn launch<S: Shim<Args = [u8]>>(
+    device: &mut Device<S>,
+    stream: StreamId,
+    kernel: &S::Kernel,
+    name: &'static str,
+    inputs: &[&Handle],
+    outputs: &[&Handle],
+) -> Result<(), ServerError> {
+    device.command(stream)?.launch(Launch {
+        kernel,
+        name,
+        grid: Grid::linear(1),
+        inputs,
+        outputs,
+        args: &[][..],
+    })
+}
+
+fn read(
+    device: &mut Device<StdShim>,
+    stream: StreamId,
+    h: &Handle,
+) -> Result<Vec<u8>, ServerError> {
+    let mut bytes = device
+        .command(stream)?
+        .read_async(&[ReadRequest::whole(h)])?
+        .wait()?;
+    Ok(bytes.pop().expect("one request").into_vec())
+}
+
+/// WRONG: core/src/fault.rs `StreamEntry::waited_on` / `Ledger::stream_fault` taint a stream with
+/// the fault of every stream it was *ever* ordered after, whenever that fault happened. Here
+/// stream 0 waited on stream 1 while stream 1 was healthy (to read `b`); stream 1's kernel fails
+/// only later, on stream 1's own memory. Nothing stream 0 did or will do depends on the failed
+/// work (the std shim agrees: stream 0's fences stay clean, its wait carried no fault), yet the
+/// core fails every later operation of stream 0, for good, with `StreamFaulted { stream: 1 }`,
+/// while the error text says "other streams keep working".
+#[test]
+fn a_stream_that_waited_on_a_healthy_stream_survives_that_streams_later_failure() {
+    let (shim, mut device) = lazy_device();
+    let fail = failing_kernel(&shim);
+    let b = device.command(S1).unwrap().create(&[2; 64]).unwrap();
+    assert_eq!(read(&mut device, S0, &b).unwrap(), vec![2; 64]);
+    let c = device.command(S1).unwrap().empty(64).unwrap();
+    launch(&mut device, S1, &fail, "fail", &[], &[&c]).unwrap();
+    let e = device.command(S1).unwrap().sync().unwrap().wait();
+    assert!(
+        matches!(e, Err(ServerError::StreamFaulted { stream: 1, .. })),
+        "{e:?}"
+    );
+    let own = device.command(S0).unwrap().create(&[3; 16]);
+    assert!(
+        own.is_ok(),
+        "stream 0 is failed by a fault of stream 1 that happened after their last order: {own:?}"
+    );
+}
+
+/// WRONG: core/src/order.rs `Device::order_after` waits for every foreign user of an allocation
+/// and `wait_for` refuses when that user's stream is faulted, however long ago its use was.
+/// Stream 1 read stream 0's `a`, and that read was confirmed clean by a sync; only then did
+/// stream 1 run failing work on its own memory. Stream 0 can no longer read its own `a` (and the
+/// record of stream 1's use is never dropped, because the owner's wait never succeeds), though
+/// `a` was only read, long before the failure.
+#[test]
+fn an_owner_keeps_its_memory_after_a_past_reader_fails_later() {
+    let (shim, mut device) = lazy_device();
+    let copy = copy_kernel(&shim);
+    let fail = failing_kernel(&shim);
+    let a = device.command(S0).unwrap().create(&[2; 64]).unwrap();
+    let out = device.command(S1).unwrap().empty(64).unwrap();
+    launch(&mut device, S1, &copy, "copy", &[&a], &[&out]).unwrap();
+    device.command(S1).unwrap().sync().unwrap().wait().unwrap();
+    let c = device.command(S1).unwrap().empty(64).unwrap();
+    launch(&mut device, S1, &fail, "fail", &[], &[&c]).unwrap();
+    let _ = device.command(S1).unwrap().sync().unwrap().wait();
+    assert_eq!(
+        read(&mut device, S0, &a).ok(),
+        Some(vec![2; 64]),
+        "the owner cannot read its own memory because a past, confirmed reader failed later"
+    );
+}
+
+/// The std shim, whose next `record_event` fails (once, when armed) with the shim's own
+/// classification of a kernel failure. CUDA's `cudaEventRecord` may return the error of an
+/// earlier asynchronous launch, and `classify` does not look at the op, so a shim can answer a
+/// record with [`devcmd::Fault::WorkFailed`]; the contract does not forbid it.
+#[derive(Debug)]
+struct RecordFailsOnce {
+    inner: StdShim,
+    armed: AtomicBool,
+}
+
+impl Shim for RecordFailsOnce {
+    type Stream = <StdShim as Shim>::Stream;
+    type Event = <StdShim as Shim>::Event;
+    type DevicePage = <StdShim as Shim>::DevicePage;
+    type HostPage = <StdShim as Shim>::HostPage;
+    type Kernel = <StdShim as Shim>::Kernel;
+    type Args = <StdShim as Shim>::Args;
+    type Graph = <StdShim as Shim>::Graph;
+
+    fn facts(&self) -> DeviceFacts {
+        self.inner.facts()
+    }
+    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
+        self.inner.classify(op, status)
+    }
+    fn create_stream(&self) -> Result<Self::Stream, DriverError> {
+        self.inner.create_stream()
+    }
+    fn stream_wait_event(&self, s: &Self::Stream, e: &Self::Event) -> Result<(), DriverError> {
+        self.inner.stream_wait_event(s, e)
+    }
+    fn record_event(&self, s: &Self::Stream) -> Result<Self::Event, DriverError> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            return Err(self.classify(ShimOp::EventRecord, status::KERNEL_FAILED));
+        }
+        self.inner.record_event(s)
+    }
+    fn event_query(&self, e: &Self::Event) -> Result<bool, DriverError> {
+        self.inner.event_query(e)
+    }
+    fn event_wait(&self, e: &Self::Event) -> Result<(), DriverError> {
+        self.inner.event_wait(e)
+    }
+    fn device_alloc(&self, size: u64) -> Result<Self::DevicePage, DriverError> {
+        self.inner.device_alloc(size)
+    }
+    fn device_page_addr(&self, p: &Self::DevicePage) -> DeviceAddr {
+        self.inner.device_page_addr(p)
+    }
+    unsafe fn device_free(&self, p: Self::DevicePage) {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.device_free(p) }
+    }
+    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError> {
+        self.inner.host_alloc_pinned(size)
+    }
+    fn host_page_ptr(&self, p: &Self::HostPage) -> NonNull<u8> {
+        self.inner.host_page_ptr(p)
+    }
+    unsafe fn host_free_pinned(&self, p: Self::HostPage) {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.host_free_pinned(p) }
+    }
+    unsafe fn copy_to_device(
+        &self,
+        s: &Self::Stream,
+        src: *const u8,
+        dst: DeviceAddr,
+        l: CopyLayout,
+    ) -> Result<(), DriverError> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.copy_to_device(s, src, dst, l) }
+    }
+    unsafe fn copy_to_host(
+        &self,
+        s: &Self::Stream,
+        src: DeviceAddr,
+        dst: *mut u8,
+        l: CopyLayout,
+    ) -> Result<(), DriverError> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.copy_to_host(s, src, dst, l) }
+    }
+    unsafe fn launch(
+        &self,
+        s: &Self::Stream,
+        k: &Self::Kernel,
+        g: Grid,
+        b: &[DeviceSpan],
+        a: &Self::Args,
+    ) -> Result<(), DriverError> {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.launch(s, k, g, b, a) }
+    }
+}
+
+/// WRONG: core/src/fault.rs `FenceOutcome::of` reads a failed *record* of a fence with the rules
+/// of a failed *wait*: a `WorkFailed` answer becomes `PassedOverFailedWork`, which says "the fence
+/// completed, release what it covered". But no fence exists: nothing says the copies before it
+/// ran. `ReadFuture::check_recorded` (command/futures.rs, via `Fence::wait` on `NotRecorded`)
+/// then releases the read's host buffers while their copies are still queued (the same reading
+/// lets teardown free device pages after `FenceOutcome::sync` fails to record). Here the pinned
+/// slice of the read goes back to the pool at once; in review, a buffer handed out again by
+/// `reserve_host` received the read's bytes when the stream later ran. A record that failed
+/// must be `Unknown` (leak) unless the device is lost.
+#[test]
+fn a_read_whose_fence_cannot_be_recorded_keeps_its_buffers() {
+    let shim = RecordFailsOnce {
+        inner: StdShim::builder().lazy(true).build(),
+        armed: AtomicBool::new(false),
+    };
+    let mut device = Device::new(shim, DeviceConfig::default());
+    let h = device.command(S0).unwrap().create(&[0x5A; 64]).unwrap();
+    device.command(S0).unwrap().flush_drops().unwrap();
+    let pinned_in_use =
+        |d: &mut Device<RecordFailsOnce>| d.memory_report().streams[0].1.pinned_host().in_use;
+    let before = pinned_in_use(&mut device);
+    device.shim().armed.store(true, Ordering::SeqCst);
+    let read = device
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&h)])
+        .map(drop);
+    assert!(read.is_err(), "the fence could not be recorded: {read:?}");
+    assert_eq!(
+        pinned_in_use(&mut device),
+        before + 64,
+        "the read's pinned buffer was released though its copy has not run (lazy stream)"
+    );
+}
+
+/// WRONG: core/src/memory/manager/lookup.rs `MemoryManager::bind` hands the room over without
+/// recording the reserved handle's id as freed, so `Device::collect` never forgets its failure
+/// marks: a refused upload into reserved room, then a bind, leaves a failure record and marks
+/// keyed by a dead id for the life of the device (`Failures` claims records never outgrow live
+/// memory; `failures.is_empty()`, the fast path of every copy and launch, stays false for good).
+#[test]
+fn failure_records_of_reserved_room_go_once_the_room_is_bound_and_freed() {
+    let (shim, mut device) = lazy_device();
+    let room = device.command(S0).unwrap().reserve(64).unwrap();
+    shim.inject(Injection::nth(
+        ShimOp::CopyHostToDevice,
+        shim.stats().calls(ShimOp::CopyHostToDevice) + 1,
+    ));
+    assert!(
+        device
+            .command(S0)
+            .unwrap()
+            .write_from(&room, &[1; 64])
+            .is_err()
+    );
+    shim.clear_injections();
+    assert_eq!(
+        device.failures().len(),
+        (1, 1),
+        "the refused upload is marked"
+    );
+    let t = {
+        let mut cmd = device.command(S0).unwrap();
+        let t = cmd.lazy(64);
+        cmd.bind(room, &t).unwrap();
+        t
+    };
+    drop(t);
+    device.command(S0).unwrap().memory_cleanup().unwrap();
+    assert_eq!(
+        device.failures().len(),
+        (0, 0),
+        "a failure record outlives every handle of the memory it marked"
+    );
+}
+
+/// WRONG: core/src/command/memory.rs `flush_drops` (and `flush_after_enqueue`, `memory_cleanup`,
+/// reclaim) pass `Stream::last_kernel` *at the time of the answer* to the ledger, but the drop
+/// queue's fence was recorded one flush earlier. A kernel launched after that fence is named as
+/// the suspect of a fault the fence reports, though it cannot be covered by it; the kernel that
+/// failed (`bad`) is not named. `StreamFault::kernel` is documented as "the last kernel launched
+/// on the stream before the fence"; the drop queue should keep the kernel with its fence.
+#[test]
+fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
+    let (shim, mut device) = lazy_device();
+    let bad = failing_kernel(&shim);
+    let good = copy_kernel(&shim);
+    let mut cmd = device.command(S0).unwrap();
+    let x = cmd.create(&[0; 64]).unwrap();
+    let y = cmd.create(&[0; 64]).unwrap();
+    let z = cmd.empty(64).unwrap();
+    cmd.flush_drops().unwrap();
+    cmd.launch(Launch {
+        kernel: &bad,
+        name: "bad",
+        grid: Grid::linear(1),
+        inputs: &[],
+        outputs: &[&x],
+        args: &[][..],
+    })
+    .unwrap();
+    cmd.write_from(&y, &[3; 64]).unwrap();
+    // Waits for the fence before `bad` (clean) and records one after `bad` for the upload.
+    cmd.flush_drops().unwrap();
+    cmd.launch(Launch {
+        kernel: &good,
+        name: "good",
+        grid: Grid::linear(1),
+        inputs: &[&y],
+        outputs: &[&z],
+        args: &[][..],
+    })
+    .unwrap();
+    let e = cmd.flush_drops().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ServerError::StreamFaulted {
+                kernel: Some("bad"),
+                ..
+            }
+        ),
+        "the fault names a kernel launched after the fence that reported it: {e:?}"
+    );
+}
+
+/// WRONG: core/src/command/memory.rs `Command::reserve_host` neither begins like the other
+/// operations (command/mod.rs says every operation does) nor checks the ledger: on a command
+/// held across the loss of the device it still hands out pinned memory (and, with no slice
+/// free, asks the lost device for a pinned page). Issue 7 asks that every operation fail fast.
+#[test]
+fn reserve_host_fails_fast_once_the_device_is_lost() {
+    let (shim, mut device) = lazy_device();
+    let mut cmd = device.command(S0).unwrap();
+    let _h = cmd.create(&[1; 64]).unwrap();
+    shim.lose_device();
+    assert!(cmd.sync().and_then(|f| f.wait()).is_err());
+    let host = cmd.reserve_host(64, true);
+    assert!(
+        matches!(host, Err(ServerError::DeviceLost { .. })),
+        "reserve_host on a lost device: {host:?}"
+    );
+}
