@@ -9,11 +9,11 @@
 use crate::command::Command;
 use crate::copy::StagingPolicy;
 use crate::drop_queue::{DropPolicy, DropQueue, DropStats};
-use crate::error::{ServerError, Validation};
+use crate::error::{IoError, NotFoundReason, ServerError, Validation};
 use crate::failure::Failures;
 use crate::fault::{FaultLedger, FenceOutcome};
 use crate::memory::ReadableBytes;
-use crate::memory::{Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport};
+use crate::memory::{AsBinding, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport};
 use crate::order::ForeignUses;
 use crate::pinned::{PinnedConfig, PinnedPool};
 use crate::shim::{DeviceFacts, Shim};
@@ -218,6 +218,31 @@ impl<S: Shim> Device<S> {
         Ok(index)
     }
 
+    /// The stream whose memory `binding` names.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::NotFound`] (stale)
+    /// for a stream this device no longer has.
+    pub(crate) fn owner_of(&self, binding: &impl AsBinding) -> Result<usize, IoError> {
+        let b = binding.as_binding();
+        let issuer = b.issuer();
+        if issuer.device != self.id {
+            return Err(IoError::ForeignHandle {
+                issued_by: issuer.device,
+                used_on: self.id,
+            });
+        }
+        let owner = issuer.stream as usize;
+        match self.streams.get(owner) {
+            Some(Some(_)) => Ok(owner),
+            _ => Err(IoError::NotFound {
+                handle: b.id(),
+                reason: NotFoundReason::Stale,
+            }),
+        }
+    }
+
     /// The memory report of every stream; device and pinned host memory are totalled apart.
     pub fn memory_report(&mut self) -> DeviceReport {
         let mut streams = Vec::new();
@@ -278,10 +303,10 @@ impl<S: Shim> Drop for Device<S> {
         let mut all_done = true;
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
-            let outcome = s.sync(&self.shim);
+            let fenced = s.sync(&self.shim);
             // Recorded so a lost device is known below; there is no caller to tell.
-            let _ = self.ledger.defer(i, outcome, s.last_kernel);
-            match outcome {
+            let _ = self.ledger.defer(i, fenced);
+            match fenced.outcome {
                 // The fence completed (over failed work, or the device runs nothing again): the
                 // stream is done with its memory.
                 FenceOutcome::Passed

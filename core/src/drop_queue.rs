@@ -7,7 +7,7 @@
 //! (the command does, by [`DropQueue::should_flush`] and the staging rules) and never flushes by
 //! itself: no helper thread, everything is released by fences polled or waited.
 
-use crate::fault::FenceOutcome;
+use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
 use crate::memory::{Binding, RetiredPage};
 use crate::shim::Shim;
@@ -100,7 +100,8 @@ pub struct DropQueue<S: Shim> {
     staged_items: u64,
     staged_bytes: u64,
     pending: Vec<DropItem<S>>,
-    fence: Option<S::Event>,
+    /// The fence covering the pending batch, with where it was recorded.
+    fence: Option<(S::Event, FenceMark)>,
     stats: DropStats,
 }
 
@@ -146,37 +147,45 @@ impl<S: Shim> DropQueue<S> {
     }
 
     /// Releases the pending batch once its fence passed, makes the staged batch pending and
-    /// records one fence on `stream` for it. Does nothing (and records no fence) when both batches
-    /// are empty.
+    /// records one fence on `stream` for it (at `mark`). Does nothing (and records no fence) when
+    /// both batches are empty.
     ///
-    /// Returns the graver outcome of the wait and of recording the new fence: failed work (the
-    /// fence completed) releases the pending batch and the flush goes on; a lost device releases
-    /// it and stops; a wait of unknown outcome leaks it and stops. A fence that could not be recorded leaves the
-    /// batch pending: the next flush records one that covers it.
-    pub fn flush(&mut self, shim: &S, stream: &S::Stream) -> FenceOutcome {
+    /// Returns the graver outcome of the wait and of recording the new fence, with the mark of the
+    /// fence waited for: failed work (the fence completed) releases the pending batch and the
+    /// flush goes on; a lost device releases it and stops; a wait of unknown outcome leaks it and
+    /// stops. A fence that could not be recorded leaves the batch pending: the next flush records
+    /// one that covers it.
+    pub(crate) fn flush(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Fenced {
         if self.staged.is_empty() && self.pending.is_empty() {
-            return FenceOutcome::Passed;
+            return Fenced::NOTHING;
         }
-        let mut waited = FenceOutcome::Passed;
+        let mut waited = Fenced::NOTHING;
         if !self.pending.is_empty() {
-            let fence = match self.fence.take() {
+            let (fence, fence_mark) = match self.fence.take() {
                 Some(f) => f,
                 // The last fence could not be recorded: one now covers the pending batch too.
                 None => match shim.record_event(stream) {
-                    Ok(f) => f,
-                    Err(e) => return FenceOutcome::of(Err(e)),
+                    Ok(f) => (f, mark),
+                    Err(e) => {
+                        return Fenced {
+                            outcome: FenceOutcome::unrecorded(e),
+                            mark,
+                        };
+                    }
                 },
             };
-            waited = FenceOutcome::wait(shim, &fence);
+            waited = Fenced {
+                outcome: FenceOutcome::wait(shim, &fence),
+                mark: fence_mark,
+            };
             self.stats.fences_waited = self.stats.fences_waited.saturating_add(1);
-            self.release_pending(shim, waited);
-            match waited {
+            self.release_pending(shim, waited.outcome);
+            match waited.outcome {
                 FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {}
                 // Nothing more is worth a fence: the device is gone or its state unknown.
                 FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => return waited,
             }
         }
-        self.fence = None;
         core::mem::swap(&mut self.pending, &mut self.staged);
         self.staged_items = 0;
         self.staged_bytes = 0;
@@ -187,10 +196,13 @@ impl<S: Shim> DropQueue<S> {
         self.stats.flushes = self.stats.flushes.saturating_add(1);
         match shim.record_event(stream) {
             Ok(f) => {
-                self.fence = Some(f);
+                self.fence = Some((f, mark));
                 waited
             }
-            Err(e) => waited.and(FenceOutcome::of(Err(e))),
+            Err(e) => waited.and(Fenced {
+                outcome: FenceOutcome::unrecorded(e),
+                mark,
+            }),
         }
     }
 
@@ -198,17 +210,20 @@ impl<S: Shim> DropQueue<S> {
     /// something is still pending (its fence has not passed, or none could be recorded yet), and
     /// otherwise the outcome of the fence that settled it (the batch is then released or leaked
     /// as in a flush).
-    pub fn poll(&mut self, shim: &S) -> Option<FenceOutcome> {
-        let Some(fence) = &self.fence else {
-            return self.pending.is_empty().then_some(FenceOutcome::Passed);
+    pub(crate) fn poll(&mut self, shim: &S) -> Option<Fenced> {
+        let Some((fence, mark)) = &self.fence else {
+            return self.pending.is_empty().then_some(Fenced::NOTHING);
         };
-        let outcome = FenceOutcome::query(shim, fence)?;
+        let fenced = Fenced {
+            outcome: FenceOutcome::query(shim, fence)?,
+            mark: *mark,
+        };
         self.fence = None;
-        if outcome == FenceOutcome::Passed {
+        if fenced.outcome == FenceOutcome::Passed {
             self.stats.fences_polled = self.stats.fences_polled.saturating_add(1);
         }
-        self.release_pending(shim, outcome);
-        Some(outcome)
+        self.release_pending(shim, fenced.outcome);
+        Some(fenced)
     }
 
     /// Releases everything the queue holds without a fence: only for a device that is lost, where
@@ -229,9 +244,9 @@ impl<S: Shim> DropQueue<S> {
 
     /// Flushes twice, whatever the first flush met: everything pushed before is released, or
     /// leaked after a wait whose outcome is unknown. Returns the graver outcome of the two.
-    pub fn drain(&mut self, shim: &S, stream: &S::Stream) -> FenceOutcome {
-        let first = self.flush(shim, stream);
-        let second = self.flush(shim, stream);
+    pub(crate) fn drain(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Fenced {
+        let first = self.flush(shim, stream, mark);
+        let second = self.flush(shim, stream, mark);
         first.and(second)
     }
 
@@ -347,14 +362,14 @@ mod tests {
     fn the_first_flush_waits_for_nothing_and_each_later_one_for_one_fence() {
         let (shim, mut q) = setup();
         q.push(item(1));
-        q.flush(&shim, &());
+        q.flush(&shim, &(), FenceMark::default());
         assert_eq!(shim.events_waited.get(), 0);
         q.push(item(1));
-        q.flush(&shim, &());
+        q.flush(&shim, &(), FenceMark::default());
         assert_eq!(shim.events_waited.get(), 1);
         for _ in 0..8 {
             q.push(item(1));
-            q.flush(&shim, &());
+            q.flush(&shim, &(), FenceMark::default());
         }
         assert_eq!(shim.events_waited.get(), 9, "n - 1 waits after n flushes");
     }
@@ -366,11 +381,11 @@ mod tests {
             q.push(item(1));
         }
         assert!(q.should_flush() || q.staged_len() == 5);
-        q.flush(&shim, &());
+        q.flush(&shim, &(), FenceMark::default());
         assert_eq!((q.staged_len(), q.pending_len()), (0, 5));
         assert!(!q.should_flush(), "counters reset");
         q.push(item(1));
-        q.flush(&shim, &());
+        q.flush(&shim, &(), FenceMark::default());
         assert_eq!(q.pending_len(), 1);
         assert_eq!(q.stats().items_released, 5);
     }
@@ -379,13 +394,13 @@ mod tests {
     fn an_empty_flush_records_no_fence() {
         let (shim, mut q) = setup();
         for _ in 0..3 {
-            q.flush(&shim, &());
+            q.flush(&shim, &(), FenceMark::default());
         }
         assert_eq!(shim.events_recorded.get(), 0);
         q.push(item(1));
-        q.drain(&shim, &());
+        q.drain(&shim, &(), FenceMark::default());
         assert_eq!(q.pending_len(), 0);
-        q.flush(&shim, &());
+        q.flush(&shim, &(), FenceMark::default());
         assert_eq!(
             shim.events_recorded.get(),
             1,
@@ -397,8 +412,8 @@ mod tests {
     fn poll_releases_a_passed_fence_without_blocking() {
         let (shim, mut q) = setup();
         q.push(item(10));
-        q.flush(&shim, &());
-        assert_eq!(q.poll(&shim), Some(FenceOutcome::Passed));
+        q.flush(&shim, &(), FenceMark::default());
+        assert_eq!(q.poll(&shim).map(|f| f.outcome), Some(FenceOutcome::Passed));
         assert_eq!(shim.events_waited.get(), 0);
         assert_eq!(q.stats().bytes_released, 10);
     }
@@ -407,14 +422,20 @@ mod tests {
     fn a_failed_wait_leaks_unless_the_device_is_lost() {
         let (shim, mut q) = setup();
         q.push(item(1));
-        q.flush(&shim, &());
+        q.flush(&shim, &(), FenceMark::default());
         shim.fail_next_wait.set(Some(Fault::Failed));
-        assert_ne!(q.flush(&shim, &()), FenceOutcome::Passed);
+        assert_ne!(
+            q.flush(&shim, &(), FenceMark::default()).outcome,
+            FenceOutcome::Passed
+        );
         assert_eq!((q.stats().items_leaked, q.stats().items_released), (1, 0));
         q.push(item(1));
-        q.flush(&shim, &());
+        q.flush(&shim, &(), FenceMark::default());
         shim.fail_next_wait.set(Some(Fault::DeviceLost));
-        assert_ne!(q.flush(&shim, &()), FenceOutcome::Passed);
+        assert_ne!(
+            q.flush(&shim, &(), FenceMark::default()).outcome,
+            FenceOutcome::Passed
+        );
         assert_eq!(q.stats().items_released, 1, "lost: released");
     }
 }

@@ -8,7 +8,7 @@
 
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue};
 use crate::error::Fault;
-use crate::fault::FenceOutcome;
+use crate::fault::{FenceMark, FenceOutcome};
 use crate::memory::{Handle, Issuer, Location, ReturnQueue, Returned};
 use crate::test_shim::TestShim;
 use alloc::sync::Arc;
@@ -204,12 +204,12 @@ proptest! {
                 }
                 Op::Flush(f) => {
                     arm(&shim, f);
-                    prop_assert_eq!(q.flush(&shim, &()) == FenceOutcome::Passed, m.flush(&mut f.clone()), "flush {:?}", f);
+                    prop_assert_eq!(q.flush(&shim, &(), FenceMark::default()).outcome == FenceOutcome::Passed, m.flush(&mut f.clone()), "flush {:?}", f);
                 }
                 Op::Poll { busy, query } => {
                     shim.busy.set(busy);
                     shim.fail_next_query.set(query);
-                    let polled = match q.poll(&shim) {
+                    let polled = match q.poll(&shim).map(|f| f.outcome) {
                         None => Some(false),
                         Some(FenceOutcome::Passed) => Some(true),
                         Some(_) => None,
@@ -221,7 +221,7 @@ proptest! {
                     let mut armed = f;
                     let first = m.flush(&mut armed);
                     let second = m.flush(&mut armed);
-                    prop_assert_eq!(q.drain(&shim, &()) == FenceOutcome::Passed, first && second, "drain {:?}", f);
+                    prop_assert_eq!(q.drain(&shim, &(), FenceMark::default()).outcome == FenceOutcome::Passed, first && second, "drain {:?}", f);
                 }
             }
             disarm(&shim);

@@ -104,6 +104,15 @@ impl Failures {
         }
     }
 
+    /// The memory of allocation `from` now belongs to allocation `to` (a bind handed it over):
+    /// its marks follow the bytes, and `to`'s own marks (of memory it let go) are gone.
+    pub fn hand_over(&mut self, from: u64, to: u64) {
+        self.forget(to);
+        if let Some(marks) = self.marks.remove(&from) {
+            self.marks.insert(to, marks);
+        }
+    }
+
     /// The failure carried by any byte of `start..end` of `alloc`.
     pub fn failure(&self, alloc: u64, start: u64, end: u64) -> Option<u64> {
         let marks = self.marks.get(&alloc)?;

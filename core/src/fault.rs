@@ -40,8 +40,8 @@ pub enum FenceOutcome {
 }
 
 impl FenceOutcome {
-    /// The one place a shim's answer at a fence is read: a wait's result (or a failed record of
-    /// the fence itself) turned into an outcome.
+    /// The one place a shim's answer at a fence is read: a wait's result turned into an outcome.
+    /// (A fence that could not even be recorded is [`Self::unrecorded`].)
     pub const fn of(answer: Result<(), DriverError>) -> Self {
         match answer {
             Ok(()) => Self::Passed,
@@ -52,6 +52,20 @@ impl FenceOutcome {
                     Self::Unknown(e)
                 }
             },
+        }
+    }
+
+    /// The outcome of a fence that could not be recorded: nothing covers the work before it, so
+    /// whatever the shim answered (even the fault of earlier work), the device may still be using
+    /// what the fence was to cover. Only a lost device says otherwise.
+    pub const fn unrecorded(e: DriverError) -> Self {
+        match e.fault {
+            Fault::DeviceLost => Self::DeviceLost(e),
+            Fault::WorkFailed
+            | Fault::OutOfMemory
+            | Fault::TooBig
+            | Fault::Unsupported
+            | Fault::Failed => Self::Unknown(e),
         }
     }
 
@@ -78,7 +92,7 @@ impl FenceOutcome {
     pub fn sync<S: Shim>(shim: &S, stream: &S::Stream) -> Self {
         match shim.record_event(stream) {
             Ok(event) => Self::wait(shim, &event),
-            Err(e) => Self::of(Err(e)),
+            Err(e) => Self::unrecorded(e),
         }
     }
 
@@ -90,19 +104,59 @@ impl FenceOutcome {
         }
     }
 
-    /// The graver of two outcomes (a lost device, then an unknown wait, then failed work), for a
-    /// sequence of fences such as a drain.
+    /// The graver of two outcomes, for a sequence of fences such as a drain: a lost device, then
+    /// failed work (sticky: the stream must hear of it), then an unknown wait (what it covered
+    /// was already leaked where it was met).
     pub const fn and(self, other: Self) -> Self {
         const fn rank(o: &FenceOutcome) -> u8 {
             match o {
                 FenceOutcome::Passed => 0,
-                FenceOutcome::PassedOverFailedWork(_) => 1,
-                FenceOutcome::Unknown(_) => 2,
+                FenceOutcome::Unknown(_) => 1,
+                FenceOutcome::PassedOverFailedWork(_) => 2,
                 FenceOutcome::DeviceLost(_) => 3,
             }
         }
         if rank(&other) > rank(&self) {
             other
+        } else {
+            self
+        }
+    }
+}
+
+/// Where a fence was recorded on its stream: what the ledger needs to attribute its outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FenceMark {
+    /// The stream's cursor when the fence was recorded: the work of every earlier command is
+    /// behind it. Zero for "no fence" (nothing is learnt from it).
+    pub cursor: u64,
+    /// The last kernel launched on the stream before the fence.
+    pub kernel: Option<&'static str>,
+}
+
+/// A fence's outcome, with where the fence was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fenced {
+    /// What the fence said.
+    pub outcome: FenceOutcome,
+    /// Where it was recorded.
+    pub mark: FenceMark,
+}
+
+impl Fenced {
+    /// Nothing was waited for: nothing is learnt.
+    pub const NOTHING: Self = Self {
+        outcome: FenceOutcome::Passed,
+        mark: FenceMark {
+            cursor: 0,
+            kernel: None,
+        },
+    };
+
+    /// The graver of two fences (see [`FenceOutcome::and`]), `later` on a tie.
+    pub fn and(self, later: Self) -> Self {
+        if self.outcome.and(later.outcome) == later.outcome {
+            later
         } else {
             self
         }
@@ -132,14 +186,16 @@ impl StreamFault {
 
 #[derive(Debug, Default)]
 struct StreamEntry {
-    /// Its own work failed while it ran: sticky.
+    /// Its own work failed while it ran: sticky. A stream ordered after the failed work hears of
+    /// it from its own fences (rule 3 of the shim contract); one ordered after earlier work only
+    /// is not affected.
     failed: Option<StreamFault>,
     /// An internal flush met a fence of unknown outcome after an enqueue that succeeded: reported
     /// once, at the stream's next read or sync (where asynchronous faults surface).
     deferred: Option<DriverError>,
-    /// The streams it was ever ordered after on the device: a fault found later on one of those
-    /// reaches it too (it may have read what the failed work left unwritten).
-    waited_on: Vec<usize>,
+    /// The work of every command up to this cursor completed cleanly: a fence recorded after it
+    /// passed (failed work is reported by every fence after it, so it lies beyond).
+    clean_through: u64,
 }
 
 #[derive(Debug, Default)]
@@ -156,33 +212,15 @@ impl Ledger {
         &mut self.streams[stream]
     }
 
-    /// The fault that makes `stream`'s work untrustworthy: its own, or that of a stream it was
-    /// ordered after, directly or through others.
     fn stream_fault(&self, stream: usize) -> Option<StreamFault> {
-        if self.streams.iter().all(|s| s.failed.is_none()) {
-            return None;
-        }
-        let mut seen: Vec<usize> = Vec::new();
-        let mut todo: Vec<usize> = alloc::vec![stream];
-        while let Some(x) = todo.pop() {
-            if seen.contains(&x) {
-                continue;
-            }
-            seen.push(x);
-            if let Some(entry) = self.streams.get(x) {
-                if let Some(f) = entry.failed {
-                    return Some(f);
-                }
-                todo.extend(entry.waited_on.iter().copied());
-            }
-        }
-        None
+        self.streams.get(stream).and_then(|s| s.failed)
     }
 }
 
-/// The device's fault state: whether it is lost, which streams ran failed work, and the faults
-/// kept for a stream's next read or sync. Shared (cheaply cloned) with the futures of reads and
-/// syncs, which may be the ones to find out.
+/// The device's fault state: whether it is lost, which streams ran failed work, how far each
+/// stream's work is known to have completed cleanly, and the faults kept for a stream's next read
+/// or sync. Shared (cheaply cloned) with the futures of reads and syncs, which may be the ones to
+/// find out.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FaultLedger(Arc<spin::Mutex<Ledger>>);
 
@@ -200,8 +238,7 @@ impl FaultLedger {
         }
     }
 
-    /// Fails fast when the device is lost or `stream` (or a stream it was ordered after) ran
-    /// failed work.
+    /// Fails fast when the device is lost or `stream` ran failed work.
     pub fn check(&self, stream: usize) -> Result<(), ServerError> {
         let l = self.0.lock();
         if let Some(cause) = l.device {
@@ -213,34 +250,44 @@ impl FaultLedger {
         }
     }
 
-    /// Whether `stream`'s work can no longer be trusted (the device being lost aside).
-    pub fn check_stream(&self, stream: usize) -> Result<(), ServerError> {
-        match self.0.lock().stream_fault(stream) {
-            Some(f) => Err(f.error()),
-            None => Ok(()),
+    /// Whether what `stream` wrote may be used: `Ok` when its work up to command `cursor` is
+    /// known to have completed cleanly, or when the stream has no fault on record.
+    pub fn check_stream_at(&self, stream: usize, cursor: u64) -> Result<(), ServerError> {
+        let l = self.0.lock();
+        match l.streams.get(stream) {
+            Some(s) if cursor > s.clean_through => s.failed.map_or(Ok(()), |f| Err(f.error())),
+            _ => Ok(()),
         }
+    }
+
+    /// Whether `stream`'s work up to command `cursor` is known to have completed cleanly (a
+    /// device-side wait for it would be a no-op).
+    pub fn clean_through(&self, stream: usize, cursor: u64) -> bool {
+        let l = self.0.lock();
+        l.streams
+            .get(stream)
+            .is_some_and(|s| cursor <= s.clean_through)
     }
 
     /// Records a fence outcome of `stream` that its caller waited for, and returns the caller's
     /// result. A fence that passed still fails when the stream is known to be faulted: another
     /// caller may have heard of the fault first.
-    pub fn answer(
-        &self,
-        stream: usize,
-        outcome: FenceOutcome,
-        kernel: Option<&'static str>,
-    ) -> Result<(), ServerError> {
+    pub fn answer(&self, stream: usize, fenced: Fenced) -> Result<(), ServerError> {
         let mut l = self.0.lock();
-        match outcome {
-            FenceOutcome::Passed => match l.stream_fault(stream) {
-                Some(f) => Err(f.error()),
-                None => Ok(()),
-            },
+        match fenced.outcome {
+            FenceOutcome::Passed => {
+                let entry = l.entry(stream);
+                // The fence's own command may have enqueued more after it: only the earlier
+                // commands are wholly behind it.
+                let behind = fenced.mark.cursor.saturating_sub(1);
+                entry.clean_through = entry.clean_through.max(behind);
+                entry.failed.map_or(Ok(()), |f| Err(f.error()))
+            }
             FenceOutcome::PassedOverFailedWork(cause) => {
                 let f = *l.entry(stream).failed.get_or_insert(StreamFault {
                     stream,
                     cause,
-                    kernel,
+                    kernel: fenced.mark.kernel,
                 });
                 Err(f.error())
             }
@@ -253,27 +300,21 @@ impl FaultLedger {
     }
 
     /// Records a fence outcome of `stream` met by the core's own bookkeeping (a flush after an
-    /// enqueue that succeeded, reclaim on another stream): only a lost device fails the caller.
-    /// Failed work taints the stream (its next operation fails); an unknown outcome is kept for
-    /// the stream's next read or sync.
-    pub fn defer(
-        &self,
-        stream: usize,
-        outcome: FenceOutcome,
-        kernel: Option<&'static str>,
-    ) -> Result<(), ServerError> {
-        match outcome {
-            FenceOutcome::Passed => Ok(()),
-            FenceOutcome::PassedOverFailedWork(_) => {
-                // Recorded; the error is the stream's from now on, not this call's.
-                let _ = self.answer(stream, outcome, kernel);
+    /// enqueue that succeeded, reclaim on another stream, a future dropped unwaited, teardown):
+    /// only a lost device fails the caller. Failed work taints the stream (its next operation
+    /// fails); an unknown outcome is kept for the stream's next read or sync.
+    pub fn defer(&self, stream: usize, fenced: Fenced) -> Result<(), ServerError> {
+        match fenced.outcome {
+            FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {
+                // Recorded; a fault is the stream's from now on, not this call's.
+                let _ = self.answer(stream, fenced);
                 Ok(())
             }
             FenceOutcome::Unknown(e) => {
                 self.0.lock().entry(stream).deferred.get_or_insert(e);
                 Ok(())
             }
-            FenceOutcome::DeviceLost(_) => self.answer(stream, outcome, kernel),
+            FenceOutcome::DeviceLost(_) => self.answer(stream, fenced),
         }
     }
 
@@ -287,22 +328,13 @@ impl FaultLedger {
     }
 
     /// Records the failure of a device call that is not a fence (a copy, a launch, an event
-    /// record, a stream wait) on `stream`; returns it for `?`. Only a lost device is remembered:
-    /// a refused call changed nothing on the device.
+    /// record, a stream wait); returns it for `?`. Only a lost device is remembered: a refused
+    /// call changed nothing on the device.
     pub fn call_failed(&self, e: DriverError) -> DriverError {
         if e.loses_device() {
             self.0.lock().device.get_or_insert(e);
         }
         e
-    }
-
-    /// Records that `stream` was ordered after `other` on the device.
-    pub fn waited(&self, stream: usize, other: usize) {
-        let mut l = self.0.lock();
-        let entry = l.entry(stream);
-        if !entry.waited_on.contains(&other) {
-            entry.waited_on.push(other);
-        }
     }
 }
 
@@ -313,6 +345,17 @@ mod tests {
 
     fn err(fault: Fault) -> DriverError {
         DriverError::new(ShimOp::EventWait, 7, fault)
+    }
+
+    #[test]
+    fn a_fence_that_was_never_recorded_covers_nothing() {
+        for fault in [Fault::WorkFailed, Fault::Failed, Fault::OutOfMemory] {
+            assert!(
+                !FenceOutcome::unrecorded(err(fault)).completed(),
+                "{fault:?}"
+            );
+        }
+        assert!(FenceOutcome::unrecorded(err(Fault::DeviceLost)).completed());
     }
 
     #[test]
@@ -334,12 +377,18 @@ mod tests {
         }
     }
 
+    fn at(cursor: u64, kernel: Option<&'static str>, outcome: FenceOutcome) -> Fenced {
+        Fenced {
+            outcome,
+            mark: FenceMark { cursor, kernel },
+        }
+    }
+
     #[test]
-    fn failed_work_is_sticky_and_travels_with_waits() {
+    fn failed_work_is_sticky_and_names_the_kernel_before_its_fence() {
         let ledger = FaultLedger::default();
-        ledger.waited(2, 1);
         let outcome = FenceOutcome::of(Err(err(Fault::WorkFailed)));
-        let first = ledger.answer(1, outcome, Some("k")).unwrap_err();
+        let first = ledger.answer(1, at(5, Some("k"), outcome)).unwrap_err();
         assert!(matches!(
             first,
             ServerError::StreamFaulted {
@@ -348,25 +397,41 @@ mod tests {
                 ..
             }
         ));
-        // A later clean fence of the stream, or of a stream ordered after it, still fails.
+        // A later clean fence of the stream still fails.
         assert_eq!(
-            ledger.answer(1, FenceOutcome::Passed, None),
-            Err(first.clone())
+            ledger.answer(1, at(9, None, FenceOutcome::Passed)),
+            Err(first)
         );
-        assert_eq!(ledger.answer(2, FenceOutcome::Passed, None), Err(first));
         assert!(ledger.check(0).is_ok(), "an unrelated stream keeps working");
+    }
+
+    #[test]
+    fn work_behind_a_clean_fence_stays_usable_after_a_later_fault() {
+        let ledger = FaultLedger::default();
+        assert!(ledger.answer(1, at(4, None, FenceOutcome::Passed)).is_ok());
+        assert!(ledger.clean_through(1, 3) && !ledger.clean_through(1, 4));
+        let failed = FenceOutcome::of(Err(err(Fault::WorkFailed)));
+        assert!(ledger.answer(1, at(7, None, failed)).is_err());
+        assert!(
+            ledger.check_stream_at(1, 3).is_ok(),
+            "written before the clean fence"
+        );
+        assert!(
+            ledger.check_stream_at(1, 4).is_err(),
+            "may be the failed work"
+        );
     }
 
     #[test]
     fn deferred_faults_surface_once_and_a_lost_device_fails_everything() {
         let ledger = FaultLedger::default();
         let unknown = FenceOutcome::of(Err(err(Fault::Failed)));
-        assert!(ledger.defer(0, unknown, None).is_ok());
+        assert!(ledger.defer(0, at(1, None, unknown)).is_ok());
         assert!(ledger.check(0).is_ok(), "an unknown outcome does not taint");
         assert!(ledger.take_deferred(0).is_err());
         assert!(ledger.take_deferred(0).is_ok(), "reported once");
         let lost = FenceOutcome::of(Err(err(Fault::DeviceLost)));
-        assert!(ledger.defer(3, lost, None).is_err());
+        assert!(ledger.defer(3, at(1, None, lost)).is_err());
         assert!(matches!(
             ledger.check(0),
             Err(ServerError::DeviceLost { .. })
@@ -379,7 +444,12 @@ mod tests {
         let u = FenceOutcome::of(Err(err(Fault::Failed)));
         let l = FenceOutcome::of(Err(err(Fault::DeviceLost)));
         assert_eq!(FenceOutcome::Passed.and(f), f);
-        assert_eq!(f.and(u), u);
+        assert_eq!(
+            u.and(f),
+            f,
+            "failed work is never lost behind an unknown wait"
+        );
+        assert_eq!(f.and(u), f);
         assert_eq!(l.and(u), l);
         assert_eq!(u.and(FenceOutcome::Passed), u);
     }

@@ -4,12 +4,14 @@
 //! Owns the record of foreign uses (which streams used an allocation besides its owner, and at
 //! which cursor) and the one function every operation calls for each handle it touches
 //! ([`Device::order_after`]). A wait is made once per other stream until that stream issues more
-//! work (`Stream::synced`). Does not own the waits' faults: a stream ordered after failed work is
-//! recorded in the fault ledger (`fault.rs`), which makes it fail too.
+//! work (`Stream::synced`), and not at all for work a clean fence already covered. Does not own
+//! the waits' faults: work ordered after a stream's failed work is refused while the fault is on
+//! record (`fault.rs`), and a stream that waited before anyone heard of it learns of it from its
+//! own fences (the shim contract's third rule).
 
 use crate::device::Device;
 use crate::drop_queue::DropItem;
-use crate::error::{IoError, NotFoundReason, ServerError};
+use crate::error::ServerError;
 use crate::memory::AsBinding;
 use crate::shim::Shim;
 use alloc::vec::Vec;
@@ -66,27 +68,14 @@ impl<S: Shim> Device<S> {
         binding: &impl AsBinding,
     ) -> Result<(), ServerError> {
         let b = binding.as_binding();
-        let issuer = b.issuer();
-        if issuer.device != self.id {
-            return Err(IoError::ForeignHandle {
-                issued_by: issuer.device,
-                used_on: self.id,
-            }
-            .into());
-        }
-        let owner = issuer.stream as usize;
-        let Some(o) = self.streams.get(owner).and_then(Option::as_ref) else {
-            return Err(IoError::NotFound {
-                handle: b.id(),
-                reason: NotFoundReason::Stale,
-            }
-            .into());
-        };
+        let owner = self.owner_of(binding)?;
+        let o = self.streams[owner].as_ref().expect("owner_of found it");
         // Resolve first: a handle that names no memory must leave no trace (no wait, no
         // keep-alive, no record of a use).
         o.memory.resolve(binding)?;
         let owner_cursor = o.cursor;
-        self.ledger.check_stream(owner)?;
+        // What the owner wrote is untrustworthy if its work may have failed.
+        self.ledger.check_stream_at(owner, owner_cursor)?;
         let id = b.id();
         if owner != current {
             self.wait_for(current, owner, owner_cursor)?;
@@ -115,8 +104,12 @@ impl<S: Shim> Device<S> {
         other: usize,
         other_cursor: u64,
     ) -> Result<(), ServerError> {
+        if self.ledger.clean_through(other, other_cursor) {
+            // That work completed cleanly (a fence after it passed): nothing to wait for.
+            return Ok(());
+        }
         // Work ordered after a stream whose work failed would read what it left unwritten.
-        self.ledger.check_stream(other)?;
+        self.ledger.check_stream_at(other, other_cursor)?;
         let synced = self.streams[current]
             .as_ref()
             .and_then(|s| s.synced.get(other).copied())
@@ -137,7 +130,6 @@ impl<S: Shim> Device<S> {
             c.synced.resize(other + 1, 0);
         }
         c.synced[other] = other_cursor;
-        self.ledger.waited(current, other);
         Ok(())
     }
 }

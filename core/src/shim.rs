@@ -28,6 +28,8 @@
 //! - An event completes only once everything enqueued on its stream before it has completed.
 //! - Every error is a [`DriverError`] built by [`Shim::classify`], so the core can tell a device
 //!   that is lost from a call that merely failed.
+//! - A call answers [`Fault::DeviceLost`] only once no work of the device can touch memory any
+//!   more: on hearing it, from any call, the core frees every page and host buffer at once.
 //! - A fault of work that was enqueued fine but failed while it ran surfaces at later
 //!   [`Shim::event_query`] / [`Shim::event_wait`] calls: as [`Fault::DeviceLost`] when the device
 //!   is lost, otherwise as [`Fault::WorkFailed`], with three rules the core relies on:
@@ -39,7 +41,9 @@
 //!
 //!   The core then stops trusting the stream (it cannot know which work failed). Any other error
 //!   from a wait means its outcome is unknown, and the core leaks what the fence covered rather
-//!   than free it.
+//!   than free it. A fence that could not be recorded covers nothing, whatever the error (even
+//!   [`Fault::WorkFailed`], as CUDA may answer an event record with an earlier launch's fault):
+//!   the core leaks what it was to cover unless the device is lost.
 //!
 //! The conformance suite (`devcmd-tests`) checks these rules on any shim, with a kernel that
 //! fails while it runs, and names the rule a shim breaks.

@@ -2,11 +2,11 @@
 //!
 //! Owns the stream's device memory manager, pinned pool, drop queue, capture state and cursor
 //! (how many commands it has issued), and what it last waited for on each other stream. Does not
-//! own cross-stream decisions (the device does).
+//! own cross-stream decisions (`order.rs`) nor what a fence's outcome means (`fault.rs`).
 
 use crate::capture::CaptureState;
 use crate::drop_queue::{DropItem, DropQueue};
-use crate::fault::FenceOutcome;
+use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::memory::{Cleanup, MemoryManager};
 use crate::pinned::PinnedPool;
 use crate::shim::Shim;
@@ -43,46 +43,57 @@ impl<S: Shim> Stream<S> {
         }
     }
 
+    /// Where a fence recorded now would be: the cursor and the last kernel launched.
+    pub fn mark(&self) -> FenceMark {
+        FenceMark {
+            cursor: self.cursor,
+            kernel: self.last_kernel,
+        }
+    }
+
     /// Flushes the drop queue (retired pages included) unless the stream records: a fence would
     /// land in the graph.
-    pub fn flush(&mut self, shim: &S) -> FenceOutcome {
+    pub fn flush(&mut self, shim: &S) -> Fenced {
         if self.capture.is_recording() {
-            return FenceOutcome::Passed;
+            return Fenced::NOTHING;
         }
         self.queue_retired();
-        self.drops.flush(shim, &self.raw)
+        let mark = self.mark();
+        self.drops.flush(shim, &self.raw, mark)
     }
 
     /// Releases everything the drop queue holds, retired pages included, each once the fence
     /// covering it passed. Work that put nothing in the queue (a launch, a read) is not waited
-    /// for when the queue was empty: see [`FenceOutcome::sync`].
-    pub fn drain(&mut self, shim: &S) -> FenceOutcome {
+    /// for when the queue was empty: see [`Self::sync`].
+    pub fn drain(&mut self, shim: &S) -> Fenced {
         self.queue_retired();
-        self.drops.drain(shim, &self.raw)
+        let mark = self.mark();
+        self.drops.drain(shim, &self.raw, mark)
     }
 
     /// Drains the queue, returns the stream's empty pages and its idle pinned pages to the device:
     /// the cleanup every reclaim runs.
-    pub fn cleanup(&mut self, shim: &S) -> FenceOutcome {
+    pub fn cleanup(&mut self, shim: &S) -> Fenced {
         let drained = self.drain(shim);
-        if !drained.completed() {
+        if !drained.outcome.completed() {
             return drained;
         }
         self.memory.cleanup(shim, Cleanup::Explicit);
         let drained = drained.and(self.drain(shim));
-        if drained.completed() {
+        if drained.outcome.completed() {
             self.pinned.cleanup(shim);
         }
         drained
     }
 
     /// Waits for everything enqueued on the stream so far: its queue, then its last work.
-    pub fn sync(&mut self, shim: &S) -> FenceOutcome {
+    pub fn sync(&mut self, shim: &S) -> Fenced {
         let drained = self.drain(shim);
-        match drained {
-            FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {
-                drained.and(FenceOutcome::sync(shim, &self.raw))
-            }
+        match drained.outcome {
+            FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => drained.and(Fenced {
+                outcome: FenceOutcome::sync(shim, &self.raw),
+                mark: self.mark(),
+            }),
             FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => drained,
         }
     }

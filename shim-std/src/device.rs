@@ -3,16 +3,16 @@
 use crate::faults::{Effect, Injection, Stats, classify, status};
 use crate::graph::StdGraph;
 use crate::kernel::{KernelCtx, KernelFault, StdKernel};
-use crate::lock;
 use crate::memory::{Block, Quarantine, StdDevicePage, StdHostPage};
 use crate::stream::{CopyOp, Op, StdEvent, StdStream};
+use crate::{lock, wait};
 use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Builds a [`StdShim`]. Every setting has a default; out-of-range values are normalised (see
 /// each method) rather than refused.
@@ -145,6 +145,8 @@ impl StdShimBuilder {
                 state: Mutex::new(state),
                 kernels: Mutex::new(HashMap::new()),
                 next_stream: AtomicU64::new(0),
+                busy: Mutex::new(0),
+                idle: Condvar::new(),
             }),
         }
     }
@@ -212,6 +214,10 @@ pub(crate) struct DeviceInner {
     state: Mutex<DeviceState>,
     kernels: Mutex<HashMap<String, StdKernel>>,
     next_stream: AtomicU64,
+    /// Operations the stream workers are running now, on every stream.
+    busy: Mutex<usize>,
+    /// Signalled when `busy` drops to zero.
+    idle: Condvar,
 }
 
 impl DeviceInner {
@@ -219,9 +225,33 @@ impl DeviceInner {
         self.lost.load(Ordering::Acquire)
     }
 
-    /// The error of a call of `op` on the lost device (with the status of the cause).
+    /// The error of a call of `op` on the lost device (with the status of the cause), once no
+    /// worker runs an operation any more: the contract lets the core free everything when it
+    /// hears that the device is lost, so nothing may still touch memory by then.
     pub(crate) fn lost_error(&self, op: ShimOp) -> DriverError {
+        let mut busy = lock(&self.busy);
+        while *busy > 0 {
+            busy = wait(&self.idle, busy);
+        }
+        drop(busy);
         lock(&self.state).lost_error(op)
+    }
+
+    /// A worker starts an operation; returns whether to run it (not once the device is lost:
+    /// it is then completed without running). Counted before the check, so a caller told the
+    /// device is lost ([`Self::lost_error`]) waits for it or it sees the loss.
+    pub(crate) fn begin_op(&self) -> bool {
+        *lock(&self.busy) += 1;
+        !self.is_lost()
+    }
+
+    /// A worker finished the operation [`Self::begin_op`] counted.
+    pub(crate) fn end_op(&self) {
+        let mut busy = lock(&self.busy);
+        *busy -= 1;
+        if *busy == 0 {
+            self.idle.notify_all();
+        }
     }
 
     fn poison_locked(&self, st: &mut DeviceState, cause: DriverError) {
@@ -350,7 +380,8 @@ impl StdShim {
         let mut st = lock(&self.inner.state);
         let count = st.stats.count(op);
         if self.inner.is_lost() {
-            return Err(st.lost_error(op));
+            drop(st);
+            return Err(self.inner.lost_error(op));
         }
         let fired = st.injections.iter().find(|i| i.fires(op, count, size));
         match fired.map(Injection::effect) {

@@ -234,6 +234,7 @@ impl StreamShared {
             if st.running && st.completed < seq {
                 return Ok(false); // an operation may still touch memory: not done yet
             }
+            drop(st);
             return Err(self.dev.lost_error(op));
         }
         // A fault is reported only with the fence it belongs to, once that fence completed:
@@ -280,12 +281,13 @@ fn work(shared: Arc<StreamShared>) {
                 st = wait(&shared.cv, st);
             }
         };
-        let fault = if shared.dev.is_lost() {
-            None
-        } else {
+        let fault = if shared.dev.begin_op() {
             run(&op, &shared.dev).err()
+        } else {
+            None
         };
         drop(op);
+        shared.dev.end_op();
         if let Some(e) = fault {
             shared.dev.async_fault(e);
         }

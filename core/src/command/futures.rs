@@ -7,7 +7,7 @@
 
 use super::Command;
 use crate::error::{DriverError, ServerError, Validation};
-use crate::fault::{FaultLedger, FenceOutcome};
+use crate::fault::{FaultLedger, FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
 use crate::memory::Binding;
 use crate::shim::Shim;
@@ -34,8 +34,8 @@ pub(super) struct Fence<S: Shim> {
     state: FenceState<S::Event>,
     ledger: FaultLedger,
     stream: usize,
-    /// The last kernel launched before the fence, named if it reveals failed work.
-    kernel: Option<&'static str>,
+    /// Where it was recorded (the last kernel before it is named if it reveals failed work).
+    mark: FenceMark,
 }
 
 impl<S: Shim> Fence<S> {
@@ -44,7 +44,7 @@ impl<S: Shim> Fence<S> {
         recorded: Result<S::Event, DriverError>,
         ledger: FaultLedger,
         stream: usize,
-        kernel: Option<&'static str>,
+        mark: FenceMark,
     ) -> Self {
         let state = match recorded {
             Ok(e) => FenceState::Recorded(e),
@@ -55,7 +55,7 @@ impl<S: Shim> Fence<S> {
             state,
             ledger,
             stream,
-            kernel,
+            mark,
         }
     }
 
@@ -72,7 +72,7 @@ impl<S: Shim> Fence<S> {
     fn wait(&mut self) -> FenceOutcome {
         match core::mem::replace(&mut self.state, FenceState::Done) {
             FenceState::Recorded(e) => FenceOutcome::wait(&*self.shim, &e),
-            FenceState::NotRecorded(e) => FenceOutcome::of(Err(e)),
+            FenceState::NotRecorded(e) => FenceOutcome::unrecorded(e),
             FenceState::Done => FenceOutcome::Passed,
         }
     }
@@ -87,9 +87,31 @@ impl<S: Shim> Fence<S> {
         Some(outcome)
     }
 
+    fn fenced(&self, outcome: FenceOutcome) -> Fenced {
+        Fenced {
+            outcome,
+            mark: self.mark,
+        }
+    }
+
     /// The caller's result of `outcome`, recorded in the ledger.
     fn answer(&self, outcome: FenceOutcome) -> Result<(), ServerError> {
-        self.ledger.answer(self.stream, outcome, self.kernel)
+        self.ledger.answer(self.stream, self.fenced(outcome))
+    }
+
+    /// Records what `outcome` says of the stream (failed work, a lost device) when nobody waits
+    /// for this fence's answer. An unknown outcome says nothing of the stream: what it covered
+    /// was leaked where it was met, and nobody is left to tell.
+    fn record(&self, outcome: FenceOutcome) {
+        match outcome {
+            FenceOutcome::Passed
+            | FenceOutcome::PassedOverFailedWork(_)
+            | FenceOutcome::DeviceLost(_) => {
+                // Only a lost device fails here, and the ledger now knows of it.
+                let _ = self.ledger.defer(self.stream, self.fenced(outcome));
+            }
+            FenceOutcome::Unknown(_) => {}
+        }
     }
 }
 
@@ -119,25 +141,34 @@ impl<S: Shim> ReadFuture<S> {
         self.finish(outcome).map(drop)
     }
 
-    /// Releases the buffers and bindings once the device is done with them, leaks them when it
-    /// may not be, and returns the bytes or the fence's error.
-    fn finish(&mut self, outcome: FenceOutcome) -> Result<Vec<HostBuffer>, ServerError> {
+    /// Releases the bindings once the device is done with the buffers and returns the buffers;
+    /// leaks both when the device may not be done (`None`).
+    fn release(&mut self, outcome: FenceOutcome) -> Option<Vec<HostBuffer>> {
         let buffers = core::mem::take(&mut self.buffers);
         let held = core::mem::take(&mut self.held);
         match outcome {
             FenceOutcome::Passed
             | FenceOutcome::PassedOverFailedWork(_)
-            | FenceOutcome::DeviceLost(_) => drop(held),
+            | FenceOutcome::DeviceLost(_) => {
+                drop(held);
+                Some(buffers)
+            }
             FenceOutcome::Unknown(_) => {
                 warn!(
                     "a read's fence failed: leaking {} buffers the device may still write",
                     buffers.len()
                 );
                 core::mem::forget((buffers, held));
-                return self.fence.answer(outcome).map(|()| Vec::new());
+                None
             }
         }
-        self.fence.answer(outcome).map(|()| buffers)
+    }
+
+    /// [`Self::release`], then the bytes or the fence's error.
+    fn finish(&mut self, outcome: FenceOutcome) -> Result<Vec<HostBuffer>, ServerError> {
+        let buffers = self.release(outcome);
+        self.fence.answer(outcome)?;
+        Ok(buffers.unwrap_or_default())
     }
 
     /// Blocks until the copies landed and returns the bytes, one buffer per request.
@@ -178,9 +209,11 @@ impl<S: Shim> Drop for ReadFuture<S> {
     fn drop(&mut self) {
         if self.fence.pending() {
             // Dropped before completion: the device may still write the buffers and read the
-            // sources. Wait, then release or leak exactly as a completed read would.
+            // sources. Wait, then release or leak exactly as a completed read would; what the
+            // fence revealed of the stream is recorded.
             let outcome = self.fence.wait();
-            drop(self.finish(outcome));
+            drop(self.release(outcome));
+            self.fence.record(outcome);
         }
     }
 }

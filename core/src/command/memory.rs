@@ -55,11 +55,11 @@ impl<S: Shim> Command<'_, S> {
         let device = &mut *self.device;
         for (i, s) in device.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
-            let outcome = s.cleanup(&device.shim);
+            let fenced = s.cleanup(&device.shim);
             if i == self.stream {
-                device.ledger.answer(i, outcome, s.last_kernel)?;
+                device.ledger.answer(i, fenced)?;
             } else {
-                device.ledger.defer(i, outcome, s.last_kernel)?;
+                device.ledger.defer(i, fenced)?;
             }
         }
         Ok(())
@@ -96,7 +96,13 @@ impl<S: Shim> Command<'_, S> {
         self.begin()?;
         self.device.order_after(self.stream, &reserved)?;
         let cursor = self.cursor();
+        let room = reserved.id();
         self.current().memory.bind(reserved, handle, cursor)?;
+        // The room's failure marks follow its bytes to `handle`; its cross-stream uses were
+        // waited for above.
+        self.device.collect();
+        self.device.failures.hand_over(room, handle.id());
+        self.device.foreign_uses.forget(room);
         Ok(())
     }
 
@@ -115,9 +121,11 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`IoError::HostAllocFailed`](crate::error::IoError::HostAllocFailed) when neither the pinned pool nor the heap can hold `len`
-    /// bytes.
+    /// [`ServerError::DeviceLost`];
+    /// [`IoError::HostAllocFailed`](crate::error::IoError::HostAllocFailed) when neither the
+    /// pinned pool nor the heap can hold `len` bytes.
     pub fn reserve_host(&mut self, len: usize, pinned: bool) -> Result<HostBuffer, ServerError> {
+        self.device.ledger.check_device()?;
         let update = self.page_update();
         let (shim, s) = self.parts();
         let buffer = if pinned && !s.capture.is_recording() {
@@ -141,9 +149,8 @@ impl<S: Shim> Command<'_, S> {
     pub fn flush_drops(&mut self) -> Result<(), ServerError> {
         self.device.ledger.check_device()?;
         let (shim, s) = self.parts();
-        let outcome = s.flush(shim);
-        let kernel = s.last_kernel;
-        self.device.ledger.answer(self.stream, outcome, kernel)
+        let fenced = s.flush(shim);
+        self.device.ledger.answer(self.stream, fenced)
     }
 
     /// Releases what this stream's drop queue holds whose fence has passed, without blocking.
@@ -155,13 +162,12 @@ impl<S: Shim> Command<'_, S> {
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         self.device.ledger.check_device()?;
         let (shim, s) = self.parts();
-        let kernel = s.last_kernel;
         match s.drops.poll(shim) {
             None => Ok(false),
-            Some(outcome) => self
+            Some(fenced) => self
                 .device
                 .ledger
-                .answer(self.stream, outcome, kernel)
+                .answer(self.stream, fenced)
                 .map(|()| true),
         }
     }
@@ -182,9 +188,8 @@ impl<S: Shim> Command<'_, S> {
             .into());
         }
         let (shim, s) = self.parts();
-        let outcome = s.cleanup(shim);
-        let kernel = s.last_kernel;
-        self.device.ledger.answer(self.stream, outcome, kernel)
+        let fenced = s.cleanup(shim);
+        self.device.ledger.answer(self.stream, fenced)
     }
 
     /// Flushes the drop queue after an enqueue that asked for it. The enqueue itself succeeded:
@@ -192,8 +197,7 @@ impl<S: Shim> Command<'_, S> {
     /// this call (see [`crate::fault`]).
     pub(super) fn flush_after_enqueue(&mut self) -> Result<(), ServerError> {
         let (shim, s) = self.parts();
-        let outcome = s.flush(shim);
-        let kernel = s.last_kernel;
-        self.device.ledger.defer(self.stream, outcome, kernel)
+        let fenced = s.flush(shim);
+        self.device.ledger.defer(self.stream, fenced)
     }
 }

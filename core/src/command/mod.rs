@@ -24,7 +24,7 @@ pub use launch::Launch;
 pub use transfer::ReadRequest;
 
 use crate::device::{Device, DeviceReport};
-use crate::error::{IoError, NotFoundReason, ServerError};
+use crate::error::{IoError, ServerError};
 use crate::memory::{AllocationMode, AsBinding, Binding, Handle, PageUpdate, Resolved};
 use crate::shim::Shim;
 use crate::stream::{Stream, StreamId};
@@ -120,26 +120,12 @@ impl<'a, S: Shim> Command<'a, S> {
     ///
     /// [`IoError::ForeignHandle`], [`IoError::NotFound`], [`IoError::OutOfRange`].
     pub fn resource(&mut self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
-        let b = handle.as_binding();
-        let issuer = b.issuer();
-        if issuer.device != self.device.id {
-            return Err(IoError::ForeignHandle {
-                issued_by: issuer.device,
-                used_on: self.device.id,
-            });
-        }
-        match self
-            .device
-            .streams
-            .get(issuer.stream as usize)
-            .and_then(Option::as_ref)
-        {
-            Some(owner) => owner.memory.resolve(handle),
-            None => Err(IoError::NotFound {
-                handle: b.id(),
-                reason: NotFoundReason::Stale,
-            }),
-        }
+        let owner = self.device.owner_of(handle)?;
+        self.device.streams[owner]
+            .as_ref()
+            .expect("owner_of found it")
+            .memory
+            .resolve(handle)
     }
 
     /// The device range of `handle` with a binding that keeps it alive for a caller outside the

@@ -2,7 +2,7 @@
 //! reads back to the host.
 //!
 //! Owns the checks every copy makes (length, layout against the view, failed bytes), in
-//! [`Command::copy_target`], and the failure marks a copy leaves. Does not own the staging
+//! `Command::copy_check`, and the failure marks a copy leaves. Does not own the staging
 //! decision (`copy.rs`) nor the fences (`futures.rs`).
 
 use super::Command;
@@ -113,10 +113,9 @@ impl<S: Shim> Command<'_, S> {
         Ok(())
     }
 
-    /// The checks every copy makes, then the device range it targets, ordered after other
-    /// streams' use: `None` for an empty copy (nothing to do, nothing checked but the length).
-    /// A read also fails here when the bytes it would return are marked failed.
-    fn copy_target(
+    /// The checks every copy makes, with no side effect: the device range it targets, or `None`
+    /// for an empty copy (nothing to do, nothing checked but the length).
+    fn copy_check(
         &mut self,
         handle: &Handle,
         layout: CopyLayout,
@@ -141,8 +140,21 @@ impl<S: Shim> Command<'_, S> {
             }
             .into());
         }
-        self.device.order_after(self.stream, handle)?;
         Ok(Some(r))
+    }
+
+    /// [`Self::copy_check`], then this stream ordered after other streams' use of `handle`.
+    fn copy_target(
+        &mut self,
+        handle: &Handle,
+        layout: CopyLayout,
+        host_len: u64,
+    ) -> Result<Option<Resolved>, ServerError> {
+        let r = self.copy_check(handle, layout, host_len)?;
+        if r.is_some() {
+            self.device.order_after(self.stream, handle)?;
+        }
+        Ok(r)
     }
 
     /// The failure a read of `handle` with `layout` would return, if its bytes are marked failed.
@@ -253,9 +265,10 @@ impl<S: Shim> Command<'_, S> {
     ) -> Result<ReadFuture<S>, ServerError> {
         self.begin()?;
         self.device.ledger.take_deferred(self.stream)?;
-        // Checked before any host memory is reserved: a bad layout costs nothing.
+        // Checked before any host memory is reserved or any wait made: a bad request costs
+        // nothing.
         for req in requests {
-            self.copy_target(req.handle, req.layout, req.layout.packed_bytes())?;
+            self.copy_check(req.handle, req.layout, req.layout.packed_bytes())?;
             self.unwritten(req.handle, req.layout)?;
             usize::try_from(req.layout.packed_bytes()).map_err(|_| IoError::HostAllocFailed {
                 len: req.layout.packed_bytes(),
@@ -307,14 +320,14 @@ impl<S: Shim> Command<'_, S> {
     pub(super) fn fence(&mut self) -> Fence<S> {
         let (shim, s) = self.parts();
         let recorded = shim.record_event(&s.raw);
-        let kernel = s.last_kernel;
+        let mark = s.mark();
         let recorded = recorded.map_err(|e| self.device.ledger.call_failed(e));
         Fence::new(
             alloc::sync::Arc::clone(&self.device.shim),
             recorded,
             self.device.ledger.clone(),
             self.stream,
-            kernel,
+            mark,
         )
     }
 }

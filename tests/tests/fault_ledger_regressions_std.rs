@@ -1,5 +1,6 @@
-//! Defects found in review of the fault-ledger change (issue 7). Each test fails today; the
-//! comment on each says what is wrong and where.
+//! Regression tests for defects a review of the fault ledger found (issue 7): how far a stream's
+//! fault reaches, fences that could not be recorded, failure marks across a bind, the kernel a
+//! stream fault names, and a lost device seen by every operation.
 //!
 //! All run on the std shim in lazy mode (a stream runs nothing until one of its fences is waited
 //! on), so work that runs too late or memory released too early shows up deterministically.
@@ -62,13 +63,9 @@ fn read(
     Ok(bytes.pop().expect("one request").into_vec())
 }
 
-/// WRONG: core/src/fault.rs `StreamEntry::waited_on` / `Ledger::stream_fault` taint a stream with
-/// the fault of every stream it was *ever* ordered after, whenever that fault happened. Here
-/// stream 0 waited on stream 1 while stream 1 was healthy (to read `b`); stream 1's kernel fails
-/// only later, on stream 1's own memory. Nothing stream 0 did or will do depends on the failed
-/// work (the std shim agrees: stream 0's fences stay clean, its wait carried no fault), yet the
-/// core fails every later operation of stream 0, for good, with `StreamFaulted { stream: 1 }`,
-/// while the error text says "other streams keep working".
+/// A stream that waited on another while it was healthy is not tainted by that stream's later
+/// failure: its own fences stay clean (the shim's third rule carries a fault only to work ordered
+/// after the failed work), so the ledger keeps no "ever waited on" taint.
 #[test]
 fn a_stream_that_waited_on_a_healthy_stream_survives_that_streams_later_failure() {
     let (shim, mut device) = lazy_device();
@@ -89,12 +86,8 @@ fn a_stream_that_waited_on_a_healthy_stream_survives_that_streams_later_failure(
     );
 }
 
-/// WRONG: core/src/order.rs `Device::order_after` waits for every foreign user of an allocation
-/// and `wait_for` refuses when that user's stream is faulted, however long ago its use was.
-/// Stream 1 read stream 0's `a`, and that read was confirmed clean by a sync; only then did
-/// stream 1 run failing work on its own memory. Stream 0 can no longer read its own `a` (and the
-/// record of stream 1's use is never dropped, because the owner's wait never succeeds), though
-/// `a` was only read, long before the failure.
+/// A foreign use that a clean fence already covered needs no wait, and is not refused when its
+/// stream fails later: the owner keeps using its memory (`FaultLedger::clean_through`).
 #[test]
 fn an_owner_keeps_its_memory_after_a_past_reader_fails_later() {
     let (shim, mut device) = lazy_device();
@@ -210,15 +203,9 @@ impl Shim for RecordFailsOnce {
     }
 }
 
-/// WRONG: core/src/fault.rs `FenceOutcome::of` reads a failed *record* of a fence with the rules
-/// of a failed *wait*: a `WorkFailed` answer becomes `PassedOverFailedWork`, which says "the fence
-/// completed, release what it covered". But no fence exists: nothing says the copies before it
-/// ran. `ReadFuture::check_recorded` (command/futures.rs, via `Fence::wait` on `NotRecorded`)
-/// then releases the read's host buffers while their copies are still queued (the same reading
-/// lets teardown free device pages after `FenceOutcome::sync` fails to record). Here the pinned
-/// slice of the read goes back to the pool at once; in review, a buffer handed out again by
-/// `reserve_host` received the read's bytes when the stream later ran. A record that failed
-/// must be `Unknown` (leak) unless the device is lost.
+/// A fence that could not be recorded covers nothing, whatever the shim answered (here the fault
+/// of earlier work): the read's buffers are leaked, never handed out again while their copies
+/// may still run (`FenceOutcome::unrecorded`).
 #[test]
 fn a_read_whose_fence_cannot_be_recorded_keeps_its_buffers() {
     let shim = RecordFailsOnce {
@@ -245,11 +232,8 @@ fn a_read_whose_fence_cannot_be_recorded_keeps_its_buffers() {
     );
 }
 
-/// WRONG: core/src/memory/manager/lookup.rs `MemoryManager::bind` hands the room over without
-/// recording the reserved handle's id as freed, so `Device::collect` never forgets its failure
-/// marks: a refused upload into reserved room, then a bind, leaves a failure record and marks
-/// keyed by a dead id for the life of the device (`Failures` claims records never outgrow live
-/// memory; `failures.is_empty()`, the fast path of every copy and launch, stays false for good).
+/// Failure marks of reserved room follow its bytes to the handle it is bound to, and go when
+/// that handle's memory is freed: the records never outgrow live memory.
 #[test]
 fn failure_records_of_reserved_room_go_once_the_room_is_bound_and_freed() {
     let (shim, mut device) = lazy_device();
@@ -286,12 +270,8 @@ fn failure_records_of_reserved_room_go_once_the_room_is_bound_and_freed() {
     );
 }
 
-/// WRONG: core/src/command/memory.rs `flush_drops` (and `flush_after_enqueue`, `memory_cleanup`,
-/// reclaim) pass `Stream::last_kernel` *at the time of the answer* to the ledger, but the drop
-/// queue's fence was recorded one flush earlier. A kernel launched after that fence is named as
-/// the suspect of a fault the fence reports, though it cannot be covered by it; the kernel that
-/// failed (`bad`) is not named. `StreamFault::kernel` is documented as "the last kernel launched
-/// on the stream before the fence"; the drop queue should keep the kernel with its fence.
+/// A fault found by a drop-queue fence names the last kernel launched before that fence (kept
+/// with the fence), not one launched after it.
 #[test]
 fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
     let (shim, mut device) = lazy_device();
@@ -336,10 +316,7 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
     );
 }
 
-/// WRONG: core/src/command/memory.rs `Command::reserve_host` neither begins like the other
-/// operations (command/mod.rs says every operation does) nor checks the ledger: on a command
-/// held across the loss of the device it still hands out pinned memory (and, with no slice
-/// free, asks the lost device for a pinned page). Issue 7 asks that every operation fail fast.
+/// `reserve_host` on a command held across the loss of the device fails fast.
 #[test]
 fn reserve_host_fails_fast_once_the_device_is_lost() {
     let (shim, mut device) = lazy_device();
