@@ -132,11 +132,7 @@ impl<S: Shim> PinnedPool<S> {
             .max(1)
             .checked_next_multiple_of(self.config.alignment.max(1))?;
         let id = self.next_id;
-        let used = Used {
-            owner: id,
-            size,
-            cursor: 0,
-        };
+        let used = Used { owner: id, size };
         let (kind, block) = if aligned > self.pool.page_size {
             let block = match self.large.try_reuse(aligned, used) {
                 Some((block, _)) => block,

@@ -254,17 +254,17 @@ impl DeviceInner {
         }
     }
 
-    fn poison_locked(&self, st: &mut DeviceState, cause: DriverError) {
+    fn lose_locked(&self, st: &mut DeviceState, cause: DriverError) {
         st.lost_cause.get_or_insert(cause);
         self.lost.store(true, Ordering::Release);
     }
 
-    /// A fault raised by running work; poisons the device if it is a poisoning one.
+    /// A fault raised by running work; loses the device if it is a fault that does.
     pub(crate) fn async_fault(&self, e: DriverError) {
         let mut st = lock(&self.state);
         st.stats.async_faults += 1;
         if e.loses_device() {
-            self.poison_locked(&mut st, e);
+            self.lose_locked(&mut st, e);
         }
     }
 
@@ -350,12 +350,12 @@ impl StdShim {
         lock(&self.inner.state).alloc_budget = bytes;
     }
 
-    /// Poisons the device now: every later call fails with [`status::DEVICE_LOST`] and
+    /// Loses the device now: every later call fails with [`status::DEVICE_LOST`] and
     /// queued work is skipped.
     pub fn lose_device(&self) {
         let mut st = lock(&self.inner.state);
         self.inner
-            .poison_locked(&mut st, classify(ShimOp::Launch, status::DEVICE_LOST));
+            .lose_locked(&mut st, classify(ShimOp::Launch, status::DEVICE_LOST));
     }
 
     /// Whether the device is lost.
@@ -390,7 +390,7 @@ impl StdShim {
             Some(Effect::Refuse) => Err(classify(op, status::injected(op, false))),
             Some(Effect::LoseDevice) => {
                 let e = classify(op, status::injected(op, true));
-                self.inner.poison_locked(&mut st, e);
+                self.inner.lose_locked(&mut st, e);
                 Err(e)
             }
         }

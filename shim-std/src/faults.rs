@@ -70,8 +70,12 @@ pub mod status {
     pub const INJECTED_AT_RUN: i32 = 300;
 
     /// The status code of an injected failure of `op` (losing the device or not).
-    pub const fn injected(op: ShimOp, poisons: bool) -> i32 {
-        let base = if poisons { INJECTED_LOSS } else { INJECTED };
+    pub const fn injected(op: ShimOp, loses_device: bool) -> i32 {
+        let base = if loses_device {
+            INJECTED_LOSS
+        } else {
+            INJECTED
+        };
         base + super::op_index(op) as i32
     }
 

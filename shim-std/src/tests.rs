@@ -389,7 +389,7 @@ fn kernel_faults_surface_at_every_later_fence_of_their_stream() {
 }
 
 #[test]
-fn a_poisoning_kernel_loses_the_device() {
+fn a_kernel_that_loses_the_device_fails_every_later_call() {
     let shim = StdShim::new();
     let s = shim.create_stream().unwrap();
     let lose = shim.register_kernel("lose", |_| Err(KernelFault::DeviceLost));
@@ -405,7 +405,7 @@ fn a_poisoning_kernel_loses_the_device() {
     assert!(!shim.is_lost(), "nothing ran yet: the stream is blocked");
     release.send(()).unwrap();
     // Waiting on the event is the deterministic point of the loss: it returns only once the
-    // poisoning kernel has run (or the device is lost with no operation still running).
+    // device-losing kernel has run (or the device is lost with no operation still running).
     let err = shim.event_wait(&after).unwrap_err();
     assert_eq!(
         (err.op, err.fault, err.status),
@@ -523,7 +523,7 @@ fn injection_by_predicate_and_budget() {
 }
 
 #[test]
-fn injected_poisoning_and_poison_device() {
+fn injected_loss_and_lose_device() {
     let shim = StdShim::new();
     shim.inject(Injection::nth(ShimOp::Launch, 1).losing_device());
     let s = shim.create_stream().unwrap();

@@ -171,7 +171,7 @@ impl World {
                     Ok(reserved) => {
                         let stale = reserved.clone();
                         self.mm
-                            .bind(reserved, &lazy, 1)
+                            .bind(reserved, &lazy)
                             .map_err(|e| TestCaseError::fail(format!("bind: {e}")))?;
                         prop_assert!(
                             self.mm.resolve(&stale).is_err(),

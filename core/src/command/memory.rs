@@ -65,16 +65,13 @@ impl<S: Shim> Command<'_, S> {
         Ok(())
     }
 
-    /// An allocation of `size` bytes, stamped with this stream's cursor.
+    /// An allocation of `size` bytes (its bytes are whatever the page held: write them first).
     ///
     /// # Errors
     ///
     /// As [`Self::reserve`].
     pub fn empty(&mut self, size: u64) -> Result<Handle, ServerError> {
-        let handle = self.reserve(size)?;
-        let cursor = self.cursor();
-        self.current().memory.stamp(&handle, cursor)?;
-        Ok(handle)
+        self.reserve(size)
     }
 
     /// A handle of `size` bytes with no memory yet; [`Self::initialize`] or [`Self::bind`] gives
@@ -95,9 +92,8 @@ impl<S: Shim> Command<'_, S> {
     pub fn bind(&mut self, reserved: Handle, handle: &Handle) -> Result<(), ServerError> {
         self.begin()?;
         self.device.order_after(self.stream, &reserved)?;
-        let cursor = self.cursor();
         let room = reserved.id();
-        self.current().memory.bind(reserved, handle, cursor)?;
+        self.current().memory.bind(reserved, handle)?;
         // The room's failure marks follow its bytes to `handle`; its cross-stream uses were
         // waited for above.
         self.device.collect();

@@ -6,10 +6,12 @@
 //! queue), `transfer.rs` (uploads and reads), `launch.rs` (kernels and the failure rule), and
 //! `futures.rs` (the fences a caller waits for). Each operation checks the fault ledger first
 //! (`fault.rs`), orders itself after other streams for every handle it touches (`order.rs`), and
-//! reports what fences reveal to the ledger. Every operation begins the same way
-//! (`Command::begin`): the device's bookkeeping runs (freed allocations leave the failure and
-//! cross-stream records, retired pages go to the drop queue), then the ledger is checked. No
-//! operation has to remember either.
+//! reports what fences reveal to the ledger. Every operation that enqueues device work or makes
+//! room begins the same way (`Command::begin`): the device's bookkeeping runs (freed allocations
+//! leave the failure and cross-stream records, retired pages go to the drop queue), then the
+//! ledger is checked. The drop-queue calls (`flush_drops`, `poll_drops`) and `reserve_host` check
+//! only that the device is not lost: a faulted stream still gives back what its fences covered.
+//! `lazy`, `allocation_mode` and the lookups touch no device state.
 //!
 //! Does not own the pools (`memory/`), the fault decisions (`fault.rs`) nor cross-stream order
 //! (`order.rs`).

@@ -269,9 +269,9 @@ fn bind_hands_the_room_over_and_the_reservation_goes_stale() {
     let reserved = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     let stale = reserved.clone();
     let addr = mm.resolve(&reserved).unwrap().addr;
-    mm.bind(reserved, &user, 7).unwrap();
+    mm.bind(reserved, &user).unwrap();
     let r = mm.resolve(&user).unwrap();
-    assert_eq!((r.addr, r.cursor), (addr, 7));
+    assert_eq!(r.addr, addr);
     assert_eq!(
         mm.resolve(&stale).unwrap_err(),
         IoError::NotFound {
@@ -293,10 +293,10 @@ fn a_released_location_never_resolves_to_its_next_owner() {
     let a = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     let binding = a.binding();
     let user = mm.lazy_handle(100);
-    mm.bind(a, &user, 0).unwrap();
+    mm.bind(a, &user).unwrap();
     // Rebinding `user` frees its first room, which the next reservation reuses.
     let again = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
-    mm.bind(again, &user, 1).unwrap();
+    mm.bind(again, &user).unwrap();
     let other = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     assert!(matches!(
         mm.resolve(&binding),
@@ -331,7 +331,7 @@ fn foreign_and_out_of_range_handles_are_errors() {
     );
     let h = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     let big = mm.lazy_handle(200);
-    let e = mm.bind(h, &big, 0).unwrap_err();
+    let e = mm.bind(h, &big).unwrap_err();
     assert!(matches!(e, IoError::OutOfRange { .. }));
 }
 
@@ -449,12 +449,12 @@ fn a_handle_whose_memory_is_in_use_is_not_rebound() {
     let (shim, mut mm) = device();
     let user = mm.lazy_handle(100);
     let first = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
-    mm.bind(first, &user, 0).unwrap();
+    mm.bind(first, &user).unwrap();
     let in_flight = user.binding();
     let addr = mm.resolve(&in_flight).unwrap().addr;
     let second = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     assert_eq!(
-        mm.bind(second, &user, 1).unwrap_err(),
+        mm.bind(second, &user).unwrap_err(),
         IoError::InUse { handle: user.id() }
     );
     assert_eq!(
@@ -469,7 +469,7 @@ fn a_handle_whose_memory_is_in_use_is_not_rebound() {
     );
     drop(in_flight);
     let third = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
-    mm.bind(third, &user, 2).unwrap();
+    mm.bind(third, &user).unwrap();
 }
 
 #[test]
@@ -505,7 +505,7 @@ fn binding_a_reservation_to_itself_or_a_view_of_it_is_an_error_not_a_panic() {
     let clone = reserved.clone();
     for target in [&clone, &view] {
         assert_eq!(
-            mm.bind(reserved.clone(), target, 1).unwrap_err(),
+            mm.bind(reserved.clone(), target).unwrap_err(),
             IoError::SelfBind { handle: id }
         );
     }
@@ -518,7 +518,7 @@ fn binding_a_reservation_to_itself_or_a_view_of_it_is_an_error_not_a_panic() {
     assert_eq!(mm.resolve(&view).unwrap().addr.0, addr.0 + 10);
     assert_eq!(mm.allocations().len(), 1);
     let user = mm.lazy_handle(100);
-    mm.bind(reserved, &user, 2).unwrap();
+    mm.bind(reserved, &user).unwrap();
     assert_eq!(mm.resolve(&user).unwrap().addr, addr);
     drop((clone, view, user));
     assert_eq!(mm.report().device().allocations, 0);

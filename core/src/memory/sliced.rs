@@ -23,8 +23,6 @@ pub(crate) struct Used {
     pub owner: u64,
     /// Bytes asked for (the block may be larger by the padding).
     pub size: u64,
-    /// The stream cursor when it was bound.
-    pub cursor: u64,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -5,11 +5,7 @@ use super::*;
 const MIB: u64 = 1 << 20;
 
 fn used(owner: u64, size: u64) -> Used {
-    Used {
-        owner,
-        size,
-        cursor: 0,
-    }
+    Used { owner, size }
 }
 
 #[test]

@@ -58,8 +58,6 @@ pub struct Resolved {
     pub addr: DeviceAddr,
     /// Bytes of the view.
     pub len: u64,
-    /// The stream cursor stamped when the memory was bound.
-    pub cursor: u64,
     /// The page it lies on.
     pub page: PageRef,
 }

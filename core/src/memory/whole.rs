@@ -185,11 +185,7 @@ mod tests {
     use super::*;
 
     fn used(owner: u64, size: u64) -> Used {
-        Used {
-            owner,
-            size,
-            cursor: 0,
-        }
+        Used { owner, size }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Lookup and binding: from a handle to the memory bound to it.
 //!
-//! Owns [`MemoryManager::bind`], [`MemoryManager::resolve`], [`MemoryManager::stamp`] and
+//! Owns [`MemoryManager::bind`], [`MemoryManager::resolve`] and
 //! [`MemoryManager::guard`], the check that a handle was issued by this manager's device and
 //! stream, the rule that a handle resolves only to memory bound to it, and the routing of a pool
 //! id to its pool. Does not own placement (`reserve.rs`), nor freeing what a handle let go or
@@ -18,8 +18,8 @@ use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
 
 impl<S: Shim> MemoryManager<S> {
-    /// Gives the room of `reserved` to `target` (a lazy handle, or one whose memory is replaced),
-    /// stamping it with `cursor`. Afterwards `reserved` resolves to nothing.
+    /// Gives the room of `reserved` to `target` (a lazy handle, or one whose memory is replaced).
+    /// Afterwards `reserved` resolves to nothing.
     ///
     /// # Errors
     ///
@@ -29,7 +29,7 @@ impl<S: Shim> MemoryManager<S> {
     /// handle of another stream; [`IoError::OutOfRange`] when `target` is larger than the room;
     /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work. On any error
     /// nothing changes; the room goes back when `reserved` drops.
-    pub fn bind(&mut self, reserved: Handle, target: &Handle, cursor: u64) -> Result<(), IoError> {
+    pub fn bind(&mut self, reserved: Handle, target: &Handle) -> Result<(), IoError> {
         self.check_issuer(target.as_binding())?;
         if reserved.as_binding().same_allocation(&target.as_binding()) {
             return Err(IoError::SelfBind {
@@ -65,7 +65,6 @@ impl<S: Shim> MemoryManager<S> {
             });
         };
         slot.owner = target.id();
-        slot.cursor = cursor;
         target.set_location(Some(location), false);
         reserved.set_location(None, true);
         Ok(())
@@ -118,7 +117,6 @@ impl<S: Shim> MemoryManager<S> {
         let resolved = Resolved {
             addr: DeviceAddr(addr + b.offset()),
             len: b.len(),
-            cursor: used.cursor,
             page: PageRef {
                 pool: location.pool,
                 page,
@@ -135,20 +133,6 @@ impl<S: Shim> MemoryManager<S> {
     /// [`IoError::OutOfRange`] for a view past its allocation.
     pub fn resolve(&self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
         self.find(handle.as_binding()).map(|(_, _, r)| r)
-    }
-
-    /// Restamps the cursor of `handle`'s memory (new work on it).
-    ///
-    /// # Errors
-    ///
-    /// As [`Self::resolve`].
-    pub fn stamp(&mut self, handle: &impl AsBinding, cursor: u64) -> Result<(), IoError> {
-        let b = handle.as_binding();
-        let (location, _, _) = self.find(b)?;
-        if let Some(u) = self.used_mut(location, b.id()) {
-            u.cursor = cursor;
-        }
-        Ok(())
     }
 
     fn sliced(&self, pool: PoolId) -> Option<&SlicedPool<S::DevicePage>> {

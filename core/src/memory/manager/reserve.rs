@@ -74,11 +74,7 @@ impl<S: Shim> MemoryManager<S> {
             }
         };
         let id = self.next_id;
-        let used = Used {
-            owner: id,
-            size,
-            cursor: 0,
-        };
+        let used = Used { owner: id, size };
         let location = match self.mode() {
             AllocationMode::Persistent => {
                 self.reserve_whole(shim, POOL_PERSISTENT, aligned, used, update)?
