@@ -94,11 +94,16 @@ impl<S: Shim> Command<'_, S> {
         self.device.order_after(self.stream, &reserved)?;
         let room = reserved.id();
         self.current().memory.bind(reserved, handle)?;
-        // The room's failure marks follow its bytes to `handle`; its cross-stream uses were
-        // waited for above.
-        self.device.collect();
-        self.device.failures.hand_over(room, handle.id());
-        self.device.foreign_uses.forget(room);
+        // The room's failure marks follow its bytes to `handle` (after the bookkeeping, which
+        // drops the marks of the memory `handle` let go); its cross-stream uses were waited for
+        // above.
+        if !self.device.failures.is_empty() {
+            self.device.collect();
+            self.device.failures.hand_over(room, handle.id());
+        }
+        if !self.device.foreign_uses.is_empty() {
+            self.device.foreign_uses.forget(room);
+        }
         Ok(())
     }
 
