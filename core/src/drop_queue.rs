@@ -207,13 +207,26 @@ impl<S: Shim> DropQueue<S> {
     }
 
     /// Releases the pending batch if its fence has passed, without blocking. Returns `None` while
-    /// something is still pending (its fence has not passed, or none could be recorded yet), and
-    /// otherwise the outcome of the fence that settled it (the batch is then released or leaked
-    /// as in a flush).
-    pub(crate) fn poll(&mut self, shim: &S) -> Option<Fenced> {
-        let Some((fence, mark)) = &self.fence else {
-            return self.pending.is_empty().then_some(Fenced::NOTHING);
-        };
+    /// its fence has not passed, and otherwise the outcome of the fence that settled it (the
+    /// batch is then released or leaked as in a flush). A pending batch whose fence could not be
+    /// recorded gets one now (at `mark`), so a loop that polls until nothing is pending ends; a
+    /// refusal is returned as the fence's outcome and the batch stays pending.
+    pub(crate) fn poll(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Option<Fenced> {
+        if self.fence.is_none() {
+            if self.pending.is_empty() {
+                return Some(Fenced::NOTHING);
+            }
+            match shim.record_event(stream) {
+                Ok(f) => self.fence = Some((f, mark)),
+                Err(e) => {
+                    return Some(Fenced {
+                        outcome: FenceOutcome::unrecorded(e),
+                        mark,
+                    });
+                }
+            }
+        }
+        let (fence, mark) = self.fence.as_ref()?;
         let fenced = Fenced {
             outcome: FenceOutcome::query(shim, fence)?,
             mark: *mark,
@@ -413,7 +426,10 @@ mod tests {
         let (shim, mut q) = setup();
         q.push(item(10));
         q.flush(&shim, &(), FenceMark::default());
-        assert_eq!(q.poll(&shim).map(|f| f.outcome), Some(FenceOutcome::Passed));
+        assert_eq!(
+            q.poll(&shim, &(), FenceMark::default()).map(|f| f.outcome),
+            Some(FenceOutcome::Passed)
+        );
         assert_eq!(shim.events_waited.get(), 0);
         assert_eq!(q.stats().bytes_released, 10);
     }

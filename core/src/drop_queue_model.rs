@@ -118,7 +118,12 @@ impl Model {
 
     fn poll(&mut self, busy: bool, query: Option<Fault>) -> Option<bool> {
         if !self.fenced {
-            return Some(self.pending.is_empty());
+            if self.pending.is_empty() {
+                return Some(true);
+            }
+            // A pending batch whose fence could not be recorded gets one now.
+            self.records += 1;
+            self.fenced = true;
         }
         match query {
             Some(Fault::WorkFailed) => {
@@ -209,7 +214,8 @@ proptest! {
                 Op::Poll { busy, query } => {
                     shim.busy.set(busy);
                     shim.fail_next_query.set(query);
-                    let polled = match q.poll(&shim).map(|f| f.outcome) {
+                    shim.fail_next_record.set(None);
+                    let polled = match q.poll(&shim, &(), FenceMark::default()).map(|f| f.outcome) {
                         None => Some(false),
                         Some(FenceOutcome::Passed) => Some(true),
                         Some(_) => None,

@@ -105,14 +105,16 @@ impl FenceOutcome {
     }
 
     /// The graver of two outcomes, for a sequence of fences such as a drain: a lost device, then
-    /// failed work (sticky: the stream must hear of it), then an unknown wait (what it covered
-    /// was already leaked where it was met).
+    /// an unknown wait, then failed work. An unknown wait outranks failed work so the sequence
+    /// never claims to have completed when one of its fences did not (teardown frees pages on a
+    /// completed sync); the failed work is not lost, as it is sticky: every later fence of the
+    /// stream reports it again (the shim contract's second rule).
     pub const fn and(self, other: Self) -> Self {
         const fn rank(o: &FenceOutcome) -> u8 {
             match o {
                 FenceOutcome::Passed => 0,
-                FenceOutcome::Unknown(_) => 1,
-                FenceOutcome::PassedOverFailedWork(_) => 2,
+                FenceOutcome::PassedOverFailedWork(_) => 1,
+                FenceOutcome::Unknown(_) => 2,
                 FenceOutcome::DeviceLost(_) => 3,
             }
         }
@@ -445,11 +447,12 @@ mod tests {
         let l = FenceOutcome::of(Err(err(Fault::DeviceLost)));
         assert_eq!(FenceOutcome::Passed.and(f), f);
         assert_eq!(
-            u.and(f),
-            f,
-            "failed work is never lost behind an unknown wait"
+            f.and(u),
+            u,
+            "a sequence with an unknown wait never claims completion"
         );
-        assert_eq!(f.and(u), f);
+        assert_eq!(u.and(f), u);
+        assert!(!f.and(u).completed());
         assert_eq!(l.and(u), l);
         assert_eq!(u.and(FenceOutcome::Passed), u);
     }

@@ -391,7 +391,9 @@ impl StdShim {
             Some(Effect::LoseDevice) => {
                 let e = classify(op, status::injected(op, true));
                 self.inner.lose_locked(&mut st, e);
-                Err(e)
+                drop(st);
+                // Told only once no worker runs an operation (the contract), like any later call.
+                Err(self.inner.lost_error(op))
             }
         }
     }

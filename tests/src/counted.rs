@@ -135,6 +135,9 @@ pub struct Counted<S: Shim> {
     state: Arc<Mutex<State>>,
     streams: Mutex<Vec<Weak<S::Stream>>>,
     failing: Option<(S::Kernel, Box<S::Args>)>,
+    /// Held while an injected loss finishes the inner streams' queued work: a caller told the
+    /// device is lost waits for it, since the core then frees everything.
+    quiesce: Mutex<()>,
 }
 
 impl<S: Shim> fmt::Debug for Counted<S>
@@ -187,6 +190,7 @@ impl<S: Shim> Counted<S> {
             state: Arc::default(),
             streams: Mutex::default(),
             failing: None,
+            quiesce: Mutex::new(()),
         }
     }
 
@@ -215,6 +219,9 @@ impl<S: Shim> Counted<S> {
         st.calls[i] += 1;
         let count = st.calls[i];
         if let Some(lost) = st.lost {
+            drop(st);
+            // Not before the queued work of the loss is finished (see `quiesce`).
+            drop(lock(&self.quiesce));
             return Err(DriverError::new(op, lost.status, Fault::DeviceLost));
         }
         let Some(armed) = st.rules.iter().find(|a| a.fires(op, count)).copied() else {
@@ -225,9 +232,11 @@ impl<S: Shim> Counted<S> {
             FaultRule::WorkFails { .. } => Ok(Verdict::GoThenFail),
             FaultRule::LoseDevice { .. } => {
                 let e = DriverError::new(op, INJECTED_LOSS_STATUS, Fault::DeviceLost);
+                let quiesced = lock(&self.quiesce);
                 st.lost = Some(e);
                 drop(st);
                 self.finish_queued_work();
+                drop(quiesced);
                 Err(e)
             }
             FaultRule::Once { .. } | FaultRule::Always { .. } => {

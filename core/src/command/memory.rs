@@ -163,7 +163,8 @@ impl<S: Shim> Command<'_, S> {
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         self.device.ledger.check_device()?;
         let (shim, s) = self.parts();
-        match s.drops.poll(shim) {
+        let mark = s.mark();
+        match s.drops.poll(shim, &s.raw, mark) {
             None => Ok(false),
             Some(fenced) => self
                 .device
