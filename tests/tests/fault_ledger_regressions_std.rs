@@ -5,63 +5,14 @@
 //! All run on the std shim in lazy mode (a stream runs nothing until one of its fences is waited
 //! on), so work that runs too late or memory released too early shows up deterministically.
 
+mod common;
+use common::*;
+
 use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
-use devcmd::{Device, DeviceConfig, Handle, Launch, ReadRequest, ServerError, StreamId};
-use devcmd_std::{Injection, KernelFault, StdKernel, StdShim, status};
+use devcmd::{Device, DeviceConfig, Launch, ReadRequest, ServerError};
+use devcmd_std::{Injection, StdShim, status};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-const S0: StreamId = StreamId(0);
-const S1: StreamId = StreamId(1);
-
-fn lazy_device() -> (StdShim, Device<StdShim>) {
-    let shim = StdShim::builder().lazy(true).poison(true).build();
-    let device = Device::new(shim.clone(), DeviceConfig::default());
-    (shim, device)
-}
-
-/// Copies buffer 0 into buffer 1.
-fn copy_kernel(shim: &StdShim) -> StdKernel {
-    shim.register_kernel("copy", |ctx| {
-        let src = ctx.buffer(0)?.to_vec();
-        ctx.buffers_mut()?[1].copy_from_slice(&src);
-        Ok(())
-    })
-}
-
-fn failing_kernel(shim: &StdShim) -> StdKernel {
-    shim.register_kernel("fail", |_ctx| Err(KernelFault::Failed))
-}
-
-fn launch<S: Shim<Args = [u8]>>(
-    device: &mut Device<S>,
-    stream: StreamId,
-    kernel: &S::Kernel,
-    name: &'static str,
-    inputs: &[&Handle],
-    outputs: &[&Handle],
-) -> Result<(), ServerError> {
-    device.command(stream)?.launch(Launch {
-        kernel,
-        name,
-        grid: Grid::linear(1),
-        inputs,
-        outputs,
-        args: &[][..],
-    })
-}
-
-fn read(
-    device: &mut Device<StdShim>,
-    stream: StreamId,
-    h: &Handle,
-) -> Result<Vec<u8>, ServerError> {
-    let mut bytes = device
-        .command(stream)?
-        .read_async(&[ReadRequest::whole(h)])?
-        .wait()?;
-    Ok(bytes.pop().expect("one request").into_vec())
-}
 
 /// A stream that waited on another while it was healthy is not tainted by that stream's later
 /// failure: its own fences stay clean (the shim's third rule carries a fault only to work ordered

@@ -5,42 +5,14 @@
 //! They run on the std shim; the first and third in lazy + poison mode, so work that runs too
 //! late or memory released too early shows up deterministically.
 
-use devcmd::{Device, DeviceConfig, Grid, Handle, Launch, ServerError, Shim, ShimOp, StreamId};
-use devcmd_std::{Injection, KernelFault, POISON_BYTE, StdKernel, StdShim};
+mod common;
+use common::*;
+
+use devcmd::{Device, DeviceConfig, ServerError, ShimOp};
+use devcmd_std::{Injection, POISON_BYTE, StdShim};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-const S0: StreamId = StreamId(0);
-const S1: StreamId = StreamId(1);
-
-fn lazy_device() -> (StdShim, Device<StdShim>) {
-    let shim = StdShim::builder().lazy(true).poison(true).build();
-    let device = Device::new(shim.clone(), DeviceConfig::default());
-    (shim, device)
-}
-
-fn failing_kernel(shim: &StdShim) -> StdKernel {
-    shim.register_kernel("fail", |_ctx| Err(KernelFault::Failed))
-}
-
-fn launch<S: Shim<Args = [u8]>>(
-    device: &mut Device<S>,
-    stream: StreamId,
-    kernel: &S::Kernel,
-    name: &'static str,
-    inputs: &[&Handle],
-    outputs: &[&Handle],
-) -> Result<(), ServerError> {
-    device.command(stream)?.launch(Launch {
-        kernel,
-        name,
-        grid: Grid::linear(1),
-        inputs,
-        outputs,
-        args: &[][..],
-    })
-}
 
 /// Teardown frees pages only when every fence of the final sync completed: failed work met on
 /// the way does not hide a final fence that could not be recorded (an unknown wait outranks
