@@ -1,0 +1,511 @@
+//! The device: its primary context, its facts and the [`Shim`] implementation.
+
+use crate::driver::{self, CudaInitError};
+use crate::faults::{self, check, classify, code};
+use crate::graph::CudaGraph;
+use crate::kernel::CudaKernel;
+use crate::memory::{self, CudaDevicePage, CudaHostPage, Side};
+use crate::stream::{self, CudaEvent, CudaStream};
+use cudarc::driver::sys;
+use devcmd::shim::unsupported;
+use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
+use std::ffi::CStr;
+use std::fmt;
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Mutex};
+
+/// Alignment of every device page (`cuMemAlloc` aligns to at least this) and of every slice the
+/// core carves.
+pub const PAGE_ALIGNMENT: u64 = 256;
+
+/// The retained primary context of one device, shared by the shim and by every stream and event
+/// made from it (so it outlives them), with the pool of idle events.
+pub(crate) struct Context {
+    raw: sys::CUcontext,
+    device: sys::CUdevice,
+    /// Idle events (created with `CU_EVENT_DISABLE_TIMING`), reused by later records.
+    pub(crate) events: Mutex<Vec<sys::CUevent>>,
+}
+
+// SAFETY: a `CUcontext` is a handle the driver API accepts from any thread (the driver is
+// thread-safe; a context may be current on several threads at once). The pooled `CUevent`s are
+// handles too and are only touched under the mutex.
+unsafe impl Send for Context {}
+// SAFETY: as for `Send`: every use of the handles goes through the thread-safe driver API, and
+// the only mutable state (the event pool) is behind a mutex.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Makes this context current on the calling thread, unless it already is. Every driver call
+    /// of the shim is preceded by it (see [`CudaShim`]'s threading rule).
+    pub(crate) fn bind(&self, op: ShimOp) -> Result<(), DriverError> {
+        let mut current = ptr::null_mut();
+        // SAFETY: the pointer is valid for one write; `cuCtxGetCurrent` was checked to exist by
+        // `driver::load`, like every function called below.
+        check(op, unsafe { sys::cuCtxGetCurrent(&mut current) })?;
+        if current != self.raw {
+            // SAFETY: `raw` is the primary context retained by this `Context` until it drops.
+            check(op, unsafe { sys::cuCtxSetCurrent(self.raw) })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let events = std::mem::take(self.events.get_mut().unwrap_or_else(|e| e.into_inner()));
+        // Errors are ignored: nothing can be done about them here, and a lost device answers
+        // every call with its sticky error anyway.
+        let _ = self.bind(ShimOp::StreamCreate);
+        for event in events {
+            // SAFETY: a pooled event is owned by the pool alone (no `CudaEvent` holds it).
+            let _ = unsafe { sys::cuEventDestroy_v2(event) };
+        }
+        let mut current = ptr::null_mut();
+        // SAFETY: the pointer is valid for one write.
+        let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
+        if r == sys::CUresult::CUDA_SUCCESS && current == self.raw {
+            // SAFETY: unbinding (a null context) is always allowed; the shim binds on every
+            // call, so no later call relies on this binding.
+            let _ = unsafe { sys::cuCtxSetCurrent(ptr::null_mut()) };
+        }
+        // SAFETY: the retain of `CudaShim::new` is released once, here; no stream, event or shim
+        // of this context is left (each holds the `Arc` this drop ends).
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}
+
+/// An NVIDIA GPU through the CUDA driver API: the device's primary context, retained while the
+/// shim (or any stream or event made from it) lives. Cheap to clone (clones share the context);
+/// `Send + Sync`.
+///
+/// # Threads: the context is bound per call
+///
+/// The driver API acts on the context current on the calling thread. **Every call of this shim,
+/// and every drop of a stream or an event, first makes the device's primary context current on
+/// the calling thread** (`cuCtxGetCurrent`, then `cuCtxSetCurrent` only when another context is
+/// current) and leaves it current. So any thread may call the shim, one after another or at once
+/// (the driver is thread-safe), and a stream or event dropped on another thread is released
+/// correctly. Code that mixes its own contexts with the shim on one thread must expect the shim's
+/// context to be current after a call.
+///
+/// # What is implemented
+///
+/// Facts, streams (`CU_STREAM_NON_BLOCKING`), events without timing (pooled), cross-stream waits,
+/// device pages (`cuMemAlloc`), pinned host pages (`cuMemHostAlloc`, portable, mapped where the
+/// device can map host memory, never write-combined), and copies (`cuMemcpy*Async`, pitched ones
+/// with `cuMemcpy2DAsync`). Kernel launches and graphs answer [`devcmd::Fault::Unsupported`]:
+/// they come with issue 8's reshaped launch contract.
+#[derive(Clone)]
+pub struct CudaShim {
+    ctx: Arc<Context>,
+    ordinal: u32,
+    name: String,
+    driver_version: i32,
+    facts: DeviceFacts,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_PITCH`: the largest pitch `cuMemcpy2DAsync` accepts.
+    max_pitch: u64,
+    /// Whether [`Shim::host_page_device_addr`] hands out the mapped address of pinned pages.
+    zero_copy: bool,
+}
+
+impl fmt::Debug for CudaShim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaShim")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("driver_version", &self.driver_version)
+            .field("binding_version", &driver::BINDING_VERSION)
+            .field("facts", &self.facts)
+            .field("zero_copy", &self.zero_copy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Maps a failed set-up call to [`CudaInitError::Call`].
+fn setup(call: &'static str, r: sys::CUresult) -> Result<(), CudaInitError> {
+    match code(r) {
+        faults::status::SUCCESS => Ok(()),
+        status => Err(CudaInitError::Call { call, status }),
+    }
+}
+
+/// One integer attribute of `dev`.
+fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32, CudaInitError> {
+    let mut v = 0;
+    // SAFETY: the pointer is valid for one write; `dev` came from `cuDeviceGet`.
+    setup("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(&mut v, attr, dev)
+    })?;
+    Ok(v)
+}
+
+impl CudaShim {
+    /// Sets up the CUDA device `ordinal` (0 is the first GPU the driver sees).
+    ///
+    /// First checks, without any call that could panic, that the driver library loads, has every
+    /// function the shim calls and is not older than the bindings (see the `driver` module);
+    /// then `cuInit`, the device, its facts, and retains its primary context.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaInitError`]: on a machine without the NVIDIA driver, `NoDriver`, whose message starts
+    /// with "no CUDA driver found: " and names the libraries tried and what to do.
+    pub fn new(ordinal: u32) -> Result<Self, CudaInitError> {
+        let driver_version = driver::load()?;
+        // SAFETY: every function called below was checked to exist by `driver::load`; each
+        // pointer passed is valid for the write the call makes.
+        setup("cuInit", unsafe { sys::cuInit(0) })?;
+        let mut count = 0;
+        // SAFETY: as above.
+        setup("cuDeviceGetCount", unsafe {
+            sys::cuDeviceGetCount(&mut count)
+        })?;
+        let no_device = CudaInitError::NoDevice {
+            ordinal: i32::try_from(ordinal).unwrap_or(i32::MAX),
+            count,
+        };
+        let Ok(ord) = i32::try_from(ordinal) else {
+            return Err(no_device);
+        };
+        if ord >= count {
+            return Err(no_device);
+        }
+        let mut dev = 0;
+        // SAFETY: as above; `ord` is a valid ordinal (below the count).
+        setup("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ord) })?;
+        let mut name: [std::ffi::c_char; 256] = [0; 256];
+        // SAFETY: the buffer holds 256 bytes, the length passed; the driver NUL-terminates.
+        setup("cuDeviceGetName", unsafe {
+            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev)
+        })?;
+        // SAFETY: `name` is NUL-terminated (the driver writes at most len - 1 bytes and a NUL;
+        // the buffer started zeroed, so a NUL exists even if it did not).
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let mut total = 0usize;
+        // SAFETY: as above.
+        setup("cuDeviceTotalMem_v2", unsafe {
+            sys::cuDeviceTotalMem_v2(&mut total, dev)
+        })?;
+        use sys::CUdevice_attribute as A;
+        let integrated = attribute(dev, A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? == 1;
+        let can_map_host = attribute(dev, A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? == 1;
+        let max_pitch = attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: as above.
+        setup("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut raw, dev)
+        })?;
+        // From here the `Context` releases the retain when it drops, error or not.
+        let ctx = Arc::new(Context {
+            raw,
+            device: dev,
+            events: Mutex::new(Vec::new()),
+        });
+        ctx.bind(ShimOp::StreamCreate)
+            .map_err(|e| CudaInitError::Call {
+                call: "cuCtxSetCurrent",
+                status: e.status,
+            })?;
+        let total_memory = total as u64;
+        Ok(Self {
+            ctx,
+            ordinal,
+            name,
+            driver_version,
+            facts: DeviceFacts {
+                total_memory,
+                memory_budget: None,
+                page_alignment: PAGE_ALIGNMENT,
+                max_page_size: total_memory,
+                integrated,
+                can_map_host,
+            },
+            max_pitch: u64::try_from(max_pitch).unwrap_or(0),
+            zero_copy: integrated && can_map_host,
+        })
+    }
+
+    /// Whether pinned host pages are handed to the core as device memory
+    /// ([`Shim::host_page_device_addr`]): on by default where the device is integrated and can
+    /// map host memory (Jetson), so the core can skip staging copies there.
+    ///
+    /// `with_zero_copy(true)` forces it on a discrete GPU that can map host memory (the device
+    /// then reads and writes the pages over PCIe: useful to test the zero-copy path, slow for
+    /// data the device reads more than once); it has no effect where the device cannot map host
+    /// memory. `false` turns it off.
+    pub fn with_zero_copy(mut self, yes: bool) -> Self {
+        self.zero_copy = yes && self.facts.can_map_host;
+        self
+    }
+
+    /// Whether pinned host pages are handed out as device memory (see [`Self::with_zero_copy`]).
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// The device's name (`cuDeviceGetName`), e.g. "NVIDIA H200".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The driver's CUDA version (`cuDriverGetVersion`: `13000` is CUDA 13.0).
+    pub fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+
+    /// The CUDA version of the bindings the crate was built with (see the crate's features).
+    pub fn binding_version(&self) -> i32 {
+        driver::BINDING_VERSION
+    }
+
+    /// The device's primary context (`CUcontext`), for code that calls the driver itself.
+    pub fn cu_context(&self) -> sys::CUcontext {
+        self.ctx.raw
+    }
+
+    /// The context, checked current on this thread, for a call of `op`.
+    fn bound(&self, op: ShimOp) -> Result<&Arc<Context>, DriverError> {
+        self.ctx.bind(op)?;
+        Ok(&self.ctx)
+    }
+}
+
+impl Shim for CudaShim {
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+    type DevicePage = CudaDevicePage;
+    type HostPage = CudaHostPage;
+    /// No kernel exists yet: see [`CudaKernel`].
+    type Kernel = CudaKernel;
+    /// Raw argument bytes; unused until issue 8 reshapes the launch.
+    type Args = [u8];
+    /// No graph exists yet: see [`CudaGraph`].
+    type Graph = CudaGraph;
+
+    fn facts(&self) -> DeviceFacts {
+        self.facts
+    }
+
+    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
+        classify(op, status)
+    }
+
+    fn create_stream(&self) -> Result<CudaStream, DriverError> {
+        stream::create(self.bound(ShimOp::StreamCreate)?)
+    }
+
+    fn stream_wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<(), DriverError> {
+        self.bound(ShimOp::StreamWaitEvent)?;
+        stream::wait_event(stream, event)
+    }
+
+    fn record_event(&self, stream: &CudaStream) -> Result<CudaEvent, DriverError> {
+        stream::record(self.bound(ShimOp::EventRecord)?, stream)
+    }
+
+    /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` is `Ok(false)`, not an error.
+    fn event_query(&self, event: &CudaEvent) -> Result<bool, DriverError> {
+        self.bound(ShimOp::EventQuery)?;
+        stream::query(event)
+    }
+
+    fn event_wait(&self, event: &CudaEvent) -> Result<(), DriverError> {
+        self.bound(ShimOp::EventWait)?;
+        stream::synchronize(event)
+    }
+
+    /// `cuMemAlloc`. A zero size allocates one aligned unit (every page has its own address); a
+    /// size past the device's total memory is [`devcmd::Fault::TooBig`] without a driver call.
+    fn device_alloc(&self, size: u64) -> Result<CudaDevicePage, DriverError> {
+        self.bound(ShimOp::DeviceAlloc)?;
+        memory::device_alloc(size, self.facts.total_memory)
+    }
+
+    fn device_page_addr(&self, page: &CudaDevicePage) -> DeviceAddr {
+        page.addr()
+    }
+
+    unsafe fn device_free(&self, page: CudaDevicePage) {
+        // A failed bind leaves the call to fail too; a free has no way to report either.
+        let _ = self.ctx.bind(ShimOp::DeviceAlloc);
+        // SAFETY: `device_free`'s contract: no pending work uses the page.
+        unsafe { memory::device_free(page) }
+    }
+
+    /// `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`, plus `CU_MEMHOSTALLOC_DEVICEMAP` where
+    /// the device can map host memory. Never write-combined: the host reads the pages back.
+    fn host_alloc_pinned(&self, size: usize) -> Result<CudaHostPage, DriverError> {
+        self.bound(ShimOp::HostAlloc)?;
+        memory::host_alloc(size, self.facts.can_map_host)
+    }
+
+    fn host_page_ptr(&self, page: &CudaHostPage) -> NonNull<u8> {
+        page.ptr()
+    }
+
+    /// The page's device address (`cuMemHostGetDevicePointer`) when zero copy is on (by default
+    /// on integrated devices that map host memory; see [`CudaShim::with_zero_copy`]).
+    fn host_page_device_addr(&self, page: &CudaHostPage) -> Option<DeviceAddr> {
+        if self.zero_copy { page.mapped() } else { None }
+    }
+
+    unsafe fn host_free_pinned(&self, page: CudaHostPage) {
+        let _ = self.ctx.bind(ShimOp::HostAlloc);
+        // SAFETY: `host_free_pinned`'s contract: no pending copy uses the page.
+        unsafe { memory::host_free(page) }
+    }
+
+    /// `cuMemcpyHtoDAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one (row by row
+    /// where the pitch passes the device's `MAX_PITCH`).
+    unsafe fn copy_to_device(
+        &self,
+        stream: &CudaStream,
+        src: *const u8,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        const OP: ShimOp = ShimOp::CopyHostToDevice;
+        if layout.packed_bytes() == 0 {
+            return Ok(());
+        }
+        self.bound(OP)?;
+        let src = Side::Host(src.cast_mut());
+        // SAFETY: `copy_to_device`'s contract: the host bytes and the device span are valid
+        // until an event recorded after this call completes.
+        unsafe { memory::copy(OP, stream, src, Side::Device(dst.0), layout, self.max_pitch) }
+    }
+
+    /// `cuMemcpyDtoHAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one. The copy is
+    /// asynchronous only when `dst` is pinned; CUDA makes it synchronous for pageable memory.
+    unsafe fn copy_to_host(
+        &self,
+        stream: &CudaStream,
+        src: DeviceAddr,
+        dst: *mut u8,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        const OP: ShimOp = ShimOp::CopyDeviceToHost;
+        if layout.packed_bytes() == 0 {
+            return Ok(());
+        }
+        self.bound(OP)?;
+        // SAFETY: `copy_to_host`'s contract: the host bytes and the device span are valid until
+        // an event recorded after this call completes, and nothing else touches the host bytes.
+        unsafe {
+            memory::copy(
+                OP,
+                stream,
+                Side::Device(src.0),
+                Side::Host(dst),
+                layout,
+                self.max_pitch,
+            )
+        }
+    }
+
+    /// `cuMemcpyDtoDAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one.
+    unsafe fn copy_on_device(
+        &self,
+        stream: &CudaStream,
+        src: DeviceAddr,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        const OP: ShimOp = ShimOp::CopyDeviceToDevice;
+        if layout.packed_bytes() == 0 {
+            return Ok(());
+        }
+        self.bound(OP)?;
+        // SAFETY: `copy_on_device`'s contract: both spans lie in live device pages.
+        unsafe {
+            memory::copy(
+                OP,
+                stream,
+                Side::Device(src.0),
+                Side::Device(dst.0),
+                layout,
+                self.max_pitch,
+            )
+        }
+    }
+
+    /// Answers [`devcmd::Fault::Unsupported`]: kernels (loaded once at start-up, launched with
+    /// `cuLaunchKernel`) come with issue 8's launch contract (grid and block dimensions, dynamic
+    /// shared memory, parameters in the kernel's order). No [`CudaKernel`] can exist until then.
+    unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        kernel: &CudaKernel,
+        grid: Grid,
+        buffers: &[DeviceSpan],
+        args: &[u8],
+    ) -> Result<(), DriverError> {
+        let _ = (stream, kernel, grid, buffers, args);
+        Err(unsupported(ShimOp::Launch))
+    }
+
+    /// Answers [`devcmd::Fault::Unsupported`]: graphs by stream capture come with issue 8.
+    fn begin_capture(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        let _ = stream;
+        Err(unsupported(ShimOp::GraphBegin))
+    }
+
+    /// Answers [`devcmd::Fault::Unsupported`]: graphs by stream capture come with issue 8.
+    fn end_capture(&self, stream: &CudaStream, doomed: bool) -> Result<CudaGraph, DriverError> {
+        let _ = (stream, doomed);
+        Err(unsupported(ShimOp::GraphEnd))
+    }
+
+    /// Answers [`devcmd::Fault::Unsupported`]: graphs come with issue 8 (and no [`CudaGraph`]
+    /// can exist until then).
+    fn graph_upload(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<(), DriverError> {
+        let _ = (graph, stream);
+        Err(unsupported(ShimOp::GraphUpload))
+    }
+
+    /// Answers [`devcmd::Fault::Unsupported`]: graphs come with issue 8 (and no [`CudaGraph`]
+    /// can exist until then).
+    unsafe fn graph_launch(
+        &self,
+        graph: &CudaGraph,
+        stream: &CudaStream,
+    ) -> Result<(), DriverError> {
+        let _ = (graph, stream);
+        Err(unsupported(ShimOp::GraphLaunch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// On a machine without the driver (CI, this crate's build machines), `new` is the clear
+    /// error, never a panic; where a driver loads, the GPU tests (`tests/gpu.rs`) cover `new`.
+    #[test]
+    fn without_a_driver_new_is_the_clear_error_never_a_panic() {
+        if let Some(lib) = driver::driver_library() {
+            let _ = writeln!(
+                std::io::stderr(),
+                "skipped: a CUDA driver library loads here ({lib}); tests/gpu.rs covers it"
+            );
+            return;
+        }
+        for ordinal in [0, 1, u32::MAX] {
+            let e = CudaShim::new(ordinal).unwrap_err();
+            assert!(e.is_no_driver(), "{e:?}");
+            let msg = e.to_string();
+            assert!(msg.starts_with("no CUDA driver found: "), "{msg}");
+            assert!(msg.contains("libcuda.so.1"), "{msg}");
+            assert!(msg.contains("Install the NVIDIA driver"), "{msg}");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! devcmd-cuda: an NVIDIA GPU for [`devcmd`], on the CUDA driver API through
+//! [cudarc](https://crates.io/crates/cudarc) (pinned `=0.19.10`, its thin `result`/`sys` layers
+//! only).
+//!
+//! [`CudaShim`] implements the calls of [`devcmd::Shim`] on one device's primary context:
+//!
+//! | call | CUDA |
+//! |---|---|
+//! | [`Shim::facts`] | `cuDeviceTotalMem`; alignment 256; largest page = total memory; `integrated` and `can_map_host` from `CU_DEVICE_ATTRIBUTE_INTEGRATED` and `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY` |
+//! | [`Shim::create_stream`] | `cuStreamCreate(CU_STREAM_NON_BLOCKING)` |
+//! | [`Shim::record_event`] | `cuEventRecord` of a pooled `CU_EVENT_DISABLE_TIMING` event |
+//! | [`Shim::stream_wait_event`] | `cuStreamWaitEvent` |
+//! | [`Shim::event_query`] | `cuEventQuery` (`CUDA_ERROR_NOT_READY` is `Ok(false)`) |
+//! | [`Shim::event_wait`] | `cuEventSynchronize` |
+//! | [`Shim::device_alloc`], [`Shim::device_free`] | `cuMemAlloc`, `cuMemFree` |
+//! | [`Shim::host_alloc_pinned`], [`Shim::host_free_pinned`] | `cuMemHostAlloc` (portable; device-mapped where the device maps host memory; never write-combined), `cuMemFreeHost` |
+//! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, on integrated devices that map host memory (or when forced: [`CudaShim::with_zero_copy`]) |
+//! | [`Shim::copy_to_device`], [`Shim::copy_to_host`], [`Shim::copy_on_device`] | `cuMemcpy{HtoD,DtoH,DtoD}Async` for linear layouts, `cuMemcpy2DAsync` for pitched ones |
+//! | [`Shim::launch`], [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | not yet: they answer [`Fault::Unsupported`](devcmd::Fault::Unsupported); kernels and graphs come with issue 8's launch contract ([`CudaKernel`], [`CudaGraph`]) |
+//!
+//! Every error is built by [`classify`] from the `CUresult` (the table is in [`faults`]):
+//! CUDA's sticky errors lose the device, `CUDA_ERROR_OUT_OF_MEMORY` is a shortage, and so on.
+//!
+//! # Threads
+//!
+//! Every call binds the device's primary context to the calling thread (see [`CudaShim`]), so
+//! the shim, its streams and its events may be used and dropped on any thread.
+//!
+//! # Building: no CUDA needed
+//!
+//! The driver library (`libcuda.so.1`) is loaded with `dlopen` at run time (cudarc's
+//! `dynamic-loading`): building, linting, documenting and running the unit tests need no CUDA
+//! toolkit and no driver, and the binaries link only libc. cudarc's build script reads no
+//! toolkit either: the binding version comes from a feature.
+//!
+//! # Binding versions: exactly one feature
+//!
+//! The CUDA version of the bindings (the struct layouts and entry points cudarc declares) is
+//! chosen by **exactly one** of these features; the default is `cuda-13000`.
+//!
+//! | feature | bindings | for |
+//! |---|---|---|
+//! | `cuda-11040` | CUDA 11.4 | JetPack 5 (L4T r35: Xavier, Orin) |
+//! | `cuda-12020` | CUDA 12.2 | JetPack 6.0 (L4T r36.3: Orin) |
+//! | `cuda-12060` | CUDA 12.6 | JetPack 6.1 and 6.2 (L4T r36.4: Orin) |
+//! | `cuda-13000` (default) | CUDA 13.0 | JetPack 7 (Thor), and x86_64 hosts with a CUDA 13 driver (the H200 host) |
+//!
+//! For another, turn the default off: `cargo build -p devcmd-cuda --no-default-features
+//! --features cuda-11040`. Two at once make cudarc fail to compile (hundreds of conflicting
+//! items), so do not build this crate with `--all-features`, and do not set cudarc's own
+//! `CUDARC_CUDA_VERSION` variable (it adds a second version to the feature's). None at all
+//! (`--no-default-features` alone) stops cudarc's build script with a list of its features.
+//!
+//! A driver runs bindings of its own CUDA version or older; [`CudaShim::new`] refuses a driver
+//! older than the bindings ([`CudaInitError::DriverTooOld`], naming both versions and the
+//! feature that fits), so pick the oldest version among the machines a binary must run on.
+//!
+//! # Running without a driver
+//!
+//! On a machine without the NVIDIA driver, [`CudaShim::new`] returns
+//! [`CudaInitError::NoDriver`] ("no CUDA driver found: …", naming the libraries tried and what to
+//! do); it never panics, even though cudarc panics when its library or a symbol is missing: the
+//! library and every function the shim calls are checked before the first call.
+//!
+//! ```
+//! use devcmd::Shim;
+//! use devcmd_cuda::CudaShim;
+//!
+//! match CudaShim::new(0) {
+//!     Ok(gpu) => println!("{}: {:?}", gpu.name(), gpu.facts()),
+//!     Err(e) => println!("{e}"), // "no CUDA driver found: ..." on a machine without one
+//! }
+//! ```
+#![deny(missing_docs)]
+
+mod device;
+mod driver;
+pub mod faults;
+mod graph;
+mod kernel;
+mod memory;
+mod stream;
+
+pub use device::{CudaShim, PAGE_ALIGNMENT};
+pub use driver::{
+    BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, SYMBOLS, driver_library,
+};
+pub use faults::{classify, status};
+pub use graph::CudaGraph;
+pub use kernel::CudaKernel;
+pub use memory::{CudaDevicePage, CudaHostPage};
+pub use stream::{CudaEvent, CudaStream};
+
+#[cfg(doc)]
+use devcmd::Shim;
+
+/// The raw driver API (cudarc's `sys` bindings), for code that calls the driver next to the
+/// shim: with the shim's context current ([`CudaShim::cu_context`]) and only functions the
+/// driver has, since cudarc panics on a missing one.
+pub use cudarc::driver::sys;

@@ -1,0 +1,287 @@
+//! Device pages (`cuMemAlloc`), pinned host pages (`cuMemHostAlloc`) and copies
+//! (`cuMemcpy*Async`, `cuMemcpy2DAsync` for pitched layouts).
+//!
+//! Every function here expects the device's context to be current on the calling thread; the
+//! shim binds it before calling them.
+
+use crate::faults::{check, classify, status};
+use crate::stream::CudaStream;
+use cudarc::driver::sys;
+use devcmd::{CopyLayout, DeviceAddr, DriverError, ShimOp};
+use std::ffi::c_void;
+use std::ptr::{self, NonNull};
+
+/// A device page: a `cuMemAlloc` allocation. Return it with
+/// [`Shim::device_free`](devcmd::Shim::device_free); dropping it instead leaks it.
+#[derive(Debug)]
+pub struct CudaDevicePage {
+    addr: u64,
+    size: u64,
+}
+
+impl CudaDevicePage {
+    /// The first device address.
+    pub fn addr(&self) -> DeviceAddr {
+        DeviceAddr(self.addr)
+    }
+
+    /// Bytes asked for (the allocation may be larger).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+/// A pinned host page: a `cuMemHostAlloc` allocation, portable, mapped into the device where it
+/// can map host memory, never write-combined (the host reads it back). Return it with
+/// [`Shim::host_free_pinned`](devcmd::Shim::host_free_pinned); dropping it instead leaks it.
+#[derive(Debug)]
+pub struct CudaHostPage {
+    ptr: NonNull<u8>,
+    size: usize,
+    mapped: Option<DeviceAddr>,
+}
+
+// SAFETY: the page is plain host memory owned by this value; the pointer is only handed out
+// (`ptr`), never dereferenced here, and freeing it takes the page by value.
+unsafe impl Send for CudaHostPage {}
+// SAFETY: as for `Send`: `&CudaHostPage` gives out copies of the pointer and the sizes only.
+unsafe impl Sync for CudaHostPage {}
+
+impl CudaHostPage {
+    /// The first host byte, valid for [`Self::size`] bytes until the page is freed.
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Bytes asked for.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The page's device address (`cuMemHostGetDevicePointer`) where the device maps host
+    /// memory, whether or not the shim hands it to the core (see
+    /// [`CudaShim::with_zero_copy`](crate::CudaShim::with_zero_copy)).
+    pub fn mapped(&self) -> Option<DeviceAddr> {
+        self.mapped
+    }
+}
+
+/// `cuMemAlloc` of `size` bytes (one aligned unit for 0); past `total` bytes: too big.
+pub(crate) fn device_alloc(size: u64, total: u64) -> Result<CudaDevicePage, DriverError> {
+    const OP: ShimOp = ShimOp::DeviceAlloc;
+    let bytes = usize::try_from(size.max(1))
+        .ok()
+        .filter(|_| size <= total)
+        .ok_or(classify(OP, status::TOO_BIG))?;
+    let mut addr = 0;
+    // SAFETY: the pointer is valid for one write; the size is not zero.
+    check(OP, unsafe { sys::cuMemAlloc_v2(&mut addr, bytes) })?;
+    Ok(CudaDevicePage { addr, size })
+}
+
+/// `cuMemFree` of `page`; an error cannot be reported (a lost device answers with its sticky
+/// error, and its memory goes with the context).
+///
+/// # Safety
+///
+/// No pending work uses the page.
+pub(crate) unsafe fn device_free(page: CudaDevicePage) {
+    // SAFETY: the address came from `cuMemAlloc` and is freed once (the page is taken by value);
+    // the caller promises no work uses it.
+    let _ = unsafe { sys::cuMemFree_v2(page.addr) };
+}
+
+/// `cuMemHostAlloc` of `size` bytes (at least one), mapped into the device when `map`.
+pub(crate) fn host_alloc(size: usize, map: bool) -> Result<CudaHostPage, DriverError> {
+    const OP: ShimOp = ShimOp::HostAlloc;
+    let mut flags = sys::CU_MEMHOSTALLOC_PORTABLE;
+    if map {
+        flags |= sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    }
+    let mut p: *mut c_void = ptr::null_mut();
+    // SAFETY: the pointer is valid for one write; the size is not zero.
+    check(OP, unsafe {
+        sys::cuMemHostAlloc(&mut p, size.max(1), flags)
+    })?;
+    let ptr = NonNull::new(p.cast::<u8>()).ok_or(classify(OP, status::OUT_OF_MEMORY))?;
+    let mapped = map
+        .then(|| {
+            let mut d = 0;
+            // SAFETY: `p` is a live allocation made with `CU_MEMHOSTALLOC_DEVICEMAP`; flags
+            // must be 0.
+            let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0) };
+            (r == sys::CUresult::CUDA_SUCCESS).then_some(DeviceAddr(d))
+        })
+        .flatten();
+    Ok(CudaHostPage { ptr, size, mapped })
+}
+
+/// `cuMemFreeHost` of `page`; an error cannot be reported.
+///
+/// # Safety
+///
+/// No pending copy or work uses the page.
+pub(crate) unsafe fn host_free(page: CudaHostPage) {
+    // SAFETY: the pointer came from `cuMemHostAlloc` and is freed once (the page is taken by
+    // value); the caller promises nothing uses it.
+    let _ = unsafe { sys::cuMemFreeHost(page.ptr.as_ptr().cast()) };
+}
+
+/// One side of a copy: host memory (packed rows) or a device address (pitched rows).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Side {
+    /// Host bytes; a source is only read.
+    Host(*mut u8),
+    /// A device address.
+    Device(u64),
+}
+
+impl Side {
+    /// This side `bytes` further on.
+    ///
+    /// # Safety
+    ///
+    /// A host side stays inside the allocation it points into.
+    unsafe fn offset(self, bytes: usize) -> Self {
+        match self {
+            // SAFETY: the caller keeps the result inside the host allocation.
+            Self::Host(p) => Self::Host(unsafe { p.add(bytes) }),
+            Self::Device(d) => Self::Device(d + bytes as u64),
+        }
+    }
+
+    /// The memory type, host pointer, device address and pitch of this side in a
+    /// `CUDA_MEMCPY2D`.
+    fn memcpy2d(self, pitch: usize) -> (sys::CUmemorytype, *mut c_void, u64, usize) {
+        match self {
+            Self::Host(p) => (sys::CUmemorytype::CU_MEMORYTYPE_HOST, p.cast(), 0, pitch),
+            Self::Device(d) => (
+                sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                ptr::null_mut(),
+                d,
+                pitch,
+            ),
+        }
+    }
+}
+
+/// The `usize` of a size of `op`, or a bad-argument error (only on hosts narrower than 64 bits).
+fn to_usize(op: ShimOp, v: u64) -> Result<usize, DriverError> {
+    usize::try_from(v).map_err(|_| classify(op, status::BAD_ARGUMENT))
+}
+
+/// Enqueues a copy of `layout` from `src` to `dst` on `stream`: host sides packed, device sides
+/// pitched. A linear layout is one `cuMemcpy{HtoD,DtoH,DtoD}Async`; a pitched one is one
+/// `cuMemcpy2DAsync`, or one linear copy per row when the pitch passes `max_pitch`
+/// (`CU_DEVICE_ATTRIBUTE_MAX_PITCH`, the largest `cuMemcpy2DAsync` takes).
+///
+/// # Safety
+///
+/// Both sides are valid for the layout (host sides for `layout.packed_bytes()` bytes, device
+/// sides for `layout.device_span()` bytes of one live page) until an event recorded after this
+/// call completes; a host destination is touched by nothing else meanwhile. The context is
+/// current.
+pub(crate) unsafe fn copy(
+    op: ShimOp,
+    stream: &CudaStream,
+    src: Side,
+    dst: Side,
+    layout: CopyLayout,
+    max_pitch: u64,
+) -> Result<(), DriverError> {
+    if [src, dst]
+        .iter()
+        .any(|s| matches!(s, Side::Host(p) if p.is_null()))
+    {
+        return Err(classify(op, status::BAD_ARGUMENT));
+    }
+    if layout.packed_bytes() == 0 {
+        return Ok(());
+    }
+    to_usize(op, layout.device_span())?;
+    if layout.is_linear() {
+        let bytes = to_usize(op, layout.packed_bytes())?;
+        // SAFETY: the caller's promise, for the one run of `bytes` bytes.
+        return unsafe { linear(op, stream, src, dst, bytes) };
+    }
+    if layout.pitch() > max_pitch {
+        for row in layout.rows() {
+            let at = |side: Side| -> Result<Side, DriverError> {
+                let off = match side {
+                    Side::Host(_) => row.host,
+                    Side::Device(_) => row.device,
+                };
+                // SAFETY: the row lies inside the layout, which the caller promises is valid.
+                Ok(unsafe { side.offset(to_usize(op, off)?) })
+            };
+            let len = to_usize(op, row.len)?;
+            // SAFETY: the caller's promise, for this row.
+            unsafe { linear(op, stream, at(src)?, at(dst)?, len) }?;
+        }
+        return Ok(());
+    }
+    let width = to_usize(op, layout.width())?;
+    let pitch = to_usize(op, layout.pitch())?;
+    let side_pitch = |s: Side| match s {
+        Side::Host(_) => width,
+        Side::Device(_) => pitch,
+    };
+    let (src_type, src_host, src_device, src_pitch) = src.memcpy2d(side_pitch(src));
+    let (dst_type, dst_host, dst_device, dst_pitch) = dst.memcpy2d(side_pitch(dst));
+    // Built field by field: the struct has enum fields with no zero value.
+    let desc = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: src_type,
+        srcHost: src_host.cast_const(),
+        srcDevice: src_device,
+        srcArray: ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst_host,
+        dstDevice: dst_device,
+        dstArray: ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: to_usize(op, layout.height())?,
+    };
+    // SAFETY: the descriptor lives across the call (the driver copies it); its sides are valid
+    // for the rows by the caller's promise; the context is current.
+    check(op, unsafe {
+        sys::cuMemcpy2DAsync_v2(&desc, stream.cu_stream())
+    })
+}
+
+/// One run of `bytes` bytes from `src` to `dst`.
+///
+/// # Safety
+///
+/// As [`copy`], for `bytes` bytes on each side.
+unsafe fn linear(
+    op: ShimOp,
+    stream: &CudaStream,
+    src: Side,
+    dst: Side,
+    bytes: usize,
+) -> Result<(), DriverError> {
+    let s = stream.cu_stream();
+    let r = match (src, dst) {
+        // SAFETY: the caller promises both sides valid for `bytes` bytes until the copy
+        // completes; the context is current.
+        (Side::Host(h), Side::Device(d)) => unsafe {
+            sys::cuMemcpyHtoDAsync_v2(d, h.cast_const().cast(), bytes, s)
+        },
+        // SAFETY: as above; nothing else touches the host bytes meanwhile.
+        (Side::Device(d), Side::Host(h)) => unsafe {
+            sys::cuMemcpyDtoHAsync_v2(h.cast(), d, bytes, s)
+        },
+        // SAFETY: as above, both sides on the device.
+        (Side::Device(from), Side::Device(to)) => unsafe {
+            sys::cuMemcpyDtoDAsync_v2(to, from, bytes, s)
+        },
+        (Side::Host(_), Side::Host(_)) => return Err(classify(op, status::BAD_ARGUMENT)),
+    };
+    check(op, r)
+}

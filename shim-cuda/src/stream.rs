@@ -1,0 +1,173 @@
+//! Streams and events: `cuStreamCreate` (non-blocking), `cuEventRecord` on events without
+//! timing, `cuStreamWaitEvent`, `cuEventQuery` and `cuEventSynchronize`.
+//!
+//! Events are pooled: a dropped [`CudaEvent`] goes back to its context's pool and the next
+//! record reuses it (re-recording re-arms a CUDA event; a stream that waits on an earlier record
+//! waits on the record it saw when it was told to wait, so reuse cannot confuse it). Every event
+//! is created with `CU_EVENT_DISABLE_TIMING`, the cheapest kind to record and query.
+//!
+//! Every function here expects the context to be current on the calling thread
+//! ([`Context::bind`]); the shim binds before calling them, and the drops bind themselves.
+
+use crate::device::Context;
+use crate::faults::{check, classify, code, status};
+use cudarc::driver::sys;
+use devcmd::{DriverError, ShimOp};
+use std::fmt;
+use std::ptr;
+use std::sync::Arc;
+
+/// At most this many idle events stay in a context's pool; the rest are destroyed.
+const POOLED_EVENTS: usize = 256;
+
+/// A CUDA stream created with `CU_STREAM_NON_BLOCKING` (it never synchronises with the legacy
+/// default stream). Dropping it destroys it (`cuStreamDestroy`: work already enqueued still
+/// runs), from any thread.
+pub struct CudaStream {
+    raw: sys::CUstream,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: a `CUstream` is a driver handle usable from any thread with its context current; the
+// shim binds the context on every call and in `Drop`.
+unsafe impl Send for CudaStream {}
+// SAFETY: the driver API is thread-safe; `&CudaStream` only passes the handle to it.
+unsafe impl Sync for CudaStream {}
+
+impl CudaStream {
+    /// The raw `CUstream`, for code that calls the driver itself (with the shim's context
+    /// current). It stays valid while this value lives.
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.raw
+    }
+}
+
+impl fmt::Debug for CudaStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CudaStream").field(&self.raw).finish()
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        // Errors are ignored: a drop cannot report them, and after a sticky error the driver
+        // has torn the context's work down anyway.
+        let _ = self.ctx.bind(ShimOp::StreamCreate);
+        // SAFETY: the stream was created by `create` and is destroyed once, here.
+        let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
+    }
+}
+
+/// A fence: a CUDA event (without timing) recorded on a stream. Dropping it returns it to its
+/// context's pool, from any thread.
+pub struct CudaEvent {
+    raw: sys::CUevent,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: a `CUevent` is a driver handle usable from any thread; see `CudaStream`.
+unsafe impl Send for CudaEvent {}
+// SAFETY: the driver API is thread-safe; `&CudaEvent` only passes the handle to it.
+unsafe impl Sync for CudaEvent {}
+
+impl CudaEvent {
+    /// The raw `CUevent`, for code that calls the driver itself. It stays valid while this value
+    /// lives.
+    pub fn cu_event(&self) -> sys::CUevent {
+        self.raw
+    }
+}
+
+impl fmt::Debug for CudaEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CudaEvent").field(&self.raw).finish()
+    }
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        self.ctx.give_event(self.raw);
+    }
+}
+
+impl Context {
+    /// An idle event of the pool, or a new one (`CU_EVENT_DISABLE_TIMING`).
+    fn take_event(&self, op: ShimOp) -> Result<sys::CUevent, DriverError> {
+        if let Some(event) = self.events.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(event);
+        }
+        let mut event = ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: the pointer is valid for one write; the context is current (module docs).
+        check(op, unsafe { sys::cuEventCreate(&mut event, flags) })?;
+        Ok(event)
+    }
+
+    /// Returns an event no [`CudaEvent`] holds any more to the pool (or destroys it when the
+    /// pool is full).
+    fn give_event(&self, event: sys::CUevent) {
+        let mut pool = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < POOLED_EVENTS {
+            pool.push(event);
+            return;
+        }
+        drop(pool);
+        let _ = self.bind(ShimOp::EventRecord);
+        // SAFETY: the event is owned by the caller alone and destroyed once, here. An event
+        // still pending is released by the driver once it completes.
+        let _ = unsafe { sys::cuEventDestroy_v2(event) };
+    }
+}
+
+/// A new non-blocking stream of `ctx` (current on this thread).
+pub(crate) fn create(ctx: &Arc<Context>) -> Result<CudaStream, DriverError> {
+    let mut raw = ptr::null_mut();
+    let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+    // SAFETY: the pointer is valid for one write; the context is current (module docs).
+    check(ShimOp::StreamCreate, unsafe {
+        sys::cuStreamCreate(&mut raw, flags)
+    })?;
+    Ok(CudaStream {
+        raw,
+        ctx: Arc::clone(ctx),
+    })
+}
+
+/// Records an event of `ctx` (current on this thread) at the tail of `stream`.
+pub(crate) fn record(ctx: &Arc<Context>, stream: &CudaStream) -> Result<CudaEvent, DriverError> {
+    const OP: ShimOp = ShimOp::EventRecord;
+    // Held by a `CudaEvent` at once, so it goes back to the pool if the record fails.
+    let event = CudaEvent {
+        raw: ctx.take_event(OP)?,
+        ctx: Arc::clone(ctx),
+    };
+    // SAFETY: both handles are alive (held by `event` and `stream`).
+    check(OP, unsafe { sys::cuEventRecord(event.raw, stream.raw) })?;
+    Ok(event)
+}
+
+/// Makes `stream` wait on the device for `event` (`cuStreamWaitEvent`; the host does not block).
+pub(crate) fn wait_event(stream: &CudaStream, event: &CudaEvent) -> Result<(), DriverError> {
+    // SAFETY: both handles are alive; flags 0 is `CU_EVENT_WAIT_DEFAULT`.
+    check(ShimOp::StreamWaitEvent, unsafe {
+        sys::cuStreamWaitEvent(stream.raw, event.raw, 0)
+    })
+}
+
+/// Whether `event` has completed, without blocking: `CUDA_ERROR_NOT_READY` is `Ok(false)`.
+pub(crate) fn query(event: &CudaEvent) -> Result<bool, DriverError> {
+    // SAFETY: the handle is alive (held by `event`).
+    match code(unsafe { sys::cuEventQuery(event.raw) }) {
+        status::SUCCESS => Ok(true),
+        status::NOT_READY => Ok(false),
+        s => Err(classify(ShimOp::EventQuery, s)),
+    }
+}
+
+/// Blocks until `event` completes (`cuEventSynchronize`).
+pub(crate) fn synchronize(event: &CudaEvent) -> Result<(), DriverError> {
+    // SAFETY: the handle is alive (held by `event`).
+    check(ShimOp::EventWait, unsafe {
+        sys::cuEventSynchronize(event.raw)
+    })
+}
