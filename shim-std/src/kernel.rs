@@ -147,9 +147,9 @@ impl<'a> KernelCtx<'a> {
             let (p, len) = self.raw(i)?;
             let start = p.addr();
             let end = start.checked_add(len).ok_or(KernelFault::Failed)?;
-            let overlaps = ranges
-                .iter()
-                .any(|&(_, s, e): &(*mut u8, usize, usize)| len > 0 && s < end && start < e);
+            let overlaps = ranges.iter().any(|&(_, s, e): &(*mut u8, usize, usize)| {
+                len > 0 && s < e && s < end && start < e
+            });
             if overlaps {
                 return Err(KernelFault::Failed);
             }
@@ -215,6 +215,16 @@ mod tests {
         // SAFETY: as above.
         let mut ctx = unsafe { KernelCtx::new(Grid::linear(1), &overlapping, &args) };
         assert!(ctx.buffers_mut().is_err());
+        // An empty span inside another shares no byte, whichever comes first.
+        let inside = DeviceSpan {
+            addr: spans[0].addr.offset(2),
+            len: 0,
+        };
+        for pair in [[inside, spans[0]], [spans[0], inside]] {
+            // SAFETY: as above.
+            let mut ctx = unsafe { KernelCtx::new(Grid::linear(1), &pair, &args) };
+            assert_eq!(ctx.buffers_mut().map(|v| v.len()), Ok(2), "{pair:?}");
+        }
         assert_eq!(b[0], 9);
         let words = [0f32; 2];
         // SAFETY: reading the bytes of an f32 array is always valid.

@@ -29,10 +29,12 @@ pub struct Launch<'a, S: Shim> {
     pub args: &'a S::Args,
 }
 
-/// Whether two views share a byte of the same allocation.
+/// Whether two views share a byte of the same allocation (an empty view shares none).
 fn overlap(a: &Handle, b: &Handle) -> bool {
     a.issuer() == b.issuer()
         && a.id() == b.id()
+        && !a.is_empty()
+        && !b.is_empty()
         && a.offset() < b.offset() + b.len()
         && b.offset() < a.offset() + a.len()
 }
@@ -160,5 +162,11 @@ mod tests {
         assert_eq!(aliased(&[&low], &[&high]), None, "disjoint views");
         let mid = a.view(16, 32).unwrap();
         assert_eq!(aliased(&[&low], &[&mid]), Some((1, 0)));
+        let empty = a.view(16, 0).unwrap();
+        assert_eq!(
+            aliased(&[&a], &[&empty]),
+            None,
+            "an empty view shares no byte"
+        );
     }
 }
