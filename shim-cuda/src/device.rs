@@ -4,11 +4,14 @@ use crate::driver::{self, CudaInitError};
 use crate::faults::{self, check, classify, code};
 use crate::graph::CudaGraph;
 use crate::kernel::CudaKernel;
-use crate::memory::{self, CudaDevicePage, CudaHostPage, Side};
+use crate::memory::{self, CudaDevicePage, CudaHostPage, CudaRegistration, Side};
 use crate::stream::{self, CudaEvent, CudaStream};
 use cudarc::driver::sys;
 use devcmd::shim::unsupported;
-use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
+use devcmd::{
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
+    LaunchDims, Shim, ShimOp,
+};
 use std::ffi::CStr;
 use std::fmt;
 use std::ptr::{self, NonNull};
@@ -107,6 +110,8 @@ pub struct CudaShim {
     max_pitch: u64,
     /// Whether [`Shim::host_page_device_addr`] hands out the mapped address of pinned pages.
     zero_copy: bool,
+    /// `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`: whether `cuMemHostRegister` works here.
+    host_register: bool,
 }
 
 impl fmt::Debug for CudaShim {
@@ -193,6 +198,7 @@ impl CudaShim {
         let integrated = attribute(dev, A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? == 1;
         let can_map_host = attribute(dev, A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? == 1;
         let max_pitch = attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?;
+        let host_register = attribute(dev, A::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)? == 1;
         let mut raw = ptr::null_mut();
         // SAFETY: as above.
         setup("cuDevicePrimaryCtxRetain", unsafe {
@@ -225,6 +231,7 @@ impl CudaShim {
             },
             max_pitch: u64::try_from(max_pitch).unwrap_or(0),
             zero_copy: integrated && can_map_host,
+            host_register,
         })
     }
 
@@ -285,8 +292,7 @@ impl Shim for CudaShim {
     type HostPage = CudaHostPage;
     /// No kernel exists yet: see [`CudaKernel`].
     type Kernel = CudaKernel;
-    /// Raw argument bytes; unused until issue 8 reshapes the launch.
-    type Args = [u8];
+    type Registration = CudaRegistration;
     /// No graph exists yet: see [`CudaGraph`].
     type Graph = CudaGraph;
 
@@ -363,12 +369,30 @@ impl Shim for CudaShim {
         unsafe { memory::host_free(page) }
     }
 
+    /// `cuMemHostRegister` (portable) where the device supports it
+    /// (`CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`); [`devcmd::Fault::Unsupported`] elsewhere.
+    fn host_register(&self, ptr: NonNull<u8>, len: usize) -> Result<CudaRegistration, DriverError> {
+        if !self.host_register {
+            return Err(unsupported(ShimOp::HostRegister));
+        }
+        self.bound(ShimOp::HostRegister)?;
+        memory::host_register(ptr, len)
+    }
+
+    unsafe fn host_unregister(&self, registration: CudaRegistration) {
+        let _ = self.ctx.bind(ShimOp::HostRegister);
+        // SAFETY: `host_unregister`'s contract: no pending copy uses the memory.
+        unsafe { memory::host_unregister(registration) }
+    }
+
     /// `cuMemcpyHtoDAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one (row by row
-    /// where the pitch passes the device's `MAX_PITCH`).
+    /// where the pitch passes the device's `MAX_PITCH`). The driver itself tells pageable from
+    /// page-locked memory: a pageable source is staged by the driver (slower, see BENCHMARKS.md).
     unsafe fn copy_to_device(
         &self,
         stream: &CudaStream,
         src: *const u8,
+        _src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
@@ -390,6 +414,7 @@ impl Shim for CudaShim {
         stream: &CudaStream,
         src: DeviceAddr,
         dst: *mut u8,
+        _dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         const OP: ShimOp = ShimOp::CopyDeviceToHost;
@@ -444,11 +469,11 @@ impl Shim for CudaShim {
         &self,
         stream: &CudaStream,
         kernel: &CudaKernel,
-        grid: Grid,
+        dims: LaunchDims,
         buffers: &[DeviceSpan],
-        args: &[u8],
+        params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
-        let _ = (stream, kernel, grid, buffers, args);
+        let _ = (stream, kernel, dims, buffers, params);
         Err(unsupported(ShimOp::Launch))
     }
 
