@@ -15,7 +15,7 @@
 //! | [`Shim::device_alloc`], [`Shim::device_free`] | `cuMemAlloc`, `cuMemFree` |
 //! | [`Shim::host_alloc_pinned`], [`Shim::host_free_pinned`] | `cuMemHostAlloc` (portable; device-mapped where the device maps host memory; never write-combined), `cuMemFreeHost` |
 //! | [`Shim::host_register`], [`Shim::host_unregister`] | `cuMemHostRegister` (portable) where `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`, `cuMemHostUnregister` |
-//! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, on integrated devices that map host memory (or when forced: [`CudaShim::with_zero_copy`]) |
+//! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, wherever the device maps host memory (the core decides whether to run zero copy on it: `DeviceConfig::zero_copy`) |
 //! | [`Shim::copy_to_device`], [`Shim::copy_to_host`], [`Shim::copy_on_device`] | `cuMemcpy{HtoD,DtoH,DtoD}Async` for linear layouts, `cuMemcpy2DAsync` for pitched ones |
 //! | [`Shim::launch`], [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | not yet: they answer [`Fault::Unsupported`](devcmd::Fault::Unsupported); kernels and graphs come with issue 8's launch contract ([`CudaKernel`], [`CudaGraph`]) |
 //!
