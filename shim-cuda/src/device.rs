@@ -2,8 +2,8 @@
 
 use crate::driver::{self, CudaInitError};
 use crate::faults::{self, check, classify, code};
-use crate::graph::CudaGraph;
-use crate::kernel::CudaKernel;
+use crate::graph::{self, CudaGraph};
+use crate::kernel::{self, CudaKernel};
 use crate::memory::{self, CudaDevicePage, CudaHostPage, Side};
 use crate::stream::{self, CudaEvent, CudaStream};
 use cudarc::driver::sys;
@@ -36,6 +36,11 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
+    /// The raw `CUcontext`.
+    pub(crate) fn raw(&self) -> sys::CUcontext {
+        self.raw
+    }
+
     /// Makes this context current on the calling thread, unless it already is. Every driver call
     /// of the shim is preceded by it (see [`CudaShim`]'s threading rule).
     pub(crate) fn bind(&self, op: ShimOp) -> Result<(), DriverError> {
@@ -105,6 +110,8 @@ pub struct CudaShim {
     facts: DeviceFacts,
     /// `CU_DEVICE_ATTRIBUTE_MAX_PITCH`: the largest pitch `cuMemcpy2DAsync` accepts.
     max_pitch: u64,
+    /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
+    compute_capability: (u32, u32),
     /// Whether [`Shim::host_page_device_addr`] hands out the mapped address of pinned pages.
     zero_copy: bool,
 }
@@ -116,6 +123,7 @@ impl fmt::Debug for CudaShim {
             .field("name", &self.name)
             .field("driver_version", &self.driver_version)
             .field("binding_version", &driver::BINDING_VERSION)
+            .field("compute_capability", &self.compute_capability)
             .field("facts", &self.facts)
             .field("zero_copy", &self.zero_copy)
             .finish_non_exhaustive()
@@ -193,6 +201,8 @@ impl CudaShim {
         let integrated = attribute(dev, A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? == 1;
         let can_map_host = attribute(dev, A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? == 1;
         let max_pitch = attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?;
+        let cc_major = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let cc_minor = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let mut raw = ptr::null_mut();
         // SAFETY: as above.
         setup("cuDevicePrimaryCtxRetain", unsafe {
@@ -224,6 +234,10 @@ impl CudaShim {
                 can_map_host,
             },
             max_pitch: u64::try_from(max_pitch).unwrap_or(0),
+            compute_capability: (
+                u32::try_from(cc_major).unwrap_or(0),
+                u32::try_from(cc_minor).unwrap_or(0),
+            ),
             zero_copy: integrated && can_map_host,
         })
     }
@@ -271,8 +285,26 @@ impl CudaShim {
         self.ctx.raw
     }
 
+    /// The device's compute capability, `(major, minor)`: `(9, 0)` for the H100 and H200,
+    /// `(8, 7)` for Jetson Orin. [`Self::compile`] compiles for it.
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.compute_capability
+    }
+
+    /// Whether `stream` is recording into a graph (an active or an invalidated capture:
+    /// `cuStreamIsCapturing`).
+    pub fn is_capturing(&self, stream: &CudaStream) -> Result<bool, DriverError> {
+        self.bound(ShimOp::GraphBegin)?;
+        graph::is_capturing(stream)
+    }
+
+    /// The context (not bound).
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
     /// The context, checked current on this thread, for a call of `op`.
-    fn bound(&self, op: ShimOp) -> Result<&Arc<Context>, DriverError> {
+    pub(crate) fn bound(&self, op: ShimOp) -> Result<&Arc<Context>, DriverError> {
         self.ctx.bind(op)?;
         Ok(&self.ctx)
     }
@@ -452,34 +484,40 @@ impl Shim for CudaShim {
         Err(unsupported(ShimOp::Launch))
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: graphs by stream capture come with issue 8.
+    /// `cuStreamBeginCapture` in thread-local mode: a call of this thread that is illegal while
+    /// the stream records fails and invalidates the capture. End the capture on the same
+    /// thread (see [`CudaGraph`]).
     fn begin_capture(&self, stream: &CudaStream) -> Result<(), DriverError> {
-        let _ = stream;
-        Err(unsupported(ShimOp::GraphBegin))
+        self.bound(ShimOp::GraphBegin)?;
+        graph::begin(stream)
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: graphs by stream capture come with issue 8.
+    /// `cuStreamEndCapture`, then `cuGraphInstantiateWithFlags` (the template graph is destroyed
+    /// either way). `doomed` discards the recording
+    /// ([`status::CAPTURE_DOOMED`](crate::status::CAPTURE_DOOMED)); an invalidated capture is
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. The stream no longer records after any
+    /// answer, except `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: a capture must end on the
+    /// thread that began it.
     fn end_capture(&self, stream: &CudaStream, doomed: bool) -> Result<CudaGraph, DriverError> {
-        let _ = (stream, doomed);
-        Err(unsupported(ShimOp::GraphEnd))
+        let ctx = self.bound(ShimOp::GraphEnd)?;
+        graph::end(ctx, stream, doomed)
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: graphs come with issue 8 (and no [`CudaGraph`]
-    /// can exist until then).
+    /// `cuGraphUpload`.
     fn graph_upload(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<(), DriverError> {
-        let _ = (graph, stream);
-        Err(unsupported(ShimOp::GraphUpload))
+        self.bound(ShimOp::GraphUpload)?;
+        graph::upload(graph, stream)
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: graphs come with issue 8 (and no [`CudaGraph`]
-    /// can exist until then).
+    /// `cuGraphLaunch`.
     unsafe fn graph_launch(
         &self,
         graph: &CudaGraph,
         stream: &CudaStream,
     ) -> Result<(), DriverError> {
-        let _ = (graph, stream);
-        Err(unsupported(ShimOp::GraphLaunch))
+        self.bound(ShimOp::GraphLaunch)?;
+        // SAFETY: `graph_launch`'s contract: everything the recording touched is alive.
+        unsafe { graph::launch(graph, stream) }
     }
 }
 

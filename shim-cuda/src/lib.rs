@@ -79,16 +79,22 @@ pub mod faults;
 mod graph;
 mod kernel;
 mod memory;
+mod nvrtc;
+mod preview;
 mod stream;
 
 pub use device::{CudaShim, PAGE_ALIGNMENT};
 pub use driver::{
-    BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, SYMBOLS, driver_library,
+    BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, OPTIONAL_SYMBOLS, SYMBOLS,
+    driver_library,
 };
 pub use faults::{classify, status};
 pub use graph::CudaGraph;
-pub use kernel::CudaKernel;
+pub use kernel::{
+    CudaKernel, CudaKernelError, CudaModule, ImageFormat, PARAM_INFO_BINDINGS, STACK_PARAMS,
+};
 pub use memory::{CudaDevicePage, CudaHostPage};
+pub use nvrtc::NVRTC_SYMBOLS;
 pub use stream::{CudaEvent, CudaStream};
 
 #[cfg(doc)]
