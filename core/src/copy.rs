@@ -43,12 +43,13 @@ impl Staging {
     ///
     /// File-backed data is always staged (a mapped file may still fault while the device reads
     /// it) and always flushed after; other data is staged when smaller than
-    /// [`StagingPolicy::max_staged`] and not already pinned, and flushed after when larger than
-    /// [`StagingPolicy::flush_after`].
+    /// [`StagingPolicy::max_staged`] and not already pinned or registered (page-locked in place),
+    /// and flushed after when larger than [`StagingPolicy::flush_after`].
     pub fn of(size: u64, origin: HostOrigin, policy: &StagingPolicy) -> Self {
         let file = origin == HostOrigin::FileMapped;
+        let locked = matches!(origin, HostOrigin::Pinned | HostOrigin::Registered);
         Self {
-            through_pinned: file || (size < policy.max_staged && origin != HostOrigin::Pinned),
+            through_pinned: file || (size < policy.max_staged && !locked),
             flush_after: file || size > policy.flush_after,
         }
     }
@@ -298,10 +299,11 @@ mod tests {
     }
 
     #[test]
-    fn pinned_data_is_never_restaged() {
+    fn pinned_and_registered_data_is_never_restaged() {
         let p = StagingPolicy::default();
         for size in [1, 50 * MIB, 400 * MIB] {
             assert!(!Staging::of(size, HostOrigin::Pinned, &p).through_pinned);
+            assert!(!Staging::of(size, HostOrigin::Registered, &p).through_pinned);
         }
     }
 

@@ -12,6 +12,7 @@ use crate::drop_queue::{DropPolicy, DropQueue, DropStats};
 use crate::error::{IoError, NotFoundReason, ServerError, Validation};
 use crate::failure::Failures;
 use crate::fault::{FaultLedger, FenceOutcome};
+use crate::host::{ExternalBytes, HostBuffer};
 use crate::memory::ReadableBytes;
 use crate::memory::{AsBinding, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport};
 use crate::order::ForeignUses;
@@ -290,6 +291,52 @@ impl<S: Shim> Device<S> {
         for id in self.freed.drain(..) {
             self.failures.forget(id);
             self.foreign_uses.forget(id);
+        }
+    }
+}
+
+impl<S: Shim + Send + Sync + 'static> Device<S>
+where
+    S::Registration: 'static,
+{
+    /// `bytes` (a memory-mapped weights file, say) page-locked in place by the device
+    /// ([`Shim::host_register`]), so uploads from them run by DMA without a staging copy: the
+    /// buffer's origin is [`HostOrigin::Registered`](crate::HostOrigin::Registered). The registration is undone when the buffer
+    /// drops, which the drop queue delays until the device is done with it.
+    ///
+    /// Where the device cannot register them (the shim does not support it, the memory cannot be
+    /// locked, the bytes are empty), the bytes come back as an ordinary external buffer with
+    /// their own origin, staged as usual; the reason is logged. Nothing is lost either way:
+    /// check [`HostBuffer::origin`] to know which path a copy takes.
+    pub fn register_host(&self, bytes: alloc::boxed::Box<dyn ExternalBytes>) -> HostBuffer {
+        let slice = bytes.bytes();
+        let Some(ptr) = core::ptr::NonNull::new(slice.as_ptr().cast_mut()) else {
+            return HostBuffer::external(bytes);
+        };
+        if slice.is_empty() {
+            return HostBuffer::external(bytes);
+        }
+        match self.shim.host_register(ptr, slice.len()) {
+            Ok(registration) => {
+                let shim = Arc::clone(&self.shim);
+                let unregister = alloc::boxed::Box::new(move || {
+                    // SAFETY: the buffer holding this closure drops only once no copy from or to
+                    // it is pending (`HostBuffer::registered`'s contract, kept below).
+                    unsafe { shim.host_unregister(registration) }
+                });
+                // SAFETY: `unregister` undoes the registration of exactly `bytes.bytes()` (the
+                // trait promises the same slice on every call); host buffers handed to copies
+                // travel through the drop queue, which drops them once their fences passed.
+                unsafe { HostBuffer::registered(bytes, unregister) }
+            }
+            Err(e) => {
+                debug!(
+                    "devcmd: {} bytes not registered (status {}); uploads from them are staged",
+                    slice.len(),
+                    e.status
+                );
+                HostBuffer::external(bytes)
+            }
         }
     }
 }

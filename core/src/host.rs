@@ -8,6 +8,7 @@
 
 use crate::error::IoError;
 use crate::pinned::PinnedSlice;
+use crate::shim::HostMemory;
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::fmt;
@@ -24,6 +25,21 @@ pub enum HostOrigin {
     /// A memory-mapped file: it may still page-fault while the device reads it, so it is
     /// always staged.
     FileMapped,
+    /// The caller's bytes, page-locked in place by the device
+    /// ([`Device::register_host`](crate::Device::register_host)): the device reads them by DMA,
+    /// no staging needed.
+    Registered,
+}
+
+impl HostOrigin {
+    /// The kind of host memory a copy from or to these bytes touches.
+    pub const fn memory(self) -> HostMemory {
+        match self {
+            Self::Heap | Self::FileMapped => HostMemory::Pageable,
+            Self::Pinned => HostMemory::Pinned,
+            Self::Registered => HostMemory::Registered,
+        }
+    }
 }
 
 /// Bytes owned by the caller that the core may hand to a copy (a memory-mapped file, a buffer of
@@ -49,6 +65,23 @@ enum Backing {
     /// A slice of a stream's pinned pool; dropping the token returns it.
     Pinned(PinnedSlice),
     External(Box<dyn ExternalBytes>),
+    Registered(Registered),
+}
+
+/// Caller's bytes page-locked in place, and how to undo the registration. Undone before the
+/// bytes are dropped (fields drop after `drop` runs).
+struct Registered {
+    unregister: Option<Box<dyn FnOnce() + Send>>,
+    #[allow(dead_code)]
+    bytes: Box<dyn ExternalBytes>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Some(unregister) = self.unregister.take() {
+            unregister();
+        }
+    }
 }
 
 /// A host buffer for copies. Its address does not change while it lives, so a copy enqueued from
@@ -127,6 +160,31 @@ impl HostBuffer {
         }
     }
 
+    /// `bytes`, page-locked in place: `unregister` runs when the buffer drops, before the bytes
+    /// are dropped.
+    ///
+    /// # Safety
+    ///
+    /// `unregister` undoes a registration of exactly `bytes.bytes()`, and the buffer is dropped
+    /// only once no copy from or to it is pending (the drop queue's rule for every host buffer).
+    pub(crate) unsafe fn registered(
+        bytes: Box<dyn ExternalBytes>,
+        unregister: Box<dyn FnOnce() + Send>,
+    ) -> Self {
+        let slice = bytes.bytes();
+        let ptr = NonNull::new(slice.as_ptr().cast_mut()).unwrap_or(NonNull::dangling());
+        let len = slice.len();
+        Self {
+            ptr,
+            len,
+            origin: HostOrigin::Registered,
+            backing: Backing::Registered(Registered {
+                unregister: Some(unregister),
+                bytes,
+            }),
+        }
+    }
+
     /// A pinned slice at `ptr` of `len` bytes, kept by `slice`.
     ///
     /// # Safety
@@ -162,14 +220,15 @@ impl HostBuffer {
         unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The bytes, to fill. External buffers are read-only and give an empty slice.
+    /// The bytes, to fill. External and registered buffers are read-only and give an empty
+    /// slice.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match self.backing {
             // SAFETY: heap and pinned bytes are owned exclusively by this buffer.
             Backing::Heap(_) | Backing::Pinned(_) => unsafe {
                 core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len)
             },
-            Backing::External(_) => &mut [],
+            Backing::External(_) | Backing::Registered(_) => &mut [],
         }
     }
 

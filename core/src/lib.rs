@@ -54,5 +54,7 @@ pub use error::{DriverError, Fault, IoError, LaunchError, ServerError, ShimOp, V
 pub use fault::FenceOutcome;
 pub use host::{ExternalBytes, HostBuffer, HostOrigin};
 pub use memory::{AllocationMode, Handle};
-pub use shim::{DeviceAddr, DeviceFacts, DeviceSpan, Grid, Shim};
+pub use shim::{
+    DeviceAddr, DeviceFacts, DeviceSpan, Dim3, HostMemory, KernelParam, LaunchDims, Shim,
+};
 pub use stream::StreamId;

@@ -10,11 +10,15 @@
 //! # What the core promises a shim
 //!
 //! - The core drives a device from one thread at a time (`&self` methods leave the shim free to
-//!   be shared, but the core never calls it concurrently).
+//!   be shared, but the core never calls it concurrently). That thread may change from call to
+//!   call: a device moved to another thread, a future or a handle dropped there, make their calls
+//!   there. So a shim whose device API keeps per-thread state (CUDA's current context) binds it
+//!   in every call, and its streams, events and pages are `Send` if the device is.
 //! - It never frees a page, nor a host buffer handed to a copy, before an event recorded after the
 //!   page's (or buffer's) last use on every stream has completed.
 //! - It only passes device addresses that lie inside a page it got from this shim, with the size
-//!   of the access inside the page.
+//!   of the access inside the page, and tells every copy what kind of host memory it touches
+//!   ([`HostMemory`]).
 //! - It never blocks inside the shim except in [`Shim::event_wait`].
 //! - While a stream records (between [`Shim::begin_capture`] and [`Shim::end_capture`]) it makes no
 //!   call that is illegal during a recording: no [`Shim::device_alloc`], no [`Shim::device_free`],
@@ -57,6 +61,7 @@
 //! |---|---|---|
 //! | [`Shim::host_alloc_pinned`] | `Err(unsupported)` | stages copies through heap memory |
 //! | [`Shim::host_page_device_addr`] | `None` | stages copies (no zero copy on integrated devices) |
+//! | [`Shim::host_register`] | `Err(unsupported)` | stages registered bytes as any other ([`Shim::host_unregister`] is then never called: an uninhabited [`Shim::Registration`] makes it a one-liner) |
 //! | [`Shim::copy_on_device`] | `Err(unsupported)` | calls it nowhere today; relocation, when it lands, must leave pages in place on `Unsupported` |
 //! | [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | `Err(unsupported)` | calls none of them today; capture, when it lands, reports the refusal and every other operation works |
 //!
@@ -97,23 +102,115 @@ pub struct DeviceSpan {
     pub len: u64,
 }
 
-/// A launch grid: how many blocks in each dimension.
+/// Three extents: a launch's grid (blocks) or its block (threads per block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct Grid {
-    /// Blocks along x.
+pub struct Dim3 {
+    /// Extent along x.
     pub x: u32,
-    /// Blocks along y.
+    /// Extent along y.
     pub y: u32,
-    /// Blocks along z.
+    /// Extent along z.
     pub z: u32,
 }
 
-impl Grid {
-    /// A one-dimensional grid of `x` blocks.
+impl Dim3 {
+    /// One along every axis.
+    pub const ONE: Self = Self::linear(1);
+
+    /// `x` along x, one along y and z.
     pub const fn linear(x: u32) -> Self {
         Self { x, y: 1, z: 1 }
     }
+
+    /// The product of the three extents.
+    pub const fn count(self) -> u64 {
+        self.x as u64 * self.y as u64 * self.z as u64
+    }
+}
+
+/// What the hardware needs to start a kernel: the grid of blocks, the threads of a block and the
+/// bytes of dynamic shared memory each block gets (CUDA's `cuLaunchKernel` geometry).
+///
+/// The core refuses a launch with an extent of zero ([`crate::Validation::LaunchDims`]); the
+/// device's own limits (threads per block, shared memory) are the shim's to report.
+///
+/// ```
+/// use devcmd::{Dim3, LaunchDims};
+///
+/// // 1,000,003 elements, 256 threads a block: 3,907 blocks, the last one partly idle.
+/// let dims = LaunchDims::covering(1_000_003, 256);
+/// assert_eq!((dims.grid, dims.block), (Dim3::linear(3_907), Dim3::linear(256)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct LaunchDims {
+    /// Blocks in the grid.
+    pub grid: Dim3,
+    /// Threads in a block.
+    pub block: Dim3,
+    /// Bytes of dynamic shared memory per block.
+    pub shared_bytes: u32,
+}
+
+impl LaunchDims {
+    /// One block of one thread: for kernels (and CPU shims) that loop over their data themselves.
+    pub const SINGLE: Self = Self::linear(1, 1);
+
+    /// `blocks` blocks of `threads` threads along x, no dynamic shared memory.
+    pub const fn linear(blocks: u32, threads: u32) -> Self {
+        Self {
+            grid: Dim3::linear(blocks),
+            block: Dim3::linear(threads),
+            shared_bytes: 0,
+        }
+    }
+
+    /// Enough blocks of `threads` threads along x for one thread per element of `elements`
+    /// (at least one block; at most `u32::MAX` blocks, so a kernel over more elements than that
+    /// many threads loops over its data, as a grid-stride kernel does).
+    pub const fn covering(elements: u64, threads: u32) -> Self {
+        let threads = if threads == 0 { 1 } else { threads };
+        let blocks = elements.div_ceil(threads as u64);
+        let blocks = if blocks == 0 {
+            1
+        } else if blocks > u32::MAX as u64 {
+            u32::MAX
+        } else {
+            blocks as u32
+        };
+        Self::linear(blocks, threads)
+    }
+}
+
+/// One parameter of a kernel, in the kernel's own order: a kernel written
+/// `f(float *out, const float *in, size_t n)` with input `x` and output `y` is launched with
+/// buffers `[x, y]` (inputs first, then outputs) and parameters
+/// `[Buffer(1), Buffer(0), Scalar(&n.to_ne_bytes())]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelParam<'a> {
+    /// The device address of the launch's buffer at this slot (inputs first, then outputs),
+    /// passed as a 64-bit pointer.
+    Buffer(usize),
+    /// The bytes of a scalar parameter, in the device's byte order, exactly the parameter's size
+    /// (a `size_t` is 8 bytes, an `int` 4).
+    Scalar(&'a [u8]),
+}
+
+/// Where the host side of a copy lives: it decides whether a device can copy it asynchronously.
+///
+/// On CUDA a copy from or to [`HostMemory::Pageable`] memory goes through the driver's own
+/// staging buffer, and a device-to-host copy into it returns only once it is done; pinned and
+/// registered memory are read and written by DMA, asynchronously.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum HostMemory {
+    /// Ordinary memory the operating system may page out or move.
+    Pageable,
+    /// Page-locked memory from [`Shim::host_alloc_pinned`].
+    Pinned,
+    /// The caller's memory, page-locked in place by [`Shim::host_register`].
+    Registered,
 }
 
 /// What the core needs to know of a device before it allocates anything.
@@ -152,8 +249,9 @@ pub trait Shim {
     type HostPage: core::fmt::Debug;
     /// A kernel already loaded on the device.
     type Kernel: core::fmt::Debug;
-    /// The scalar arguments of a launch, passed through untouched.
-    type Args: ?Sized;
+    /// Host memory page-locked in place ([`Shim::host_register`]); given back through
+    /// [`Shim::host_unregister`].
+    type Registration: core::fmt::Debug + Send;
     /// An instantiated recording of a stream; dropping it destroys it.
     type Graph: core::fmt::Debug;
 
@@ -243,10 +341,31 @@ pub trait Shim {
     /// No copy that reads or writes the page may be pending on any stream.
     unsafe fn host_free_pinned(&self, page: Self::HostPage);
 
+    /// Page-locks the caller's `len` bytes at `ptr` in place (CUDA's `cuMemHostRegister`), so
+    /// copies from and to them run by DMA with no staging copy: memory-mapped weights need not
+    /// be copied into pinned memory first. A zero length is refused.
+    ///
+    /// Default: [`unsupported`] (the core stages such bytes as any other).
+    fn host_register(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+    ) -> Result<Self::Registration, DriverError> {
+        let _ = (ptr, len);
+        Err(unsupported(ShimOp::HostRegister))
+    }
+
+    /// Undoes [`Shim::host_register`]; the bytes stay the caller's.
+    ///
+    /// # Safety
+    ///
+    /// No copy that reads or writes the registered bytes may be pending on any stream.
+    unsafe fn host_unregister(&self, registration: Self::Registration);
+
     // ---- copies (all asynchronous on `stream`) ----
 
-    /// Enqueues a copy of `layout.packed_bytes()` host bytes at `src` to the device rows at
-    /// `dst` described by `layout`.
+    /// Enqueues a copy of `layout.packed_bytes()` host bytes at `src` (of the kind
+    /// `src_memory`) to the device rows at `dst` described by `layout`.
     ///
     /// # Safety
     ///
@@ -257,12 +376,15 @@ pub trait Shim {
         &self,
         stream: &Self::Stream,
         src: *const u8,
+        src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError>;
 
     /// Enqueues a copy of the device rows at `src` described by `layout` into
-    /// `layout.packed_bytes()` packed host bytes at `dst`.
+    /// `layout.packed_bytes()` packed host bytes at `dst` (of the kind `dst_memory`). Into
+    /// [`HostMemory::Pageable`] memory a shim may finish the copy before it returns (CUDA does);
+    /// the core reads back into pinned memory wherever its pool can serve it.
     ///
     /// # Safety
     ///
@@ -274,6 +396,7 @@ pub trait Shim {
         stream: &Self::Stream,
         src: DeviceAddr,
         dst: *mut u8,
+        dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError>;
 
@@ -298,8 +421,13 @@ pub trait Shim {
 
     // ---- launch ----
 
-    /// Enqueues `kernel` over `grid` with the device buffers `buffers` (in the kernel's parameter
-    /// order) and the scalar arguments `args`.
+    /// Enqueues `kernel` with the geometry `dims` and the parameters `params` in the kernel's own
+    /// order; a [`KernelParam::Buffer`] names a slot of `buffers` (the launch's inputs, then its
+    /// outputs).
+    ///
+    /// The core checks before the call that every buffer slot exists and that no extent of
+    /// `dims` is zero. Whether the parameters fit the kernel (their number and sizes) and the
+    /// geometry fits the device is the shim's to check where it can.
     ///
     /// # Safety
     ///
@@ -311,9 +439,9 @@ pub trait Shim {
         &self,
         stream: &Self::Stream,
         kernel: &Self::Kernel,
-        grid: Grid,
+        dims: LaunchDims,
         buffers: &[DeviceSpan],
-        args: &Self::Args,
+        params: &[KernelParam<'_>],
     ) -> Result<(), DriverError>;
 
     // ---- graphs (optional: a shim without graphs keeps the defaults) ----

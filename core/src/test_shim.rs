@@ -3,7 +3,9 @@
 
 use crate::copy::CopyLayout;
 use crate::error::{DriverError, Fault, ShimOp};
-use crate::shim::{DeviceAddr, DeviceFacts, DeviceSpan, Grid, Shim, unsupported};
+use crate::shim::{
+    DeviceAddr, DeviceFacts, DeviceSpan, HostMemory, KernelParam, LaunchDims, Shim, unsupported,
+};
 use core::cell::Cell;
 use core::ptr::NonNull;
 
@@ -63,7 +65,7 @@ impl Shim for TestShim {
     type DevicePage = TestPage;
     type HostPage = NonNull<u8>;
     type Kernel = ();
-    type Args = ();
+    type Registration = core::convert::Infallible;
     type Graph = ();
 
     fn facts(&self) -> DeviceFacts {
@@ -136,10 +138,14 @@ impl Shim for TestShim {
         None
     }
     unsafe fn host_free_pinned(&self, _: NonNull<u8>) {}
+    unsafe fn host_unregister(&self, registration: core::convert::Infallible) {
+        match registration {}
+    }
     unsafe fn copy_to_device(
         &self,
         _: &(),
         _: *const u8,
+        _: HostMemory,
         _: DeviceAddr,
         _: CopyLayout,
     ) -> Result<(), DriverError> {
@@ -150,6 +156,7 @@ impl Shim for TestShim {
         _: &(),
         _: DeviceAddr,
         _: *mut u8,
+        _: HostMemory,
         _: CopyLayout,
     ) -> Result<(), DriverError> {
         Err(unsupported(ShimOp::CopyDeviceToHost))
@@ -167,9 +174,9 @@ impl Shim for TestShim {
         &self,
         _: &(),
         _: &(),
-        _: Grid,
+        _: LaunchDims,
         _: &[DeviceSpan],
-        _: &(),
+        _: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
         Err(unsupported(ShimOp::Launch))
     }

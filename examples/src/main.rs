@@ -19,7 +19,8 @@ mod weights;
 use cli::{Options, Parsed};
 use devcmd::memory::AllocationMode;
 use devcmd::{
-    Device, DeviceConfig, Grid, Handle, HostBuffer, Launch, ReadFuture, ReadRequest, StreamId,
+    Device, DeviceConfig, Handle, HostBuffer, KernelParam, Launch, LaunchDims, ReadFuture,
+    ReadRequest, StreamId,
 };
 use devcmd_std::{KernelCtx, KernelFault, StdKernel, StdShim, as_f32, as_f32_mut};
 use std::collections::VecDeque;
@@ -69,18 +70,32 @@ fn seeded_weights(seed: u64) -> Vec<Vec<f32>> {
     out
 }
 
-// ---- kernels: plain Rust over device addresses ----
+// ---- kernels: plain Rust over device addresses, with the parameters of CUDA C kernels ----
+//
+// matmul(float *out, const float *a, const float *b, unsigned m, unsigned k, unsigned n)
+// bias_relu(float *out, const float *x, const float *bias, unsigned m, unsigned n)
+// bias_softmax(float *out, const float *x, const float *bias, unsigned m, unsigned n)
+//
+// Every launch passes its two inputs then its output, so the buffer slots are a/x = 0,
+// b/bias = 1, out = 2, and the first three parameters are Buffer(2), Buffer(0), Buffer(1).
 
-fn args(values: &[u32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_ne_bytes()).collect()
+/// The parameters of a kernel above: the three pointers, then the `unsigned` scalars.
+fn params(scalars: &[[u8; 4]]) -> Vec<KernelParam<'_>> {
+    let mut p = vec![
+        KernelParam::Buffer(2),
+        KernelParam::Buffer(0),
+        KernelParam::Buffer(1),
+    ];
+    p.extend(scalars.iter().map(|s| KernelParam::Scalar(s)));
+    p
 }
 
-/// out[m×n] = a[m×k] · b[k×n]. Args: m, k, n.
+/// out[m×n] = a[m×k] · b[k×n].
 fn matmul_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     let (m, k, n) = (
-        ctx.arg_u32(0)? as usize,
-        ctx.arg_u32(4)? as usize,
-        ctx.arg_u32(8)? as usize,
+        ctx.scalar_u32(3)? as usize,
+        ctx.scalar_u32(4)? as usize,
+        ctx.scalar_u32(5)? as usize,
     );
     let mut bufs = ctx.buffers_mut()?;
     let [a, b, out] = bufs.as_mut_slice() else {
@@ -103,12 +118,12 @@ fn matmul_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
 }
 
 /// Runs `body(m, n, x, bias, out)` over the kernel's three buffers (x and out m×n, bias n),
-/// checked against the arguments m and n.
+/// checked against the parameters m and n.
 fn bias_kernel(
     ctx: &mut KernelCtx<'_>,
     body: impl FnOnce(usize, usize, &[f32], &[f32], &mut [f32]),
 ) -> Result<(), KernelFault> {
-    let (m, n) = (ctx.arg_u32(0)? as usize, ctx.arg_u32(4)? as usize);
+    let (m, n) = (ctx.scalar_u32(3)? as usize, ctx.scalar_u32(4)? as usize);
     let mut bufs = ctx.buffers_mut()?;
     let [x, bias, out] = bufs.as_mut_slice() else {
         return Err(KernelFault::Failed);
@@ -121,7 +136,7 @@ fn bias_kernel(
     Ok(())
 }
 
-/// out = relu(x + bias) row by row. Args: m, n.
+/// out = relu(x + bias) row by row.
 fn bias_relu_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     bias_kernel(ctx, |m, n, x, bias, out| {
         for (i, o) in out[..m * n].iter_mut().enumerate() {
@@ -130,7 +145,7 @@ fn bias_relu_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     })
 }
 
-/// out = softmax(x + bias) row by row. Args: m, n.
+/// out = softmax(x + bias) row by row.
 fn bias_softmax_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     bias_kernel(ctx, |m, n, x, bias, out| {
         for row in 0..m {
@@ -309,25 +324,25 @@ fn serve(
         let mut act = x;
         for (l, &(kin, kout)) in LAYERS.iter().enumerate() {
             let pre = cmd.empty((m * kout * 4) as u64)?;
-            let dims = args(&[m as u32, kin as u32, kout as u32]);
+            let shape = [m as u32, kin as u32, kout as u32].map(u32::to_ne_bytes);
             cmd.launch(Launch {
                 kernel: &k.matmul,
                 name: "matmul",
-                grid: Grid::linear(m as u32),
+                dims: LaunchDims::covering((m * kout) as u64, 128),
                 inputs: &[&act, &device_weights[2 * l]],
                 outputs: &[&pre],
-                args: &dims,
+                params: &params(&shape),
             })?;
             let out = cmd.empty((m * kout * 4) as u64)?;
             let last = l + 1 == LAYERS.len();
-            let dims = args(&[m as u32, kout as u32]);
+            let shape = [m as u32, kout as u32].map(u32::to_ne_bytes);
             cmd.launch(Launch {
                 kernel: if last { &k.bias_softmax } else { &k.bias_relu },
                 name: if last { "bias_softmax" } else { "bias_relu" },
-                grid: Grid::linear(m as u32),
+                dims: LaunchDims::covering(m as u64, 128),
                 inputs: &[&pre, &device_weights[2 * l + 1]],
                 outputs: &[&out],
-                args: &dims,
+                params: &params(&shape),
             })?;
             act = out;
         }

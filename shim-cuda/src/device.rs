@@ -1,14 +1,22 @@
 //! The device: its primary context, its facts and the [`Shim`] implementation.
+//!
+//! Owns: the context and its per-call binding ([`Context::bind`]), the device's facts, and the
+//! `impl Shim for CudaShim`, whose calls delegate to the modules that own each kind of object
+//! (`stream.rs`, `memory.rs`, `kernel.rs`, `graph.rs`). Does not own: loading the driver
+//! (`driver.rs`), the classification of failures (`faults.rs`).
 
 use crate::driver::{self, CudaInitError};
 use crate::faults::{self, check, classify, code};
 use crate::graph::{self, CudaGraph};
 use crate::kernel::{self, CudaKernel};
-use crate::memory::{self, CudaDevicePage, CudaHostPage, Side};
+use crate::memory::{self, CudaDevicePage, CudaHostPage, CudaRegistration, Side};
 use crate::stream::{self, CudaEvent, CudaStream};
 use cudarc::driver::sys;
 use devcmd::shim::unsupported;
-use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
+use devcmd::{
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
+    LaunchDims, Shim, ShimOp,
+};
 use std::ffi::CStr;
 use std::fmt;
 use std::ptr::{self, NonNull};
@@ -99,8 +107,10 @@ impl Drop for Context {
 /// Facts, streams (`CU_STREAM_NON_BLOCKING`), events without timing (pooled), cross-stream waits,
 /// device pages (`cuMemAlloc`), pinned host pages (`cuMemHostAlloc`, portable, mapped where the
 /// device can map host memory, never write-combined), and copies (`cuMemcpy*Async`, pitched ones
-/// with `cuMemcpy2DAsync`). Kernel launches and graphs answer [`devcmd::Fault::Unsupported`]:
-/// they come with issue 8's reshaped launch contract.
+/// with `cuMemcpy2DAsync`), host memory registered in place (`cuMemHostRegister`), kernels
+/// compiled with NVRTC or loaded from PTX and cubins ([`CudaShim::compile`],
+/// [`CudaShim::load_module`]) and launched with `cuLaunchKernel`, and graphs by stream capture
+/// ([`CudaGraph`]).
 #[derive(Clone)]
 pub struct CudaShim {
     ctx: Arc<Context>,
@@ -114,6 +124,8 @@ pub struct CudaShim {
     compute_capability: (u32, u32),
     /// Whether [`Shim::host_page_device_addr`] hands out the mapped address of pinned pages.
     zero_copy: bool,
+    /// `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`: whether `cuMemHostRegister` works here.
+    host_register: bool,
 }
 
 impl fmt::Debug for CudaShim {
@@ -203,6 +215,7 @@ impl CudaShim {
         let max_pitch = attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?;
         let cc_major = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let cc_minor = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let host_register = attribute(dev, A::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)? == 1;
         let mut raw = ptr::null_mut();
         // SAFETY: as above.
         setup("cuDevicePrimaryCtxRetain", unsafe {
@@ -239,6 +252,7 @@ impl CudaShim {
                 u32::try_from(cc_minor).unwrap_or(0),
             ),
             zero_copy: integrated && can_map_host,
+            host_register,
         })
     }
 
@@ -315,11 +329,11 @@ impl Shim for CudaShim {
     type Event = CudaEvent;
     type DevicePage = CudaDevicePage;
     type HostPage = CudaHostPage;
-    /// No kernel exists yet: see [`CudaKernel`].
+    /// A kernel of a module compiled with [`CudaShim::compile`] or loaded with
+    /// [`CudaShim::load_module`].
     type Kernel = CudaKernel;
-    /// Raw argument bytes; unused until issue 8 reshapes the launch.
-    type Args = [u8];
-    /// No graph exists yet: see [`CudaGraph`].
+    type Registration = CudaRegistration;
+    /// An instantiated graph, recorded by stream capture.
     type Graph = CudaGraph;
 
     fn facts(&self) -> DeviceFacts {
@@ -395,12 +409,30 @@ impl Shim for CudaShim {
         unsafe { memory::host_free(page) }
     }
 
+    /// `cuMemHostRegister` (portable) where the device supports it
+    /// (`CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`); [`devcmd::Fault::Unsupported`] elsewhere.
+    fn host_register(&self, ptr: NonNull<u8>, len: usize) -> Result<CudaRegistration, DriverError> {
+        if !self.host_register {
+            return Err(unsupported(ShimOp::HostRegister));
+        }
+        self.bound(ShimOp::HostRegister)?;
+        memory::host_register(ptr, len)
+    }
+
+    unsafe fn host_unregister(&self, registration: CudaRegistration) {
+        let _ = self.ctx.bind(ShimOp::HostRegister);
+        // SAFETY: `host_unregister`'s contract: no pending copy uses the memory.
+        unsafe { memory::host_unregister(registration) }
+    }
+
     /// `cuMemcpyHtoDAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one (row by row
-    /// where the pitch passes the device's `MAX_PITCH`).
+    /// where the pitch passes the device's `MAX_PITCH`). The driver itself tells pageable from
+    /// page-locked memory: a pageable source is staged by the driver (slower, see BENCHMARKS.md).
     unsafe fn copy_to_device(
         &self,
         stream: &CudaStream,
         src: *const u8,
+        _src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
@@ -422,6 +454,7 @@ impl Shim for CudaShim {
         stream: &CudaStream,
         src: DeviceAddr,
         dst: *mut u8,
+        _dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         const OP: ShimOp = ShimOp::CopyDeviceToHost;
@@ -469,19 +502,24 @@ impl Shim for CudaShim {
         }
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: kernels (loaded once at start-up, launched with
-    /// `cuLaunchKernel`) come with issue 8's launch contract (grid and block dimensions, dynamic
-    /// shared memory, parameters in the kernel's order). No [`CudaKernel`] can exist until then.
+    /// `cuLaunchKernel` with the parameters in the kernel's order: a `Buffer(slot)` passes the
+    /// 64-bit address of `buffers[slot]`, a `Scalar` its bytes. Refused before the driver with
+    /// [`status::PARAM_MISMATCH`](crate::status::PARAM_MISMATCH) when the kernel's parameter
+    /// sizes are known and differ ([`CudaKernel::check_params`] says how), and with
+    /// [`status::BAD_ARGUMENT`](crate::status::BAD_ARGUMENT) for a kernel of another context.
+    /// No heap allocation for up to [`STACK_PARAMS`](crate::STACK_PARAMS) parameters.
     unsafe fn launch(
         &self,
         stream: &CudaStream,
         kernel: &CudaKernel,
-        grid: Grid,
+        dims: LaunchDims,
         buffers: &[DeviceSpan],
-        args: &[u8],
+        params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
-        let _ = (stream, kernel, grid, buffers, args);
-        Err(unsupported(ShimOp::Launch))
+        let ctx = self.bound(ShimOp::Launch)?;
+        // SAFETY: `launch`'s contract: the spans lie in live pages and the kernel stays inside
+        // them; the context is the shim's, just bound.
+        unsafe { kernel::launch(ctx, stream, kernel, dims, buffers, params) }
     }
 
     /// `cuStreamBeginCapture` in thread-local mode: a call of this thread that is illegal while

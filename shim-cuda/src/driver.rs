@@ -75,6 +75,8 @@ pub const SYMBOLS: &[&str] = &[
     "cuMemHostAlloc",
     "cuMemFreeHost",
     "cuMemHostGetDevicePointer_v2",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",

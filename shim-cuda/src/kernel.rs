@@ -31,10 +31,9 @@
 use crate::device::{Context, CudaShim};
 use crate::faults::{classify, code, is_sticky, status, status_name};
 use crate::nvrtc;
-use crate::preview::{KernelParam, LaunchDims};
 use crate::stream::CudaStream;
 use cudarc::driver::sys;
-use devcmd::{DeviceSpan, DriverError, ShimOp};
+use devcmd::{DeviceSpan, DriverError, KernelParam, LaunchDims, ShimOp};
 use std::ffi::{CString, c_void};
 use std::fmt;
 use std::ptr;

@@ -127,6 +127,62 @@ pub(crate) unsafe fn host_free(page: CudaHostPage) {
     let _ = unsafe { sys::cuMemFreeHost(page.ptr.as_ptr().cast()) };
 }
 
+/// The caller's host memory page-locked in place (`cuMemHostRegister`, portable). Return it with
+/// [`Shim::host_unregister`](devcmd::Shim::host_unregister); dropping it instead leaves the
+/// memory locked until the context goes.
+#[derive(Debug)]
+pub struct CudaRegistration {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the registration names the caller's memory and never dereferences it; undoing it
+// takes the value by value.
+unsafe impl Send for CudaRegistration {}
+
+impl CudaRegistration {
+    /// The first registered byte.
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Bytes registered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is registered (never: an empty range is refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// `cuMemHostRegister` of `len` bytes at `ptr`, portable (usable from every context).
+pub(crate) fn host_register(ptr: NonNull<u8>, len: usize) -> Result<CudaRegistration, DriverError> {
+    const OP: ShimOp = ShimOp::HostRegister;
+    if len == 0 {
+        return Err(classify(OP, status::INVALID_VALUE));
+    }
+    // SAFETY: the driver only locks the pages of the range (the caller keeps the memory alive
+    // until the registration is undone: `Shim::host_register`'s caller's contract).
+    check(OP, unsafe {
+        sys::cuMemHostRegister_v2(ptr.as_ptr().cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE)
+    })?;
+    Ok(CudaRegistration { ptr, len })
+}
+
+/// `cuMemHostUnregister`; an error cannot be reported (a lost device's registrations go with
+/// its context).
+///
+/// # Safety
+///
+/// No pending copy uses the registered memory.
+pub(crate) unsafe fn host_unregister(registration: CudaRegistration) {
+    // SAFETY: the pointer was registered by `host_register` and is unregistered once (taken by
+    // value); the caller promises no copy uses it.
+    let _ = unsafe { sys::cuMemHostUnregister(registration.ptr.as_ptr().cast()) };
+}
+
 /// One side of a copy: host memory (packed rows) or a device address (pitched rows).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Side {

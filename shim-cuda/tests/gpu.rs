@@ -6,7 +6,7 @@
 //! `cargo test -p devcmd-cuda --no-run --release`, run on the GPU machine by starting the test
 //! binary (`target/release/deps/gpu-*`).
 
-use devcmd::{CopyLayout, DeviceAddr, Fault, Shim};
+use devcmd::{CopyLayout, DeviceAddr, Fault, HostMemory, Shim};
 use devcmd_cuda::{CudaHostPage, CudaShim, CudaStream};
 use std::io::Write;
 use std::sync::Once;
@@ -139,10 +139,22 @@ fn linear_round_trip_through_pinned_and_pageable_memory() {
         let dst = shim.host_alloc_pinned(len).unwrap();
         // SAFETY: the host pages and the device page outlive the wait below.
         unsafe {
-            shim.copy_to_device(&stream, shim.host_page_ptr(&src).as_ptr(), addr, layout)
-                .unwrap();
-            shim.copy_to_host(&stream, addr, shim.host_page_ptr(&dst).as_ptr(), layout)
-                .unwrap();
+            shim.copy_to_device(
+                &stream,
+                shim.host_page_ptr(&src).as_ptr(),
+                HostMemory::Pinned,
+                addr,
+                layout,
+            )
+            .unwrap();
+            shim.copy_to_host(
+                &stream,
+                addr,
+                shim.host_page_ptr(&dst).as_ptr(),
+                HostMemory::Pinned,
+                layout,
+            )
+            .unwrap();
         }
         wait(&shim, &stream);
         assert_eq!(pinned_bytes(&shim, &dst, len), data, "pinned, {len} bytes");
@@ -151,10 +163,16 @@ fn linear_round_trip_through_pinned_and_pageable_memory() {
         let mut back = vec![0u8; len];
         // SAFETY: both vectors outlive the wait below.
         unsafe {
-            shim.copy_to_device(&stream, data2.as_ptr(), addr, layout)
+            shim.copy_to_device(&stream, data2.as_ptr(), HostMemory::Pageable, addr, layout)
                 .unwrap();
-            shim.copy_to_host(&stream, addr, back.as_mut_ptr(), layout)
-                .unwrap();
+            shim.copy_to_host(
+                &stream,
+                addr,
+                back.as_mut_ptr(),
+                HostMemory::Pageable,
+                layout,
+            )
+            .unwrap();
         }
         wait(&shim, &stream);
         assert_eq!(back, data2, "pageable, {len} bytes");
@@ -190,21 +208,35 @@ fn pitched_round_trip_places_rows_and_leaves_the_padding() {
         shim.copy_to_device(
             &stream,
             fill.as_ptr(),
+            HostMemory::Pageable,
             addr,
             CopyLayout::linear(span as u64),
         )
         .unwrap();
-        shim.copy_to_device(&stream, shim.host_page_ptr(&src).as_ptr(), addr, layout)
-            .unwrap();
+        shim.copy_to_device(
+            &stream,
+            shim.host_page_ptr(&src).as_ptr(),
+            HostMemory::Pinned,
+            addr,
+            layout,
+        )
+        .unwrap();
         shim.copy_to_host(
             &stream,
             addr,
             whole.as_mut_ptr(),
+            HostMemory::Pageable,
             CopyLayout::linear(span as u64),
         )
         .unwrap();
-        shim.copy_to_host(&stream, addr, shim.host_page_ptr(&packed).as_ptr(), layout)
-            .unwrap();
+        shim.copy_to_host(
+            &stream,
+            addr,
+            shim.host_page_ptr(&packed).as_ptr(),
+            HostMemory::Pinned,
+            layout,
+        )
+        .unwrap();
     }
     wait(&shim, &stream);
     for r in 0..rows {
@@ -251,17 +283,29 @@ fn copies_on_the_device_linear_and_pitched() {
     let all = CopyLayout::linear(span);
     // SAFETY: the host buffers and the pages outlive the wait below; spans lie in the pages.
     unsafe {
-        shim.copy_to_device(&stream, data.as_ptr(), a_addr, all)
+        shim.copy_to_device(&stream, data.as_ptr(), HostMemory::Pageable, a_addr, all)
             .unwrap();
-        shim.copy_to_device(&stream, zeros.as_ptr(), c_addr, all)
+        shim.copy_to_device(&stream, zeros.as_ptr(), HostMemory::Pageable, c_addr, all)
             .unwrap();
         shim.copy_on_device(&stream, a_addr, b_addr, all).unwrap();
         shim.copy_on_device(&stream, a_addr, c_addr, layout)
             .unwrap();
-        shim.copy_to_host(&stream, b_addr, linear_back.as_mut_ptr(), all)
-            .unwrap();
-        shim.copy_to_host(&stream, c_addr, pitched_back.as_mut_ptr(), all)
-            .unwrap();
+        shim.copy_to_host(
+            &stream,
+            b_addr,
+            linear_back.as_mut_ptr(),
+            HostMemory::Pageable,
+            all,
+        )
+        .unwrap();
+        shim.copy_to_host(
+            &stream,
+            c_addr,
+            pitched_back.as_mut_ptr(),
+            HostMemory::Pageable,
+            all,
+        )
+        .unwrap();
     }
     wait(&shim, &stream);
     assert_eq!(linear_back, data);
@@ -296,6 +340,7 @@ fn events_complete_and_queries_never_block_or_fail() {
         shim.copy_to_device(
             &stream,
             shim.host_page_ptr(&src).as_ptr(),
+            HostMemory::Pinned,
             shim.device_page_addr(&page),
             CopyLayout::linear(len as u64),
         )
@@ -344,15 +389,27 @@ fn a_stream_waits_for_an_event_of_another_stream() {
         let src = pinned_with(&shim, &pattern(len, round));
         // SAFETY: the host pages and device pages outlive the waits below.
         unsafe {
-            shim.copy_to_device(&producer, shim.host_page_ptr(&src).as_ptr(), xa, layout)
-                .unwrap();
+            shim.copy_to_device(
+                &producer,
+                shim.host_page_ptr(&src).as_ptr(),
+                HostMemory::Pinned,
+                xa,
+                layout,
+            )
+            .unwrap();
             let produced = shim.record_event(&producer).unwrap();
             shim.stream_wait_event(&consumer, &produced).unwrap();
             // The event may drop (and go back to the pool) before the wait ran on the device.
             drop(produced);
             shim.copy_on_device(&consumer, xa, ya, layout).unwrap();
-            shim.copy_to_host(&consumer, ya, shim.host_page_ptr(&back).as_ptr(), layout)
-                .unwrap();
+            shim.copy_to_host(
+                &consumer,
+                ya,
+                shim.host_page_ptr(&back).as_ptr(),
+                HostMemory::Pinned,
+                layout,
+            )
+            .unwrap();
         }
         wait(&shim, &consumer);
         assert!(
@@ -402,6 +459,7 @@ fn mapped_pinned_pages_are_device_memory_when_zero_copy_is_on() {
             &stream,
             shim.device_page_addr(&page),
             back.as_mut_ptr(),
+            HostMemory::Pageable,
             layout,
         )
         .unwrap();
@@ -415,6 +473,7 @@ fn mapped_pinned_pages_are_device_memory_when_zero_copy_is_on() {
         shim.copy_to_device(
             &stream,
             other.as_ptr(),
+            HostMemory::Pageable,
             shim.device_page_addr(&page),
             layout,
         )
@@ -457,6 +516,7 @@ fn handles_cross_threads_and_every_thread_gets_the_context() {
                     shim.copy_to_device(
                         &stream,
                         data.as_ptr(),
+                        HostMemory::Pageable,
                         addr,
                         CopyLayout::linear(len as u64),
                     )
@@ -465,6 +525,7 @@ fn handles_cross_threads_and_every_thread_gets_the_context() {
                         &stream,
                         addr,
                         back.as_mut_ptr(),
+                        HostMemory::Pageable,
                         CopyLayout::linear(len as u64),
                     )
                     .unwrap();

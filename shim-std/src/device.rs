@@ -2,11 +2,14 @@
 
 use crate::faults::{Effect, Injection, Stats, classify, status};
 use crate::graph::StdGraph;
-use crate::kernel::{KernelCtx, KernelFault, StdKernel};
+use crate::kernel::{KernelCtx, KernelFault, Params, StdKernel};
 use crate::memory::{Block, Quarantine, StdDevicePage, StdHostPage};
 use crate::stream::{CopyOp, Op, StdEvent, StdStream};
 use crate::{lock, wait};
-use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
+use devcmd::{
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
+    LaunchDims, Shim, ShimOp,
+};
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -399,6 +402,16 @@ impl StdShim {
     }
 
     /// Validates and enqueues a copy; each side is `(address, is device memory)`.
+    /// Counts an enqueued copy by the kind of its host side.
+    fn count_host_memory(&self, memory: HostMemory) {
+        let i = match memory {
+            HostMemory::Pageable => 0,
+            HostMemory::Pinned => 1,
+            HostMemory::Registered => 2,
+        };
+        lock(&self.inner.state).stats.copies_by_host_memory[i] += 1;
+    }
+
     fn copy(
         &self,
         op: ShimOp,
@@ -464,14 +477,22 @@ fn then_fail(stream: &StdStream, fault: Option<DriverError>) {
     }
 }
 
+/// A registration of the caller's host memory: where and how long (nothing is locked on a CPU).
+#[derive(Debug)]
+pub struct StdRegistration {
+    #[allow(dead_code)]
+    addr: usize,
+    #[allow(dead_code)]
+    len: usize,
+}
+
 impl Shim for StdShim {
     type Stream = StdStream;
     type Event = StdEvent;
     type DevicePage = StdDevicePage;
     type HostPage = StdHostPage;
     type Kernel = StdKernel;
-    /// Raw scalar argument bytes, native byte order (see [`KernelCtx::arg_u32`]).
-    type Args = [u8];
+    type Registration = StdRegistration;
     type Graph = StdGraph;
 
     fn facts(&self) -> DeviceFacts {
@@ -614,15 +635,40 @@ impl Shim for StdShim {
         unsafe { self.release(&mut st, page.block) };
     }
 
+    /// Registers nothing with any hardware (every host byte is device-reachable here), but
+    /// keeps CUDA's rules: a null or empty range is refused, and the registration is counted
+    /// until [`Shim::host_unregister`] ([`Stats::registrations_live`](crate::Stats)).
+    fn host_register(&self, ptr: NonNull<u8>, len: usize) -> Result<StdRegistration, DriverError> {
+        const OP: ShimOp = ShimOp::HostRegister;
+        self.enter(OP, len as u64)?;
+        if len == 0 {
+            return Err(classify(OP, status::BAD_ARGUMENT));
+        }
+        lock(&self.inner.state).stats.registrations_live += 1;
+        Ok(StdRegistration {
+            addr: ptr.as_ptr().expose_provenance(),
+            len,
+        })
+    }
+
+    unsafe fn host_unregister(&self, registration: StdRegistration) {
+        let _ = registration;
+        let mut st = lock(&self.inner.state);
+        st.stats.registrations_live = st.stats.registrations_live.saturating_sub(1);
+    }
+
     unsafe fn copy_to_device(
         &self,
         stream: &StdStream,
         src: *const u8,
+        src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         let src = (src.expose_provenance() as u64, false);
-        self.copy(ShimOp::CopyHostToDevice, stream, src, (dst.0, true), layout)
+        self.copy(ShimOp::CopyHostToDevice, stream, src, (dst.0, true), layout)?;
+        self.count_host_memory(src_memory);
+        Ok(())
     }
 
     unsafe fn copy_to_host(
@@ -630,10 +676,13 @@ impl Shim for StdShim {
         stream: &StdStream,
         src: DeviceAddr,
         dst: *mut u8,
+        dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         let dst = (dst.expose_provenance() as u64, false);
-        self.copy(ShimOp::CopyDeviceToHost, stream, (src.0, true), dst, layout)
+        self.copy(ShimOp::CopyDeviceToHost, stream, (src.0, true), dst, layout)?;
+        self.count_host_memory(dst_memory);
+        Ok(())
     }
 
     unsafe fn copy_on_device(
@@ -656,9 +705,9 @@ impl Shim for StdShim {
         &self,
         stream: &StdStream,
         kernel: &StdKernel,
-        grid: Grid,
+        dims: LaunchDims,
         buffers: &[DeviceSpan],
-        args: &[u8],
+        params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
         let bytes = buffers.iter().fold(0u64, |a, s| a.saturating_add(s.len));
         let fail = self.enter(ShimOp::Launch, bytes)?;
@@ -669,9 +718,9 @@ impl Shim for StdShim {
         drop(st);
         stream.shared.enqueue(Op::Launch {
             kernel: kernel.clone(),
-            grid,
+            dims,
             spans: buffers.to_vec(),
-            args: args.to_vec(),
+            params: Params::of(params),
         });
         then_fail(stream, fail);
         Ok(())

@@ -98,14 +98,15 @@ pub(crate) const fn op_index(op: ShimOp) -> usize {
         ShimOp::EventWait => 4,
         ShimOp::DeviceAlloc => 5,
         ShimOp::HostAlloc => 6,
-        ShimOp::CopyHostToDevice => 7,
-        ShimOp::CopyDeviceToHost => 8,
-        ShimOp::CopyDeviceToDevice => 9,
-        ShimOp::Launch => 10,
-        ShimOp::GraphBegin => 11,
-        ShimOp::GraphEnd => 12,
-        ShimOp::GraphUpload => 13,
-        ShimOp::GraphLaunch => 14,
+        ShimOp::HostRegister => 7,
+        ShimOp::CopyHostToDevice => 8,
+        ShimOp::CopyDeviceToHost => 9,
+        ShimOp::CopyDeviceToDevice => 10,
+        ShimOp::Launch => 11,
+        ShimOp::GraphBegin => 12,
+        ShimOp::GraphEnd => 13,
+        ShimOp::GraphUpload => 14,
+        ShimOp::GraphLaunch => 15,
     }
 }
 
@@ -274,6 +275,11 @@ pub struct Stats {
     pub host_bytes_live: u64,
     /// Live pinned host pages.
     pub host_pages_live: u64,
+    /// Live registrations of the caller's host memory ([`devcmd::Shim::host_register`]).
+    pub registrations_live: u64,
+    /// Copies enqueued whose host side was pageable, pinned and registered memory, in that order
+    /// (indexed by [`devcmd::HostMemory`] as `Pageable`, `Pinned`, `Registered`).
+    pub copies_by_host_memory: [u64; 3],
     /// Stream operations that ran (copies, launches, waits, replays); skipped ones not counted.
     pub ops_run: u64,
     /// Kernels that ran (also inside replays).
@@ -352,12 +358,30 @@ mod tests {
             .expect("the EventRecord rule never fires");
         // SAFETY: the host arrays outlive the waits below; the page holds 8 bytes.
         unsafe {
-            shim.copy_to_device(&s, a.as_ptr(), addr, CopyLayout::linear(8))
-                .unwrap();
-            shim.copy_to_device(&s, b.as_ptr(), addr, CopyLayout::linear(8))
-                .expect("accepted: its work fails only while it runs");
-            shim.copy_to_host(&s, addr, back.as_mut_ptr(), CopyLayout::linear(8))
-                .unwrap();
+            shim.copy_to_device(
+                &s,
+                a.as_ptr(),
+                devcmd::HostMemory::Pageable,
+                addr,
+                CopyLayout::linear(8),
+            )
+            .unwrap();
+            shim.copy_to_device(
+                &s,
+                b.as_ptr(),
+                devcmd::HostMemory::Pageable,
+                addr,
+                CopyLayout::linear(8),
+            )
+            .expect("accepted: its work fails only while it runs");
+            shim.copy_to_host(
+                &s,
+                addr,
+                back.as_mut_ptr(),
+                devcmd::HostMemory::Pageable,
+                CopyLayout::linear(8),
+            )
+            .unwrap();
         }
         shim.event_wait(&clean).unwrap();
         let fence = shim.record_event(&s).unwrap();

@@ -1,10 +1,13 @@
 //! Kernels: Rust closures registered by name, run by a stream's worker over device spans.
 //!
-//! The launch arguments ([`devcmd::Shim::Args`]) are raw scalar bytes (`[u8]`) in native byte
-//! order, copied at launch; a kernel reads them with [`KernelCtx::arg_u32`], [`KernelCtx::arg_u64`]
-//! and [`KernelCtx::arg_f32`] at byte offsets it agrees on with the launcher.
+//! A launch's parameters ([`devcmd::KernelParam`]) are copied at launch, in the kernel's order. A
+//! kernel reads a scalar by its parameter position with [`KernelCtx::scalar_u32`],
+//! [`KernelCtx::scalar_u64`] or [`KernelCtx::scalar_f32`] (the size must match exactly, as on a
+//! GPU), finds the buffer slot a parameter names with [`KernelCtx::slot`], and reaches the
+//! buffers by slot ([`KernelCtx::buffer`], [`KernelCtx::buffers_mut`]). The geometry is there
+//! ([`KernelCtx::dims`]) but a CPU kernel runs once, looping over its data itself.
 
-use devcmd::{DeviceSpan, Grid};
+use devcmd::{DeviceSpan, KernelParam, LaunchDims};
 use std::fmt;
 use std::sync::Arc;
 
@@ -65,12 +68,52 @@ impl fmt::Debug for StdKernel {
     }
 }
 
-/// What a running kernel sees: the grid, its device buffers and its scalar argument bytes.
+/// One parameter of a launch, as the worker keeps it: a buffer slot, or a scalar's place in
+/// [`Params::bytes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Param {
+    Buffer(usize),
+    Scalar { start: usize, len: usize },
+}
+
+/// A launch's parameters, copied when it is enqueued (the caller's scalars may be gone by the
+/// time the kernel runs): one allocation for the list, one for every scalar's bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Params {
+    list: Vec<Param>,
+    bytes: Vec<u8>,
+}
+
+impl Params {
+    /// A copy of `params`.
+    pub(crate) fn of(params: &[KernelParam<'_>]) -> Self {
+        let mut out = Self {
+            list: Vec::with_capacity(params.len()),
+            bytes: Vec::new(),
+        };
+        for p in params {
+            out.list.push(match *p {
+                KernelParam::Buffer(slot) => Param::Buffer(slot),
+                KernelParam::Scalar(b) => {
+                    let start = out.bytes.len();
+                    out.bytes.extend_from_slice(b);
+                    Param::Scalar {
+                        start,
+                        len: b.len(),
+                    }
+                }
+            });
+        }
+        out
+    }
+}
+
+/// What a running kernel sees: the geometry, its device buffers and its parameters.
 #[derive(Debug)]
 pub struct KernelCtx<'a> {
-    grid: Grid,
+    dims: LaunchDims,
     spans: &'a [DeviceSpan],
-    args: &'a [u8],
+    params: &'a Params,
 }
 
 impl<'a> KernelCtx<'a> {
@@ -80,44 +123,66 @@ impl<'a> KernelCtx<'a> {
     ///
     /// Every span lies in live, initialised memory that nothing else touches while the context
     /// lives (what [`devcmd::Shim::launch`]'s caller promises, for the time the launch runs).
-    pub(crate) unsafe fn new(grid: Grid, spans: &'a [DeviceSpan], args: &'a [u8]) -> Self {
-        Self { grid, spans, args }
+    pub(crate) unsafe fn new(
+        dims: LaunchDims,
+        spans: &'a [DeviceSpan],
+        params: &'a Params,
+    ) -> Self {
+        Self {
+            dims,
+            spans,
+            params,
+        }
     }
 
-    /// The launch grid.
-    pub fn grid(&self) -> Grid {
-        self.grid
+    /// The launch geometry (grid, block, dynamic shared memory).
+    pub fn dims(&self) -> LaunchDims {
+        self.dims
     }
 
-    /// The device spans, in parameter order.
+    /// The device spans, by slot (the launch's inputs, then its outputs).
     pub fn spans(&self) -> &[DeviceSpan] {
         self.spans
     }
 
-    /// The raw argument bytes.
-    pub fn args(&self) -> &[u8] {
-        self.args
+    /// How many parameters the launch passed.
+    pub fn param_count(&self) -> usize {
+        self.params.list.len()
     }
 
-    fn arg<const N: usize>(&self, offset: usize) -> Result<[u8; N], KernelFault> {
-        let end = offset.checked_add(N).ok_or(KernelFault::Failed)?;
-        let bytes = self.args.get(offset..end).ok_or(KernelFault::Failed)?;
-        bytes.try_into().map_err(|_| KernelFault::Failed)
+    /// The buffer slot parameter `i` names; [`KernelFault::Failed`] if it is no buffer.
+    pub fn slot(&self, i: usize) -> Result<usize, KernelFault> {
+        match self.params.list.get(i) {
+            Some(Param::Buffer(slot)) => Ok(*slot),
+            _ => Err(KernelFault::Failed),
+        }
     }
 
-    /// The `u32` at byte `offset` of the arguments; [`KernelFault::Failed`] past their end.
-    pub fn arg_u32(&self, offset: usize) -> Result<u32, KernelFault> {
-        self.arg(offset).map(u32::from_ne_bytes)
+    /// The bytes of scalar parameter `i`, which must be exactly `N` bytes long (as a GPU kernel's
+    /// parameter has one size); [`KernelFault::Failed`] otherwise.
+    fn scalar<const N: usize>(&self, i: usize) -> Result<[u8; N], KernelFault> {
+        match self.params.list.get(i) {
+            Some(&Param::Scalar { start, len }) if len == N => self.params.bytes
+                [start..start + len]
+                .try_into()
+                .map_err(|_| KernelFault::Failed),
+            _ => Err(KernelFault::Failed),
+        }
     }
 
-    /// The `u64` at byte `offset` of the arguments; [`KernelFault::Failed`] past their end.
-    pub fn arg_u64(&self, offset: usize) -> Result<u64, KernelFault> {
-        self.arg(offset).map(u64::from_ne_bytes)
+    /// Parameter `i` as a `u32` (4 bytes); [`KernelFault::Failed`] if it is not one.
+    pub fn scalar_u32(&self, i: usize) -> Result<u32, KernelFault> {
+        self.scalar(i).map(u32::from_ne_bytes)
     }
 
-    /// The `f32` at byte `offset` of the arguments; [`KernelFault::Failed`] past their end.
-    pub fn arg_f32(&self, offset: usize) -> Result<f32, KernelFault> {
-        self.arg(offset).map(f32::from_ne_bytes)
+    /// Parameter `i` as a `u64` (8 bytes); [`KernelFault::Failed`] if it is not one.
+    pub fn scalar_u64(&self, i: usize) -> Result<u64, KernelFault> {
+        self.scalar(i).map(u64::from_ne_bytes)
+    }
+
+    /// Parameter `i` as an `f32` (4 bytes); [`KernelFault::Failed`] if it is not one.
+    pub fn scalar_f32(&self, i: usize) -> Result<f32, KernelFault> {
+        self.scalar(i).map(f32::from_ne_bytes)
     }
 
     fn raw(&self, i: usize) -> Result<(*mut u8, usize), KernelFault> {
@@ -202,18 +267,37 @@ mod tests {
             len: s.len() as u64,
         };
         let spans = [span(&mut a), span(&mut b)];
-        let args = 7u32.to_ne_bytes();
+        let seven = 7u32.to_ne_bytes();
+        let args = Params::of(&[
+            KernelParam::Buffer(1),
+            KernelParam::Scalar(&seven),
+            KernelParam::Buffer(0),
+        ]);
+        let dims = LaunchDims::SINGLE;
         // SAFETY: the spans are the two local arrays, untouched while the context lives.
-        let mut ctx = unsafe { KernelCtx::new(Grid::linear(1), &spans, &args) };
-        assert_eq!(ctx.arg_u32(0), Ok(7));
-        assert_eq!(ctx.arg_u32(1), Err(KernelFault::Failed));
+        let mut ctx = unsafe { KernelCtx::new(dims, &spans, &args) };
+        assert_eq!(ctx.scalar_u32(1), Ok(7));
+        assert_eq!(
+            ctx.scalar_u64(1),
+            Err(KernelFault::Failed),
+            "size must match"
+        );
+        assert_eq!(
+            ctx.scalar_u32(0),
+            Err(KernelFault::Failed),
+            "a buffer is no scalar"
+        );
+        assert_eq!(ctx.scalar_u32(3), Err(KernelFault::Failed));
+        assert_eq!((ctx.slot(0), ctx.slot(2)), (Ok(1), Ok(0)));
+        assert_eq!(ctx.slot(1), Err(KernelFault::Failed));
+        assert_eq!(ctx.param_count(), 3);
         assert_eq!(ctx.buffer(0).map(<[u8]>::to_vec), Ok(vec![1, 2, 3, 4]));
         assert!(ctx.buffer(2).is_err());
         let mut views = ctx.buffers_mut().unwrap();
         views[1][0] = 9;
         let overlapping = [spans[0], spans[0]];
         // SAFETY: as above.
-        let mut ctx = unsafe { KernelCtx::new(Grid::linear(1), &overlapping, &args) };
+        let mut ctx = unsafe { KernelCtx::new(dims, &overlapping, &args) };
         assert!(ctx.buffers_mut().is_err());
         // An empty span inside another shares no byte, whichever comes first.
         let inside = DeviceSpan {
@@ -222,7 +306,7 @@ mod tests {
         };
         for pair in [[inside, spans[0]], [spans[0], inside]] {
             // SAFETY: as above.
-            let mut ctx = unsafe { KernelCtx::new(Grid::linear(1), &pair, &args) };
+            let mut ctx = unsafe { KernelCtx::new(dims, &pair, &args) };
             assert_eq!(ctx.buffers_mut().map(|v| v.len()), Ok(2), "{pair:?}");
         }
         assert_eq!(b[0], 9);

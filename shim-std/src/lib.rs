@@ -11,8 +11,8 @@
 //!   address is the block's host address, so copies are `memcpy`s and kernels plain Rust, run when
 //!   the stream reaches them.
 //! - **Kernels** ([`StdKernel`]) are Rust closures registered by name
-//!   ([`StdShim::register_kernel`]); the launch arguments ([`Shim::Args`]) are raw scalar bytes,
-//!   read back with [`KernelCtx::arg_u32`] and friends.
+//!   ([`StdShim::register_kernel`]); a kernel reads its parameters by position
+//!   ([`KernelCtx::scalar_u32`] and friends, [`KernelCtx::slot`]) and its buffers by slot.
 //! - **Graphs** ([`StdGraph`]) are the list of operations a stream recorded between
 //!   [`Shim::begin_capture`] and [`Shim::end_capture`], replayed as one operation.
 //!
@@ -25,7 +25,7 @@
 //! table in [`status`].
 //!
 //! ```
-//! use devcmd::{CopyLayout, Shim};
+//! use devcmd::{CopyLayout, HostMemory, Shim};
 //! use devcmd_std::StdShim;
 //!
 //! let shim = StdShim::new();
@@ -35,8 +35,9 @@
 //! // SAFETY: both host buffers outlive the event wait below; the page holds 16 bytes.
 //! unsafe {
 //!     let addr = shim.device_page_addr(&page);
-//!     shim.copy_to_device(&stream, src.as_ptr(), addr, CopyLayout::linear(16)).unwrap();
-//!     shim.copy_to_host(&stream, addr, dst.as_mut_ptr(), CopyLayout::linear(16)).unwrap();
+//!     let layout = CopyLayout::linear(16);
+//!     shim.copy_to_device(&stream, src.as_ptr(), HostMemory::Pageable, addr, layout).unwrap();
+//!     shim.copy_to_host(&stream, addr, dst.as_mut_ptr(), HostMemory::Pageable, layout).unwrap();
 //! }
 //! shim.event_wait(&shim.record_event(&stream).unwrap()).unwrap();
 //! assert_eq!(dst, src);

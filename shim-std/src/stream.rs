@@ -12,9 +12,9 @@
 
 use crate::device::DeviceInner;
 use crate::faults::{classify, status};
-use crate::kernel::{KernelCtx, KernelFault, StdKernel};
+use crate::kernel::{KernelCtx, KernelFault, Params, StdKernel};
 use crate::{lock, wait};
-use devcmd::{CopyLayout, CopyRow, DeviceSpan, DriverError, Grid, ShimOp};
+use devcmd::{CopyLayout, CopyRow, DeviceSpan, DriverError, LaunchDims, ShimOp};
 use std::collections::VecDeque;
 use std::fmt;
 use std::ptr;
@@ -64,9 +64,9 @@ pub(crate) enum Op {
     Copy(CopyOp),
     Launch {
         kernel: StdKernel,
-        grid: Grid,
+        dims: LaunchDims,
         spans: Vec<DeviceSpan>,
-        args: Vec<u8>,
+        params: Params,
     },
     Wait {
         stream: Arc<StreamShared>,
@@ -94,13 +94,13 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
         }
         Op::Launch {
             kernel,
-            grid,
+            dims,
             spans,
-            args,
+            params,
         } => {
             // SAFETY: `Shim::launch`'s caller promised the spans lie in live pages and that the
             // kernel touches nothing else; the core orders other work on them with events.
-            let mut ctx = unsafe { KernelCtx::new(*grid, spans, args) };
+            let mut ctx = unsafe { KernelCtx::new(*dims, spans, params) };
             kernel.run(&mut ctx).map_err(|f| {
                 let code = match f {
                     Some(KernelFault::Failed) => status::KERNEL_FAILED,

@@ -1,7 +1,7 @@
 //! Behaviour of the device through the `Shim` trait.
 
 use crate::*;
-use devcmd::{CopyLayout, DriverError, Fault, Grid, Shim, ShimOp};
+use devcmd::{CopyLayout, DriverError, Fault, HostMemory, KernelParam, LaunchDims, Shim, ShimOp};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
@@ -20,8 +20,16 @@ fn sync(shim: &StdShim, stream: &StdStream) -> Result<(), DriverError> {
 fn upload(shim: &StdShim, stream: &StdStream, page: &StdDevicePage, data: &[u8]) {
     let layout = CopyLayout::linear(data.len() as u64);
     // SAFETY: `data` outlives the wait below; the page holds `data.len()` bytes.
-    unsafe { shim.copy_to_device(stream, data.as_ptr(), shim.device_page_addr(page), layout) }
-        .unwrap();
+    unsafe {
+        shim.copy_to_device(
+            stream,
+            data.as_ptr(),
+            HostMemory::Pageable,
+            shim.device_page_addr(page),
+            layout,
+        )
+    }
+    .unwrap();
     sync(shim, stream).unwrap();
 }
 
@@ -34,6 +42,7 @@ fn download(shim: &StdShim, stream: &StdStream, page: &StdDevicePage) -> Vec<u8>
             stream,
             shim.device_page_addr(page),
             out.as_mut_ptr(),
+            HostMemory::Pageable,
             layout,
         )
     }
@@ -51,7 +60,7 @@ fn peek(shim: &StdShim, page: &StdDevicePage) -> Vec<u8> {
 
 fn fill_kernel(shim: &StdShim) -> StdKernel {
     shim.register_kernel("fill", |ctx| {
-        let value = ctx.arg_u32(0)? as u8;
+        let value = ctx.scalar_u32(0)? as u8;
         ctx.buffers_mut()?.into_iter().for_each(|b| b.fill(value));
         Ok(())
     })
@@ -69,7 +78,16 @@ fn blocking_kernel(shim: &StdShim) -> (StdKernel, mpsc::Sender<()>) {
 fn launch(shim: &StdShim, s: &StdStream, k: &StdKernel, pages: &[&StdDevicePage], arg: u32) {
     let spans: Vec<_> = pages.iter().map(|p| span(shim, p)).collect();
     // SAFETY: the spans are whole live pages.
-    unsafe { shim.launch(s, k, Grid::linear(1), &spans, &arg.to_ne_bytes()) }.unwrap();
+    unsafe {
+        shim.launch(
+            s,
+            k,
+            LaunchDims::SINGLE,
+            &spans,
+            &[KernelParam::Scalar(&arg.to_ne_bytes())],
+        )
+    }
+    .unwrap();
 }
 
 #[test]
@@ -79,7 +97,7 @@ fn a_stream_runs_its_work_in_order() {
     let log = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&log);
     let k = shim.register_kernel("log", move |ctx| {
-        crate::lock(&seen).push(ctx.arg_u32(0)?);
+        crate::lock(&seen).push(ctx.scalar_u32(0)?);
         Ok(())
     });
     assert_eq!(
@@ -132,6 +150,7 @@ fn a_stream_waits_for_another_on_the_device() {
             &b,
             span(&shim, &page).addr,
             out.as_mut_ptr(),
+            HostMemory::Pageable,
             CopyLayout::linear(32),
         )
     }
@@ -215,6 +234,7 @@ fn poisoned_memory_shows_a_free_before_the_fence() {
             &s,
             span(&shim, &page).addr,
             out.as_mut_ptr(),
+            HostMemory::Pageable,
             CopyLayout::linear(16),
         )
     }
@@ -279,7 +299,7 @@ fn pitched_copies_round_trip() {
     let mut back = vec![0u8; 32];
     let (a1, a2) = (shim.device_page_addr(&p1), shim.device_page_addr(&p2));
     // SAFETY: `data` outlives the wait; the layout spans 44 of the page's 48 bytes.
-    unsafe { shim.copy_to_device(&s, data.as_ptr(), a1, layout) }.unwrap();
+    unsafe { shim.copy_to_device(&s, data.as_ptr(), HostMemory::Pageable, a1, layout) }.unwrap();
     let device = download(&shim, &s, &p1);
     for row in 0..4 {
         assert_eq!(&device[row * 12..row * 12 + 8], &data[row * 8..row * 8 + 8]);
@@ -288,7 +308,7 @@ fn pitched_copies_round_trip() {
     // SAFETY: both spans lie in live pages and do not overlap; `back` outlives the wait.
     unsafe {
         shim.copy_on_device(&s, a1, a2, layout).unwrap();
-        shim.copy_to_host(&s, a2, back.as_mut_ptr(), layout)
+        shim.copy_to_host(&s, a2, back.as_mut_ptr(), HostMemory::Pageable, layout)
             .unwrap();
     }
     sync(&shim, &s).unwrap();
@@ -316,6 +336,7 @@ fn graphs_record_then_replay_rereading_host_bytes() {
         shim.copy_to_device(
             &s,
             host.as_ptr(),
+            HostMemory::Pageable,
             shim.device_page_addr(&page),
             CopyLayout::linear(8),
         )
@@ -435,13 +456,37 @@ fn a_kernel_that_loses_the_device_fails_every_later_call() {
     let addr = shim.device_page_addr(&page);
     let mut host = [0u8; 8];
     // SAFETY: the span is the whole live page; the call fails before anything is enqueued.
-    let r = unsafe { shim.launch(&s, &fill, Grid::linear(1), &[span(&shim, &page)], &[4; 4]) };
+    let r = unsafe {
+        shim.launch(
+            &s,
+            &fill,
+            LaunchDims::SINGLE,
+            &[span(&shim, &page)],
+            &[KernelParam::Scalar(&[4; 4])],
+        )
+    };
     lost(ShimOp::Launch, r);
     // SAFETY: `host` outlives the call, which fails before anything is enqueued.
-    let r = unsafe { shim.copy_to_device(&s, host.as_ptr(), addr, CopyLayout::linear(8)) };
+    let r = unsafe {
+        shim.copy_to_device(
+            &s,
+            host.as_ptr(),
+            HostMemory::Pageable,
+            addr,
+            CopyLayout::linear(8),
+        )
+    };
     lost(ShimOp::CopyHostToDevice, r);
     // SAFETY: as above.
-    let r = unsafe { shim.copy_to_host(&s, addr, host.as_mut_ptr(), CopyLayout::linear(8)) };
+    let r = unsafe {
+        shim.copy_to_host(
+            &s,
+            addr,
+            host.as_mut_ptr(),
+            HostMemory::Pageable,
+            CopyLayout::linear(8),
+        )
+    };
     lost(ShimOp::CopyDeviceToHost, r);
     // SAFETY: as above.
     let r = unsafe { shim.copy_on_device(&s, addr, addr.offset(4), CopyLayout::linear(4)) };
@@ -502,9 +547,21 @@ fn injection_by_predicate_and_budget() {
     let addr = shim.device_page_addr(&page);
     // SAFETY: `data` outlives the wait; the page holds 4096 bytes.
     unsafe {
-        shim.copy_to_device(&s, data.as_ptr(), addr, CopyLayout::linear(1024))
-            .unwrap();
-        let err = shim.copy_to_device(&s, data.as_ptr(), addr, CopyLayout::linear(2048));
+        shim.copy_to_device(
+            &s,
+            data.as_ptr(),
+            HostMemory::Pageable,
+            addr,
+            CopyLayout::linear(1024),
+        )
+        .unwrap();
+        let err = shim.copy_to_device(
+            &s,
+            data.as_ptr(),
+            HostMemory::Pageable,
+            addr,
+            CopyLayout::linear(2048),
+        );
         assert_eq!(
             err.unwrap_err().status,
             status::injected(ShimOp::CopyHostToDevice, false)
@@ -529,7 +586,16 @@ fn injected_loss_and_lose_device() {
     let s = shim.create_stream().unwrap();
     let k = fill_kernel(&shim);
     // SAFETY: no buffers.
-    let err = unsafe { shim.launch(&s, &k, Grid::linear(1), &[], &[0; 4]) }.unwrap_err();
+    let err = unsafe {
+        shim.launch(
+            &s,
+            &k,
+            LaunchDims::SINGLE,
+            &[],
+            &[KernelParam::Scalar(&[0; 4])],
+        )
+    }
+    .unwrap_err();
     assert_eq!(
         (err.status, err.fault),
         (status::injected(ShimOp::Launch, true), Fault::DeviceLost)
@@ -563,9 +629,9 @@ fn integrated_host_pages_are_device_memory() {
         shim.launch(
             &s,
             &fill_kernel(&shim),
-            Grid::linear(1),
+            LaunchDims::SINGLE,
             &spans,
-            &5u32.to_ne_bytes(),
+            &[KernelParam::Scalar(&5u32.to_ne_bytes())],
         )
     }
     .unwrap();
@@ -586,7 +652,8 @@ fn integrated_host_pages_are_device_memory() {
     }];
     let s = discrete.create_stream().unwrap();
     // SAFETY: refused before anything is enqueued: host pages are not device memory here.
-    let err = unsafe { discrete.launch(&s, &fill_kernel(&discrete), Grid::linear(1), &spans, &[]) };
+    let err =
+        unsafe { discrete.launch(&s, &fill_kernel(&discrete), LaunchDims::SINGLE, &spans, &[]) };
     assert_eq!(err.unwrap_err().status, status::BAD_ADDRESS);
     // SAFETY: nothing used the page.
     unsafe { discrete.host_free_pinned(page) };

@@ -15,9 +15,10 @@
 //! devcmd_tests::conformance_tests!(devcmd_tests::CountedHarness(MyHarness));
 //! ```
 
-use crate::harness::{Counters, FaultRule, Harness, Mode, Probe, TestKernel};
+use crate::harness::{Counters, FaultRule, Harness, Mode, Probe, TestArgs, TestKernel};
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, HostMemory, KernelParam,
+    LaunchDims, Shim, ShimOp,
 };
 use std::fmt;
 use std::ptr::NonNull;
@@ -134,7 +135,7 @@ pub struct Counted<S: Shim> {
     inner: S,
     state: Arc<Mutex<State>>,
     streams: Mutex<Vec<Weak<S::Stream>>>,
-    failing: Option<(S::Kernel, Box<S::Args>)>,
+    failing: Option<S::Kernel>,
     /// Held while an injected loss finishes the inner streams' queued work: a caller told the
     /// device is lost waits for it, since the core then frees everything.
     quiesce: Mutex<()>,
@@ -194,10 +195,10 @@ impl<S: Shim> Counted<S> {
         }
     }
 
-    /// Gives the wrapper the [`TestKernel::WriteThenFail`] kernel (loaded on the inner shim) and
-    /// its arguments, so that it can inject [`FaultRule::WorkFails`].
-    pub fn failing_with(mut self, kernel: S::Kernel, args: Box<S::Args>) -> Self {
-        self.failing = Some((kernel, args));
+    /// Gives the wrapper the [`TestKernel::WriteThenFail`] kernel (loaded on the inner shim), so
+    /// that it can inject [`FaultRule::WorkFails`].
+    pub fn failing_with(mut self, kernel: S::Kernel) -> Self {
+        self.failing = Some(kernel);
         lock(&self.state).can_fail_work = true;
         self
     }
@@ -271,15 +272,16 @@ impl<S: Shim> Counted<S> {
         let Verdict::GoThenFail = verdict else {
             return;
         };
-        let (kernel, args) = self
+        let kernel = self
             .failing
             .as_ref()
             .expect("checked by CountedProbe::inject: WorkFails needs Counted::failing_with");
+        let args = TestArgs::new(TestKernel::WriteThenFail, 0, &[], &[]);
         // SAFETY: no buffers: the harness contract has WriteThenFail write only its outputs, so
         // it touches no memory at all.
         let launched = unsafe {
             self.inner
-                .launch(stream, kernel, Grid::linear(1), &[], args)
+                .launch(stream, kernel, args.dims(), &[], &args.params())
         };
         if let Err(e) = launched {
             panic!(
@@ -297,7 +299,7 @@ impl<S: Shim> Shim for Counted<S> {
     type DevicePage = CountedPage<S::DevicePage>;
     type HostPage = CountedPage<S::HostPage>;
     type Kernel = S::Kernel;
-    type Args = S::Args;
+    type Registration = S::Registration;
     type Graph = S::Graph;
 
     fn facts(&self) -> DeviceFacts {
@@ -395,16 +397,34 @@ impl<S: Shim> Shim for Counted<S> {
         unsafe { self.inner.host_free_pinned(page.page) }
     }
 
+    fn host_register(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+    ) -> Result<Self::Registration, DriverError> {
+        self.enter(ShimOp::HostRegister)?;
+        self.inner.host_register(ptr, len)
+    }
+
+    unsafe fn host_unregister(&self, registration: Self::Registration) {
+        // SAFETY: forwarded with the caller's contract unchanged.
+        unsafe { self.inner.host_unregister(registration) }
+    }
+
     unsafe fn copy_to_device(
         &self,
         stream: &Self::Stream,
         src: *const u8,
+        src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         let verdict = self.enter(ShimOp::CopyHostToDevice)?;
         // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe { self.inner.copy_to_device(&stream.0, src, dst, layout) }?;
+        unsafe {
+            self.inner
+                .copy_to_device(&stream.0, src, src_memory, dst, layout)
+        }?;
         self.then_fail(verdict, &stream.0);
         Ok(())
     }
@@ -414,11 +434,15 @@ impl<S: Shim> Shim for Counted<S> {
         stream: &Self::Stream,
         src: DeviceAddr,
         dst: *mut u8,
+        dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         let verdict = self.enter(ShimOp::CopyDeviceToHost)?;
         // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe { self.inner.copy_to_host(&stream.0, src, dst, layout) }?;
+        unsafe {
+            self.inner
+                .copy_to_host(&stream.0, src, dst, dst_memory, layout)
+        }?;
         self.then_fail(verdict, &stream.0);
         Ok(())
     }
@@ -441,13 +465,13 @@ impl<S: Shim> Shim for Counted<S> {
         &self,
         stream: &Self::Stream,
         kernel: &Self::Kernel,
-        grid: Grid,
+        dims: LaunchDims,
         buffers: &[DeviceSpan],
-        args: &Self::Args,
+        params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
         let verdict = self.enter(ShimOp::Launch)?;
         // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe { self.inner.launch(&stream.0, kernel, grid, buffers, args) }?;
+        unsafe { self.inner.launch(&stream.0, kernel, dims, buffers, params) }?;
         self.then_fail(verdict, &stream.0);
         Ok(())
     }
@@ -549,16 +573,11 @@ impl<H: Harness> Harness for CountedHarness<H> {
     fn shim(&self, mode: Mode) -> Option<Self::S> {
         let inner = self.0.shim(mode)?;
         let kernel = self.0.kernel(&inner, TestKernel::WriteThenFail);
-        let args = self.0.args(TestKernel::WriteThenFail, 0);
-        Some(Counted::new(inner).failing_with(kernel, args))
+        Some(Counted::new(inner).failing_with(kernel))
     }
 
     fn kernel(&self, shim: &Self::S, kernel: TestKernel) -> <H::S as Shim>::Kernel {
         self.0.kernel(shim.inner(), kernel)
-    }
-
-    fn args(&self, kernel: TestKernel, value: u8) -> Box<<H::S as Shim>::Args> {
-        self.0.args(kernel, value)
     }
 
     fn probe(&self, shim: &Self::S) -> Option<Box<dyn Probe>> {

@@ -19,7 +19,8 @@ use core::cell::Cell;
 use core::convert::Infallible;
 use core::ptr::NonNull;
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, HostMemory, KernelParam,
+    LaunchDims, Shim, ShimOp,
 };
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 
@@ -34,8 +35,8 @@ mod status {
 const TOTAL: u64 = 256 << 20;
 const ALIGN: u64 = 256;
 
-/// A kernel: a function over copies of its buffers (inputs, then outputs) and the argument bytes.
-pub type HostKernel = fn(&mut [Vec<u8>], &[u8]) -> Result<(), KernelFailed>;
+/// A kernel: a function over copies of its buffers (inputs, then outputs) and its parameters.
+pub type HostKernel = fn(&mut [Vec<u8>], &[KernelParam<'_>]) -> Result<(), KernelFailed>;
 
 /// What a [`HostKernel`] returns when it fails while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +85,7 @@ impl Shim for HostShim {
     type DevicePage = Block;
     type HostPage = Infallible;
     type Kernel = HostKernel;
-    type Args = [u8];
+    type Registration = Infallible;
     type Graph = Infallible;
 
     fn facts(&self) -> DeviceFacts {
@@ -179,10 +180,15 @@ impl Shim for HostShim {
         match page {}
     }
 
+    unsafe fn host_unregister(&self, registration: Infallible) {
+        match registration {}
+    }
+
     unsafe fn copy_to_device(
         &self,
         _stream: &HostStream,
         src: *const u8,
+        _src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
@@ -202,6 +208,7 @@ impl Shim for HostShim {
         _stream: &HostStream,
         src: DeviceAddr,
         dst: *mut u8,
+        _dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         for row in layout.rows() {
@@ -235,16 +242,16 @@ impl Shim for HostShim {
         &self,
         stream: &HostStream,
         kernel: &HostKernel,
-        _grid: Grid,
+        _dims: LaunchDims,
         buffers: &[DeviceSpan],
-        args: &[u8],
+        params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
         let mut copies: Vec<Vec<u8>> = buffers
             .iter()
             // SAFETY: every span lies in a live page (the caller's contract).
             .map(|s| unsafe { std::slice::from_raw_parts(host(s.addr), s.len as usize) }.to_vec())
             .collect();
-        if kernel(&mut copies, args).is_err() {
+        if kernel(&mut copies, params).is_err() {
             // Enqueued fine, failed while it ran: the stream's later fences report it.
             if stream.failed.get().is_none() {
                 let fault = self.classify(ShimOp::Launch, status::KERNEL_FAILED);
@@ -280,20 +287,30 @@ impl Shim for HostShim {
     }
 }
 
-// The suite's kernels ([`TestKernel`]), each with its one argument byte `value`.
+// The suite's kernels ([`TestKernel`]): each reads the byte `value`, its last parameter (an
+// `unsigned int`), and works on every buffer it was given.
+
+/// The last parameter as a byte: the suite's `value`.
+fn value(params: &[KernelParam<'_>]) -> Result<u8, KernelFailed> {
+    match params.last() {
+        Some(KernelParam::Scalar(b)) => {
+            let v: [u8; 4] = (*b).try_into().map_err(|_| KernelFailed)?;
+            Ok(u32::from_ne_bytes(v) as u8)
+        }
+        _ => Err(KernelFailed),
+    }
+}
 
 /// Sets every byte of every buffer to `value`.
-pub fn fill(bufs: &mut [Vec<u8>], args: &[u8]) -> Result<(), KernelFailed> {
-    let &[value] = args else {
-        return Err(KernelFailed);
-    };
+pub fn fill(bufs: &mut [Vec<u8>], params: &[KernelParam<'_>]) -> Result<(), KernelFailed> {
+    let value = value(params)?;
     bufs.iter_mut().for_each(|b| b.fill(value));
     Ok(())
 }
 
 /// One input, one output: `out[i] = in[i].wrapping_add(value)`.
-pub fn add(bufs: &mut [Vec<u8>], args: &[u8]) -> Result<(), KernelFailed> {
-    let (&[value], [input, output]) = (args, bufs) else {
+pub fn add(bufs: &mut [Vec<u8>], params: &[KernelParam<'_>]) -> Result<(), KernelFailed> {
+    let (value, [input, output]) = (value(params)?, bufs) else {
         return Err(KernelFailed);
     };
     for (o, i) in output.iter_mut().zip(input.iter()) {
@@ -303,14 +320,17 @@ pub fn add(bufs: &mut [Vec<u8>], args: &[u8]) -> Result<(), KernelFailed> {
 }
 
 /// As [`add`], after a sleep of [`SLOW_KERNEL_MS`].
-pub fn slow_add(bufs: &mut [Vec<u8>], args: &[u8]) -> Result<(), KernelFailed> {
+pub fn slow_add(bufs: &mut [Vec<u8>], params: &[KernelParam<'_>]) -> Result<(), KernelFailed> {
     std::thread::sleep(std::time::Duration::from_millis(SLOW_KERNEL_MS));
-    add(bufs, args)
+    add(bufs, params)
 }
 
 /// As [`fill`], then fails while it runs: the stream's later fences report it.
-pub fn write_then_fail(bufs: &mut [Vec<u8>], args: &[u8]) -> Result<(), KernelFailed> {
-    fill(bufs, args)?;
+pub fn write_then_fail(
+    bufs: &mut [Vec<u8>],
+    params: &[KernelParam<'_>],
+) -> Result<(), KernelFailed> {
+    fill(bufs, params)?;
     Err(KernelFailed)
 }
 
@@ -333,9 +353,5 @@ impl Harness for HostHarness {
             TestKernel::SlowAdd => slow_add,
             TestKernel::WriteThenFail => write_then_fail,
         }
-    }
-
-    fn args(&self, _kernel: TestKernel, value: u8) -> Box<[u8]> {
-        Box::new([value])
     }
 }

@@ -17,7 +17,8 @@
 //! - [`Harness::kernel`]: the [`TestKernel`] asked for, loaded on that shim; each kernel's
 //!   variant documents what it must do, [`TestKernel::WriteThenFail`] included (a kernel that
 //!   fails while it runs: the suite checks the three rules of [`devcmd::shim`] with it).
-//! - [`Harness::args`]: the launch arguments that carry the byte `value` to the kernel.
+//!   The suite launches each kernel with the parameters [`TestArgs`] lists, in the order of the
+//!   kernel's CUDA C signature given on its variant, and the geometry [`TestArgs::dims`].
 //! - [`Harness::probe`]: optional. With one, the suite also checks the shim's own counters and
 //!   injects faults; without one those checks are skipped or weakened (each group says how).
 //!   You need not write one: wrap your harness in [`CountedHarness`](crate::CountedHarness) and
@@ -59,7 +60,7 @@
 //! the std shim does); otherwise build [`devcmd::DriverError`]s with those faults directly (as
 //! [`Counted`](crate::Counted) does).
 
-use devcmd::{Shim, ShimOp};
+use devcmd::{KernelParam, LaunchDims, Shim, ShimOp};
 use std::fmt;
 
 /// How long a [`TestKernel::SlowAdd`] must take at least, in milliseconds.
@@ -113,20 +114,24 @@ impl fmt::Display for Mode {
     }
 }
 
-/// The kernels the suite launches. Each takes one scalar argument, a byte `value`
-/// ([`Harness::args`]). Buffers arrive as the core passes them: inputs first, then outputs.
+/// The kernels the suite launches, each with the parameters of its CUDA C signature (built by
+/// [`TestArgs`]): buffers as pointers with their lengths in bytes, then the byte `value` as an
+/// `unsigned int`. A buffer the launch does not have is passed as a null pointer of length 0.
+/// A CPU shim may ignore the geometry and loop over the bytes; a GPU kernel covers them with a
+/// grid-stride loop over [`TestArgs::dims`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TestKernel {
-    /// No inputs; sets every byte of every output to `value`.
+    /// `fill(unsigned char *out, unsigned long long n, unsigned int value)`: no inputs; sets
+    /// every byte of the output to `value`.
     Fill,
-    /// One input, one output: `out[i] = in[i].wrapping_add(value)` for `i` below the shorter of
-    /// the two lengths.
+    /// `add(const unsigned char *in, unsigned long long n_in, unsigned char *out,
+    /// unsigned long long n_out, unsigned int value)`: `out[i] = in[i] + value` (wrapping) for
+    /// `i` below the shorter of the two lengths.
     AddByte,
-    /// As [`TestKernel::AddByte`], but waits at least [`SLOW_KERNEL_MS`] before it reads its
-    /// input (so a buffer freed or overwritten too early shows in its output).
+    /// As [`TestKernel::AddByte`] (same signature), but waits at least [`SLOW_KERNEL_MS`] before
+    /// it reads its input (so a buffer freed or overwritten too early shows in its output).
     SlowAdd,
-    /// No inputs; sets every byte of every output to `value` (as [`TestKernel::Fill`]), then
-    /// **fails while it runs**. Launching it succeeds; the failure surfaces at the fences
+    /// As [`TestKernel::Fill`] (same signature), then **fails while it runs**. Launching it succeeds; the failure surfaces at the fences
     /// recorded after it, as a fault of work that ran: [`devcmd::Fault::WorkFailed`], or
     /// [`devcmd::Fault::DeviceLost`] on a device that cannot survive a failed kernel (CUDA's
     /// sticky errors). With no outputs it writes nothing and fails all the same.
@@ -153,6 +158,80 @@ impl TestKernel {
             Self::SlowAdd => "slow_add",
             Self::WriteThenFail => "write_then_fail",
         }
+    }
+}
+
+/// The parameters of one launch of a [`TestKernel`], in its signature's order, and its geometry.
+///
+/// ```
+/// use devcmd::KernelParam;
+/// use devcmd_tests::{TestArgs, TestKernel};
+///
+/// // add(in, n_in, out, n_out, value) over a 100-byte input and a 64-byte output:
+/// let args = TestArgs::new(TestKernel::AddByte, 7, &[100], &[64]);
+/// let p = args.params();
+/// assert_eq!((p[0], p[2]), (KernelParam::Buffer(0), KernelParam::Buffer(1)));
+/// assert_eq!(p[3], KernelParam::Scalar(&64u64.to_ne_bytes()));
+/// assert_eq!(p[4], KernelParam::Scalar(&7u32.to_ne_bytes()));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TestArgs {
+    kernel: TestKernel,
+    /// Slot of the input and of the output, if the launch has them.
+    input: Option<usize>,
+    output: Option<usize>,
+    input_len: [u8; 8],
+    output_len: [u8; 8],
+    value: [u8; 4],
+    /// The widest buffer, for the geometry.
+    widest: u64,
+}
+
+/// A null device pointer, for a buffer the launch does not have.
+const NULL: [u8; 8] = [0; 8];
+
+impl TestArgs {
+    /// The parameters of `kernel` with the byte `value` over buffers of `inputs` and `outputs`
+    /// bytes (the first of each is passed; the others are the launch's but not the kernel's).
+    pub fn new(kernel: TestKernel, value: u8, inputs: &[u64], outputs: &[u64]) -> Self {
+        let takes_input = matches!(kernel, TestKernel::AddByte | TestKernel::SlowAdd);
+        let input = (takes_input && !inputs.is_empty()).then_some(0);
+        let output = (!outputs.is_empty()).then_some(inputs.len());
+        let len = |slot: Option<usize>, lens: &[u64]| {
+            let n = if slot.is_some() { lens[0] } else { 0 };
+            n.to_ne_bytes()
+        };
+        Self {
+            kernel,
+            input,
+            output,
+            input_len: len(input, inputs),
+            output_len: len(output, outputs),
+            value: u32::from(value).to_ne_bytes(),
+            widest: inputs.iter().chain(outputs).copied().max().unwrap_or(0),
+        }
+    }
+
+    /// The parameters, in the kernel's order.
+    pub fn params(&self) -> Vec<KernelParam<'_>> {
+        let pointer = |slot: Option<usize>| match slot {
+            Some(s) => KernelParam::Buffer(s),
+            None => KernelParam::Scalar(&NULL),
+        };
+        let mut out = Vec::with_capacity(5);
+        if matches!(self.kernel, TestKernel::AddByte | TestKernel::SlowAdd) {
+            out.push(pointer(self.input));
+            out.push(KernelParam::Scalar(&self.input_len));
+        }
+        out.push(pointer(self.output));
+        out.push(KernelParam::Scalar(&self.output_len));
+        out.push(KernelParam::Scalar(&self.value));
+        out
+    }
+
+    /// One thread per byte of the widest buffer, 256 to a block.
+    pub fn dims(&self) -> LaunchDims {
+        LaunchDims::covering(self.widest, 256)
     }
 }
 
@@ -240,9 +319,6 @@ pub trait Harness {
 
     /// `kernel`, loaded on `shim` (see [`TestKernel`] for what each must do).
     fn kernel(&self, shim: &Self::S, kernel: TestKernel) -> <Self::S as Shim>::Kernel;
-
-    /// The launch arguments of `kernel` with the byte `value`.
-    fn args(&self, kernel: TestKernel, value: u8) -> Box<<Self::S as Shim>::Args>;
 
     /// Counters and fault injection for `shim`, if the shim offers them. Without a probe the
     /// checks that need counters use the core's own statistics only, the failure-rule property

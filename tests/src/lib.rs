@@ -8,7 +8,7 @@
 //!
 //! ```ignore
 //! struct MyHarness;
-//! impl devcmd_tests::Harness for MyHarness { /* shim, kernel, args */ }
+//! impl devcmd_tests::Harness for MyHarness { /* shim, kernel */ }
 //! devcmd_tests::conformance_tests!(MyHarness);
 //! // Or, with no probe of your own, let the suite's wrapper count calls and inject faults:
 //! devcmd_tests::conformance_tests!(devcmd_tests::CountedHarness(MyHarness));
@@ -37,7 +37,9 @@ pub use counted::{
     Counted, CountedHarness, CountedPage, CountedProbe, CountedStream, INJECTED_LOSS_STATUS,
     INJECTED_STATUS,
 };
-pub use harness::{Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestKernel};
+pub use harness::{
+    Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestArgs, TestKernel,
+};
 pub use std_harness::{StdHarness, StdProbe};
 
 /// Seeds of the failure-rule property per mode ([`groups::failure_rule`]).

@@ -9,8 +9,17 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StdHarness;
 
+/// The suite's byte `value`: the last parameter ([`crate::TestArgs`]).
+fn value(ctx: &KernelCtx<'_>) -> Result<u8, KernelFault> {
+    let last = ctx
+        .param_count()
+        .checked_sub(1)
+        .ok_or(KernelFault::Failed)?;
+    Ok(ctx.scalar_u32(last)? as u8)
+}
+
 fn add(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let value = ctx.arg_u32(0)? as u8;
+    let value = value(ctx)?;
     let mut bufs = ctx.buffers_mut()?;
     let [input, output] = bufs.as_mut_slice() else {
         return Err(KernelFault::Failed);
@@ -36,7 +45,7 @@ impl Harness for StdHarness {
     fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {
         match kernel {
             TestKernel::Fill => shim.register_kernel("fill", |ctx| {
-                let value = ctx.arg_u32(0)? as u8;
+                let value = value(ctx)?;
                 ctx.buffers_mut()?.into_iter().for_each(|b| b.fill(value));
                 Ok(())
             }),
@@ -46,15 +55,11 @@ impl Harness for StdHarness {
                 add(ctx)
             }),
             TestKernel::WriteThenFail => shim.register_kernel("write_then_fail", |ctx| {
-                let value = ctx.arg_u32(0)? as u8;
+                let value = value(ctx)?;
                 ctx.buffers_mut()?.into_iter().for_each(|b| b.fill(value));
                 Err(KernelFault::Failed)
             }),
         }
-    }
-
-    fn args(&self, _kernel: TestKernel, value: u8) -> Box<[u8]> {
-        Box::new(u32::from(value).to_ne_bytes())
     }
 
     fn probe(&self, shim: &StdShim) -> Option<Box<dyn Probe>> {

@@ -2,10 +2,9 @@
 //! seeded random generator.
 
 use crate::RELEASED_HOST_FILL;
-use crate::harness::{Counters, Harness, Mode, Probe, TestKernel};
+use crate::harness::{Counters, Harness, Mode, Probe, TestArgs, TestKernel};
 use devcmd::{
-    Device, DeviceConfig, Grid, Handle, HostBuffer, Launch, ReadRequest, ServerError, Shim,
-    StreamId,
+    Device, DeviceConfig, Handle, HostBuffer, Launch, ReadRequest, ServerError, Shim, StreamId,
 };
 use std::fmt::Display;
 
@@ -38,18 +37,9 @@ pub(crate) fn kernel_slot(kernel: TestKernel) -> usize {
         .expect("every kernel is in TestKernel::ALL")
 }
 
-/// Every [`TestKernel`] loaded on `shim`, in [`TestKernel::ALL`] order, and their arguments for
-/// every byte value (at `value * ALL.len() + slot`).
-#[allow(clippy::type_complexity)]
-pub(crate) fn load_kernels<H: Harness>(
-    h: &H,
-    shim: &H::S,
-) -> (Vec<<H::S as Shim>::Kernel>, Vec<Box<<H::S as Shim>::Args>>) {
-    let kernels = TestKernel::ALL.map(|k| h.kernel(shim, k)).into();
-    let args = (0..=255u8)
-        .flat_map(|v| TestKernel::ALL.map(|k| h.args(k, v)))
-        .collect();
-    (kernels, args)
+/// Every [`TestKernel`] loaded on `shim`, in [`TestKernel::ALL`] order.
+pub(crate) fn load_kernels<H: Harness>(h: &H, shim: &H::S) -> Vec<<H::S as Shim>::Kernel> {
+    TestKernel::ALL.map(|k| h.kernel(shim, k)).into()
 }
 
 /// A device under test, its kernels and (if the shim has one) its probe.
@@ -58,7 +48,6 @@ pub(crate) struct Ctx<H: Harness> {
     pub probe: Option<Box<dyn Probe>>,
     pub mode: Mode,
     kernels: Vec<<H::S as Shim>::Kernel>,
-    args: Vec<Box<<H::S as Shim>::Args>>,
 }
 
 impl<H: Harness> Ctx<H> {
@@ -76,13 +65,12 @@ impl<H: Harness> Ctx<H> {
             config.drops.fill_released.get_or_insert(RELEASED_HOST_FILL);
         }
         let dev = Device::new(shim, config);
-        let (kernels, args) = load_kernels(h, dev.shim());
+        let kernels = load_kernels(h, dev.shim());
         Some(Self {
             dev,
             probe,
             mode,
             kernels,
-            args,
         })
     }
 
@@ -104,14 +92,15 @@ impl<H: Harness> Ctx<H> {
         outputs: &[&Handle],
     ) -> Result<(), ServerError> {
         let slot = kernel_slot(kernel);
-        let args = &*self.args[usize::from(value) * TestKernel::ALL.len() + slot];
+        let lens = |hs: &[&Handle]| hs.iter().map(|h| h.len()).collect::<Vec<_>>();
+        let args = TestArgs::new(kernel, value, &lens(inputs), &lens(outputs));
         self.dev.command(stream)?.launch(Launch {
             kernel: &self.kernels[slot],
             name: kernel.name(),
-            grid: Grid::linear(1),
+            dims: args.dims(),
             inputs,
             outputs,
-            args,
+            params: &args.params(),
         })
     }
 

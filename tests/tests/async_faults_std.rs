@@ -4,7 +4,9 @@
 //! stream or on one ordered after it, whichever fence (a read's, or an internal drop-queue flush's)
 //! happened to reveal the fault. Other streams keep working, and teardown frees everything.
 
-use devcmd::{Device, DeviceConfig, DropPolicy, Grid, Launch, ReadRequest, ServerError, StreamId};
+use devcmd::{
+    Device, DeviceConfig, DropPolicy, Launch, LaunchDims, ReadRequest, ServerError, StreamId,
+};
 use devcmd_std::{KernelFault, StdKernel, StdShim};
 
 fn failing_kernel(shim: &StdShim) -> StdKernel {
@@ -137,10 +139,10 @@ fn launch_failing(
     let launch = Launch {
         kernel,
         name: "write_then_fail",
-        grid: Grid::linear(1),
+        dims: LaunchDims::SINGLE,
         inputs: &[input],
         outputs: &[output],
-        args: &[][..],
+        params: &[],
     };
     cmd.launch(launch).unwrap();
 }

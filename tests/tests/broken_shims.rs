@@ -10,7 +10,8 @@
 //! host pages) to their defaults, which answer `unsupported`: the suite needs none of them.
 
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, HostMemory, KernelParam,
+    LaunchDims, Shim, ShimOp,
 };
 use devcmd_std::StdShim;
 use devcmd_tests::groups::work_faults::{
@@ -73,7 +74,7 @@ impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
     type DevicePage = <StdShim as Shim>::DevicePage;
     type HostPage = <StdShim as Shim>::HostPage;
     type Kernel = <StdShim as Shim>::Kernel;
-    type Args = <StdShim as Shim>::Args;
+    type Registration = <StdShim as Shim>::Registration;
     type Graph = <StdShim as Shim>::Graph;
 
     fn facts(&self) -> DeviceFacts {
@@ -142,16 +143,24 @@ impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
         // SAFETY: forwarded with the caller's contract.
         unsafe { self.inner.host_free_pinned(page) }
     }
+    unsafe fn host_unregister(&self, registration: Self::Registration) {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.host_unregister(registration) }
+    }
 
     unsafe fn copy_to_device(
         &self,
         stream: &Self::Stream,
         src: *const u8,
+        src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.copy_to_device(stream, src, dst, layout) }
+        unsafe {
+            self.inner
+                .copy_to_device(stream, src, src_memory, dst, layout)
+        }
     }
 
     unsafe fn copy_to_host(
@@ -159,22 +168,26 @@ impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
         stream: &Self::Stream,
         src: DeviceAddr,
         dst: *mut u8,
+        dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.copy_to_host(stream, src, dst, layout) }
+        unsafe {
+            self.inner
+                .copy_to_host(stream, src, dst, dst_memory, layout)
+        }
     }
 
     unsafe fn launch(
         &self,
         stream: &Self::Stream,
         kernel: &Self::Kernel,
-        grid: Grid,
+        dims: LaunchDims,
         buffers: &[DeviceSpan],
-        args: &Self::Args,
+        params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
         // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.launch(stream, kernel, grid, buffers, args) }
+        unsafe { self.inner.launch(stream, kernel, dims, buffers, params) }
     }
 }
 
@@ -194,10 +207,6 @@ impl<T: Twist + std::fmt::Debug> Harness for BrokenHarness<T> {
 
     fn kernel(&self, shim: &Self::S, kernel: TestKernel) -> <StdShim as Shim>::Kernel {
         StdHarness.kernel(&shim.inner, kernel)
-    }
-
-    fn args(&self, kernel: TestKernel, value: u8) -> Box<[u8]> {
-        StdHarness.args(kernel, value)
     }
 
     fn probe(&self, shim: &Self::S) -> Option<Box<dyn Probe>> {

@@ -23,12 +23,12 @@
 
 use devcmd::error::NotFoundReason;
 use devcmd::{
-    AllocationMode, Command, CopyLayout, Device, DeviceConfig, DropPolicy, Grid, Handle,
-    HostBuffer, IoError, Launch, LaunchError, ReadFuture, ReadRequest, ServerError, StreamId,
+    AllocationMode, Command, CopyLayout, Device, DeviceConfig, DropPolicy, Handle, HostBuffer,
+    IoError, Launch, LaunchDims, LaunchError, ReadFuture, ReadRequest, ServerError, StreamId,
     Validation,
 };
 use devcmd_std::{StdKernel, StdShim};
-use devcmd_tests::{Harness, Mode, StdHarness, TestKernel};
+use devcmd_tests::{Harness, Mode, StdHarness, TestArgs, TestKernel};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -507,8 +507,6 @@ struct World {
     probe: StdShim,
     fill: StdKernel,
     add: StdKernel,
-    /// Launch arguments by byte value.
-    args: Vec<Box<[u8]>>,
     allocs: Vec<Alloc>,
     held: Vec<Held>,
     pending: Vec<Pending>,
@@ -523,15 +521,11 @@ impl World {
         let probe = shim.clone();
         let fill = StdHarness.kernel(&shim, TestKernel::Fill);
         let add = StdHarness.kernel(&shim, TestKernel::AddByte);
-        let args = (0..=255u8)
-            .map(|v| StdHarness.args(TestKernel::Fill, v))
-            .collect();
         Self {
             dev: Device::new(shim, config()),
             probe,
             fill,
             add,
-            args,
             allocs: Vec::new(),
             held: Vec::new(),
             pending: Vec::new(),
@@ -979,11 +973,12 @@ impl World {
                 let in_refs: Vec<&Handle> = inputs.iter().map(|v| &v.0).collect();
                 let out_refs: Vec<&Handle> = outputs.iter().map(|v| &v.0).collect();
                 let r = {
-                    let (k, name) = match kernel {
-                        Kernel::Fill => (&self.fill, "fill"),
-                        Kernel::Add => (&self.add, "add"),
+                    let (k, name, test) = match kernel {
+                        Kernel::Fill => (&self.fill, "fill", TestKernel::Fill),
+                        Kernel::Add => (&self.add, "add", TestKernel::AddByte),
                     };
-                    let args = &*self.args[usize::from(value)];
+                    let lens = |hs: &[&Handle]| hs.iter().map(|h| h.len()).collect::<Vec<_>>();
+                    let args = TestArgs::new(test, value, &lens(&in_refs), &lens(&out_refs));
                     let mut cmd = self
                         .dev
                         .command(StreamId(u32::from(s)))
@@ -991,10 +986,10 @@ impl World {
                     cmd.launch(Launch {
                         kernel: k,
                         name,
-                        grid: Grid::linear(1),
+                        dims: args.dims(),
                         inputs: &in_refs,
                         outputs: &out_refs,
-                        args,
+                        params: &args.params(),
                     })
                 };
                 self.log(format!(
@@ -1155,8 +1150,8 @@ struct Rig {
     slow: StdKernel,
     add: StdKernel,
     fill: StdKernel,
-    one: Box<[u8]>,
-    seven: Box<[u8]>,
+    one: TestArgs,
+    seven: TestArgs,
 }
 
 fn rig(mode: Mode) -> Rig {
@@ -1169,8 +1164,8 @@ fn rig(mode: Mode) -> Rig {
         slow,
         add,
         fill,
-        one: StdHarness.args(TestKernel::AddByte, 1),
-        seven: StdHarness.args(TestKernel::Fill, 7),
+        one: TestArgs::new(TestKernel::AddByte, 1, &[64], &[64]),
+        seven: TestArgs::new(TestKernel::Fill, 7, &[], &[64]),
     }
 }
 
@@ -1201,10 +1196,10 @@ fn bind_of_room_another_stream_reads(mode: Mode) {
         .launch(Launch {
             kernel,
             name: "add",
-            grid: Grid::linear(1),
+            dims: LaunchDims::SINGLE,
             inputs: &[&a],
             outputs: &[&o],
-            args: &r.one,
+            params: &r.one.params(),
         })
         .unwrap();
     let mut cmd = r.dev.command(StreamId(0)).unwrap();
@@ -1240,10 +1235,10 @@ fn bind_of_room_another_stream_writes(mode: Mode) {
         .launch(Launch {
             kernel: &r.fill,
             name: "fill",
-            grid: Grid::linear(1),
+            dims: LaunchDims::SINGLE,
             inputs: &[],
             outputs: &[&room],
-            args: &r.seven,
+            params: &r.seven.params(),
         })
         .unwrap();
     let mut cmd = r.dev.command(StreamId(0)).unwrap();

@@ -24,10 +24,6 @@ impl Harness for BareStd {
     fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {
         StdHarness.kernel(shim, kernel)
     }
-
-    fn args(&self, kernel: TestKernel, value: u8) -> Box<[u8]> {
-        StdHarness.args(kernel, value)
-    }
 }
 
 devcmd_tests::conformance_tests!(CountedHarness(BareStd));
@@ -120,7 +116,7 @@ fn an_injected_loss_is_sticky_and_finishes_queued_work_first() {
     let s = shim.create_stream().unwrap();
     let page = shim.device_alloc(64).unwrap();
     let slow = StdHarness.kernel(shim.inner(), TestKernel::SlowAdd);
-    let args = StdHarness.args(TestKernel::SlowAdd, 1);
+    let args = devcmd_tests::TestArgs::new(TestKernel::SlowAdd, 1, &[32], &[32]);
     let span = devcmd::DeviceSpan {
         addr: shim.device_page_addr(&page),
         len: 32,
@@ -130,7 +126,7 @@ fn an_injected_loss_is_sticky_and_finishes_queued_work_first() {
         len: 32,
     };
     // SAFETY: both spans lie in the live page; the kernel touches only them.
-    unsafe { shim.launch(&s, &slow, devcmd::Grid::linear(1), &[span, out], &args) }.unwrap();
+    unsafe { shim.launch(&s, &slow, args.dims(), &[span, out], &args.params()) }.unwrap();
     probe.inject(FaultRule::LoseDevice {
         op: ShimOp::EventRecord,
     });
@@ -171,6 +167,7 @@ fn injected_work_failures_follow_the_rules_of_the_inner_shim() {
         shim.copy_to_device(
             &a,
             src.as_ptr(),
+            devcmd::HostMemory::Pageable,
             shim.device_page_addr(&page),
             devcmd::CopyLayout::linear(64),
         )

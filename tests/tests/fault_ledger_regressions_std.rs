@@ -8,7 +8,10 @@
 mod common;
 use common::*;
 
-use devcmd::{CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Grid, Shim, ShimOp};
+use devcmd::{
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
+    LaunchDims, Shim, ShimOp,
+};
 use devcmd::{Device, DeviceConfig, Launch, ReadRequest, ServerError};
 use devcmd_std::{Injection, StdShim, status};
 use std::ptr::NonNull;
@@ -74,7 +77,7 @@ impl Shim for RecordFailsOnce {
     type DevicePage = <StdShim as Shim>::DevicePage;
     type HostPage = <StdShim as Shim>::HostPage;
     type Kernel = <StdShim as Shim>::Kernel;
-    type Args = <StdShim as Shim>::Args;
+    type Registration = <StdShim as Shim>::Registration;
     type Graph = <StdShim as Shim>::Graph;
 
     fn facts(&self) -> DeviceFacts {
@@ -121,33 +124,39 @@ impl Shim for RecordFailsOnce {
         // SAFETY: forwarded with the caller's contract.
         unsafe { self.inner.host_free_pinned(p) }
     }
+    unsafe fn host_unregister(&self, registration: Self::Registration) {
+        // SAFETY: forwarded with the caller's contract.
+        unsafe { self.inner.host_unregister(registration) }
+    }
     unsafe fn copy_to_device(
         &self,
         s: &Self::Stream,
         src: *const u8,
+        src_memory: HostMemory,
         dst: DeviceAddr,
         l: CopyLayout,
     ) -> Result<(), DriverError> {
         // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.copy_to_device(s, src, dst, l) }
+        unsafe { self.inner.copy_to_device(s, src, src_memory, dst, l) }
     }
     unsafe fn copy_to_host(
         &self,
         s: &Self::Stream,
         src: DeviceAddr,
         dst: *mut u8,
+        dst_memory: HostMemory,
         l: CopyLayout,
     ) -> Result<(), DriverError> {
         // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.copy_to_host(s, src, dst, l) }
+        unsafe { self.inner.copy_to_host(s, src, dst, dst_memory, l) }
     }
     unsafe fn launch(
         &self,
         s: &Self::Stream,
         k: &Self::Kernel,
-        g: Grid,
+        g: LaunchDims,
         b: &[DeviceSpan],
-        a: &Self::Args,
+        a: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
         // SAFETY: forwarded with the caller's contract.
         unsafe { self.inner.launch(s, k, g, b, a) }
@@ -236,10 +245,10 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
     cmd.launch(Launch {
         kernel: &bad,
         name: "bad",
-        grid: Grid::linear(1),
+        dims: LaunchDims::SINGLE,
         inputs: &[],
         outputs: &[&x],
-        args: &[][..],
+        params: &[],
     })
     .unwrap();
     cmd.write_from(&y, &[3; 64]).unwrap();
@@ -248,10 +257,10 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
     cmd.launch(Launch {
         kernel: &good,
         name: "good",
-        grid: Grid::linear(1),
+        dims: LaunchDims::SINGLE,
         inputs: &[&y],
         outputs: &[&z],
-        args: &[][..],
+        params: &[],
     })
     .unwrap();
     let e = cmd.flush_drops().unwrap_err();

@@ -11,9 +11,9 @@
 //! worker thread is joined when its stream drops, and every buffer goes back through the drop
 //! queues, so miri's leak check stays on for this test.
 
-use devcmd::{Device, DeviceConfig, Grid, Handle, Launch, ReadRequest, StreamId};
+use devcmd::{Device, DeviceConfig, Handle, Launch, ReadRequest, StreamId};
 use devcmd_std::StdShim;
-use devcmd_tests::{Harness, Mode, StdHarness, TestKernel};
+use devcmd_tests::{Harness, Mode, StdHarness, TestArgs, TestKernel};
 
 const N: usize = 256;
 
@@ -54,9 +54,10 @@ fn cross_stream(mode: Mode) {
     let probe = shim.clone();
     let add = StdHarness.kernel(&shim, TestKernel::AddByte);
     let fill = StdHarness.kernel(&shim, TestKernel::Fill);
+    let n = N as u64;
     let (one, nine) = (
-        StdHarness.args(TestKernel::AddByte, 1),
-        StdHarness.args(TestKernel::Fill, 9),
+        TestArgs::new(TestKernel::AddByte, 1, &[n], &[n]),
+        TestArgs::new(TestKernel::Fill, 9, &[], &[n / 2]),
     );
     let mut dev = Device::new(shim, config());
     let a = dev.command(StreamId(0)).unwrap().create(&[5; N]).unwrap();
@@ -66,10 +67,10 @@ fn cross_stream(mode: Mode) {
         .launch(Launch {
             kernel: &add,
             name: "add",
-            grid: Grid::linear(1),
+            dims: one.dims(),
             inputs: &[&a],
             outputs: &[&o],
-            args: &one,
+            params: &one.params(),
         })
         .unwrap();
     // `a` goes while stream 1's kernel may still read it: its memory must not be reused yet.
@@ -89,10 +90,10 @@ fn cross_stream(mode: Mode) {
         .launch(Launch {
             kernel: &fill,
             name: "fill",
-            grid: Grid::linear(1),
+            dims: nine.dims(),
             inputs: &[],
             outputs: &[&half],
-            args: &nine,
+            params: &nine.params(),
         })
         .unwrap();
     let mut want = vec![6u8; N];

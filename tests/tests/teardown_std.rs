@@ -3,7 +3,7 @@
 //! poison mode overwrites freed pages, so a kernel that ran after its pages were freed would see
 //! the poison byte in its input.
 
-use devcmd::{Device, DeviceConfig, Grid, Launch, StreamId};
+use devcmd::{Device, DeviceConfig, Launch, LaunchDims, StreamId};
 use devcmd_std::{POISON_BYTE, StdShim};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -44,10 +44,10 @@ fn dropping_a_device_runs_queued_work_before_freeing_its_pages() {
             cmd.launch(Launch {
                 kernel: &kernel,
                 name: "copy_checked",
-                grid: Grid::linear(1),
+                dims: LaunchDims::SINGLE,
                 inputs: &[&input],
                 outputs: &[&output],
-                args: &[][..],
+                params: &[],
             })
             .unwrap();
         }

@@ -8,25 +8,74 @@
 use super::Command;
 use crate::error::{LaunchError, ServerError, Validation};
 use crate::memory::Handle;
-use crate::shim::{DeviceSpan, Grid, Shim};
+use crate::shim::{DeviceSpan, KernelParam, LaunchDims, Shim};
 use alloc::vec::Vec;
 
-/// A kernel launch: the kernel, a name for failure reports, the grid, the buffers it reads and
-/// writes, and its scalar arguments. The shim receives the inputs' spans then the outputs'.
+/// A kernel launch: the kernel, a name for failure reports, its geometry, the buffers it reads
+/// and writes, and its parameters in the kernel's own order. Buffer slots count the inputs first,
+/// then the outputs.
+///
+/// A kernel `axpy(float *y, const float *x, float a, unsigned n)` that reads `x` and writes `y`:
+///
+/// ```text
+/// let (a, n) = (2.0f32.to_ne_bytes(), (len as u32).to_ne_bytes());
+/// cmd.launch(Launch {
+///     kernel: &axpy,
+///     name: "axpy",
+///     dims: LaunchDims::covering(len as u64, 256),
+///     inputs: &[&x],
+///     outputs: &[&y],
+///     params: &[KernelParam::Buffer(1), KernelParam::Buffer(0), KernelParam::Scalar(&a),
+///              KernelParam::Scalar(&n)],
+/// })?;
+/// ```
 #[derive(Debug)]
 pub struct Launch<'a, S: Shim> {
     /// The loaded kernel.
     pub kernel: &'a S::Kernel,
     /// Its name, carried in failure chains and named by a stream fault its launch may have caused.
     pub name: &'static str,
-    /// The grid.
-    pub grid: Grid,
+    /// Grid, block and dynamic shared memory.
+    pub dims: LaunchDims,
     /// Buffers it reads.
     pub inputs: &'a [&'a Handle],
     /// Buffers it writes. None may overlap another buffer of the launch (input or output).
     pub outputs: &'a [&'a Handle],
-    /// Scalar arguments, passed through.
-    pub args: &'a S::Args,
+    /// The kernel's parameters in its own order: buffers by slot, scalars by value.
+    pub params: &'a [KernelParam<'a>],
+}
+
+/// The first check a launch fails before anything else is looked at: a zero extent, a parameter
+/// naming a buffer slot the launch does not have, an output overlapping another buffer.
+fn refused(
+    name: &'static str,
+    dims: LaunchDims,
+    params: &[KernelParam<'_>],
+    inputs: &[&Handle],
+    outputs: &[&Handle],
+) -> Option<Validation> {
+    let extents = [dims.grid, dims.block];
+    if extents.iter().any(|d| d.x == 0 || d.y == 0 || d.z == 0) {
+        return Some(Validation::LaunchDims { kernel: name, dims });
+    }
+    let buffers = inputs.len() + outputs.len();
+    let bad_slot = params.iter().enumerate().find_map(|(param, p)| match *p {
+        KernelParam::Buffer(slot) if slot >= buffers => Some((param, slot)),
+        _ => None,
+    });
+    if let Some((param, slot)) = bad_slot {
+        return Some(Validation::LaunchParam {
+            kernel: name,
+            param,
+            slot,
+            buffers,
+        });
+    }
+    aliased(inputs, outputs).map(|(output, other)| Validation::AliasedLaunch {
+        kernel: name,
+        output,
+        other,
+    })
 }
 
 /// Whether two views share a byte of the same allocation (an empty view shares none).
@@ -58,7 +107,9 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`Validation::AliasedLaunch`] when an output overlaps another buffer of the launch;
+    /// [`Validation::LaunchDims`] for a zero extent, [`Validation::LaunchParam`] for a parameter
+    /// naming a slot the launch lacks, [`Validation::AliasedLaunch`] when an output overlaps
+    /// another buffer of the launch;
     /// [`ServerError::Skipped`], [`ServerError::Launch`], [`ServerError::DeviceLost`],
     /// [`ServerError::StreamFaulted`].
     pub fn launch(&mut self, launch: Launch<'_, S>) -> Result<(), ServerError> {
@@ -66,18 +117,13 @@ impl<S: Shim> Command<'_, S> {
         let Launch {
             kernel,
             name,
-            grid,
+            dims,
             inputs,
             outputs,
-            args,
+            params,
         } = launch;
-        if let Some((output, other)) = aliased(inputs, outputs) {
-            return Err(Validation::AliasedLaunch {
-                kernel: name,
-                output,
-                other,
-            }
-            .into());
+        if let Some(refusal) = refused(name, dims, params, inputs, outputs) {
+            return Err(refusal.into());
         }
         let mut spans = Vec::with_capacity(inputs.len() + outputs.len());
         for (index, h) in inputs.iter().chain(outputs.iter()).enumerate() {
@@ -109,9 +155,10 @@ impl<S: Shim> Command<'_, S> {
             }
         }
         let (shim, s) = self.parts();
-        // SAFETY: every span was resolved just now to a live range of its allocation, and the
-        // kernel's contract is to touch only its buffers.
-        let launched = unsafe { shim.launch(&s.raw, kernel, grid, &spans, args) };
+        // SAFETY: every span was resolved just now to a live range of its allocation, no output
+        // overlaps another span (checked above), and the kernel's contract is to touch only its
+        // buffers.
+        let launched = unsafe { shim.launch(&s.raw, kernel, dims, &spans, params) };
         let failures = &mut self.device.failures;
         if let Err(e) = launched {
             let error: ServerError = LaunchError::Refused {
@@ -142,6 +189,7 @@ impl<S: Shim> Command<'_, S> {
 mod tests {
     use super::*;
     use crate::memory::{Issuer, ReturnQueue};
+    use crate::shim::Dim3;
     use alloc::sync::Arc;
 
     #[test]
@@ -168,5 +216,41 @@ mod tests {
             None,
             "an empty view shares no byte"
         );
+    }
+
+    #[test]
+    fn zero_extents_and_missing_slots_are_refused_first() {
+        let returns = Arc::new(ReturnQueue::default());
+        let issuer = Issuer {
+            device: 1,
+            stream: 0,
+        };
+        let a = Handle::new(1, issuer, 64, &returns);
+        let n = 64u64.to_ne_bytes();
+        let params = [KernelParam::Buffer(0), KernelParam::Scalar(&n)];
+        let fine = LaunchDims::covering(64, 32);
+        assert_eq!(refused("k", fine, &params, &[], &[&a]), None);
+        let mut flat = fine;
+        flat.block.z = 0;
+        assert_eq!(
+            refused("k", flat, &params, &[], &[&a]),
+            Some(Validation::LaunchDims {
+                kernel: "k",
+                dims: flat
+            })
+        );
+        let far = [KernelParam::Scalar(&n), KernelParam::Buffer(1)];
+        assert_eq!(
+            refused("k", fine, &far, &[], &[&a]),
+            Some(Validation::LaunchParam {
+                kernel: "k",
+                param: 1,
+                slot: 1,
+                buffers: 1
+            })
+        );
+        assert_eq!(Dim3::ONE.count(), 1);
+        assert_eq!(LaunchDims::covering(0, 256).grid, Dim3::linear(1));
+        assert_eq!(LaunchDims::covering(u64::MAX, 1).grid.x, u32::MAX);
     }
 }

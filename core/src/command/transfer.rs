@@ -88,7 +88,15 @@ impl<S: Shim> Command<'_, S> {
         let (shim, s) = self.parts();
         // SAFETY: `source` stays alive and unchanged in the drop queue until a fence after this
         // copy passes; `r` is a live range of `r.len >= device_span` bytes in one page.
-        let copied = unsafe { shim.copy_to_device(&s.raw, source.as_ptr(), r.addr, layout) };
+        let copied = unsafe {
+            shim.copy_to_device(
+                &s.raw,
+                source.as_ptr(),
+                source.origin().memory(),
+                r.addr,
+                layout,
+            )
+        };
         let failures = &mut self.device.failures;
         if let Err(e) = copied {
             let error: ServerError = self.device.ledger.call_failed(e).into();
@@ -243,8 +251,9 @@ impl<S: Shim> Command<'_, S> {
         };
         self.unwritten(handle, layout)?;
         let (shim, s) = self.parts();
+        let memory = dst.origin().memory();
         // SAFETY: the caller keeps `dst` untouched until a later fence; `r` is a live range.
-        unsafe { shim.copy_to_host(&s.raw, r.addr, dst.as_mut_ptr(), layout) }
+        unsafe { shim.copy_to_host(&s.raw, r.addr, dst.as_mut_ptr(), memory, layout) }
             .map_err(|e| self.device.ledger.call_failed(e).into())
     }
 

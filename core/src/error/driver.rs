@@ -21,6 +21,8 @@ pub enum ShimOp {
     DeviceAlloc,
     /// Allocating a pinned host page.
     HostAlloc,
+    /// Page-locking the caller's host memory in place.
+    HostRegister,
     /// Host to device copy.
     CopyHostToDevice,
     /// Device to host copy.
@@ -41,7 +43,7 @@ pub enum ShimOp {
 
 impl ShimOp {
     /// Every device call, in declaration order (shims index per-call tables by it).
-    pub const ALL: [ShimOp; 15] = [
+    pub const ALL: [ShimOp; 16] = [
         Self::StreamCreate,
         Self::StreamWaitEvent,
         Self::EventRecord,
@@ -49,6 +51,7 @@ impl ShimOp {
         Self::EventWait,
         Self::DeviceAlloc,
         Self::HostAlloc,
+        Self::HostRegister,
         Self::CopyHostToDevice,
         Self::CopyDeviceToHost,
         Self::CopyDeviceToDevice,
@@ -70,6 +73,7 @@ impl fmt::Display for ShimOp {
             Self::EventWait => "event wait",
             Self::DeviceAlloc => "device page allocation",
             Self::HostAlloc => "pinned host page allocation",
+            Self::HostRegister => "host memory registration",
             Self::CopyHostToDevice => "host-to-device copy",
             Self::CopyDeviceToHost => "device-to-host copy",
             Self::CopyDeviceToDevice => "device-to-device copy",

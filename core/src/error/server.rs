@@ -89,6 +89,24 @@ pub enum Validation {
         /// Position of the buffer it overlaps.
         other: usize,
     },
+    /// A kernel parameter names a buffer slot the launch does not have.
+    LaunchParam {
+        /// The kernel.
+        kernel: &'static str,
+        /// Position of the parameter.
+        param: usize,
+        /// The slot it names.
+        slot: usize,
+        /// Buffers the launch has (inputs and outputs).
+        buffers: usize,
+    },
+    /// A launch extent (a grid or block dimension) is zero.
+    LaunchDims {
+        /// The kernel.
+        kernel: &'static str,
+        /// The geometry asked for.
+        dims: crate::shim::LaunchDims,
+    },
 }
 
 impl fmt::Display for Validation {
@@ -125,6 +143,23 @@ impl fmt::Display for Validation {
                 f,
                 "buffer {output} of the launch of `{kernel}` is an output that overlaps buffer \
                  {other} of the same launch; give the kernel a separate output buffer"
+            ),
+            Self::LaunchParam {
+                kernel,
+                param,
+                slot,
+                buffers,
+            } => write!(
+                f,
+                "parameter {param} of the launch of `{kernel}` names buffer slot {slot}, but the \
+                 launch has {buffers} buffers (inputs first, then outputs); name a slot below \
+                 {buffers}"
+            ),
+            Self::LaunchDims { kernel, dims } => write!(
+                f,
+                "the launch of `{kernel}` asks for grid {}x{}x{} and block {}x{}x{}: every extent \
+                 must be at least 1 (use LaunchDims::covering for a grid over n elements)",
+                dims.grid.x, dims.grid.y, dims.grid.z, dims.block.x, dims.block.y, dims.block.z
             ),
         }
     }

@@ -25,7 +25,7 @@
 //! # 3. Writing a shim
 //!
 //! A shim implements [`Shim`]: the device's own objects as associated types (`Stream`, `Event`,
-//! `DevicePage`, `HostPage`, `Kernel`, `Args`, `Graph`) and these calls, each a thin wrapper over
+//! `DevicePage`, `HostPage`, `Kernel`, `Registration`, `Graph`) and these calls, each a thin wrapper over
 //! one driver call:
 //!
 //! | group | methods |
@@ -34,6 +34,7 @@
 //! | streams and events | [`create_stream`](crate::Shim::create_stream), [`stream_wait_event`](crate::Shim::stream_wait_event), [`record_event`](crate::Shim::record_event), [`event_query`](crate::Shim::event_query) (never blocks), [`event_wait`](crate::Shim::event_wait) |
 //! | device pages | [`device_alloc`](crate::Shim::device_alloc), [`device_page_addr`](crate::Shim::device_page_addr), [`device_free`](crate::Shim::device_free) |
 //! | pinned host pages | [`host_alloc_pinned`](crate::Shim::host_alloc_pinned), [`host_page_ptr`](crate::Shim::host_page_ptr), [`host_page_device_addr`](crate::Shim::host_page_device_addr), [`host_free_pinned`](crate::Shim::host_free_pinned) |
+//! | registered host memory | [`host_register`](crate::Shim::host_register), [`host_unregister`](crate::Shim::host_unregister) |
 //! | copies (asynchronous) | [`copy_to_device`](crate::Shim::copy_to_device), [`copy_to_host`](crate::Shim::copy_to_host), [`copy_on_device`](crate::Shim::copy_on_device) |
 //! | launch | [`launch`](crate::Shim::launch) |
 //! | graphs | [`begin_capture`](crate::Shim::begin_capture), [`end_capture`](crate::Shim::end_capture), [`graph_upload`](crate::Shim::graph_upload), [`graph_launch`](crate::Shim::graph_launch) |
@@ -69,7 +70,9 @@
 //! wrote, ordered by the core:
 //!
 //! ```
-//! use devcmd::{Device, DeviceConfig, Grid, Launch, ReadRequest, ServerError, StreamId};
+//! use devcmd::{
+//!     Device, DeviceConfig, KernelParam, Launch, LaunchDims, ReadRequest, ServerError, StreamId,
+//! };
 //! use devcmd_tests::example_shim::{self, HostKernel, HostShim};
 //!
 //! # fn main() -> Result<(), ServerError> {
@@ -77,14 +80,14 @@
 //! let a = device.command(StreamId(0))?.create(&[1, 2, 3])?;
 //! let mut cmd = device.command(StreamId(1))?; // another stream reads `a`: ordered by the core
 //! let b = cmd.empty(3)?;
-//! let add: HostKernel = example_shim::add; // out[i] = in[i] + the argument byte
+//! let add: HostKernel = example_shim::add; // out[i] = in[i] + value, `value` last
 //! cmd.launch(Launch {
 //!     kernel: &add,
 //!     name: "add",
-//!     grid: Grid::linear(1),
+//!     dims: LaunchDims::SINGLE,
 //!     inputs: &[&a],
 //!     outputs: &[&b],
-//!     args: &[1],
+//!     params: &[KernelParam::Scalar(&1u32.to_ne_bytes())],
 //! })?;
 //! assert_eq!(
 //!     cmd.read_async(&[ReadRequest::whole(&b)])?.wait()?[0].as_slice(),
@@ -126,7 +129,6 @@
 //! [`SyncFuture::wait`]: crate::SyncFuture::wait
 //! [`AllocationMode::Persistent`]: crate::AllocationMode::Persistent
 //! [`Shim`]: crate::Shim
-//! [`Shim::Args`]: crate::Shim::Args
 //! [`Shim::device_free`]: crate::Shim::device_free
 //! [`DropPolicy`]: crate::DropPolicy
 //! [`DropStats::items_leaked`]: crate::DropStats::items_leaked

@@ -24,8 +24,8 @@ use devcmd::copy::StagingPolicy;
 use devcmd::memory::MemoryConfig;
 use devcmd::pinned::PinnedConfig;
 use devcmd::{
-    AllocationMode, CopyLayout, Device, DeviceConfig, DropPolicy, DropStats, Grid, Handle,
-    HostBuffer, IoError, Launch, ReadRequest, ServerError, StreamId,
+    AllocationMode, CopyLayout, Device, DeviceConfig, DropPolicy, DropStats, Handle, HostBuffer,
+    IoError, KernelParam, Launch, LaunchDims, ReadRequest, ServerError, StreamId,
 };
 use embedded_alloc::LlffHeap;
 use shim::{FwKernel, FwShim, KernelCtx, KernelFault};
@@ -137,7 +137,7 @@ fn f32_at(bytes: &[u8], i: usize) -> Result<f32, KernelFault> {
 }
 
 /// One block per output row: `y[r] = relu(b[r] + sum_c w[r][c] * x[c])`.
-/// Buffers: w (rows x cols), b (rows), x (cols); output y (rows). Args: rows, cols (u32 LE).
+/// Buffers: w (rows x cols), b (rows), x (cols); output y (rows). Parameters: y, w, b, x (buffer slots 3, 0, 1, 2), then rows, cols (u32 LE).
 fn matvec_bias_relu(ctx: &mut KernelCtx<'_, '_>) -> Result<(), KernelFault> {
     let (rows, cols) = (ctx.arg_u32(0)? as usize, ctx.arg_u32(1)? as usize);
     if (ctx.grid.x as usize) < rows {
@@ -283,14 +283,22 @@ fn run_layer(
     staged.as_mut_slice().copy_from_slice(&to_bytes(x_data));
     cmd.write(&x, staged)?;
     let y = cmd.empty((ROWS * 4) as u64)?;
-    let args = [(ROWS as u32).to_le_bytes(), (COLS as u32).to_le_bytes()].concat();
+    let (rows, cols) = ((ROWS as u32).to_le_bytes(), (COLS as u32).to_le_bytes());
     cmd.launch(Launch {
         kernel: &MATVEC,
         name: MATVEC.name,
-        grid: Grid::linear(ROWS as u32),
+        dims: LaunchDims::linear(ROWS as u32, 1),
         inputs: &[&layer.w, &layer.b, &x],
         outputs: &[&y],
-        args: &args,
+        // matvec(float *y, const float *w, const float *b, const float *x, u32 rows, u32 cols)
+        params: &[
+            KernelParam::Buffer(3),
+            KernelParam::Buffer(0),
+            KernelParam::Buffer(1),
+            KernelParam::Buffer(2),
+            KernelParam::Scalar(&rows),
+            KernelParam::Scalar(&cols),
+        ],
     })?;
     let read = cmd.read_async(&[ReadRequest::whole(&y)])?;
     // Nothing has run yet: the engine runs only when pumped (here by the wait below).

@@ -33,7 +33,8 @@ use core::fmt;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, Ordering};
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, Dim3, DriverError, Fault, HostMemory,
+    KernelParam, LaunchDims, Shim, ShimOp,
 };
 
 /// Bytes of device memory.
@@ -172,9 +173,10 @@ enum Desc {
     },
     Kernel {
         kernel: FwKernel,
-        grid: Grid,
+        grid: Dim3,
         /// Offsets and lengths in device memory, inputs then outputs.
         spans: Vec<(usize, usize)>,
+        /// The scalar parameters' bytes, in order (the kernel reaches its buffers by index).
         args: Vec<u8>,
     },
     Wait {
@@ -365,7 +367,7 @@ impl Engine {
     fn run_kernel(
         &mut self,
         kernel: &FwKernel,
-        grid: Grid,
+        grid: Dim3,
         spans: &[(usize, usize)],
         args: &[u8],
     ) -> Result<(), KernelFault> {
@@ -454,7 +456,7 @@ impl fmt::Debug for FwKernel {
 #[derive(Debug)]
 pub struct KernelCtx<'a, 'b> {
     /// The launch grid.
-    pub grid: Grid,
+    pub grid: Dim3,
     /// This block's index (x, y, z).
     pub block: [u32; 3],
     inputs: &'a [&'b [u8]],
@@ -479,7 +481,7 @@ impl<'b> KernelCtx<'_, 'b> {
             .ok_or(KernelFault("output index out of range"))
     }
 
-    /// The `i`-th little-endian `u32` of the arguments.
+    /// The `i`-th little-endian `u32` of the scalar parameters' bytes, in order.
     pub fn arg_u32(&self, i: usize) -> Result<u32, KernelFault> {
         self.args
             .get(i * 4..i * 4 + 4)
@@ -599,7 +601,7 @@ impl Shim for FwShim {
     type DevicePage = FwPage;
     type HostPage = FwHostPage;
     type Kernel = FwKernel;
-    type Args = [u8];
+    type Registration = core::convert::Infallible;
     type Graph = FwGraph;
 
     fn facts(&self) -> DeviceFacts {
@@ -772,10 +774,15 @@ impl Shim for FwShim {
         e.stats.pinned_live -= 1;
     }
 
+    unsafe fn host_unregister(&self, registration: core::convert::Infallible) {
+        match registration {}
+    }
+
     unsafe fn copy_to_device(
         &self,
         stream: &FwStream,
         src: *const u8,
+        _src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
@@ -794,6 +801,7 @@ impl Shim for FwShim {
         stream: &FwStream,
         src: DeviceAddr,
         dst: *mut u8,
+        _dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         let op = ShimOp::CopyDeviceToHost;
@@ -828,9 +836,9 @@ impl Shim for FwShim {
         &self,
         stream: &FwStream,
         kernel: &FwKernel,
-        grid: Grid,
+        dims: LaunchDims,
         buffers: &[DeviceSpan],
-        args: &[u8],
+        params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
         let op = ShimOp::Launch;
         let mut e = ENGINE.lock();
@@ -847,11 +855,17 @@ impl Shim for FwShim {
         }
         // No output overlaps another buffer: the core refuses such a launch before it reaches a
         // shim (the `launch` contract), so the kernel may get each output as `&mut [u8]`.
+        let mut args = Vec::new();
+        for p in params {
+            if let KernelParam::Scalar(bytes) = p {
+                args.extend_from_slice(bytes);
+            }
+        }
         let desc = Desc::Kernel {
             kernel: *kernel,
-            grid,
+            grid: dims.grid,
             spans,
-            args: args.to_vec(),
+            args,
         };
         e.enqueue(stream.slot, desc);
         Ok(())

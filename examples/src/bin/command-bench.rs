@@ -6,7 +6,9 @@
 //! Run: `cargo run --release -p devcmd-examples --bin command-bench` (`--quick` for fewer sizes,
 //! `--drop-mib N` for the drop queue's byte threshold).
 
-use devcmd::{CopyLayout, Device, DeviceConfig, Grid, Launch, ReadRequest, Shim, StreamId};
+use devcmd::{
+    CopyLayout, Device, DeviceConfig, HostMemory, Launch, LaunchDims, ReadRequest, Shim, StreamId,
+};
 use devcmd_std::StdShim;
 use std::hint::black_box;
 use std::time::Instant;
@@ -125,7 +127,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         || {
             // SAFETY: both spans are live pages of this shim; the noop kernel touches nothing.
             unsafe {
-                raw.launch(&stream, &noop, Grid::linear(1), &spans, &[])
+                raw.launch(&stream, &noop, LaunchDims::SINGLE, &spans, &[])
                     .expect("launch")
             };
         },
@@ -138,10 +140,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let launch = Launch {
                 kernel: &noop,
                 name: "noop",
-                grid: Grid::linear(1),
+                dims: LaunchDims::SINGLE,
                 inputs: &[&a],
                 outputs: &[&b],
-                args: &[][..],
+                params: &[],
             };
             cmd_cell.borrow_mut().launch(launch).expect("launch");
         },
@@ -169,6 +171,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 raw.copy_to_device(
                     &stream,
                     src.as_ptr(),
+                    HostMemory::Pageable,
                     spans[0].addr,
                     CopyLayout::linear(4096),
                 )
@@ -205,6 +208,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &stream,
                 spans[0].addr,
                 dst.as_mut_ptr(),
+                HostMemory::Pageable,
                 CopyLayout::linear(4096),
             )
             .expect("copy")

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use devcmd::{
-    Device, DeviceConfig, Grid, Handle, Launch, ReadRequest, ServerError, Shim, StreamId,
+    Device, DeviceConfig, Handle, Launch, LaunchDims, ReadRequest, ServerError, Shim, StreamId,
 };
 use devcmd_std::{KernelFault, StdKernel, StdShim};
 
@@ -33,8 +33,8 @@ pub fn failing_kernel(shim: &StdShim) -> StdKernel {
     shim.register_kernel("fail", |_ctx| Err(KernelFault::Failed))
 }
 
-/// Launches `kernel` (named `name`) over one block with no scalar arguments.
-pub fn launch<S: Shim<Args = [u8]>>(
+/// Launches `kernel` (named `name`) over one block of one thread with no parameters.
+pub fn launch<S: Shim>(
     device: &mut Device<S>,
     stream: StreamId,
     kernel: &S::Kernel,
@@ -45,10 +45,10 @@ pub fn launch<S: Shim<Args = [u8]>>(
     device.command(stream)?.launch(Launch {
         kernel,
         name,
-        grid: Grid::linear(1),
+        dims: LaunchDims::SINGLE,
         inputs,
         outputs,
-        args: &[][..],
+        params: &[],
     })
 }
 

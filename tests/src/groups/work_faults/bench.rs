@@ -5,9 +5,9 @@
 //! the suite touch freed memory). Does not own the checks (`on_shim`).
 
 use super::{FAILED_BYTE, LEN, POLLS, RULE_COMPLETED, RULE_KIND, RULE_STICKY, Source};
-use crate::harness::{FaultRule, Harness, Mode, Probe, TestKernel};
+use crate::harness::{FaultRule, Harness, Mode, Probe, TestArgs, TestKernel};
 use crate::util::{kernel_slot, load_kernels};
-use devcmd::{CopyLayout, DeviceSpan, DriverError, Fault, Grid, Shim, ShimOp};
+use devcmd::{CopyLayout, DeviceSpan, DriverError, Fault, HostMemory, Shim, ShimOp};
 use std::ptr::NonNull;
 use std::time::Duration;
 
@@ -36,7 +36,6 @@ pub(super) struct Bench<H: Harness> {
     pub(super) shim: H::S,
     probe: Option<Box<dyn Probe>>,
     kernels: Vec<<H::S as Shim>::Kernel>,
-    args: Vec<Box<<H::S as Shim>::Args>>,
     pages: Vec<<H::S as Shim>::DevicePage>,
     /// Host buffers handed to copies, as raw boxed slices (freed by `Drop` once settled).
     hosts: Vec<(NonNull<u8>, usize)>,
@@ -55,13 +54,12 @@ impl<H: Harness> Bench<H> {
         if source == Source::InjectedUpload && probe.is_none() {
             return None;
         }
-        let (kernels, args) = load_kernels(h, &shim);
+        let kernels = load_kernels(h, &shim);
         Some(Self {
             what: format!("[{mode}] {check}, failing with {source}"),
             shim,
             probe,
             kernels,
-            args,
             pages: Vec::new(),
             hosts: Vec::new(),
             settled: false,
@@ -123,12 +121,18 @@ impl<H: Harness> Bench<H> {
             .map(|&p| self.span(p))
             .collect();
         let slot = kernel_slot(kernel);
-        let args = &*self.args[usize::from(value) * TestKernel::ALL.len() + slot];
+        let lens = |pages: &[usize]| pages.iter().map(|&p| self.span(p).len).collect::<Vec<_>>();
+        let args = TestArgs::new(kernel, value, &lens(inputs), &lens(outputs));
         // SAFETY: every span is a whole live page of this bench (freed only once settled), and
         // each test kernel touches only its buffers (the harness contract).
         let launched = unsafe {
-            self.shim
-                .launch(stream, &self.kernels[slot], Grid::linear(1), &spans, args)
+            self.shim.launch(
+                stream,
+                &self.kernels[slot],
+                args.dims(),
+                &spans,
+                &args.params(),
+            )
         };
         launched.unwrap_or_else(|e| panic!("{}: launch of {}: {e}", self.what, kernel.name()));
     }
@@ -143,6 +147,7 @@ impl<H: Harness> Bench<H> {
                 stream,
                 self.span(page).addr,
                 dst.as_ptr(),
+                HostMemory::Pageable,
                 CopyLayout::linear(len as u64),
             )
         };
@@ -158,6 +163,7 @@ impl<H: Harness> Bench<H> {
             self.shim.copy_to_device(
                 stream,
                 src.as_ptr(),
+                HostMemory::Pageable,
                 self.span(page).addr,
                 CopyLayout::linear(len as u64),
             )
