@@ -534,8 +534,8 @@ impl Shim for CudaShim {
     /// either way). `doomed` discards the recording
     /// ([`status::CAPTURE_DOOMED`](crate::status::CAPTURE_DOOMED)); an invalidated capture is
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. The stream no longer records after any
-    /// answer, except `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: a capture must end on the
-    /// thread that began it.
+    /// answer, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` included (an end on another thread than
+    /// the one that began the capture is refused and loses the recording).
     fn end_capture(&self, stream: &CudaStream, doomed: bool) -> Result<CudaGraph, DriverError> {
         let ctx = self.bound(ShimOp::GraphEnd)?;
         graph::end(ctx, stream, doomed)

@@ -97,8 +97,8 @@ pub const SYMBOLS: &[&str] = &[
     "cuGraphLaunch",
 ];
 
-/// Driver functions the shim calls only where the driver has them, each checked with
-/// [`has_symbol`] before its first call: `cuFuncGetParamInfo` (CUDA 12.4), for the launch's
+/// Driver functions the shim calls only where the driver has them, each looked up in the loaded
+/// library before its first call: `cuFuncGetParamInfo` (CUDA 12.4), for the launch's
 /// parameter check (with bindings that declare it).
 pub const OPTIONAL_SYMBOLS: &[&str] = &["cuFuncGetParamInfo"];
 
@@ -250,6 +250,12 @@ impl fmt::Display for CudaInitError {
                     }
                     crate::status::DEVICE_UNAVAILABLE => {
                         "; the device is busy or in exclusive-process mode (nvidia-smi -c)"
+                    }
+                    s if crate::faults::is_sticky(s) => {
+                        "; the device was lost earlier in this process (a sticky error, such as \
+                         a kernel that trapped or touched a bad address): CUDA does not recover \
+                         from it within a process, not even with every handle released, so \
+                         restart the process"
                     }
                     crate::status::SYSTEM_DRIVER_MISMATCH => {
                         "; the driver's user-space library and kernel module differ in \
@@ -450,6 +456,12 @@ mod tests {
         }
         .to_string();
         assert!(msg.contains("CUDA_ERROR_STUB_LIBRARY (34)") && msg.contains("stubs"));
+        let lost = CudaInitError::Call {
+            call: "cuDevicePrimaryCtxRetain",
+            status: crate::status::LAUNCH_FAILED,
+        }
+        .to_string();
+        assert!(lost.contains("restart the process"), "{lost}");
         assert!(
             CudaInitError::Call {
                 call: "cuInit",

@@ -27,7 +27,9 @@
 //! | any other | | `Failed` | the call failed and the device stays usable, as far as the shim knows |
 //!
 //! No status is [`Fault::WorkFailed`]: every fault CUDA reports for work that ran is sticky, so
-//! it loses the device.
+//! it loses the device, and for the whole process: after a trap, neither a new shim, nor a
+//! context of its own, nor a reset primary context works again in that process (seen on the
+//! H200; see the crate docs).
 //!
 //! **Only the codes CUDA documents as sticky lose the device.** Calling a live device lost would
 //! let the core free memory that work still running may use; calling a lost device `Failed` only

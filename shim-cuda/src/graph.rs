@@ -10,14 +10,17 @@
 //! A capture begins in `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: a call this thread makes that is
 //! illegal while its stream records (a `cuMemAlloc`, a synchronisation, a query of an event
 //! recorded in the capture) fails and invalidates the capture, rather than run; other threads
-//! are not restricted. **The capture must end on the thread that began it**: CUDA refuses an
-//! end from another thread (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`), and the stream records
-//! on until its own thread ends it.
+//! are not restricted. **End the capture on the thread that began it**: CUDA refuses an end from
+//! another thread (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`), and that refusal ends the capture
+//! too, so the recording is lost (seen on the H200, driver 580.159.04: the stream no longer
+//! records, and a second end answers `CUDA_ERROR_ILLEGAL_STATE`).
 //!
-//! Every other end leaves the stream no longer recording, error or not: an invalidated capture
-//! ends with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`; a `doomed` one (the core saw a step fail
-//! while recording) is discarded with [`status::CAPTURE_DOOMED`](crate::status::CAPTURE_DOOMED);
-//! the template graph is destroyed in every case, and a failed instantiation returns its error.
+//! Every end leaves the stream no longer recording, error or not (the GPU tests check each
+//! case): an invalidated capture ends with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`; a `doomed`
+//! one (the core saw a step fail while recording) is discarded with
+//! [`status::CAPTURE_DOOMED`](crate::status::CAPTURE_DOOMED); an end on a stream not recording
+//! is `CUDA_ERROR_ILLEGAL_STATE`; the template graph is destroyed in every case, and a failed
+//! instantiation returns its error.
 //! The recording never allocates memory (the shim uses no stream-ordered allocation, and a
 //! `cuMemAlloc` during the capture invalidates it), so the contract's "discard a recording that
 //! allocated" is the invalidated case.

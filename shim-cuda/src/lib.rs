@@ -68,6 +68,18 @@
 //! link only libc. cudarc's build script reads no
 //! toolkit either: the binding version comes from a feature.
 //!
+//! # After a device fault
+//!
+//! A kernel that traps or touches a bad address surfaces as
+//! [`Fault::DeviceLost`](devcmd::Fault::DeviceLost) (`CUDA_ERROR_LAUNCH_FAILED`, 719, for a
+//! trap) at the next fence; its launch itself succeeds. From then on every call of the shim
+//! answers the same. **The process does not recover**: seen on the H200 (driver 580.159.04,
+//! CUDA 13.0), a second [`CudaShim::new`] while the first lives succeeds but shares the lost
+//! context (its work fails with 719); once every handle is dropped, `CudaShim::new` fails with
+//! 719 in `cuDevicePrimaryCtxRetain`, and so do a context of its own (`cuCtxCreate`) and
+//! `CudaShim::new` after `cuDevicePrimaryCtxReset` (which itself succeeds). A new process runs
+//! normally. So a server keeps the device in a process it can restart (`tests/trap.rs`).
+//!
 //! # Binding versions: exactly one feature
 //!
 //! The CUDA version of the bindings (the struct layouts and entry points cudarc declares) is
