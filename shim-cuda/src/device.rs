@@ -1,9 +1,14 @@
 //! The device: its primary context, its facts and the [`Shim`] implementation.
+//!
+//! Owns: the context and its per-call binding ([`Context::bind`]), the device's facts, and the
+//! `impl Shim for CudaShim`, whose calls delegate to the modules that own each kind of object
+//! (`stream.rs`, `memory.rs`, `kernel.rs`, `graph.rs`). Does not own: loading the driver
+//! (`driver.rs`), the classification of failures (`faults.rs`).
 
 use crate::driver::{self, CudaInitError};
 use crate::faults::{self, check, classify, code};
-use crate::graph::CudaGraph;
-use crate::kernel::CudaKernel;
+use crate::graph::{self, CudaGraph};
+use crate::kernel::{self, CudaKernel};
 use crate::memory::{self, CudaDevicePage, CudaHostPage, CudaRegistration, Side};
 use crate::stream::{self, CudaEvent, CudaStream};
 use cudarc::driver::sys;
@@ -39,6 +44,11 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
+    /// The raw `CUcontext`.
+    pub(crate) fn raw(&self) -> sys::CUcontext {
+        self.raw
+    }
+
     /// Makes this context current on the calling thread, unless it already is. Every driver call
     /// of the shim is preceded by it (see [`CudaShim`]'s threading rule).
     pub(crate) fn bind(&self, op: ShimOp) -> Result<(), DriverError> {
@@ -97,8 +107,10 @@ impl Drop for Context {
 /// Facts, streams (`CU_STREAM_NON_BLOCKING`), events without timing (pooled), cross-stream waits,
 /// device pages (`cuMemAlloc`), pinned host pages (`cuMemHostAlloc`, portable, mapped where the
 /// device can map host memory, never write-combined), and copies (`cuMemcpy*Async`, pitched ones
-/// with `cuMemcpy2DAsync`). Kernel launches and graphs answer [`devcmd::Fault::Unsupported`]:
-/// they come with issue 8's reshaped launch contract.
+/// with `cuMemcpy2DAsync`), host memory registered in place (`cuMemHostRegister`), kernels
+/// compiled with NVRTC or loaded from PTX and cubins ([`CudaShim::compile`],
+/// [`CudaShim::load_module`]) and launched with `cuLaunchKernel`, and graphs by stream capture
+/// ([`CudaGraph`]).
 #[derive(Clone)]
 pub struct CudaShim {
     ctx: Arc<Context>,
@@ -108,6 +120,8 @@ pub struct CudaShim {
     facts: DeviceFacts,
     /// `CU_DEVICE_ATTRIBUTE_MAX_PITCH`: the largest pitch `cuMemcpy2DAsync` accepts.
     max_pitch: u64,
+    /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
+    compute_capability: (u32, u32),
     /// `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`: whether `cuMemHostRegister` works here.
     host_register: bool,
 }
@@ -119,6 +133,7 @@ impl fmt::Debug for CudaShim {
             .field("name", &self.name)
             .field("driver_version", &self.driver_version)
             .field("binding_version", &driver::BINDING_VERSION)
+            .field("compute_capability", &self.compute_capability)
             .field("facts", &self.facts)
             .finish_non_exhaustive()
     }
@@ -195,6 +210,8 @@ impl CudaShim {
         let integrated = attribute(dev, A::CU_DEVICE_ATTRIBUTE_INTEGRATED)? == 1;
         let can_map_host = attribute(dev, A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)? == 1;
         let max_pitch = attribute(dev, A::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?;
+        let cc_major = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let cc_minor = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let host_register = attribute(dev, A::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)? == 1;
         let mut raw = ptr::null_mut();
         // SAFETY: as above.
@@ -227,6 +244,10 @@ impl CudaShim {
                 can_map_host,
             },
             max_pitch: u64::try_from(max_pitch).unwrap_or(0),
+            compute_capability: (
+                u32::try_from(cc_major).unwrap_or(0),
+                u32::try_from(cc_minor).unwrap_or(0),
+            ),
             host_register,
         })
     }
@@ -256,8 +277,26 @@ impl CudaShim {
         self.ctx.raw
     }
 
+    /// The device's compute capability, `(major, minor)`: `(9, 0)` for the H100 and H200,
+    /// `(8, 7)` for Jetson Orin. [`Self::compile`] compiles for it.
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.compute_capability
+    }
+
+    /// Whether `stream` is recording into a graph (an active or an invalidated capture:
+    /// `cuStreamIsCapturing`).
+    pub fn is_capturing(&self, stream: &CudaStream) -> Result<bool, DriverError> {
+        self.bound(ShimOp::GraphBegin)?;
+        graph::is_capturing(stream)
+    }
+
+    /// The context (not bound).
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
     /// The context, checked current on this thread, for a call of `op`.
-    fn bound(&self, op: ShimOp) -> Result<&Arc<Context>, DriverError> {
+    pub(crate) fn bound(&self, op: ShimOp) -> Result<&Arc<Context>, DriverError> {
         self.ctx.bind(op)?;
         Ok(&self.ctx)
     }
@@ -268,10 +307,11 @@ impl Shim for CudaShim {
     type Event = CudaEvent;
     type DevicePage = CudaDevicePage;
     type HostPage = CudaHostPage;
-    /// No kernel exists yet: see [`CudaKernel`].
+    /// A kernel of a module compiled with [`CudaShim::compile`] or loaded with
+    /// [`CudaShim::load_module`].
     type Kernel = CudaKernel;
     type Registration = CudaRegistration;
-    /// No graph exists yet: see [`CudaGraph`].
+    /// An instantiated graph, recorded by stream capture.
     type Graph = CudaGraph;
 
     fn facts(&self) -> DeviceFacts {
@@ -442,9 +482,12 @@ impl Shim for CudaShim {
         }
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: kernels (loaded once at start-up, launched with
-    /// `cuLaunchKernel`) come with issue 8's launch contract (grid and block dimensions, dynamic
-    /// shared memory, parameters in the kernel's order). No [`CudaKernel`] can exist until then.
+    /// `cuLaunchKernel` with the parameters in the kernel's order: a `Buffer(slot)` passes the
+    /// 64-bit address of `buffers[slot]`, a `Scalar` its bytes. Refused before the driver with
+    /// [`status::PARAM_MISMATCH`](crate::status::PARAM_MISMATCH) when the kernel's parameter
+    /// sizes are known and differ ([`CudaKernel::check_params`] says how), and with
+    /// [`status::BAD_ARGUMENT`](crate::status::BAD_ARGUMENT) for a kernel of another context.
+    /// No heap allocation for up to [`STACK_PARAMS`](crate::STACK_PARAMS) parameters.
     unsafe fn launch(
         &self,
         stream: &CudaStream,
@@ -453,38 +496,46 @@ impl Shim for CudaShim {
         buffers: &[DeviceSpan],
         params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
-        let _ = (stream, kernel, dims, buffers, params);
-        Err(unsupported(ShimOp::Launch))
+        let ctx = self.bound(ShimOp::Launch)?;
+        // SAFETY: `launch`'s contract: the spans lie in live pages and the kernel stays inside
+        // them; the context is the shim's, just bound.
+        unsafe { kernel::launch(ctx, stream, kernel, dims, buffers, params) }
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: graphs by stream capture come with issue 8.
+    /// `cuStreamBeginCapture` in thread-local mode: a call of this thread that is illegal while
+    /// the stream records fails and invalidates the capture. End the capture on the same
+    /// thread (see [`CudaGraph`]).
     fn begin_capture(&self, stream: &CudaStream) -> Result<(), DriverError> {
-        let _ = stream;
-        Err(unsupported(ShimOp::GraphBegin))
+        self.bound(ShimOp::GraphBegin)?;
+        graph::begin(stream)
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: graphs by stream capture come with issue 8.
+    /// `cuStreamEndCapture`, then `cuGraphInstantiateWithFlags` (the template graph is destroyed
+    /// either way). `doomed` discards the recording
+    /// ([`status::CAPTURE_DOOMED`](crate::status::CAPTURE_DOOMED)); an invalidated capture is
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. The stream no longer records after any
+    /// answer, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` included (an end on another thread than
+    /// the one that began the capture is refused and loses the recording).
     fn end_capture(&self, stream: &CudaStream, doomed: bool) -> Result<CudaGraph, DriverError> {
-        let _ = (stream, doomed);
-        Err(unsupported(ShimOp::GraphEnd))
+        let ctx = self.bound(ShimOp::GraphEnd)?;
+        graph::end(ctx, stream, doomed)
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: graphs come with issue 8 (and no [`CudaGraph`]
-    /// can exist until then).
+    /// `cuGraphUpload`.
     fn graph_upload(&self, graph: &CudaGraph, stream: &CudaStream) -> Result<(), DriverError> {
-        let _ = (graph, stream);
-        Err(unsupported(ShimOp::GraphUpload))
+        self.bound(ShimOp::GraphUpload)?;
+        graph::upload(graph, stream)
     }
 
-    /// Answers [`devcmd::Fault::Unsupported`]: graphs come with issue 8 (and no [`CudaGraph`]
-    /// can exist until then).
+    /// `cuGraphLaunch`.
     unsafe fn graph_launch(
         &self,
         graph: &CudaGraph,
         stream: &CudaStream,
     ) -> Result<(), DriverError> {
-        let _ = (graph, stream);
-        Err(unsupported(ShimOp::GraphLaunch))
+        self.bound(ShimOp::GraphLaunch)?;
+        // SAFETY: `graph_launch`'s contract: everything the recording touched is alive.
+        unsafe { graph::launch(graph, stream) }
     }
 }
 

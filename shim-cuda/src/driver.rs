@@ -81,7 +81,26 @@ pub const SYMBOLS: &[&str] = &[
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
     "cuMemcpy2DAsync_v2",
+    // Kernels (kernel.rs).
+    "cuModuleLoadDataEx",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+    // Graphs (graph.rs).
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuStreamIsCapturing",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphDestroy",
+    "cuGraphExecDestroy",
+    "cuGraphUpload",
+    "cuGraphLaunch",
 ];
+
+/// Driver functions the shim calls only where the driver has them, each looked up in the loaded
+/// library before its first call: `cuFuncGetParamInfo` (CUDA 12.4), for the launch's
+/// parameter check (with bindings that declare it).
+pub const OPTIONAL_SYMBOLS: &[&str] = &["cuFuncGetParamInfo"];
 
 /// Why [`CudaShim::new`](crate::CudaShim::new) could not set up the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,6 +251,12 @@ impl fmt::Display for CudaInitError {
                     crate::status::DEVICE_UNAVAILABLE => {
                         "; the device is busy or in exclusive-process mode (nvidia-smi -c)"
                     }
+                    s if crate::faults::is_sticky(s) => {
+                        "; the device was lost earlier in this process (a sticky error, such as \
+                         a kernel that trapped or touched a bad address): CUDA does not recover \
+                         from it within a process, not even with every handle released, so \
+                         restart the process"
+                    }
                     crate::status::SYSTEM_DRIVER_MISMATCH => {
                         "; the driver's user-space library and kernel module differ in \
                          version: reboot or reinstall the driver"
@@ -308,6 +333,18 @@ pub(crate) fn find_library(names: &[String]) -> Result<String, CudaInitError> {
 /// Whether a CUDA driver library loads on this machine (without calling into it).
 pub fn driver_library() -> Option<String> {
     find_library(&candidates()).ok()
+}
+
+/// Whether the driver library has `symbol`. Only after [`load`] succeeded (a [`CudaShim`]
+/// exists), which loaded the library.
+///
+/// [`CudaShim`]: crate::CudaShim
+pub(crate) fn has_symbol(symbol: &str) -> bool {
+    // SAFETY: `load` succeeded before (the caller's promise), so cudarc's library is loaded and
+    // `culib` returns it without panicking.
+    let lib = unsafe { sys::culib() };
+    // SAFETY: the symbol is only looked up, never called through this type.
+    unsafe { lib.get::<unsafe extern "C" fn()>(symbol) }.is_ok()
 }
 
 /// Checks the driver library as the [module](self) says; returns the driver's CUDA version.
@@ -419,6 +456,12 @@ mod tests {
         }
         .to_string();
         assert!(msg.contains("CUDA_ERROR_STUB_LIBRARY (34)") && msg.contains("stubs"));
+        let lost = CudaInitError::Call {
+            call: "cuDevicePrimaryCtxRetain",
+            status: crate::status::LAUNCH_FAILED,
+        }
+        .to_string();
+        assert!(lost.contains("restart the process"), "{lost}");
         assert!(
             CudaInitError::Call {
                 call: "cuInit",
@@ -454,6 +497,8 @@ mod tests {
             include_str!("stream.rs"),
             include_str!("memory.rs"),
             include_str!("driver.rs"),
+            include_str!("kernel.rs"),
+            include_str!("graph.rs"),
         ];
         let mut called = Vec::new();
         for src in sources {
@@ -469,9 +514,43 @@ mod tests {
         }
         assert!(called.len() > 20, "{called:?}");
         for name in &called {
-            assert!(SYMBOLS.contains(&name.as_str()), "{name} is not in SYMBOLS");
+            assert!(
+                SYMBOLS.contains(&name.as_str()) || OPTIONAL_SYMBOLS.contains(&name.as_str()),
+                "{name} is not in SYMBOLS"
+            );
         }
-        for s in SYMBOLS {
+        for s in SYMBOLS.iter().chain(OPTIONAL_SYMBOLS) {
+            assert!(
+                called.iter().any(|c| c == s),
+                "{s} is checked but never called"
+            );
+        }
+    }
+
+    /// The same for NVRTC: every `nv::nvrtc*` function `nvrtc.rs` calls (or passes on) is in
+    /// `NVRTC_SYMBOLS`, checked before the first call.
+    #[test]
+    fn every_nvrtc_function_called_is_checked_first() {
+        use crate::nvrtc::NVRTC_SYMBOLS;
+        let src = include_str!("nvrtc.rs");
+        let mut called = Vec::new();
+        for (i, _) in src.match_indices("nv::nvrtc") {
+            let name: String = src[i + 4..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !matches!(name.as_str(), "nvrtcResult" | "nvrtcProgram") {
+                called.push(name);
+            }
+        }
+        assert!(called.len() > 10, "{called:?}");
+        for name in &called {
+            assert!(
+                NVRTC_SYMBOLS.contains(&name.as_str()),
+                "{name} is not in NVRTC_SYMBOLS"
+            );
+        }
+        for s in NVRTC_SYMBOLS {
             assert!(
                 called.iter().any(|c| c == s),
                 "{s} is checked but never called"

@@ -21,11 +21,15 @@
 //! | 600 | `CUDA_ERROR_NOT_READY` | `Failed` | **not an error**: [`Shim::event_query`] answers `Ok(false)` for it and never classifies it; classified only if some other call returned it |
 //! | -1 | [`status::UNSUPPORTED`] | `Unsupported` | a call this shim does not implement yet (the status of [`devcmd::shim::unsupported`]) |
 //! | -2 | [`status::TOO_BIG`] | `TooBig` | a size past the device's total memory or past the host's address space, refused before any driver call |
-//! | -3 | [`status::BAD_ARGUMENT`] | `Failed` | a null host pointer or a size past the host's address space in a copy, refused before any driver call |
+//! | -3 | [`status::BAD_ARGUMENT`] | `Failed` | a null host pointer or a size past the host's address space in a copy, a launch's buffer slot past its buffers, or a kernel of another context, refused before any driver call |
+//! | -4 | [`status::PARAM_MISMATCH`] | `Failed` | a launch's parameters differ from the kernel's in number or size, refused before any driver call |
+//! | -5 | [`status::CAPTURE_DOOMED`] | `Failed` | [`Shim::end_capture`] with `doomed`: the recording was discarded |
 //! | any other | | `Failed` | the call failed and the device stays usable, as far as the shim knows |
 //!
 //! No status is [`Fault::WorkFailed`]: every fault CUDA reports for work that ran is sticky, so
-//! it loses the device.
+//! it loses the device, and for the whole process: after a trap, neither a new shim, nor a
+//! context of its own, nor a reset primary context works again in that process (seen on the
+//! H200; see the crate docs).
 //!
 //! **Only the codes CUDA documents as sticky lose the device.** Calling a live device lost would
 //! let the core free memory that work still running may use; calling a lost device `Failed` only
@@ -61,16 +65,30 @@ pub mod status {
     pub const NO_DEVICE: i32 = 100;
     /// `CUDA_ERROR_INVALID_DEVICE`.
     pub const INVALID_DEVICE: i32 = 101;
+    /// `CUDA_ERROR_INVALID_IMAGE` (a module image the driver cannot read).
+    pub const INVALID_IMAGE: i32 = 200;
     /// `CUDA_ERROR_INVALID_CONTEXT`.
     pub const INVALID_CONTEXT: i32 = 201;
+    /// `CUDA_ERROR_NO_BINARY_FOR_GPU` (a module with no code for this architecture).
+    pub const NO_BINARY_FOR_GPU: i32 = 209;
     /// `CUDA_ERROR_ECC_UNCORRECTABLE`.
     pub const ECC_UNCORRECTABLE: i32 = 214;
+    /// `CUDA_ERROR_INVALID_PTX` (PTX that does not assemble).
+    pub const INVALID_PTX: i32 = 218;
     /// `CUDA_ERROR_NVLINK_UNCORRECTABLE`.
     pub const NVLINK_UNCORRECTABLE: i32 = 220;
+    /// `CUDA_ERROR_JIT_COMPILER_NOT_FOUND` (the driver's PTX compiler is missing).
+    pub const JIT_COMPILER_NOT_FOUND: i32 = 221;
+    /// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (PTX newer than the driver).
+    pub const UNSUPPORTED_PTX_VERSION: i32 = 222;
     /// `CUDA_ERROR_CONTAINED` (CUDA ≥ 12.8).
     pub const CONTAINED: i32 = 226;
     /// `CUDA_ERROR_INVALID_HANDLE`.
     pub const INVALID_HANDLE: i32 = 400;
+    /// `CUDA_ERROR_ILLEGAL_STATE` (e.g. ending a capture on a stream that is not recording).
+    pub const ILLEGAL_STATE: i32 = 401;
+    /// `CUDA_ERROR_NOT_FOUND` (e.g. a kernel name a module does not have).
+    pub const NOT_FOUND: i32 = 500;
     /// `CUDA_ERROR_NOT_READY`.
     pub const NOT_READY: i32 = 600;
     /// `CUDA_ERROR_ILLEGAL_ADDRESS`.
@@ -103,6 +121,14 @@ pub mod status {
     pub const NOT_SUPPORTED: i32 = 801;
     /// `CUDA_ERROR_SYSTEM_DRIVER_MISMATCH`.
     pub const SYSTEM_DRIVER_MISMATCH: i32 = 803;
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (a call illegal while the stream records; it
+    /// invalidates the capture).
+    pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (the capture was invalidated by an illegal call).
+    pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
+    /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (a thread-local capture ended on another
+    /// thread).
+    pub const STREAM_CAPTURE_WRONG_THREAD: i32 = 908;
     /// `CUDA_ERROR_EXTERNAL_DEVICE`.
     pub const EXTERNAL_DEVICE: i32 = 911;
     /// `CUDA_ERROR_UNKNOWN`.
@@ -113,9 +139,14 @@ pub mod status {
     pub const UNSUPPORTED: i32 = -1;
     /// Shim: a size the device can never hold, refused before any driver call.
     pub const TOO_BIG: i32 = -2;
-    /// Shim: a null host pointer or a size past the host's address space, refused before any
-    /// driver call.
+    /// Shim: a null host pointer or a size past the host's address space, a launch's buffer
+    /// slot past its buffers, or a kernel of another context, refused before any driver call.
     pub const BAD_ARGUMENT: i32 = -3;
+    /// Shim: a launch's parameters differ from the kernel's in number or size (or a scalar is
+    /// empty), refused before any driver call; `CudaKernel::check_params` says what differs.
+    pub const PARAM_MISMATCH: i32 = -4;
+    /// Shim: a capture ended as doomed; the recording was discarded.
+    pub const CAPTURE_DOOMED: i32 = -5;
 }
 
 /// Every named status with its name, for messages.
@@ -129,14 +160,27 @@ const NAMES: &[(i32, &str)] = &[
     (status::DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE"),
     (status::NO_DEVICE, "CUDA_ERROR_NO_DEVICE"),
     (status::INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE"),
+    (status::INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE"),
     (status::INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT"),
+    (status::NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU"),
     (status::ECC_UNCORRECTABLE, "CUDA_ERROR_ECC_UNCORRECTABLE"),
+    (status::INVALID_PTX, "CUDA_ERROR_INVALID_PTX"),
     (
         status::NVLINK_UNCORRECTABLE,
         "CUDA_ERROR_NVLINK_UNCORRECTABLE",
     ),
+    (
+        status::JIT_COMPILER_NOT_FOUND,
+        "CUDA_ERROR_JIT_COMPILER_NOT_FOUND",
+    ),
+    (
+        status::UNSUPPORTED_PTX_VERSION,
+        "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+    ),
     (status::CONTAINED, "CUDA_ERROR_CONTAINED"),
     (status::INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"),
+    (status::ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE"),
+    (status::NOT_FOUND, "CUDA_ERROR_NOT_FOUND"),
     (status::NOT_READY, "CUDA_ERROR_NOT_READY"),
     (status::ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS"),
     (
@@ -171,11 +215,31 @@ const NAMES: &[(i32, &str)] = &[
         status::SYSTEM_DRIVER_MISMATCH,
         "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
     ),
+    (
+        status::STREAM_CAPTURE_UNSUPPORTED,
+        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+    ),
+    (
+        status::STREAM_CAPTURE_INVALIDATED,
+        "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+    ),
+    (
+        status::STREAM_CAPTURE_WRONG_THREAD,
+        "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+    ),
     (status::EXTERNAL_DEVICE, "CUDA_ERROR_EXTERNAL_DEVICE"),
     (status::UNKNOWN, "CUDA_ERROR_UNKNOWN"),
     (status::UNSUPPORTED, "devcmd-cuda: unsupported"),
     (status::TOO_BIG, "devcmd-cuda: too big"),
     (status::BAD_ARGUMENT, "devcmd-cuda: bad argument"),
+    (
+        status::PARAM_MISMATCH,
+        "devcmd-cuda: kernel parameters do not match the kernel's",
+    ),
+    (
+        status::CAPTURE_DOOMED,
+        "devcmd-cuda: doomed capture discarded",
+    ),
 ];
 
 /// The name of `status` when the classification names it (`CUDA_ERROR_...`), else `None`.
@@ -249,6 +313,31 @@ mod tests {
             (status::NO_DEVICE, R::CUDA_ERROR_NO_DEVICE),
             (status::INVALID_DEVICE, R::CUDA_ERROR_INVALID_DEVICE),
             (status::INVALID_CONTEXT, R::CUDA_ERROR_INVALID_CONTEXT),
+            (status::INVALID_IMAGE, R::CUDA_ERROR_INVALID_IMAGE),
+            (status::NO_BINARY_FOR_GPU, R::CUDA_ERROR_NO_BINARY_FOR_GPU),
+            (status::INVALID_PTX, R::CUDA_ERROR_INVALID_PTX),
+            (
+                status::JIT_COMPILER_NOT_FOUND,
+                R::CUDA_ERROR_JIT_COMPILER_NOT_FOUND,
+            ),
+            (
+                status::UNSUPPORTED_PTX_VERSION,
+                R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+            ),
+            (status::ILLEGAL_STATE, R::CUDA_ERROR_ILLEGAL_STATE),
+            (status::NOT_FOUND, R::CUDA_ERROR_NOT_FOUND),
+            (
+                status::STREAM_CAPTURE_UNSUPPORTED,
+                R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            ),
+            (
+                status::STREAM_CAPTURE_INVALIDATED,
+                R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+            ),
+            (
+                status::STREAM_CAPTURE_WRONG_THREAD,
+                R::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+            ),
             (status::ECC_UNCORRECTABLE, R::CUDA_ERROR_ECC_UNCORRECTABLE),
             (
                 status::NVLINK_UNCORRECTABLE,
@@ -382,6 +471,8 @@ mod tests {
             assert_eq!(fault(op, status::INVALID_VALUE), want, "{op}");
             assert_eq!(fault(op, status::TOO_BIG), Fault::TooBig);
             assert_eq!(fault(op, status::BAD_ARGUMENT), Fault::Failed);
+            assert_eq!(fault(op, status::PARAM_MISMATCH), Fault::Failed);
+            assert_eq!(fault(op, status::CAPTURE_DOOMED), Fault::Failed);
         }
     }
 

@@ -1,10 +1,931 @@
-//! Kernels: none yet.
+//! Kernels: modules compiled with NVRTC or loaded from PTX, cubins and fatbins, the kernels in
+//! them, and their launch.
+//!
+//! Owns: [`CudaModule`] (a `CUmodule`, unloaded with its context bound when its last user
+//! drops), [`CudaKernel`] (a `CUfunction` that keeps its module loaded), their errors
+//! ([`CudaKernelError`]), the launch (`cuLaunchKernel`) and its parameter check. Does **not**
+//! own: the compile itself and the NVRTC library (`nvrtc.rs`), the context and its binding
+//! (`device.rs`), streams (`stream.rs`).
+//!
+//! # Kernels are loaded once, at start-up
+//!
+//! [`CudaShim::compile`] compiles CUDA C with NVRTC for the device's own architecture (a cubin
+//! for `sm_XY`; PTX for the newest older `compute_XY` when NVRTC does not know the device) and
+//! loads it; [`CudaShim::load_module`] loads PTX, a cubin or a fatbin built ahead of time (the
+//! way on Jetson, where JIT compilation at start-up is slow and discouraged). Both are meant for
+//! start-up: a compile takes tens of milliseconds or more (12 to 17 ms for a small kernel on the
+//! H200 host), a load a fraction of that. A launch then costs one `cuLaunchKernel`: about
+//! 3.4 µs to enqueue on the H200 host through [`Shim::launch`](devcmd::Shim::launch), the same
+//! as `cuLaunchKernel` called directly.
+//!
+//! # Parameters
+//!
+//! A launch passes the kernel's parameters in its order ([`KernelParam`]): a `Buffer(slot)` as the
+//! 64-bit device address of `buffers[slot]`, a `Scalar` as its bytes, exactly the parameter's
+//! size. With bindings of CUDA 12.4 or newer (the features `cuda-12060` and `cuda-13000`) and a
+//! driver that has `cuFuncGetParamInfo`, the shim reads each kernel's parameter sizes once, when
+//! the kernel is looked up, and refuses a launch whose count or sizes differ
+//! ([`status::PARAM_MISMATCH`](crate::status::PARAM_MISMATCH); [`CudaKernel::check_params`]
+//! says what differs) instead of letting the driver read past a scalar. With older bindings
+//! (`cuda-11040`, `cuda-12020`: JetPack 5 and 6.0) the sizes are **the caller's
+//! responsibility**: [`CudaKernel::param_sizes`] is `None` and only empty scalars are refused.
 
-/// A kernel loaded on the device. **None can exist yet** (the type has no values): loading
-/// kernels once at start-up (NVRTC from CUDA C, or PTX and cubins loaded by the driver) and
-/// launching them with `cuLaunchKernel` come with issue 8's launch contract, which carries what
-/// the hardware needs (grid and block dimensions, dynamic shared memory, parameters in the
-/// kernel's order). Until then [`Shim::launch`](devcmd::Shim::launch) answers
-/// [`Fault::Unsupported`](devcmd::Fault::Unsupported).
-#[derive(Debug)]
-pub enum CudaKernel {}
+use crate::device::{Context, CudaShim};
+use crate::faults::{classify, code, is_sticky, status, status_name};
+use crate::nvrtc;
+use crate::stream::CudaStream;
+use cudarc::driver::sys;
+use devcmd::{DeviceSpan, DriverError, KernelParam, LaunchDims, ShimOp};
+use std::ffi::{CString, c_void};
+use std::fmt;
+use std::ptr;
+use std::sync::Arc;
+
+/// Launches with at most this many parameters build their parameter array on the stack (no heap
+/// allocation); longer ones allocate two small vectors.
+pub const STACK_PARAMS: usize = 16;
+
+/// Bytes of the driver's error log kept when a module fails to load.
+const LOG_BYTES: usize = 16 << 10;
+
+/// Whether this build reads kernels' parameter sizes (bindings of CUDA 12.4 or newer declare
+/// `cuFuncGetParamInfo`); the driver must have the function too.
+pub const PARAM_INFO_BINDINGS: bool = cfg!(any(feature = "cuda-12060", feature = "cuda-13000"));
+
+/// What kind of image a module was loaded from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// An ELF cubin: machine code for one architecture.
+    Cubin,
+    /// A fatbin: cubins and PTX for several architectures; the driver picks.
+    Fatbin,
+    /// PTX text: the driver compiles it for the device when loading it.
+    Ptx,
+}
+
+impl ImageFormat {
+    /// The format of `image`, by its first bytes: ELF is a cubin, `0xBA55ED50` a fatbin, the rest
+    /// PTX text.
+    pub fn of(image: &[u8]) -> Self {
+        if image.starts_with(b"\x7fELF") {
+            Self::Cubin
+        } else if image.starts_with(&0xBA55_ED50u32.to_le_bytes()) {
+            Self::Fatbin
+        } else {
+            Self::Ptx
+        }
+    }
+}
+
+impl fmt::Display for ImageFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Cubin => "cubin",
+            Self::Fatbin => "fatbin",
+            Self::Ptx => "PTX",
+        })
+    }
+}
+
+/// Why a module could not be compiled or loaded, a kernel found, or a launch's parameters
+/// checked. Each message says what was asked, what was found and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CudaKernelError {
+    /// No NVRTC library loads (only [`CudaShim::compile`] needs one).
+    NvrtcNotFound {
+        /// Every library name and path tried, in order.
+        tried: Vec<String>,
+        /// What the system loader said for the names it reported on: `(name, message)`.
+        reasons: Vec<(String, String)>,
+    },
+    /// The NVRTC library lacks a function the shim calls.
+    NvrtcMissingSymbol {
+        /// The library that loaded.
+        library: String,
+        /// The function it lacks.
+        symbol: &'static str,
+    },
+    /// NVRTC knows neither the device's architecture nor any older one.
+    UnsupportedArch {
+        /// The device's compute capability.
+        device: (u32, u32),
+        /// NVRTC's version.
+        nvrtc: (i32, i32),
+        /// The architectures NVRTC compiles for (`90` is sm_90).
+        supported: Vec<i32>,
+    },
+    /// The source does not compile.
+    Compile {
+        /// NVRTC's log: the compiler's errors and warnings.
+        log: String,
+        /// Every option passed, the architecture included.
+        options: Vec<String>,
+    },
+    /// An NVRTC call failed for another reason than the source (an unknown option, say).
+    Nvrtc {
+        /// The NVRTC function.
+        call: &'static str,
+        /// Its `nvrtcResult`.
+        status: i32,
+        /// NVRTC's words for the status.
+        message: String,
+        /// NVRTC's log, if it wrote one.
+        log: String,
+    },
+    /// The source, an option or a kernel name holds a NUL byte.
+    Nul {
+        /// Which.
+        what: &'static str,
+    },
+    /// The image to load is empty.
+    EmptyImage,
+    /// The driver refused the image (`cuModuleLoadDataEx`).
+    Load {
+        /// What the image looked like.
+        format: ImageFormat,
+        /// The `CUresult`.
+        status: i32,
+        /// The driver's error log (the PTX assembler's errors, for PTX).
+        log: String,
+        /// The driver's CUDA version.
+        driver: i32,
+    },
+    /// The module has no kernel of this name (`cuModuleGetFunction`: `CUDA_ERROR_NOT_FOUND`).
+    NoSuchKernel {
+        /// The name asked for.
+        name: String,
+    },
+    /// A launch's parameters differ from the kernel's in number or size.
+    ParamMismatch {
+        /// The kernel.
+        kernel: String,
+        /// The kernel's parameter sizes, in bytes.
+        expected: Vec<usize>,
+        /// The sizes the launch passed (a buffer is 8 bytes).
+        given: Vec<usize>,
+    },
+    /// A driver call failed.
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// Its `CUresult`.
+        status: i32,
+    },
+}
+
+impl CudaKernelError {
+    /// Whether no NVRTC library loads on this machine.
+    pub fn is_nvrtc_not_found(&self) -> bool {
+        matches!(self, Self::NvrtcNotFound { .. })
+    }
+
+    /// Whether the device is lost (a sticky `CUresult`): nothing of this context runs again.
+    pub fn loses_device(&self) -> bool {
+        match self {
+            Self::Load { status, .. } | Self::Driver { status, .. } => is_sticky(*status),
+            _ => false,
+        }
+    }
+
+    fn driver(call: &'static str, status: i32) -> Self {
+        Self::Driver { call, status }
+    }
+}
+
+/// `NAME (n)` of a `CUresult`.
+struct Status(i32);
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match status_name(self.0) {
+            Some(name) => write!(f, "{name} ({})", self.0),
+            None => write!(f, "CUresult {}", self.0),
+        }
+    }
+}
+
+impl fmt::Display for CudaKernelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NvrtcNotFound { tried, reasons } => {
+                write!(f, "NVRTC not found: tried {}", tried.join(", "))?;
+                for (name, why) in reasons {
+                    write!(f, "; {name}: {why}")?;
+                }
+                write!(
+                    f,
+                    ". Install the CUDA toolkit's libnvrtc (the cuda-nvrtc package of the \
+                     driver's CUDA version) or add the folder holding libnvrtc.so.{} to \
+                     LD_LIBRARY_PATH (or set CUDA_PATH); or compile ahead of time (nvcc -cubin or \
+                     -ptx) and load the PTX or cubin with CudaShim::load_module, which needs no \
+                     NVRTC (the way on Jetson, where JIT compilation is discouraged)",
+                    crate::BINDING_VERSION / 1000
+                )
+            }
+            Self::NvrtcMissingSymbol { library, symbol } => write!(
+                f,
+                "the NVRTC library {library} lacks {symbol}, which devcmd-cuda calls: it is not \
+                 an NVRTC of CUDA 11.2 or newer; install the toolkit's libnvrtc matching the \
+                 driver, or load PTX or a cubin with CudaShim::load_module"
+            ),
+            Self::UnsupportedArch {
+                device,
+                nvrtc,
+                supported,
+            } => write!(
+                f,
+                "NVRTC {}.{} cannot compile for this device (compute capability {}.{}): it \
+                 supports {:?} only; use the NVRTC of an older CUDA toolkit, or load PTX or a \
+                 cubin built for sm_{}{} with CudaShim::load_module",
+                nvrtc.0, nvrtc.1, device.0, device.1, supported, device.0, device.1
+            ),
+            Self::Compile { log, options } => write!(
+                f,
+                "the CUDA C source does not compile (NVRTC, options {options:?}); fix the \
+                 source. NVRTC's log:\n{log}"
+            ),
+            Self::Nvrtc {
+                call,
+                status,
+                message,
+                log,
+            } => {
+                write!(f, "{call} failed: {message} (nvrtcResult {status})")?;
+                if *status == 5 {
+                    write!(
+                        f,
+                        "; an option is not one NVRTC knows: check the options passed"
+                    )?;
+                }
+                if !log.is_empty() {
+                    write!(f, ". NVRTC's log:\n{log}")?;
+                }
+                Ok(())
+            }
+            Self::Nul { what } => write!(
+                f,
+                "{what} holds a NUL byte, which the CUDA APIs cannot take; remove it"
+            ),
+            Self::EmptyImage => write!(
+                f,
+                "the module image is empty: pass the bytes of PTX text, a cubin or a fatbin"
+            ),
+            Self::Load {
+                format,
+                status: s,
+                log,
+                driver,
+            } => {
+                write!(
+                    f,
+                    "the driver could not load the {format} image: cuModuleLoadDataEx returned \
+                     {}",
+                    Status(*s)
+                )?;
+                let hint = match *s {
+                    status::NO_BINARY_FOR_GPU => {
+                        "; the image holds no code for this device's architecture: build it for \
+                         the device's sm_XY (see CudaShim::compute_capability) or include PTX"
+                    }
+                    status::UNSUPPORTED_PTX_VERSION => {
+                        "; the PTX is newer than the driver understands: build it with a toolkit \
+                         no newer than the driver, or update the driver"
+                    }
+                    status::INVALID_PTX => "; the PTX does not assemble (see the log)",
+                    status::INVALID_IMAGE => {
+                        "; the bytes are not a cubin, fatbin or PTX text this driver reads"
+                    }
+                    status::JIT_COMPILER_NOT_FOUND => {
+                        "; the driver's PTX compiler (libnvidia-ptxjitcompiler) is missing: \
+                         load a cubin instead"
+                    }
+                    _ => "",
+                };
+                write!(
+                    f,
+                    "{hint} (driver CUDA {}.{})",
+                    driver / 1000,
+                    driver % 1000 / 10
+                )?;
+                if !log.is_empty() {
+                    write!(f, ". The driver's log:\n{log}")?;
+                }
+                Ok(())
+            }
+            Self::NoSuchKernel { name } => write!(
+                f,
+                "the module has no kernel named `{name}`: a kernel must be `__global__` and, in \
+                 CUDA C++, declared `extern \"C\"` (otherwise its name is mangled); check the \
+                 spelling"
+            ),
+            Self::ParamMismatch {
+                kernel,
+                expected,
+                given,
+            } => {
+                write!(
+                    f,
+                    "kernel `{kernel}` takes {} parameter(s) of {expected:?} bytes, the launch \
+                     passed {} of {given:?} bytes",
+                    expected.len(),
+                    given.len()
+                )?;
+                if let Some(i) = expected.iter().zip(given).position(|(e, g)| e != g) {
+                    write!(
+                        f,
+                        " (parameter {i} is {} bytes in the kernel, {} passed)",
+                        expected[i], given[i]
+                    )?;
+                }
+                write!(
+                    f,
+                    "; pass every parameter in the kernel's order with its exact size: a Buffer \
+                     is an 8-byte pointer, a Scalar the bytes of the C type (4 for int and float, \
+                     8 for long long and double)"
+                )
+            }
+            Self::Driver { call, status: s } => {
+                write!(f, "{call} failed: {}", Status(*s))?;
+                if is_sticky(*s) {
+                    write!(
+                        f,
+                        "; the device is lost for this process: CUDA recovers from it only in \
+                         a new process"
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for CudaKernelError {}
+
+/// A loaded module: unloaded (with its context bound) when the last [`CudaModule`] or
+/// [`CudaKernel`] holding it drops.
+struct Module {
+    raw: sys::CUmodule,
+    ctx: Arc<Context>,
+    format: ImageFormat,
+    /// The NVRTC options of a compiled module (empty for a loaded one).
+    options: Vec<String>,
+    /// NVRTC's log of a compiled module (its warnings; empty for a loaded one).
+    log: String,
+}
+
+// SAFETY: a `CUmodule` is a driver handle usable from any thread with its context current; the
+// context is bound before every use and in `Drop`.
+unsafe impl Send for Module {}
+// SAFETY: the driver API is thread-safe; `&Module` only passes the handle to it.
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // Errors are ignored: a drop cannot report them, and a lost context unloads everything.
+        let _ = self.ctx.bind(ShimOp::Launch);
+        // SAFETY: the module was loaded by `load` and is unloaded once, here; no kernel of it is
+        // left (each holds the `Arc` this drop ends). Work already enqueued keeps what it needs.
+        let _ = unsafe { sys::cuModuleUnload(self.raw) };
+    }
+}
+
+/// A module loaded on the device: the kernels of one compile or one image. Cheap to clone; the
+/// module stays loaded while any clone or any [`CudaKernel`] of it lives. `Send + Sync`.
+#[derive(Clone)]
+pub struct CudaModule {
+    inner: Arc<Module>,
+}
+
+impl fmt::Debug for CudaModule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaModule")
+            .field("raw", &self.inner.raw)
+            .field("format", &self.inner.format)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaModule {
+    /// The kernel `name` (`cuModuleGetFunction`), with its parameter sizes where the bindings
+    /// and the driver can tell them (see [`CudaKernel`]).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaKernelError::NoSuchKernel`] when the module has none of that name.
+    pub fn kernel(&self, name: &str) -> Result<CudaKernel, CudaKernelError> {
+        let c_name = CString::new(name).map_err(|_| CudaKernelError::Nul {
+            what: "the kernel name",
+        })?;
+        bind(&self.inner.ctx)?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: the module is alive (held by `self`), the name NUL-terminated, the pointer
+        // valid for one write; the context is current.
+        let r =
+            code(unsafe { sys::cuModuleGetFunction(&mut raw, self.inner.raw, c_name.as_ptr()) });
+        match r {
+            status::SUCCESS => {}
+            status::NOT_FOUND => {
+                return Err(CudaKernelError::NoSuchKernel {
+                    name: name.to_owned(),
+                });
+            }
+            s => return Err(CudaKernelError::driver("cuModuleGetFunction", s)),
+        }
+        Ok(CudaKernel {
+            raw,
+            name: name.into(),
+            params: param_sizes(raw)?,
+            module: Arc::clone(&self.inner),
+        })
+    }
+
+    /// What the module was loaded from.
+    pub fn format(&self) -> ImageFormat {
+        self.inner.format
+    }
+
+    /// The options NVRTC compiled it with, the architecture included (empty for a module loaded
+    /// with [`CudaShim::load_module`]).
+    pub fn compile_options(&self) -> &[String] {
+        &self.inner.options
+    }
+
+    /// NVRTC's log of the compile: its warnings (empty when it wrote none, and for a loaded
+    /// module).
+    pub fn compile_log(&self) -> &str {
+        &self.inner.log
+    }
+
+    /// The raw `CUmodule`, for code that calls the driver itself. Valid while `self` lives.
+    pub fn cu_module(&self) -> sys::CUmodule {
+        self.inner.raw
+    }
+}
+
+/// A kernel of a loaded module, ready to launch; it keeps its module loaded. Cheap to clone;
+/// `Send + Sync`.
+///
+/// # Parameters
+///
+/// [`Shim::launch`](devcmd::Shim::launch) passes the kernel's parameters in its order
+/// ([`KernelParam`]): a `Buffer(slot)` as the 64-bit device address of `buffers[slot]`, a
+/// `Scalar` as its bytes, exactly the parameter's size. With bindings of CUDA 12.4 or newer (the
+/// features `cuda-12060` and `cuda-13000`, [`PARAM_INFO_BINDINGS`]) and a driver that has
+/// `cuFuncGetParamInfo`, the sizes are read once, when the kernel is looked up
+/// ([`Self::param_sizes`]), and a launch whose count or sizes differ is refused with
+/// [`status::PARAM_MISMATCH`](crate::status::PARAM_MISMATCH) ([`Self::check_params`] says what
+/// differs) instead of letting the driver read past a scalar. With older bindings (`cuda-11040`,
+/// `cuda-12020`: JetPack 5 and 6.0) the sizes are **the caller's responsibility**: only empty
+/// scalars are refused.
+#[derive(Clone)]
+pub struct CudaKernel {
+    raw: sys::CUfunction,
+    name: Box<str>,
+    /// The parameter sizes in bytes, where the bindings and the driver tell them.
+    params: Option<Arc<[usize]>>,
+    module: Arc<Module>,
+}
+
+// SAFETY: a `CUfunction` is a driver handle usable from any thread with its context current; the
+// shim binds the context before every launch.
+unsafe impl Send for CudaKernel {}
+// SAFETY: the driver API is thread-safe; `&CudaKernel` only passes the handle to it.
+unsafe impl Sync for CudaKernel {}
+
+impl fmt::Debug for CudaKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaKernel")
+            .field("name", &self.name)
+            .field("param_sizes", &self.params)
+            .field("format", &self.module.format)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaKernel {
+    /// The kernel's name, as asked for.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The sizes in bytes of the kernel's parameters, in order (`cuFuncGetParamInfo`); `None`
+    /// where the bindings (older than CUDA 12.4) or the driver cannot tell, and a launch's
+    /// sizes are then the caller's responsibility.
+    pub fn param_sizes(&self) -> Option<&[usize]> {
+        self.params.as_deref()
+    }
+
+    /// Whether `params` match the kernel's parameters in number and size (a buffer is 8
+    /// bytes); the check [`Shim::launch`](devcmd::Shim::launch) makes, with the reason.
+    /// Always `Ok` where the sizes are unknown, except for an empty scalar.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaKernelError::ParamMismatch`], naming both lists of sizes.
+    pub fn check_params(&self, params: &[KernelParam<'_>]) -> Result<(), CudaKernelError> {
+        if self.params_match(params) {
+            return Ok(());
+        }
+        Err(CudaKernelError::ParamMismatch {
+            kernel: self.name.to_string(),
+            expected: self.params.as_deref().unwrap_or(&[]).to_vec(),
+            given: params.iter().map(size_of_param).collect(),
+        })
+    }
+
+    /// The launch's check: counts and sizes equal where known; never an empty scalar.
+    fn params_match(&self, params: &[KernelParam<'_>]) -> bool {
+        match &self.params {
+            Some(sizes) => {
+                sizes.len() == params.len()
+                    && sizes
+                        .iter()
+                        .zip(params)
+                        .all(|(s, p)| *s == size_of_param(p))
+            }
+            None => params
+                .iter()
+                .all(|p| !matches!(p, KernelParam::Scalar(b) if b.is_empty())),
+        }
+    }
+
+    /// The raw `CUfunction`, for code that calls the driver itself. Valid while `self` lives.
+    pub fn cu_function(&self) -> sys::CUfunction {
+        self.raw
+    }
+
+    /// The module the kernel belongs to.
+    pub fn module(&self) -> CudaModule {
+        CudaModule {
+            inner: Arc::clone(&self.module),
+        }
+    }
+}
+
+/// The size a parameter passes: 8 for a buffer's address, the bytes of a scalar.
+fn size_of_param(p: &KernelParam<'_>) -> usize {
+    match p {
+        KernelParam::Buffer(_) => 8,
+        KernelParam::Scalar(bytes) => bytes.len(),
+    }
+}
+
+/// Binds `ctx`, as a kernel error.
+fn bind(ctx: &Context) -> Result<(), CudaKernelError> {
+    ctx.bind(ShimOp::Launch)
+        .map_err(|e| CudaKernelError::driver("cuCtxSetCurrent", e.status))
+}
+
+/// The parameter sizes of `f` (`cuFuncGetParamInfo`, index by index until the driver answers
+/// `CUDA_ERROR_INVALID_VALUE` past the last), or `None` where the driver lacks the function or
+/// cannot tell for this kernel.
+#[cfg(any(feature = "cuda-12060", feature = "cuda-13000"))]
+fn param_sizes(f: sys::CUfunction) -> Result<Option<Arc<[usize]>>, CudaKernelError> {
+    use std::sync::OnceLock;
+    /// A kernel's parameters fill at most 32 764 bytes, so no kernel has more.
+    const MAX_PARAMS: usize = 32_768;
+    static DRIVER_HAS_IT: OnceLock<bool> = OnceLock::new();
+    if !*DRIVER_HAS_IT.get_or_init(|| crate::driver::has_symbol("cuFuncGetParamInfo")) {
+        return Ok(None);
+    }
+    let mut sizes = Vec::new();
+    for index in 0..MAX_PARAMS {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: the symbol exists (checked above); `f` is a live function of the current
+        // context; both pointers are valid for one write.
+        let r = code(unsafe { sys::cuFuncGetParamInfo(f, index, &mut offset, &mut size) });
+        match r {
+            status::SUCCESS => sizes.push(size),
+            status::INVALID_VALUE => return Ok(Some(sizes.into())),
+            s if is_sticky(s) => return Err(CudaKernelError::driver("cuFuncGetParamInfo", s)),
+            // The driver cannot tell for this kernel: unchecked, as with older bindings.
+            _ => return Ok(None),
+        }
+    }
+    Ok(None)
+}
+
+/// Older bindings do not declare `cuFuncGetParamInfo`: sizes are the caller's responsibility.
+#[cfg(not(any(feature = "cuda-12060", feature = "cuda-13000")))]
+fn param_sizes(_f: sys::CUfunction) -> Result<Option<Arc<[usize]>>, CudaKernelError> {
+    Ok(None)
+}
+
+/// Loads `image` in `ctx` (`cuModuleLoadDataEx`, keeping the driver's error log).
+fn load(
+    ctx: &Arc<Context>,
+    image: &[u8],
+    options: Vec<String>,
+    log: String,
+    driver: i32,
+) -> Result<CudaModule, CudaKernelError> {
+    if image.is_empty() {
+        return Err(CudaKernelError::EmptyImage);
+    }
+    let format = ImageFormat::of(image);
+    // PTX must end with a NUL; binary images are read as 8-byte words, so they get an aligned
+    // copy when they are not aligned.
+    let mut words: Vec<u64> = Vec::new();
+    let mut text: Vec<u8> = Vec::new();
+    let data: *const c_void = match format {
+        ImageFormat::Ptx if image.last() != Some(&0) => {
+            text.reserve_exact(image.len() + 1);
+            text.extend_from_slice(image);
+            text.push(0);
+            text.as_ptr().cast()
+        }
+        ImageFormat::Cubin | ImageFormat::Fatbin if image.as_ptr().align_offset(8) != 0 => {
+            words.resize(image.len().div_ceil(8), 0);
+            // SAFETY: `words` holds at least `image.len()` bytes; the two do not overlap.
+            unsafe {
+                ptr::copy_nonoverlapping(image.as_ptr(), words.as_mut_ptr().cast(), image.len())
+            };
+            words.as_ptr().cast()
+        }
+        _ => image.as_ptr().cast(),
+    };
+    bind(ctx)?;
+    let mut error_log = vec![0u8; LOG_BYTES];
+    let mut keys = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut values: [*mut c_void; 2] = [
+        error_log.as_mut_ptr().cast(),
+        ptr::without_provenance_mut(LOG_BYTES),
+    ];
+    let mut raw = ptr::null_mut();
+    // SAFETY: `data` points to the whole image (NUL-terminated for PTX, aligned for binaries),
+    // alive across the call; the options pair the log buffer with its size; the pointer is
+    // valid for one write; the context is current.
+    let r = code(unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut raw,
+            data,
+            keys.len() as u32,
+            keys.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    });
+    if r != status::SUCCESS {
+        let end = error_log.iter().position(|b| *b == 0).unwrap_or(0);
+        return Err(CudaKernelError::Load {
+            format,
+            status: r,
+            log: String::from_utf8_lossy(&error_log[..end])
+                .trim_end()
+                .to_owned(),
+            driver,
+        });
+    }
+    Ok(CudaModule {
+        inner: Arc::new(Module {
+            raw,
+            ctx: Arc::clone(ctx),
+            format,
+            options,
+            log,
+        }),
+    })
+}
+
+impl CudaShim {
+    /// Compiles CUDA C `source` with NVRTC and loads it: once, at start-up.
+    ///
+    /// The target is the device's own architecture ([`Self::compute_capability`]): a cubin for
+    /// `sm_XY` where NVRTC knows it, else PTX for the newest older `compute_XY`, which the
+    /// driver compiles for the device. An architecture among `options`
+    /// (`--gpu-architecture=...` or `-arch=...`, e.g. `sm_90a` for Hopper's own instructions) is
+    /// used as given. Kernels must be `extern "C"` to be found by their plain names.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaKernelError::NvrtcNotFound`] without NVRTC ("NVRTC not found: tried ...", never a
+    /// panic); [`CudaKernelError::Compile`] with NVRTC's log when the source does not compile;
+    /// [`CudaKernelError::Load`] when the driver refuses the result.
+    pub fn compile(&self, source: &str, options: &[&str]) -> Result<CudaModule, CudaKernelError> {
+        let compiled = nvrtc::compile(source, options, self.compute_capability())?;
+        load(
+            self.context(),
+            &compiled.image,
+            compiled.options,
+            compiled.log,
+            self.driver_version(),
+        )
+    }
+
+    /// Compiles CUDA C `source` as [`Self::compile`] does, without loading it: the cubin (or the
+    /// PTX, with its NUL) for [`Self::load_module`], e.g. to keep on disk so that later start-ups
+    /// skip NVRTC.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::compile`], less the load.
+    pub fn compile_image(
+        &self,
+        source: &str,
+        options: &[&str],
+    ) -> Result<Vec<u8>, CudaKernelError> {
+        Ok(nvrtc::compile(source, options, self.compute_capability())?.image)
+    }
+
+    /// Loads a module built ahead of time: PTX text (with or without its final NUL), a cubin
+    /// (ELF) or a fatbin, as `cuModuleLoadDataEx` takes them; needs no NVRTC. The driver
+    /// compiles PTX for the device while loading it (kept in its cache,
+    /// `~/.nv/ComputeCache`).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaKernelError::Load`] with the driver's log (the PTX assembler's errors for PTX), and
+    /// a hint for the common statuses (no code for this architecture, PTX newer than the
+    /// driver).
+    pub fn load_module(&self, image: &[u8]) -> Result<CudaModule, CudaKernelError> {
+        load(
+            self.context(),
+            image,
+            Vec::new(),
+            String::new(),
+            self.driver_version(),
+        )
+    }
+
+    /// The NVRTC this process compiles with: its library and version (`(13, 0)`), or why none
+    /// loads.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::compile`] without NVRTC.
+    pub fn nvrtc() -> Result<(String, (i32, i32)), CudaKernelError> {
+        nvrtc::load().map(|n| (n.library.clone(), n.version))
+    }
+}
+
+/// Enqueues `kernel` on `stream` (`cuLaunchKernel`), its parameters in the kernel's order.
+///
+/// # Safety
+///
+/// [`Shim::launch`](devcmd::Shim::launch)'s contract: every span lies in a live device page and
+/// the kernel accesses nothing outside them. `ctx` is the shim's context, current on this thread.
+pub(crate) unsafe fn launch(
+    ctx: &Context,
+    stream: &CudaStream,
+    kernel: &CudaKernel,
+    dims: LaunchDims,
+    buffers: &[DeviceSpan],
+    params: &[KernelParam<'_>],
+) -> Result<(), DriverError> {
+    const OP: ShimOp = ShimOp::Launch;
+    if kernel.module.ctx.raw() != ctx.raw() {
+        return Err(classify(OP, status::BAD_ARGUMENT));
+    }
+    if !kernel.params_match(params) {
+        return Err(classify(OP, status::PARAM_MISMATCH));
+    }
+    let n = params.len();
+    if n <= STACK_PARAMS {
+        let mut addrs = [0u64; STACK_PARAMS];
+        let mut ptrs = [ptr::null_mut::<c_void>(); STACK_PARAMS];
+        // SAFETY: the caller's promise; the arrays hold `n` entries each.
+        unsafe {
+            enqueue(
+                stream,
+                kernel,
+                dims,
+                buffers,
+                params,
+                &mut addrs[..n],
+                &mut ptrs[..n],
+            )
+        }
+    } else {
+        let mut addrs = vec![0u64; n];
+        let mut ptrs = vec![ptr::null_mut::<c_void>(); n];
+        // SAFETY: as above.
+        unsafe { enqueue(stream, kernel, dims, buffers, params, &mut addrs, &mut ptrs) }
+    }
+}
+
+/// The launch proper, with room for the parameter array: `addrs` and `ptrs` hold one entry per
+/// parameter.
+///
+/// # Safety
+///
+/// As [`launch`].
+unsafe fn enqueue(
+    stream: &CudaStream,
+    kernel: &CudaKernel,
+    dims: LaunchDims,
+    buffers: &[DeviceSpan],
+    params: &[KernelParam<'_>],
+    addrs: &mut [u64],
+    ptrs: &mut [*mut c_void],
+) -> Result<(), DriverError> {
+    const OP: ShimOp = ShimOp::Launch;
+    for (addr, p) in addrs.iter_mut().zip(params) {
+        if let KernelParam::Buffer(slot) = *p {
+            // The core guarantees the slot is in range; a bad one is refused, not read.
+            let span = buffers
+                .get(slot)
+                .ok_or(classify(OP, status::BAD_ARGUMENT))?;
+            *addr = span.addr.0;
+        }
+    }
+    // Every pointer into `addrs` comes from this one base, taken after the last write.
+    let base = addrs.as_mut_ptr();
+    for (i, (slot, p)) in ptrs.iter_mut().zip(params).enumerate() {
+        *slot = match *p {
+            // SAFETY: `i` is below `addrs.len()` (one entry per parameter).
+            KernelParam::Buffer(_) => unsafe { base.add(i) }.cast(),
+            KernelParam::Scalar(bytes) => bytes.as_ptr().cast_mut().cast(),
+        };
+    }
+    let kernel_params = if ptrs.is_empty() {
+        ptr::null_mut()
+    } else {
+        ptrs.as_mut_ptr()
+    };
+    let LaunchDims {
+        grid,
+        block,
+        shared_bytes,
+    } = dims;
+    // SAFETY: the function is alive (held by `kernel`) and of the current context (checked by
+    // `launch`); `kernel_params` holds one pointer per parameter, each to as many bytes as the
+    // kernel reads for it (checked against the kernel's sizes where the driver tells them, the
+    // caller's promise otherwise), alive across the call (the driver copies them at once); the
+    // buffers are valid by the caller's promise.
+    let r = unsafe {
+        sys::cuLaunchKernel(
+            kernel.raw,
+            grid.x,
+            grid.y,
+            grid.z,
+            block.x,
+            block.y,
+            block.z,
+            shared_bytes,
+            stream.cu_stream(),
+            kernel_params,
+            ptr::null_mut(),
+        )
+    };
+    crate::faults::check(OP, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_formats_by_their_first_bytes() {
+        assert_eq!(ImageFormat::of(b"\x7fELF\x02\x01"), ImageFormat::Cubin);
+        assert_eq!(
+            ImageFormat::of(&[0x50, 0xED, 0x55, 0xBA, 1, 0]),
+            ImageFormat::Fatbin
+        );
+        assert_eq!(ImageFormat::of(b"//\n.version 7.4\n"), ImageFormat::Ptx);
+    }
+
+    #[test]
+    fn a_param_mismatch_names_both_lists_and_the_first_difference() {
+        let e = CudaKernelError::ParamMismatch {
+            kernel: "k".into(),
+            expected: vec![8, 4],
+            given: vec![8, 8],
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("takes 2 parameter(s) of [8, 4] bytes"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("parameter 1 is 4 bytes in the kernel, 8 passed"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_load_error_names_the_status_and_what_to_do() {
+        let e = CudaKernelError::Load {
+            format: ImageFormat::Ptx,
+            status: status::UNSUPPORTED_PTX_VERSION,
+            log: String::new(),
+            driver: 12020,
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)"),
+            "{msg}"
+        );
+        assert!(msg.contains("driver CUDA 12.2"), "{msg}");
+        assert!(!e.loses_device());
+        let lost = CudaKernelError::Driver {
+            call: "cuModuleGetFunction",
+            status: status::LAUNCH_FAILED,
+        };
+        assert!(lost.loses_device());
+        assert!(lost.to_string().contains("the device is lost"));
+    }
+}

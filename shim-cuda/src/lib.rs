@@ -17,7 +17,40 @@
 //! | [`Shim::host_register`], [`Shim::host_unregister`] | `cuMemHostRegister` (portable) where `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`, `cuMemHostUnregister` |
 //! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, wherever the device maps host memory (the core decides whether to run zero copy on it: `DeviceConfig::zero_copy`) |
 //! | [`Shim::copy_to_device`], [`Shim::copy_to_host`], [`Shim::copy_on_device`] | `cuMemcpy{HtoD,DtoH,DtoD}Async` for linear layouts, `cuMemcpy2DAsync` for pitched ones |
-//! | [`Shim::launch`], [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | not yet: they answer [`Fault::Unsupported`](devcmd::Fault::Unsupported); kernels and graphs come with issue 8's launch contract ([`CudaKernel`], [`CudaGraph`]) |
+//! | [`Shim::launch`] | `cuLaunchKernel`, parameters in the kernel's order; their number and sizes checked against `cuFuncGetParamInfo` where the bindings (CUDA ≥ 12.4) and the driver have it ([`CudaKernel`]) |
+//! | [`Shim::begin_capture`], [`Shim::end_capture`] | `cuStreamBeginCapture` (thread-local mode), `cuStreamEndCapture`, `cuGraphInstantiateWithFlags` ([`CudaGraph`]) |
+//! | [`Shim::graph_upload`], [`Shim::graph_launch`] | `cuGraphUpload`, `cuGraphLaunch` |
+//!
+//! Kernels are compiled or loaded once, at start-up: [`CudaShim::compile`] compiles CUDA C with
+//! NVRTC (loaded at run time like the driver, and checked first: without it, a clear
+//! "NVRTC not found" error, never a panic) for the device's own architecture;
+//! [`CudaShim::load_module`] loads PTX, a cubin or a fatbin built ahead of time, with no NVRTC
+//! (the way on Jetson). [`CudaModule::kernel`] finds a kernel by name.
+//!
+//! ```no_run
+//! use devcmd::{KernelParam, LaunchDims, Shim};
+//! use devcmd_cuda::CudaShim;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let gpu = CudaShim::new(0)?;
+//! let module = gpu.compile(
+//!     r#"extern "C" __global__ void scale(float* x, float k, unsigned long long n) {
+//!         unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+//!         if (i < n) x[i] *= k;
+//!     }"#,
+//!     &[],
+//! )?;
+//! let scale = module.kernel("scale")?;
+//! assert_eq!(scale.param_sizes(), Some(&[8, 4, 8][..])); // CUDA >= 12.4 bindings and driver
+//! # let (stream, page) = (gpu.create_stream()?, gpu.device_alloc(4096)?);
+//! # let buffers = [devcmd::DeviceSpan { addr: gpu.device_page_addr(&page), len: 4096 }];
+//! let (k, n) = (2.0f32.to_ne_bytes(), 1024u64.to_ne_bytes());
+//! let params = [KernelParam::Buffer(0), KernelParam::Scalar(&k), KernelParam::Scalar(&n)];
+//! // SAFETY: `buffers[0]` is a live page of 1024 floats.
+//! unsafe { gpu.launch(&stream, &scale, LaunchDims::covering(1024, 256), &buffers, &params)? };
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Every error is built by [`classify`] from the `CUresult` (the table is in [`faults`]):
 //! CUDA's sticky errors lose the device, `CUDA_ERROR_OUT_OF_MEMORY` is a shortage, and so on.
@@ -29,10 +62,23 @@
 //!
 //! # Building: no CUDA needed
 //!
-//! The driver library (`libcuda.so.1`) is loaded with `dlopen` at run time (cudarc's
-//! `dynamic-loading`): building, linting, documenting and running the unit tests need no CUDA
-//! toolkit and no driver, and the binaries link only libc. cudarc's build script reads no
+//! The driver library (`libcuda.so.1`), and NVRTC (`libnvrtc.so.N`) for [`CudaShim::compile`],
+//! are loaded with `dlopen` at run time (cudarc's `dynamic-loading`): building, linting,
+//! documenting and running the unit tests need no CUDA toolkit and no driver, and the binaries
+//! link only libc. cudarc's build script reads no
 //! toolkit either: the binding version comes from a feature.
+//!
+//! # After a device fault
+//!
+//! A kernel that traps or touches a bad address surfaces as
+//! [`Fault::DeviceLost`](devcmd::Fault::DeviceLost) (`CUDA_ERROR_LAUNCH_FAILED`, 719, for a
+//! trap) at the next fence; its launch itself succeeds. From then on every call of the shim
+//! answers the same. **The process does not recover**: seen on the H200 (driver 580.159.04,
+//! CUDA 13.0), a second [`CudaShim::new`] while the first lives succeeds but shares the lost
+//! context (its work fails with 719); once every handle is dropped, `CudaShim::new` fails with
+//! 719 in `cuDevicePrimaryCtxRetain`, and so do a context of its own (`cuCtxCreate`) and
+//! `CudaShim::new` after `cuDevicePrimaryCtxReset` (which itself succeeds). A new process runs
+//! normally. So a server keeps the device in a process it can restart (`tests/trap.rs`).
 //!
 //! # Binding versions: exactly one feature
 //!
@@ -80,16 +126,21 @@ pub mod faults;
 mod graph;
 mod kernel;
 mod memory;
+mod nvrtc;
 mod stream;
 
 pub use device::{CudaShim, PAGE_ALIGNMENT};
 pub use driver::{
-    BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, SYMBOLS, driver_library,
+    BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, OPTIONAL_SYMBOLS, SYMBOLS,
+    driver_library,
 };
 pub use faults::{classify, status};
 pub use graph::CudaGraph;
-pub use kernel::CudaKernel;
+pub use kernel::{
+    CudaKernel, CudaKernelError, CudaModule, ImageFormat, PARAM_INFO_BINDINGS, STACK_PARAMS,
+};
 pub use memory::{CudaDevicePage, CudaHostPage, CudaRegistration};
+pub use nvrtc::NVRTC_SYMBOLS;
 pub use stream::{CudaEvent, CudaStream};
 
 #[cfg(doc)]

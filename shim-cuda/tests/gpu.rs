@@ -530,21 +530,3 @@ fn handles_cross_threads_and_every_thread_gets_the_context() {
         }
     });
 }
-
-#[test]
-fn launches_and_graphs_answer_unsupported_until_issue_8() {
-    let Some(shim) = gpu("launches_and_graphs_answer_unsupported_until_issue_8") else {
-        return;
-    };
-    let stream = shim.create_stream().unwrap();
-    assert_eq!(
-        shim.begin_capture(&stream).unwrap_err().fault,
-        Fault::Unsupported
-    );
-    assert_eq!(
-        shim.end_capture(&stream, false).unwrap_err().fault,
-        Fault::Unsupported
-    );
-    // The stream still works.
-    wait(&shim, &stream);
-}
