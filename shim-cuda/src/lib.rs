@@ -102,6 +102,11 @@
 //! older than the bindings ([`CudaInitError::DriverTooOld`], naming both versions and the
 //! feature that fits), so pick the oldest version among the machines a binary must run on.
 //!
+//! For Jetson, the repository's `scripts/jetson-cross` cross-builds the `cuda-facts` example
+//! (`examples/cuda-facts.rs`: prints what the shim sees of device 0) with `cuda-11040` for
+//! `aarch64-unknown-linux-gnu`, linked for glibc 2.31 (JetPack 5), and runs it under
+//! `qemu-aarch64`; the README's Jetson section explains the build.
+//!
 //! # Running without a driver
 //!
 //! On a machine without the NVIDIA driver, [`CudaShim::new`] returns
