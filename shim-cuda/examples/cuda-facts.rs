@@ -42,7 +42,7 @@ fn main() -> ExitCode {
                  largest page: {max_page} bytes\n\
                  integrated: {integrated}\n\
                  can map host memory: {map}\n\
-                 zero-copy pinned pages: {zero_copy}",
+                 zero copy by default (integrated and maps host memory): {zero_copy}",
                 name = gpu.name(),
                 driver = version(gpu.driver_version()),
                 driver_raw = gpu.driver_version(),
@@ -53,7 +53,7 @@ fn main() -> ExitCode {
                 max_page = f.max_page_size,
                 integrated = f.integrated,
                 map = f.can_map_host,
-                zero_copy = gpu.zero_copy(),
+                zero_copy = f.integrated && f.can_map_host,
             );
             ExitCode::SUCCESS
         }

@@ -104,3 +104,41 @@ fn registered_host_memory_uploads_in_place() {
     cmd.flush_drops().unwrap();
     cmd.flush_drops().unwrap();
 }
+
+/// The thread rule: the core calls the shim from one thread at a time, but not always the same
+/// one. A device moved to another thread, a future waited and a handle dropped on a thread that
+/// never touched CUDA all work, because the shim binds its context in every call.
+#[test]
+fn futures_handles_and_the_device_move_between_threads() {
+    let Some(shim) = gpu("futures_handles_and_the_device_move_between_threads") else {
+        return;
+    };
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    let data = pattern(1 << 20, 3);
+    let a = dev.command(S0).unwrap().create(&data).unwrap();
+    let read = dev
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&a)])
+        .unwrap();
+    let got = std::thread::spawn(move || read.wait().unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(got[0].as_slice(), &data[..]);
+    std::thread::spawn(move || drop(a)).join().unwrap();
+    let mut dev = std::thread::spawn(move || {
+        let b = dev.command(S1).unwrap().create(&[1; 4096]).unwrap();
+        let got = dev
+            .command(S1)
+            .unwrap()
+            .read_async(&[ReadRequest::whole(&b)])
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(got[0].as_slice(), [1; 4096]);
+        dev
+    })
+    .join()
+    .unwrap();
+    dev.command(S0).unwrap().memory_cleanup().unwrap();
+}
