@@ -100,6 +100,25 @@ impl core::fmt::Display for DeviceReport {
     }
 }
 
+#[cfg(feature = "defmt")]
+impl defmt::Format for DeviceReport {
+    /// As `Display`, through `defmt` (no float formatting in the image).
+    fn format(&self, f: defmt::Formatter<'_>) {
+        for (id, report) in &self.streams {
+            defmt::write!(f, "stream {=u32}:\n{}\n", id.0, report);
+        }
+        defmt::write!(f, "device pages held: {}", ReadableBytes(self.held));
+        if let Some(b) = self.budget {
+            defmt::write!(f, " of a {} budget", ReadableBytes(b));
+        }
+        defmt::write!(
+            f,
+            "\npinned host pages held: {}",
+            ReadableBytes(self.pinned_host)
+        );
+    }
+}
+
 /// A device: the shim, its streams and the device-wide state. Driven by one thread at a time;
 /// wrap it in a `spin::Mutex` to share it.
 #[derive(Debug)]
@@ -117,6 +136,8 @@ pub struct Device<S: Shim> {
     pub(crate) freed: Vec<u64>,
     /// Which streams used each allocation besides its owner (see `order.rs`).
     pub(crate) foreign_uses: ForeignUses,
+    /// Scratch for the device spans of a launch, reused by every launch (no allocation per launch).
+    pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
 }
 
 impl<S: Shim> Device<S> {
@@ -138,6 +159,7 @@ impl<S: Shim> Device<S> {
             ledger: FaultLedger::default(),
             freed: Vec::new(),
             foreign_uses: ForeignUses::default(),
+            launch_spans: Vec::new(),
         }
     }
 

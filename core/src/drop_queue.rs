@@ -266,8 +266,11 @@ impl<S: Shim> DropQueue<S> {
     /// Releases the pending batch after its fence ended with `outcome`: at once if the device is
     /// done with it; otherwise it is leaked on purpose, because freeing memory the device may
     /// still use could hand it to someone else.
+    ///
+    /// The batch is emptied in place: its vector keeps its capacity, so a queue that cycles under
+    /// its policy stages and releases without allocating once it is warm.
     fn release_pending(&mut self, shim: &S, outcome: FenceOutcome) {
-        let batch = core::mem::take(&mut self.pending);
+        let batch = self.pending.drain(..);
         match outcome {
             FenceOutcome::Passed
             | FenceOutcome::PassedOverFailedWork(_)
@@ -280,14 +283,13 @@ impl<S: Shim> DropQueue<S> {
                 }
             }
             FenceOutcome::Unknown(e) => {
+                let leaked = batch.len();
                 warn!(
                     "fence wait failed (status {}): leaking {} items the device may still use",
-                    e.status,
-                    batch.len()
+                    e.status, leaked
                 );
-                self.stats.items_leaked =
-                    self.stats.items_leaked.saturating_add(batch.len() as u64);
-                core::mem::forget(batch);
+                self.stats.items_leaked = self.stats.items_leaked.saturating_add(leaked as u64);
+                batch.for_each(core::mem::forget);
             }
         }
     }

@@ -9,7 +9,6 @@ use super::Command;
 use crate::error::{LaunchError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceSpan, KernelParam, LaunchDims, Shim};
-use alloc::vec::Vec;
 
 /// A kernel launch: the kernel, a name for failure reports, its geometry, the buffers it reads
 /// and writes, and its parameters in the kernel's own order. Buffer slots count the inputs first,
@@ -91,11 +90,15 @@ fn overlap(a: &Handle, b: &Handle) -> bool {
 /// The first pair (output, other buffer) of a launch whose views overlap, by position among the
 /// launch's buffers (inputs first).
 fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
-    let all: Vec<&Handle> = inputs.iter().chain(outputs).copied().collect();
-    (inputs.len()..all.len()).find_map(|o| {
-        (0..all.len())
+    let all = inputs.len() + outputs.len();
+    let at = |i: usize| match inputs.get(i) {
+        Some(h) => *h,
+        None => outputs[i - inputs.len()],
+    };
+    (inputs.len()..all).find_map(|o| {
+        (0..all)
             .filter(|&i| i != o)
-            .find(|&i| overlap(all[o], all[i]))
+            .find(|&i| overlap(at(o), at(i)))
             .map(|i| (o, i))
     })
 }
@@ -125,7 +128,10 @@ impl<S: Shim> Command<'_, S> {
         if let Some(refusal) = refused(name, dims, params, inputs, outputs) {
             return Err(refusal.into());
         }
-        let mut spans = Vec::with_capacity(inputs.len() + outputs.len());
+        // The device's scratch list, reused: no allocation once it has held the most buffers a
+        // launch has named (a refused launch may drop it; the next one grows a new one).
+        let mut spans = core::mem::take(&mut self.device.launch_spans);
+        spans.clear();
         for (index, h) in inputs.iter().chain(outputs.iter()).enumerate() {
             let r = self.resource(*h).map_err(|cause| LaunchError::Buffer {
                 kernel: name,
@@ -159,6 +165,7 @@ impl<S: Shim> Command<'_, S> {
         // overlaps another span (checked above), and the kernel's contract is to touch only its
         // buffers.
         let launched = unsafe { shim.launch(&s.raw, kernel, dims, &spans, params) };
+        self.device.launch_spans = spans;
         let failures = &mut self.device.failures;
         if let Err(e) = launched {
             let error: ServerError = LaunchError::Refused {
