@@ -40,6 +40,15 @@ pub struct DeviceConfig {
     pub max_streams: u32,
     /// A budget for device pages, tighter than the shim's own (`None`: the shim's).
     pub memory_budget: Option<u64>,
+    /// Zero copy: device memory is pinned host memory the device maps, so uploads are written by
+    /// the host straight into it and results are read back from it in place (see
+    /// [`Command::write_layout`] and [`Command::read_owned`]). `None` (the default) turns it on
+    /// exactly where the device says it is integrated and can map host memory (Jetson: host
+    /// memory is device memory there); `Some(true)` asks for it on any device that can map host
+    /// memory (a discrete GPU then reaches the pages over PCIe: slower for data kernels re-read;
+    /// useful to test the path); `Some(false)` turns it off. A device that cannot map host memory
+    /// never uses it. [`Device::zero_copy`] says what was decided.
+    pub zero_copy: Option<bool>,
 }
 
 impl Default for DeviceConfig {
@@ -51,6 +60,7 @@ impl Default for DeviceConfig {
             pinned: PinnedConfig::default(),
             max_streams: 16,
             memory_budget: None,
+            zero_copy: None,
         }
     }
 }
@@ -131,6 +141,13 @@ impl<S: Shim> Device<S> {
         }
     }
 
+    /// Whether this device runs zero copy (see [`DeviceConfig::zero_copy`]): read from the
+    /// device's facts ([`DeviceFacts::integrated`], [`DeviceFacts::can_map_host`]) and the
+    /// configuration.
+    pub fn zero_copy(&self) -> bool {
+        self.facts.can_map_host && self.config.zero_copy.unwrap_or(self.facts.integrated)
+    }
+
     /// The shim.
     pub fn shim(&self) -> &S {
         &self.shim
@@ -205,6 +222,7 @@ impl<S: Shim> Device<S> {
             let mut memory =
                 MemoryManager::new(&self.facts, memory_config, issuer, self.budget.clone());
             memory.track_frees();
+            memory.map_pages(self.zero_copy());
             self.streams[index] = Some(alloc::boxed::Box::new(Stream {
                 raw,
                 memory,

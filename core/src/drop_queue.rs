@@ -9,7 +9,7 @@
 
 use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
-use crate::memory::{Binding, RetiredPage};
+use crate::memory::{Binding, RawPage, RetiredPage};
 use crate::shim::Shim;
 use alloc::vec::Vec;
 
@@ -45,7 +45,7 @@ pub enum DropItem<S: Shim> {
     /// Device memory another stream's work uses: the owner must not reuse it before then.
     Binding(Binding),
     /// A device page the manager let go.
-    Page(RetiredPage<S::DevicePage>),
+    Page(RetiredPage<RawPage<S>>),
 }
 
 impl<S: Shim> DropItem<S> {

@@ -66,6 +66,24 @@ enum Backing {
     Pinned(PinnedSlice),
     External(Box<dyn ExternalBytes>),
     Registered(Registered),
+    /// A device allocation on a mapped page, handed over to the host (zero copy).
+    Mapped(Lent),
+}
+
+/// What a host buffer lent out of a mapped page holds: the only handle of its allocation (kept
+/// until the buffer drops), and the page's count of lent buffers (the page is never freed while
+/// it is above zero).
+struct Lent {
+    #[allow(dead_code)]
+    handle: crate::memory::Handle,
+    count: alloc::sync::Arc<core::sync::atomic::AtomicU32>,
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.count
+            .fetch_sub(1, core::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// Caller's bytes page-locked in place, and how to undo the registration. Undone before the
@@ -185,6 +203,31 @@ impl HostBuffer {
         }
     }
 
+    /// The `len` bytes at `ptr` of `handle`'s allocation, which lies on a pinned page the host and
+    /// the device both address (zero copy); the allocation goes back to its pool when the buffer
+    /// drops.
+    ///
+    /// # Safety
+    ///
+    /// `ptr .. ptr + len` is the host view of `handle`'s allocation on a mapped page whose count
+    /// of lent buffers is `count` (the page is not freed while it is above zero); `handle` is
+    /// the allocation's only owner, and no device work will touch it again once the buffer is
+    /// handed to the caller.
+    pub(crate) unsafe fn mapped(
+        ptr: NonNull<u8>,
+        len: usize,
+        handle: crate::memory::Handle,
+        count: alloc::sync::Arc<core::sync::atomic::AtomicU32>,
+    ) -> Self {
+        count.fetch_add(1, core::sync::atomic::Ordering::AcqRel);
+        Self {
+            ptr,
+            len,
+            origin: HostOrigin::Pinned,
+            backing: Backing::Mapped(Lent { handle, count }),
+        }
+    }
+
     /// A pinned slice at `ptr` of `len` bytes, kept by `slice`.
     ///
     /// # Safety
@@ -224,8 +267,9 @@ impl HostBuffer {
     /// slice.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         match self.backing {
-            // SAFETY: heap and pinned bytes are owned exclusively by this buffer.
-            Backing::Heap(_) | Backing::Pinned(_) => unsafe {
+            // SAFETY: heap, pinned and mapped bytes are owned exclusively by this buffer (a mapped
+            // buffer holds the only handle of its allocation).
+            Backing::Heap(_) | Backing::Pinned(_) | Backing::Mapped(_) => unsafe {
                 core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len)
             },
             Backing::External(_) | Backing::Registered(_) => &mut [],

@@ -122,8 +122,6 @@ pub struct CudaShim {
     max_pitch: u64,
     /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
     compute_capability: (u32, u32),
-    /// Whether [`Shim::host_page_device_addr`] hands out the mapped address of pinned pages.
-    zero_copy: bool,
     /// `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`: whether `cuMemHostRegister` works here.
     host_register: bool,
 }
@@ -137,7 +135,6 @@ impl fmt::Debug for CudaShim {
             .field("binding_version", &driver::BINDING_VERSION)
             .field("compute_capability", &self.compute_capability)
             .field("facts", &self.facts)
-            .field("zero_copy", &self.zero_copy)
             .finish_non_exhaustive()
     }
 }
@@ -251,27 +248,8 @@ impl CudaShim {
                 u32::try_from(cc_major).unwrap_or(0),
                 u32::try_from(cc_minor).unwrap_or(0),
             ),
-            zero_copy: integrated && can_map_host,
             host_register,
         })
-    }
-
-    /// Whether pinned host pages are handed to the core as device memory
-    /// ([`Shim::host_page_device_addr`]): on by default where the device is integrated and can
-    /// map host memory (Jetson), so the core can skip staging copies there.
-    ///
-    /// `with_zero_copy(true)` forces it on a discrete GPU that can map host memory (the device
-    /// then reads and writes the pages over PCIe: useful to test the zero-copy path, slow for
-    /// data the device reads more than once); it has no effect where the device cannot map host
-    /// memory. `false` turns it off.
-    pub fn with_zero_copy(mut self, yes: bool) -> Self {
-        self.zero_copy = yes && self.facts.can_map_host;
-        self
-    }
-
-    /// Whether pinned host pages are handed out as device memory (see [`Self::with_zero_copy`]).
-    pub fn zero_copy(&self) -> bool {
-        self.zero_copy
     }
 
     /// The device's ordinal.
@@ -397,10 +375,12 @@ impl Shim for CudaShim {
         page.ptr()
     }
 
-    /// The page's device address (`cuMemHostGetDevicePointer`) when zero copy is on (by default
-    /// on integrated devices that map host memory; see [`CudaShim::with_zero_copy`]).
+    /// The page's device address (`cuMemHostGetDevicePointer`) where the device maps host
+    /// memory (every pinned page is allocated `CU_MEMHOSTALLOC_DEVICEMAP` there). Whether device
+    /// memory is then served from such pages (zero copy) is the core's decision
+    /// (`DeviceConfig::zero_copy`), not the shim's.
     fn host_page_device_addr(&self, page: &CudaHostPage) -> Option<DeviceAddr> {
-        if self.zero_copy { page.mapped() } else { None }
+        page.mapped()
     }
 
     unsafe fn host_free_pinned(&self, page: CudaHostPage) {

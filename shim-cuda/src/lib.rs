@@ -15,7 +15,7 @@
 //! | [`Shim::device_alloc`], [`Shim::device_free`] | `cuMemAlloc`, `cuMemFree` |
 //! | [`Shim::host_alloc_pinned`], [`Shim::host_free_pinned`] | `cuMemHostAlloc` (portable; device-mapped where the device maps host memory; never write-combined), `cuMemFreeHost` |
 //! | [`Shim::host_register`], [`Shim::host_unregister`] | `cuMemHostRegister` (portable) where `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`, `cuMemHostUnregister` |
-//! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, on integrated devices that map host memory (or when forced: [`CudaShim::with_zero_copy`]) |
+//! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, wherever the device maps host memory (the core decides whether to run zero copy on it: `DeviceConfig::zero_copy`) |
 //! | [`Shim::copy_to_device`], [`Shim::copy_to_host`], [`Shim::copy_on_device`] | `cuMemcpy{HtoD,DtoH,DtoD}Async` for linear layouts, `cuMemcpy2DAsync` for pitched ones |
 //! | [`Shim::launch`] | `cuLaunchKernel`, parameters in the kernel's order; their number and sizes checked against `cuFuncGetParamInfo` where the bindings (CUDA ≥ 12.4) and the driver have it ([`CudaKernel`]) |
 //! | [`Shim::begin_capture`], [`Shim::end_capture`] | `cuStreamBeginCapture` (thread-local mode), `cuStreamEndCapture`, `cuGraphInstantiateWithFlags` ([`CudaGraph`]) |
@@ -101,6 +101,11 @@
 //! A driver runs bindings of its own CUDA version or older; [`CudaShim::new`] refuses a driver
 //! older than the bindings ([`CudaInitError::DriverTooOld`], naming both versions and the
 //! feature that fits), so pick the oldest version among the machines a binary must run on.
+//!
+//! For Jetson, the repository's `scripts/jetson-cross` cross-builds the `cuda-facts` example
+//! (`examples/cuda-facts.rs`: prints what the shim sees of device 0) with `cuda-11040` for
+//! `aarch64-unknown-linux-gnu`, linked for glibc 2.31 (JetPack 5), and runs it under
+//! `qemu-aarch64`; the README's Jetson section explains the build.
 //!
 //! # Running without a driver
 //!

@@ -59,8 +59,7 @@ impl CudaHostPage {
     }
 
     /// The page's device address (`cuMemHostGetDevicePointer`) where the device maps host
-    /// memory, whether or not the shim hands it to the core (see
-    /// [`CudaShim::with_zero_copy`](crate::CudaShim::with_zero_copy)).
+    /// memory.
     pub fn mapped(&self) -> Option<DeviceAddr> {
         self.mapped
     }

@@ -40,7 +40,7 @@ pub use counted::{
 pub use harness::{
     Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestArgs, TestKernel,
 };
-pub use std_harness::{StdHarness, StdProbe};
+pub use std_harness::{IntegratedStdHarness, StdHarness, StdProbe};
 
 /// Seeds of the failure-rule property per mode ([`groups::failure_rule`]).
 pub const FAILURE_SEEDS: u64 = 40;

@@ -9,6 +9,35 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StdHarness;
 
+/// Runs the suite against an integrated [`StdShim`] (`StdShim::builder().integrated(true)`):
+/// its pinned host pages are device memory, so every device the suite builds runs **zero copy**
+/// (the core's default on integrated devices): uploads are written by the host into mapped
+/// pages, reads copy from them. Same kernels and probe as [`StdHarness`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IntegratedStdHarness;
+
+impl Harness for IntegratedStdHarness {
+    type S = StdShim;
+
+    fn shim(&self, mode: Mode) -> Option<StdShim> {
+        Some(
+            StdShim::builder()
+                .lazy(mode.lazy)
+                .poison(mode.poison)
+                .integrated(true)
+                .build(),
+        )
+    }
+
+    fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {
+        StdHarness.kernel(shim, kernel)
+    }
+
+    fn probe(&self, shim: &StdShim) -> Option<Box<dyn Probe>> {
+        StdHarness.probe(shim)
+    }
+}
+
 /// The suite's byte `value`: the last parameter ([`crate::TestArgs`]).
 fn value(ctx: &KernelCtx<'_>) -> Result<u8, KernelFault> {
     let last = ctx

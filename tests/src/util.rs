@@ -4,7 +4,8 @@
 use crate::RELEASED_HOST_FILL;
 use crate::harness::{Counters, Harness, Mode, Probe, TestArgs, TestKernel};
 use devcmd::{
-    Device, DeviceConfig, Handle, HostBuffer, Launch, ReadRequest, ServerError, Shim, StreamId,
+    Device, DeviceConfig, Handle, HostBuffer, KernelParam, Launch, LaunchDims, ReadRequest,
+    ServerError, Shim, StreamId,
 };
 use std::fmt::Display;
 
@@ -101,6 +102,26 @@ impl<H: Harness> Ctx<H> {
             inputs,
             outputs,
             params: &args.params(),
+        })
+    }
+
+    /// Launches `kernel` with the geometry and parameters given as they are (for refusals).
+    pub fn launch_raw(
+        &mut self,
+        stream: StreamId,
+        kernel: TestKernel,
+        dims: LaunchDims,
+        inputs: &[&Handle],
+        outputs: &[&Handle],
+        params: &[KernelParam<'_>],
+    ) -> Result<(), ServerError> {
+        self.dev.command(stream)?.launch(Launch {
+            kernel: &self.kernels[kernel_slot(kernel)],
+            name: kernel.name(),
+            dims,
+            inputs,
+            outputs,
+            params,
         })
     }
 

@@ -130,6 +130,21 @@ impl<'a, S: Shim> Command<'a, S> {
             .resolve(handle)
     }
 
+    /// The host address of the first byte of `resolved` (a range of `handle`), when it lies on a
+    /// page the host reaches in place (zero copy: [`crate::DeviceConfig::zero_copy`]).
+    pub(crate) fn host_view(
+        &mut self,
+        handle: &impl AsBinding,
+        resolved: &Resolved,
+    ) -> Option<(
+        core::ptr::NonNull<u8>,
+        alloc::sync::Arc<core::sync::atomic::AtomicU32>,
+    )> {
+        let owner = self.device.owner_of(handle).ok()?;
+        let stream = self.device.streams[owner].as_ref()?;
+        stream.memory.host_ptr(&self.device.shim, resolved)
+    }
+
     /// The device range of `handle` with a binding that keeps it alive for a caller outside the
     /// layer.
     ///

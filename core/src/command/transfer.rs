@@ -59,6 +59,12 @@ impl<S: Shim> Command<'_, S> {
     /// it through pinned memory when the staging rules say so. The bytes are released once the
     /// device is done with them.
     ///
+    /// **Zero copy** ([`crate::DeviceConfig::zero_copy`]): when the view lies on a page the host
+    /// reaches in place, there is no staging and no device copy. This waits until the device is
+    /// done with every use of the handle enqueued so far (on any stream: a fence on this stream,
+    /// ordered after the others'), then the host writes the rows straight into the page, and
+    /// `data` is released at once.
+    ///
     /// # Errors
     ///
     /// [`Validation::LengthMismatch`], [`Validation::LayoutPastView`], a handle that does not
@@ -73,6 +79,9 @@ impl<S: Shim> Command<'_, S> {
         let Some(r) = self.copy_target(handle, layout, data.len() as u64)? else {
             return Ok(());
         };
+        if let Some((dst, _)) = self.host_view(handle, &r) {
+            return self.write_in_place(handle, dst, data.as_slice(), layout);
+        }
         let staging = Staging::of(
             layout.packed_bytes(),
             data.origin(),
@@ -117,6 +126,42 @@ impl<S: Shim> Command<'_, S> {
         s.drops.push(DropItem::Host(source));
         if staging.flush_after || s.drops.should_flush() {
             self.flush_after_enqueue()?;
+        }
+        Ok(())
+    }
+
+    /// The zero-copy upload: waits for every use of `handle` enqueued so far, then writes the
+    /// packed rows of `src` through the host address `dst` of the view's first byte.
+    fn write_in_place(
+        &mut self,
+        handle: &Handle,
+        dst: core::ptr::NonNull<u8>,
+        src: &[u8],
+        layout: CopyLayout,
+    ) -> Result<(), ServerError> {
+        // `copy_target` ordered this stream after the other streams' uses of the handle: a fence
+        // here passes once every use enqueued so far is done.
+        self.sync()?.wait()?;
+        for row in layout.rows() {
+            // Offsets fit a usize: the rows lie in `src` (its length was checked against the
+            // layout) and in the view, which lies in a page the host addresses.
+            let (host, device, len) = (row.host as usize, row.device as usize, row.len as usize);
+            // SAFETY: `dst + device .. + len` lies in the view (`copy_check` checked the layout
+            // against it) on a live mapped page; no device work uses it now (the fence above
+            // passed and this stream enqueued nothing since); `src` is a separate host buffer.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    src.as_ptr().add(host),
+                    dst.as_ptr().add(device),
+                    len,
+                )
+            };
+        }
+        let failures = &mut self.device.failures;
+        if !failures.is_empty() {
+            for (start, end) in rows(handle, layout) {
+                failures.written(handle.id(), start, end);
+            }
         }
         Ok(())
     }
@@ -323,6 +368,45 @@ impl<S: Shim> Command<'_, S> {
                 Ok(future)
             }
         }
+    }
+
+    /// Reads `handle`'s whole view back, giving the handle up.
+    ///
+    /// **Zero copy** ([`crate::DeviceConfig::zero_copy`]): when the view lies on a page the host
+    /// reaches in place and `handle` is the allocation's only handle, nothing is copied: once the
+    /// fence after every use enqueued so far passes, the future yields the allocation's own bytes
+    /// as a [`HostBuffer`], which keeps the allocation until it drops (the memory then goes back
+    /// to its pool). Otherwise (another handle or view of the allocation is alive, so later work
+    /// could still write it; or the device copies) it is [`Self::read_async`] of the view, and
+    /// `handle` is dropped once the copy is enqueued.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::read_async`].
+    pub fn read_owned(&mut self, handle: Handle) -> Result<ReadFuture<S>, ServerError> {
+        self.begin()?;
+        self.device.ledger.take_deferred(self.stream)?;
+        let layout = CopyLayout::linear(handle.len());
+        let lent = match self.copy_check(&handle, layout, handle.len())? {
+            Some(r) if handle.can_mut() => self.host_view(&handle, &r),
+            _ => None,
+        };
+        let Some((ptr, count)) = lent else {
+            return self.read_async(&[ReadRequest::whole(&handle)]);
+        };
+        self.unwritten(&handle, layout)?;
+        // Fits a usize: the view lies on a page the host addresses.
+        let len = handle.len() as usize;
+        self.device.order_after(self.stream, &handle)?;
+        // SAFETY: `ptr .. ptr + len` is the host view of `handle`'s allocation on a mapped page
+        // whose lent count is `count`; `handle` is the allocation's only handle (checked above)
+        // and moves into the buffer, so no new work can name it; the future hands the buffer out
+        // only once the fence below, after every use enqueued so far, passed.
+        let buffer = unsafe { HostBuffer::mapped(ptr, len, handle, count) };
+        let fence = self.fence();
+        let mut future = ReadFuture::new(fence, alloc::vec![buffer], Vec::new());
+        future.check_recorded()?;
+        Ok(future)
     }
 
     /// A fence recorded now on this stream, for a future.

@@ -145,7 +145,7 @@ impl fmt::Display for DriverError {
             ),
             Fault::DeviceLost => (
                 "the device is lost and will run nothing again",
-                "recreate the device",
+                "recreate the device (on CUDA, a sticky error needs a new process)",
             ),
             Fault::WorkFailed => (
                 "work enqueued before this point failed while it ran",

@@ -295,7 +295,11 @@ impl fmt::Display for ServerError {
                  its outputs now carry it too"
             ),
             Self::DeviceLost { cause } => {
-                write!(f, "the device is lost ({cause}); recreate it")
+                write!(
+                    f,
+                    "the device is lost ({cause}); recreate it (on CUDA, a sticky error needs a \
+                     new process)"
+                )
             }
             Self::Io(e) => write!(f, "{e}"),
             Self::Launch(e) => write!(f, "{e}"),

@@ -28,7 +28,8 @@ use super::budget::MemoryBudget;
 use super::config::{MemoryConfig, PageRelease};
 use super::handle::{Handle, Issuer, ReturnQueue, Returned};
 use super::sliced::SlicedPool;
-use super::types::{AllocationMode, PageRef, RetiredPage};
+use super::types::Resolved;
+use super::types::{AllocationMode, PageRef, RawPage, RetiredPage};
 use super::whole::WholePagePool;
 use crate::shim::{DeviceFacts, Shim};
 use alloc::sync::Arc;
@@ -45,21 +46,23 @@ pub struct MemoryManager<S: Shim> {
     returns: Arc<ReturnQueue>,
     returned: Vec<Returned>,
     next_id: u64,
-    small: SlicedPool<S::DevicePage>,
+    small: SlicedPool<RawPage<S>>,
     /// Boxed so the 64 slots cost a pointer each until used (a pool carries its free index).
-    arena: Vec<Option<alloc::boxed::Box<SlicedPool<S::DevicePage>>>>,
+    arena: Vec<Option<alloc::boxed::Box<SlicedPool<RawPage<S>>>>>,
     current: Option<usize>,
-    persistent: WholePagePool<S::DevicePage>,
-    dedicated: WholePagePool<S::DevicePage>,
+    persistent: WholePagePool<RawPage<S>>,
+    dedicated: WholePagePool<RawPage<S>>,
     modes: Vec<AllocationMode>,
     /// Pages of outdated arena classes that became empty: released at the next cleanup tick.
     outdated_empty: Vec<PageRef>,
     dedicated_freed: bool,
     guards: Vec<Arc<PageRef>>,
-    retired: Vec<RetiredPage<S::DevicePage>>,
+    retired: Vec<RetiredPage<RawPage<S>>>,
     /// Ids of allocations released or rebound, when the owner tracks them (failure marks).
     freed: Option<Vec<u64>>,
     release: PageRelease,
+    /// New pages are pinned host pages the device maps (zero copy), where the shim can make them.
+    mapped_pages: bool,
 }
 
 fn round_up(value: u64, to: u64) -> Option<u64> {
@@ -128,6 +131,7 @@ impl<S: Shim> MemoryManager<S> {
             retired: Vec::new(),
             freed: None,
             release: PageRelease::Fenced,
+            mapped_pages: false,
         }
     }
 
@@ -157,6 +161,31 @@ impl<S: Shim> MemoryManager<S> {
     /// tests).
     pub unsafe fn release_pages_immediately(&mut self) {
         self.release = PageRelease::Immediate;
+    }
+
+    /// From now on, new pages are pinned host pages the device addresses in place (zero copy:
+    /// the host writes uploads into them and reads results from them directly), wherever the
+    /// shim can make one ([`Shim::host_alloc_pinned`] with a [`Shim::host_page_device_addr`]);
+    /// elsewhere device pages as usual. Pages already held stay as they are.
+    pub fn map_pages(&mut self, on: bool) {
+        self.mapped_pages = on;
+    }
+
+    /// The host address of the first byte `resolved` names, when it lies on a page the host can
+    /// reach (a mapped page: see [`Self::map_pages`]), with the page's count of lent host
+    /// buffers; valid while the allocation lives.
+    pub(crate) fn host_ptr(
+        &self,
+        shim: &S,
+        resolved: &Resolved,
+    ) -> Option<(core::ptr::NonNull<u8>, Arc<core::sync::atomic::AtomicU32>)> {
+        let (raw, page_addr) = self.raw_page(resolved.page)?;
+        let base = raw.host_ptr(shim)?;
+        let lent = Arc::clone(raw.lent()?);
+        let offset = usize::try_from(resolved.addr.0.checked_sub(page_addr)?).ok()?;
+        // SAFETY: `resolved` lies inside the page (the lookup checked it), so the offset stays
+        // inside the page's host allocation.
+        Some((unsafe { base.add(offset) }, lent))
     }
 
     /// Starts recording the ids of allocations released or rebound, for

@@ -25,6 +25,6 @@ pub(crate) use handle::{Location, Returned};
 pub use manager::MemoryManager;
 pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};
 pub use types::{
-    AllocationInfo, AllocationMode, Cleanup, PageGuard, PageInfo, PageRef, PageUpdate, Resolved,
-    RetiredPage,
+    AllocationInfo, AllocationMode, Cleanup, PageGuard, PageInfo, PageRef, PageUpdate, RawPage,
+    Resolved, RetiredPage,
 };

@@ -13,6 +13,7 @@ use super::handle::PoolId;
 use super::report::PoolKind;
 use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
+use core::sync::atomic::{AtomicU32, Ordering};
 
 /// How new reservations are served. Modes nest: see [`MemoryManager::set_mode`].
 ///
@@ -115,6 +116,50 @@ pub struct PageInfo {
     pub guarded: bool,
 }
 
+/// A page a manager holds: device memory, or (zero copy, see
+/// [`DeviceConfig::zero_copy`](crate::DeviceConfig::zero_copy)) a pinned host page the device
+/// addresses in place, which the host reads and writes directly.
+pub enum RawPage<S: Shim> {
+    /// From [`Shim::device_alloc`].
+    Device(S::DevicePage),
+    /// From [`Shim::host_alloc_pinned`], with a device address from
+    /// [`Shim::host_page_device_addr`], and how many host buffers lent out of it are alive
+    /// ([`Command::read_owned`](crate::Command::read_owned)): a page with lent buffers is never
+    /// freed, even at teardown or after a loss (it is leaked instead).
+    Mapped(S::HostPage, Arc<AtomicU32>),
+}
+
+impl<S: Shim> core::fmt::Debug for RawPage<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Device(p) => f.debug_tuple("Device").field(p).finish(),
+            Self::Mapped(p, lent) => f
+                .debug_tuple("Mapped")
+                .field(p)
+                .field(&lent.load(Ordering::Relaxed))
+                .finish(),
+        }
+    }
+}
+
+impl<S: Shim> RawPage<S> {
+    /// The host address of the page's first byte, when the host can reach it.
+    pub(crate) fn host_ptr(&self, shim: &S) -> Option<core::ptr::NonNull<u8>> {
+        match self {
+            Self::Device(_) => None,
+            Self::Mapped(p, _) => Some(shim.host_page_ptr(p)),
+        }
+    }
+
+    /// The count of host buffers lent out of a mapped page.
+    pub(crate) fn lent(&self) -> Option<&Arc<AtomicU32>> {
+        match self {
+            Self::Device(_) => None,
+            Self::Mapped(_, lent) => Some(lent),
+        }
+    }
+}
+
 /// A page the manager let go that must wait for the device before it is freed. The device takes
 /// them from its streams' managers into their drop queues (hence public: a drop-queue item).
 #[derive(Debug)]
@@ -129,16 +174,34 @@ impl<P> RetiredPage<P> {
     pub fn size(&self) -> u64 {
         self.size
     }
+}
 
-    /// Frees the page on the device and gives its bytes back to the device's budget.
+impl<S: Shim> RetiredPage<RawPage<S>> {
+    /// Frees the page on the device (or the host, for a mapped page) and gives its bytes back to
+    /// the device's budget.
     ///
     /// # Safety
     ///
     /// No work that may use the page is pending on any stream of the device (or the device is
     /// poisoned).
-    pub unsafe fn free<S: Shim<DevicePage = P>>(self, shim: &S) {
-        // SAFETY: the caller guarantees no pending work uses the page.
-        unsafe { shim.device_free(self.raw) };
+    pub unsafe fn free(self, shim: &S) {
+        match self.raw {
+            // SAFETY: the caller guarantees no pending work uses the page.
+            RawPage::Device(p) => unsafe { shim.device_free(p) },
+            RawPage::Mapped(p, lent) => {
+                if lent.load(Ordering::Acquire) > 0 {
+                    // The host still reads buffers lent out of it: leaked, never freed under them.
+                    warn!(
+                        "a mapped page is freed while host buffers lent from it live: leaking it"
+                    );
+                    core::mem::forget(p);
+                } else {
+                    // SAFETY: as above; a mapped page is only used by the device through its
+                    // address, and no host buffer lent from it lives.
+                    unsafe { shim.host_free_pinned(p) }
+                }
+            }
+        }
         self.budget.give_back(self.size);
     }
 }

@@ -6,8 +6,8 @@ use crate::util::{Ctx, must, small_pages};
 use devcmd::error::NotFoundReason;
 use devcmd::memory::PoolKind;
 use devcmd::{
-    CopyLayout, ExternalBytes, Handle, HostBuffer, HostOrigin, IoError, LaunchError, ReadRequest,
-    ServerError, StreamId, Validation,
+    CopyLayout, ExternalBytes, Handle, HostBuffer, HostOrigin, IoError, KernelParam, LaunchDims,
+    LaunchError, ReadRequest, ServerError, StreamId, Validation,
 };
 use std::any::Any;
 use std::fmt::Debug;
@@ -176,6 +176,12 @@ fn self_bind(e: &ServerError) -> bool {
 }
 fn host_alloc_failed(e: &ServerError) -> bool {
     io(e, |i| matches!(i, IoError::HostAllocFailed { .. }))
+}
+fn launch_dims(e: &ServerError) -> bool {
+    matches!(e, ServerError::Validation(Validation::LaunchDims { .. }))
+}
+fn launch_param(e: &ServerError) -> bool {
+    matches!(e, ServerError::Validation(Validation::LaunchParam { .. }))
 }
 fn aliased_launch(e: &ServerError) -> bool {
     matches!(e, ServerError::Validation(Validation::AliasedLaunch { .. }))
@@ -817,6 +823,37 @@ fn cases<H: Harness>() -> Vec<Case<H>> {
             err(r, "AliasedLaunch", aliased_launch)?;
             fine(f.c.sync(S0))
         }),
+        case!("launch: a grid with a zero extent", |f| {
+            let o = fine(f.c.empty(S0, 64))?;
+            let mut dims = LaunchDims::covering(64, 32);
+            dims.grid.y = 0;
+            let v = 1u32.to_ne_bytes();
+            let params = [KernelParam::Buffer(0), KernelParam::Scalar(&v)];
+            let r =
+                f.c.launch_raw(S0, TestKernel::Fill, dims, &[], &[&o], &params);
+            err(r, "LaunchDims", launch_dims)?;
+            fine(f.c.sync(S0))
+        }),
+        case!("launch: a block of zero threads", |f| {
+            let o = fine(f.c.empty(S0, 64))?;
+            let dims = LaunchDims::linear(1, 0);
+            let r = f.c.launch_raw(S0, TestKernel::Fill, dims, &[], &[&o], &[]);
+            err(r, "LaunchDims", launch_dims)?;
+            fine(f.c.sync(S0))
+        }),
+        case!(
+            "launch: a parameter naming a buffer slot past the launch's",
+            |f| {
+                let o = fine(f.c.empty(S0, 64))?;
+                let v = 1u32.to_ne_bytes();
+                let params = [KernelParam::Buffer(1), KernelParam::Scalar(&v)];
+                let dims = LaunchDims::covering(64, 32);
+                let r =
+                    f.c.launch_raw(S0, TestKernel::Fill, dims, &[], &[&o], &params);
+                err(r, "LaunchParam", launch_param)?;
+                fine(f.c.sync(S0))
+            }
+        ),
         case!("launch: empty views (defined: succeeds)", |f| {
             let (i, o) = (
                 f.mine.view(64, 0).map_err(|e| e.to_string())?,

@@ -13,7 +13,7 @@ use crate::memory::handle::{
     POOL_SMALL, PoolId, check_range,
 };
 use crate::memory::sliced::{SlicedPool, Used};
-use crate::memory::types::{PageGuard, PageRef, Resolved};
+use crate::memory::types::{PageGuard, PageRef, RawPage, Resolved};
 use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
 
@@ -135,7 +135,16 @@ impl<S: Shim> MemoryManager<S> {
         self.find(handle.as_binding()).map(|(_, _, r)| r)
     }
 
-    fn sliced(&self, pool: PoolId) -> Option<&SlicedPool<S::DevicePage>> {
+    /// The raw page `page` names and its first device address.
+    pub(super) fn raw_page(&self, page: PageRef) -> Option<(&RawPage<S>, u64)> {
+        match page.pool {
+            POOL_PERSISTENT => self.persistent.page(page.page).map(|p| (&p.raw, p.addr)),
+            POOL_DEDICATED => self.dedicated.page(page.page).map(|p| (&p.raw, p.addr)),
+            pool => self.sliced(pool)?.page(page.page).map(|p| (&p.raw, p.addr)),
+        }
+    }
+
+    fn sliced(&self, pool: PoolId) -> Option<&SlicedPool<RawPage<S>>> {
         if pool == POOL_SMALL {
             return Some(&self.small);
         }
@@ -144,7 +153,7 @@ impl<S: Shim> MemoryManager<S> {
             .as_deref()
     }
 
-    pub(super) fn sliced_mut(&mut self, pool: PoolId) -> Option<&mut SlicedPool<S::DevicePage>> {
+    pub(super) fn sliced_mut(&mut self, pool: PoolId) -> Option<&mut SlicedPool<RawPage<S>>> {
         if pool == POOL_SMALL {
             return Some(&mut self.small);
         }

@@ -13,7 +13,7 @@ use crate::memory::handle::{
     Location, POOL_ARENA_BASE, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId,
 };
 use crate::memory::sliced::SlicedPool;
-use crate::memory::types::{Cleanup, PageRef, RetiredPage};
+use crate::memory::types::{Cleanup, PageRef, RawPage, RetiredPage};
 use crate::shim::Shim;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -75,7 +75,7 @@ impl<S: Shim> MemoryManager<S> {
             return;
         }
         self.drop_released_guards();
-        let mut released: Vec<(S::DevicePage, u64)> = Vec::new();
+        let mut released: Vec<(RawPage<S>, u64)> = Vec::new();
         if self.dedicated_freed || kind == Cleanup::Explicit {
             let mut pages = Vec::new();
             self.dedicated.take_free(&mut pages);
@@ -137,7 +137,7 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    fn release(&mut self, shim: &S, raw: S::DevicePage, size: u64) {
+    fn release(&mut self, shim: &S, raw: RawPage<S>, size: u64) {
         let page = RetiredPage {
             raw,
             size,
@@ -154,7 +154,7 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Takes the pages retired since the last call; each must be freed (see
     /// [`RetiredPage::free`]) once no device work can use it.
-    pub(crate) fn take_retired(&mut self) -> Vec<RetiredPage<S::DevicePage>> {
+    pub(crate) fn take_retired(&mut self) -> Vec<RetiredPage<RawPage<S>>> {
         core::mem::take(&mut self.retired)
     }
 
@@ -184,8 +184,8 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// No work that may use any memory of this manager is pending on any stream of the device.
     pub unsafe fn release_all(&mut self, shim: &S) {
-        let mut pages: Vec<(S::DevicePage, u64)> = Vec::new();
-        let mut sliced: Vec<SlicedPool<S::DevicePage>> = Vec::new();
+        let mut pages: Vec<(RawPage<S>, u64)> = Vec::new();
+        let mut sliced: Vec<SlicedPool<RawPage<S>>> = Vec::new();
         let small_page = self.small.page_size;
         sliced.push(core::mem::replace(
             &mut self.small,

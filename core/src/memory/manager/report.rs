@@ -9,7 +9,7 @@ use super::MemoryManager;
 use crate::memory::handle::{POOL_ARENA_BASE, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId};
 use crate::memory::report::{MemoryReport, PoolKind, PoolReport};
 use crate::memory::sliced::SlicedPool;
-use crate::memory::types::{AllocationInfo, PageInfo, PageRef};
+use crate::memory::types::{AllocationInfo, PageInfo, PageRef, RawPage};
 use crate::shim::Shim;
 use alloc::vec::Vec;
 
@@ -23,7 +23,7 @@ impl<S: Shim> MemoryManager<S> {
     pub fn report(&mut self) -> MemoryReport {
         self.collect_returns();
         let mut pools = Vec::new();
-        let sliced = |kind, p: &SlicedPool<S::DevicePage>| {
+        let sliced = |kind, p: &SlicedPool<RawPage<S>>| {
             let usage = p.usage();
             PoolReport {
                 kind,
@@ -158,7 +158,7 @@ impl<S: Shim> MemoryManager<S> {
         out
     }
 
-    fn each_sliced(&self, mut f: impl FnMut(PoolKind, PoolId, &SlicedPool<S::DevicePage>)) {
+    fn each_sliced(&self, mut f: impl FnMut(PoolKind, PoolId, &SlicedPool<RawPage<S>>)) {
         f(PoolKind::Small, POOL_SMALL, &self.small);
         for (i, p) in self.arena.iter().enumerate() {
             if let Some(p) = p {

@@ -12,7 +12,7 @@ use crate::memory::handle::{
     Handle, Location, POOL_ARENA_BASE, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId,
 };
 use crate::memory::sliced::{SlicedPool, Used};
-use crate::memory::types::{AllocationMode, Cleanup, PageRef, PageUpdate};
+use crate::memory::types::{AllocationMode, Cleanup, PageRef, PageUpdate, RawPage};
 use crate::shim::Shim;
 use alloc::vec::Vec;
 
@@ -278,7 +278,7 @@ impl<S: Shim> MemoryManager<S> {
         shim: &S,
         page_size: u64,
         asked: u64,
-    ) -> Result<(S::DevicePage, u64), IoError> {
+    ) -> Result<(RawPage<S>, u64), IoError> {
         self.budget
             .take(page_size)
             .map_err(|r| IoError::OutOfMemory {
@@ -287,14 +287,34 @@ impl<S: Shim> MemoryManager<S> {
                 budget: Some(r.limit),
                 source: None,
             })?;
+        if self.mapped_pages
+            && let Some(mapped) = Self::alloc_mapped(shim, page_size)
+        {
+            return Ok(mapped);
+        }
         match shim.device_alloc(page_size) {
             Ok(raw) => {
                 let addr = shim.device_page_addr(&raw).0;
-                Ok((raw, addr))
+                Ok((RawPage::Device(raw), addr))
             }
             Err(e) => {
                 self.budget.give_back(page_size);
                 Err(self.page_error(e, asked, page_size))
+            }
+        }
+    }
+
+    /// A pinned host page the device addresses in place, or `None` (after giving back what it
+    /// got) when the shim cannot make one: the caller then asks for a device page.
+    fn alloc_mapped(shim: &S, page_size: u64) -> Option<(RawPage<S>, u64)> {
+        let size = usize::try_from(page_size).ok()?;
+        let page = shim.host_alloc_pinned(size).ok()?;
+        match shim.host_page_device_addr(&page) {
+            Some(addr) => Some((RawPage::Mapped(page, alloc::sync::Arc::default()), addr.0)),
+            None => {
+                // SAFETY: the page was never handed to any work.
+                unsafe { shim.host_free_pinned(page) };
+                None
             }
         }
     }

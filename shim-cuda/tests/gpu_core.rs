@@ -1,0 +1,144 @@
+//! The core on the CUDA shim, for the paths only the core takes: zero copy on mapped pages
+//! (forced here: the H200 is discrete but maps host memory over PCIe) and host memory registered
+//! in place. They run where a CUDA device is present and skip with a visible line elsewhere.
+
+mod common;
+
+use common::{gpu, pattern};
+use devcmd::{Device, DeviceConfig, ExternalBytes, HostOrigin, ReadRequest, StreamId};
+
+const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
+
+#[test]
+fn the_core_runs_zero_copy_on_mapped_pages_when_asked() {
+    let Some(shim) = gpu("the_core_runs_zero_copy_on_mapped_pages_when_asked") else {
+        return;
+    };
+    let facts = devcmd::Shim::facts(&shim);
+    let config = DeviceConfig {
+        zero_copy: Some(true),
+        ..DeviceConfig::default()
+    };
+    let mut dev = Device::new(shim, config);
+    assert_eq!(dev.zero_copy(), facts.can_map_host);
+    if !dev.zero_copy() {
+        eprintln!("skipped: the device cannot map host memory");
+        return;
+    }
+    let data = pattern(3 << 20, 5);
+    let a = dev.command(S0).unwrap().create(&data).unwrap();
+    // Another stream reads it by a device copy (a copy out of a mapped page), then an owned
+    // read hands the allocation's own bytes back.
+    let copied = dev
+        .command(S1)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&a)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(copied[0].as_slice(), &data[..]);
+    let owned = dev
+        .command(S0)
+        .unwrap()
+        .read_owned(a)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(owned[0].as_slice(), &data[..]);
+    assert_eq!(owned[0].origin(), HostOrigin::Pinned);
+    // Written in place again, then read.
+    let b = dev.command(S0).unwrap().empty(4096).unwrap();
+    dev.command(S0)
+        .unwrap()
+        .write_from(&b, &[0x5A; 4096])
+        .unwrap();
+    let back = dev
+        .command(S0)
+        .unwrap()
+        .read_owned(b)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(back[0].as_slice(), [0x5A; 4096]);
+    drop((owned, back));
+    dev.command(S0).unwrap().memory_cleanup().unwrap();
+}
+
+struct Weights(Box<[u8]>);
+
+// SAFETY: the bytes live in the box, whose address and contents never change while it lives.
+unsafe impl ExternalBytes for Weights {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn origin(&self) -> HostOrigin {
+        HostOrigin::FileMapped
+    }
+}
+
+#[test]
+fn registered_host_memory_uploads_in_place() {
+    let Some(shim) = gpu("registered_host_memory_uploads_in_place") else {
+        return;
+    };
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    let data = pattern(8 << 20, 9);
+    let bytes = dev.register_host(Box::new(Weights(data.clone().into())));
+    assert_eq!(
+        bytes.origin(),
+        HostOrigin::Registered,
+        "cuMemHostRegister took (HOST_REGISTER_SUPPORTED)"
+    );
+    let w = dev.command(S0).unwrap().empty(data.len() as u64).unwrap();
+    dev.command(S0).unwrap().write(&w, bytes).unwrap();
+    let back = dev
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&w)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(back[0].as_slice(), &data[..]);
+    let mut cmd = dev.command(S0).unwrap();
+    cmd.flush_drops().unwrap();
+    cmd.flush_drops().unwrap();
+}
+
+/// The thread rule: the core calls the shim from one thread at a time, but not always the same
+/// one. A device moved to another thread, a future waited and a handle dropped on a thread that
+/// never touched CUDA all work, because the shim binds its context in every call.
+#[test]
+fn futures_handles_and_the_device_move_between_threads() {
+    let Some(shim) = gpu("futures_handles_and_the_device_move_between_threads") else {
+        return;
+    };
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    let data = pattern(1 << 20, 3);
+    let a = dev.command(S0).unwrap().create(&data).unwrap();
+    let read = dev
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&a)])
+        .unwrap();
+    let got = std::thread::spawn(move || read.wait().unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(got[0].as_slice(), &data[..]);
+    std::thread::spawn(move || drop(a)).join().unwrap();
+    let mut dev = std::thread::spawn(move || {
+        let b = dev.command(S1).unwrap().create(&[1; 4096]).unwrap();
+        let got = dev
+            .command(S1)
+            .unwrap()
+            .read_async(&[ReadRequest::whole(&b)])
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(got[0].as_slice(), [1; 4096]);
+        dev
+    })
+    .join()
+    .unwrap();
+    dev.command(S0).unwrap().memory_cleanup().unwrap();
+}
