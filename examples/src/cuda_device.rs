@@ -8,7 +8,7 @@
 
 use crate::model::{CUDA_OPTIONS, CUDA_SOURCE, Kernels};
 use crate::serve::WeightsPath;
-use devcmd::Shim;
+use devcmd::{Device, Shim};
 use devcmd_cuda::{CudaKernel, CudaModule, CudaShim};
 use std::error::Error;
 use std::fmt::Write as _;
@@ -103,12 +103,12 @@ pub fn describe(gpu: &Gpu) -> String {
     out
 }
 
-/// The copy path of inputs and results on this GPU.
-pub fn copy_path(shim: &CudaShim) -> &'static str {
-    if shim.zero_copy() {
-        "zero copy offered by the shim (an integrated GPU that maps host memory), but devcmd's \
-         core does not hand mapped pages to kernels yet: each batch is staged through a pinned \
-         page (cuMemcpyHtoDAsync), and results land in pinned pages"
+/// The copy path of inputs and results on `device` (see [`devcmd::DeviceConfig::zero_copy`]).
+pub fn copy_path<S: Shim>(device: &Device<S>) -> &'static str {
+    if device.zero_copy() {
+        "zero copy: device pages are pinned host memory the GPU maps (an integrated GPU), so \
+         each batch's input is written by the host in place and results are read in place \
+         (`Command::read_owned`), with no DMA copy"
     } else {
         "pinned staging: each batch's input is written into a pinned page and copied by DMA \
          (cuMemcpyHtoDAsync); results are read back into pinned pages (cuMemcpyDtoHAsync)"

@@ -56,8 +56,8 @@ fn run(o: &Options) -> Result<usize, Box<dyn Error>> {
         DeviceKind::Cuda => {
             let gpu = cuda_device::open(0)?;
             println!("{}", cuda_device::describe(&gpu));
-            println!("copy path: {}", cuda_device::copy_path(&gpu.shim));
             let device = Device::new(gpu.shim.clone(), DeviceConfig::default());
+            println!("copy path: {}", cuda_device::copy_path(&device));
             serve_on(o, device, &gpu.kernels, weights, true, |path| {
                 println!("weights: {}", cuda_device::weights_path(path));
             })

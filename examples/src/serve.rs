@@ -16,8 +16,7 @@ use crate::verify;
 use crate::weights::{self, from_bytes};
 use devcmd::memory::AllocationMode;
 use devcmd::{
-    Device, ExternalBytes, Handle, HostBuffer, HostOrigin, Launch, ReadFuture, ReadRequest, Shim,
-    StreamId,
+    Device, ExternalBytes, Handle, HostBuffer, HostOrigin, Launch, ReadFuture, Shim, StreamId,
 };
 use std::collections::VecDeque;
 use std::error::Error;
@@ -257,7 +256,8 @@ pub fn serve<S: Shim>(
             })?;
             act = out;
         }
-        let read = cmd.read_async(&[ReadRequest::whole(&act)])?;
+        // Read back, giving the result up: read in place where the device runs zero copy.
+        let read = cmd.read_owned(act)?;
         in_flight.push_back(Pending { batch, input, read });
         if in_flight.len() >= IN_FLIGHT {
             let p = in_flight.pop_front().expect("non-empty");

@@ -281,9 +281,9 @@ pub fn load(path: &Path, mapping: Mapping) -> Result<Loaded, WeightsError> {
         // SAFETY: the file is opened read-only and this program does not modify it while
         // mapped; a concurrent writer is outside what the host supports.
         Mapping::ReadOnly => unsafe { memmap2::Mmap::map(&file) }.map(Map::Shared),
-        // SAFETY: as above; the private mapping's writes (none are made) would never reach the
-        // file.
         Mapping::CopyOnWrite => {
+            // SAFETY: as above; the private mapping's writes (none are made) would never reach
+            // the file.
             unsafe { memmap2::MmapOptions::new().map_copy(&file) }.map(Map::Private)
         }
     }

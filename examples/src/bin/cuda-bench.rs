@@ -206,16 +206,37 @@ fn run(shim: CudaShim, quick: bool) -> Res<()> {
     let gpu = cuda_device::open_on(shim)?;
     println!("# devcmd on {} (cuda-bench)\n", gpu.shim.name());
     println!("```\n{}", cuda_device::describe(&gpu));
-    println!("copy path: {}\n```\n", cuda_device::copy_path(&gpu.shim));
+    let device = Device::new(gpu.shim.clone(), DeviceConfig::default());
+    println!("copy path: {}\n```\n", cuda_device::copy_path(&device));
+    drop(device);
     println!(
         "Medians of {} rounds after {} warm-up rounds; raw and devcmd rounds interleaved.\n",
         rounds.timed, rounds.warm
     );
-    launch_and_fence(&gpu.shim, rounds)?;
-    bandwidth(&gpu.shim, rounds, quick)?;
-    reserve(&gpu.shim, rounds)?;
-    edge_host(&gpu, rounds, quick)?;
-    Ok(())
+    // Fewer rounds for the bandwidth: each one moves about 7 GiB.
+    let bw_rounds = Rounds {
+        warm: 1,
+        timed: rounds.timed.min(7),
+    };
+    // Each section stands alone: one that fails says so and the others still run.
+    let sections: [(&str, &dyn Fn() -> Res<()>); 4] = [
+        ("launch and fence", &|| launch_and_fence(&gpu.shim, rounds)),
+        ("bandwidth", &|| bandwidth(&gpu.shim, bw_rounds, quick)),
+        ("reserve + drop", &|| reserve(&gpu.shim, rounds)),
+        ("edge host", &|| edge_host(&gpu, rounds, quick)),
+    ];
+    let mut failed = Vec::new();
+    for (name, section) in sections {
+        if let Err(e) = section() {
+            println!("\n**{name}: failed: {e}**\n");
+            failed.push(name);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("sections failed: {}", failed.join(", ")).into())
+    }
 }
 
 /// Launch and fence enqueue costs.
@@ -404,13 +425,15 @@ fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
          memory) and the registered path (`Device::register_host` of the same pageable bytes, \
          `Command::write`, the registration undone once the copy is done, every time). \
          Readback: `Command::read_async` + wait against raw `cuMemcpyDtoHAsync` into pinned \
-         memory + `cuStreamSynchronize`, per copy; beside them the raw pageable readback. The \
-         devcmd device's pinned pool may hold 2 GiB (default 256 MiB) so 256 MiB copies stage.\n"
+         memory + `cuStreamSynchronize`, per copy; beside them the raw pageable readback. \
+         \"devcmd from pinned\": `Command::reserve_host` (pinned, not filled) + `Command::write`, \
+         the layer's cost without the staging copy. The devcmd device's pinned pool may hold \
+         2 GiB (default 256 MiB) so 256 MiB copies stage.\n"
     );
     println!(
-        "| size | upload devcmd | raw pinned | ratio | raw pageable | registered | readback devcmd | raw pinned | ratio | raw pageable |"
+        "| size | upload: devcmd staged | devcmd from pinned | raw pinned | staged / raw | from pinned / raw | raw pageable | registered | readback: devcmd | raw pinned | devcmd / raw | raw pageable |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut missed = Vec::new();
     for &size in sizes {
         let reps = ((1usize << 30) / size).clamp(4, 2000);
@@ -431,6 +454,7 @@ fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
         let h = device.command(S)?.empty(size as u64)?;
         let mut cols: [Vec<f64>; 9] = Default::default();
         let mut not_registered = 0usize;
+        let mut not_pinned = 0usize;
         for round in 0..rounds.all() {
             let mut row = [0.0f64; 9];
             // Raw pinned upload.
@@ -463,6 +487,19 @@ fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
             }
             sync(&stream)?;
             row[2] = gbps(size * reps, t.elapsed());
+            // devcmd upload from pinned memory the layer hands out (`reserve_host`, not filled:
+            // the layer's own cost without the staging copy).
+            let mut cmd = device.command(S)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                let b = cmd.reserve_host(size, true)?;
+                if b.origin() != HostOrigin::Pinned {
+                    not_pinned += 1;
+                }
+                cmd.write(&h, b)?;
+            }
+            cmd.sync()?.wait()?;
+            row[7] = gbps(size * reps, t.elapsed());
             // Registered: register, write, wait, release (two flushes pass the buffer's fence).
             let reg_reps = reps.min(64);
             let t = Instant::now();
@@ -542,16 +579,22 @@ fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
         if size >= 16 << 20 && (up < 0.9 || down < 0.9) {
             missed.push(human(size));
         }
+        let from_pinned = if not_pinned == 0 {
+            format!("{:.2}", m[7])
+        } else {
+            format!("{:.2} (heap {not_pinned}×)", m[7])
+        };
         let registered = if not_registered == 0 {
             format!("{:.2}", m[3])
         } else {
             format!("{:.2} (not registered {not_registered}×)", m[3])
         };
         println!(
-            "| {} | {:.2} | {:.2} | {up:.2} | {:.2} | {registered} | {:.2} | {:.2} | {down:.2} | {:.2} |",
+            "| {} | {:.2} | {from_pinned} | {:.2} | {up:.2} | {:.2} | {:.2} | {registered} | {:.2} | {:.2} | {down:.2} | {:.2} |",
             human(size),
             m[0],
             m[1],
+            m[7] / m[1],
             m[2],
             m[4],
             m[5],
