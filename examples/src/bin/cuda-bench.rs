@@ -13,7 +13,8 @@
 //! - reserve + drop: `Command::empty` then drop, in steady state, against `cuMemAllocAsync` +
 //!   `cuMemFreeAsync` on a stream and `cuMemAlloc` + `cuMemFree`;
 //! - the edge host's serving loop ([`devcmd_examples::serve`]) against a plain driver program
-//!   doing the same work (the same kernels and sizes: upload, 6 launches, readback per batch).
+//!   doing the same work (the same kernels and sizes: upload, 6 launches, readback per batch), on
+//!   one stream and on two (the upload on its own stream, as devcmd does it).
 //!
 //! Timing: host clocks around enqueue loops (the device work is synchronised outside the timed
 //! region for enqueue costs, inside it for bandwidth and serving), warm-up rounds first, then the
@@ -90,6 +91,17 @@ fn median(v: &[f64]) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
+}
+
+/// The 25th and 75th percentiles, as "p25–p75" (nearest rank).
+fn spread(v: &[f64]) -> String {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return "—".to_owned();
+    }
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    format!("{:.3}–{:.3}", at(0.25), at(0.75))
 }
 
 fn micros(t: Instant, ops: usize) -> f64 {
@@ -367,28 +379,41 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
     println!(
         "{BATCH} launches per round, host time of the enqueue loop (synchronised after it).\n"
     );
-    println!("| path | µs per launch | vs raw cuLaunchKernel | target |");
-    println!("|---|---:|---:|---|");
-    println!("| raw `cuLaunchKernel` | {r:.3} | 1.00 | |");
-    println!("| `Shim::launch` (CudaShim) | {s:.3} | {:.2} | |", s / r);
+    println!("| path | µs per launch | p25–p75 of rounds | vs raw cuLaunchKernel | target |");
+    println!("|---|---:|---:|---:|---|");
     println!(
-        "| `Command::launch` (2 buffers) | {o:.3} | {:.2} | ≤ 1.10: {} |",
+        "| raw `cuLaunchKernel` | {r:.3} | {} | 1.00 | |",
+        spread(&raw_l)
+    );
+    println!(
+        "| `Shim::launch` (CudaShim) | {s:.3} | {} | {:.2} | |",
+        spread(&shim_l),
+        s / r
+    );
+    println!(
+        "| `Command::launch` (2 buffers) | {o:.3} | {} | {:.3} | ≤ 1.10: {} |",
+        spread(&ours_l),
         o / r,
         met(o / r <= 1.10)
     );
     let (r, s, o) = (median(&raw_f), median(&shim_f), median(&ours_f));
     println!("\n## Fence: recording an event on an idle stream\n");
-    println!("| path | µs per fence | over raw, µs | vs raw | target |");
-    println!("|---|---:|---:|---:|---|");
-    println!("| raw `cuEventRecord` (one `CU_EVENT_DISABLE_TIMING` event) | {r:.3} | 0 | 1.00 | |");
+    println!("| path | µs per fence | p25–p75 of rounds | over raw, µs | vs raw | target |");
+    println!("|---|---:|---:|---:|---:|---|");
     println!(
-        "| `Shim::record_event` (pooled event, dropped) | {s:.3} | {:.3} | {:.2} | ≤ 0.25 µs over raw: {} |",
+        "| raw `cuEventRecord` (one `CU_EVENT_DISABLE_TIMING` event) | {r:.3} | {} | 0 | 1.00 | |",
+        spread(&raw_f)
+    );
+    println!(
+        "| `Shim::record_event` (pooled event, dropped) | {s:.3} | {} | {:.3} | {:.2} | ≤ 0.25 µs over raw: {} |",
+        spread(&shim_f),
         s - r,
         s / r,
         met(s - r <= 0.25)
     );
     println!(
-        "| `Command::sync` enqueue (future dropped) | {o:.3} | {:.3} | {:.2} | |",
+        "| `Command::sync` enqueue (future dropped) | {o:.3} | {} | {:.3} | {:.2} | |",
+        spread(&ours_f),
         o - r,
         o / r
     );
@@ -427,13 +452,15 @@ fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
          Readback: `Command::read_async` + wait against raw `cuMemcpyDtoHAsync` into pinned \
          memory + `cuStreamSynchronize`, per copy; beside them the raw pageable readback. \
          \"devcmd from pinned\": `Command::reserve_host` (pinned, not filled) + `Command::write`, \
-         the layer's cost without the staging copy. The devcmd device's pinned pool may hold \
+         the layer's cost without the staging copy. \"host memcpy into pinned\": one thread \
+         copying the same pageable bytes into a pinned page, the staging copy alone. The devcmd \
+         device's pinned pool may hold \
          2 GiB (default 256 MiB) so 256 MiB copies stage.\n"
     );
     println!(
-        "| size | upload: devcmd staged | devcmd from pinned | raw pinned | staged / raw | from pinned / raw | raw pageable | registered | readback: devcmd | raw pinned | devcmd / raw | raw pageable |"
+        "| size | upload: devcmd staged | devcmd from pinned | raw pinned | staged / raw | from pinned / raw | host memcpy into pinned | raw pageable | registered | readback: devcmd | raw pinned | devcmd / raw | raw pageable |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut missed = Vec::new();
     for &size in sizes {
         let reps = ((1usize << 30) / size).clamp(4, 2000);
@@ -534,6 +561,14 @@ fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
                 black_box(got);
             }
             row[4] = gbps(size * reps, t.elapsed());
+            // The staging copy alone: one thread copying the pageable bytes into pinned memory.
+            let t = Instant::now();
+            for _ in 0..reps {
+                // SAFETY: the pinned page holds `size` bytes and no copy uses it now (the
+                // stream was synchronised above); `data` holds `size` bytes.
+                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), black_box(pin), size) };
+            }
+            row[8] = gbps(size * reps, t.elapsed());
             // Raw pageable readback.
             bind(shim)?;
             let t = Instant::now();
@@ -590,11 +625,12 @@ fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
             format!("{:.2} (not registered {not_registered}×)", m[3])
         };
         println!(
-            "| {} | {:.2} | {from_pinned} | {:.2} | {up:.2} | {:.2} | {:.2} | {registered} | {:.2} | {:.2} | {down:.2} | {:.2} |",
+            "| {} | {:.2} | {from_pinned} | {:.2} | {up:.2} | {:.2} | {:.2} | {:.2} | {registered} | {:.2} | {:.2} | {down:.2} | {:.2} |",
             human(size),
             m[0],
             m[1],
             m[7] / m[1],
+            m[8],
             m[2],
             m[4],
             m[5],
@@ -700,7 +736,8 @@ fn edge_host(gpu: &cuda_device::Gpu, rounds: Rounds, quick: bool) -> Res<()> {
     let weights = model::seeded_weights(SEED);
     let mut device = Device::new(gpu.shim.clone(), DeviceConfig::default());
     let w = serve::load_weights(&mut device, HostWeights::Seeded(weights.clone()), false)?;
-    let mut raw = RawHost::new(&gpu.shim, &gpu.kernels, &weights, BATCH_SIZE)?;
+    let mut one = RawHost::new(&gpu.shim, &gpu.kernels, &weights, BATCH_SIZE, false)?;
+    let mut two = RawHost::new(&gpu.shim, &gpu.kernels, &weights, BATCH_SIZE, true)?;
     let warm = Plan {
         batches: 64,
         batch_size: BATCH_SIZE,
@@ -713,49 +750,64 @@ fn edge_host(gpu: &cuda_device::Gpu, rounds: Rounds, quick: bool) -> Res<()> {
         verify: false,
         ..warm
     };
-    let (mut ours, mut plain) = (Vec::new(), Vec::new());
-    let mut mismatches = (0, 0);
-    for round in 0..rounds.warm.max(1) + rounds.timed.min(5) {
-        if round < rounds.warm.max(1) {
-            mismatches.0 += serve::serve(&warm, &mut device, &gpu.kernels, &w)?.mismatches;
-            mismatches.1 += raw.serve(&warm)?.mismatches;
+    let (mut ours, mut plain1, mut plain2) = (Vec::new(), Vec::new(), Vec::new());
+    let mut mismatches = [0; 3];
+    let warm_rounds = rounds.warm.max(1);
+    for round in 0..warm_rounds + rounds.timed.min(7) {
+        if round < warm_rounds {
+            mismatches[0] += serve::serve(&warm, &mut device, &gpu.kernels, &w)?.mismatches;
+            mismatches[1] += one.serve(&warm)?.mismatches;
+            mismatches[2] += two.serve(&warm)?.mismatches;
             continue;
         }
         ours.push(serve::serve(&timed, &mut device, &gpu.kernels, &w)?.per_second());
-        plain.push(raw.serve(&timed)?.per_second());
+        plain1.push(one.serve(&timed)?.per_second());
+        plain2.push(two.serve(&timed)?.per_second());
     }
-    if mismatches != (0, 0) {
+    if mismatches != [0; 3] {
         return Err(format!(
-            "results differ from the host reference: {} outputs through devcmd, {} through the \
-             plain driver program",
-            mismatches.0, mismatches.1
+            "results differ from the host reference: {} outputs through devcmd, {} and {} through \
+             the plain driver programs (one stream, two streams)",
+            mismatches[0], mismatches[1], mismatches[2]
         )
         .into());
     }
-    let (o, p) = (median(&ours), median(&plain));
+    let (o, p1, p2) = (median(&ours), median(&plain1), median(&plain2));
     println!("## Edge host: requests/s on the GPU\n");
     println!(
         "{batches} batches x {BATCH_SIZE} requests of the 3-layer MLP ({}-{}-{}-{}), {IN_FLIGHT} \
-         reads in flight, results not verified in the timed runs (every result of the warm-up \
-         runs was, on both sides: 0 mismatches). devcmd: the edge host's loop (upload on a copy \
-         stream, 6 launches on a compute stream ordered after it, `read_async`; 7 reservations \
-         and a staging buffer per batch). Plain: the same kernels and sizes on one stream with \
-         raw calls (pinned input, `cuMemcpyHtoDAsync`, 6 `cuLaunchKernel`, `cuMemcpyDtoHAsync`, \
-         `cuEventRecord`), buffers allocated once.\n",
-        INPUT, LAYERS[0].1, LAYERS[1].1, CLASSES
+         batches in flight, results not verified in the timed runs (every result of the {} \
+         warm-up runs of 64 batches was, in all three programs: 0 mismatches). devcmd: the edge \
+         host's loop (upload on a copy stream, 6 launches on a compute stream ordered after it \
+         on the device, `read_owned`; 7 reservations and a pinned staging buffer per batch). \
+         Plain: the same kernels, sizes and launch geometry with raw calls (input written into \
+         a pinned page, `cuMemcpyHtoDAsync`, 6 `cuLaunchKernel`, `cuMemcpyDtoHAsync`, \
+         `cuEventRecord`), buffers allocated once; on one stream, or with the upload on a \
+         second stream and `cuEventRecord` + `cuStreamWaitEvent` as devcmd does.\n",
+        INPUT, LAYERS[0].1, LAYERS[1].1, CLASSES, warm_rounds
     );
-    println!("| program | requests/s | µs per batch | vs plain |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "| program | requests/s | p25–p75 | µs per batch | vs plain, two streams | vs plain, one stream |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
     let per_batch = |rps: f64| BATCH_SIZE as f64 / rps * 1e6;
-    println!(
-        "| plain driver program | {p:.0} | {:.1} | 1.00 |",
-        per_batch(p)
-    );
-    println!(
-        "| devcmd edge host loop | {o:.0} | {:.1} | {:.2} |",
-        per_batch(o),
-        o / p
-    );
+    let thousands = |v: &[f64]| {
+        let k: Vec<f64> = v.iter().map(|x| x / 1e3).collect();
+        format!("{} k", spread(&k))
+    };
+    for (name, v, x) in [
+        ("plain driver program, two streams", &plain2, p2),
+        ("plain driver program, one stream", &plain1, p1),
+        ("devcmd edge host loop", &ours, o),
+    ] {
+        println!(
+            "| {name} | {x:.0} | {} | {:.1} | {:.2} | {:.2} |",
+            thousands(v),
+            per_batch(x),
+            x / p2,
+            x / p1
+        );
+    }
     println!();
     Ok(())
 }
@@ -766,7 +818,10 @@ struct Slot {
     output: devcmd_cuda::CudaHostPage,
     /// The input, then each layer's pre-activation and output.
     bufs: Vec<devcmd_cuda::CudaDevicePage>,
+    /// Recorded after the batch's readback (on the compute stream).
     event: sys::CUevent,
+    /// Recorded after the batch's upload (on the copy stream, with two streams).
+    uploaded: sys::CUevent,
     pending: Option<(usize, Vec<f32>)>,
 }
 
@@ -776,6 +831,8 @@ struct RawHost<'a> {
     kernels: &'a model::Kernels<CudaKernel>,
     reference: &'a [Vec<f32>],
     stream: CudaStream,
+    /// The stream uploads run on, when not `stream`.
+    copy: Option<CudaStream>,
     /// The weights' page (taken by `Drop`) and its address.
     weights: Option<devcmd_cuda::CudaDevicePage>,
     base: u64,
@@ -790,8 +847,14 @@ impl<'a> RawHost<'a> {
         kernels: &'a model::Kernels<CudaKernel>,
         reference: &'a [Vec<f32>],
         m: usize,
+        two_streams: bool,
     ) -> Res<Self> {
         let stream = shim.create_stream()?;
+        let copy = if two_streams {
+            Some(shim.create_stream()?)
+        } else {
+            None
+        };
         let bytes: Vec<u8> = reference.iter().flat_map(|w| to_bytes(w)).collect();
         let weights = shim.device_alloc(bytes.len() as u64)?;
         bind(shim)?;
@@ -816,20 +879,20 @@ impl<'a> RawHost<'a> {
                 bufs.push(shim.device_alloc((m * n * 4) as u64)?);
                 bufs.push(shim.device_alloc((m * n * 4) as u64)?);
             }
-            let mut event = ptr::null_mut();
+            let (mut event, mut uploaded) = (ptr::null_mut(), ptr::null_mut());
             bind(shim)?;
-            // SAFETY: the pointer is valid for one write; the context is current.
-            cu("cuEventCreate", unsafe {
-                sys::cuEventCreate(
-                    &mut event,
-                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                )
-            })?;
+            for e in [&mut event, &mut uploaded] {
+                // SAFETY: the pointer is valid for one write; the context is current.
+                cu("cuEventCreate", unsafe {
+                    sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+                })?;
+            }
             slots.push(Slot {
                 input: shim.host_alloc_pinned(m * INPUT * 4)?,
                 output: shim.host_alloc_pinned(m * CLASSES * 4)?,
                 bufs,
                 event,
+                uploaded,
                 pending: None,
             });
         }
@@ -839,6 +902,7 @@ impl<'a> RawHost<'a> {
             kernels,
             reference,
             stream,
+            copy,
             weights: Some(weights),
             base,
             offsets,
@@ -886,10 +950,21 @@ impl<'a> RawHost<'a> {
         );
         let addr = |i: usize| shim.device_page_addr(&s.bufs[i]).0;
         let base = self.base;
+        let upload = self.copy.as_ref().map_or(stream, CudaStream::cu_stream);
         // SAFETY: the ranges hold the bytes copied; the page stays untouched until the fence.
         cu("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(addr(0), pin_in.cast(), m * INPUT * 4, stream)
+            sys::cuMemcpyHtoDAsync_v2(addr(0), pin_in.cast(), m * INPUT * 4, upload)
         })?;
+        if upload != stream {
+            // SAFETY: the handles are alive; flags 0 is `CU_EVENT_WAIT_DEFAULT`.
+            unsafe {
+                cu("cuEventRecord", sys::cuEventRecord(s.uploaded, upload))?;
+                cu(
+                    "cuStreamWaitEvent",
+                    sys::cuStreamWaitEvent(stream, s.uploaded, 0),
+                )?;
+            }
+        }
         let mut act = addr(0);
         for (l, &(k, n)) in LAYERS.iter().enumerate() {
             let (pre, out) = (addr(1 + 2 * l), addr(2 + 2 * l));
@@ -974,11 +1049,15 @@ impl<'a> RawHost<'a> {
 impl Drop for RawHost<'_> {
     fn drop(&mut self) {
         let _ = sync(&self.stream);
+        if let Some(copy) = &self.copy {
+            let _ = sync(copy);
+        }
         let _ = bind(self.shim);
         for s in self.slots.drain(..) {
             // SAFETY: the stream was synchronised: no copy or kernel uses the slot any more.
             unsafe {
                 let _ = sys::cuEventDestroy_v2(s.event);
+                let _ = sys::cuEventDestroy_v2(s.uploaded);
                 self.shim.host_free_pinned(s.input);
                 self.shim.host_free_pinned(s.output);
                 for b in s.bufs {
