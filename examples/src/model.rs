@@ -139,7 +139,7 @@ pub const CUDA_OPTIONS: &[&str] = &["--fmad=false"];
 
 /// The kernels in CUDA C, compiled once at start-up with NVRTC. Each one follows the signature
 /// above and the geometry of [`matmul_dims`], [`bias_relu_dims`] and [`bias_softmax_dims`], and
-/// adds in the order of the host reference ([`reference`]).
+/// adds in the order of the host reference ([`reference()`]).
 pub const CUDA_SOURCE: &str = r#"
 extern "C" __global__ void matmul(float *out, const float *a, const float *b,
                                   unsigned m, unsigned k, unsigned n) {

@@ -20,7 +20,11 @@
 //! region for enqueue costs, inside it for bandwidth and serving), warm-up rounds first, then the
 //! median of several rounds, the raw and the layer's rounds interleaved.
 //!
-//! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds).
+//! Owns the measurements and the plain driver program the serving loop is compared with; the
+//! model, its kernels and the loop itself come from the library ([`devcmd_examples`]).
+//!
+//! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds);
+//! `examples/gpu-run.sh` says how it ran on the H200 (BENCHMARKS.md).
 //! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 2.
 
 use devcmd::pinned::PinnedConfig;
@@ -222,8 +226,7 @@ fn run(shim: CudaShim, quick: bool) -> Res<()> {
     println!("copy path: {}\n```\n", cuda_device::copy_path(&device));
     drop(device);
     println!(
-        "Medians of {} rounds after {} warm-up rounds; raw and devcmd rounds interleaved.\n",
-        rounds.timed, rounds.warm
+        "Medians of rounds after warm-up rounds (each section says how many); raw and devcmd rounds interleaved.\n"
     );
     // Fewer rounds for the bandwidth: each one moves about 7 GiB.
     let bw_rounds = Rounds {
@@ -377,7 +380,9 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
     let (r, s, o) = (median(&raw_l), median(&shim_l), median(&ours_l));
     println!("## Launch enqueue: one tiny kernel (1 block x 32 threads, 3 parameters)\n");
     println!(
-        "{BATCH} launches per round, host time of the enqueue loop (synchronised after it).\n"
+        "{BATCH} launches per round, host time of the enqueue loop (synchronised after it); \
+         median of {} rounds after {} warm-up rounds.\n",
+        rounds.timed, rounds.warm
     );
     println!("| path | µs per launch | p25–p75 of rounds | vs raw cuLaunchKernel | target |");
     println!("|---|---:|---:|---:|---|");
@@ -397,7 +402,10 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
         met(o / r <= 1.10)
     );
     let (r, s, o) = (median(&raw_f), median(&shim_f), median(&ours_f));
-    println!("\n## Fence: recording an event on an idle stream\n");
+    println!(
+        "\n## Fence: recording an event on an idle stream (median of {} rounds after {})\n",
+        rounds.timed, rounds.warm
+    );
     println!("| path | µs per fence | p25–p75 of rounds | over raw, µs | vs raw | target |");
     println!("|---|---:|---:|---:|---:|---|");
     println!(
@@ -442,7 +450,10 @@ fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
     };
     let mut device = Device::new(shim.clone(), config);
     let stream = shim.create_stream()?;
-    println!("## Upload and readback bandwidth, GB/s\n");
+    println!(
+        "## Upload and readback bandwidth, GB/s (median of {} rounds after {})\n",
+        rounds.timed, rounds.warm
+    );
     println!(
         "Upload: `Command::write_from` of pageable bytes (copied into a pinned staging buffer, \
          then DMA) against raw `cuMemcpyHtoDAsync` from pinned memory, synchronised once after \
@@ -656,7 +667,10 @@ fn reserve(shim: &CudaShim, rounds: Rounds) -> Res<()> {
     let mut device = Device::new(shim.clone(), DeviceConfig::default());
     let stream = shim.create_stream()?;
     let has_async = driver_has("cuMemAllocAsync") && driver_has("cuMemFreeAsync");
-    println!("## Reserve + drop, ns per pair (steady state)\n");
+    println!(
+        "## Reserve + drop, ns per pair (steady state; median of {} rounds after {})\n",
+        rounds.timed, rounds.warm
+    );
     println!(
         "| size | `Command::empty` + drop | `cuMemAllocAsync` + `cuMemFreeAsync` (stream) | ratio | `cuMemAlloc` + `cuMemFree` | ratio |"
     );
@@ -773,7 +787,11 @@ fn edge_host(gpu: &cuda_device::Gpu, rounds: Rounds, quick: bool) -> Res<()> {
         .into());
     }
     let (o, p1, p2) = (median(&ours), median(&plain1), median(&plain2));
-    println!("## Edge host: requests/s on the GPU\n");
+    println!(
+        "## Edge host: requests/s on the GPU (median of {} runs after {} verified warm-up runs)\n",
+        plain1.len(),
+        warm_rounds
+    );
     println!(
         "{batches} batches x {BATCH_SIZE} requests of the 3-layer MLP ({}-{}-{}-{}), {IN_FLIGHT} \
          batches in flight, results not verified in the timed runs (every result of the {} \
