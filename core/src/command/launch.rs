@@ -91,14 +91,24 @@ fn overlap(a: &Handle, b: &Handle) -> bool {
 /// The first pair (output, other buffer) of a launch whose views overlap, by position among the
 /// launch's buffers (inputs first).
 fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
-    let all: Vec<&Handle> = inputs.iter().chain(outputs).copied().collect();
-    (inputs.len()..all.len()).find_map(|o| {
-        (0..all.len())
+    let all = inputs.len() + outputs.len();
+    let at = |i: usize| {
+        if i < inputs.len() {
+            inputs[i]
+        } else {
+            outputs[i - inputs.len()]
+        }
+    };
+    (inputs.len()..all).find_map(|o| {
+        (0..all)
             .filter(|&i| i != o)
-            .find(|&i| overlap(all[o], all[i]))
+            .find(|&i| overlap(at(o), at(i)))
             .map(|i| (o, i))
     })
 }
+
+/// Buffers of a launch whose spans are kept on the stack (more go to the heap).
+const STACK_BUFFERS: usize = 16;
 
 impl<S: Shim> Command<'_, S> {
     /// Launches a kernel. If an input carries a failure, the launch is skipped and its outputs
@@ -125,18 +135,37 @@ impl<S: Shim> Command<'_, S> {
         if let Some(refusal) = refused(name, dims, params, inputs, outputs) {
             return Err(refusal.into());
         }
-        let mut spans = Vec::with_capacity(inputs.len() + outputs.len());
+        let count = inputs.len() + outputs.len();
+        let mut stack = [DeviceSpan {
+            addr: crate::shim::DeviceAddr(0),
+            len: 0,
+        }; STACK_BUFFERS];
+        let mut heap = Vec::new();
+        let spans: &mut [DeviceSpan] = if count <= STACK_BUFFERS {
+            &mut stack[..count]
+        } else {
+            heap.resize(count, stack[0]);
+            &mut heap
+        };
         for (index, h) in inputs.iter().chain(outputs.iter()).enumerate() {
-            let r = self.resource(*h).map_err(|cause| LaunchError::Buffer {
-                kernel: name,
-                index,
-                cause,
-            })?;
-            self.device.order_after(self.stream, *h)?;
-            spans.push(DeviceSpan {
+            // A handle that names no memory (the only I/O error ordering meets) is this launch's
+            // buffer error, named by position.
+            let r = self
+                .device
+                .order_after(self.stream, *h)
+                .map_err(|e| match e {
+                    ServerError::Io(cause) => LaunchError::Buffer {
+                        kernel: name,
+                        index,
+                        cause,
+                    }
+                    .into(),
+                    other => other,
+                })?;
+            spans[index] = DeviceSpan {
                 addr: r.addr,
                 len: r.len,
-            });
+            };
         }
         let failures = &mut self.device.failures;
         if !failures.is_empty() {
@@ -158,7 +187,7 @@ impl<S: Shim> Command<'_, S> {
         // SAFETY: every span was resolved just now to a live range of its allocation, no output
         // overlaps another span (checked above), and the kernel's contract is to touch only its
         // buffers.
-        let launched = unsafe { shim.launch(&s.raw, kernel, dims, &spans, params) };
+        let launched = unsafe { shim.launch(&s.raw, kernel, dims, spans, params) };
         let failures = &mut self.device.failures;
         if let Err(e) = launched {
             let error: ServerError = LaunchError::Refused {
