@@ -136,8 +136,6 @@ pub struct Device<S: Shim> {
     pub(crate) freed: Vec<u64>,
     /// Which streams used each allocation besides its owner (see `order.rs`).
     pub(crate) foreign_uses: ForeignUses,
-    /// Scratch for the device spans of a launch, reused by every launch (no allocation per launch).
-    pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
 }
 
 impl<S: Shim> Device<S> {
@@ -159,7 +157,6 @@ impl<S: Shim> Device<S> {
             ledger: FaultLedger::default(),
             freed: Vec::new(),
             foreign_uses: ForeignUses::default(),
-            launch_spans: Vec::new(),
         }
     }
 

@@ -12,7 +12,7 @@
 use crate::device::Device;
 use crate::drop_queue::DropItem;
 use crate::error::ServerError;
-use crate::memory::AsBinding;
+use crate::memory::{AsBinding, Resolved};
 use crate::shim::Shim;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
@@ -55,7 +55,7 @@ impl ForeignUses {
 impl<S: Shim> Device<S> {
     /// Orders stream `current` after every other stream's work on the memory `binding` names: its
     /// owner's and any other stream's that used it. Called by every operation for every handle it
-    /// touches, before it enqueues anything.
+    /// touches, before it enqueues anything. Returns the device range the binding names.
     ///
     /// # Errors
     ///
@@ -66,13 +66,13 @@ impl<S: Shim> Device<S> {
         &mut self,
         current: usize,
         binding: &impl AsBinding,
-    ) -> Result<(), ServerError> {
+    ) -> Result<Resolved, ServerError> {
         let b = binding.as_binding();
         let owner = self.owner_of(binding)?;
         let o = self.streams[owner].as_ref().expect("owner_of found it");
         // Resolve first: a handle that names no memory must leave no trace (no wait, no
         // keep-alive, no record of a use).
-        o.memory.resolve(binding)?;
+        let resolved = o.memory.resolve(binding)?;
         let owner_cursor = o.cursor;
         // What the owner wrote is untrustworthy if its work may have failed.
         self.ledger.check_stream_at(owner, owner_cursor)?;
@@ -93,7 +93,7 @@ impl<S: Shim> Device<S> {
             // The owner has waited for every foreign use: later owner uses need no wait.
             self.foreign_uses.forget(id);
         }
-        Ok(())
+        Ok(resolved)
     }
 
     /// Makes stream `current` wait on the device for the work stream `other` issued up to

@@ -12,9 +12,31 @@ use std::path::PathBuf;
 /// 2 GiB, the kernels' `u32` dimensions and the host's `usize` arithmetic.
 pub const MAX_BATCH_SIZE: usize = 8192;
 
+/// The device the host serves on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceKind {
+    /// devcmd's std shim: a CPU device, runs anywhere.
+    #[default]
+    Std,
+    /// The first NVIDIA GPU, through devcmd-cuda (needs the NVIDIA driver and NVRTC).
+    Cuda,
+}
+
+impl DeviceKind {
+    /// The name `--device` takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Std => "std",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
 /// What the host was asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
+    /// The device to serve on.
+    pub device: DeviceKind,
     /// Batches to serve (at least 1).
     pub batches: usize,
     /// Requests per batch (1 to [`MAX_BATCH_SIZE`]).
@@ -32,6 +54,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
+            device: DeviceKind::Std,
             batches: 400,
             batch_size: 32,
             lazy: false,
@@ -100,8 +123,8 @@ impl fmt::Display for UsageError {
             }
             Self::UnknownFlag(flag) => write!(
                 f,
-                "unknown flag {flag}: expected one of --batches, --batch-size, --lazy, --weights, \
-                 --save-weights, --seed, --help"
+                "unknown flag {flag}: expected one of --device, --batches, --batch-size, --lazy, \
+                 --weights, --save-weights, --seed, --help"
             ),
             Self::UnexpectedArgument(arg) => write!(
                 f,
@@ -125,6 +148,7 @@ const BATCHES: &str = "a whole number of batches, at least 1";
 const BATCH_SIZE: &str = "a whole number of requests per batch, from 1 to 8192";
 const SEED: &str = "a whole number from 0 to 18446744073709551615";
 const FILE: &str = "a file path";
+const DEVICE: &str = "std (the CPU device) or cuda (the first NVIDIA GPU)";
 
 /// Parses the flags in `args` (without the program name).
 pub fn parse<I>(args: I) -> Result<Parsed, UsageError>
@@ -142,6 +166,7 @@ where
             Err(e) => return Err(from_lexopt(e)),
         };
         match arg {
+            Long("device") => o.device = device(&mut p)?,
             Long("batches") => o.batches = number(&mut p, "--batches", BATCHES, 1, usize::MAX)?,
             Long("batch-size") => {
                 o.batch_size = number(&mut p, "--batch-size", BATCH_SIZE, 1, MAX_BATCH_SIZE)?;
@@ -165,7 +190,30 @@ where
                   pass one of them (to copy a weights file, copy the file)",
         });
     }
+    if o.lazy && o.device == DeviceKind::Cuda {
+        return Err(UsageError::Conflict {
+            first: "--lazy",
+            second: "--device cuda",
+            why: "lazy streams are a mode of the std shim (its streams run only when a fence is \
+                  waited on); a GPU runs its streams as work arrives; drop --lazy or use \
+                  --device std",
+        });
+    }
     Ok(Parsed::Run(o))
+}
+
+/// The device `--device` names.
+fn device(p: &mut lexopt::Parser) -> Result<DeviceKind, UsageError> {
+    let v = value(p, "--device", DEVICE)?;
+    match v.to_str() {
+        Some("std") => Ok(DeviceKind::Std),
+        Some("cuda") => Ok(DeviceKind::Cuda),
+        _ => Err(UsageError::BadValue {
+            flag: "--device".to_owned(),
+            value: lossy(&v),
+            expected: DEVICE,
+        }),
+    }
 }
 
 /// The value of `flag` (`--flag V` or `--flag=V`).
@@ -239,6 +287,11 @@ pub fn usage(weights_bytes: usize) -> String {
     let d = Options::default();
     let flags = [
         (
+            "--device NAME",
+            format!("the device to serve on: {DEVICE}"),
+            d.device.name().to_owned(),
+        ),
+        (
             "--batches N",
             "batches to serve, at least 1".to_owned(),
             d.batches.to_string(),
@@ -280,9 +333,9 @@ pub fn usage(weights_bytes: usize) -> String {
         ),
     ];
     let mut out = String::from(
-        "edge-host: serves batches of requests through a 3-layer MLP on devcmd's std shim and\n\
-         checks every result against a reference computed on the host.\n\n\
-         usage: edge-host [--batches N] [--batch-size B] [--lazy]\n\
+        "edge-host: serves batches of requests through a 3-layer MLP on a devcmd device (the std\n\
+         shim, or an NVIDIA GPU) and checks every result against a reference computed on the host.\n\n\
+         usage: edge-host [--device std|cuda] [--batches N] [--batch-size B] [--lazy]\n\
          \x20                [--weights FILE | --save-weights FILE] [--seed S]\n\n",
     );
     const INDENT: usize = 23;
@@ -329,6 +382,7 @@ mod tests {
     #[test]
     fn every_flag_is_read_in_both_spellings() {
         let want = Options {
+            device: DeviceKind::Std,
             batches: 3,
             batch_size: MAX_BATCH_SIZE,
             lazy: true,
@@ -445,6 +499,35 @@ mod tests {
     }
 
     #[test]
+    fn the_device_is_std_or_cuda_and_nothing_else() {
+        let cuda = parse_str(&["--device", "cuda"]);
+        assert!(matches!(cuda, Ok(Parsed::Run(o)) if o.device == DeviceKind::Cuda));
+        let std = parse_str(&["--device=std"]);
+        assert!(matches!(std, Ok(Parsed::Run(o)) if o.device == DeviceKind::Std));
+        for name in ["tpu", "CUDA", "gpu", ""] {
+            assert_eq!(
+                parse_str(&["--device", name]),
+                Err(bad("--device", name, DEVICE)),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            refusal(&["--device", "tpu"]),
+            "--device got \"tpu\": expected std (the CPU device) or cuda (the first NVIDIA GPU)"
+        );
+        assert!(refusal(&["--device"]).starts_with("--device needs a value"));
+        let e = refusal(&["--lazy", "--device", "cuda"]);
+        assert!(
+            e.starts_with("--lazy and --device cuda cannot be used together: "),
+            "{e}"
+        );
+        assert!(matches!(
+            parse_str(&["--lazy", "--device", "std"]),
+            Ok(Parsed::Run(o)) if o.lazy
+        ));
+    }
+
+    #[test]
     fn saving_while_loading_weights_is_refused() {
         let e = refusal(&["--weights", "a.bin", "--save-weights", "b.bin"]);
         assert!(
@@ -463,6 +546,7 @@ mod tests {
         let text = usage(1234);
         let d = Options::default();
         for (flag, default) in [
+            ("--device NAME", "std".to_owned()),
             ("--batches N", d.batches.to_string()),
             ("--batch-size B", d.batch_size.to_string()),
             ("--lazy", "off".to_owned()),

@@ -1,17 +1,22 @@
 //! The weights file: its format (raw little-endian `f32`, tensors in the order W1 b1 W2 b2 W3 b3,
-//! W inputs × outputs, for the layers of [`crate::LAYERS`]), writing it, and mapping it for
-//! file-backed uploads after checking that it is a regular file of the right size holding only
-//! finite values. Every error names the path and what was being done.
+//! W inputs × outputs, for the layers of [`crate::model::LAYERS`]), writing it, and mapping it
+//! for file-backed uploads after checking that it is a regular file of the right size holding
+//! only finite values. Every error names the path and what was being done.
+//!
+//! The whole file is mapped as one window ([`MappedFile`]) and uploaded in one copy; the tensors
+//! are views of that upload. A read-only shared mapping serves the std device. A GPU that
+//! page-locks the mapping in place (`cuMemHostRegister`, which the CUDA shim asks for writable
+//! pages) gets a private copy-on-write mapping ([`Mapping::CopyOnWrite`]): the same file, never
+//! written, whose pages the driver may lock for DMA.
 
 use devcmd::{ExternalBytes, HostOrigin};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// Floats in each tensor, in file order.
 pub fn tensor_lens() -> Vec<usize> {
-    crate::LAYERS
+    crate::model::LAYERS
         .iter()
         .flat_map(|&(i, o)| [i * o, o])
         .collect()
@@ -31,10 +36,12 @@ pub fn tensor_name(t: usize) -> String {
     )
 }
 
+/// `v` as little-endian bytes.
 pub fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// Little-endian bytes as floats (a trailing partial float is ignored).
 pub fn from_bytes(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -167,44 +174,81 @@ pub fn save(path: &Path, tensors: &[Vec<f32>]) -> Result<(), WeightsError> {
     })
 }
 
-/// A window of a memory-mapped weights file: file-backed bytes the device may read.
-pub struct MappedTensor {
-    map: Arc<memmap2::Mmap>,
-    start: usize,
-    len: usize,
+/// How the weights file is mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mapping {
+    /// Read-only and shared with the page cache: the bytes are staged by the core.
+    ReadOnly,
+    /// Private and copy-on-write (never written by this program): pages a driver may lock in
+    /// place for DMA, which it refuses for read-only pages unless told they are read-only.
+    CopyOnWrite,
 }
 
-impl fmt::Debug for MappedTensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MappedTensor")
-            .field("start", &self.start)
-            .field("len", &self.len)
-            .finish_non_exhaustive()
-    }
+/// The mapping itself, of either kind.
+enum Map {
+    Shared(memmap2::Mmap),
+    Private(memmap2::MmapMut),
 }
 
-impl MappedTensor {
-    /// Bytes in the window.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-}
-
-// SAFETY: the mapping is shared through an `Arc` and never modified or unmapped while a tensor
-// holds it; `bytes` always returns the same window of it, which `load` checked lies inside it.
-unsafe impl ExternalBytes for MappedTensor {
+impl Map {
     fn bytes(&self) -> &[u8] {
-        &self.map[self.start..self.start + self.len]
+        match self {
+            Self::Shared(m) => m,
+            Self::Private(m) => m,
+        }
+    }
+}
+
+/// The whole memory-mapped weights file: file-backed bytes the device may read.
+pub struct MappedFile {
+    map: Map,
+}
+
+impl fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MappedFile")
+            .field("len", &self.len())
+            .field("copy_on_write", &matches!(self.map, Map::Private(_)))
+            .finish()
+    }
+}
+
+impl MappedFile {
+    /// Bytes in the file.
+    pub fn len(&self) -> usize {
+        self.map.bytes().len()
+    }
+
+    /// Whether the file is empty (a weights file never is: [`load`] checks its size).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: the mapping is owned by this value and never modified (the private mapping is never
+// written through) nor unmapped while it lives; `bytes` always returns the whole mapping, the
+// same slice on every call.
+unsafe impl ExternalBytes for MappedFile {
+    fn bytes(&self) -> &[u8] {
+        self.map.bytes()
     }
     fn origin(&self) -> HostOrigin {
         HostOrigin::FileMapped
     }
 }
 
-/// Maps the weights file at `path`: each tensor as a window of the mapping, with its floats for
-/// the host reference. Refuses anything but a regular file of [`file_len`] bytes of finite
-/// values.
-pub fn load(path: &Path) -> Result<Vec<(MappedTensor, Vec<f32>)>, WeightsError> {
+/// A mapped weights file and its tensors' floats (for the host reference), in file order.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The whole file.
+    pub file: MappedFile,
+    /// Each tensor's floats, read from the mapping.
+    pub tensors: Vec<Vec<f32>>,
+}
+
+/// Maps the weights file at `path` as `mapping` says, with its tensors' floats for the host
+/// reference. Refuses anything but a regular file of [`file_len`] bytes of finite values.
+pub fn load(path: &Path, mapping: Mapping) -> Result<Loaded, WeightsError> {
     let file = std::fs::File::open(path).map_err(|source| WeightsError::Open {
         path: path.to_owned(),
         source,
@@ -233,12 +277,22 @@ pub fn load(path: &Path) -> Result<Vec<(MappedTensor, Vec<f32>)>, WeightsError> 
     if meta.len() != need as u64 {
         return Err(size(meta.len()));
     }
-    // SAFETY: the file is opened read-only and this program does not modify it while mapped; a
-    // concurrent writer is outside what the host supports.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| WeightsError::Map {
+    let map = match mapping {
+        // SAFETY: the file is opened read-only and this program does not modify it while
+        // mapped; a concurrent writer is outside what the host supports.
+        Mapping::ReadOnly => unsafe { memmap2::Mmap::map(&file) }.map(Map::Shared),
+        Mapping::CopyOnWrite => {
+            // SAFETY: as above; the private mapping's writes (none are made) would never reach
+            // the file.
+            unsafe { memmap2::MmapOptions::new().map_copy(&file) }.map(Map::Private)
+        }
+    }
+    .map_err(|source| WeightsError::Map {
         path: path.to_owned(),
         source,
     })?;
+    let file = MappedFile { map };
+    let map = file.map.bytes();
     if map.len() != need {
         return Err(size(map.len() as u64)); // changed size since the check above
     }
@@ -256,20 +310,10 @@ pub fn load(path: &Path) -> Result<Vec<(MappedTensor, Vec<f32>)>, WeightsError> 
             at,
         });
     }
-    let map = Arc::new(map);
-    let mut start = 0;
-    let mut tensors = Vec::new();
-    for values in floats {
-        let len = values.len() * 4;
-        let window = MappedTensor {
-            map: Arc::clone(&map),
-            start,
-            len,
-        };
-        tensors.push((window, values));
-        start += len;
-    }
-    Ok(tensors)
+    Ok(Loaded {
+        file,
+        tensors: floats,
+    })
 }
 
 #[cfg(test)]
@@ -298,12 +342,15 @@ mod tests {
         save(&path, &tensors).expect("save");
         let written = std::fs::metadata(&path).expect("metadata").len();
         assert_eq!(written, file_len() as u64);
-        let loaded = load(&path).expect("load");
-        let floats: Vec<Vec<f32>> = loaded.iter().map(|(_, f)| f.clone()).collect();
-        assert_eq!(floats, tensors);
-        for ((m, f), len) in loaded.iter().zip(tensor_lens()) {
-            assert_eq!((m.len(), from_bytes(m.bytes())), (len * 4, f.clone()));
-            assert_eq!(m.origin(), HostOrigin::FileMapped);
+        for mapping in [Mapping::ReadOnly, Mapping::CopyOnWrite] {
+            let loaded = load(&path, mapping).expect("load");
+            assert_eq!(loaded.tensors, tensors);
+            let lens: Vec<usize> = loaded.tensors.iter().map(Vec::len).collect();
+            assert_eq!(lens, tensor_lens());
+            assert_eq!(loaded.file.len(), file_len());
+            let all: Vec<f32> = tensors.iter().flatten().copied().collect();
+            assert_eq!(from_bytes(loaded.file.bytes()), all);
+            assert_eq!(loaded.file.origin(), HostOrigin::FileMapped);
         }
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -333,7 +380,7 @@ mod tests {
         let dir = scratch("nans");
         let path = dir.join("nan.bin");
         std::fs::write(&path, f32::NAN.to_le_bytes().repeat(file_len() / 4)).expect("write");
-        let err = load(&path).expect_err("NaN weights must be refused");
+        let err = load(&path, Mapping::ReadOnly).expect_err("NaN weights must be refused");
         assert!(matches!(&err, WeightsError::NonFinite { at, .. } if at.index == 0));
         let msg = err.to_string();
         assert!(msg.contains(&path.display().to_string()), "{msg}");
@@ -345,7 +392,7 @@ mod tests {
         let mut tensors = zeros();
         tensors[1][3] = f32::NEG_INFINITY;
         save(&path, &tensors).expect("save");
-        let msg = load(&path)
+        let msg = load(&path, Mapping::CopyOnWrite)
             .expect_err("an infinity must be refused")
             .to_string();
         let index = tensor_lens()[0] + 3;
@@ -364,7 +411,7 @@ mod tests {
         let dir = scratch("io");
         let shown = |p: &Path| p.display().to_string();
 
-        let err = load(&dir).expect_err("a directory must be refused");
+        let err = load(&dir, Mapping::ReadOnly).expect_err("a directory must be refused");
         let msg = err.to_string();
         assert!(matches!(err, WeightsError::NotAFile { .. }), "{msg}");
         assert!(
@@ -373,7 +420,7 @@ mod tests {
         );
 
         let missing = dir.join("missing.bin");
-        let err = load(&missing).expect_err("a missing file must be refused");
+        let err = load(&missing, Mapping::CopyOnWrite).expect_err("a missing file must be refused");
         let msg = err.to_string();
         assert!(matches!(err, WeightsError::Open { .. }), "{msg}");
         assert!(
@@ -386,7 +433,7 @@ mod tests {
 
         let short = dir.join("short.bin");
         std::fs::write(&short, [0u8; 12]).expect("write");
-        let msg = load(&short)
+        let msg = load(&short, Mapping::ReadOnly)
             .expect_err("a short file must be refused")
             .to_string();
         assert!(

@@ -1,6 +1,8 @@
 //! The edge host as a user runs it: the built binary, its exit codes and messages, for the bad
-//! inputs it must refuse (each with the flag, path or index at fault) and for the save-then-map
-//! round trip `scripts/test` runs.
+//! inputs it must refuse (each with the flag, path or index at fault), for the save-then-map
+//! round trip `scripts/test` runs, and for the GPU device on a machine without one (the host and
+//! the GPU benchmark say "no CUDA driver found: ..." and exit non-zero, never panic; on a machine
+//! with a driver that test prints `skipped:` and leaves the GPU to the GPU runs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -67,6 +69,7 @@ fn help_lists_every_flag_with_its_default() {
     let (code, stdout, _) = outcome(&edge_host(["--help"]));
     assert_eq!(code, Some(0));
     for default in [
+        "[default: std]",
         "[default: 400]",
         "[default: 32]",
         "[default: off]",
@@ -185,4 +188,58 @@ fn saved_weights_serve_again_memory_mapped() {
         "{stdout}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn an_unknown_device_is_refused_by_name() {
+    for name in ["tpu", "gpu", "CUDA"] {
+        let (code, stdout, stderr) = outcome(&edge_host(["--device", name]));
+        assert_eq!(code, Some(2), "{name}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "edge-host: --device got {name:?}: expected std (the CPU device) or cuda (the \
+                 first NVIDIA GPU)"
+            )),
+            "{stderr}"
+        );
+        assert!(stdout.is_empty(), "{stdout}");
+    }
+    let (code, _, stderr) = outcome(&edge_host(["--device", "cuda", "--lazy"]));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("edge-host: --lazy and --device cuda cannot be used together"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn without_a_cuda_driver_the_gpu_host_and_bench_say_so_and_exit_non_zero() {
+    if let Some(lib) = devcmd_cuda::driver_library() {
+        println!(
+            "skipped: a CUDA driver library loads here ({lib}); the GPU runs cover --device cuda"
+        );
+        return;
+    }
+    let (code, stdout, stderr) = outcome(&edge_host(["--device", "cuda", "--batches", "1"]));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("edge-host: no CUDA driver found: "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("libcuda.so.1"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stdout.contains("served"), "{stdout}");
+
+    let bench = Command::new(env!("CARGO_BIN_EXE_cuda-bench"))
+        .arg("--quick")
+        .output()
+        .expect("run the GPU benchmark");
+    let (code, stdout, stderr) = outcome(&bench);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("cuda-bench: no CUDA driver found: "),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
 }

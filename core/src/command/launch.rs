@@ -9,6 +9,7 @@ use super::Command;
 use crate::error::{LaunchError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceSpan, KernelParam, LaunchDims, Shim};
+use alloc::vec::Vec;
 
 /// A kernel launch: the kernel, a name for failure reports, its geometry, the buffers it reads
 /// and writes, and its parameters in the kernel's own order. Buffer slots count the inputs first,
@@ -91,9 +92,12 @@ fn overlap(a: &Handle, b: &Handle) -> bool {
 /// launch's buffers (inputs first).
 fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
     let all = inputs.len() + outputs.len();
-    let at = |i: usize| match inputs.get(i) {
-        Some(h) => *h,
-        None => outputs[i - inputs.len()],
+    let at = |i: usize| {
+        if i < inputs.len() {
+            inputs[i]
+        } else {
+            outputs[i - inputs.len()]
+        }
     };
     (inputs.len()..all).find_map(|o| {
         (0..all)
@@ -102,6 +106,9 @@ fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
             .map(|i| (o, i))
     })
 }
+
+/// Buffers of a launch whose spans are kept on the stack (more go to the heap).
+const STACK_BUFFERS: usize = 16;
 
 impl<S: Shim> Command<'_, S> {
     /// Launches a kernel. If an input carries a failure, the launch is skipped and its outputs
@@ -128,21 +135,37 @@ impl<S: Shim> Command<'_, S> {
         if let Some(refusal) = refused(name, dims, params, inputs, outputs) {
             return Err(refusal.into());
         }
-        // The device's scratch list, reused: no allocation once it has held the most buffers a
-        // launch has named (a refused launch may drop it; the next one grows a new one).
-        let mut spans = core::mem::take(&mut self.device.launch_spans);
-        spans.clear();
+        let count = inputs.len() + outputs.len();
+        let mut stack = [DeviceSpan {
+            addr: crate::shim::DeviceAddr(0),
+            len: 0,
+        }; STACK_BUFFERS];
+        let mut heap = Vec::new();
+        let spans: &mut [DeviceSpan] = if count <= STACK_BUFFERS {
+            &mut stack[..count]
+        } else {
+            heap.resize(count, stack[0]);
+            &mut heap
+        };
         for (index, h) in inputs.iter().chain(outputs.iter()).enumerate() {
-            let r = self.resource(*h).map_err(|cause| LaunchError::Buffer {
-                kernel: name,
-                index,
-                cause,
-            })?;
-            self.device.order_after(self.stream, *h)?;
-            spans.push(DeviceSpan {
+            // A handle that names no memory (the only I/O error ordering meets) is this launch's
+            // buffer error, named by position.
+            let r = self
+                .device
+                .order_after(self.stream, *h)
+                .map_err(|e| match e {
+                    ServerError::Io(cause) => LaunchError::Buffer {
+                        kernel: name,
+                        index,
+                        cause,
+                    }
+                    .into(),
+                    other => other,
+                })?;
+            spans[index] = DeviceSpan {
                 addr: r.addr,
                 len: r.len,
-            });
+            };
         }
         let failures = &mut self.device.failures;
         if !failures.is_empty() {
@@ -164,8 +187,7 @@ impl<S: Shim> Command<'_, S> {
         // SAFETY: every span was resolved just now to a live range of its allocation, no output
         // overlaps another span (checked above), and the kernel's contract is to touch only its
         // buffers.
-        let launched = unsafe { shim.launch(&s.raw, kernel, dims, &spans, params) };
-        self.device.launch_spans = spans;
+        let launched = unsafe { shim.launch(&s.raw, kernel, dims, spans, params) };
         let failures = &mut self.device.failures;
         if let Err(e) = launched {
             let error: ServerError = LaunchError::Refused {
@@ -258,6 +280,15 @@ mod tests {
         );
         assert_eq!(Dim3::ONE.count(), 1);
         assert_eq!(LaunchDims::covering(0, 256).grid, Dim3::linear(1));
-        assert_eq!(LaunchDims::covering(u64::MAX, 1).grid.x, u32::MAX);
+        assert_eq!(
+            LaunchDims::covering(u64::MAX, 1).grid.x,
+            LaunchDims::MAX_GRID_X
+        );
+        let huge = Dim3 {
+            x: u32::MAX,
+            y: u32::MAX,
+            z: u32::MAX,
+        };
+        assert_eq!(huge.count(), u64::MAX, "saturates, never panics");
     }
 }

@@ -1,0 +1,1091 @@
+//! Benchmark of devcmd on an NVIDIA GPU: every figure is a ratio against the raw driver call
+//! (cudarc's `sys` layer, with the shim's context current) measured in the same run, printed as
+//! markdown tables.
+//!
+//! - launch: enqueue cost of one tiny kernel through `Command::launch` and `Shim::launch` against
+//!   `cuLaunchKernel`;
+//! - fence: `Shim::record_event` (and `Command::sync`'s enqueue) against `cuEventRecord` on a
+//!   `CU_EVENT_DISABLE_TIMING` event;
+//! - bandwidth, 4 KiB to 256 MiB: `Command::write_from` (pageable bytes staged through pinned
+//!   memory) and `Command::read_async` against `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` from and
+//!   to pinned memory, with the pageable driver path and the registered path
+//!   (`Device::register_host`, then `Command::write`) beside them;
+//! - reserve + drop: `Command::empty` then drop, in steady state, against `cuMemAllocAsync` +
+//!   `cuMemFreeAsync` on a stream and `cuMemAlloc` + `cuMemFree`;
+//! - the edge host's serving loop ([`devcmd_examples::serve`]) against a plain driver program
+//!   doing the same work (the same kernels and sizes: upload, 6 launches, readback per batch), on
+//!   one stream and on two (the upload on its own stream, as devcmd does it).
+//!
+//! Timing: host clocks around enqueue loops (the device work is synchronised outside the timed
+//! region for enqueue costs, inside it for bandwidth and serving), warm-up rounds first, then the
+//! median of several rounds, the raw and the layer's rounds interleaved.
+//!
+//! Owns the measurements and the plain driver program the serving loop is compared with; the
+//! model, its kernels and the loop itself come from the library ([`devcmd_examples`]).
+//!
+//! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds);
+//! `examples/gpu-run.sh` says how it ran on the H200 (BENCHMARKS.md).
+//! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 2.
+
+use devcmd::pinned::PinnedConfig;
+use devcmd::{
+    Device, DeviceConfig, ExternalBytes, HostOrigin, KernelParam, Launch, LaunchDims, ReadRequest,
+    Shim, StreamId,
+};
+use devcmd_cuda::{CudaKernel, CudaShim, CudaStream, sys};
+use devcmd_examples::cuda_device;
+use devcmd_examples::model::{
+    self, CLASSES, INPUT, Inputs, LAYERS, bias_relu_dims, bias_softmax_dims, matmul_dims,
+    put_floats,
+};
+use devcmd_examples::serve::{self, HostWeights, IN_FLIGHT, Plan, Served};
+use devcmd_examples::verify;
+use devcmd_examples::weights::{from_bytes, to_bytes};
+use std::error::Error;
+use std::ffi::c_void;
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::ptr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Res<T> = Result<T, Box<dyn Error>>;
+
+const S: StreamId = StreamId(0);
+
+/// The tiny kernel of the launch and fence rows.
+const TINY: &str = r#"
+extern "C" __global__ void tiny(float *out, const float *in, unsigned n) {
+    unsigned i = threadIdx.x;
+    if (i < n) out[i] = in[i] + 1.0f;
+}
+"#;
+
+/// How many rounds each figure's median is taken over, and the warm-up rounds before them.
+#[derive(Clone, Copy)]
+struct Rounds {
+    warm: usize,
+    timed: usize,
+}
+
+impl Rounds {
+    fn all(self) -> usize {
+        self.warm + self.timed
+    }
+}
+
+/// The raw call's status as a result naming the call.
+fn cu(call: &'static str, r: sys::CUresult) -> Res<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{call} failed: {r:?}").into())
+    }
+}
+
+/// The median (the mean of the middle two for an even count).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The 25th and 75th percentiles, as "p25–p75" (nearest rank).
+fn spread(v: &[f64]) -> String {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return "—".to_owned();
+    }
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    format!("{:.3}–{:.3}", at(0.25), at(0.75))
+}
+
+fn micros(t: Instant, ops: usize) -> f64 {
+    t.elapsed().as_secs_f64() * 1e6 / ops as f64
+}
+
+fn gbps(bytes: usize, t: Duration) -> f64 {
+    bytes as f64 / t.as_secs_f64() / 1e9
+}
+
+fn human(n: usize) -> String {
+    if n >= 1 << 20 {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{} KiB", n >> 10)
+    }
+}
+
+/// Whether the driver has `symbol` (cudarc panics when a missing one is called).
+fn driver_has(symbol: &str) -> bool {
+    // SAFETY: the shim was set up, so cudarc's library is loaded and `culib` returns it without
+    // panicking; the symbol is only looked up, never called through this type.
+    unsafe { sys::culib().get::<unsafe extern "C" fn()>(symbol) }.is_ok()
+}
+
+/// Makes the shim's context current on this thread, for raw calls.
+fn bind(shim: &CudaShim) -> Res<()> {
+    // SAFETY: the context is the shim's primary context, retained while the shim lives.
+    cu("cuCtxSetCurrent", unsafe {
+        sys::cuCtxSetCurrent(shim.cu_context())
+    })
+}
+
+fn sync(stream: &CudaStream) -> Res<()> {
+    // SAFETY: the stream is alive (held by the caller).
+    cu("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(stream.cu_stream())
+    })
+}
+
+/// `cuLaunchKernel` of `f` with `dims` and the parameter pointers `args` on `stream`.
+///
+/// # Safety
+///
+/// `args` holds one pointer per parameter of `f`, each to a value of the parameter's size; the
+/// buffers they name are live device memory the kernel may touch.
+unsafe fn launch_raw(
+    f: sys::CUfunction,
+    dims: LaunchDims,
+    stream: sys::CUstream,
+    args: &mut [*mut c_void],
+) -> Res<()> {
+    let LaunchDims {
+        grid,
+        block,
+        shared_bytes,
+    } = dims;
+    // SAFETY: the caller's promise; the driver copies the parameters before returning.
+    cu("cuLaunchKernel", unsafe {
+        sys::cuLaunchKernel(
+            f,
+            grid.x,
+            grid.y,
+            grid.z,
+            block.x,
+            block.y,
+            block.z,
+            shared_bytes,
+            stream,
+            args.as_mut_ptr(),
+            ptr::null_mut(),
+        )
+    })
+}
+
+/// Caller's bytes shared with the benchmark, for `Device::register_host`.
+struct SharedBytes(Arc<Vec<u8>>);
+
+// SAFETY: the vector is never modified while any clone of the `Arc` lives (the benchmark only
+// reads it), so every call returns the same slice, alive until the value drops.
+unsafe impl ExternalBytes for SharedBytes {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn origin(&self) -> HostOrigin {
+        HostOrigin::Heap
+    }
+}
+
+fn main() -> ExitCode {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let shim = match CudaShim::new(0) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cuda-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(shim, quick) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cuda-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(shim: CudaShim, quick: bool) -> Res<()> {
+    let rounds = if quick {
+        Rounds { warm: 1, timed: 5 }
+    } else {
+        Rounds { warm: 2, timed: 15 }
+    };
+    let gpu = cuda_device::open_on(shim)?;
+    println!("# devcmd on {} (cuda-bench)\n", gpu.shim.name());
+    println!("```\n{}", cuda_device::describe(&gpu));
+    let device = Device::new(gpu.shim.clone(), DeviceConfig::default());
+    println!("copy path: {}\n```\n", cuda_device::copy_path(&device));
+    drop(device);
+    println!(
+        "Medians of rounds after warm-up rounds (each section says how many); raw and devcmd rounds interleaved.\n"
+    );
+    // Fewer rounds for the bandwidth: each one moves about 7 GiB.
+    let bw_rounds = Rounds {
+        warm: 1,
+        timed: rounds.timed.min(7),
+    };
+    // Each section stands alone: one that fails says so and the others still run.
+    let sections: [(&str, &dyn Fn() -> Res<()>); 4] = [
+        ("launch and fence", &|| launch_and_fence(&gpu.shim, rounds)),
+        ("bandwidth", &|| bandwidth(&gpu.shim, bw_rounds, quick)),
+        ("reserve + drop", &|| reserve(&gpu.shim, rounds)),
+        ("edge host", &|| edge_host(&gpu, rounds, quick)),
+    ];
+    let mut failed = Vec::new();
+    for (name, section) in sections {
+        if let Err(e) = section() {
+            println!("\n**{name}: failed: {e}**\n");
+            failed.push(name);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("sections failed: {}", failed.join(", ")).into())
+    }
+}
+
+/// Launch and fence enqueue costs.
+fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
+    const BATCH: usize = 256;
+    let tiny = shim.compile(TINY, &[])?.kernel("tiny")?;
+    let mut device = Device::new(shim.clone(), DeviceConfig::default());
+    let floats: Vec<u8> = to_bytes(&[0.5f32; 32]);
+    let mut cmd = device.command(S)?;
+    let a = cmd.create(&floats)?;
+    let b = cmd.empty(128)?;
+    cmd.sync()?.wait()?;
+
+    let stream = shim.create_stream()?;
+    let pa = shim.device_alloc(128)?;
+    let pb = shim.device_alloc(128)?;
+    let spans = [
+        devcmd::DeviceSpan {
+            addr: shim.device_page_addr(&pa),
+            len: 128,
+        },
+        devcmd::DeviceSpan {
+            addr: shim.device_page_addr(&pb),
+            len: 128,
+        },
+    ];
+    let n = 32u32.to_ne_bytes();
+    let kparams = [
+        KernelParam::Buffer(1),
+        KernelParam::Buffer(0),
+        KernelParam::Scalar(&n),
+    ];
+    let dims = LaunchDims::linear(1, 32);
+    let (mut p_out, mut p_in, mut p_n) = (spans[1].addr.0, spans[0].addr.0, 32u32);
+    let mut args: [*mut c_void; 3] = [
+        (&raw mut p_out).cast(),
+        (&raw mut p_in).cast(),
+        (&raw mut p_n).cast(),
+    ];
+    let mut event = ptr::null_mut();
+    bind(shim)?;
+    // SAFETY: the pointer is valid for one write; the context is current.
+    cu("cuEventCreate", unsafe {
+        sys::cuEventCreate(
+            &mut event,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    })?;
+
+    let (mut raw_l, mut shim_l, mut ours_l) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut raw_f, mut shim_f, mut ours_f) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds.all() {
+        let keep = round >= rounds.warm;
+        // Launches.
+        bind(shim)?;
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            // SAFETY: `args` points to the kernel's three parameters (two addresses of live
+            // 128-byte pages, one u32); the kernel touches 32 floats of each.
+            unsafe { launch_raw(tiny.cu_function(), dims, stream.cu_stream(), &mut args)? };
+        }
+        let r = micros(t, BATCH);
+        sync(&stream)?;
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            // SAFETY: both spans are live pages of this shim, of the sizes given; the kernel
+            // touches 32 floats of each.
+            unsafe { shim.launch(&stream, &tiny, dims, &spans, &kparams)? };
+        }
+        let s = micros(t, BATCH);
+        sync(&stream)?;
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            cmd.launch(Launch {
+                kernel: &tiny,
+                name: "tiny",
+                dims,
+                inputs: &[&a],
+                outputs: &[&b],
+                params: &kparams,
+            })?;
+        }
+        let o = micros(t, BATCH);
+        cmd.sync()?.wait()?;
+        // Fences on idle streams.
+        bind(shim)?;
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            // SAFETY: both handles are alive.
+            cu("cuEventRecord", unsafe {
+                sys::cuEventRecord(event, stream.cu_stream())
+            })?;
+        }
+        let rf = micros(t, BATCH);
+        sync(&stream)?;
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            black_box(shim.record_event(&stream)?);
+        }
+        let sf = micros(t, BATCH);
+        sync(&stream)?;
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            black_box(cmd.sync()?);
+        }
+        let of = micros(t, BATCH);
+        cmd.sync()?.wait()?;
+        if keep {
+            raw_l.push(r);
+            shim_l.push(s);
+            ours_l.push(o);
+            raw_f.push(rf);
+            shim_f.push(sf);
+            ours_f.push(of);
+        }
+    }
+    // SAFETY: the event was created above and no stream waits on it.
+    cu("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(event) })?;
+    sync(&stream)?;
+    // SAFETY: the stream was synchronised after the last launch that used the pages.
+    unsafe {
+        shim.device_free(pa);
+        shim.device_free(pb);
+    }
+
+    let (r, s, o) = (median(&raw_l), median(&shim_l), median(&ours_l));
+    println!("## Launch enqueue: one tiny kernel (1 block x 32 threads, 3 parameters)\n");
+    println!(
+        "{BATCH} launches per round, host time of the enqueue loop (synchronised after it); \
+         median of {} rounds after {} warm-up rounds.\n",
+        rounds.timed, rounds.warm
+    );
+    println!("| path | µs per launch | p25–p75 of rounds | vs raw cuLaunchKernel | target |");
+    println!("|---|---:|---:|---:|---|");
+    println!(
+        "| raw `cuLaunchKernel` | {r:.3} | {} | 1.00 | |",
+        spread(&raw_l)
+    );
+    println!(
+        "| `Shim::launch` (CudaShim) | {s:.3} | {} | {:.2} | |",
+        spread(&shim_l),
+        s / r
+    );
+    println!(
+        "| `Command::launch` (2 buffers) | {o:.3} | {} | {:.3} | ≤ 1.10: {} |",
+        spread(&ours_l),
+        o / r,
+        met(o / r <= 1.10)
+    );
+    let (r, s, o) = (median(&raw_f), median(&shim_f), median(&ours_f));
+    println!(
+        "\n## Fence: recording an event on an idle stream (median of {} rounds after {})\n",
+        rounds.timed, rounds.warm
+    );
+    println!("| path | µs per fence | p25–p75 of rounds | over raw, µs | vs raw | target |");
+    println!("|---|---:|---:|---:|---:|---|");
+    println!(
+        "| raw `cuEventRecord` (one `CU_EVENT_DISABLE_TIMING` event) | {r:.3} | {} | 0 | 1.00 | |",
+        spread(&raw_f)
+    );
+    println!(
+        "| `Shim::record_event` (pooled event, dropped) | {s:.3} | {} | {:.3} | {:.2} | ≤ 0.25 µs over raw: {} |",
+        spread(&shim_f),
+        s - r,
+        s / r,
+        met(s - r <= 0.25)
+    );
+    println!(
+        "| `Command::sync` enqueue (future dropped) | {o:.3} | {} | {:.3} | {:.2} | |",
+        spread(&ours_f),
+        o - r,
+        o / r
+    );
+    println!();
+    Ok(())
+}
+
+fn met(yes: bool) -> &'static str {
+    if yes { "met" } else { "**missed**" }
+}
+
+/// Staged upload and readback bandwidth.
+fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
+    let sizes: &[usize] = if quick {
+        &[4 << 10, 1 << 20, 16 << 20, 64 << 20]
+    } else {
+        &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+    };
+    // The pinned pool may hold two staging buffers and a readback of 256 MiB at once.
+    let config = DeviceConfig {
+        pinned: PinnedConfig {
+            max_bytes: 2 << 30,
+            ..PinnedConfig::default()
+        },
+        ..DeviceConfig::default()
+    };
+    let mut device = Device::new(shim.clone(), config);
+    let stream = shim.create_stream()?;
+    println!(
+        "## Upload and readback bandwidth, GB/s (median of {} rounds after {})\n",
+        rounds.timed, rounds.warm
+    );
+    println!(
+        "Upload: `Command::write_from` of pageable bytes (copied into a pinned staging buffer, \
+         then DMA) against raw `cuMemcpyHtoDAsync` from pinned memory, synchronised once after \
+         the loop; beside them the driver's pageable path (raw `cuMemcpyHtoDAsync` from pageable \
+         memory) and the registered path (`Device::register_host` of the same pageable bytes, \
+         `Command::write`, the registration undone once the copy is done, every time). \
+         Readback: `Command::read_async` + wait against raw `cuMemcpyDtoHAsync` into pinned \
+         memory + `cuStreamSynchronize`, per copy; beside them the raw pageable readback. \
+         \"devcmd from pinned\": `Command::reserve_host` (pinned, not filled) + `Command::write`, \
+         the layer's cost without the staging copy. \"host memcpy into pinned\": one thread \
+         copying the same pageable bytes into a pinned page, the staging copy alone. The devcmd \
+         device's pinned pool may hold \
+         2 GiB (default 256 MiB) so 256 MiB copies stage.\n"
+    );
+    println!(
+        "| size | upload: devcmd staged | devcmd from pinned | raw pinned | staged / raw | from pinned / raw | host memcpy into pinned | raw pageable | registered | readback: devcmd | raw pinned | devcmd / raw | raw pageable |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut missed = Vec::new();
+    for &size in sizes {
+        let reps = ((1usize << 30) / size).clamp(4, 2000);
+        let data = Arc::new(
+            (0..size)
+                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(7))
+                .collect::<Vec<u8>>(),
+        );
+        let mut back = vec![0u8; size];
+        let pinned = shim.host_alloc_pinned(size)?;
+        // SAFETY: the page holds `size` bytes, written here only.
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), shim.host_page_ptr(&pinned).as_ptr(), size)
+        };
+        let page = shim.device_alloc(size as u64)?;
+        let dev = shim.device_page_addr(&page).0;
+        let pin = shim.host_page_ptr(&pinned).as_ptr();
+        let h = device.command(S)?.empty(size as u64)?;
+        let mut cols: [Vec<f64>; 9] = Default::default();
+        let mut not_registered = 0usize;
+        let mut not_pinned = 0usize;
+        for round in 0..rounds.all() {
+            let mut row = [0.0f64; 9];
+            // Raw pinned upload.
+            bind(shim)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                // SAFETY: both ranges hold `size` bytes and stay alive past the sync below.
+                cu("cuMemcpyHtoDAsync", unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(dev, pin.cast(), size, stream.cu_stream())
+                })?;
+            }
+            sync(&stream)?;
+            row[1] = gbps(size * reps, t.elapsed());
+            // devcmd upload, staged.
+            let mut cmd = device.command(S)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                cmd.write_from(&h, &data)?;
+            }
+            cmd.sync()?.wait()?;
+            row[0] = gbps(size * reps, t.elapsed());
+            // Raw pageable upload.
+            bind(shim)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                // SAFETY: as above; `data` outlives the sync below.
+                cu("cuMemcpyHtoDAsync", unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(dev, data.as_ptr().cast(), size, stream.cu_stream())
+                })?;
+            }
+            sync(&stream)?;
+            row[2] = gbps(size * reps, t.elapsed());
+            // devcmd upload from pinned memory the layer hands out (`reserve_host`, not filled:
+            // the layer's own cost without the staging copy).
+            let mut cmd = device.command(S)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                let b = cmd.reserve_host(size, true)?;
+                if b.origin() != HostOrigin::Pinned {
+                    not_pinned += 1;
+                }
+                cmd.write(&h, b)?;
+            }
+            cmd.sync()?.wait()?;
+            row[7] = gbps(size * reps, t.elapsed());
+            // Registered: register, write, wait, release (two flushes pass the buffer's fence).
+            let reg_reps = reps.min(64);
+            let t = Instant::now();
+            for _ in 0..reg_reps {
+                let buf = device.register_host(Box::new(SharedBytes(Arc::clone(&data))));
+                if buf.origin() != HostOrigin::Registered {
+                    not_registered += 1;
+                }
+                let mut cmd = device.command(S)?;
+                cmd.write(&h, buf)?;
+                cmd.sync()?.wait()?;
+                cmd.flush_drops()?;
+                cmd.flush_drops()?;
+            }
+            row[3] = gbps(size * reg_reps, t.elapsed());
+            // Raw pinned readback.
+            bind(shim)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                // SAFETY: both ranges hold `size` bytes; synchronised before the next copy.
+                cu("cuMemcpyDtoHAsync", unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(pin.cast(), dev, size, stream.cu_stream())
+                })?;
+                sync(&stream)?;
+            }
+            row[5] = gbps(size * reps, t.elapsed());
+            // devcmd readback.
+            let mut cmd = device.command(S)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                let got = cmd.read_async(&[ReadRequest::whole(&h)])?.wait()?;
+                black_box(got);
+            }
+            row[4] = gbps(size * reps, t.elapsed());
+            // The staging copy alone: one thread copying the pageable bytes into pinned memory.
+            let t = Instant::now();
+            for _ in 0..reps {
+                // SAFETY: the pinned page holds `size` bytes and no copy uses it now (the
+                // stream was synchronised above); `data` holds `size` bytes.
+                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), black_box(pin), size) };
+            }
+            row[8] = gbps(size * reps, t.elapsed());
+            // Raw pageable readback.
+            bind(shim)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                // SAFETY: as above; `back` holds `size` bytes.
+                cu("cuMemcpyDtoHAsync", unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(
+                        back.as_mut_ptr().cast(),
+                        dev,
+                        size,
+                        stream.cu_stream(),
+                    )
+                })?;
+                sync(&stream)?;
+            }
+            row[6] = gbps(size * reps, t.elapsed());
+            if round >= rounds.warm {
+                for (c, v) in cols.iter_mut().zip(row) {
+                    c.push(v);
+                }
+            }
+        }
+        // The bytes made it both ways.
+        let got = device
+            .command(S)?
+            .read_async(&[ReadRequest::whole(&h)])?
+            .wait()?;
+        if got[0].as_slice() != data.as_slice() || back != *data {
+            return Err(format!(
+                "{}: the bytes read back differ from those written",
+                human(size)
+            )
+            .into());
+        }
+        sync(&stream)?;
+        // SAFETY: the stream was synchronised after the last copy that used them.
+        unsafe {
+            shim.device_free(page);
+            shim.host_free_pinned(pinned);
+        }
+        let m: Vec<f64> = cols.iter().map(|c| median(c)).collect();
+        let (up, down) = (m[0] / m[1], m[4] / m[5]);
+        if size >= 16 << 20 && (up < 0.9 || down < 0.9) {
+            missed.push(human(size));
+        }
+        let from_pinned = if not_pinned == 0 {
+            format!("{:.2}", m[7])
+        } else {
+            format!("{:.2} (heap {not_pinned}×)", m[7])
+        };
+        let registered = if not_registered == 0 {
+            format!("{:.2}", m[3])
+        } else {
+            format!("{:.2} (not registered {not_registered}×)", m[3])
+        };
+        println!(
+            "| {} | {:.2} | {from_pinned} | {:.2} | {up:.2} | {:.2} | {:.2} | {:.2} | {registered} | {:.2} | {:.2} | {down:.2} | {:.2} |",
+            human(size),
+            m[0],
+            m[1],
+            m[7] / m[1],
+            m[8],
+            m[2],
+            m[4],
+            m[5],
+            m[6]
+        );
+    }
+    println!(
+        "\nTarget: devcmd ≥ 0.90× raw pinned at ≥ 16 MiB, both ways: {}{}\n",
+        met(missed.is_empty()),
+        if missed.is_empty() {
+            String::new()
+        } else {
+            format!(" (at {})", missed.join(", "))
+        }
+    );
+    Ok(())
+}
+
+/// Reserve + drop against the driver's allocators.
+fn reserve(shim: &CudaShim, rounds: Rounds) -> Res<()> {
+    const OPS: usize = 20_000;
+    const SYNC_OPS: usize = 500;
+    let mut device = Device::new(shim.clone(), DeviceConfig::default());
+    let stream = shim.create_stream()?;
+    let has_async = driver_has("cuMemAllocAsync") && driver_has("cuMemFreeAsync");
+    println!(
+        "## Reserve + drop, ns per pair (steady state; median of {} rounds after {})\n",
+        rounds.timed, rounds.warm
+    );
+    println!(
+        "| size | `Command::empty` + drop | `cuMemAllocAsync` + `cuMemFreeAsync` (stream) | ratio | `cuMemAlloc` + `cuMemFree` | ratio |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for size in [4usize << 10, 1 << 20] {
+        let (mut ours, mut asy, mut syn) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds.all() {
+            let mut cmd = device.command(S)?;
+            let t = Instant::now();
+            for _ in 0..OPS {
+                black_box(cmd.empty(size as u64)?);
+            }
+            let o = micros(t, OPS) * 1e3;
+            let a = if has_async {
+                bind(shim)?;
+                let t = Instant::now();
+                for _ in 0..OPS {
+                    let mut p = 0;
+                    // SAFETY: the symbols exist (checked above); the pointer is valid for one
+                    // write; the allocation is freed on the same stream right after.
+                    unsafe {
+                        cu(
+                            "cuMemAllocAsync",
+                            sys::cuMemAllocAsync(&mut p, size, stream.cu_stream()),
+                        )?;
+                        cu(
+                            "cuMemFreeAsync",
+                            sys::cuMemFreeAsync(black_box(p), stream.cu_stream()),
+                        )?;
+                    }
+                }
+                let a = micros(t, OPS) * 1e3;
+                sync(&stream)?;
+                a
+            } else {
+                f64::NAN
+            };
+            bind(shim)?;
+            let t = Instant::now();
+            for _ in 0..SYNC_OPS {
+                let mut p = 0;
+                // SAFETY: the pointer is valid for one write; the allocation is freed right
+                // after and never used.
+                unsafe {
+                    cu("cuMemAlloc", sys::cuMemAlloc_v2(&mut p, size))?;
+                    cu("cuMemFree", sys::cuMemFree_v2(black_box(p)))?;
+                }
+            }
+            let s = micros(t, SYNC_OPS) * 1e3;
+            if round >= rounds.warm {
+                ours.push(o);
+                asy.push(a);
+                syn.push(s);
+            }
+        }
+        let (o, a, s) = (median(&ours), median(&asy), median(&syn));
+        let async_cells = if has_async {
+            format!("{a:.1} | {:.2}", o / a)
+        } else {
+            "n/a: the driver lacks cuMemAllocAsync | —".to_owned()
+        };
+        println!(
+            "| {} | {o:.1} | {async_cells} | {s:.1} | {:.3} |",
+            human(size),
+            o / s
+        );
+    }
+    println!();
+    Ok(())
+}
+
+/// The edge host's serving loop against a plain driver program doing the same work.
+fn edge_host(gpu: &cuda_device::Gpu, rounds: Rounds, quick: bool) -> Res<()> {
+    const SEED: u64 = 7;
+    const BATCH_SIZE: usize = 32;
+    let batches = if quick { 500 } else { 2000 };
+    let weights = model::seeded_weights(SEED);
+    let mut device = Device::new(gpu.shim.clone(), DeviceConfig::default());
+    let w = serve::load_weights(&mut device, HostWeights::Seeded(weights.clone()), false)?;
+    let mut one = RawHost::new(&gpu.shim, &gpu.kernels, &weights, BATCH_SIZE, false)?;
+    let mut two = RawHost::new(&gpu.shim, &gpu.kernels, &weights, BATCH_SIZE, true)?;
+    let warm = Plan {
+        batches: 64,
+        batch_size: BATCH_SIZE,
+        seed: SEED,
+        verify: true,
+        progress: false,
+    };
+    let timed = Plan {
+        batches,
+        verify: false,
+        ..warm
+    };
+    let (mut ours, mut plain1, mut plain2) = (Vec::new(), Vec::new(), Vec::new());
+    let mut mismatches = [0; 3];
+    let warm_rounds = rounds.warm.max(1);
+    for round in 0..warm_rounds + rounds.timed.min(7) {
+        if round < warm_rounds {
+            mismatches[0] += serve::serve(&warm, &mut device, &gpu.kernels, &w)?.mismatches;
+            mismatches[1] += one.serve(&warm)?.mismatches;
+            mismatches[2] += two.serve(&warm)?.mismatches;
+            continue;
+        }
+        ours.push(serve::serve(&timed, &mut device, &gpu.kernels, &w)?.per_second());
+        plain1.push(one.serve(&timed)?.per_second());
+        plain2.push(two.serve(&timed)?.per_second());
+    }
+    if mismatches != [0; 3] {
+        return Err(format!(
+            "results differ from the host reference: {} outputs through devcmd, {} and {} through \
+             the plain driver programs (one stream, two streams)",
+            mismatches[0], mismatches[1], mismatches[2]
+        )
+        .into());
+    }
+    let (o, p1, p2) = (median(&ours), median(&plain1), median(&plain2));
+    println!(
+        "## Edge host: requests/s on the GPU (median of {} runs after {} verified warm-up runs)\n",
+        plain1.len(),
+        warm_rounds
+    );
+    println!(
+        "{batches} batches x {BATCH_SIZE} requests of the 3-layer MLP ({}-{}-{}-{}), {IN_FLIGHT} \
+         batches in flight, results not verified in the timed runs (every result of the {} \
+         warm-up runs of 64 batches was, in all three programs: 0 mismatches). devcmd: the edge \
+         host's loop (upload on a copy stream, 6 launches on a compute stream ordered after it \
+         on the device, `read_owned`; 7 reservations and a pinned staging buffer per batch). \
+         Plain: the same kernels, sizes and launch geometry with raw calls (input written into \
+         a pinned page, `cuMemcpyHtoDAsync`, 6 `cuLaunchKernel`, `cuMemcpyDtoHAsync`, \
+         `cuEventRecord`), buffers allocated once; on one stream, or with the upload on a \
+         second stream and `cuEventRecord` + `cuStreamWaitEvent` as devcmd does.\n",
+        INPUT, LAYERS[0].1, LAYERS[1].1, CLASSES, warm_rounds
+    );
+    println!(
+        "| program | requests/s | p25–p75 | µs per batch | vs plain, two streams | vs plain, one stream |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let per_batch = |rps: f64| BATCH_SIZE as f64 / rps * 1e6;
+    let thousands = |v: &[f64]| {
+        let k: Vec<f64> = v.iter().map(|x| x / 1e3).collect();
+        format!("{} k", spread(&k))
+    };
+    for (name, v, x) in [
+        ("plain driver program, two streams", &plain2, p2),
+        ("plain driver program, one stream", &plain1, p1),
+        ("devcmd edge host loop", &ours, o),
+    ] {
+        println!(
+            "| {name} | {x:.0} | {} | {:.1} | {:.2} | {:.2} |",
+            thousands(v),
+            per_batch(x),
+            x / p2,
+            x / p1
+        );
+    }
+    println!();
+    Ok(())
+}
+
+/// One batch's buffers of the plain driver program.
+struct Slot {
+    input: devcmd_cuda::CudaHostPage,
+    output: devcmd_cuda::CudaHostPage,
+    /// The input, then each layer's pre-activation and output.
+    bufs: Vec<devcmd_cuda::CudaDevicePage>,
+    /// Recorded after the batch's readback (on the compute stream).
+    event: sys::CUevent,
+    /// Recorded after the batch's upload (on the copy stream, with two streams).
+    uploaded: sys::CUevent,
+    pending: Option<(usize, Vec<f32>)>,
+}
+
+/// The serving loop written directly against the driver: the comparison for the edge host.
+struct RawHost<'a> {
+    shim: &'a CudaShim,
+    kernels: &'a model::Kernels<CudaKernel>,
+    reference: &'a [Vec<f32>],
+    stream: CudaStream,
+    /// The stream uploads run on, when not `stream`.
+    copy: Option<CudaStream>,
+    /// The weights' page (taken by `Drop`) and its address.
+    weights: Option<devcmd_cuda::CudaDevicePage>,
+    base: u64,
+    offsets: Vec<u64>,
+    slots: Vec<Slot>,
+    m: usize,
+}
+
+impl<'a> RawHost<'a> {
+    fn new(
+        shim: &'a CudaShim,
+        kernels: &'a model::Kernels<CudaKernel>,
+        reference: &'a [Vec<f32>],
+        m: usize,
+        two_streams: bool,
+    ) -> Res<Self> {
+        let stream = shim.create_stream()?;
+        let copy = if two_streams {
+            Some(shim.create_stream()?)
+        } else {
+            None
+        };
+        let bytes: Vec<u8> = reference.iter().flat_map(|w| to_bytes(w)).collect();
+        let weights = shim.device_alloc(bytes.len() as u64)?;
+        bind(shim)?;
+        // SAFETY: the page holds `bytes.len()` bytes; the copy is synchronous.
+        cu("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(
+                shim.device_page_addr(&weights).0,
+                bytes.as_ptr().cast(),
+                bytes.len(),
+            )
+        })?;
+        let mut offsets = Vec::new();
+        let mut at = 0u64;
+        for t in reference {
+            offsets.push(at);
+            at += (t.len() * 4) as u64;
+        }
+        let mut slots = Vec::new();
+        for _ in 0..IN_FLIGHT {
+            let mut bufs = vec![shim.device_alloc((m * INPUT * 4) as u64)?];
+            for &(_, n) in &LAYERS {
+                bufs.push(shim.device_alloc((m * n * 4) as u64)?);
+                bufs.push(shim.device_alloc((m * n * 4) as u64)?);
+            }
+            let (mut event, mut uploaded) = (ptr::null_mut(), ptr::null_mut());
+            bind(shim)?;
+            for e in [&mut event, &mut uploaded] {
+                // SAFETY: the pointer is valid for one write; the context is current.
+                cu("cuEventCreate", unsafe {
+                    sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+                })?;
+            }
+            slots.push(Slot {
+                input: shim.host_alloc_pinned(m * INPUT * 4)?,
+                output: shim.host_alloc_pinned(m * CLASSES * 4)?,
+                bufs,
+                event,
+                uploaded,
+                pending: None,
+            });
+        }
+        let base = shim.device_page_addr(&weights).0;
+        Ok(Self {
+            shim,
+            kernels,
+            reference,
+            stream,
+            copy,
+            weights: Some(weights),
+            base,
+            offsets,
+            slots,
+            m,
+        })
+    }
+
+    fn serve(&mut self, plan: &Plan) -> Res<Served> {
+        let m = self.m;
+        let mut inputs = Inputs::new(plan.seed, m);
+        let mut mismatches = 0;
+        let started = Instant::now();
+        bind(self.shim)?;
+        for batch in 0..plan.batches {
+            let input = inputs.next_batch();
+            self.enqueue(batch % IN_FLIGHT, &input)?;
+            self.slots[batch % IN_FLIGHT].pending = Some((batch, input));
+            if batch + 1 >= IN_FLIGHT {
+                mismatches += self.finish((batch + 1) % IN_FLIGHT, plan.verify)?;
+            }
+        }
+        for i in 0..IN_FLIGHT {
+            mismatches += self.finish((plan.batches + i) % IN_FLIGHT, plan.verify)?;
+        }
+        Ok(Served {
+            requests: (plan.batches * m) as u128,
+            elapsed: started.elapsed(),
+            mismatches,
+        })
+    }
+
+    /// Upload, 6 launches, readback and a fence for one batch in `slot`.
+    fn enqueue(&mut self, slot: usize, input: &[f32]) -> Res<()> {
+        let m = self.m;
+        let s = &self.slots[slot];
+        let shim = self.shim;
+        let stream = self.stream.cu_stream();
+        let pin_in = shim.host_page_ptr(&s.input).as_ptr();
+        // SAFETY: the pinned page holds `m * INPUT * 4` bytes, and no copy reads it now (its
+        // last batch finished before the slot was reused).
+        put_floats(
+            unsafe { std::slice::from_raw_parts_mut(pin_in, m * INPUT * 4) },
+            input,
+        );
+        let addr = |i: usize| shim.device_page_addr(&s.bufs[i]).0;
+        let base = self.base;
+        let upload = self.copy.as_ref().map_or(stream, CudaStream::cu_stream);
+        // SAFETY: the ranges hold the bytes copied; the page stays untouched until the fence.
+        cu("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(addr(0), pin_in.cast(), m * INPUT * 4, upload)
+        })?;
+        if upload != stream {
+            // SAFETY: the handles are alive; flags 0 is `CU_EVENT_WAIT_DEFAULT`.
+            unsafe {
+                cu("cuEventRecord", sys::cuEventRecord(s.uploaded, upload))?;
+                cu(
+                    "cuStreamWaitEvent",
+                    sys::cuStreamWaitEvent(stream, s.uploaded, 0),
+                )?;
+            }
+        }
+        let mut act = addr(0);
+        for (l, &(k, n)) in LAYERS.iter().enumerate() {
+            let (pre, out) = (addr(1 + 2 * l), addr(2 + 2 * l));
+            let (mut p_out, mut p_a, mut p_b) = (pre, act, base + self.offsets[2 * l]);
+            let (mut sm, mut sk, mut sn) = (m as u32, k as u32, n as u32);
+            let mut args: [*mut c_void; 6] = [
+                (&raw mut p_out).cast(),
+                (&raw mut p_a).cast(),
+                (&raw mut p_b).cast(),
+                (&raw mut sm).cast(),
+                (&raw mut sk).cast(),
+                (&raw mut sn).cast(),
+            ];
+            // SAFETY: the kernel's six parameters, its buffers live pages of the sizes it
+            // reads and writes (m×k, k×n, m×n floats).
+            unsafe {
+                launch_raw(
+                    self.kernels.matmul.cu_function(),
+                    matmul_dims(m, n),
+                    stream,
+                    &mut args,
+                )?
+            };
+            let last = l + 1 == LAYERS.len();
+            let (mut q_out, mut q_x, mut q_b) = (out, pre, base + self.offsets[2 * l + 1]);
+            let (mut qm, mut qn) = (m as u32, n as u32);
+            let mut args: [*mut c_void; 5] = [
+                (&raw mut q_out).cast(),
+                (&raw mut q_x).cast(),
+                (&raw mut q_b).cast(),
+                (&raw mut qm).cast(),
+                (&raw mut qn).cast(),
+            ];
+            let (f, dims) = if last {
+                (
+                    self.kernels.bias_softmax.cu_function(),
+                    bias_softmax_dims(m),
+                )
+            } else {
+                (self.kernels.bias_relu.cu_function(), bias_relu_dims(m, n))
+            };
+            // SAFETY: the kernel's five parameters, its buffers live pages of m×n and n floats.
+            unsafe { launch_raw(f, dims, stream, &mut args)? };
+            act = out;
+        }
+        let pin_out = shim.host_page_ptr(&s.output).as_ptr();
+        // SAFETY: the pinned page holds `m * CLASSES * 4` bytes, read only after the fence.
+        cu("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(pin_out.cast(), act, m * CLASSES * 4, stream)
+        })?;
+        // SAFETY: both handles are alive.
+        cu("cuEventRecord", unsafe {
+            sys::cuEventRecord(s.event, stream)
+        })
+    }
+
+    /// Waits for the batch in `slot`, if any, and counts its mismatches when `verify`.
+    fn finish(&mut self, slot: usize, verify: bool) -> Res<usize> {
+        let s = &mut self.slots[slot];
+        let Some((batch, input)) = s.pending.take() else {
+            return Ok(0);
+        };
+        // SAFETY: the event is alive (destroyed only in `Drop`).
+        cu("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(s.event)
+        })?;
+        if !verify {
+            return Ok(0);
+        }
+        let m = self.m;
+        // SAFETY: the copy into the page completed (the fence above); nothing writes it now.
+        let out = unsafe {
+            std::slice::from_raw_parts(self.shim.host_page_ptr(&s.output).as_ptr(), m * CLASSES * 4)
+        };
+        let want = model::reference(self.reference, &input, m);
+        let bad = verify::compare(&from_bytes(out), &want)
+            .map_err(|e| format!("plain program, batch {batch}: {e}"))?;
+        Ok(bad.count)
+    }
+}
+
+impl Drop for RawHost<'_> {
+    fn drop(&mut self) {
+        let _ = sync(&self.stream);
+        if let Some(copy) = &self.copy {
+            let _ = sync(copy);
+        }
+        let _ = bind(self.shim);
+        for s in self.slots.drain(..) {
+            // SAFETY: the stream was synchronised: no copy or kernel uses the slot any more.
+            unsafe {
+                let _ = sys::cuEventDestroy_v2(s.event);
+                let _ = sys::cuEventDestroy_v2(s.uploaded);
+                self.shim.host_free_pinned(s.input);
+                self.shim.host_free_pinned(s.output);
+                for b in s.bufs {
+                    self.shim.device_free(b);
+                }
+            }
+        }
+        if let Some(weights) = self.weights.take() {
+            // SAFETY: as above.
+            unsafe { self.shim.device_free(weights) };
+        }
+    }
+}

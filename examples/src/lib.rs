@@ -1,0 +1,20 @@
+//! The edge-inference host as a library: everything the `edge-host` program and the GPU
+//! benchmark (`cuda-bench`) share.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`cli`] | the host's flags, their defaults and the refusal of bad values |
+//! | [`model`] | the MLP: shapes, seeded weights and inputs, each launch's geometry and parameters, the CUDA C kernels, the host reference |
+//! | [`serve`] | the serving loop, generic over the shim, and the weights' upload |
+//! | [`std_device`] | the kernels on the std shim (Rust closures) and its device |
+//! | [`cuda_device`] | the GPU's set-up: kernels compiled with NVRTC, what the host says about the device |
+//! | [`verify`] | the NaN-safe comparison with the reference |
+//! | [`weights`] | the weights file: format, writing, mapping |
+
+pub mod cli;
+pub mod cuda_device;
+pub mod model;
+pub mod serve;
+pub mod std_device;
+pub mod verify;
+pub mod weights;
