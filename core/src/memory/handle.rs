@@ -108,7 +108,8 @@ pub(crate) struct Identity {
     /// does not see may then use it, so the host is never lent its bytes (zero copy).
     exposed: AtomicBool,
     /// Packed location: pool in the low 8 bits of `pool`, block in `block`. Written on the device
-    /// thread only; read there and by the final drop, which the `Arc` orders after every write.
+    /// thread only; read there and by the last reference's [`release`], which `refs` orders after
+    /// every write.
     pool: AtomicU32,
     block: AtomicU32,
     /// Weak: a returned allocation in the queue holds its identity, which must not keep the
@@ -519,6 +520,57 @@ mod tests {
         let mut out = Vec::new();
         q.drain_into(&mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_returned_identity_is_reused_unless_a_reference_is_left() {
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(7, issuer(), 64, &q);
+        h.set_location(Some(Location { pool: 1, block: 3 }), false);
+        let block = Arc::as_ptr(&h.identity);
+        let b = h.binding();
+        drop(h);
+        drop(b);
+        let mut out = Vec::new();
+        q.drain_into(&mut out);
+        let spare = out.pop().expect("the last drop returned it").identity;
+        let reused = Handle::reusing(Some(spare), 8, issuer(), 32, &q);
+        assert_eq!(Arc::as_ptr(&reused.identity), block, "same heap block");
+        assert_eq!((reused.id(), reused.len(), reused.can_mut()), (8, 32, true));
+        assert!(!reused.is_bound() && !reused.is_exposed());
+        assert_eq!(
+            reused.as_binding().location(),
+            Err(IoError::NotFound {
+                handle: 8,
+                reason: NotFoundReason::NeverBound
+            })
+        );
+        // A reference still on its way out (another thread's drop): a new block, nothing shared.
+        reused.set_location(Some(Location { pool: 1, block: 4 }), false);
+        let held = Arc::clone(&reused.identity);
+        drop(reused);
+        q.drain_into(&mut out);
+        let spare = out.pop().expect("returned").identity;
+        let fresh = Handle::reusing(Some(spare), 9, issuer(), 16, &q);
+        assert_ne!(Arc::as_ptr(&fresh.identity), Arc::as_ptr(&held));
+        assert_eq!(held.id, 8, "the old block is left as it was");
+    }
+
+    #[test]
+    fn a_queue_dropped_with_returns_in_it_frees_them() {
+        // Returned identities point at their queue weakly: no cycle keeps either alive (miri's
+        // leak check sees it).
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(1, issuer(), 8, &q);
+        h.set_location(Some(Location { pool: 0, block: 0 }), false);
+        drop(h);
+        drop(q);
+        // A handle outliving its queue drops without returning anything.
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(2, issuer(), 8, &q);
+        h.set_location(Some(Location { pool: 0, block: 1 }), false);
+        drop(q);
+        drop(h);
     }
 
     #[test]
