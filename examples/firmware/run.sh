@@ -3,7 +3,8 @@
 # defmt) and run twice through qemu.sh, which decodes its defmt log with defmt-print:
 #   - the whole job: it must exit 0 and its log must equal expected/BOARD.log;
 #   - with `fault` (a DMA descriptor fails mid-job): it must exit 2 and its log must equal
-#     expected/BOARD-fault.log.
+#     expected/BOARD-fault.log;
+#   - with `panic`: it must exit 1 and print its PANIC line (not hang).
 # In expected/, `<N>` stands for any integer: the figures that move with the code's layout (heap,
 # stack, bookkeeping bytes). Everything else is compared exactly, so a changed or garbled message
 # fails. The defmt image must also carry no core::fmt float formatting.
@@ -87,5 +88,13 @@ for board in "${boards[@]}"; do
     run_case "$elf" 0 "expected/$board.log"
     echo "== $board: a DMA descriptor fails mid-job"
     run_case "$elf" 2 "expected/$board-fault.log" fault
+    echo "== $board: a panic"
+    status=0
+    panicked="$(./qemu.sh "$elf" panic)" || status=$?
+    echo "$panicked"
+    if [ "$status" -ne 1 ] || ! grep -q '^devcmd-firmware: PANIC: ' <<<"$panicked"; then
+        echo "run.sh: a panic on $board exited with status $status (expected 1 and a PANIC line)" >&2
+        exit 1
+    fi
 done
 echo "run.sh: bare-metal hosts verified under QEMU (${boards[*]})"

@@ -39,13 +39,18 @@ pub enum Mode {
     Verify,
     /// The job up to its second layer run, which meets a failing DMA descriptor.
     Fault,
+    /// A panic on purpose, first thing: the host must exit with [`EXIT_FAILED`].
+    Panic,
 }
 
 impl Mode {
-    /// `fault` among the command line's words selects [`Mode::Fault`].
+    /// `fault` among the command line's words selects [`Mode::Fault`], `panic` [`Mode::Panic`].
     pub fn of(cmdline: &str) -> Self {
-        if cmdline.split(' ').any(|w| w == "fault") {
+        let has = |word| cmdline.split(' ').any(|w| w == word);
+        if has("fault") {
             Self::Fault
+        } else if has("panic") {
+            Self::Panic
         } else {
             Self::Verify
         }
@@ -769,6 +774,9 @@ fn job(mode: Mode) -> Result<Summary, Failure> {
 /// Runs the job, checks that it left no heap behind and kept off the statics, and returns the
 /// exit status.
 pub fn run(mode: Mode) -> u32 {
+    if mode == Mode::Panic {
+        panic!("on purpose (run with `panic`)");
+    }
     let base = HEAP.used();
     let result = job(mode);
     let (used, size) = (stack::high_water(), stack::size());

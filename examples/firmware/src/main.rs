@@ -5,8 +5,8 @@
 //! What is shared and what is the board's: [`board`] has the reset path, the semihosting trap and
 //! the stack's place and the heap's size; everything else (the shim, the job, the heap, the logger, the semihosting
 //! calls) is one source for every board. The job ([`job`]) exits 0 once verified, 1 on a failed
-//! check, an error or a panic, and 2 when run with `fault` and a failing DMA descriptor stopped it
-//! as the failure rules say. It logs through defmt by default (`--no-default-features --features
+//! check, an error or a panic (`panic` makes one), and 2 when run with `fault` and a failing DMA
+//! descriptor stopped it as the failure rules say. It logs through defmt by default (`--no-default-features --features
 //! log` for text): `run.sh` decodes the log with `defmt-print` and compares it with `expected/`.
 #![no_std]
 #![no_main]

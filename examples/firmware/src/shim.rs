@@ -727,6 +727,10 @@ impl Shim for FwShim {
         let mut e = ENGINE.lock();
         self.enter(&e, ShimOp::StreamCreate)?;
         let Some(slot) = e.lanes.iter().position(|l| !l.live) else {
+            error!(
+                "engine: all {} stream slots are in use; raise shim::MAX_STREAMS (or use fewer streams: DeviceConfig::max_streams)",
+                MAX_STREAMS
+            );
             return Err(self.classify(ShimOp::StreamCreate, status::NO_STREAM_SLOT));
         };
         let lane = &mut e.lanes[slot];
