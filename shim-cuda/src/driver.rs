@@ -82,6 +82,9 @@ pub const SYMBOLS: &[&str] = &[
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
     "cuMemcpy2DAsync_v2",
+    // Poisoned frees (`CudaShim::with_poison`).
+    "cuMemsetD8_v2",
+    "cuStreamSynchronize",
     // Kernels (kernel.rs).
     "cuModuleLoadDataEx",
     "cuModuleGetFunction",

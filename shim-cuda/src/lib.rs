@@ -14,6 +14,7 @@
 //! | [`Shim::event_wait`] | `cuEventSynchronize` |
 //! | [`Shim::device_alloc`], [`Shim::device_free`] | `cuMemAlloc`, `cuMemFree` |
 //! | [`Shim::host_alloc_pinned`], [`Shim::host_free_pinned`] | `cuMemHostAlloc` (portable; device-mapped where the device maps host memory; never write-combined), `cuMemFreeHost` |
+//! | poisoned frees ([`CudaShim::with_poison`], for tests) | `cuMemsetD8` + `cuStreamSynchronize` of the legacy stream before `cuMemFree`; a host fill before `cuMemFreeHost` |
 //! | [`Shim::host_register`], [`Shim::host_unregister`] | `cuMemHostRegister` (portable) where `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`, `cuMemHostUnregister` |
 //! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, wherever the device maps host memory (the core decides whether to run zero copy on it: `DeviceConfig::zero_copy`) |
 //! | [`Shim::copy_to_device`], [`Shim::copy_to_host`], [`Shim::copy_on_device`] | `cuMemcpy{HtoD,DtoH,DtoD}Async` for linear layouts, `cuMemcpy2DAsync` for pitched ones |
@@ -144,7 +145,7 @@ pub use graph::CudaGraph;
 pub use kernel::{
     CudaKernel, CudaKernelError, CudaModule, ImageFormat, PARAM_INFO_BINDINGS, STACK_PARAMS,
 };
-pub use memory::{CudaDevicePage, CudaHostPage, CudaRegistration};
+pub use memory::{CudaDevicePage, CudaHostPage, CudaRegistration, POISON_BYTE};
 pub use nvrtc::NVRTC_SYMBOLS;
 pub use stream::{CudaEvent, CudaStream};
 
