@@ -84,7 +84,6 @@ pub const SYMBOLS: &[&str] = &[
     "cuMemcpy2DAsync_v2",
     // Poisoned frees (`CudaShim::with_poison`).
     "cuMemsetD8_v2",
-    "cuStreamSynchronize",
     // Kernels (kernel.rs).
     "cuModuleLoadDataEx",
     "cuModuleGetFunction",
@@ -343,6 +342,10 @@ pub fn driver_library() -> Option<String> {
 /// exists), which loaded the library.
 ///
 /// [`CudaShim`]: crate::CudaShim
+#[cfg_attr(
+    not(any(feature = "cuda-12060", feature = "cuda-13000")),
+    allow(dead_code)
+)]
 pub(crate) fn has_symbol(symbol: &str) -> bool {
     // SAFETY: `load` succeeded before (the caller's promise), so cudarc's library is loaded and
     // `culib` returns it without panicking.

@@ -36,10 +36,14 @@ use std::sync::Arc;
 
 /// An instantiated graph (`CUgraphExec`) recorded from a stream. Dropping it destroys it
 /// (`cuGraphExecDestroy`, with its context bound), from any thread; replays already enqueued
-/// still run.
+/// still run. It keeps the modules of the kernels it recorded loaded, so dropping a kernel or
+/// module after the recording is safe.
 pub struct CudaGraph {
     raw: sys::CUgraphExec,
     ctx: Arc<Context>,
+    /// The modules of the kernels the recording launched: a replay runs their code, so they
+    /// stay loaded while the graph lives.
+    _keep: Vec<Arc<dyn Send + Sync>>,
 }
 
 // SAFETY: a `CUgraphExec` is a driver handle usable from any thread with its context current;
@@ -90,7 +94,13 @@ pub(crate) fn begin(stream: &CudaStream) -> Result<(), DriverError> {
     // SAFETY: the stream is alive (held by `stream`); the context is current.
     check(ShimOp::GraphBegin, unsafe {
         sys::cuStreamBeginCapture_v2(stream.cu_stream(), mode)
-    })
+    })?;
+    *lock(&stream.recorded) = Some(Vec::new());
+    Ok(())
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Ends the recording of `stream` and instantiates it, or discards it when `doomed` (see the
@@ -101,6 +111,8 @@ pub(crate) fn end(
     doomed: bool,
 ) -> Result<CudaGraph, DriverError> {
     const OP: ShimOp = ShimOp::GraphEnd;
+    // Every end leaves the stream not recording: what the recording kept goes with it.
+    let keep = lock(&stream.recorded).take().unwrap_or_default();
     let mut graph = ptr::null_mut();
     // SAFETY: the stream is alive; the pointer is valid for one write; the context is current.
     let r = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) };
@@ -123,6 +135,7 @@ pub(crate) fn end(
     Ok(CudaGraph {
         raw: exec,
         ctx: Arc::clone(ctx),
+        _keep: keep,
     })
 }
 

@@ -202,9 +202,17 @@ impl CudaHarness {
         let module = base
             .compile(CUDA_TEST_KERNELS, &[&slow, &trap])
             .map_err(CudaHarnessError::Kernels)?;
+        // The signatures of `TestKernel`, declared so every launch is checked whatever the
+        // bindings: fill/write_then_fail(out, n, value), add/slow_add(in, n, out, n, value).
         let kernels = TestKernel::ALL
             .iter()
-            .map(|k| module.kernel(k.name()))
+            .map(|k| {
+                let sizes: &[usize] = match k {
+                    TestKernel::Fill | TestKernel::WriteThenFail => &[8, 8, 4],
+                    TestKernel::AddByte | TestKernel::SlowAdd => &[8, 8, 8, 8, 4],
+                };
+                module.kernel_with_sizes(k.name(), sizes)
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(CudaHarnessError::Kernels)?;
         Ok(Self {
