@@ -136,6 +136,8 @@ pub struct Device<S: Shim> {
     pub(crate) freed: Vec<u64>,
     /// Which streams used each allocation besides its owner (see `order.rs`).
     pub(crate) foreign_uses: ForeignUses,
+    /// The spans of a launch of more buffers than fit on the stack, kept for the next one.
+    pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
 }
 
 impl<S: Shim> Device<S> {
@@ -157,6 +159,7 @@ impl<S: Shim> Device<S> {
             ledger: FaultLedger::default(),
             freed: Vec::new(),
             foreign_uses: ForeignUses::default(),
+            launch_spans: Vec::new(),
         }
     }
 

@@ -54,6 +54,9 @@ fn count() {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
+/// Held by each test for its whole run: the count is process-wide, so tests take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Allocator calls per run of `op`, averaged over `RUNS` runs after `WARM` warm-up runs.
 fn per_op(mut op: impl FnMut()) -> f64 {
     const WARM: usize = 200;
@@ -94,6 +97,9 @@ fn cmd(device: &mut Device<StdShim>) -> Command<'_, StdShim> {
 
 #[test]
 fn warm_enqueue_operations_do_not_allocate() {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let shim = StdShim::new();
     let kernel = scale_kernel(&shim);
     let config = DeviceConfig {
@@ -200,4 +206,69 @@ fn warm_enqueue_operations_do_not_allocate() {
     for ((what, n), want) in figures.iter().zip(pinned) {
         assert_eq!(*n, want, "allocations per operation of {what}");
     }
+}
+
+/// Review finding: the reuse bounds (argument lists a stream keeps, identities a manager keeps,
+/// launch spans on the stack) were fixed and exceeded silently. They are raised to the workload
+/// here (`spare_launches`, `spare_identities`), and a launch of more buffers than the stack holds
+/// reuses the device's list: a step of 12 queued launches of 17 buffers each, then a sync, and a
+/// step of 16 reservations dropped together, allocate nothing once warm.
+#[test]
+fn deeper_queues_and_wider_launches_stay_allocation_free_with_their_bounds_raised() {
+    const QUEUED: usize = 12;
+    const HANDLES: usize = 16;
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Lazy: the stream runs nothing until the sync's fence is waited on, so every step queues
+    // all twelve launches at once (a deterministic peak, which the warm-up reaches).
+    let shim = StdShim::builder()
+        .lazy(true)
+        .spare_launches(QUEUED)
+        .build();
+    let noop = shim.register_kernel("noop", |_| Ok::<(), KernelFault>(()));
+    let memory = MemoryConfig {
+        spare_identities: HANDLES,
+        ..MemoryConfig::default()
+    };
+    let config = DeviceConfig {
+        memory,
+        drops: DropPolicy {
+            max_items: 16,
+            ..DropPolicy::default()
+        },
+        ..DeviceConfig::default()
+    };
+    let mut device = Device::new(shim, config);
+    let inputs: Vec<Handle> = (0..16)
+        .map(|_| cmd(&mut device).reserve(64).unwrap())
+        .collect();
+    let out = cmd(&mut device).reserve(64).unwrap();
+    let in_refs: Vec<&Handle> = inputs.iter().collect();
+    let step = per_op(|| {
+        for _ in 0..QUEUED {
+            cmd(&mut device)
+                .launch(Launch {
+                    kernel: &noop,
+                    name: "noop",
+                    dims: LaunchDims::SINGLE,
+                    inputs: &in_refs,
+                    outputs: &[&out],
+                    params: &[],
+                })
+                .unwrap();
+        }
+        cmd(&mut device).sync().unwrap().wait().unwrap();
+    });
+    let mut held: Vec<Handle> = Vec::with_capacity(HANDLES);
+    let burst = per_op(|| {
+        for _ in 0..HANDLES {
+            held.push(cmd(&mut device).reserve(256).unwrap());
+        }
+        held.clear();
+    });
+    println!(
+        "allocations per step: {step:5.2} (12 launches of 17 buffers + sync), {burst:5.2} (16 reserves, then 16 drops)"
+    );
+    assert_eq!((step, burst), (0.0, 0.0));
 }

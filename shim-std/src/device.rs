@@ -30,6 +30,7 @@ pub struct StdShimBuilder {
     poison: bool,
     alloc_budget: Option<u64>,
     injections: Vec<Injection>,
+    spare_launches: usize,
 }
 
 impl Default for StdShimBuilder {
@@ -44,6 +45,7 @@ impl Default for StdShimBuilder {
             poison: false,
             alloc_budget: None,
             injections: Vec::new(),
+            spare_launches: 8,
         }
     }
 }
@@ -96,6 +98,14 @@ impl StdShimBuilder {
         self
     }
 
+    /// Launch argument lists each stream keeps for reuse (default 8): launches allocate nothing
+    /// while at most this many are queued on a stream at once; raise it to the most launches a
+    /// host queues between two syncs.
+    pub fn spare_launches(mut self, n: usize) -> Self {
+        self.spare_launches = n;
+        self
+    }
+
     /// Injected: fail `device_alloc` with [`status::BUDGET`] past `bytes` of live device pages.
     pub fn alloc_budget(mut self, bytes: Option<u64>) -> Self {
         self.alloc_budget = bytes;
@@ -144,6 +154,7 @@ impl StdShimBuilder {
                 align: usize::try_from(align).unwrap_or(256),
                 lazy: self.lazy,
                 poison_freed: self.poison,
+                spare_launches: self.spare_launches,
                 lost: AtomicBool::new(false),
                 state: Mutex::new(state),
                 kernels: Mutex::new(HashMap::new()),
@@ -213,6 +224,8 @@ pub(crate) struct DeviceInner {
     align: usize,
     lazy: bool,
     poison_freed: bool,
+    /// Launch argument lists a stream keeps (see [`StdShimBuilder::spare_launches`]).
+    pub(crate) spare_launches: usize,
     lost: AtomicBool,
     state: Mutex<DeviceState>,
     kernels: Mutex<HashMap<String, StdKernel>>,

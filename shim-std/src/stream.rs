@@ -142,13 +142,9 @@ struct StreamState {
     /// fence from there on reports it, and streams ordered after this one inherit it.
     first_fault: Option<(u64, DriverError)>,
     /// The arguments of launches the worker ran, kept for the next launches (at most
-    /// [`SPARE_LAUNCH_ARGS`]): a warm launch allocates nothing.
+    /// `StdShimBuilder::spare_launches`): a warm launch allocates nothing.
     spare_args: Vec<LaunchArgs>,
 }
-
-/// Launch arguments a stream keeps for reuse: as many launches as may be queued at once without
-/// allocating.
-const SPARE_LAUNCH_ARGS: usize = 8;
 
 /// The state a stream shares with its worker and its events.
 pub(crate) struct StreamShared {
@@ -306,7 +302,7 @@ fn work(shared: Arc<StreamShared>) {
         }
         let mut st = lock(&shared.state);
         if let Some(args) = spare
-            && st.spare_args.len() < SPARE_LAUNCH_ARGS
+            && st.spare_args.len() < shared.dev.spare_launches
         {
             st.spare_args.push(args);
         }

@@ -117,6 +117,7 @@ impl World {
             arena_slack: 16 * KIB,
             arena_granule: 16 * KIB,
             arena_classes: 6,
+            spare_identities: 8,
         };
         let budget = MemoryBudget::new(Some(BUDGET));
         let mut mm = MemoryManager::new(

@@ -9,7 +9,6 @@ use super::Command;
 use crate::error::{LaunchError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceSpan, KernelParam, LaunchDims, Shim};
-use alloc::vec::Vec;
 
 /// A kernel launch: the kernel, a name for failure reports, its geometry, the buffers it reads
 /// and writes, and its parameters in the kernel's own order. Buffer slots count the inputs first,
@@ -140,10 +139,12 @@ impl<S: Shim> Command<'_, S> {
             addr: crate::shim::DeviceAddr(0),
             len: 0,
         }; STACK_BUFFERS];
-        let mut heap = Vec::new();
+        // Launches of more buffers reuse the device's list (warm: no allocation either).
+        let mut heap = core::mem::take(&mut self.device.launch_spans);
         let spans: &mut [DeviceSpan] = if count <= STACK_BUFFERS {
             &mut stack[..count]
         } else {
+            heap.clear();
             heap.resize(count, stack[0]);
             &mut heap
         };
@@ -188,6 +189,7 @@ impl<S: Shim> Command<'_, S> {
         // overlaps another span (checked above), and the kernel's contract is to touch only its
         // buffers.
         let launched = unsafe { shim.launch(&s.raw, kernel, dims, spans, params) };
+        self.device.launch_spans = heap;
         let failures = &mut self.device.failures;
         if let Err(e) = launched {
             let error: ServerError = LaunchError::Refused {

@@ -28,6 +28,10 @@ pub struct MemoryConfig {
     pub arena_granule: u64,
     /// Page-size classes the arena may hold at once (at most 64).
     pub arena_classes: usize,
+    /// Handle identities kept for reuse once their allocations come back: a reservation while
+    /// one is kept allocates nothing on the heap. Raise it to the most handles a step drops
+    /// before the next reserves (8 by default); returns past it free their identities.
+    pub spare_identities: usize,
 }
 
 impl Default for MemoryConfig {
@@ -39,6 +43,7 @@ impl Default for MemoryConfig {
             arena_slack: MIB,
             arena_granule: MIB,
             arena_classes: 64,
+            spare_identities: 8,
         }
     }
 }

@@ -45,7 +45,8 @@ pub struct MemoryManager<S: Shim> {
     budget: MemoryBudget,
     returns: Arc<ReturnQueue>,
     returned: Vec<Returned>,
-    /// Identities of returned allocations, for the next handles (at most [`SPARE_IDENTITIES`]).
+    /// Identities of returned allocations, for the next handles (at most
+    /// [`MemoryConfig::spare_identities`]).
     spare: Vec<SpareIdentity>,
     next_id: u64,
     small: SlicedPool<RawPage<S>>,
@@ -66,10 +67,6 @@ pub struct MemoryManager<S: Shim> {
     /// New pages are pinned host pages the device maps (zero copy), where the shim can make them.
     mapped_pages: bool,
 }
-
-/// Identities a manager keeps for reuse: a handle made while one is kept costs no allocation.
-/// Beyond it, returned identities are freed (a burst of drops does not pin their memory).
-pub(crate) const SPARE_IDENTITIES: usize = 8;
 
 fn round_up(value: u64, to: u64) -> Option<u64> {
     value.checked_next_multiple_of(to)
@@ -113,6 +110,7 @@ impl<S: Shim> MemoryManager<S> {
             arena_slack: config.arena_slack.min(memory / 8),
             arena_granule: config.arena_granule.min(memory / 8),
             arena_classes: config.arena_classes.clamp(1, 64),
+            spare_identities: config.spare_identities,
         };
         let mut arena = Vec::with_capacity(config.arena_classes);
         arena.resize_with(config.arena_classes, || None);

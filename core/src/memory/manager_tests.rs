@@ -432,6 +432,7 @@ fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
         arena_slack: 0,
         arena_granule: 0,
         arena_classes: 0,
+        spare_identities: 8,
     };
     let mut mm = manager(&shim, config, MemoryBudget::new(None));
     for size in [0, 1, 31, 32, 33, 4096, MIB, 256 * MIB] {

@@ -188,6 +188,7 @@ fn config() -> DeviceConfig {
             arena_slack: 512,
             arena_granule: 512,
             arena_classes: 2,
+            spare_identities: 8,
         },
         drops: DropPolicy {
             max_items: 8,

@@ -28,7 +28,7 @@ impl<S: Shim> MemoryManager<S> {
         let mut returned = core::mem::take(&mut self.returned);
         for r in returned.drain(..) {
             self.free_location(r.location, r.id);
-            if self.spare.len() < super::SPARE_IDENTITIES {
+            if self.spare.len() < self.config.spare_identities {
                 self.spare.push(r.identity);
             }
         }
