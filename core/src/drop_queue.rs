@@ -6,7 +6,13 @@
 //! makes staged the new pending batch and records one fence for it. Does not decide when to flush
 //! (the command does, by [`DropQueue::should_flush`] and the staging rules) and never flushes by
 //! itself: no helper thread, everything is released by fences polled or waited.
+//!
+//! While a stream of the device records a graph the queue is *frozen*: what its fences release
+//! that would make a device call (a page to free, a host buffer that may be registered, a graph
+//! to destroy) is kept, already fenced, and released when the recording ends. Bindings are
+//! released as usual.
 
+use crate::capture::Recorded;
 use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
 use crate::memory::{Binding, RawPage, RetiredPage};
@@ -46,6 +52,8 @@ pub enum DropItem<S: Shim> {
     Binding(Binding),
     /// A device page the manager let go.
     Page(RetiredPage<RawPage<S>>),
+    /// A graph replayed on the stream: what it touches must outlive the replay.
+    Graph(alloc::sync::Arc<Recorded<S>>),
 }
 
 impl<S: Shim> DropItem<S> {
@@ -54,6 +62,9 @@ impl<S: Shim> DropItem<S> {
             Self::Host(h) => h.len() as u64,
             Self::Binding(b) => b.len(),
             Self::Page(p) => p.size(),
+            // Counted by the replays' number, not by what the graph holds: a graph's bytes are
+            // not freed by its replays' fences.
+            Self::Graph(_) => 0,
         }
     }
 
@@ -70,6 +81,7 @@ impl<S: Shim> DropItem<S> {
                 drop(h);
             }
             Self::Binding(b) => drop(b),
+            Self::Graph(g) => drop(g),
         }
     }
 }
@@ -102,6 +114,10 @@ pub struct DropQueue<S: Shim> {
     pending: Vec<DropItem<S>>,
     /// The fence covering the pending batch, with where it was recorded.
     fence: Option<(S::Event, FenceMark)>,
+    /// A stream of the device records: releases that would call the device wait in `held`.
+    frozen: bool,
+    /// Items whose fence passed while the queue was frozen.
+    held: Vec<DropItem<S>>,
     stats: DropStats,
 }
 
@@ -115,8 +131,36 @@ impl<S: Shim> DropQueue<S> {
             staged_bytes: 0,
             pending: Vec::new(),
             fence: None,
+            frozen: false,
+            held: Vec::new(),
             stats: DropStats::default(),
         }
+    }
+
+    /// Freezes the queue while a stream of the device records, or thaws it (releasing what was
+    /// held: its fences passed).
+    pub(crate) fn set_frozen(&mut self, shim: &S, frozen: bool) {
+        self.frozen = frozen;
+        if !frozen {
+            for item in core::mem::take(&mut self.held) {
+                self.release_one(shim, item);
+            }
+        }
+    }
+
+    /// Items whose fence passed, kept until the recording ends.
+    pub fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
+    fn release_one(&mut self, shim: &S, item: DropItem<S>) {
+        if self.frozen && !matches!(item, DropItem::Binding(_)) {
+            self.held.push(item);
+            return;
+        }
+        self.stats.items_released = self.stats.items_released.saturating_add(1);
+        self.stats.bytes_released = self.stats.bytes_released.saturating_add(item.bytes());
+        item.release(shim, self.policy.fill_released);
     }
 
     /// Stages `item`; it is released at the second flush from now.
@@ -243,13 +287,13 @@ impl<S: Shim> DropQueue<S> {
     /// nothing will touch the memory again.
     pub(crate) fn release_all(&mut self, shim: &S) {
         self.fence = None;
+        self.frozen = false;
         let items = core::mem::take(&mut self.staged)
             .into_iter()
-            .chain(core::mem::take(&mut self.pending));
+            .chain(core::mem::take(&mut self.pending))
+            .chain(core::mem::take(&mut self.held));
         for item in items {
-            self.stats.items_released = self.stats.items_released.saturating_add(1);
-            self.stats.bytes_released = self.stats.bytes_released.saturating_add(item.bytes());
-            item.release(shim, self.policy.fill_released);
+            self.release_one(shim, item);
         }
         self.staged_items = 0;
         self.staged_bytes = 0;
@@ -273,10 +317,7 @@ impl<S: Shim> DropQueue<S> {
             | FenceOutcome::PassedOverFailedWork(_)
             | FenceOutcome::DeviceLost(_) => {
                 for item in batch {
-                    self.stats.items_released = self.stats.items_released.saturating_add(1);
-                    self.stats.bytes_released =
-                        self.stats.bytes_released.saturating_add(item.bytes());
-                    item.release(shim, self.policy.fill_released);
+                    self.release_one(shim, item);
                 }
             }
             FenceOutcome::Unknown(e) => {
@@ -297,7 +338,7 @@ impl<S: Shim> Drop for DropQueue<S> {
     fn drop(&mut self) {
         // Whatever is still here was never covered by a fence that passed (a drain failed):
         // the device may still use it, so it is leaked on purpose rather than freed.
-        let left = self.staged.len() + self.pending.len();
+        let left = self.staged.len() + self.pending.len() + self.held.len();
         if left > 0 {
             warn!(
                 "drop queue dropped with {} items not released: leaking them",
@@ -305,6 +346,7 @@ impl<S: Shim> Drop for DropQueue<S> {
             );
             core::mem::forget(core::mem::take(&mut self.staged));
             core::mem::forget(core::mem::take(&mut self.pending));
+            core::mem::forget(core::mem::take(&mut self.held));
         }
     }
 }
@@ -432,6 +474,19 @@ mod tests {
         );
         assert_eq!(shim.events_waited.get(), 0);
         assert_eq!(q.stats().bytes_released, 10);
+    }
+
+    #[test]
+    fn a_frozen_queue_holds_what_its_fences_release_until_it_thaws() {
+        let (shim, mut q) = setup();
+        q.set_frozen(&shim, true);
+        q.push(item(4));
+        q.drain(&shim, &(), FenceMark::default());
+        assert_eq!((q.pending_len(), q.held_len()), (0, 1));
+        assert_eq!(q.stats().items_released, 0);
+        q.set_frozen(&shim, false);
+        assert_eq!(q.held_len(), 0);
+        assert_eq!(q.stats().items_released, 1);
     }
 
     #[test]
