@@ -477,19 +477,6 @@ mod tests {
     }
 
     #[test]
-    fn a_frozen_queue_holds_what_its_fences_release_until_it_thaws() {
-        let (shim, mut q) = setup();
-        q.set_frozen(&shim, true);
-        q.push(item(4));
-        q.drain(&shim, &(), FenceMark::default());
-        assert_eq!((q.pending_len(), q.held_len()), (0, 1));
-        assert_eq!(q.stats().items_released, 0);
-        q.set_frozen(&shim, false);
-        assert_eq!(q.held_len(), 0);
-        assert_eq!(q.stats().items_released, 1);
-    }
-
-    #[test]
     fn a_failed_wait_leaks_unless_the_device_is_lost() {
         let (shim, mut q) = setup();
         q.push(item(1));

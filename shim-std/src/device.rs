@@ -404,11 +404,7 @@ impl StdShim {
     /// Counts a call of `op` with `size` bytes; fails if the device is lost or an injection
     /// fires. `Ok(Some(fault))`: an [`Injection::while_running`] fired, so the call goes ahead and
     /// its work must fail with `fault` once it ran ([`then_fail`]).
-    pub(crate) fn enter(
-        &self,
-        op: ShimOp,
-        size: u64,
-    ) -> Result<Option<DriverError>, DriverError> {
+    pub(crate) fn enter(&self, op: ShimOp, size: u64) -> Result<Option<DriverError>, DriverError> {
         let mut st = lock(&self.inner.state);
         let count = st.stats.count(op);
         if self.inner.is_lost() {
@@ -552,7 +548,10 @@ impl Shim for StdShim {
             // A recording may not depend on work outside it (CUDA's capture isolation): the
             // recording is invalidated and the wait refused.
             self.inner.invalidate_capture(stream.shared.id);
-            return Err(classify(ShimOp::StreamWaitEvent, status::ILLEGAL_IN_CAPTURE));
+            return Err(classify(
+                ShimOp::StreamWaitEvent,
+                status::ILLEGAL_IN_CAPTURE,
+            ));
         }
         stream.shared.enqueue(Op::Wait {
             stream: Arc::clone(&event.stream),

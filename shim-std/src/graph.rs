@@ -65,7 +65,9 @@ impl StdGraph {
 
 impl fmt::Debug for StdGraph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StdGraph").field("ops", &self.len()).finish()
+        f.debug_struct("StdGraph")
+            .field("ops", &self.len())
+            .finish()
     }
 }
 

@@ -484,7 +484,9 @@ impl<S: Shim> Shim for Counted<S> {
     fn end_capture(&self, stream: &Self::Stream, doomed: bool) -> Result<Self::Graph, DriverError> {
         // An injected refusal still ends the recording, as every end must.
         let verdict = self.enter(ShimOp::GraphEnd);
-        let ended = self.inner.end_capture(&stream.0, doomed || verdict.is_err());
+        let ended = self
+            .inner
+            .end_capture(&stream.0, doomed || verdict.is_err());
         verdict?;
         ended
     }

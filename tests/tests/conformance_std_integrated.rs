@@ -28,9 +28,10 @@ macro_rules! zero_copy_groups {
 }
 
 zero_copy_groups! {
-    NORMAL: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input, host_release;
+    NORMAL: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input, host_release,
+        capture;
     LAZY_POISON: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input,
-        host_release;
-    LAZY: cross_stream_reuse;
-    POISON: cross_stream_reuse;
+        host_release, capture;
+    LAZY: cross_stream_reuse, capture;
+    POISON: cross_stream_reuse, capture;
 }

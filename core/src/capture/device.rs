@@ -34,7 +34,9 @@ impl<S: Shim> Device<S> {
     /// unless a stream records.
     pub(crate) fn settle_captures(&mut self) {
         if let Some(i) = self.capture_open
-            && self.streams[i].as_ref().is_some_and(|s| s.capture.abandoned())
+            && self.streams[i]
+                .as_ref()
+                .is_some_and(|s| s.capture.abandoned())
         {
             self.abort_capture();
         }

@@ -1,6 +1,6 @@
 //! Capture: recording a stream's work into a [`Graph`] and replaying it.
 //!
-//! Owns the capture state of a stream ([`CaptureState`], whose transitions are the only way to
+//! Owns the capture state of a stream (`CaptureState`, whose transitions are the only way to
 //! change it), the token a caller holds for a recording in progress ([`Recording`]), what a
 //! recording collects while it is open (`window.rs`) and the graph it seals into, with everything
 //! the graph keeps alive (`graph.rs`). Does not own the operations (`command/capture.rs` begins,
@@ -34,7 +34,7 @@
 //!   recording stream are refused ([`Validation::Recording`](crate::Validation::Recording)); no
 //!   fence is recorded inside the window, so none can be waited on. Work on another stream that
 //!   uses memory the recording uses is refused
-//!   ([`CaptureError::RecordedElsewhere`](crate::error::CaptureError::RecordedElsewhere)): it
+//!   ([`CaptureError::RecordedElsewhere`]): it
 //!   would be ordered after recorded work, which has not run. Other streams' use of the recording
 //!   stream's other memory waits for the work enqueued before the recording began (an event
 //!   recorded just before it).
@@ -229,7 +229,24 @@ impl<S: Shim> CaptureState<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::drop_queue::{DropItem, DropPolicy, DropQueue};
+    use crate::fault::FenceMark;
+    use crate::host::HostBuffer;
     use crate::test_shim::TestShim;
+
+    #[test]
+    fn a_frozen_drop_queue_holds_what_its_fences_release_until_it_thaws() {
+        let shim = TestShim::new(1 << 30, 32, 1 << 28);
+        let mut q = DropQueue::<TestShim>::new(DropPolicy::default());
+        q.set_frozen(&shim, true);
+        q.push(DropItem::Host(HostBuffer::zeroed(4)));
+        q.drain(&shim, &(), FenceMark::default());
+        assert_eq!((q.pending_len(), q.held_len()), (0, 1));
+        assert_eq!(q.stats().items_released, 0);
+        q.set_frozen(&shim, false);
+        assert_eq!(q.held_len(), 0);
+        assert_eq!(q.stats().items_released, 1);
+    }
 
     fn window(abandoned: &Arc<AtomicBool>) -> Window<TestShim> {
         Window::new("g", 1, None, Arc::clone(abandoned))
@@ -250,12 +267,18 @@ mod tests {
         c.begin(0, window(&flag)).unwrap();
         let reason: ServerError = crate::Validation::Recording { op: "x" }.into();
         assert!(c.discard(0, reason).is_some());
-        assert!(c.discard(0, crate::Validation::ReadOnlyDestination.into()).is_none());
+        assert!(
+            c.discard(0, crate::Validation::ReadOnlyDestination.into())
+                .is_none()
+        );
         assert_eq!(c.phase(), CapturePhase::Discarded);
         assert!(c.check_open().is_err());
         assert!(!c.abandoned());
         flag.store(true, Ordering::Release);
-        assert!(c.abandoned(), "the token of a discarded recording is still watched");
+        assert!(
+            c.abandoned(),
+            "the token of a discarded recording is still watched"
+        );
         let e = c.end(0).unwrap_err();
         assert!(matches!(
             e,

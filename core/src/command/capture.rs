@@ -93,7 +93,7 @@ impl<S: Shim> Command<'_, S> {
         let (shim, s) = self.parts();
         let ended = shim.end_capture(&s.raw, false);
         let exec = self.instantiated(&window, ended)?;
-        Ok(self.seal(window, Arc::new(exec)))
+        Ok(self.seal(*window, Arc::new(exec)))
     }
 
     /// Ends `recording` as [`Self::end_capture`] does, into `graph`: where the device can update
@@ -125,7 +125,7 @@ impl<S: Shim> Command<'_, S> {
             Some(new) => Arc::new(new),
             None => Arc::clone(&graph.recorded.exec),
         };
-        let mut sealed = self.seal(window, exec);
+        let mut sealed = self.seal(*window, exec);
         // `graph` takes the new recording; `sealed`, holding the old one, drops as a graph does:
         // the old recording goes back through the device once its replays are done.
         core::mem::swap(&mut graph.recorded, &mut sealed.recorded);
@@ -154,7 +154,10 @@ impl<S: Shim> Command<'_, S> {
 
     /// Closes the recording `recording` names on this stream: the state goes back to idle and
     /// the drop queues thaw; returns what the recording collected.
-    fn close(&mut self, mut recording: Recording) -> Result<alloc::boxed::Box<Window<S>>, ServerError> {
+    fn close(
+        &mut self,
+        mut recording: Recording,
+    ) -> Result<alloc::boxed::Box<Window<S>>, ServerError> {
         let stream = self.stream as u32;
         if recording.device != self.device.id || recording.stream != stream {
             // Dropping `recording` abandons it: the next command aborts it.
@@ -175,7 +178,7 @@ impl<S: Shim> Command<'_, S> {
     /// Seals a closed recording around the shim's graph `exec`: a guard on every page it touched
     /// (each page once), then an upload ahead of the first replay (a refused upload only costs
     /// the first replay its time).
-    fn seal(&mut self, window: alloc::boxed::Box<Window<S>>, exec: Arc<S::Graph>) -> Graph<S> {
+    fn seal(&mut self, window: Window<S>, exec: Arc<S::Graph>) -> Graph<S> {
         let Window {
             name,
             touched,
@@ -183,7 +186,7 @@ impl<S: Shim> Command<'_, S> {
             writes,
             host,
             ..
-        } = *window;
+        } = window;
         let mut guarded: Vec<(usize, PageRef)> = Vec::new();
         let mut guards: Vec<PageGuard> = Vec::new();
         for b in &touched {

@@ -144,12 +144,9 @@ impl defmt::Format for CaptureError {
                 recording,
                 handle
             ),
-            Self::Refused { stream, cause } => defmt::write!(
-                f,
-                "Refused {{ stream: {=u32}, cause: {} }}",
-                stream,
-                cause
-            ),
+            Self::Refused { stream, cause } => {
+                defmt::write!(f, "Refused {{ stream: {=u32}, cause: {} }}", stream, cause)
+            }
             Self::ForeignGraph {
                 recorded_on,
                 used_on,
