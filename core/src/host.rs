@@ -50,7 +50,10 @@ impl HostOrigin {
 /// The device may read the bytes asynchronously until the value is dropped, through the address
 /// the first call of [`ExternalBytes::bytes`] returned. So every call must return the same
 /// slice (same address, same length), and its bytes must stay alive and unchanged until the value
-/// is dropped.
+/// is dropped. [`ExternalBytes::origin`] must be true: [`HostOrigin::Pinned`] only for memory the
+/// device can read by DMA as it is (page-locked for it). [`HostOrigin::Registered`] is never
+/// taken from it: only [`Device::register_host`](crate::Device::register_host) registers bytes,
+/// and [`HostBuffer::external`] treats that claim as a file mapping (staged).
 pub unsafe trait ExternalBytes: Send {
     /// The bytes.
     fn bytes(&self) -> &[u8];
@@ -165,11 +168,17 @@ impl HostBuffer {
         }
     }
 
-    /// A buffer over bytes the caller owns (a mapped file, say).
+    /// A buffer over bytes the caller owns (a mapped file, say). A claim of
+    /// [`HostOrigin::Registered`] is not believed (nothing registered them here): such bytes are
+    /// treated as a file mapping, always staged.
     pub fn external(bytes: Box<dyn ExternalBytes>) -> Self {
         let slice = bytes.bytes();
         let ptr = NonNull::new(slice.as_ptr().cast_mut()).unwrap_or(NonNull::dangling());
-        let (len, origin) = (slice.len(), bytes.origin());
+        let origin = match bytes.origin() {
+            HostOrigin::Registered => HostOrigin::FileMapped,
+            other => other,
+        };
+        let len = slice.len();
         Self {
             ptr,
             len,

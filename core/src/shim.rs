@@ -9,11 +9,13 @@
 //!
 //! # What the core promises a shim
 //!
-//! - The core drives a device from one thread at a time (`&self` methods leave the shim free to
-//!   be shared, but the core never calls it concurrently). That thread may change from call to
-//!   call: a device moved to another thread, a future or a handle dropped there, make their calls
-//!   there. So a shim whose device API keeps per-thread state (CUDA's current context) binds it
-//!   in every call, and its streams, events and pages are `Send` if the device is.
+//! - The core drives a device from the thread that holds it, one call at a time; that thread may
+//!   change (a device moved to another thread). Futures and host buffers are the exception: a
+//!   future waited, polled or dropped on another thread queries or waits on its own event there,
+//!   and a registered buffer released there undoes its registration there, while the device's
+//!   thread goes on. So a shim is shared (`&self` methods, `Sync` where the device is used from
+//!   several threads), and one whose device API keeps per-thread state (CUDA's current context)
+//!   binds it in every call.
 //! - It never frees a page, nor a host buffer handed to a copy, before an event recorded after the
 //!   page's (or buffer's) last use on every stream has completed.
 //! - It only passes device addresses that lie inside a page it got from this shim, with the size
@@ -130,9 +132,9 @@ impl Dim3 {
         Self { x, y: 1, z: 1 }
     }
 
-    /// The product of the three extents.
+    /// The product of the three extents (saturating at `u64::MAX`, which three `u32`s can pass).
     pub const fn count(self) -> u64 {
-        self.x as u64 * self.y as u64 * self.z as u64
+        (self.x as u64 * self.y as u64).saturating_mul(self.z as u64)
     }
 }
 
@@ -173,16 +175,20 @@ impl LaunchDims {
         }
     }
 
+    /// The most blocks a grid may have along x: CUDA's limit (2³¹ − 1), which
+    /// [`Self::covering`] never passes.
+    pub const MAX_GRID_X: u32 = i32::MAX as u32;
+
     /// Enough blocks of `threads` threads along x for one thread per element of `elements`
-    /// (at least one block; at most `u32::MAX` blocks, so a kernel over more elements than that
-    /// many threads loops over its data, as a grid-stride kernel does).
+    /// (at least one block; at most [`Self::MAX_GRID_X`] blocks, so a kernel over more elements
+    /// than that many threads loops over its data, as a grid-stride kernel does).
     pub const fn covering(elements: u64, threads: u32) -> Self {
         let threads = if threads == 0 { 1 } else { threads };
         let blocks = elements.div_ceil(threads as u64);
         let blocks = if blocks == 0 {
             1
-        } else if blocks > u32::MAX as u64 {
-            u32::MAX
+        } else if blocks > Self::MAX_GRID_X as u64 {
+            Self::MAX_GRID_X
         } else {
             blocks as u32
         };
@@ -349,8 +355,10 @@ pub trait Shim {
     unsafe fn host_free_pinned(&self, page: Self::HostPage);
 
     /// Page-locks the caller's `len` bytes at `ptr` in place (CUDA's `cuMemHostRegister`), so
-    /// copies from and to them run by DMA with no staging copy: memory-mapped weights need not
-    /// be copied into pinned memory first. A zero length is refused.
+    /// copies from them run by DMA with no staging copy: memory-mapped weights need not be
+    /// copied into pinned memory first. The core registers only bytes the device reads (upload
+    /// sources, which may be mapped read-only), so a shim may register them read-only. A zero
+    /// length is refused.
     ///
     /// Default: [`unsupported`] (the core stages such bytes as any other).
     fn host_register(

@@ -124,6 +124,9 @@ pub struct CudaShim {
     compute_capability: (u32, u32),
     /// `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`: whether `cuMemHostRegister` works here.
     host_register: bool,
+    /// `CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED`: whether it takes read-only
+    /// memory (a weights file mapped `PROT_READ`).
+    read_only_register: bool,
 }
 
 impl fmt::Debug for CudaShim {
@@ -213,6 +216,10 @@ impl CudaShim {
         let cc_major = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let cc_minor = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let host_register = attribute(dev, A::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)? == 1;
+        let read_only_register = attribute(
+            dev,
+            A::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+        )? == 1;
         let mut raw = ptr::null_mut();
         // SAFETY: as above.
         setup("cuDevicePrimaryCtxRetain", unsafe {
@@ -249,6 +256,7 @@ impl CudaShim {
                 u32::try_from(cc_minor).unwrap_or(0),
             ),
             host_register,
+            read_only_register,
         })
     }
 
@@ -367,8 +375,8 @@ impl Shim for CudaShim {
     /// `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`, plus `CU_MEMHOSTALLOC_DEVICEMAP` where
     /// the device can map host memory. Never write-combined: the host reads the pages back.
     fn host_alloc_pinned(&self, size: usize) -> Result<CudaHostPage, DriverError> {
-        self.bound(ShimOp::HostAlloc)?;
-        memory::host_alloc(size, self.facts.can_map_host)
+        let context = self.bound(ShimOp::HostAlloc)?;
+        memory::host_alloc(context, size, self.facts.can_map_host)
     }
 
     fn host_page_ptr(&self, page: &CudaHostPage) -> NonNull<u8> {
@@ -389,14 +397,16 @@ impl Shim for CudaShim {
         unsafe { memory::host_free(page) }
     }
 
-    /// `cuMemHostRegister` (portable) where the device supports it
-    /// (`CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`); [`devcmd::Fault::Unsupported`] elsewhere.
+    /// `cuMemHostRegister` (portable; read-only where the device supports it, so a weights file
+    /// mapped `PROT_READ` registers too: the core registers only bytes the device reads) where
+    /// the device supports it (`CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`);
+    /// [`devcmd::Fault::Unsupported`] elsewhere.
     fn host_register(&self, ptr: NonNull<u8>, len: usize) -> Result<CudaRegistration, DriverError> {
         if !self.host_register {
             return Err(unsupported(ShimOp::HostRegister));
         }
         self.bound(ShimOp::HostRegister)?;
-        memory::host_register(ptr, len)
+        memory::host_register(ptr, len, self.read_only_register)
     }
 
     unsafe fn host_unregister(&self, registration: CudaRegistration) {

@@ -65,6 +65,7 @@ pub const SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamWaitEvent",
+    "cuStreamSynchronize",
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventRecord",

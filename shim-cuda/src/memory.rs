@@ -4,12 +4,15 @@
 //! Every function here expects the device's context to be current on the calling thread; the
 //! shim binds it before calling them.
 
+use crate::device::Context;
 use crate::faults::{check, classify, status};
 use crate::stream::CudaStream;
 use cudarc::driver::sys;
 use devcmd::{CopyLayout, DeviceAddr, DriverError, ShimOp};
 use std::ffi::c_void;
+use std::fmt;
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 
 /// A device page: a `cuMemAlloc` allocation. Return it with
 /// [`Shim::device_free`](devcmd::Shim::device_free); dropping it instead leaks it.
@@ -34,11 +37,26 @@ impl CudaDevicePage {
 /// A pinned host page: a `cuMemHostAlloc` allocation, portable, mapped into the device where it
 /// can map host memory, never write-combined (the host reads it back). Return it with
 /// [`Shim::host_free_pinned`](devcmd::Shim::host_free_pinned); dropping it instead leaks it.
-#[derive(Debug)]
+///
+/// The page keeps the device's context retained: the driver frees every pinned page of a
+/// primary context when its last retain goes, so a page the core leaks on purpose (a host
+/// buffer still lent out of it when the device is dropped) would otherwise vanish under the
+/// buffer. A leaked page therefore leaks the context's retain too, and stays valid.
 pub struct CudaHostPage {
     ptr: NonNull<u8>,
     size: usize,
     mapped: Option<DeviceAddr>,
+    _context: Arc<Context>,
+}
+
+impl fmt::Debug for CudaHostPage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaHostPage")
+            .field("ptr", &self.ptr)
+            .field("size", &self.size)
+            .field("mapped", &self.mapped)
+            .finish_non_exhaustive()
+    }
 }
 
 // SAFETY: the page is plain host memory owned by this value; the pointer is only handed out
@@ -91,7 +109,11 @@ pub(crate) unsafe fn device_free(page: CudaDevicePage) {
 }
 
 /// `cuMemHostAlloc` of `size` bytes (at least one), mapped into the device when `map`.
-pub(crate) fn host_alloc(size: usize, map: bool) -> Result<CudaHostPage, DriverError> {
+pub(crate) fn host_alloc(
+    context: &Arc<Context>,
+    size: usize,
+    map: bool,
+) -> Result<CudaHostPage, DriverError> {
     const OP: ShimOp = ShimOp::HostAlloc;
     let mut flags = sys::CU_MEMHOSTALLOC_PORTABLE;
     if map {
@@ -112,7 +134,12 @@ pub(crate) fn host_alloc(size: usize, map: bool) -> Result<CudaHostPage, DriverE
             (r == sys::CUresult::CUDA_SUCCESS).then_some(DeviceAddr(d))
         })
         .flatten();
-    Ok(CudaHostPage { ptr, size, mapped })
+    Ok(CudaHostPage {
+        ptr,
+        size,
+        mapped,
+        _context: Arc::clone(context),
+    })
 }
 
 /// `cuMemFreeHost` of `page`; an error cannot be reported.
@@ -156,16 +183,25 @@ impl CudaRegistration {
     }
 }
 
-/// `cuMemHostRegister` of `len` bytes at `ptr`, portable (usable from every context).
-pub(crate) fn host_register(ptr: NonNull<u8>, len: usize) -> Result<CudaRegistration, DriverError> {
+/// `cuMemHostRegister` of `len` bytes at `ptr`, portable (usable from every context), and
+/// read-only when `read_only` (the device then only reads them).
+pub(crate) fn host_register(
+    ptr: NonNull<u8>,
+    len: usize,
+    read_only: bool,
+) -> Result<CudaRegistration, DriverError> {
     const OP: ShimOp = ShimOp::HostRegister;
     if len == 0 {
         return Err(classify(OP, status::INVALID_VALUE));
     }
+    let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
+    if read_only {
+        flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
+    }
     // SAFETY: the driver only locks the pages of the range (the caller keeps the memory alive
     // until the registration is undone: `Shim::host_register`'s caller's contract).
     check(OP, unsafe {
-        sys::cuMemHostRegister_v2(ptr.as_ptr().cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE)
+        sys::cuMemHostRegister_v2(ptr.as_ptr().cast(), len, flags)
     })?;
     Ok(CudaRegistration { ptr, len })
 }
@@ -260,7 +296,7 @@ pub(crate) unsafe fn copy(
         return unsafe { linear(op, stream, src, dst, bytes) };
     }
     if layout.pitch() > max_pitch {
-        for row in layout.rows() {
+        for (i, row) in layout.rows().enumerate() {
             let at = |side: Side| -> Result<Side, DriverError> {
                 let off = match side {
                     Side::Host(_) => row.host,
@@ -269,9 +305,19 @@ pub(crate) unsafe fn copy(
                 // SAFETY: the row lies inside the layout, which the caller promises is valid.
                 Ok(unsafe { side.offset(to_usize(op, off)?) })
             };
-            let len = to_usize(op, row.len)?;
             // SAFETY: the caller's promise, for this row.
-            unsafe { linear(op, stream, at(src)?, at(dst)?, len) }?;
+            let enqueued = to_usize(op, row.len)
+                .and_then(|len| unsafe { linear(op, stream, at(src)?, at(dst)?, len) });
+            if let Err(e) = enqueued {
+                if i > 0 {
+                    // Earlier rows are enqueued and may still read or write the host side, which
+                    // the caller lets go on an error: wait for them first. Its own error is the
+                    // stream's, reported by the next fence.
+                    // SAFETY: the stream is live; the context is current.
+                    let _ = unsafe { sys::cuStreamSynchronize(stream.cu_stream()) };
+                }
+                return Err(e);
+            }
         }
         return Ok(());
     }

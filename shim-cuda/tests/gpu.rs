@@ -6,47 +6,17 @@
 //! `cargo test -p devcmd-cuda --no-run --release`, run on the GPU machine by starting the test
 //! binary (`target/release/deps/gpu-*`).
 
+mod common;
+
+use common::{gpu, pattern};
 use devcmd::{CopyLayout, DeviceAddr, Fault, HostMemory, Shim};
 use devcmd_cuda::{CudaHostPage, CudaShim, CudaStream};
 use std::io::Write;
-use std::sync::Once;
-
-/// The device under test, or `None` after printing why the test is skipped.
-fn gpu(test: &str) -> Option<CudaShim> {
-    static FULL_REASON: Once = Once::new();
-    let ordinal = std::env::var("DEVCMD_CUDA_DEVICE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    match CudaShim::new(ordinal) {
-        Ok(shim) => Some(shim),
-        Err(e) if e.is_no_driver() || e.is_no_device() => {
-            let what = if e.is_no_driver() {
-                "no CUDA driver"
-            } else {
-                "no CUDA device"
-            };
-            let mut err = std::io::stderr().lock();
-            FULL_REASON.call_once(|| {
-                let _ = writeln!(err, "devcmd-cuda GPU tests: {e}");
-            });
-            let _ = writeln!(err, "skipped: {what} ({test})");
-            None
-        }
-        Err(e) => panic!("CUDA is present but the device could not be set up: {e}"),
-    }
-}
 
 fn wait(shim: &CudaShim, stream: &CudaStream) {
     let event = shim.record_event(stream).unwrap();
     shim.event_wait(&event).unwrap();
     assert!(shim.event_query(&event).unwrap());
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
 }
 
 /// A pinned page holding `bytes`.

@@ -142,3 +142,51 @@ fn futures_handles_and_the_device_move_between_threads() {
     .unwrap();
     dev.command(S0).unwrap().memory_cleanup().unwrap();
 }
+
+/// Review finding: the driver frees every pinned page of a primary context when its last retain
+/// goes, so host buffers (a pinned read, a zero-copy lent buffer) that outlive their device kept
+/// pointing at freed memory. Pinned pages now keep the context retained: the buffers stay valid,
+/// even after another device allocates.
+#[test]
+fn host_buffers_outlive_their_device() {
+    let Some(shim) = gpu("host_buffers_outlive_their_device") else {
+        return;
+    };
+    let config = DeviceConfig {
+        zero_copy: Some(true),
+        ..DeviceConfig::default()
+    };
+    let mut dev = Device::new(shim, config);
+    let data = pattern(1 << 20, 7);
+    let a = dev.command(S0).unwrap().create(&data).unwrap();
+    let b = dev.command(S0).unwrap().create(&data).unwrap();
+    let pinned = dev
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&a)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    let lent = dev
+        .command(S0)
+        .unwrap()
+        .read_owned(b)
+        .unwrap()
+        .wait()
+        .unwrap();
+    drop((a, dev));
+    let Some(shim) = gpu("host_buffers_outlive_their_device") else {
+        return;
+    };
+    let mut other = Device::new(shim, DeviceConfig::default());
+    let junk = other.command(S0).unwrap().create(&[0xAB; 4 << 20]).unwrap();
+    let _keep = other
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&junk)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(pinned[0].as_slice(), &data[..], "the pinned read's bytes");
+    assert_eq!(lent[0].as_slice(), &data[..], "the lent buffer's bytes");
+}

@@ -502,6 +502,45 @@ pub(crate) fn then_fail(stream: &StdStream, fault: Option<DriverError>) {
     }
 }
 
+/// The launch geometry CUDA accepts on every current GPU, which the std shim enforces too.
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchLimits {
+    /// Largest grid, per axis.
+    pub grid: [u32; 3],
+    /// Largest block, per axis.
+    pub block: [u32; 3],
+    /// Most threads in a block.
+    pub threads_per_block: u32,
+    /// Most dynamic shared memory per block without an opt-in (48 KiB).
+    pub shared_bytes: u32,
+}
+
+/// CUDA's limits: grid 2³¹−1 × 65535 × 65535, block 1024 × 1024 × 64 and 1024 threads, 48 KiB of
+/// dynamic shared memory.
+pub const CUDA_LIMITS: LaunchLimits = LaunchLimits {
+    grid: [i32::MAX as u32, 65_535, 65_535],
+    block: [1024, 1024, 64],
+    threads_per_block: 1024,
+    shared_bytes: 48 << 10,
+};
+
+impl LaunchLimits {
+    /// Whether `dims` stays within the limits.
+    pub fn admit(&self, dims: LaunchDims) -> bool {
+        let axes = |d: devcmd::Dim3| [d.x, d.y, d.z];
+        axes(dims.grid)
+            .iter()
+            .zip(self.grid)
+            .all(|(&v, max)| v <= max)
+            && axes(dims.block)
+                .iter()
+                .zip(self.block)
+                .all(|(&v, max)| v <= max)
+            && dims.block.count() <= u64::from(self.threads_per_block)
+            && dims.shared_bytes <= self.shared_bytes
+    }
+}
+
 /// A registration of the caller's host memory: where and how long (nothing is locked on a CPU).
 #[derive(Debug)]
 pub struct StdRegistration {
@@ -739,6 +778,9 @@ impl Shim for StdShim {
         )
     }
 
+    /// Runs the kernel once, on the stream's worker, whatever the geometry; but refuses, as CUDA
+    /// does, a geometry past CUDA's limits ([`CUDA_LIMITS`]), so code that runs here does not
+    /// fail on a GPU for that reason.
     unsafe fn launch(
         &self,
         stream: &StdStream,
@@ -749,6 +791,9 @@ impl Shim for StdShim {
     ) -> Result<(), DriverError> {
         let bytes = buffers.iter().fold(0u64, |a, s| a.saturating_add(s.len));
         let fail = self.enter(ShimOp::Launch, bytes)?;
+        if !CUDA_LIMITS.admit(dims) {
+            return Err(classify(ShimOp::Launch, status::BAD_LAUNCH));
+        }
         let st = lock(&self.inner.state);
         if !buffers.iter().all(|s| st.holds(s.addr.0, s.len)) {
             return Err(classify(ShimOp::Launch, status::BAD_ADDRESS));

@@ -18,6 +18,7 @@ use std::sync::Arc;
 /// | 9 | `ILLEGAL_IN_CAPTURE` | `Failed` | query or wait of an event recorded on a recording stream; a recording stream waiting on another stream's event (CUDA's capture isolation: the recording is invalidated) |
 /// | 10 | `UNSUPPORTED` | `Unsupported` | a stream waiting on an event recorded in another stream's recording |
 /// | 11 | `THREAD_SPAWN` | `Failed` | the worker thread of a new stream could not start |
+/// | 12 | `BAD_LAUNCH` | `Failed` | a launch past CUDA's geometry limits (see [`StdShim`](crate::StdShim)'s `launch`) |
 /// | 20 | `KERNEL_FAILED` | `WorkFailed` | a kernel returned [`KernelFault::Failed`](crate::KernelFault::Failed) (reported by the next fence, which completed) |
 /// | 21 | `KERNEL_PANICKED` | `WorkFailed` | a kernel panicked (reported like `KERNEL_FAILED`) |
 /// | 22 | `KERNEL_LOST_DEVICE` | `DeviceLost` | a kernel returned [`KernelFault::DeviceLost`](crate::KernelFault::DeviceLost) |
@@ -52,6 +53,8 @@ pub mod status {
     pub const UNSUPPORTED: i32 = 10;
     /// A stream's worker thread could not start.
     pub const THREAD_SPAWN: i32 = 11;
+    /// A launch past CUDA's geometry limits.
+    pub const BAD_LAUNCH: i32 = 12;
     /// A kernel failed at run time.
     pub const KERNEL_FAILED: i32 = 20;
     /// A kernel panicked at run time.

@@ -204,8 +204,9 @@ impl<'a> KernelCtx<'a> {
         Ok(unsafe { std::slice::from_raw_parts(p, len) })
     }
 
-    /// Every buffer, writable, in parameter order. [`KernelFault::Failed`] if two non-empty spans
-    /// overlap (a kernel that reads one buffer twice uses [`KernelCtx::buffer`]).
+    /// Every buffer, writable, in slot order (the launch's inputs, then its outputs).
+    /// [`KernelFault::Failed`] if two non-empty spans overlap (a kernel that reads one buffer
+    /// twice uses [`KernelCtx::buffer`]).
     pub fn buffers_mut(&mut self) -> Result<Vec<&mut [u8]>, KernelFault> {
         let mut ranges = Vec::with_capacity(self.spans.len());
         for i in 0..self.spans.len() {

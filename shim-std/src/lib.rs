@@ -55,7 +55,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-pub use device::{StdShim, StdShimBuilder};
+pub use device::{CUDA_LIMITS, LaunchLimits, StdRegistration, StdShim, StdShimBuilder};
 pub use faults::{Injection, Stats, classify, status};
 pub use graph::StdGraph;
 pub use kernel::{KernelCtx, KernelFault, KernelFn, StdKernel, as_f32, as_f32_mut};

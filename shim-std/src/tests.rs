@@ -658,3 +658,51 @@ fn integrated_host_pages_are_device_memory() {
     // SAFETY: nothing used the page.
     unsafe { discrete.host_free_pinned(page) };
 }
+
+#[test]
+fn a_launch_past_cudas_geometry_is_refused_as_on_cuda() {
+    let shim = StdShim::new();
+    let s = shim.create_stream().unwrap();
+    let k = shim.register_kernel("noop", |_| Ok(()));
+    let within = [
+        LaunchDims::linear(i32::MAX as u32, 1024),
+        LaunchDims {
+            grid: devcmd::Dim3 {
+                x: 1,
+                y: 65_535,
+                z: 65_535,
+            },
+            block: devcmd::Dim3 { x: 16, y: 16, z: 4 },
+            shared_bytes: 48 << 10,
+        },
+    ];
+    for dims in within {
+        // SAFETY: no buffers.
+        unsafe { shim.launch(&s, &k, dims, &[], &[]) }.unwrap();
+    }
+    let mut past = Vec::new();
+    past.push(LaunchDims::linear(1, 1025));
+    let mut d = LaunchDims::SINGLE;
+    d.grid.y = 65_536;
+    past.push(d);
+    let mut d = LaunchDims::SINGLE;
+    d.block = devcmd::Dim3 { x: 32, y: 32, z: 2 };
+    past.push(d);
+    let mut d = LaunchDims::SINGLE;
+    d.block.z = 65;
+    past.push(d);
+    let mut d = LaunchDims::SINGLE;
+    d.shared_bytes = (48 << 10) + 1;
+    past.push(d);
+    past.push(LaunchDims::linear(u32::MAX, 1));
+    for dims in past {
+        // SAFETY: no buffers; the call is refused before anything is enqueued.
+        let e = unsafe { shim.launch(&s, &k, dims, &[], &[]) }.unwrap_err();
+        assert_eq!(
+            (e.status, e.fault),
+            (status::BAD_LAUNCH, Fault::Failed),
+            "{dims:?}"
+        );
+    }
+    sync(&shim, &s).unwrap();
+}

@@ -20,13 +20,7 @@ impl Harness for IntegratedStdHarness {
     type S = StdShim;
 
     fn shim(&self, mode: Mode) -> Option<StdShim> {
-        Some(
-            StdShim::builder()
-                .lazy(mode.lazy)
-                .poison(mode.poison)
-                .integrated(true)
-                .build(),
-        )
+        Some(std_shim(mode, true))
     }
 
     fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {
@@ -59,16 +53,20 @@ fn add(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     Ok(())
 }
 
+/// A std shim in `mode`, integrated (zero copy) or not.
+fn std_shim(mode: Mode, integrated: bool) -> StdShim {
+    StdShim::builder()
+        .lazy(mode.lazy)
+        .poison(mode.poison)
+        .integrated(integrated)
+        .build()
+}
+
 impl Harness for StdHarness {
     type S = StdShim;
 
     fn shim(&self, mode: Mode) -> Option<StdShim> {
-        Some(
-            StdShim::builder()
-                .lazy(mode.lazy)
-                .poison(mode.poison)
-                .build(),
-        )
+        Some(std_shim(mode, false))
     }
 
     fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {

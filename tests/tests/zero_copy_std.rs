@@ -273,3 +273,52 @@ fn every_copy_names_its_host_memory() {
         "heap bytes past the staging threshold go as they are: pageable"
     );
 }
+
+/// Review finding: an allocation whose address was handed out raw (a managed resource) may be
+/// written by work the core never sees, so `read_owned` copies it rather than lend its bytes.
+#[test]
+fn an_owned_read_of_an_exposed_allocation_copies() {
+    let (shim, mut dev) = integrated(false);
+    let a = dev.command(S0).unwrap().create(&[1; 64]).unwrap();
+    let managed = dev.command(S0).unwrap().managed_resource(&a).unwrap();
+    assert!(a.is_exposed());
+    let got = dev
+        .command(S0)
+        .unwrap()
+        .read_owned(a)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(got[0].as_slice(), [1; 64]);
+    assert_eq!(copies(&shim).1, 1, "copied out, not lent");
+    drop(managed);
+}
+
+struct Claims(Box<[u8]>, HostOrigin);
+
+// SAFETY: the bytes live in the box, unchanged while it lives (the origin is the test's lie).
+unsafe impl ExternalBytes for Claims {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn origin(&self) -> HostOrigin {
+        self.1
+    }
+}
+
+/// Review finding: only `Device::register_host` registers bytes; an external buffer that claims
+/// to be registered is staged as a file mapping, never handed to the shim as registered memory.
+#[test]
+fn a_claim_of_registration_is_not_believed() {
+    let shim = StdShim::new();
+    let mut dev = Device::new(shim.clone(), DeviceConfig::default());
+    let bytes = HostBuffer::external(Box::new(Claims(vec![3; 64].into(), HostOrigin::Registered)));
+    assert_eq!(bytes.origin(), HostOrigin::FileMapped);
+    let h = dev.command(S0).unwrap().empty(64).unwrap();
+    dev.command(S0).unwrap().write(&h, bytes).unwrap();
+    assert_eq!(
+        shim.stats().copies_by_host_memory,
+        [0, 1, 0],
+        "staged through pinned memory"
+    );
+}

@@ -326,6 +326,15 @@ mod tests {
         );
         assert_eq!(Dim3::ONE.count(), 1);
         assert_eq!(LaunchDims::covering(0, 256).grid, Dim3::linear(1));
-        assert_eq!(LaunchDims::covering(u64::MAX, 1).grid.x, u32::MAX);
+        assert_eq!(
+            LaunchDims::covering(u64::MAX, 1).grid.x,
+            LaunchDims::MAX_GRID_X
+        );
+        let huge = Dim3 {
+            x: u32::MAX,
+            y: u32::MAX,
+            z: u32::MAX,
+        };
+        assert_eq!(huge.count(), u64::MAX, "saturates, never panics");
     }
 }

@@ -146,13 +146,15 @@ impl<'a, S: Shim> Command<'a, S> {
     }
 
     /// The device range of `handle` with a binding that keeps it alive for a caller outside the
-    /// layer.
+    /// layer. The allocation counts as exposed from then on: work the core does not see may use
+    /// the address, so [`Self::read_owned`] always copies it.
     ///
     /// # Errors
     ///
     /// As [`Self::resource`].
     pub fn managed_resource(&mut self, handle: &Handle) -> Result<ManagedResource, IoError> {
         let resource = self.resource(handle)?;
+        handle.expose();
         Ok(ManagedResource {
             resource,
             binding: handle.binding(),

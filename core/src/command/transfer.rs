@@ -418,9 +418,10 @@ impl<S: Shim> Command<'_, S> {
     /// reaches in place and `handle` is the allocation's only handle, nothing is copied: once the
     /// fence after every use enqueued so far passes, the future yields the allocation's own bytes
     /// as a [`HostBuffer`], which keeps the allocation until it drops (the memory then goes back
-    /// to its pool). Otherwise (another handle or view of the allocation is alive, so later work
-    /// could still write it; or the device copies) it is [`Self::read_async`] of the view, and
-    /// `handle` is dropped once the copy is enqueued.
+    /// to its pool). Otherwise (another handle or view of the allocation is alive, or its address
+    /// was handed out raw by [`Self::managed_resource`], so later work could still write it; or
+    /// the device copies) it is [`Self::read_async`] of the view, and `handle` is dropped once the
+    /// copy is enqueued.
     ///
     /// # Errors
     ///
@@ -432,8 +433,11 @@ impl<S: Shim> Command<'_, S> {
         let layout = CopyLayout::linear(handle.len());
         let lent = match self.copy_check(&handle, layout, handle.len())? {
             // A binding out (a graph that replays into it, another stream's work) means later
-            // work may still write the allocation: only a copy is safe then.
-            Some(r) if handle.can_mut() && !handle.is_bound() => self.host_view(&handle, &r),
+            // work may still write the allocation, and an address handed out raw may be used
+            // by anyone: only a copy is safe then.
+            Some(r) if handle.can_mut() && !handle.is_exposed() && !handle.is_bound() => {
+                self.host_view(&handle, &r)
+            }
             _ => None,
         };
         let Some((ptr, count)) = lent else {

@@ -8,7 +8,7 @@
 use crate::error::{IoError, NotFoundReason};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// Which pool of a manager a location points into.
 pub(crate) type PoolId = u8;
@@ -90,6 +90,9 @@ struct Identity {
     size: u64,
     /// User handles (clones of [`Handle`]); bindings do not count.
     owners: AtomicU32,
+    /// Whether its device address was ever handed out raw (a managed resource): work the core
+    /// does not see may then use it, so the host is never lent its bytes (zero copy).
+    exposed: AtomicBool,
     /// Packed location: pool in the low 8 bits of `pool`, block in `block`. Written on the device
     /// thread only; read there and by the final drop, which the `Arc` orders after every write.
     pool: AtomicU32,
@@ -149,6 +152,7 @@ impl Handle {
             issuer,
             size,
             owners: AtomicU32::new(1),
+            exposed: AtomicBool::new(false),
             pool: AtomicU32::new(u32::from(POOL_NONE)),
             block: AtomicU32::new(0),
             returns: Arc::clone(returns),
@@ -213,6 +217,17 @@ impl Handle {
     pub fn is_bound(&self) -> bool {
         Arc::strong_count(&self.identity) as u64
             > u64::from(self.identity.owners.load(Ordering::Acquire))
+    }
+
+    /// Marks the allocation's device address as handed out raw (for good).
+    pub(crate) fn expose(&self) {
+        self.identity.exposed.store(true, Ordering::Release);
+    }
+
+    /// Whether the allocation's device address was ever handed out raw
+    /// ([`Command::managed_resource`](crate::Command::managed_resource)).
+    pub fn is_exposed(&self) -> bool {
+        self.identity.exposed.load(Ordering::Acquire)
     }
 
     /// A binding for in-flight work: keeps the memory alive without counting as an owner.
