@@ -92,6 +92,10 @@ pub const SYMBOLS: &[&str] = &[
     "cuStreamEndCapture",
     "cuStreamIsCapturing",
     "cuGraphInstantiateWithFlags",
+    #[cfg(feature = "cuda-11040")]
+    "cuGraphExecUpdate",
+    #[cfg(not(feature = "cuda-11040"))]
+    "cuGraphExecUpdate_v2",
     "cuGraphDestroy",
     "cuGraphExecDestroy",
     "cuGraphUpload",

@@ -69,24 +69,29 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::work_faults(harness, mode);
         groups::host_release(harness, mode);
         groups::capture(harness, mode);
+        groups::capture_replay_fault(harness, mode);
     }
 }
 
 /// Generates one `#[test]` per behaviour group and mode for the harness expression `$h`
 /// (evaluated anew in each test): a module per mode (`normal`, `lazy_poison`) with one test per
-/// group (`normal::drop_queue`, ...), and `lazy::` and `poison::` `cross_stream_reuse` and
-/// `capture` besides.
+/// group (`normal::drop_queue`, ...), and `lazy::` and `poison::` `cross_stream_reuse`,
+/// `capture` and `capture_replay_fault` besides.
 #[macro_export]
 macro_rules! conformance_tests {
     ($h:expr) => {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input, work_faults, host_release, capture);
+            failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
+            capture_replay_fault);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input, work_faults, host_release, capture);
-        $crate::conformance_tests!(@mode lazy, LAZY, $h; cross_stream_reuse, capture);
-        $crate::conformance_tests!(@mode poison, POISON, $h; cross_stream_reuse, capture);
+            failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
+            capture_replay_fault);
+        $crate::conformance_tests!(@mode lazy, LAZY, $h;
+            cross_stream_reuse, capture, capture_replay_fault);
+        $crate::conformance_tests!(@mode poison, POISON, $h;
+            cross_stream_reuse, capture, capture_replay_fault);
     };
     (@mode $name:ident, $mode:ident, $h:expr; $($group:ident),*) => {
         #[doc = concat!("The groups in mode `", stringify!($mode), "`.")]

@@ -13,7 +13,7 @@ mod round_trip;
 pub mod work_faults;
 
 pub use bad_input::bad_input;
-pub use capture::capture;
+pub use capture::{capture, capture_replay_fault};
 pub use drop_queue::drop_queue;
 pub use failure_rule::{failure_rule, failure_rule_with};
 pub use faults::fault_injection;
