@@ -10,7 +10,7 @@
 use crate::capture::GraphReturns;
 use crate::command::Command;
 use crate::copy::StagingPolicy;
-use crate::drop_queue::{DropPolicy, DropQueue, DropStats};
+use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
 use crate::error::{IoError, NotFoundReason, ServerError, Validation};
 use crate::failure::Failures;
 use crate::fault::{FaultLedger, FenceOutcome};
@@ -233,7 +233,7 @@ impl<S: Shim> Device<S> {
             memory.track_frees();
             memory.map_pages(self.zero_copy());
             let mut drops = DropQueue::new(self.config.drops);
-            drops.set_frozen(&*self.shim, self.recording().is_some());
+            drops.set_frozen(self.recording().is_some());
             self.streams[index] = Some(alloc::boxed::Box::new(Stream {
                 raw,
                 memory,
@@ -312,6 +312,16 @@ impl<S: Shim> Device<S> {
         for s in self.streams.iter_mut().flatten() {
             s.memory.take_freed(&mut self.freed);
             s.queue_retired();
+        }
+        // What futures could not wait for while a stream recorded: released after a fence.
+        for (stream, buffers, held) in self.ledger.take_orphans() {
+            if let Some(Some(s)) = self.streams.get_mut(stream) {
+                buffers
+                    .into_iter()
+                    .for_each(|b| s.drops.push(DropItem::Host(b)));
+                held.into_iter()
+                    .for_each(|b| s.drops.push(DropItem::Binding(b)));
+            }
         }
         if self.failures.is_empty() && self.foreign_uses.is_empty() {
             self.freed.clear();

@@ -7,10 +7,8 @@
 //! (the command does, by [`DropQueue::should_flush`] and the staging rules) and never flushes by
 //! itself: no helper thread, everything is released by fences polled or waited.
 //!
-//! While a stream of the device records a graph the queue is *frozen*: what its fences release
-//! that would make a device call (a page to free, a host buffer that may be registered, a graph
-//! to destroy) is kept, already fenced, and released when the recording ends. Bindings are
-//! released as usual.
+//! While a stream of the device records a graph the queue is *frozen*: a flush or a poll does
+//! nothing (a host wait is illegal then, on any stream); the queue resumes when it ends.
 
 use crate::capture::Recorded;
 use crate::fault::{FenceMark, FenceOutcome, Fenced};
@@ -114,10 +112,8 @@ pub struct DropQueue<S: Shim> {
     pending: Vec<DropItem<S>>,
     /// The fence covering the pending batch, with where it was recorded.
     fence: Option<(S::Event, FenceMark)>,
-    /// A stream of the device records: releases that would call the device wait in `held`.
+    /// A stream of the device records: no fence is recorded, waited for or polled.
     frozen: bool,
-    /// Items whose fence passed while the queue was frozen.
-    held: Vec<DropItem<S>>,
     stats: DropStats,
 }
 
@@ -132,35 +128,31 @@ impl<S: Shim> DropQueue<S> {
             pending: Vec::new(),
             fence: None,
             frozen: false,
-            held: Vec::new(),
             stats: DropStats::default(),
         }
     }
 
-    /// Freezes the queue while a stream of the device records, or thaws it (releasing what was
-    /// held: its fences passed).
-    pub(crate) fn set_frozen(&mut self, shim: &S, frozen: bool) {
+    /// Freezes the queue while a stream of the device records, or thaws it.
+    pub(crate) fn set_frozen(&mut self, frozen: bool) {
         self.frozen = frozen;
-        if !frozen {
-            for item in core::mem::take(&mut self.held) {
-                self.release_one(shim, item);
-            }
-        }
-    }
-
-    /// Items whose fence passed, kept until the recording ends.
-    pub fn held_len(&self) -> usize {
-        self.held.len()
     }
 
     fn release_one(&mut self, shim: &S, item: DropItem<S>) {
-        if self.frozen && !matches!(item, DropItem::Binding(_)) {
-            self.held.push(item);
-            return;
-        }
         self.stats.items_released = self.stats.items_released.saturating_add(1);
         self.stats.bytes_released = self.stats.bytes_released.saturating_add(item.bytes());
         item.release(shim, self.policy.fill_released);
+    }
+
+    /// Stages what a replay of a graph must keep alive until a fence after it: nothing new when
+    /// the last item staged is the same graph (the fence that will cover that one is recorded
+    /// after this replay too), so replays back to back cost no queue traffic.
+    pub(crate) fn push_graph(&mut self, graph: &alloc::sync::Arc<Recorded<S>>) {
+        if let Some(DropItem::Graph(last)) = self.staged.last()
+            && alloc::sync::Arc::ptr_eq(last, graph)
+        {
+            return;
+        }
+        self.push(DropItem::Graph(alloc::sync::Arc::clone(graph)));
     }
 
     /// Stages `item`; it is released at the second flush from now.
@@ -200,7 +192,7 @@ impl<S: Shim> DropQueue<S> {
     /// stops. A fence that could not be recorded leaves the batch pending: the next flush records
     /// one that covers it.
     pub(crate) fn flush(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Fenced {
-        if self.staged.is_empty() && self.pending.is_empty() {
+        if self.frozen || (self.staged.is_empty() && self.pending.is_empty()) {
             return Fenced::NOTHING;
         }
         let mut waited = Fenced::NOTHING;
@@ -256,6 +248,9 @@ impl<S: Shim> DropQueue<S> {
     /// recorded gets one now (at `mark`), so a loop that polls until nothing is pending ends; a
     /// refusal is returned as the fence's outcome and the batch stays pending.
     pub(crate) fn poll(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Option<Fenced> {
+        if self.frozen {
+            return None;
+        }
         if self.fence.is_none() {
             if self.pending.is_empty() {
                 return Some(Fenced::NOTHING);
@@ -290,8 +285,7 @@ impl<S: Shim> DropQueue<S> {
         self.frozen = false;
         let items = core::mem::take(&mut self.staged)
             .into_iter()
-            .chain(core::mem::take(&mut self.pending))
-            .chain(core::mem::take(&mut self.held));
+            .chain(core::mem::take(&mut self.pending));
         for item in items {
             self.release_one(shim, item);
         }
@@ -338,7 +332,7 @@ impl<S: Shim> Drop for DropQueue<S> {
     fn drop(&mut self) {
         // Whatever is still here was never covered by a fence that passed (a drain failed):
         // the device may still use it, so it is leaked on purpose rather than freed.
-        let left = self.staged.len() + self.pending.len() + self.held.len();
+        let left = self.staged.len() + self.pending.len();
         if left > 0 {
             warn!(
                 "drop queue dropped with {} items not released: leaking them",
@@ -346,7 +340,6 @@ impl<S: Shim> Drop for DropQueue<S> {
             );
             core::mem::forget(core::mem::take(&mut self.staged));
             core::mem::forget(core::mem::take(&mut self.pending));
-            core::mem::forget(core::mem::take(&mut self.held));
         }
     }
 }

@@ -6,6 +6,9 @@
 //! drop queue, the read and sync futures, reclaim, teardown) gets a [`FenceOutcome`] and matches
 //! on it; nothing else in the core looks at a [`Fault`] of a fence.
 //!
+//! Shared with the futures, it also says whether a stream records (no fence may be waited for
+//! then) and keeps what a future could not wait for meanwhile, for the device to queue.
+//!
 //! Does not own the fences themselves (streams and the drop queue record them) nor the failure
 //! records of data (`failure.rs`: a refused enqueue marks the bytes it would have written).
 //!
@@ -19,9 +22,12 @@
 //! | [`FenceOutcome::DeviceLost`] | yes: nothing runs again | the device is lost | [`ServerError::DeviceLost`] |
 
 use crate::error::{DriverError, Fault, ServerError};
+use crate::host::HostBuffer;
+use crate::memory::Binding;
 use crate::shim::Shim;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 /// What a fence (an event waited for or polled) says about the work it covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,11 +230,74 @@ impl Ledger {
 /// or sync. Shared (cheaply cloned) with the futures of reads and syncs, which may be the ones to
 /// find out.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct FaultLedger(Arc<spin::Mutex<Ledger>>);
+pub(crate) struct FaultLedger(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    ledger: spin::Mutex<Ledger>,
+    /// Set once a stream's work failed or the device is lost (never cleared): until then every
+    /// check passes without taking the lock, the path every operation takes.
+    faulted: AtomicBool,
+    /// Set while a stream of the device records: no fence may be waited for or queried then
+    /// (CUDA's global capture mode refuses a host wait on any stream), futures included.
+    recording: AtomicBool,
+    /// What futures could not wait for while a stream recorded: `(stream, buffers, bindings)`,
+    /// handed to that stream's drop queue at the device's next operation.
+    orphans: spin::Mutex<Vec<Orphan>>,
+    has_orphans: AtomicBool,
+}
+
+/// What a read's future held when it could not wait: its stream, host buffers and bindings.
+pub(crate) type Orphan = (usize, Vec<HostBuffer>, Vec<Binding>);
+
+impl core::ops::Deref for Shared {
+    type Target = spin::Mutex<Ledger>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.ledger
+    }
+}
 
 impl FaultLedger {
+    /// Whether no stream's work failed and the device is not lost: every check passes.
+    fn clean(&self) -> bool {
+        !self.0.faulted.load(Ordering::Acquire)
+    }
+
+    /// Records that a check may now fail (a stream's work failed, or the device is lost).
+    fn mark_faulted(&self) {
+        self.0.faulted.store(true, Ordering::Release);
+    }
+
+    /// Whether a stream of the device records (see `Shared::recording`).
+    pub fn recording(&self) -> bool {
+        self.0.recording.load(Ordering::Acquire)
+    }
+
+    /// Says whether a stream of the device records.
+    pub fn set_recording(&self, on: bool) {
+        self.0.recording.store(on, Ordering::Release);
+    }
+
+    /// Keeps what a future could not wait for, for its stream's drop queue.
+    pub fn orphan(&self, orphan: Orphan) {
+        self.0.orphans.lock().push(orphan);
+        self.0.has_orphans.store(true, Ordering::Release);
+    }
+
+    /// Takes what futures could not wait for (cheap when nothing was).
+    pub fn take_orphans(&self) -> Vec<Orphan> {
+        if !self.0.has_orphans.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        core::mem::take(&mut *self.0.orphans.lock())
+    }
+
     /// The fault that lost the device, if any.
     pub fn device_lost(&self) -> Option<DriverError> {
+        if self.clean() {
+            return None;
+        }
         self.0.lock().device
     }
 
@@ -242,6 +311,9 @@ impl FaultLedger {
 
     /// Fails fast when the device is lost or `stream` ran failed work.
     pub fn check(&self, stream: usize) -> Result<(), ServerError> {
+        if self.clean() {
+            return Ok(());
+        }
         let l = self.0.lock();
         if let Some(cause) = l.device {
             return Err(ServerError::DeviceLost { cause });
@@ -255,6 +327,9 @@ impl FaultLedger {
     /// Whether what `stream` wrote may be used: `Ok` when its work up to command `cursor` is
     /// known to have completed cleanly, or when the stream has no fault on record.
     pub fn check_stream_at(&self, stream: usize, cursor: u64) -> Result<(), ServerError> {
+        if self.clean() {
+            return Ok(());
+        }
         let l = self.0.lock();
         match l.streams.get(stream) {
             Some(s) if cursor > s.clean_through => s.failed.map_or(Ok(()), |f| Err(f.error())),
@@ -286,6 +361,7 @@ impl FaultLedger {
                 entry.failed.map_or(Ok(()), |f| Err(f.error()))
             }
             FenceOutcome::PassedOverFailedWork(cause) => {
+                self.mark_faulted();
                 let f = *l.entry(stream).failed.get_or_insert(StreamFault {
                     stream,
                     cause,
@@ -295,6 +371,7 @@ impl FaultLedger {
             }
             FenceOutcome::Unknown(e) => Err(ServerError::Device(e)),
             FenceOutcome::DeviceLost(cause) => {
+                self.mark_faulted();
                 l.device.get_or_insert(cause);
                 Err(ServerError::DeviceLost { cause })
             }
@@ -334,7 +411,9 @@ impl FaultLedger {
     /// call changed nothing on the device.
     pub fn call_failed(&self, e: DriverError) -> DriverError {
         if e.loses_device() {
-            self.0.lock().device.get_or_insert(e);
+            let mut l = self.0.lock();
+            self.mark_faulted();
+            l.device.get_or_insert(e);
         }
         e
     }

@@ -142,6 +142,9 @@ impl<S: Shim> Device<S> {
         }
         // Other streams that used this allocation (a kernel on another stream may have written
         // it): order after their work too, or this use could overtake theirs.
+        if self.foreign_uses.is_empty() {
+            return Ok(resolved);
+        }
         for (user, used_at) in self.foreign_uses.others(id, current, owner) {
             self.wait_for(current, user, used_at)?;
         }

@@ -127,29 +127,32 @@ pub(crate) fn end_update(
     instantiate(ctx, &template).map(Some)
 }
 
-/// `cuGraphExecUpdate` of `exec` with `template`'s parameters; the driver's answer.
-///
-/// # Safety
-///
-/// Both handles are alive and the context is current.
-#[cfg(feature = "cuda-11040")]
-unsafe fn exec_update(exec: sys::CUgraphExec, template: sys::CUgraph) -> sys::CUresult {
-    let mut node = ptr::null_mut();
-    let mut result = std::mem::MaybeUninit::uninit();
-    // SAFETY: the caller's contract; both out-pointers are valid for one write.
-    unsafe { sys::cuGraphExecUpdate(exec, template, &mut node, result.as_mut_ptr()) }
-}
-
-/// `cuGraphExecUpdate` of `exec` with `template`'s parameters; the driver's answer.
+/// `cuGraphExecUpdate_v2` of `exec` with `template`'s parameters, where the driver has it; the
+/// driver's answer (`CUDA_ERROR_NOT_SUPPORTED` without it: the caller instantiates anew).
 ///
 /// # Safety
 ///
 /// Both handles are alive and the context is current.
 #[cfg(not(feature = "cuda-11040"))]
 unsafe fn exec_update(exec: sys::CUgraphExec, template: sys::CUgraph) -> sys::CUresult {
+    static DRIVER_HAS_IT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*DRIVER_HAS_IT.get_or_init(|| crate::driver::has_symbol("cuGraphExecUpdate_v2")) {
+        return sys::CUresult::CUDA_ERROR_NOT_SUPPORTED;
+    }
     let mut info = std::mem::MaybeUninit::uninit();
-    // SAFETY: the caller's contract; the out-pointer is valid for one write.
+    // SAFETY: the caller's contract; the out-pointer is valid for one write; the driver has the
+    // function (checked above: cudarc would panic on a missing one).
     unsafe { sys::cuGraphExecUpdate_v2(exec, template, info.as_mut_ptr()) }
+}
+
+/// With the CUDA 11.4 bindings: no update in place (the caller instantiates anew).
+///
+/// # Safety
+///
+/// None needed; kept `unsafe` like the other variant.
+#[cfg(feature = "cuda-11040")]
+unsafe fn exec_update(_exec: sys::CUgraphExec, _template: sys::CUgraph) -> sys::CUresult {
+    sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
 }
 
 /// Ends the capture of `stream` (always: the stream no longer records after any answer) and

@@ -111,9 +111,10 @@ fn a_graph_updates_in_place_and_a_new_topology_instantiates_anew() {
 }
 
 /// While one stream records in global mode, another stream does what the core lets other streams
-/// do (copies through pinned and pageable memory, events recorded, queried and waited for, a
-/// kernel), and the recording still seals; another thread's `cuMemAlloc` is refused. Prints each
-/// answer.
+/// do then (a kernel, copies through pinned memory, an event recorded), and the recording still
+/// seals. What the core refuses meanwhile is refused by CUDA too, each in a recording of its own
+/// (the answers and what became of the recording are printed): a query and a wait of another
+/// stream's event (no host wait on any stream), and another thread's `cuMemAlloc`.
 #[test]
 fn other_streams_work_while_a_stream_records_in_global_mode() {
     let test = "other_streams_work_while_a_stream_records_in_global_mode";
@@ -126,47 +127,25 @@ fn other_streams_work_while_a_stream_records_in_global_mode() {
     let (a_page, a) = page(&shim, N * 4);
     let (b_page, b) = page(&shim, N * 4);
     let pinned = shim.host_alloc_pinned(N * 4).unwrap();
+    let p = shim.host_page_ptr(&pinned).as_ptr();
     let layout = CopyLayout::linear((N * 4) as u64);
     let before = shim.record_event(&other).unwrap();
 
     shim.begin_capture(&recording).unwrap();
     fill(&shim, &recording, &kernel, a, 7);
     fill(&shim, &other, &kernel, b, 4);
-    let event = shim.record_event(&other).unwrap();
-    say(&format!(
-        "during a capture: query of another stream's earlier event: {:?}",
-        shim.event_query(&before)
-    ));
-    shim.event_wait(&event).unwrap();
-    let p = shim.host_page_ptr(&pinned).as_ptr();
     // SAFETY: `pinned` holds N u32s and outlives the wait below; `b` is a live page.
     unsafe { shim.copy_to_host(&other, b, p, HostMemory::Pinned, layout) }.unwrap();
     // SAFETY: as above.
-    unsafe { shim.copy_to_device(&other, p, HostMemory::Pinned, b, layout) }.unwrap();
-    let mut pageable = vec![0u32; N];
-    // SAFETY: `pageable` outlives the wait below and nothing else touches it.
-    let into_pageable = unsafe {
-        shim.copy_to_host(
-            &other,
-            b,
-            pageable.as_mut_ptr().cast(),
-            HostMemory::Pageable,
-            layout,
-        )
-    };
-    say(&format!(
-        "during a capture: a copy into pageable memory on another stream: {into_pageable:?}"
-    ));
-    wait(&shim, &other);
-    let graph = shim.end_capture(&recording, false);
-    say(&format!(
-        "the capture after the other stream's work: {:?}",
-        graph.as_ref().map(|_| "sealed")
-    ));
-    if into_pageable.is_ok() {
-        assert!(pageable.iter().all(|&v| v == 4), "the pageable copy");
-    }
-    let graph = graph.expect("work on another stream leaves the capture valid");
+    unsafe { shim.copy_to_device(&other, p, HostMemory::Pinned, a, layout) }.unwrap();
+    let after = shim.record_event(&other).unwrap();
+    let graph = shim
+        .end_capture(&recording, false)
+        .expect("work on another stream leaves the capture valid");
+    shim.event_wait(&after).unwrap();
+    // SAFETY: the copy into `pinned` completed (waited above).
+    let copied = unsafe { std::slice::from_raw_parts(p.cast::<u32>(), N) };
+    assert!(copied.iter().all(|&v| v == 4), "the other stream's copy");
     // SAFETY: `a` is alive until the end of the test.
     unsafe { shim.graph_launch(&graph, &recording) }.unwrap();
     wait(&shim, &recording);
@@ -174,13 +153,26 @@ fn other_streams_work_while_a_stream_records_in_global_mode() {
     drop(graph);
 
     shim.begin_capture(&recording).unwrap();
+    let query = shim.event_query(&before);
+    let waited = shim.event_wait(&before);
+    let ended = shim.end_capture(&recording, false).map(drop);
+    say(&format!(
+        "during a capture: query {query:?}, wait {waited:?} of another stream's event; the \
+         capture then: {ended:?}"
+    ));
+    assert!(
+        query.is_err() && waited.is_err(),
+        "global mode refuses host waits"
+    );
+    assert!(!shim.is_capturing(&recording).unwrap());
+
+    shim.begin_capture(&recording).unwrap();
     let alloc = std::thread::scope(|s| s.spawn(|| shim.device_alloc(1 << 20).map(drop)).join());
     let alloc = alloc.expect("the thread ran");
-    say(&format!(
-        "during a capture: cuMemAlloc on another thread: {alloc:?}"
-    ));
     let ended = shim.end_capture(&recording, false).map(drop);
-    say(&format!("the capture after that: {ended:?}"));
+    say(&format!(
+        "during a capture: cuMemAlloc on another thread: {alloc:?}; the capture then: {ended:?}"
+    ));
     assert!(
         alloc.is_err(),
         "global mode refuses another thread's cuMemAlloc"

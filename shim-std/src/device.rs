@@ -301,6 +301,12 @@ impl DeviceInner {
         !st.captures.is_empty()
     }
 
+    /// Whether a host wait must be refused: a stream records (CUDA's global capture mode refuses
+    /// one on any stream, and the recording is lost); the recording is invalidated then.
+    pub(crate) fn refuse_host_wait(&self) -> bool {
+        Self::invalidate_captures(&mut lock(&self.state))
+    }
+
     /// Invalidates the recording of stream `id`, if it records.
     pub(crate) fn invalidate_capture(&self, id: u64) {
         if let Some(v) = lock(&self.state).captures.get_mut(&id) {
@@ -612,7 +618,7 @@ impl Shim for StdShim {
 
     fn event_query(&self, event: &StdEvent) -> Result<bool, DriverError> {
         self.enter(ShimOp::EventQuery, 0)?;
-        if event.captured {
+        if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventQuery, status::ILLEGAL_IN_CAPTURE));
         }
         event.stream.query(event.seq, ShimOp::EventQuery)
@@ -620,7 +626,7 @@ impl Shim for StdShim {
 
     fn event_wait(&self, event: &StdEvent) -> Result<(), DriverError> {
         self.enter(ShimOp::EventWait, 0)?;
-        if event.captured {
+        if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventWait, status::ILLEGAL_IN_CAPTURE));
         }
         event.stream.wait(event.seq, ShimOp::EventWait)

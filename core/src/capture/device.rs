@@ -21,11 +21,12 @@ impl<S: Shim> Device<S> {
             .then_some(i)
     }
 
-    /// Freezes every drop queue while a stream records (their fences release nothing that would
-    /// call the device), or thaws them, releasing what they held.
+    /// Freezes every drop queue while a stream records (no host wait is legal then, on any
+    /// stream: CUDA's global capture mode), or thaws them.
     pub(crate) fn set_frozen(&mut self, frozen: bool) {
+        self.ledger.set_recording(frozen);
         for s in self.streams.iter_mut().flatten() {
-            s.drops.set_frozen(&*self.shim, frozen);
+            s.drops.set_frozen(frozen);
         }
     }
 

@@ -9,7 +9,6 @@
 
 use super::Command;
 use crate::capture::{CapturePhase, Graph, Owned, Recorded, Recording, Span, Window};
-use crate::drop_queue::DropItem;
 use crate::error::{CaptureError, LaunchError, ServerError, Validation};
 use crate::failure::Failures;
 use crate::memory::{PageGuard, PageRef};
@@ -256,7 +255,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`CaptureError::ForeignGraph`]; [`Validation::Recording`] while this stream records;
+    /// [`CaptureError::ForeignGraph`]; [`Validation::Recording`] while this stream records (other
+    /// streams replay while one records);
     /// [`CaptureError::RecordedElsewhere`] when another stream's recording uses its memory;
     /// [`ServerError::Skipped`] (named after the graph); [`LaunchError::Refused`]; the failures
     /// every operation begins with and those of cross-stream order.
@@ -269,7 +269,10 @@ impl<S: Shim> Command<'_, S> {
             }
             .into());
         }
-        self.refuse_while_recording("replay")?;
+        if self.current().capture.is_recording() {
+            // A graph inside a recording: not supported (CUDA would need a child-graph node).
+            return Err(Validation::Recording { op: "replay" }.into());
+        }
         let recorded = &graph.recorded;
         for b in &recorded.touched {
             self.device.order_kept(self.stream, b)?;
@@ -313,7 +316,7 @@ impl<S: Shim> Command<'_, S> {
         }
         let s = self.current();
         s.last_kernel = Some(name);
-        s.drops.push(DropItem::Graph(Arc::clone(recorded)));
+        s.drops.push_graph(recorded);
         if s.drops.should_flush() {
             self.flush_after_enqueue()?;
         }

@@ -158,8 +158,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while this stream records (a fence
-    /// would land in the recording); what the fence reveals ([`ServerError::StreamFaulted`], or
+    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while a stream of the device
+    /// records (no fence may be waited for then); what the fence reveals ([`ServerError::StreamFaulted`], or
     /// [`ServerError::Device`] for a wait of unknown outcome: what it covered is then leaked).
     pub fn flush_drops(&mut self) -> Result<(), ServerError> {
         self.device.ledger.check_device()?;
@@ -174,8 +174,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while this stream records; what the
-    /// fence reveals, as [`Self::flush_drops`].
+    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while a stream of the device
+    /// records; what the fence reveals, as [`Self::flush_drops`].
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         self.device.ledger.check_device()?;
         self.refuse_while_recording("poll_drops")?;

@@ -85,10 +85,11 @@ impl<'a, S: Shim> Command<'a, S> {
         self.current().capture.check_open()
     }
 
-    /// Refuses `op` while this stream records (it would wait on, or record, a fence inside the
-    /// recording).
+    /// Refuses `op` while a stream of the device records: it would wait for or query a fence
+    /// (illegal then on any stream: CUDA's global capture mode), or record one inside the
+    /// recording.
     fn refuse_while_recording(&mut self, op: &'static str) -> Result<(), ServerError> {
-        if self.current().capture.is_recording() {
+        if self.device.recording().is_some() {
             return Err(crate::Validation::Recording { op }.into());
         }
         Ok(())

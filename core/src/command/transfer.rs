@@ -68,7 +68,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// **While this stream records**, the copy is recorded: the bytes it sends (`data`, or its
     /// staging copy) belong to the graph and are sent again by every replay; zero copy does not
-    /// apply (the replay copies into the page). A refusal discards the recording.
+    /// apply (the replay copies into the page). A refusal discards the recording. While another
+    /// stream records, a zero-copy write is a device copy too (it cannot wait for the device).
     ///
     /// # Errors
     ///
@@ -85,7 +86,10 @@ impl<S: Shim> Command<'_, S> {
             return Ok(());
         };
         let recording = self.current().capture.is_recording();
-        if !recording && let Some((dst, _)) = self.host_view(handle, &r) {
+        // In place needs a host wait, illegal while any stream records: the device copies then.
+        if self.device.recording().is_none()
+            && let Some((dst, _)) = self.host_view(handle, &r)
+        {
             return self.write_in_place(handle, dst, data.as_slice(), layout);
         }
         let staging = Staging::of(
@@ -299,7 +303,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`Validation::Recording`] while this stream records; a read of failed bytes
+    /// [`Validation::Recording`] while a stream of the device records; a read of failed bytes
     /// ([`ServerError::Unwritten`]), a handle that does not resolve, a
     /// length mismatch, a read-only destination, the shim's refusal.
     ///
@@ -350,7 +354,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`Validation::Recording`] while this stream records; the failure of any request (a read
+    /// [`Validation::Recording`] while a stream of the device records; the failure of any
+    /// request (a read
     /// of failed bytes is [`ServerError::Unwritten`]; a
     /// layout the host cannot hold is [`IoError::HostAllocFailed`]), a fault kept for this
     /// stream's next read.

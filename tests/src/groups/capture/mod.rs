@@ -46,7 +46,7 @@ pub fn capture<H: Harness>(h: &H, mode: Mode) {
     failures::a_replay_whose_input_failed_is_skipped(h, mode);
 }
 
-/// A fault while a replay runs ([`failures`]): a group of its own, because on a device whose
+/// A fault while a replay runs (`failures.rs`): a group of its own, because on a device whose
 /// failed kernel loses it for the whole process (CUDA), nothing can run after it.
 pub fn capture_replay_fault<H: Harness>(h: &H, mode: Mode) {
     if has_graphs(h, mode) {

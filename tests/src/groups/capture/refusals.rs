@@ -1,12 +1,13 @@
 //! What is refused while a stream records, each with its error, and what still works: the
-//! recording survives every refusal and its graph replays right; other streams keep working on
-//! their own memory and on the recording stream's memory the recording does not use; a
-//! recording whose token is dropped (or whose device is dropped) ends cleanly.
+//! recording survives every refusal and its graph replays right; other streams keep enqueueing
+//! work on their own memory and on the recording stream's memory the recording does not use
+//! (no stream waits for the device meanwhile); a recording whose token is dropped (or whose
+//! device is dropped) ends cleanly.
 
 use super::{S0, S1, SMALL, begin, ctx, end, pages_live, replay};
 use crate::harness::{Harness, Mode, TestKernel};
 use crate::util::{Ctx, first_diff, must, pattern, plus};
-use devcmd::{CaptureError, CapturePhase, IoError, ServerError, StreamId, Validation};
+use devcmd::{CaptureError, CapturePhase, IoError, ReadRequest, ServerError, StreamId, Validation};
 use std::fmt::Debug;
 
 fn phase<H: Harness>(c: &mut Ctx<H>, s: StreamId) -> CapturePhase {
@@ -95,12 +96,14 @@ pub(crate) fn what_waits_on_the_recording_is_refused<H: Harness>(h: &H, mode: Mo
     c.assert_no_leak(&what);
 }
 
-/// While S0 records, S1 runs its own work, syncs and flushes; it reads S0's memory the recording
-/// does not use, written by a slow kernel enqueued on S0 before the recording began (and waits
-/// for it); it is refused the memory the recording uses (read, launch input, write:
-/// `RecordedElsewhere`); a reservation on S1 that needs a page is refused
-/// (`PageUpdateForbidden`) and the recording goes on. No page is allocated or freed meanwhile.
-/// After the end, S1 may use the recording's memory.
+/// While S0 records, no stream may wait for the device (a host wait is illegal during a
+/// recording on CUDA, on any stream): reads, syncs and flushes on S1 are refused, and so is the
+/// wait of a read enqueued before the recording (its buffers go back after the end, as `Ctx`'s
+/// leak check shows). S1 still enqueues its own work and work on S0's memory the recording does
+/// not use (ordered after S0's work from before the recording: a slow kernel); it is refused
+/// the memory the recording uses (`RecordedElsewhere`); a reservation on S1 that needs a page is
+/// refused (`PageUpdateForbidden`) and the recording goes on. No page is allocated or freed
+/// meanwhile. After the end every result reads right, on either stream.
 pub(crate) fn other_streams_keep_working_apart_from_its_memory<H: Harness>(h: &H, mode: Mode) {
     let what = format!("[{mode}] capture: other streams while recording");
     let mut c = ctx(h, mode, "capture");
@@ -111,6 +114,13 @@ pub(crate) fn other_streams_keep_working_apart_from_its_memory<H: Harness>(h: &H
     let u2 = must(c.empty(S0, SMALL as u64), &what);
     let o = must(c.create(S1, &r), &what);
     let w = must(c.empty(S1, SMALL as u64), &what);
+    let w2 = must(c.empty(S1, SMALL as u64), &what);
+    let early = must(
+        c.dev
+            .command(S1)
+            .and_then(|mut k| k.read_async(&[ReadRequest::whole(&o)])),
+        &what,
+    );
     must(
         c.launch(S0, TestKernel::SlowAdd, 1, &[&u], &[&u2]),
         format!("{what}: slow work on S0 before the recording"),
@@ -122,24 +132,19 @@ pub(crate) fn other_streams_keep_working_apart_from_its_memory<H: Harness>(h: &H
         c.launch(S1, TestKernel::AddByte, 1, &[&o], &[&w]),
         format!("{what}: S1's own work"),
     );
-    assert_eq!(
-        must(c.read(S1, &w), &what),
-        plus(&r, 1),
-        "{what}: S1's work"
-    );
-    must(c.sync(S1), format!("{what}: sync S1"));
-    must(c.flush(S1), format!("{what}: flush S1"));
-    let got = must(
-        c.read(S1, &u2),
+    must(
+        c.launch(S1, TestKernel::AddByte, 1, &[&u2], &[&w2]),
         format!("{what}: S1 reads S0's memory the recording does not use"),
     );
-    assert!(
-        got == plus(&q, 1),
-        "{what}: S1 read S0's memory without waiting for S0's work from before the recording \
-         ({})",
-        first_diff(&got, &plus(&q, 1))
+    refused_as(&what, "read_async", c.read(S1, &w));
+    refused_as(&what, "sync", c.sync(S1));
+    refused_as(&what, "flush_drops", c.flush(S1));
+    refused_as(&what, "ReadFuture::wait", early.wait());
+    recorded_elsewhere(
+        &what,
+        "S1 launching on the recording's output",
+        c.launch(S1, TestKernel::AddByte, 1, &[&y], &[&w]),
     );
-    recorded_elsewhere(&what, "S1 reading the recording's output", c.read(S1, &y));
     recorded_elsewhere(
         &what,
         "S1 launching on the recording's input",
@@ -162,16 +167,23 @@ pub(crate) fn other_streams_keep_working_apart_from_its_memory<H: Harness>(h: &H
     );
     let graph = end(&mut c, S0, rec);
     must(replay(&mut c, S0, &graph), &what);
-    let got = must(
-        c.read(S1, &y),
-        format!("{what}: S1 reads the output after the end"),
-    );
-    assert!(
-        got == plus(&p, 1),
-        "{what}: {}",
-        first_diff(&got, &plus(&p, 1))
-    );
-    drop((graph, x, y, u, u2, o, w));
+    for (buffer, expected, step) in [
+        (&w, plus(&r, 1), "S1's own work"),
+        (
+            &w2,
+            plus(&q, 2),
+            "S1's work on S0's memory written before the recording",
+        ),
+        (&y, plus(&p, 1), "the replay's output"),
+    ] {
+        let got = must(c.read(S1, buffer), format!("{what}: {step}"));
+        assert!(
+            got == expected,
+            "{what}: {step} reads other bytes ({})",
+            first_diff(&got, &expected)
+        );
+    }
+    drop((graph, x, y, u, u2, o, w, w2));
     c.assert_no_leak(&what);
 }
 
