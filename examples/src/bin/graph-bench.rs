@@ -18,7 +18,7 @@ use devcmd_cuda::{CudaShim, sys};
 use devcmd_examples::cuda_device;
 use devcmd_examples::model::{self, CLASSES, INPUT, LAYERS};
 use devcmd_examples::replay;
-use devcmd_examples::serve::{self, HostWeights, IN_FLIGHT, Plan};
+use devcmd_examples::serve::{self, COMPUTE, COPY, HostWeights, IN_FLIGHT, Plan};
 use devcmd_examples::weights::{from_bytes, to_bytes};
 use std::error::Error;
 use std::process::ExitCode;
@@ -110,12 +110,13 @@ fn replays(shim: &CudaShim, warm: usize, timed: usize) -> Res<()> {
          synchronisation; per replay = the round's time / R (enqueue and run), enqueue = the \
          enqueue loop alone. Raw: `cuGraphLaunch` of `Graph::shim_graph()` on a stream of its \
          own, then `cuStreamSynchronize`; devcmd: `Device::command(s).replay(&graph)`, then \
-         `Command::sync().wait()`. Median of {timed} rounds after {warm}, interleaved.\n"
+         `Command::sync().wait()`; shim: `Shim::graph_launch` alone (binds the context, then \
+         `cuGraphLaunch`). Median of {timed} rounds after {warm}, interleaved.\n"
     );
     println!(
-        "| kernels | replays a round | raw µs per replay | devcmd µs per replay | ratio | target | raw enqueue µs | devcmd enqueue µs |"
+        "| kernels | replays a round | raw µs per replay | devcmd µs per replay | ratio | target | raw enqueue µs | shim enqueue µs | devcmd enqueue µs |"
     );
-    println!("|---:|---:|---:|---:|---:|---|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---|---:|---:|---:|");
     let mut raw_per = Vec::new();
     let mut worst: f64 = 0.0;
     for kernels in [1usize, 10, 100, 1000] {
@@ -145,8 +146,8 @@ fn replays(shim: &CudaShim, warm: usize, timed: usize) -> Res<()> {
         }
         let graph = cmd.end_capture(recording)?;
         let exec = graph.shim_graph().cu_graph_exec();
-        let (mut raw, mut ours, mut raw_enq, mut ours_enq) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut raw, mut ours, mut raw_enq, mut ours_enq, mut shim_enq) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for round in 0..warm + timed {
             // SAFETY: the context is the shim's primary context, retained while it lives.
             cu("cuCtxSetCurrent", unsafe {
@@ -166,6 +167,16 @@ fn replays(shim: &CudaShim, warm: usize, timed: usize) -> Res<()> {
                 sys::cuStreamSynchronize(raw_stream.cu_stream())
             })?;
             let all = t.elapsed();
+            let t3 = Instant::now();
+            for _ in 0..replays_per_round {
+                // SAFETY: as above.
+                unsafe { shim.graph_launch(graph.shim_graph(), &raw_stream)? };
+            }
+            let enq3 = t3.elapsed();
+            // SAFETY: the stream is alive.
+            cu("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(raw_stream.cu_stream())
+            })?;
             let t2 = Instant::now();
             for _ in 0..replays_per_round {
                 device.command(S)?.replay(&graph)?;
@@ -179,6 +190,7 @@ fn replays(shim: &CudaShim, warm: usize, timed: usize) -> Res<()> {
                 ours.push(per(all2));
                 raw_enq.push(per(enq));
                 ours_enq.push(per(enq2));
+                shim_enq.push(per(enq3));
             }
         }
         let got = device
@@ -195,11 +207,12 @@ fn replays(shim: &CudaShim, warm: usize, timed: usize) -> Res<()> {
         worst = worst.max(ratio);
         raw_per.push((kernels, r));
         println!(
-            "| {kernels} | {replays_per_round} | {r:.2} ({}) | {o:.2} ({}) | {ratio:.3} | ≤ 1.05: {} | {:.2} | {:.2} |",
+            "| {kernels} | {replays_per_round} | {r:.2} ({}) | {o:.2} ({}) | {ratio:.3} | ≤ 1.05: {} | {:.2} | {:.2} | {:.2} |",
             spread(&raw, 2),
             spread(&ours, 2),
             if ratio <= 1.05 { "met" } else { "**missed**" },
             median(&raw_enq),
+            median(&shim_enq),
             median(&ours_enq),
         );
     }
@@ -222,22 +235,31 @@ fn edge_host(gpu: &cuda_device::Gpu, warm: usize, timed: usize, quick: bool) -> 
     println!(
         "{batches} batches of the 3-layer MLP ({INPUT}-{}-{}-{CLASSES}), {IN_FLIGHT} batches in \
          flight, results not verified in the timed runs (every result of {warm} warm-up runs of \
-         64 batches was, in both loops). Eager: the edge host's loop (upload on a copy stream, 7 \
+         64 batches was, in every loop). Eager: the edge host's loop (upload on a copy stream, 7 \
          reservations and 6 launches on a compute stream, `read_owned`). Graphs: `--graph` \
          ({IN_FLIGHT} graphs of the 6 launches recorded once, outside the timed runs; per batch \
-         the input written into a graph's input buffer on the copy stream, one replay on the \
+         the input written into a graph's input buffer, on the copy stream (a cross-stream wait \
+         each way) or on the compute stream (in order with the replays), one replay on the \
          compute stream, `read_async` of its output). Median of {timed} runs, interleaved.\n",
         LAYERS[0].1, LAYERS[1].1,
     );
     println!(
-        "| batch size | eager requests/s | graphs requests/s | eager µs per batch | graphs µs per batch | graphs / eager |"
+        "| batch size | eager requests/s | graphs, inputs on the copy stream | graphs, inputs on the compute stream | eager µs per batch | graphs (copy) µs | graphs (compute) µs | best graphs / eager |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for batch_size in [32usize, 256] {
         let weights = model::seeded_weights(SEED);
         let mut device = Device::new(gpu.shim.clone(), DeviceConfig::default());
         let w = serve::load_weights(&mut device, HostWeights::Seeded(weights), false)?;
-        let graphs = replay::record(&mut device, &gpu.kernels, &w, batch_size, IN_FLIGHT)?;
+        let on_copy = replay::record(&mut device, &gpu.kernels, &w, batch_size, IN_FLIGHT, COPY)?;
+        let on_compute = replay::record(
+            &mut device,
+            &gpu.kernels,
+            &w,
+            batch_size,
+            IN_FLIGHT,
+            COMPUTE,
+        )?;
         let check = Plan {
             batches: 64,
             batch_size,
@@ -250,29 +272,35 @@ fn edge_host(gpu: &cuda_device::Gpu, warm: usize, timed: usize, quick: bool) -> 
             verify: false,
             ..check
         };
-        let (mut eager, mut graph) = (Vec::new(), Vec::new());
+        let (mut eager, mut copy, mut compute) = (Vec::new(), Vec::new(), Vec::new());
         let mut mismatches = 0;
         for round in 0..warm.max(1) + timed {
             if round < warm.max(1) {
                 mismatches += serve::serve(&check, &mut device, &gpu.kernels, &w)?.mismatches;
-                mismatches += replay::serve_graphs(&check, &mut device, &graphs, &w)?.mismatches;
+                for graphs in [&on_copy, &on_compute] {
+                    mismatches += replay::serve_graphs(&check, &mut device, graphs, &w)?.mismatches;
+                }
                 continue;
             }
             eager.push(serve::serve(&run, &mut device, &gpu.kernels, &w)?.per_second());
-            graph.push(replay::serve_graphs(&run, &mut device, &graphs, &w)?.per_second());
+            copy.push(replay::serve_graphs(&run, &mut device, &on_copy, &w)?.per_second());
+            compute.push(replay::serve_graphs(&run, &mut device, &on_compute, &w)?.per_second());
         }
         if mismatches != 0 {
             return Err(format!("{mismatches} outputs differ from the host reference").into());
         }
-        let (e, g) = (median(&eager), median(&graph));
+        let (e, c, g) = (median(&eager), median(&copy), median(&compute));
         let per_batch = |rps: f64| batch_size as f64 / rps * 1e6;
+        let k = |v: &[f64]| spread(&v.iter().map(|x| x / 1e3).collect::<Vec<_>>(), 1);
         println!(
-            "| {batch_size} | {e:.0} ({} k) | {g:.0} ({} k) | {:.1} | {:.1} | {:.2} |",
-            spread(&eager.iter().map(|x| x / 1e3).collect::<Vec<_>>(), 1),
-            spread(&graph.iter().map(|x| x / 1e3).collect::<Vec<_>>(), 1),
+            "| {batch_size} | {e:.0} ({} k) | {c:.0} ({} k) | {g:.0} ({} k) | {:.1} | {:.1} | {:.1} | {:.2} |",
+            k(&eager),
+            k(&copy),
+            k(&compute),
             per_batch(e),
+            per_batch(c),
             per_batch(g),
-            g / e
+            c.max(g) / e
         );
     }
     println!();
