@@ -124,8 +124,8 @@ pub fn serve_graphs<S: Shim>(
 }
 
 /// [`record`] as many graphs as batches in flight, inputs written on the compute stream (in
-/// order with the replays: no cross-stream wait; on the H200 this beat the copy stream at 32
-/// requests a batch, see BENCHMARKS.md), then [`serve_graphs`].
+/// order with the replays: no cross-stream wait; on the H200 this matched the copy stream at 32
+/// requests a batch and beat it at 256, see BENCHMARKS.md), then [`serve_graphs`].
 ///
 /// # Errors
 ///
