@@ -102,6 +102,25 @@ impl core::fmt::Display for DeviceReport {
     }
 }
 
+#[cfg(feature = "defmt")]
+impl defmt::Format for DeviceReport {
+    /// As `Display`, through `defmt` (no float formatting in the image).
+    fn format(&self, f: defmt::Formatter<'_>) {
+        for (id, report) in &self.streams {
+            defmt::write!(f, "stream {=u32}:\n{}\n", id.0, report);
+        }
+        defmt::write!(f, "device pages held: {}", ReadableBytes(self.held));
+        if let Some(b) = self.budget {
+            defmt::write!(f, " of a {} budget", ReadableBytes(b));
+        }
+        defmt::write!(
+            f,
+            "\npinned host pages held: {}",
+            ReadableBytes(self.pinned_host)
+        );
+    }
+}
+
 /// A device: the shim, its streams and the device-wide state. Driven by one thread at a time;
 /// wrap it in a `spin::Mutex` to share it.
 #[derive(Debug)]

@@ -137,12 +137,6 @@ impl<S: Shim> DropQueue<S> {
         self.frozen = frozen;
     }
 
-    fn release_one(&mut self, shim: &S, item: DropItem<S>) {
-        self.stats.items_released = self.stats.items_released.saturating_add(1);
-        self.stats.bytes_released = self.stats.bytes_released.saturating_add(item.bytes());
-        item.release(shim, self.policy.fill_released);
-    }
-
     /// Stages what a replay of a graph must keep alive until a fence after it: nothing new when
     /// the last item staged is the same graph (the fence that will cover that one is recorded
     /// after this replay too), so replays back to back cost no queue traffic.
@@ -287,7 +281,9 @@ impl<S: Shim> DropQueue<S> {
             .into_iter()
             .chain(core::mem::take(&mut self.pending));
         for item in items {
-            self.release_one(shim, item);
+            self.stats.items_released = self.stats.items_released.saturating_add(1);
+            self.stats.bytes_released = self.stats.bytes_released.saturating_add(item.bytes());
+            item.release(shim, self.policy.fill_released);
         }
         self.staged_items = 0;
         self.staged_bytes = 0;
@@ -304,25 +300,30 @@ impl<S: Shim> DropQueue<S> {
     /// Releases the pending batch after its fence ended with `outcome`: at once if the device is
     /// done with it; otherwise it is leaked on purpose, because freeing memory the device may
     /// still use could hand it to someone else.
+    ///
+    /// The batch is emptied in place: its vector keeps its capacity, so a queue that cycles under
+    /// its policy stages and releases without allocating once it is warm.
     fn release_pending(&mut self, shim: &S, outcome: FenceOutcome) {
-        let batch = core::mem::take(&mut self.pending);
+        let batch = self.pending.drain(..);
         match outcome {
             FenceOutcome::Passed
             | FenceOutcome::PassedOverFailedWork(_)
             | FenceOutcome::DeviceLost(_) => {
                 for item in batch {
-                    self.release_one(shim, item);
+                    self.stats.items_released = self.stats.items_released.saturating_add(1);
+                    self.stats.bytes_released =
+                        self.stats.bytes_released.saturating_add(item.bytes());
+                    item.release(shim, self.policy.fill_released);
                 }
             }
             FenceOutcome::Unknown(e) => {
+                let leaked = batch.len();
                 warn!(
                     "fence wait failed (status {}): leaking {} items the device may still use",
-                    e.status,
-                    batch.len()
+                    e.status, leaked
                 );
-                self.stats.items_leaked =
-                    self.stats.items_leaked.saturating_add(batch.len() as u64);
-                core::mem::forget(batch);
+                self.stats.items_leaked = self.stats.items_leaked.saturating_add(leaked as u64);
+                batch.for_each(core::mem::forget);
             }
         }
     }

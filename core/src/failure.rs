@@ -11,7 +11,7 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use hashbrown::HashMap;
 
-/// The newest skipped launches a record keeps.
+/// The newest skipped launches a record keeps (older ones are counted in `skipped_total`).
 const CHAIN_LIMIT: usize = 16;
 
 #[derive(Debug)]
@@ -19,7 +19,9 @@ struct Record {
     root: ServerError,
     /// Allocations holding at least one range of this failure.
     tagged: u32,
-    chain: Vec<&'static str>,
+    /// The newest skipped launches, oldest first: a fixed ring, so a long chain of skipped
+    /// launches costs no allocation.
+    chain: heapless::Deque<&'static str, CHAIN_LIMIT>,
     skipped_total: u64,
 }
 
@@ -54,7 +56,7 @@ impl Failures {
             Record {
                 root,
                 tagged: 0,
-                chain: Vec::new(),
+                chain: heapless::Deque::new(),
                 skipped_total: 0,
             },
         );
@@ -64,10 +66,11 @@ impl Failures {
     /// Records that `kernel` was skipped because of `failure`.
     pub fn skipped(&mut self, failure: u64, kernel: &'static str) {
         if let Some(r) = self.records.get_mut(&failure) {
-            if r.chain.len() == CHAIN_LIMIT {
-                r.chain.remove(0);
+            if r.chain.is_full() {
+                r.chain.pop_front();
             }
-            r.chain.push(kernel);
+            // Room was made just above.
+            let _ = r.chain.push_back(kernel);
             r.skipped_total = r.skipped_total.saturating_add(1);
         }
     }
@@ -128,7 +131,7 @@ impl Failures {
             Some(r) => ServerError::Unwritten {
                 failure,
                 handle,
-                chain: r.chain.clone(),
+                chain: r.chain.iter().copied().collect(),
                 skipped_total: r.skipped_total,
                 root: Box::new(r.root.clone()),
             },

@@ -48,7 +48,9 @@ pub mod stream;
 mod test_shim;
 
 pub use capture::{CapturePhase, Graph, Recording};
-pub use command::{Command, Launch, ManagedResource, ReadFuture, ReadRequest, SyncFuture};
+pub use command::{
+    Command, Launch, ManagedResource, ReadFuture, ReadRequest, ReadToFuture, SyncFuture,
+};
 pub use copy::{CopyLayout, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};
 pub use drop_queue::{DropPolicy, DropStats};

@@ -338,8 +338,10 @@ pub trait Shim {
     /// The first host byte of `page`, valid for the page's size until it is freed.
     fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8>;
 
-    /// On an integrated device whose host pages are mapped, the device address of `page`; the
-    /// device can then read and write it in place, with no staging copy. `None` otherwise.
+    /// Where the device maps host memory (integrated devices, and discrete GPUs over PCIe), the
+    /// device address of `page`; the device can then read and write it in place, with no
+    /// staging copy. `None` otherwise. Whether device memory is served from such pages (zero
+    /// copy) is the core's decision (`DeviceConfig::zero_copy`).
     ///
     /// Default: `None` (no host page is mapped into the device).
     fn host_page_device_addr(&self, page: &Self::HostPage) -> Option<DeviceAddr> {

@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
-# Code footprint of the firmware host, attributed by symbol (llvm-nm), for BENCHMARKS.md.
+# Code footprint of the Cortex-M3 firmware host, attributed by symbol (llvm-nm), for BENCHMARKS.md.
 # Usage: examples/firmware/footprint.sh [release|footprint]   (default: both)
 #   release:   opt-level "z", LTO, codegen-units 1 (what run.sh runs)
 #   footprint: the same without LTO, so the core's functions keep their own symbols
+#   FEATURES=log footprint.sh ...   the image that logs as text through `log` (default: defmt)
+# Usage: examples/firmware/footprint.sh compare
+#   `.text` and `.rodata` of the release image with `log` and with `defmt`, side by side, on both
+#   boards, and whether core::fmt float formatting is linked in.
 set -euo pipefail
 cd "$(dirname "$0")"
 NM="$(command -v llvm-nm || command -v rust-nm)"
+features="${FEATURES:-defmt}"
+feature_args=(--no-default-features --features "$features")
+
+if [ "${1:-}" = compare ]; then
+  printf '%-22s %-6s %10s %10s  %s\n' board logging .text .rodata "float formatting"
+  for target in thumbv7m-none-eabi aarch64-unknown-none; do
+    for f in log defmt; do
+      cargo build -q --release --locked --target "$target" --no-default-features --features "$f"
+      elf="target/$target/release/devcmd-firmware"
+      read -r text rodata < <(llvm-size -A "$elf" | awk '$1==".text"{t=$2} $1==".rodata"{r=$2} END{print t, r}')
+      floats="$("$NM" --demangle "$elf" | grep -cE 'flt2dec|float_to_decimal|float_to_exponential|fmt::float' || true)"
+      printf '%-22s %-6s %10s %10s  %s symbols\n' "$target" "$f" "$text" "$rodata" "$floats"
+    done
+  done
+  exit 0
+fi
 
 for profile in "${@:-release footprint}"; do
   for p in $profile; do
-    cargo build --profile "$p" --locked >/dev/null 2>&1 || cargo build --profile "$p" --locked
+    cargo build --profile "$p" --locked "${feature_args[@]}" >/dev/null 2>&1 \
+      || cargo build --profile "$p" --locked "${feature_args[@]}"
     elf="target/thumbv7m-none-eabi/$p/devcmd-firmware"
-    echo "== profile $p ($elf)"
+    echo "== profile $p, features $features ($elf)"
     "$NM" -S --defined-only "$elf" | python3 -c '
 import re, subprocess, sys
 
@@ -58,7 +79,7 @@ buckets = {}
 order = ["devcmd (the core)", "generic code over the core'"'"'s types, in other crates",
          "firmware (shim, job, logger)", "core::fmt and number formatting",
          "hashbrown/foldhash", "compiler builtins (soft float, 64-bit division, memcpy)",
-         "cortex-m, cortex-m-rt, semihosting, log, allocator", "other",
+         "cortex-m, cortex-m-rt, semihosting, log/defmt, allocator", "other",
          "core::slice::sort (for devcmd::failure'"'"'s sort_unstable)"]
 total = 0
 top, rest = [], []
@@ -84,7 +105,7 @@ for line in sys.stdin:
         b = order[4]
     elif "compiler_builtins" in name or name.startswith("aeabi") or re.match(r"^_*(mem|aeabi)", name):
         b = order[5]
-    elif re.search(r"cortex_m|semihosting|^log::|linked_list_allocator|embedded_alloc|critical_section|Reset|HardFault|DefaultHandler", name):
+    elif re.search(r"cortex_m|semihosting|^log::|^<?defmt|_defmt|linked_list_allocator|embedded_alloc|critical_section|Reset|HardFault|DefaultHandler", name):
         b = order[6]
     else:
         b = order[7]

@@ -45,7 +45,16 @@ pub fn open(ordinal: u32) -> Result<Gpu, Box<dyn Error>> {
 pub fn open_on(shim: CudaShim) -> Result<Gpu, Box<dyn Error>> {
     let started = Instant::now();
     let module = shim.compile(CUDA_SOURCE, CUDA_OPTIONS)?;
-    let kernel = |name| module.kernel(name);
+    // The signatures in model.rs: matmul(out, a, b, m, k, n), bias_*(out, x, bias, m, n).
+    // Declared, so bindings that cannot read them (JetPack 5 and 6.0) still check every launch.
+    let kernel = |name: &str| {
+        let scalars = if name == "matmul" { 3 } else { 2 };
+        let sizes: Vec<usize> = [8, 8, 8]
+            .into_iter()
+            .chain([4; 3].into_iter().take(scalars))
+            .collect();
+        module.kernel_with_sizes(name, &sizes)
+    };
     let kernels = Kernels {
         matmul: kernel("matmul")?,
         bias_relu: kernel("bias_relu")?,

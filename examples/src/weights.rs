@@ -5,9 +5,9 @@
 //!
 //! The whole file is mapped as one window ([`MappedFile`]) and uploaded in one copy; the tensors
 //! are views of that upload. A read-only shared mapping serves the std device. A GPU that
-//! page-locks the mapping in place (`cuMemHostRegister`, which the CUDA shim asks for writable
-//! pages) gets a private copy-on-write mapping ([`Mapping::CopyOnWrite`]): the same file, never
-//! written, whose pages the driver may lock for DMA.
+//! page-locks the mapping in place (`cuMemHostRegister`: read-only where the device supports it,
+//! writable pages elsewhere) gets a private copy-on-write mapping ([`Mapping::CopyOnWrite`]): the
+//! same file, never written, whose pages the driver may lock for DMA either way.
 
 use devcmd::{ExternalBytes, HostOrigin};
 use std::fmt;

@@ -127,6 +127,9 @@ pub struct CudaShim {
     /// `CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED`: whether it takes read-only
     /// memory (a weights file mapped `PROT_READ`).
     read_only_register: bool,
+    /// Whether freed pages are filled with [`POISON_BYTE`](crate::POISON_BYTE) first
+    /// ([`CudaShim::with_poison`]).
+    poison: bool,
 }
 
 impl fmt::Debug for CudaShim {
@@ -138,6 +141,7 @@ impl fmt::Debug for CudaShim {
             .field("binding_version", &driver::BINDING_VERSION)
             .field("compute_capability", &self.compute_capability)
             .field("facts", &self.facts)
+            .field("poison", &self.poison)
             .finish_non_exhaustive()
     }
 }
@@ -257,7 +261,31 @@ impl CudaShim {
             ),
             host_register,
             read_only_register,
+            poison: false,
         })
+    }
+
+    /// This shim, poisoning freed pages when `yes` (off by default; clones keep the setting):
+    /// [`Shim::device_free`] fills the page with [`POISON_BYTE`](crate::POISON_BYTE)
+    /// (`cuMemsetD8` on the legacy default stream, waited for with `cuStreamSynchronize`)
+    /// before `cuMemFree`, and [`Shim::host_free_pinned`] fills the host page before
+    /// `cuMemFreeHost`.
+    ///
+    /// Legal because the contract lets nothing use a page when it is freed. The fill runs at
+    /// once, beside the shim's streams (they are non-blocking: they never wait for the legacy
+    /// stream, nor it for them), so work that still reads or writes a page the core let go too
+    /// early sees or leaves the poison instead of plausible old bytes: the conformance suite's
+    /// poison mode (`devcmd-tests`' `CudaHarness`). Unlike the std shim, it keeps no quarantine
+    /// of freed pages: the driver may hand the same memory out again at once. Costs a device
+    /// round trip per free: for tests, not for serving.
+    pub fn with_poison(mut self, yes: bool) -> Self {
+        self.poison = yes;
+        self
+    }
+
+    /// Whether freed pages are poisoned ([`Self::with_poison`]).
+    pub fn poisons(&self) -> bool {
+        self.poison
     }
 
     /// The device's ordinal.
@@ -368,6 +396,11 @@ impl Shim for CudaShim {
     unsafe fn device_free(&self, page: CudaDevicePage) {
         // A failed bind leaves the call to fail too; a free has no way to report either.
         let _ = self.ctx.bind(ShimOp::DeviceAlloc);
+        if self.poison {
+            // SAFETY: `device_free`'s contract: no pending work uses the page, so the fill
+            // races with nothing the core let run.
+            unsafe { memory::poison_device(&page) };
+        }
         // SAFETY: `device_free`'s contract: no pending work uses the page.
         unsafe { memory::device_free(page) }
     }
@@ -393,6 +426,11 @@ impl Shim for CudaShim {
 
     unsafe fn host_free_pinned(&self, page: CudaHostPage) {
         let _ = self.ctx.bind(ShimOp::HostAlloc);
+        if self.poison {
+            // SAFETY: `host_free_pinned`'s contract: no pending copy uses the page, and the core
+            // holds no reference into it any more.
+            unsafe { memory::poison_host(&page) };
+        }
         // SAFETY: `host_free_pinned`'s contract: no pending copy uses the page.
         unsafe { memory::host_free(page) }
     }

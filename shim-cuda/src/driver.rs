@@ -82,6 +82,8 @@ pub const SYMBOLS: &[&str] = &[
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
     "cuMemcpy2DAsync_v2",
+    // Poisoned frees (`CudaShim::with_poison`).
+    "cuMemsetD8_v2",
     // Kernels (kernel.rs).
     "cuModuleLoadDataEx",
     "cuModuleGetFunction",
@@ -342,6 +344,10 @@ pub fn driver_library() -> Option<String> {
 /// exists), which loaded the library.
 ///
 /// [`CudaShim`]: crate::CudaShim
+#[cfg_attr(
+    not(any(feature = "cuda-12060", feature = "cuda-13000")),
+    allow(dead_code)
+)]
 pub(crate) fn has_symbol(symbol: &str) -> bool {
     // SAFETY: `load` succeeded before (the caller's promise), so cudarc's library is loaded and
     // `culib` returns it without panicking.

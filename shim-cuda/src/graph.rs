@@ -37,10 +37,14 @@ use std::sync::Arc;
 
 /// An instantiated graph (`CUgraphExec`) recorded from a stream. Dropping it destroys it
 /// (`cuGraphExecDestroy`, with its context bound), from any thread; replays already enqueued
-/// still run.
+/// still run. It keeps the modules of the kernels it recorded loaded, so dropping a kernel or
+/// module after the recording is safe.
 pub struct CudaGraph {
     raw: sys::CUgraphExec,
     ctx: Arc<Context>,
+    /// The modules of the kernels the recording launched (and those of every recording it was
+    /// updated with): a replay runs their code, so they stay loaded while the graph lives.
+    keep: std::sync::Mutex<Vec<Kept>>,
 }
 
 // SAFETY: a `CUgraphExec` is a driver handle usable from any thread with its context current;
@@ -72,6 +76,9 @@ impl Drop for CudaGraph {
     }
 }
 
+/// A module a recording launched a kernel of, kept loaded.
+type Kept = Arc<dyn Send + Sync>;
+
 /// A template graph, destroyed when dropped (after instantiation, or on any error).
 struct Template(sys::CUgraph);
 
@@ -91,7 +98,13 @@ pub(crate) fn begin(stream: &CudaStream) -> Result<(), DriverError> {
     // SAFETY: the stream is alive (held by `stream`); the context is current.
     check(ShimOp::GraphBegin, unsafe {
         sys::cuStreamBeginCapture_v2(stream.cu_stream(), mode)
-    })
+    })?;
+    *lock(&stream.recorded) = Some(Vec::new());
+    Ok(())
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Ends the recording of `stream` and instantiates it, or discards it when `doomed` (see the
@@ -101,8 +114,8 @@ pub(crate) fn end(
     stream: &CudaStream,
     doomed: bool,
 ) -> Result<CudaGraph, DriverError> {
-    let template = end_capture(stream, doomed)?;
-    instantiate(ctx, &template)
+    let (template, keep) = end_capture(stream, doomed)?;
+    instantiate(ctx, &template, keep)
 }
 
 /// Ends the recording of `stream` as [`end`] does, then updates `graph` in place with it
@@ -115,16 +128,18 @@ pub(crate) fn end_update(
     doomed: bool,
     graph: &CudaGraph,
 ) -> Result<Option<CudaGraph>, DriverError> {
-    let template = end_capture(stream, doomed)?;
+    let (template, keep) = end_capture(stream, doomed)?;
     // SAFETY: both handles are alive (the template until it drops below); the context is
     // current; the result out-parameters are written by the driver and never read.
     let updated = unsafe { exec_update(graph.raw, template.0) };
     if updated == sys::CUresult::CUDA_SUCCESS {
+        // The graph now runs the new recording's kernels too (earlier replays, the old ones).
+        lock(&graph.keep).extend(keep);
         return Ok(None);
     }
     // Another topology (or anything else the update refuses): a new instantiation, which
     // reports a real error if there is one.
-    instantiate(ctx, &template).map(Some)
+    instantiate(ctx, &template, keep).map(Some)
 }
 
 /// `cuGraphExecUpdate_v2` of `exec` with `template`'s parameters, where the driver has it; the
@@ -156,9 +171,12 @@ unsafe fn exec_update(_exec: sys::CUgraphExec, _template: sys::CUgraph) -> sys::
 }
 
 /// Ends the capture of `stream` (always: the stream no longer records after any answer) and
-/// returns its template graph, unless the capture was invalidated or `doomed`.
-fn end_capture(stream: &CudaStream, doomed: bool) -> Result<Template, DriverError> {
+/// returns its template graph with the modules it launched kernels of, unless the capture was
+/// invalidated or `doomed`.
+fn end_capture(stream: &CudaStream, doomed: bool) -> Result<(Template, Vec<Kept>), DriverError> {
     const OP: ShimOp = ShimOp::GraphEnd;
+    // Every end leaves the stream not recording: what the recording kept goes with it.
+    let keep = lock(&stream.recorded).take().unwrap_or_default();
     let mut graph = ptr::null_mut();
     // SAFETY: the stream is alive; the pointer is valid for one write; the context is current.
     let r = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) };
@@ -172,11 +190,15 @@ fn end_capture(stream: &CudaStream, doomed: bool) -> Result<Template, DriverErro
     if doomed {
         return Err(classify(OP, status::CAPTURE_DOOMED));
     }
-    Ok(template)
+    Ok((template, keep))
 }
 
-/// Instantiates `template`. The context is current.
-fn instantiate(ctx: &Arc<Context>, template: &Template) -> Result<CudaGraph, DriverError> {
+/// Instantiates `template`, keeping `keep` loaded. The context is current.
+fn instantiate(
+    ctx: &Arc<Context>,
+    template: &Template,
+    keep: Vec<Kept>,
+) -> Result<CudaGraph, DriverError> {
     let mut exec = ptr::null_mut();
     // SAFETY: the template is alive while borrowed; flags 0 asks for nothing special; the
     // pointer is valid for one write.
@@ -186,6 +208,7 @@ fn instantiate(ctx: &Arc<Context>, template: &Template) -> Result<CudaGraph, Dri
     Ok(CudaGraph {
         raw: exec,
         ctx: Arc::clone(ctx),
+        keep: std::sync::Mutex::new(keep),
     })
 }
 

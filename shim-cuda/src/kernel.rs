@@ -156,7 +156,14 @@ pub enum CudaKernelError {
         /// The name asked for.
         name: String,
     },
-    /// A launch's parameters differ from the kernel's in number or size.
+    /// The kernel's parameter sizes cannot be read here (bindings older than CUDA 12.4, or a
+    /// driver that cannot tell): declare them with [`CudaModule::kernel_with_sizes`].
+    ParamSizesUnknown {
+        /// The kernel.
+        kernel: String,
+    },
+    /// A launch's parameters (or a declared signature) differ from the kernel's in number or
+    /// size.
     ParamMismatch {
         /// The kernel.
         kernel: String,
@@ -345,6 +352,14 @@ impl fmt::Display for CudaKernelError {
                      8 for long long and double)"
                 )
             }
+            Self::ParamSizesUnknown { kernel } => write!(
+                f,
+                "the parameter sizes of kernel `{kernel}` cannot be read with these bindings or \
+                 this driver (cuFuncGetParamInfo needs CUDA 12.4 bindings: the cuda-12060 or \
+                 cuda-13000 feature), and a launch with wrong sizes would make the driver read \
+                 past a parameter; declare them with CudaModule::kernel_with_sizes(name, sizes) \
+                 (8 for a pointer, the C type's size for a scalar)"
+            ),
             Self::Driver { call, status: s } => {
                 write!(f, "{call} failed: {}", Status(*s))?;
                 if is_sticky(*s) {
@@ -391,7 +406,12 @@ impl Drop for Module {
 }
 
 /// A module loaded on the device: the kernels of one compile or one image. Cheap to clone; the
-/// module stays loaded while any clone or any [`CudaKernel`] of it lives. `Send + Sync`.
+/// module stays loaded while any clone, any [`CudaKernel`] of it or any
+/// [`CudaGraph`](crate::CudaGraph) that recorded one of its kernels lives. `Send + Sync`.
+///
+/// Unloading (when the last of those drops) calls `cuModuleUnload`, which **waits until the
+/// whole device is idle**, not only this module's work (measured on the H200): drop modules at
+/// shutdown, not while streams are busy.
 #[derive(Clone)]
 pub struct CudaModule {
     inner: Arc<Module>,
@@ -408,13 +428,61 @@ impl fmt::Debug for CudaModule {
 }
 
 impl CudaModule {
-    /// The kernel `name` (`cuModuleGetFunction`), with its parameter sizes where the bindings
-    /// and the driver can tell them (see [`CudaKernel`]).
+    /// The kernel `name` (`cuModuleGetFunction`), with its parameter sizes read from the driver
+    /// (see [`CudaKernel`]).
     ///
     /// # Errors
     ///
-    /// [`CudaKernelError::NoSuchKernel`] when the module has none of that name.
+    /// [`CudaKernelError::NoSuchKernel`] when the module has none of that name;
+    /// [`CudaKernelError::ParamSizesUnknown`] where the bindings or the driver cannot tell the
+    /// sizes (then declare them: [`Self::kernel_with_sizes`]).
     pub fn kernel(&self, name: &str) -> Result<CudaKernel, CudaKernelError> {
+        let raw = self.function(name)?;
+        let Some(params) = param_sizes(raw)? else {
+            return Err(CudaKernelError::ParamSizesUnknown {
+                kernel: name.to_owned(),
+            });
+        };
+        Ok(self.kernel_of(raw, name, params))
+    }
+
+    /// The kernel `name` with its parameter sizes declared (in bytes, in order: 8 for a pointer,
+    /// the C type's size for a scalar), for bindings or drivers that cannot read them; where they
+    /// can, the declaration must match what the driver says.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaKernelError::NoSuchKernel`]; [`CudaKernelError::ParamMismatch`] when the driver
+    /// knows other sizes.
+    pub fn kernel_with_sizes(
+        &self,
+        name: &str,
+        sizes: &[usize],
+    ) -> Result<CudaKernel, CudaKernelError> {
+        let raw = self.function(name)?;
+        if let Some(known) = param_sizes(raw)?
+            && *known != *sizes
+        {
+            return Err(CudaKernelError::ParamMismatch {
+                kernel: name.to_owned(),
+                expected: known.to_vec(),
+                given: sizes.to_vec(),
+            });
+        }
+        Ok(self.kernel_of(raw, name, sizes.into()))
+    }
+
+    fn kernel_of(&self, raw: sys::CUfunction, name: &str, params: Arc<[usize]>) -> CudaKernel {
+        CudaKernel {
+            raw,
+            name: name.into(),
+            params,
+            module: Arc::clone(&self.inner),
+        }
+    }
+
+    /// `cuModuleGetFunction` of `name`.
+    fn function(&self, name: &str) -> Result<sys::CUfunction, CudaKernelError> {
         let c_name = CString::new(name).map_err(|_| CudaKernelError::Nul {
             what: "the kernel name",
         })?;
@@ -425,20 +493,12 @@ impl CudaModule {
         let r =
             code(unsafe { sys::cuModuleGetFunction(&mut raw, self.inner.raw, c_name.as_ptr()) });
         match r {
-            status::SUCCESS => {}
-            status::NOT_FOUND => {
-                return Err(CudaKernelError::NoSuchKernel {
-                    name: name.to_owned(),
-                });
-            }
-            s => return Err(CudaKernelError::driver("cuModuleGetFunction", s)),
+            status::SUCCESS => Ok(raw),
+            status::NOT_FOUND => Err(CudaKernelError::NoSuchKernel {
+                name: name.to_owned(),
+            }),
+            s => Err(CudaKernelError::driver("cuModuleGetFunction", s)),
         }
-        Ok(CudaKernel {
-            raw,
-            name: name.into(),
-            params: param_sizes(raw)?,
-            module: Arc::clone(&self.inner),
-        })
     }
 
     /// What the module was loaded from.
@@ -474,17 +534,18 @@ impl CudaModule {
 /// `Scalar` as its bytes, exactly the parameter's size. With bindings of CUDA 12.4 or newer (the
 /// features `cuda-12060` and `cuda-13000`, [`PARAM_INFO_BINDINGS`]) and a driver that has
 /// `cuFuncGetParamInfo`, the sizes are read once, when the kernel is looked up
-/// ([`Self::param_sizes`]), and a launch whose count or sizes differ is refused with
+/// ([`Self::param_sizes`]). With older bindings (`cuda-11040`, `cuda-12020`: JetPack 5 and 6.0),
+/// or a driver that cannot tell, [`CudaModule::kernel`] refuses to hand the kernel out and the
+/// sizes are declared instead ([`CudaModule::kernel_with_sizes`]). Either way every kernel has
+/// its sizes, and a launch whose count or sizes differ is refused with
 /// [`status::PARAM_MISMATCH`](crate::status::PARAM_MISMATCH) ([`Self::check_params`] says what
-/// differs) instead of letting the driver read past a scalar. With older bindings (`cuda-11040`,
-/// `cuda-12020`: JetPack 5 and 6.0) the sizes are **the caller's responsibility**: only empty
-/// scalars are refused.
+/// differs): the driver never reads past a scalar.
 #[derive(Clone)]
 pub struct CudaKernel {
     raw: sys::CUfunction,
     name: Box<str>,
-    /// The parameter sizes in bytes, where the bindings and the driver tell them.
-    params: Option<Arc<[usize]>>,
+    /// The parameter sizes in bytes: read from the driver, or declared.
+    params: Arc<[usize]>,
     module: Arc<Module>,
 }
 
@@ -510,16 +571,14 @@ impl CudaKernel {
         &self.name
     }
 
-    /// The sizes in bytes of the kernel's parameters, in order (`cuFuncGetParamInfo`); `None`
-    /// where the bindings (older than CUDA 12.4) or the driver cannot tell, and a launch's
-    /// sizes are then the caller's responsibility.
-    pub fn param_sizes(&self) -> Option<&[usize]> {
-        self.params.as_deref()
+    /// The sizes in bytes of the kernel's parameters, in order: read by `cuFuncGetParamInfo`,
+    /// or declared ([`CudaModule::kernel_with_sizes`]).
+    pub fn param_sizes(&self) -> &[usize] {
+        &self.params
     }
 
     /// Whether `params` match the kernel's parameters in number and size (a buffer is 8
     /// bytes); the check [`Shim::launch`](devcmd::Shim::launch) makes, with the reason.
-    /// Always `Ok` where the sizes are unknown, except for an empty scalar.
     ///
     /// # Errors
     ///
@@ -530,25 +589,19 @@ impl CudaKernel {
         }
         Err(CudaKernelError::ParamMismatch {
             kernel: self.name.to_string(),
-            expected: self.params.as_deref().unwrap_or(&[]).to_vec(),
+            expected: self.params.to_vec(),
             given: params.iter().map(size_of_param).collect(),
         })
     }
 
-    /// The launch's check: counts and sizes equal where known; never an empty scalar.
+    /// The launch's check: counts and sizes equal.
     fn params_match(&self, params: &[KernelParam<'_>]) -> bool {
-        match &self.params {
-            Some(sizes) => {
-                sizes.len() == params.len()
-                    && sizes
-                        .iter()
-                        .zip(params)
-                        .all(|(s, p)| *s == size_of_param(p))
-            }
-            None => params
+        self.params.len() == params.len()
+            && self
+                .params
                 .iter()
-                .all(|p| !matches!(p, KernelParam::Scalar(b) if b.is_empty())),
-        }
+                .zip(params)
+                .all(|(s, p)| *s == size_of_param(p))
     }
 
     /// The raw `CUfunction`, for code that calls the driver itself. Valid while `self` lives.
@@ -613,6 +666,40 @@ fn param_sizes(_f: sys::CUfunction) -> Result<Option<Arc<[usize]>>, CudaKernelEr
     Ok(None)
 }
 
+/// The bytes the header of a cubin (ELF64: section and program header tables) or a fatbin
+/// (16-byte header + its stated size) says the image spans; `None` for PTX. A header too short
+/// to read claims one byte more than the image.
+fn header_extent(image: &[u8]) -> Option<u64> {
+    let u16_at = |o: usize| {
+        image
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u64_at = |o: usize| {
+        image
+            .get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let short = image.len() as u64 + 1;
+    match ImageFormat::of(image) {
+        ImageFormat::Ptx => None,
+        ImageFormat::Fatbin => Some(u64_at(8).map_or(short, |size| size.saturating_add(16))),
+        ImageFormat::Cubin => {
+            let table = |off: usize, count: usize, entry: usize| -> Option<u64> {
+                let (o, n, e) = (u64_at(off)?, u16_at(count)?, u16_at(entry)?);
+                Some(o.saturating_add(u64::from(n) * u64::from(e)))
+            };
+            // ELF64: e_phoff 0x20, e_shoff 0x28, e_phentsize 0x36, e_phnum 0x38,
+            // e_shentsize 0x3A, e_shnum 0x3C; the header itself is 64 bytes.
+            let extent = table(0x20, 0x38, 0x36)
+                .zip(table(0x28, 0x3C, 0x3A))
+                .map(|(p, s)| p.max(s).max(64));
+            Some(extent.unwrap_or(short))
+        }
+    }
+}
+
 /// Loads `image` in `ctx` (`cuModuleLoadDataEx`, keeping the driver's error log).
 fn load(
     ctx: &Arc<Context>,
@@ -670,7 +757,10 @@ fn load(
         )
     });
     if r != status::SUCCESS {
-        let end = error_log.iter().position(|b| *b == 0).unwrap_or(0);
+        let end = error_log
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(error_log.len());
         return Err(CudaKernelError::Load {
             format,
             status: r,
@@ -731,17 +821,65 @@ impl CudaShim {
         Ok(nvrtc::compile(source, options, self.compute_capability())?.image)
     }
 
+    /// Loads PTX text built ahead of time (`nvcc -ptx`, or [`Self::compile_image`] for an older
+    /// architecture); needs no NVRTC. The driver compiles it for the device while loading it
+    /// (kept in its cache, `~/.nv/ComputeCache`). Safe: the text is NUL-terminated here, so the
+    /// driver reads nothing past it.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaKernelError::Load`] with the PTX assembler's log; [`CudaKernelError::EmptyImage`].
+    pub fn load_ptx(&self, ptx: &str) -> Result<CudaModule, CudaKernelError> {
+        if ImageFormat::of(ptx.as_bytes()) != ImageFormat::Ptx {
+            return Err(CudaKernelError::Load {
+                format: ImageFormat::of(ptx.as_bytes()),
+                status: status::INVALID_VALUE,
+                log: "a binary image given as PTX text; load it with CudaShim::load_module"
+                    .to_owned(),
+                driver: self.driver_version(),
+            });
+        }
+        load(
+            self.context(),
+            ptx.as_bytes(),
+            Vec::new(),
+            String::new(),
+            self.driver_version(),
+        )
+    }
+
     /// Loads a module built ahead of time: PTX text (with or without its final NUL), a cubin
-    /// (ELF) or a fatbin, as `cuModuleLoadDataEx` takes them; needs no NVRTC. The driver
-    /// compiles PTX for the device while loading it (kept in its cache,
-    /// `~/.nv/ComputeCache`).
+    /// (ELF) or a fatbin, as `cuModuleLoadDataEx` takes them; needs no NVRTC. The sizes an ELF
+    /// or fatbin header states are checked against `image.len()` first, so a truncated file is
+    /// an error, not a read past the end; PTX is NUL-terminated here.
     ///
     /// # Errors
     ///
     /// [`CudaKernelError::Load`] with the driver's log (the PTX assembler's errors for PTX), and
     /// a hint for the common statuses (no code for this architecture, PTX newer than the
-    /// driver).
-    pub fn load_module(&self, image: &[u8]) -> Result<CudaModule, CudaKernelError> {
+    /// driver); a header whose sizes pass the end of `image`.
+    ///
+    /// # Safety
+    ///
+    /// A cubin or fatbin must be well formed past its header (as the CUDA toolchain or
+    /// [`Self::compile_image`] writes it): `cuModuleLoadDataEx` takes no length and trusts the
+    /// offsets inside the image, which this cannot check in full. Use [`Self::load_ptx`] for
+    /// text from an untrusted source.
+    pub unsafe fn load_module(&self, image: &[u8]) -> Result<CudaModule, CudaKernelError> {
+        if let Some(claimed) = header_extent(image)
+            && claimed > image.len() as u64
+        {
+            return Err(CudaKernelError::Load {
+                format: ImageFormat::of(image),
+                status: status::INVALID_VALUE,
+                log: format!(
+                    "the image's header describes {claimed} bytes but only {} were given: a \
+                     truncated file? rebuild or re-copy it",
+                    image.len()
+                ),
+                driver: self.driver_version(),
+            });
+        }
         load(
             self.context(),
             image,
@@ -779,6 +917,15 @@ pub(crate) unsafe fn launch(
     const OP: ShimOp = ShimOp::Launch;
     if kernel.module.ctx.raw() != ctx.raw() {
         return Err(classify(OP, status::BAD_ARGUMENT));
+    }
+    if let Some(kept) = stream
+        .recorded
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_mut()
+    {
+        // Recorded, not run: a replay of the graph will run the module's code.
+        kept.push(Arc::clone(&kernel.module) as Arc<dyn Send + Sync>);
     }
     if !kernel.params_match(params) {
         return Err(classify(OP, status::PARAM_MISMATCH));

@@ -14,6 +14,7 @@
 //! | [`Shim::event_wait`] | `cuEventSynchronize` |
 //! | [`Shim::device_alloc`], [`Shim::device_free`] | `cuMemAlloc`, `cuMemFree` |
 //! | [`Shim::host_alloc_pinned`], [`Shim::host_free_pinned`] | `cuMemHostAlloc` (portable; device-mapped where the device maps host memory; never write-combined), `cuMemFreeHost` |
+//! | poisoned frees ([`CudaShim::with_poison`], for tests) | `cuMemsetD8` + `cuStreamSynchronize` of the legacy stream before `cuMemFree`; a host fill before `cuMemFreeHost` |
 //! | [`Shim::host_register`], [`Shim::host_unregister`] | `cuMemHostRegister` (portable) where `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`, `cuMemHostUnregister` |
 //! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, wherever the device maps host memory (the core decides whether to run zero copy on it: `DeviceConfig::zero_copy`) |
 //! | [`Shim::copy_to_device`], [`Shim::copy_to_host`], [`Shim::copy_on_device`] | `cuMemcpy{HtoD,DtoH,DtoD}Async` for linear layouts, `cuMemcpy2DAsync` for pitched ones |
@@ -25,7 +26,8 @@
 //! Kernels are compiled or loaded once, at start-up: [`CudaShim::compile`] compiles CUDA C with
 //! NVRTC (loaded at run time like the driver, and checked first: without it, a clear
 //! "NVRTC not found" error, never a panic) for the device's own architecture;
-//! [`CudaShim::load_module`] loads PTX, a cubin or a fatbin built ahead of time, with no NVRTC
+//! [`CudaShim::load_ptx`] (safe) and [`CudaShim::load_module`] (unsafe: a cubin or fatbin must be
+//! well formed, the driver trusts its headers) load code built ahead of time, with no NVRTC
 //! (the way on Jetson). [`CudaModule::kernel`] finds a kernel by name.
 //!
 //! ```no_run
@@ -41,8 +43,9 @@
 //!     }"#,
 //!     &[],
 //! )?;
-//! let scale = module.kernel("scale")?;
-//! assert_eq!(scale.param_sizes(), Some(&[8, 4, 8][..])); // CUDA >= 12.4 bindings and driver
+//! // Sizes read from the driver (CUDA >= 12.4 bindings), or declared where it cannot tell:
+//! let scale = module.kernel("scale").or_else(|_| module.kernel_with_sizes("scale", &[8, 4, 8]))?;
+//! assert_eq!(scale.param_sizes(), [8, 4, 8]);
 //! # let (stream, page) = (gpu.create_stream()?, gpu.device_alloc(4096)?);
 //! # let buffers = [devcmd::DeviceSpan { addr: gpu.device_page_addr(&page), len: 4096 }];
 //! let (k, n) = (2.0f32.to_ne_bytes(), 1024u64.to_ne_bytes());
@@ -145,7 +148,7 @@ pub use graph::CudaGraph;
 pub use kernel::{
     CudaKernel, CudaKernelError, CudaModule, ImageFormat, PARAM_INFO_BINDINGS, STACK_PARAMS,
 };
-pub use memory::{CudaDevicePage, CudaHostPage, CudaRegistration};
+pub use memory::{CudaDevicePage, CudaHostPage, CudaRegistration, POISON_BYTE};
 pub use nvrtc::NVRTC_SYMBOLS;
 pub use stream::{CudaEvent, CudaStream};
 

@@ -108,6 +108,40 @@ pub(crate) unsafe fn device_free(page: CudaDevicePage) {
     let _ = unsafe { sys::cuMemFree_v2(page.addr) };
 }
 
+/// The byte a poisoning shim ([`CudaShim::with_poison`](crate::CudaShim::with_poison)) fills
+/// freed device and pinned host pages with (the std shim's too).
+pub const POISON_BYTE: u8 = 0xDB;
+
+/// Fills `page` with [`POISON_BYTE`]: `cuMemsetD8` on the legacy default stream, then
+/// `cuStreamSynchronize` of that stream, so the fill has landed before the page is freed. Errors
+/// are ignored: a free cannot report them, and a lost device runs nothing any more.
+///
+/// # Safety
+///
+/// No pending work uses the page (the caller is about to free it). The context is current.
+pub(crate) unsafe fn poison_device(page: &CudaDevicePage) {
+    let bytes = usize::try_from(page.size.max(1)).unwrap_or(usize::MAX);
+    // SAFETY: the page is a live `cuMemAlloc` allocation of at least `max(size, 1)` bytes (the
+    // size `device_alloc` asked for); nothing else uses it (the caller's promise).
+    let r = unsafe { sys::cuMemsetD8_v2(page.addr, POISON_BYTE, bytes) };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: a null stream is the context's legacy default stream, where the fill runs.
+        let _ = unsafe { sys::cuStreamSynchronize(ptr::null_mut()) };
+    }
+}
+
+/// Fills the host bytes of `page` with [`POISON_BYTE`].
+///
+/// # Safety
+///
+/// No pending copy uses the page and nothing else reads or writes it (the caller is about to
+/// free it).
+pub(crate) unsafe fn poison_host(page: &CudaHostPage) {
+    // SAFETY: the page is a live `cuMemHostAlloc` allocation of at least `size` bytes, and
+    // nothing else touches it (the caller's promise).
+    unsafe { ptr::write_bytes(page.ptr.as_ptr(), POISON_BYTE, page.size) };
+}
+
 /// `cuMemHostAlloc` of `size` bytes (at least one), mapped into the device when `map`.
 pub(crate) fn host_alloc(
     context: &Arc<Context>,

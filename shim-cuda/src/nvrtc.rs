@@ -20,7 +20,7 @@
 //!
 //! None found: [`CudaKernelError::NvrtcNotFound`] ("NVRTC not found: tried ..."), never a panic.
 //! Users who ship PTX or cubins need no NVRTC at all
-//! ([`CudaShim::load_module`](crate::CudaShim::load_module)).
+//! ([`CudaShim::load_ptx`](crate::CudaShim::load_ptx), [`CudaShim::load_module`](crate::CudaShim::load_module)).
 
 use crate::kernel::CudaKernelError;
 use cudarc::nvrtc::sys as nv;

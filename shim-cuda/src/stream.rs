@@ -15,7 +15,7 @@ use cudarc::driver::sys;
 use devcmd::{DriverError, ShimOp};
 use std::fmt;
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// At most this many idle events stay in a context's pool; the rest are destroyed.
 const POOLED_EVENTS: usize = 256;
@@ -26,6 +26,9 @@ const POOLED_EVENTS: usize = 256;
 pub struct CudaStream {
     raw: sys::CUstream,
     ctx: Arc<Context>,
+    /// While the stream records (between `begin_capture` and `end_capture`): what the kernels
+    /// launched into the recording need alive (their modules), for the graph to keep.
+    pub(crate) recorded: Mutex<Option<Vec<Arc<dyn Send + Sync>>>>,
 }
 
 // SAFETY: a `CUstream` is a driver handle usable from any thread with its context current; the
@@ -130,6 +133,7 @@ pub(crate) fn create(ctx: &Arc<Context>) -> Result<CudaStream, DriverError> {
     Ok(CudaStream {
         raw,
         ctx: Arc::clone(ctx),
+        recorded: Mutex::new(None),
     })
 }
 

@@ -99,7 +99,7 @@ fn vadd_compiled_with_nvrtc_runs_on_a_million_floats() {
         assert_eq!(module.format(), ImageFormat::Cubin);
     }
     if PARAM_INFO_BINDINGS {
-        assert_eq!(kernel.param_sizes(), Some(&[8usize, 8, 8, 8][..]));
+        assert_eq!(kernel.param_sizes(), [8usize, 8, 8, 8]);
     }
 
     let n = 1_000_003usize;
@@ -269,14 +269,7 @@ fn scalars_of_every_size_pass_in_order_and_a_size_mismatch_is_refused() {
     let e = unsafe { shim.launch(&stream, &kernel, one, &buffers, &empty) }.unwrap_err();
     assert_eq!((e.status, e.fault), (status::PARAM_MISMATCH, Fault::Failed));
 
-    let Some(sizes) = kernel.param_sizes() else {
-        say(&format!(
-            "skipped: the bindings or the driver cannot tell parameter sizes ({test}: \
-             mismatches unchecked)"
-        ));
-        return;
-    };
-    assert_eq!(sizes, [8, 1, 2, 4, 8, 12, 8]);
+    assert_eq!(kernel.param_sizes(), [8, 1, 2, 4, 8, 12, 8]);
     let wide = 5i64.to_ne_bytes();
     let mut int_as_long = right;
     int_as_long[3] = KernelParam::Scalar(&wide);
@@ -626,11 +619,11 @@ fn ptx_and_cubins_load_without_nvrtc_and_nvrtc_can_make_ptx() {
     let buffers = [span(out, n * 4)];
 
     // Hand-written PTX, without its final NUL.
-    let module = shim.load_module(FILL_PTX.as_bytes()).unwrap();
+    let module = shim.load_ptx(FILL_PTX).unwrap();
     assert_eq!(module.format(), ImageFormat::Ptx);
     let fill = module.kernel("fill").unwrap();
     if PARAM_INFO_BINDINGS {
-        assert_eq!(fill.param_sizes(), Some(&[8usize, 4, 8][..]));
+        assert_eq!(fill.param_sizes(), [8usize, 4, 8]);
     }
     let value = 0x00C0_FFEEu32.to_ne_bytes();
     let n64 = (n as u64).to_ne_bytes();
@@ -646,7 +639,7 @@ fn ptx_and_cubins_load_without_nvrtc_and_nvrtc_can_make_ptx() {
 
     // PTX that does not assemble: the driver's log.
     let bad = ".version 7.4\n.target sm_75\n.address_size 64\n.visible .entry bad() { nonsense; }";
-    let e = shim.load_module(bad.as_bytes()).unwrap_err();
+    let e = shim.load_ptx(bad).unwrap_err();
     say(&format!("bad PTX: {e}"));
     assert!(
         matches!(
@@ -658,10 +651,17 @@ fn ptx_and_cubins_load_without_nvrtc_and_nvrtc_can_make_ptx() {
         ),
         "{e}"
     );
-    assert_eq!(
-        shim.load_module(b"").unwrap_err(),
-        CudaKernelError::EmptyImage
-    );
+    assert_eq!(shim.load_ptx("").unwrap_err(), CudaKernelError::EmptyImage);
+    // A truncated cubin or fatbin: its header claims more than was given, refused before the
+    // driver (which takes no length) could read past the end.
+    for truncated in [
+        &b"\x7fELF\x02\x01\x01\x00"[..],
+        &[0x50, 0xED, 0x55, 0xBA, 1, 0, 0x10, 0],
+    ] {
+        // SAFETY: refused from its header before the driver sees it.
+        let e = unsafe { shim.load_module(truncated) }.unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+    }
 
     // NVRTC to PTX (a virtual architecture), and a cubin loaded from its bytes, misaligned too.
     let vadd_ptx = match shim.compile(VADD, &["--gpu-architecture=compute_75"]) {
@@ -680,10 +680,15 @@ fn ptx_and_cubins_load_without_nvrtc_and_nvrtc_can_make_ptx() {
     let misaligned = &shifted[1..];
     for (what, module) in [
         ("PTX from NVRTC", vadd_ptx),
-        ("NVRTC's image", shim.load_module(&cubin).unwrap()),
+        (
+            "NVRTC's image",
+            // SAFETY: NVRTC's own image, whole.
+            unsafe { shim.load_module(&cubin) }.unwrap(),
+        ),
         (
             "the image, misaligned",
-            shim.load_module(misaligned).unwrap(),
+            // SAFETY: the same image, copied whole to an odd address.
+            unsafe { shim.load_module(misaligned) }.unwrap(),
         ),
     ] {
         let vadd = module.kernel("vadd").unwrap();
@@ -712,5 +717,75 @@ fn ptx_and_cubins_load_without_nvrtc_and_nvrtc_can_make_ptx() {
         unsafe { shim.device_free(a_page) };
     }
     // SAFETY: every launch using the page has completed.
+    unsafe { shim.device_free(p) };
+}
+
+/// Review finding: a graph replayed after the module of a kernel it recorded was dropped ran
+/// unloaded code. The graph now keeps the module loaded; 64 other modules are loaded and run
+/// meanwhile so a freed module's memory would be reused.
+#[test]
+fn a_graph_keeps_the_modules_of_its_kernels() {
+    let Some(shim) = gpu("a_graph_keeps_the_modules_of_its_kernels") else {
+        return;
+    };
+    let stream = shim.create_stream().unwrap();
+    let (p, out) = page(&shim, 4096);
+    let buffers = [span(out, 4096)];
+    let n64 = 4u64.to_ne_bytes();
+    let graph = {
+        let module = shim.load_ptx(FILL_PTX).unwrap();
+        let fill = module.kernel_with_sizes("fill", &[8, 4, 8]).unwrap();
+        let value = 0xBEEFu32.to_ne_bytes();
+        let params = [
+            KernelParam::Buffer(0),
+            KernelParam::Scalar(&value),
+            KernelParam::Scalar(&n64),
+        ];
+        shim.begin_capture(&stream).unwrap();
+        // SAFETY: recorded, not run; the page outlives the graph's replays below.
+        unsafe {
+            shim.launch(
+                &stream,
+                &fill,
+                LaunchDims::covering(4, 32),
+                &buffers,
+                &params,
+            )
+        }
+        .unwrap();
+        shim.end_capture(&stream, false).unwrap()
+        // `fill` and `module` drop here.
+    };
+    let mut others = Vec::new();
+    for i in 0..64u32 {
+        let module = shim.load_ptx(FILL_PTX).unwrap();
+        let fill = module.kernel_with_sizes("fill", &[8, 4, 8]).unwrap();
+        let value = i.to_ne_bytes();
+        let params = [
+            KernelParam::Buffer(0),
+            KernelParam::Scalar(&value),
+            KernelParam::Scalar(&n64),
+        ];
+        // SAFETY: the page is live; the kernel writes its first 16 bytes.
+        unsafe {
+            shim.launch(
+                &stream,
+                &fill,
+                LaunchDims::covering(4, 32),
+                &buffers,
+                &params,
+            )
+        }
+        .unwrap();
+        others.push((module, fill));
+    }
+    wait(&shim, &stream);
+    // SAFETY: the page the recording touched is alive.
+    unsafe { shim.graph_launch(&graph, &stream) }.unwrap();
+    wait(&shim, &stream);
+    let got: Vec<u32> = download(&shim, &stream, out, 4);
+    assert_eq!(got, [0xBEEF; 4], "the recorded kernel ran");
+    drop((graph, others));
+    // SAFETY: idle.
     unsafe { shim.device_free(p) };
 }

@@ -2,7 +2,7 @@
 
 use crate::faults::{Effect, Injection, Stats, classify, status};
 use crate::graph::StdGraph;
-use crate::kernel::{KernelCtx, KernelFault, Params, StdKernel};
+use crate::kernel::{KernelCtx, KernelFault, StdKernel};
 use crate::memory::{Block, Quarantine, StdDevicePage, StdHostPage};
 use crate::stream::{CopyOp, Op, StdEvent, StdStream};
 use crate::{lock, wait};
@@ -805,11 +805,12 @@ impl Shim for StdShim {
             return Err(classify(ShimOp::Launch, status::BAD_ADDRESS));
         }
         drop(st);
+        let mut args = stream.shared.launch_args();
+        args.fill(buffers, params);
         stream.shared.enqueue(Op::Launch {
             kernel: kernel.clone(),
             dims,
-            spans: buffers.to_vec(),
-            params: Params::of(params),
+            args,
         });
         then_fail(stream, fail);
         Ok(())

@@ -77,7 +77,8 @@ enum Param {
 }
 
 /// A launch's parameters, copied when it is enqueued (the caller's scalars may be gone by the
-/// time the kernel runs): one allocation for the list, one for every scalar's bytes.
+/// time the kernel runs): a list, and every scalar's bytes in one vector. Both are reused from
+/// launch to launch ([`LaunchArgs`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Params {
     list: Vec<Param>,
@@ -86,17 +87,23 @@ pub(crate) struct Params {
 
 impl Params {
     /// A copy of `params`.
+    #[cfg(test)]
     pub(crate) fn of(params: &[KernelParam<'_>]) -> Self {
-        let mut out = Self {
-            list: Vec::with_capacity(params.len()),
-            bytes: Vec::new(),
-        };
+        let mut out = Self::default();
+        out.fill(params);
+        out
+    }
+
+    /// Replaces the parameters with a copy of `params`, keeping the vectors' capacity.
+    pub(crate) fn fill(&mut self, params: &[KernelParam<'_>]) {
+        self.list.clear();
+        self.bytes.clear();
         for p in params {
-            out.list.push(match *p {
+            self.list.push(match *p {
                 KernelParam::Buffer(slot) => Param::Buffer(slot),
                 KernelParam::Scalar(b) => {
-                    let start = out.bytes.len();
-                    out.bytes.extend_from_slice(b);
+                    let start = self.bytes.len();
+                    self.bytes.extend_from_slice(b);
                     Param::Scalar {
                         start,
                         len: b.len(),
@@ -104,7 +111,24 @@ impl Params {
                 }
             });
         }
-        out
+    }
+}
+
+/// What a launch carries to the worker: its device spans and its parameters. A stream keeps the
+/// ones its worker is done with and fills them again for its next launches, so a warm launch
+/// allocates nothing.
+#[derive(Debug, Default)]
+pub(crate) struct LaunchArgs {
+    pub(crate) spans: Vec<DeviceSpan>,
+    pub(crate) params: Params,
+}
+
+impl LaunchArgs {
+    /// Replaces the contents with copies of `spans` and `params`, keeping the capacity.
+    pub(crate) fn fill(&mut self, spans: &[DeviceSpan], params: &[KernelParam<'_>]) {
+        self.spans.clear();
+        self.spans.extend_from_slice(spans);
+        self.params.fill(params);
     }
 }
 
@@ -202,6 +226,18 @@ impl<'a> KernelCtx<'a> {
         // context lives (`KernelCtx::new`'s contract; pages are zeroed at allocation); the borrow
         // of `self` keeps `buffers_mut` from handing out a mutable view meanwhile.
         Ok(unsafe { std::slice::from_raw_parts(p, len) })
+    }
+
+    /// Buffer `i`, writable; [`KernelFault::Failed`] if there is no such buffer. One view at a
+    /// time (the `&mut self` borrow), and no allocation: for kernels that write one output.
+    pub fn buffer_mut(&mut self, i: usize) -> Result<&mut [u8], KernelFault> {
+        let (p, len) = self.raw(i)?;
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as in `buffer`; the `&mut self` borrow keeps every other view of any span out
+        // while this one lives.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
     }
 
     /// Every buffer, writable, in slot order (the launch's inputs, then its outputs).

@@ -12,9 +12,9 @@
 
 use crate::device::DeviceInner;
 use crate::faults::{classify, status};
-use crate::kernel::{KernelCtx, KernelFault, Params, StdKernel};
+use crate::kernel::{KernelCtx, KernelFault, LaunchArgs, StdKernel};
 use crate::{lock, wait};
-use devcmd::{CopyLayout, CopyRow, DeviceSpan, DriverError, LaunchDims, ShimOp};
+use devcmd::{CopyLayout, CopyRow, DriverError, LaunchDims, ShimOp};
 use std::collections::VecDeque;
 use std::fmt;
 use std::ptr;
@@ -65,8 +65,7 @@ pub(crate) enum Op {
     Launch {
         kernel: StdKernel,
         dims: LaunchDims,
-        spans: Vec<DeviceSpan>,
-        params: Params,
+        args: LaunchArgs,
     },
     Wait {
         stream: Arc<StreamShared>,
@@ -92,15 +91,10 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
             unsafe { c.run() };
             Ok(())
         }
-        Op::Launch {
-            kernel,
-            dims,
-            spans,
-            params,
-        } => {
+        Op::Launch { kernel, dims, args } => {
             // SAFETY: `Shim::launch`'s caller promised the spans lie in live pages and that the
             // kernel touches nothing else; the core orders other work on them with events.
-            let mut ctx = unsafe { KernelCtx::new(*dims, spans, params) };
+            let mut ctx = unsafe { KernelCtx::new(*dims, &args.spans, &args.params) };
             kernel.run(&mut ctx).map_err(|f| {
                 let code = match f {
                     Some(KernelFault::Failed) => status::KERNEL_FAILED,
@@ -147,7 +141,14 @@ struct StreamState {
     /// The first asynchronous fault, by the sequence number of the failed operation: every
     /// fence from there on reports it, and streams ordered after this one inherit it.
     first_fault: Option<(u64, DriverError)>,
+    /// The arguments of launches the worker ran, kept for the next launches (at most
+    /// [`SPARE_LAUNCH_ARGS`]): a warm launch allocates nothing.
+    spare_args: Vec<LaunchArgs>,
 }
+
+/// Launch arguments a stream keeps for reuse: as many launches as may be queued at once without
+/// allocating.
+const SPARE_LAUNCH_ARGS: usize = 8;
 
 /// The state a stream shares with its worker and its events.
 pub(crate) struct StreamShared {
@@ -158,6 +159,11 @@ pub(crate) struct StreamShared {
 }
 
 impl StreamShared {
+    /// Launch arguments to fill: kept ones when the worker is done with some, else new (empty).
+    pub(crate) fn launch_args(&self) -> LaunchArgs {
+        lock(&self.state).spare_args.pop().unwrap_or_default()
+    }
+
     /// Enqueues `op`, or records it while the stream records.
     pub(crate) fn enqueue(&self, op: Op) {
         let mut st = lock(&self.state);
@@ -286,12 +292,24 @@ fn work(shared: Arc<StreamShared>) {
         } else {
             None
         };
-        drop(op);
+        // A launch's arguments go back to the stream for the next launch; the rest is dropped.
+        let spare = match op {
+            Op::Launch { args, .. } => Some(args),
+            other => {
+                drop(other);
+                None
+            }
+        };
         shared.dev.end_op();
         if let Some(e) = fault {
             shared.dev.async_fault(e);
         }
         let mut st = lock(&shared.state);
+        if let Some(args) = spare
+            && st.spare_args.len() < SPARE_LAUNCH_ARGS
+        {
+            st.spare_args.push(args);
+        }
         st.completed = seq;
         st.running = false;
         if let Some(e) = fault.filter(|e| !e.loses_device()) {
@@ -320,6 +338,7 @@ impl StdStream {
             running: false,
             capture: None,
             first_fault: None,
+            spare_args: Vec::new(),
         };
         let shared = Arc::new(StreamShared {
             id,

@@ -22,13 +22,17 @@
 //! rule), and that host buffers are released only after their fences ([`groups::host_release()`],
 //! seen as wrong bytes), and capture ([`groups::capture()`]: record a stream, replay the graph,
 //! what a recording refuses, what a graph keeps and gives back, failures through replays; a
-//! shim without graphs is skipped). [`StdHarness`] runs them against `devcmd-std` and is the reference
-//! implementation of a harness; [`Counted`] wraps any shim with counters and fault injection, so
-//! an author need not write a [`Probe`]. [`example_shim`] is the guide's skeleton shim, the
+//! shim without graphs is skipped). [`StdHarness`] runs them against `devcmd-std` and is the
+//! reference implementation of a harness; [`CudaHarness`] runs them on an NVIDIA GPU through
+//! `devcmd-cuda` (normal and poison modes; [`cuda_harness`] says why not the lazy ones, and why
+//! each check of a fault of work that ran needs a process of its own there); [`Counted`] wraps
+//! any shim with counters and fault injection, so an author need not write a [`Probe`].
+//! [`example_shim`] is the guide's skeleton shim, the
 //! smallest complete one, with its harness.
 #![deny(missing_docs)]
 
 mod counted;
+pub mod cuda_harness;
 pub mod example_shim;
 pub mod groups;
 pub mod harness;
@@ -39,6 +43,7 @@ pub use counted::{
     Counted, CountedHarness, CountedPage, CountedProbe, CountedStream, INJECTED_LOSS_STATUS,
     INJECTED_STATUS,
 };
+pub use cuda_harness::{CUDA_TEST_KERNELS, CudaHarness, CudaHarnessError, TRAP_DELAY_MS};
 pub use harness::{
     Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestArgs, TestKernel,
 };

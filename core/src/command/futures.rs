@@ -1,5 +1,6 @@
-//! The fences a caller waits for: [`ReadFuture`] (bytes read back) and [`SyncFuture`] (a stream
-//! reached a point).
+//! The fences a caller waits for: [`ReadFuture`] (bytes read back), [`ReadToFuture`] (bytes read
+//! into the caller's own buffer, [`Command::read_to`]) and [`SyncFuture`] (a stream reached a
+//! point).
 //!
 //! Owns what a future holds until its fence passes (the read's buffers and the bindings that keep
 //! the memory alive) and whether it releases or leaks them, decided by the fence's
@@ -256,6 +257,83 @@ impl<S: Shim> Drop for ReadFuture<S> {
     }
 }
 
+/// The caller's buffer of a [`Command::read_to`], filled once its fence passes. Holds one buffer
+/// and one binding inline: a read through it allocates nothing.
+#[derive(Debug)]
+pub struct ReadToFuture<S: Shim> {
+    fence: Fence<S>,
+    buffer: Option<HostBuffer>,
+    held: Option<Binding>,
+}
+
+impl<S: Shim> ReadToFuture<S> {
+    /// Gives the buffer back once the device is done with it; leaks it (and the binding) when the
+    /// device may not be done (`None`).
+    fn release(&mut self, outcome: FenceOutcome) -> Option<HostBuffer> {
+        let (buffer, held) = (self.buffer.take(), self.held.take());
+        match outcome {
+            FenceOutcome::Passed
+            | FenceOutcome::PassedOverFailedWork(_)
+            | FenceOutcome::DeviceLost(_) => {
+                drop(held);
+                buffer
+            }
+            FenceOutcome::Unknown(_) => {
+                warn!("a read's fence failed: leaking the buffer the device may still write");
+                core::mem::forget((buffer, held));
+                None
+            }
+        }
+    }
+
+    /// [`Self::release`], then the buffer or the fence's error.
+    fn finish(&mut self, outcome: FenceOutcome) -> Result<HostBuffer, ServerError> {
+        let buffer = self.release(outcome);
+        self.fence.answer(outcome)?;
+        // A passed fence released the buffer: `None` only after an outcome `answer` refused.
+        Ok(buffer.unwrap_or_else(|| HostBuffer::from_vec(Vec::new())))
+    }
+
+    /// Blocks until the copy landed and returns the buffer, filled.
+    ///
+    /// # Errors
+    ///
+    /// As [`ReadFuture::wait`]; the buffer is then dropped (or leaked).
+    pub fn wait(mut self) -> Result<HostBuffer, ServerError> {
+        let outcome = self.fence.wait();
+        self.finish(outcome)
+    }
+}
+
+impl<S: Shim> Future for ReadToFuture<S>
+where
+    S::Event: Unpin,
+{
+    type Output = Result<HostBuffer, ServerError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.fence.poll() {
+            Some(outcome) => Poll::Ready(this.finish(outcome)),
+            None => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<S: Shim> Drop for ReadToFuture<S> {
+    fn drop(&mut self) {
+        if self.fence.pending() {
+            // As a dropped `ReadFuture`: wait, then release or leak as a completed read would.
+            let outcome = self.fence.wait();
+            drop(self.release(outcome));
+            self.fence.record(outcome);
+        }
+    }
+}
+
 /// Resolves once everything enqueued before it on its stream has run.
 #[derive(Debug)]
 pub struct SyncFuture<S: Shim> {
@@ -301,6 +379,39 @@ where
 }
 
 impl<S: Shim> Command<'_, S> {
+    /// Reads `request` into `buffer`, the caller's own (as long as the request's packed bytes),
+    /// and gives it back filled: the read of a host loop that keeps one buffer (a pinned one from
+    /// [`Self::reserve_host`], say) and reuses it, with no allocation on warm pools. The checks
+    /// and the order are those of [`Self::read_async`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::read_async`]; [`Validation::LengthMismatch`] when `buffer` is not the
+    /// request's length, [`Validation::ReadOnlyDestination`] for an external buffer. The buffer
+    /// is dropped with the error.
+    pub fn read_to(
+        &mut self,
+        request: super::ReadRequest<'_>,
+        mut buffer: HostBuffer,
+    ) -> Result<ReadToFuture<S>, ServerError> {
+        self.begin()?;
+        self.device.ledger.take_deferred(self.stream)?;
+        // SAFETY: `buffer` moves into the future below (its bytes do not move with it) and is
+        // neither read nor dropped before the fence recorded after the copy passed (or the wait
+        // in the error path returned). When the copy is refused nothing was enqueued.
+        unsafe { self.read_into(request, &mut buffer)? };
+        let mut future = ReadToFuture {
+            fence: self.fence(),
+            buffer: Some(buffer),
+            held: Some(request.handle.binding()),
+        };
+        if !future.fence.recorded() {
+            let outcome = future.fence.wait();
+            future.finish(outcome)?;
+        }
+        Ok(future)
+    }
+
     /// A future that resolves once everything enqueued on this stream so far has run.
     ///
     /// # Errors

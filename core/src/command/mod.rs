@@ -23,7 +23,7 @@ mod launch;
 mod memory;
 mod transfer;
 
-pub use futures::{ReadFuture, SyncFuture};
+pub use futures::{ReadFuture, ReadToFuture, SyncFuture};
 pub use launch::Launch;
 pub use transfer::ReadRequest;
 

@@ -4,10 +4,15 @@
 //! the pools, and the queue through which a dropped allocation reaches the device thread. Does not
 //! own the memory itself: the pools do, and they check on every lookup that the handle asking is
 //! the one the memory is bound to, so a stale handle resolves to an error, never to other memory.
+//!
+//! An identity is one heap block (an `Arc`). The last handle or binding dropped sends it back to
+//! its manager with the allocation, and the manager keeps it ([`SpareIdentity`]) for its next
+//! handle: a reserve and drop cycle on warm pools allocates nothing.
 
 use crate::error::{IoError, NotFoundReason};
-use alloc::sync::Arc;
+use alloc::sync::{Arc, Weak};
 use alloc::vec::Vec;
+use core::mem::ManuallyDrop;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// Which pool of a manager a location points into.
@@ -31,12 +36,19 @@ pub(crate) struct Location {
     pub block: u32,
 }
 
-/// An allocation whose last handle and binding were dropped, on its way back to the device thread.
-#[derive(Debug, Clone, Copy)]
+/// An allocation whose last handle and binding were dropped, on its way back to the device thread,
+/// with its identity for the manager's next handle.
+#[derive(Debug)]
 pub(crate) struct Returned {
     pub location: Location,
     pub id: u64,
+    pub identity: SpareIdentity,
 }
+
+/// The identity of an allocation that came back, kept by its manager for a new handle
+/// ([`Handle::reusing`]): its heap block is reused instead of allocating one.
+#[derive(Debug)]
+pub(crate) struct SpareIdentity(Arc<Identity>);
 
 /// Dropped allocations, pushed from any thread, drained by the device thread. The device memory
 /// manager queues [`Returned`]; the pinned pool queues its own slices.
@@ -84,20 +96,25 @@ pub struct Issuer {
 }
 
 #[derive(Debug)]
-struct Identity {
+pub(crate) struct Identity {
     id: u64,
     issuer: Issuer,
     size: u64,
     /// User handles (clones of [`Handle`]); bindings do not count.
     owners: AtomicU32,
+    /// Handles and bindings: the last one dropped returns the allocation (see [`release`]).
+    refs: AtomicU32,
     /// Whether its device address was ever handed out raw (a managed resource): work the core
     /// does not see may then use it, so the host is never lent its bytes (zero copy).
     exposed: AtomicBool,
     /// Packed location: pool in the low 8 bits of `pool`, block in `block`. Written on the device
-    /// thread only; read there and by the final drop, which the `Arc` orders after every write.
+    /// thread only; read there and by the last reference's [`release`], which `refs` orders after
+    /// every write.
     pool: AtomicU32,
     block: AtomicU32,
-    returns: Arc<ReturnQueue>,
+    /// Weak: a returned allocation in the queue holds its identity, which must not keep the
+    /// queue alive in turn (a manager dropped with returns queued would leak both).
+    returns: Weak<ReturnQueue>,
 }
 
 impl Identity {
@@ -122,15 +139,27 @@ impl Identity {
     }
 }
 
-impl Drop for Identity {
-    fn drop(&mut self) {
-        if let Ok(location) = self.location() {
-            self.returns.push(Returned {
-                location,
-                id: self.id,
-            });
-        }
+/// The end of one reference to an allocation (a handle's or a binding's). The last one sends a
+/// bound allocation back to its manager's return queue, with the identity for reuse; an
+/// unbound one, or one whose manager is gone, just drops.
+fn release(identity: Arc<Identity>) {
+    // AcqRel: the last reference sees every location written before the others went (as an
+    // `Arc`'s last drop does).
+    if identity.refs.fetch_sub(1, Ordering::AcqRel) != 1 {
+        return;
     }
+    let Ok(location) = identity.location() else {
+        return;
+    };
+    let Some(returns) = identity.returns.upgrade() else {
+        return;
+    };
+    let id = identity.id;
+    returns.push(Returned {
+        location,
+        id,
+        identity: SpareIdentity(identity),
+    });
 }
 
 /// What a user holds for an allocation. Cloning shares the allocation; the memory goes back to
@@ -140,25 +169,50 @@ impl Drop for Identity {
 /// against the allocation.
 #[derive(Debug)]
 pub struct Handle {
-    identity: Arc<Identity>,
+    /// Taken out by `drop` (for [`release`]), never touched afterwards.
+    identity: ManuallyDrop<Arc<Identity>>,
     offset: u64,
     len: u64,
 }
 
 impl Handle {
+    #[cfg(test)]
     pub(crate) fn new(id: u64, issuer: Issuer, size: u64, returns: &Arc<ReturnQueue>) -> Self {
+        Self::reusing(None, id, issuer, size, returns)
+    }
+
+    /// A new handle, in the heap block of `spare` when it is free to reuse (no reference to it is
+    /// left: a binding dropped on another thread may still be on its way out), else a new one.
+    pub(crate) fn reusing(
+        spare: Option<SpareIdentity>,
+        id: u64,
+        issuer: Issuer,
+        size: u64,
+        returns: &Arc<ReturnQueue>,
+    ) -> Self {
         let identity = Identity {
             id,
             issuer,
             size,
             owners: AtomicU32::new(1),
+            refs: AtomicU32::new(1),
             exposed: AtomicBool::new(false),
             pool: AtomicU32::new(u32::from(POOL_NONE)),
             block: AtomicU32::new(0),
-            returns: Arc::clone(returns),
+            returns: Arc::downgrade(returns),
+        };
+        let identity = match spare {
+            Some(SpareIdentity(mut block)) => match Arc::get_mut(&mut block) {
+                Some(slot) => {
+                    *slot = identity;
+                    block
+                }
+                None => Arc::new(identity),
+            },
+            None => Arc::new(identity),
         };
         Self {
-            identity: Arc::new(identity),
+            identity: ManuallyDrop::new(identity),
             offset: 0,
             len: size,
         }
@@ -215,8 +269,7 @@ impl Handle {
 
     /// Whether some binding (in-flight work, a raw address handed out) is outstanding.
     pub fn is_bound(&self) -> bool {
-        Arc::strong_count(&self.identity) as u64
-            > u64::from(self.identity.owners.load(Ordering::Acquire))
+        self.identity.refs.load(Ordering::Acquire) > self.identity.owners.load(Ordering::Acquire)
     }
 
     /// Marks the allocation's device address as handed out raw (for good).
@@ -232,11 +285,7 @@ impl Handle {
 
     /// A binding for in-flight work: keeps the memory alive without counting as an owner.
     pub fn binding(&self) -> Binding {
-        Binding {
-            identity: Arc::clone(&self.identity),
-            offset: self.offset,
-            len: self.len,
-        }
+        self.as_binding().to_binding()
     }
 
     pub(crate) fn set_location(&self, location: Option<Location>, handed_over: bool) {
@@ -247,8 +296,9 @@ impl Handle {
 impl Clone for Handle {
     fn clone(&self) -> Self {
         self.identity.owners.fetch_add(1, Ordering::AcqRel);
+        self.identity.refs.fetch_add(1, Ordering::Relaxed);
         Self {
-            identity: Arc::clone(&self.identity),
+            identity: ManuallyDrop::new(Arc::clone(&self.identity)),
             offset: self.offset,
             len: self.len,
         }
@@ -258,15 +308,31 @@ impl Clone for Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         self.identity.owners.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: taken once, here; the field is not used again.
+        release(unsafe { ManuallyDrop::take(&mut self.identity) });
     }
 }
 
 /// A handle's view used by in-flight work: keeps the allocation alive, owns nothing.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Binding {
-    identity: Arc<Identity>,
+    /// Taken out by `drop` (for [`release`]), never touched afterwards.
+    identity: ManuallyDrop<Arc<Identity>>,
     offset: u64,
     len: u64,
+}
+
+impl Clone for Binding {
+    fn clone(&self) -> Self {
+        self.as_binding().to_binding()
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is not used again.
+        release(unsafe { ManuallyDrop::take(&mut self.identity) });
+    }
 }
 
 impl Binding {
@@ -318,8 +384,10 @@ pub struct BindingRef<'a> {
 impl BindingRef<'_> {
     /// An owned binding of the same view.
     pub fn to_binding(&self) -> Binding {
+        // Relaxed, as an `Arc` clone: the reference this one is made from keeps the count above 0.
+        self.identity.refs.fetch_add(1, Ordering::Relaxed);
         Binding {
-            identity: Arc::clone(self.identity),
+            identity: ManuallyDrop::new(Arc::clone(self.identity)),
             offset: self.offset,
             len: self.len,
         }
@@ -452,6 +520,57 @@ mod tests {
         let mut out = Vec::new();
         q.drain_into(&mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_returned_identity_is_reused_unless_a_reference_is_left() {
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(7, issuer(), 64, &q);
+        h.set_location(Some(Location { pool: 1, block: 3 }), false);
+        let block = Arc::as_ptr(&h.identity);
+        let b = h.binding();
+        drop(h);
+        drop(b);
+        let mut out = Vec::new();
+        q.drain_into(&mut out);
+        let spare = out.pop().expect("the last drop returned it").identity;
+        let reused = Handle::reusing(Some(spare), 8, issuer(), 32, &q);
+        assert_eq!(Arc::as_ptr(&reused.identity), block, "same heap block");
+        assert_eq!((reused.id(), reused.len(), reused.can_mut()), (8, 32, true));
+        assert!(!reused.is_bound() && !reused.is_exposed());
+        assert_eq!(
+            reused.as_binding().location(),
+            Err(IoError::NotFound {
+                handle: 8,
+                reason: NotFoundReason::NeverBound
+            })
+        );
+        // A reference still on its way out (another thread's drop): a new block, nothing shared.
+        reused.set_location(Some(Location { pool: 1, block: 4 }), false);
+        let held = Arc::clone(&reused.identity);
+        drop(reused);
+        q.drain_into(&mut out);
+        let spare = out.pop().expect("returned").identity;
+        let fresh = Handle::reusing(Some(spare), 9, issuer(), 16, &q);
+        assert_ne!(Arc::as_ptr(&fresh.identity), Arc::as_ptr(&held));
+        assert_eq!(held.id, 8, "the old block is left as it was");
+    }
+
+    #[test]
+    fn a_queue_dropped_with_returns_in_it_frees_them() {
+        // Returned identities point at their queue weakly: no cycle keeps either alive (miri's
+        // leak check sees it).
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(1, issuer(), 8, &q);
+        h.set_location(Some(Location { pool: 0, block: 0 }), false);
+        drop(h);
+        drop(q);
+        // A handle outliving its queue drops without returning anything.
+        let q = Arc::new(ReturnQueue::default());
+        let h = Handle::new(2, issuer(), 8, &q);
+        h.set_location(Some(Location { pool: 0, block: 1 }), false);
+        drop(q);
+        drop(h);
     }
 
     #[test]

@@ -26,7 +26,7 @@ mod reserve;
 
 use super::budget::MemoryBudget;
 use super::config::{MemoryConfig, PageRelease};
-use super::handle::{Handle, Issuer, ReturnQueue, Returned};
+use super::handle::{Handle, Issuer, ReturnQueue, Returned, SpareIdentity};
 use super::sliced::SlicedPool;
 use super::types::Resolved;
 use super::types::{AllocationMode, PageRef, RawPage, RetiredPage};
@@ -45,6 +45,8 @@ pub struct MemoryManager<S: Shim> {
     budget: MemoryBudget,
     returns: Arc<ReturnQueue>,
     returned: Vec<Returned>,
+    /// Identities of returned allocations, for the next handles (at most [`SPARE_IDENTITIES`]).
+    spare: Vec<SpareIdentity>,
     next_id: u64,
     small: SlicedPool<RawPage<S>>,
     /// Boxed so the 64 slots cost a pointer each until used (a pool carries its free index).
@@ -64,6 +66,10 @@ pub struct MemoryManager<S: Shim> {
     /// New pages are pinned host pages the device maps (zero copy), where the shim can make them.
     mapped_pages: bool,
 }
+
+/// Identities a manager keeps for reuse: a handle made while one is kept costs no allocation.
+/// Beyond it, returned identities are freed (a burst of drops does not pin their memory).
+pub(crate) const SPARE_IDENTITIES: usize = 8;
 
 fn round_up(value: u64, to: u64) -> Option<u64> {
     value.checked_next_multiple_of(to)
@@ -118,6 +124,7 @@ impl<S: Shim> MemoryManager<S> {
             budget,
             returns: Arc::default(),
             returned: Vec::new(),
+            spare: Vec::new(),
             next_id: u64::from(issuer.stream) << 48,
             small: SlicedPool::new(small_page),
             arena,
@@ -221,7 +228,12 @@ impl<S: Shim> MemoryManager<S> {
     pub fn lazy_handle(&mut self, size: u64) -> Handle {
         let id = self.next_id;
         self.next_id += 1;
-        Handle::new(id, self.issuer, size, &self.returns)
+        self.new_handle(id, size)
+    }
+
+    /// A handle of `size` bytes named `id`, in a kept identity's heap block when there is one.
+    pub(super) fn new_handle(&mut self, id: u64, size: u64) -> Handle {
+        Handle::reusing(self.spare.pop(), id, self.issuer, size, &self.returns)
     }
 
     /// Opens a `Persistent` or `Dedicated` window, or (`Auto`) closes the innermost one.

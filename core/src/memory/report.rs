@@ -1,4 +1,5 @@
-//! The memory report: what each pool holds, for humans (`Display`) and for checks.
+//! The memory report: what each pool holds, for humans (`Display`, and `defmt::Format` with the
+//! `defmt` feature: the same figures, integer arithmetic only) and for checks.
 //!
 //! Owns the figures' shapes ([`PoolReport`], [`Usage`], [`MemoryReport`]) and how they print.
 //! Keeps device memory and pinned host memory apart: they are different resources, so their
@@ -10,7 +11,6 @@ use core::ops::{Add, AddAssign};
 
 /// Which pool a report line describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PoolKind {
     /// Fixed pages for small slices.
     Small,
@@ -29,7 +29,6 @@ pub enum PoolKind {
 
 /// One pool's figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct PoolReport {
     /// Which pool.
     pub kind: PoolKind,
@@ -69,7 +68,6 @@ impl PoolReport {
 
 /// What a pool, or a group of pools of one kind of memory, holds: the figures a report adds up.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Usage {
     /// Live allocations.
     pub allocations: u64,
@@ -159,16 +157,23 @@ impl fmt::Display for ReadableBytes {
     }
 }
 
-impl fmt::Display for PoolKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl PoolKind {
+    /// The pool's name in a report.
+    pub const fn name(self) -> &'static str {
+        match self {
             Self::Small => "small",
             Self::Arena { outdated: false } => "arena",
             Self::Arena { outdated: true } => "arena (outdated)",
             Self::Persistent => "persistent",
             Self::Dedicated => "dedicated",
             Self::PinnedHost => "pinned host",
-        })
+        }
+    }
+}
+
+impl fmt::Display for PoolKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -208,6 +213,102 @@ impl fmt::Display for MemoryReport {
             write_usage(f, &total)?;
         }
         Ok(())
+    }
+}
+
+// ---- defmt: the same figures, one line per pool (defmt pads no columns), no float ----
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for PoolKind {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(f, "{=str}", self.name())
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for ReadableBytes {
+    /// As `Display` (`8 MiB`, `1.50 KiB`, `12 B`), the fraction in integer hundredths, so the
+    /// image carries no float formatting.
+    fn format(&self, f: defmt::Formatter<'_>) {
+        let n = self.0;
+        let (scale, unit) = match n {
+            _ if n >= 1 << 30 => (1u64 << 30, "GiB"),
+            _ if n >= 1 << 20 => (1 << 20, "MiB"),
+            _ if n >= 1 << 10 => (1 << 10, "KiB"),
+            _ => return defmt::write!(f, "{=u64} B", n),
+        };
+        let (mut whole, rest) = (n / scale, n % scale);
+        if rest == 0 {
+            return defmt::write!(f, "{=u64} {=str}", whole, unit);
+        }
+        // Rounded to the nearest hundredth; `rest * 100` fits: `rest < 2^30`.
+        let mut hundredths = (rest * 100 + scale / 2) / scale;
+        if hundredths == 100 {
+            whole += 1;
+            hundredths = 0;
+        }
+        defmt::write!(f, "{=u64}.{=u64:02} {=str}", whole, hundredths, unit)
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for Usage {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(
+            f,
+            "{=u64} allocs, {} in use, {} padding, {} reserved",
+            self.allocations,
+            ReadableBytes(self.in_use),
+            ReadableBytes(self.padding),
+            ReadableBytes(self.reserved)
+        )
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for PoolReport {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(
+            f,
+            "{}: page {}, {=u32} pages (peak {=u32}), {}",
+            self.kind,
+            ReadableBytes(self.page_size),
+            self.pages,
+            self.pages_peak,
+            self.usage()
+        )
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for MemoryReport {
+    /// One line per pool, device pools first with their total, then the pinned host pools with
+    /// theirs, as `Display` does.
+    fn format(&self, f: defmt::Formatter<'_>) {
+        let mut first = true;
+        for host in [false, true] {
+            let mut lines = self.pools.iter().filter(|p| p.is_host() == host).peekable();
+            if host && lines.peek().is_none() {
+                break;
+            }
+            for p in lines {
+                if !first {
+                    defmt::write!(f, "\n");
+                }
+                first = false;
+                defmt::write!(f, "{}", p);
+            }
+            let (label, total) = if host {
+                ("pinned host total", self.pinned_host())
+            } else {
+                ("device total", self.device())
+            };
+            if !first {
+                defmt::write!(f, "\n");
+            }
+            first = false;
+            defmt::write!(f, "{=str}: {}", label, total);
+        }
     }
 }
 

@@ -22,7 +22,17 @@
 //! - **Kernels** are plain functions ([`FwKernel`]) run once per block of the grid when the engine
 //!   reaches them. A kernel that fails is a device fault: the device is lost (like CUDA's sticky
 //!   errors) and every later call reports it.
+//! - **A DMA descriptor that fails** ([`FwShim::fail_next_upload`] injects one: a bus error on the
+//!   next host-to-device copy) halts its stream's channel: the copy writes nothing, the stream's
+//!   later descriptors are retired without running, and every event of the stream from that
+//!   descriptor on reports [`status::DMA_FAULT`] ([`Fault::WorkFailed`]) once reached, as do the
+//!   streams that wait on it. The device stays usable: other streams run on. These are the shim
+//!   contract's rules for faults of work that ran, as the std shim keeps them.
 //! - **Graphs** are not supported: every graph call fails with [`Fault::Unsupported`].
+//!
+//! Enqueueing allocates nothing once warm: a lane's descriptor queue keeps its capacity, and a
+//! launch's spans and scalar bytes travel in storage the engine takes back after the kernel ran
+//! and hands to the next launch.
 //!
 //! Every error is built by [`Shim::classify`] from a status of [`status`].
 
@@ -68,6 +78,9 @@ pub mod status {
     pub const BAD_LAUNCH: i32 = 7;
     /// A kernel failed while running: the device is lost, [`devcmd::Fault::DeviceLost`].
     pub const KERNEL_FAULT: i32 = 8;
+    /// A DMA descriptor of the stream (or of one it waited on) failed while it ran, reported by
+    /// the stream's events from that descriptor on: [`devcmd::Fault::WorkFailed`].
+    pub const DMA_FAULT: i32 = 9;
 }
 
 // ---- the two static regions ----
@@ -160,6 +173,8 @@ enum Desc {
         src: *const u8,
         dst: usize,
         layout: CopyLayout,
+        /// An injected bus error: the engine fails this descriptor instead of copying.
+        fail: bool,
     },
     ToHost {
         src: usize,
@@ -174,10 +189,7 @@ enum Desc {
     Kernel {
         kernel: FwKernel,
         grid: Dim3,
-        /// Offsets and lengths in device memory, inputs then outputs.
-        spans: Vec<(usize, usize)>,
-        /// The scalar parameters' bytes, in order (the kernel reaches its buffers by index).
-        args: Vec<u8>,
+        args: KernelArgs,
     },
     Wait {
         slot: usize,
@@ -185,6 +197,19 @@ enum Desc {
         seq: u64,
     },
 }
+
+/// What a launch descriptor carries, in storage reused from launch to launch.
+#[derive(Default)]
+struct KernelArgs {
+    /// Offsets and lengths in device memory, inputs then outputs.
+    spans: Vec<(usize, usize)>,
+    /// The scalar parameters' bytes, in order (the kernel reaches its buffers by index).
+    bytes: Vec<u8>,
+}
+
+/// Launch storage the engine keeps for the next launches: as many launches as may be queued at
+/// once without allocating.
+const SPARE_KERNEL_ARGS: usize = 4;
 
 // SAFETY: the firmware is single-core and the engine state is reached only through its lock; the
 // raw pointers are host buffers the core keeps valid until a fence after the copy passes (the
@@ -199,6 +224,9 @@ struct Lane {
     queue: VecDeque<Desc>,
     enqueued: u64,
     completed: u64,
+    /// The sequence number of the descriptor that failed (this lane's own, or a wait on a lane
+    /// that had failed): the channel is halted from there on.
+    fault: Option<u64>,
 }
 
 impl Lane {
@@ -209,6 +237,7 @@ impl Lane {
             queue: VecDeque::new(),
             enqueued: 0,
             completed: 0,
+            fault: None,
         }
     }
 }
@@ -234,6 +263,10 @@ pub struct EngineStats {
     pub pinned_live: u32,
     /// Pinned page requests refused.
     pub pinned_refused: u64,
+    /// DMA descriptors that failed while they ran.
+    pub dma_faults: u64,
+    /// Descriptors retired without running, on a halted channel.
+    pub retired_unrun: u64,
 }
 
 struct Engine {
@@ -244,6 +277,10 @@ struct Engine {
     next: usize,
     /// The status of the fault that lost the device.
     fault: Option<i32>,
+    /// Arm the injected bus error for the next host-to-device copy enqueued.
+    fail_next_upload: bool,
+    /// Launch storage back from kernels that ran (at most [`SPARE_KERNEL_ARGS`]).
+    spare: Vec<KernelArgs>,
     stats: EngineStats,
 }
 
@@ -253,6 +290,8 @@ static ENGINE: spin::Mutex<Engine> = spin::Mutex::new(Engine {
     lanes: [const { Lane::new() }; MAX_STREAMS],
     next: 0,
     fault: None,
+    fail_next_upload: false,
+    spare: Vec::new(),
     stats: EngineStats {
         enqueued: 0,
         completed: 0,
@@ -263,6 +302,8 @@ static ENGINE: spin::Mutex<Engine> = spin::Mutex::new(Engine {
         device_bytes_used: 0,
         pinned_live: 0,
         pinned_refused: 0,
+        dma_faults: 0,
+        retired_unrun: 0,
     },
 });
 
@@ -272,6 +313,13 @@ impl Engine {
     fn reached(&self, slot: usize, generation: u32, seq: u64) -> bool {
         let lane = &self.lanes[slot];
         lane.generation != generation || lane.completed >= seq
+    }
+
+    /// Whether a descriptor at or before `seq` of the lane failed (sticky: every later point of
+    /// the lane reports it too). A slot reused by a newer stream says nothing of the old one.
+    fn faulted_through(&self, slot: usize, generation: u32, seq: u64) -> bool {
+        let lane = &self.lanes[slot];
+        lane.generation == generation && lane.fault.is_some_and(|f| f <= seq)
     }
 
     fn device_offset(&self, addr: DeviceAddr, len: u64) -> Option<usize> {
@@ -311,7 +359,14 @@ impl Engine {
                 continue;
             }
             let desc = self.lanes[slot].queue.pop_front().expect("checked above");
-            self.run(desc);
+            let seq = self.lanes[slot].completed + 1;
+            if self.lanes[slot].fault.is_some() {
+                // A halted channel retires what is left without running it.
+                self.stats.retired_unrun += 1;
+                self.recycle(desc);
+            } else {
+                self.run(desc, slot, seq);
+            }
             self.lanes[slot].completed += 1;
             self.stats.completed += 1;
             self.next = (slot + 1) % MAX_STREAMS;
@@ -320,10 +375,30 @@ impl Engine {
         false
     }
 
-    fn run(&mut self, desc: Desc) {
+    /// Keeps a launch's storage for the next launch; drops everything else.
+    fn recycle(&mut self, desc: Desc) {
+        if let Desc::Kernel { args, .. } = desc
+            && self.spare.len() < SPARE_KERNEL_ARGS
+        {
+            self.spare.push(args);
+        }
+    }
+
+    /// Runs `desc`, the descriptor `seq` of lane `slot`.
+    fn run(&mut self, desc: Desc, slot: usize, seq: u64) {
         let dev = DEVICE_MEM.base();
         match desc {
-            Desc::ToDevice { src, dst, layout } => {
+            Desc::ToDevice { fail: true, .. } => {
+                error!(
+                    "DMA: descriptor {} of channel {} (host to device) failed: bus error; the channel halts",
+                    seq, slot
+                );
+                self.lanes[slot].fault = Some(seq);
+                self.stats.dma_faults += 1;
+            }
+            Desc::ToDevice {
+                src, dst, layout, ..
+            } => {
                 for (host, device, width) in rows(layout) {
                     // SAFETY: `src` holds `packed_bytes` readable bytes until a fence after this
                     // copy passes (the Shim contract); the device rows were checked to lie in
@@ -345,22 +420,27 @@ impl Engine {
                     unsafe { core::ptr::copy(dev.add(src + device), dev.add(dst + device), width) };
                 }
             }
-            Desc::Kernel {
-                kernel,
-                grid,
-                spans,
-                args,
-            } => {
-                if let Err(e) = self.run_kernel(&kernel, grid, &spans, &args) {
-                    log::error!(
+            Desc::Kernel { kernel, grid, args } => {
+                let ran = self.run_kernel(&kernel, grid, &args);
+                self.recycle(Desc::Kernel { kernel, grid, args });
+                if let Err(e) = ran {
+                    error!(
                         "kernel `{}` faulted: {}; the device is lost",
-                        kernel.name,
-                        e.0
+                        kernel.name, e.0
                     );
                     self.lose(status::KERNEL_FAULT);
                 }
             }
-            Desc::Wait { .. } => {}
+            Desc::Wait {
+                slot: other,
+                generation,
+                seq: at,
+            } => {
+                // Work ordered after failed work inherits the failure (the contract's third rule).
+                if self.faulted_through(other, generation, at) {
+                    self.lanes[slot].fault = Some(seq);
+                }
+            }
         }
     }
 
@@ -368,34 +448,18 @@ impl Engine {
         &mut self,
         kernel: &FwKernel,
         grid: Dim3,
-        spans: &[(usize, usize)],
-        args: &[u8],
+        args: &KernelArgs,
     ) -> Result<(), KernelFault> {
-        let dev = DEVICE_MEM.base();
-        let first_out = spans.len() - kernel.outputs;
-        let inputs: Vec<&[u8]> = spans[..first_out]
-            .iter()
-            // SAFETY: each span lies in pages handed out (checked at launch); outputs overlap no
-            // other span (the `launch` contract, which the core enforces), so these shared slices
-            // alias no mutable one; the
-            // engine's lock is held, so no copy runs meanwhile and the host never touches device
-            // memory directly.
-            .map(|&(o, l)| unsafe { core::slice::from_raw_parts(dev.add(o), l) })
-            .collect();
-        let mut outputs: Vec<&mut [u8]> = spans[first_out..]
-            .iter()
-            // SAFETY: as above; the outputs are pairwise disjoint.
-            .map(|&(o, l)| unsafe { core::slice::from_raw_parts_mut(dev.add(o), l) })
-            .collect();
+        let first_out = args.spans.len() - kernel.outputs;
         for z in 0..grid.z {
             for y in 0..grid.y {
                 for x in 0..grid.x {
                     let mut ctx = KernelCtx {
                         grid,
                         block: [x, y, z],
-                        inputs: &inputs,
-                        outputs: &mut outputs,
-                        args,
+                        spans: &args.spans,
+                        first_out,
+                        args: &args.bytes,
                     };
                     (kernel.run)(&mut ctx)?;
                     self.stats.kernel_blocks += 1;
@@ -429,7 +493,7 @@ fn rows(layout: CopyLayout) -> impl Iterator<Item = (usize, usize, usize)> {
 pub struct KernelFault(pub &'static str);
 
 /// A kernel: a plain function run once per block of the launch grid.
-pub type KernelFn = fn(&mut KernelCtx<'_, '_>) -> Result<(), KernelFault>;
+pub type KernelFn = fn(&mut KernelCtx<'_>) -> Result<(), KernelFault>;
 
 /// A kernel the engine can run: its function and how many of the launch's buffers (the last
 /// ones) it writes.
@@ -452,33 +516,41 @@ impl fmt::Debug for FwKernel {
     }
 }
 
-/// What a kernel sees of one block: the grid, the block's index, its buffers and arguments.
+/// What a kernel sees of one block: the grid, the block's index, its buffers and arguments. The
+/// buffers are views of device memory made on demand (no allocation per run).
 #[derive(Debug)]
-pub struct KernelCtx<'a, 'b> {
+pub struct KernelCtx<'a> {
     /// The launch grid.
     pub grid: Dim3,
     /// This block's index (x, y, z).
     pub block: [u32; 3],
-    inputs: &'a [&'b [u8]],
-    outputs: &'a mut [&'b mut [u8]],
+    /// Offsets and lengths in device memory: inputs, then outputs from `first_out`.
+    spans: &'a [(usize, usize)],
+    first_out: usize,
     args: &'a [u8],
 }
 
-impl<'b> KernelCtx<'_, 'b> {
+impl<'a> KernelCtx<'a> {
     /// Input buffer `i`.
-    pub fn input(&self, i: usize) -> Result<&'b [u8], KernelFault> {
-        self.inputs
+    pub fn input(&self, i: usize) -> Result<&'a [u8], KernelFault> {
+        let &(offset, len) = self.spans[..self.first_out]
             .get(i)
-            .copied()
-            .ok_or(KernelFault("input index out of range"))
+            .ok_or(KernelFault("input index out of range"))?;
+        // SAFETY: the span lies in pages handed out (checked at launch); no output overlaps it
+        // (the `launch` contract, which the core enforces), so no mutable view aliases it; the
+        // engine's lock is held while the kernel runs, so no copy runs meanwhile, and the host
+        // never touches device memory directly.
+        Ok(unsafe { core::slice::from_raw_parts(DEVICE_MEM.base().add(offset), len) })
     }
 
     /// Output buffer `i`.
     pub fn output(&mut self, i: usize) -> Result<&mut [u8], KernelFault> {
-        self.outputs
-            .get_mut(i)
-            .map(|o| &mut **o)
-            .ok_or(KernelFault("output index out of range"))
+        let &(offset, len) = self.spans[self.first_out..]
+            .get(i)
+            .ok_or(KernelFault("output index out of range"))?;
+        // SAFETY: as in `input`; the output overlaps no other span of the launch, and the
+        // `&mut self` borrow keeps any other output view out while this one lives.
+        Ok(unsafe { core::slice::from_raw_parts_mut(DEVICE_MEM.base().add(offset), len) })
     }
 
     /// The `i`-th little-endian `u32` of the scalar parameters' bytes, in order.
@@ -518,8 +590,12 @@ impl Drop for FwStream {
         let lane = &mut e.lanes[self.slot];
         lane.live = false;
         lane.generation = lane.generation.wrapping_add(1);
-        // The slot may stay unused: give its queue's buffer back to the heap.
+        // The slot may stay unused: give its queue's buffer back to the heap, and the launch
+        // storage too once no stream is left (the engine is a static: it outlives the device).
         lane.queue = VecDeque::new();
+        if e.lanes.iter().all(|l| !l.live) {
+            e.spare = Vec::new();
+        }
     }
 }
 
@@ -543,6 +619,11 @@ pub struct FwPage {
 pub struct FwHostPage {
     offset: usize,
     granules: usize,
+}
+
+/// What the engine has done, readable after the device was dropped (teardown checks).
+pub fn engine_stats() -> EngineStats {
+    ENGINE.lock().stats
 }
 
 /// Graphs are unsupported: no value of this type exists.
@@ -574,13 +655,28 @@ impl FwShim {
 
     /// What the engine has done.
     pub fn stats(&self) -> EngineStats {
-        ENGINE.lock().stats
+        engine_stats()
+    }
+
+    /// Injects a bus error into the next host-to-device copy enqueued: its descriptor fails when
+    /// the engine runs it, and its stream's channel halts (see the module documentation).
+    pub fn fail_next_upload(&self) {
+        ENGINE.lock().fail_next_upload = true;
     }
 
     fn enter(&self, e: &Engine, op: ShimOp) -> Result<(), DriverError> {
         match e.fault {
             Some(s) => Err(self.classify(op, s)),
             None => Ok(()),
+        }
+    }
+
+    /// A reached event's answer: the fault of a failed descriptor at or before it, if any.
+    fn reached_cleanly(&self, e: &Engine, event: &FwEvent, op: ShimOp) -> Result<(), DriverError> {
+        if e.faulted_through(event.slot, event.generation, event.seq) {
+            Err(self.classify(op, status::DMA_FAULT))
+        } else {
+            Ok(())
         }
     }
 
@@ -621,6 +717,7 @@ impl Shim for FwShim {
             status::TOO_BIG => Fault::TooBig,
             status::UNSUPPORTED => Fault::Unsupported,
             status::KERNEL_FAULT => Fault::DeviceLost,
+            status::DMA_FAULT => Fault::WorkFailed,
             _ => Fault::Failed,
         };
         DriverError::new(op, status, fault)
@@ -630,12 +727,17 @@ impl Shim for FwShim {
         let mut e = ENGINE.lock();
         self.enter(&e, ShimOp::StreamCreate)?;
         let Some(slot) = e.lanes.iter().position(|l| !l.live) else {
+            error!(
+                "engine: all {} stream slots are in use; raise shim::MAX_STREAMS (or use fewer streams: DeviceConfig::max_streams)",
+                MAX_STREAMS
+            );
             return Err(self.classify(ShimOp::StreamCreate, status::NO_STREAM_SLOT));
         };
         let lane = &mut e.lanes[slot];
         lane.live = true;
         lane.enqueued = 0;
         lane.completed = 0;
+        lane.fault = None;
         Ok(FwStream {
             slot,
             generation: lane.generation,
@@ -645,7 +747,10 @@ impl Shim for FwShim {
     fn stream_wait_event(&self, stream: &FwStream, event: &FwEvent) -> Result<(), DriverError> {
         let mut e = ENGINE.lock();
         self.check_stream(&e, stream, ShimOp::StreamWaitEvent)?;
-        if !e.reached(event.slot, event.generation, event.seq) {
+        // A wait on failed work is queued even when it is reached: it carries the failure.
+        if !e.reached(event.slot, event.generation, event.seq)
+            || e.faulted_through(event.slot, event.generation, event.seq)
+        {
             let wait = Desc::Wait {
                 slot: event.slot,
                 generation: event.generation,
@@ -670,7 +775,11 @@ impl Shim for FwShim {
         // A status-register read: pumps nothing.
         let e = ENGINE.lock();
         self.enter(&e, ShimOp::EventQuery)?;
-        Ok(e.reached(event.slot, event.generation, event.seq))
+        if !e.reached(event.slot, event.generation, event.seq) {
+            return Ok(false);
+        }
+        self.reached_cleanly(&e, event, ShimOp::EventQuery)?;
+        Ok(true)
     }
 
     fn event_wait(&self, event: &FwEvent) -> Result<(), DriverError> {
@@ -679,7 +788,7 @@ impl Shim for FwShim {
         loop {
             self.enter(&e, ShimOp::EventWait)?;
             if e.reached(event.slot, event.generation, event.seq) {
-                return Ok(());
+                return self.reached_cleanly(&e, event, ShimOp::EventWait);
             }
             if !e.pump_one() {
                 self.enter(&e, ShimOp::EventWait)?;
@@ -792,7 +901,16 @@ impl Shim for FwShim {
         let dst = e
             .device_offset(dst, layout.device_span())
             .ok_or(self.classify(op, status::BAD_ADDRESS))?;
-        e.enqueue(stream.slot, Desc::ToDevice { src, dst, layout });
+        let fail = core::mem::take(&mut e.fail_next_upload);
+        e.enqueue(
+            stream.slot,
+            Desc::ToDevice {
+                src,
+                dst,
+                layout,
+                fail,
+            },
+        );
         Ok(())
     }
 
@@ -846,25 +964,30 @@ impl Shim for FwShim {
         if buffers.len() < kernel.outputs {
             return Err(self.classify(op, status::BAD_LAUNCH));
         }
-        let mut spans = Vec::with_capacity(buffers.len());
+        let mut args = e.spare.pop().unwrap_or_default();
+        args.spans.clear();
+        args.bytes.clear();
         for b in buffers {
-            let off = e
-                .device_offset(b.addr, b.len)
-                .ok_or(self.classify(op, status::BAD_ADDRESS))?;
-            spans.push((off, b.len as usize));
+            let Some(off) = e.device_offset(b.addr, b.len) else {
+                e.recycle(Desc::Kernel {
+                    kernel: *kernel,
+                    grid: dims.grid,
+                    args,
+                });
+                return Err(self.classify(op, status::BAD_ADDRESS));
+            };
+            args.spans.push((off, b.len as usize));
         }
         // No output overlaps another buffer: the core refuses such a launch before it reaches a
         // shim (the `launch` contract), so the kernel may get each output as `&mut [u8]`.
-        let mut args = Vec::new();
         for p in params {
             if let KernelParam::Scalar(bytes) = p {
-                args.extend_from_slice(bytes);
+                args.bytes.extend_from_slice(bytes);
             }
         }
         let desc = Desc::Kernel {
             kernel: *kernel,
             grid: dims.grid,
-            spans,
             args,
         };
         e.enqueue(stream.slot, desc);

@@ -28,6 +28,9 @@ impl<S: Shim> MemoryManager<S> {
         let mut returned = core::mem::take(&mut self.returned);
         for r in returned.drain(..) {
             self.free_location(r.location, r.id);
+            if self.spare.len() < super::SPARE_IDENTITIES {
+                self.spare.push(r.identity);
+            }
         }
         self.returned = returned;
     }

@@ -88,7 +88,7 @@ impl<S: Shim> MemoryManager<S> {
             AllocationMode::Auto => self.reserve_arena(shim, aligned, used, update)?,
         };
         self.next_id += 1;
-        let handle = Handle::new(id, self.issuer, size, &self.returns);
+        let handle = self.new_handle(id, size);
         handle.set_location(Some(location), false);
         Ok(handle)
     }

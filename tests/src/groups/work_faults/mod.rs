@@ -50,12 +50,13 @@ pub(super) const POLLS: u32 = 2000;
 
 /// What makes work fail while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Source {
+pub enum Source {
     /// The harness's [`TestKernel::WriteThenFail`](crate::TestKernel::WriteThenFail), writing its
     /// output.
     Kernel,
     /// An upload made to fail while it runs by the probe
-    /// ([`FaultRule::WorkFails`](crate::FaultRule::WorkFails)).
+    /// ([`FaultRule::WorkFails`](crate::FaultRule::WorkFails)); the check is skipped without a
+    /// probe.
     InjectedUpload,
 }
 
@@ -68,14 +69,65 @@ impl fmt::Display for Source {
     }
 }
 
-pub(super) const SOURCES: [Source; 2] = [Source::Kernel, Source::InjectedUpload];
+impl Source {
+    /// Every source, in the order the group runs them.
+    pub const ALL: [Self; 2] = [Self::Kernel, Self::InjectedUpload];
+}
+
+pub(super) const SOURCES: [Source; 2] = Source::ALL;
+
+/// One check of the group, run with one [`Source`] by [`work_fault`]: for a shim whose failed
+/// work poisons the whole process (CUDA's sticky errors), where each needs a process of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Rule 1 on the shim ([`fault_reported_by_completed_fence`]).
+    CompletedFence,
+    /// Rule 2 on the shim ([`fault_is_sticky`]).
+    Sticky,
+    /// Rule 3 on the shim, the stream ordered after the failed work asked first
+    /// ([`fault_travels_with_waits`]).
+    TravelsWaitingFirst,
+    /// Rule 3 on the shim, the failing stream asked first ([`fault_travels_with_waits`]).
+    TravelsFailingFirst,
+    /// Rules 1 and 2 through the core: drop-queue polls and reads after the failed work
+    /// ([`work_faults_through_core`]).
+    StickyThroughCore,
+    /// Rules 2 and 3 through the core: a stream ordered after the failed work, the failing
+    /// stream, an independent one ([`work_faults_through_core`]).
+    TravelsThroughCore,
+}
+
+impl Check {
+    /// Every check, in the order the group runs them.
+    pub const ALL: [Self; 6] = [
+        Self::CompletedFence,
+        Self::Sticky,
+        Self::TravelsWaitingFirst,
+        Self::TravelsFailingFirst,
+        Self::StickyThroughCore,
+        Self::TravelsThroughCore,
+    ];
+}
+
+/// One check of the group with one failure source, on a fresh shim (or device): together,
+/// every `(check, source)` pair is [`work_faults`].
+pub fn work_fault<H: Harness>(h: &H, mode: Mode, check: Check, source: Source) {
+    match check {
+        Check::CompletedFence => on_shim::completed_fence_with(h, mode, source),
+        Check::Sticky => on_shim::sticky_with(h, mode, source),
+        Check::TravelsWaitingFirst => on_shim::travels_with(h, mode, source, true),
+        Check::TravelsFailingFirst => on_shim::travels_with(h, mode, source, false),
+        Check::StickyThroughCore => through_core::sticky_through_core(h, mode, source),
+        Check::TravelsThroughCore => through_core::travels_through_core(h, mode, source),
+    }
+}
 
 /// The work-faults group: the three rules of [`devcmd::shim`] on the shim
 /// ([`fault_reported_by_completed_fence`], [`fault_is_sticky`], [`fault_travels_with_waits`])
 /// and through the core ([`work_faults_through_core`]). The failure comes from
 /// [`TestKernel::WriteThenFail`](crate::TestKernel::WriteThenFail) always, and from
 /// [`FaultRule::WorkFails`](crate::FaultRule::WorkFails) on an upload when the harness has a
-/// probe.
+/// probe. [`work_fault`] runs one check with one source.
 pub fn work_faults<H: Harness>(h: &H, mode: Mode) {
     fault_reported_by_completed_fence(h, mode);
     fault_is_sticky(h, mode);

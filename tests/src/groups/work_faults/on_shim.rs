@@ -22,7 +22,7 @@ pub fn fault_reported_by_completed_fence<H: Harness>(h: &H, mode: Mode) {
     }
 }
 
-fn completed_fence_with<H: Harness>(h: &H, mode: Mode, source: Source) {
+pub(super) fn completed_fence_with<H: Harness>(h: &H, mode: Mode, source: Source) {
     let Some(mut b) = Bench::new(h, mode, "reported by a completed fence", source) else {
         return;
     };
@@ -89,7 +89,7 @@ pub fn fault_is_sticky<H: Harness>(h: &H, mode: Mode) {
     }
 }
 
-fn sticky_with<H: Harness>(h: &H, mode: Mode, source: Source) {
+pub(super) fn sticky_with<H: Harness>(h: &H, mode: Mode, source: Source) {
     let Some(mut b) = Bench::new(h, mode, "sticky", source) else {
         return;
     };
@@ -151,7 +151,7 @@ pub fn fault_travels_with_waits<H: Harness>(h: &H, mode: Mode) {
     }
 }
 
-fn travels_with<H: Harness>(h: &H, mode: Mode, source: Source, dependent_first: bool) {
+pub(super) fn travels_with<H: Harness>(h: &H, mode: Mode, source: Source, dependent_first: bool) {
     let check = if dependent_first {
         "travels with stream_wait_event (the waiting stream asked first)"
     } else {

@@ -112,7 +112,7 @@ fn teardown<H: Harness>(mut c: Ctx<H>, what: &str) {
     }
 }
 
-fn sticky_through_core<H: Harness>(h: &H, mode: Mode, source: Source) {
+pub(super) fn sticky_through_core<H: Harness>(h: &H, mode: Mode, source: Source) {
     let Some(mut c) = core_ctx(h, mode, source) else {
         return;
     };
@@ -182,7 +182,7 @@ fn sticky_through_core<H: Harness>(h: &H, mode: Mode, source: Source) {
     teardown(c, &what);
 }
 
-fn travels_through_core<H: Harness>(h: &H, mode: Mode, source: Source) {
+pub(super) fn travels_through_core<H: Harness>(h: &H, mode: Mode, source: Source) {
     let Some(mut c) = core_ctx(h, mode, source) else {
         return;
     };
