@@ -1,14 +1,16 @@
 //! The device: owner of the streams and of the device-wide state; hands out commands.
 //!
 //! Owns the shim, the streams (created on first use), the memory budget shared by their
-//! managers, the failure records, the fault ledger, the bookkeeping every operation begins with
+//! managers, the failure records, the fault ledger, which stream has a recording open and the
+//! graphs dropped by their callers, the bookkeeping every operation begins with
 //! (`Device::collect`: the end of the dropped-handle path), and teardown. Does not own the
-//! operations (`command/`), cross-stream order (`order.rs`) nor what a fence's outcome means
-//! (`fault.rs`).
+//! operations (`command/`), cross-stream order (`order.rs`), what a fence's outcome means
+//! (`fault.rs`) nor the capture rules (`capture/`: its `device.rs` holds the device's share).
 
+use crate::capture::GraphReturns;
 use crate::command::Command;
 use crate::copy::StagingPolicy;
-use crate::drop_queue::{DropPolicy, DropQueue, DropStats};
+use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
 use crate::error::{IoError, NotFoundReason, ServerError, Validation};
 use crate::failure::Failures;
 use crate::fault::{FaultLedger, FenceOutcome};
@@ -138,6 +140,10 @@ pub struct Device<S: Shim> {
     pub(crate) foreign_uses: ForeignUses,
     /// The spans of a launch of more buffers than fit on the stack, kept for the next one.
     pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
+    /// The stream whose recording is open (recording, or discarded and not yet ended).
+    pub(crate) capture_open: Option<usize>,
+    /// Graphs their callers dropped, let go at the next command outside any recording.
+    pub(crate) graph_returns: GraphReturns<S>,
 }
 
 impl<S: Shim> Device<S> {
@@ -160,6 +166,8 @@ impl<S: Shim> Device<S> {
             freed: Vec::new(),
             foreign_uses: ForeignUses::default(),
             launch_spans: Vec::new(),
+            capture_open: None,
+            graph_returns: Arc::default(),
         }
     }
 
@@ -207,6 +215,7 @@ impl<S: Shim> Device<S> {
     /// the stream.
     pub fn command(&mut self, stream: StreamId) -> Result<Command<'_, S>, ServerError> {
         self.ledger.check_device()?;
+        self.settle_captures();
         let index = self.ensure_stream(stream)?;
         // The command's work is issued at the new cursor: uses recorded by its operations carry
         // it, so a later waiter on this stream waits for this command's work, not only what came
@@ -245,11 +254,13 @@ impl<S: Shim> Device<S> {
                 MemoryManager::new(&self.facts, memory_config, issuer, self.budget.clone());
             memory.track_frees();
             memory.map_pages(self.zero_copy());
+            let mut drops = DropQueue::new(self.config.drops);
+            drops.set_frozen(self.recording().is_some());
             self.streams[index] = Some(alloc::boxed::Box::new(Stream {
                 raw,
                 memory,
                 pinned: PinnedPool::new(self.config.pinned),
-                drops: DropQueue::new(self.config.drops),
+                drops,
                 capture: Default::default(),
                 cursor: 0,
                 synced: Vec::new(),
@@ -324,6 +335,16 @@ impl<S: Shim> Device<S> {
             s.memory.take_freed(&mut self.freed);
             s.queue_retired();
         }
+        // What futures could not wait for while a stream recorded: released after a fence.
+        for (stream, buffers, held) in self.ledger.take_orphans() {
+            if let Some(Some(s)) = self.streams.get_mut(stream) {
+                buffers
+                    .into_iter()
+                    .for_each(|b| s.drops.push(DropItem::Host(b)));
+                held.into_iter()
+                    .for_each(|b| s.drops.push(DropItem::Binding(b)));
+            }
+        }
         if self.failures.is_empty() && self.foreign_uses.is_empty() {
             self.freed.clear();
             return;
@@ -348,7 +369,12 @@ where
     /// locked, the bytes are empty), the bytes come back as an ordinary external buffer with
     /// their own origin, staged as usual; the reason is logged. Nothing is lost either way:
     /// check [`HostBuffer::origin`] to know which path a copy takes.
+    ///
+    /// While a stream records a graph nothing is registered (the device call is illegal then).
     pub fn register_host(&self, bytes: alloc::boxed::Box<dyn ExternalBytes>) -> HostBuffer {
+        if self.recording().is_some() {
+            return HostBuffer::external(bytes);
+        }
         let slice = bytes.bytes();
         let Some(ptr) = core::ptr::NonNull::new(slice.as_ptr().cast_mut()) else {
             return HostBuffer::external(bytes);
@@ -383,6 +409,9 @@ where
 
 impl<S: Shim> Drop for Device<S> {
     fn drop(&mut self) {
+        // A recording still open is ended and thrown away first: nothing may wait on it.
+        self.abort_capture();
+        self.release_dropped_graphs();
         self.collect();
         // Every stream first: another stream may still read this one's memory. The sync drains
         // the queue (releasing what it covers) and then waits for work that left nothing in it (a

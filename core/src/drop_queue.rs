@@ -6,7 +6,11 @@
 //! makes staged the new pending batch and records one fence for it. Does not decide when to flush
 //! (the command does, by [`DropQueue::should_flush`] and the staging rules) and never flushes by
 //! itself: no helper thread, everything is released by fences polled or waited.
+//!
+//! While a stream of the device records a graph the queue is *frozen*: a flush or a poll does
+//! nothing (a host wait is illegal then, on any stream); the queue resumes when it ends.
 
+use crate::capture::Recorded;
 use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
 use crate::memory::{Binding, RawPage, RetiredPage};
@@ -46,6 +50,8 @@ pub enum DropItem<S: Shim> {
     Binding(Binding),
     /// A device page the manager let go.
     Page(RetiredPage<RawPage<S>>),
+    /// A graph replayed on the stream: what it touches must outlive the replay.
+    Graph(alloc::sync::Arc<Recorded<S>>),
 }
 
 impl<S: Shim> DropItem<S> {
@@ -54,6 +60,9 @@ impl<S: Shim> DropItem<S> {
             Self::Host(h) => h.len() as u64,
             Self::Binding(b) => b.len(),
             Self::Page(p) => p.size(),
+            // Counted by the replays' number, not by what the graph holds: a graph's bytes are
+            // not freed by its replays' fences.
+            Self::Graph(_) => 0,
         }
     }
 
@@ -70,6 +79,7 @@ impl<S: Shim> DropItem<S> {
                 drop(h);
             }
             Self::Binding(b) => drop(b),
+            Self::Graph(g) => drop(g),
         }
     }
 }
@@ -102,6 +112,8 @@ pub struct DropQueue<S: Shim> {
     pending: Vec<DropItem<S>>,
     /// The fence covering the pending batch, with where it was recorded.
     fence: Option<(S::Event, FenceMark)>,
+    /// A stream of the device records: no fence is recorded, waited for or polled.
+    frozen: bool,
     stats: DropStats,
 }
 
@@ -115,8 +127,26 @@ impl<S: Shim> DropQueue<S> {
             staged_bytes: 0,
             pending: Vec::new(),
             fence: None,
+            frozen: false,
             stats: DropStats::default(),
         }
+    }
+
+    /// Freezes the queue while a stream of the device records, or thaws it.
+    pub(crate) fn set_frozen(&mut self, frozen: bool) {
+        self.frozen = frozen;
+    }
+
+    /// Stages what a replay of a graph must keep alive until a fence after it: nothing new when
+    /// the last item staged is the same graph (the fence that will cover that one is recorded
+    /// after this replay too), so replays back to back cost no queue traffic.
+    pub(crate) fn push_graph(&mut self, graph: &alloc::sync::Arc<Recorded<S>>) {
+        if let Some(DropItem::Graph(last)) = self.staged.last()
+            && alloc::sync::Arc::ptr_eq(last, graph)
+        {
+            return;
+        }
+        self.push(DropItem::Graph(alloc::sync::Arc::clone(graph)));
     }
 
     /// Stages `item`; it is released at the second flush from now.
@@ -156,7 +186,7 @@ impl<S: Shim> DropQueue<S> {
     /// stops. A fence that could not be recorded leaves the batch pending: the next flush records
     /// one that covers it.
     pub(crate) fn flush(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Fenced {
-        if self.staged.is_empty() && self.pending.is_empty() {
+        if self.frozen || (self.staged.is_empty() && self.pending.is_empty()) {
             return Fenced::NOTHING;
         }
         let mut waited = Fenced::NOTHING;
@@ -212,6 +242,9 @@ impl<S: Shim> DropQueue<S> {
     /// recorded gets one now (at `mark`), so a loop that polls until nothing is pending ends; a
     /// refusal is returned as the fence's outcome and the batch stays pending.
     pub(crate) fn poll(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Option<Fenced> {
+        if self.frozen {
+            return None;
+        }
         if self.fence.is_none() {
             if self.pending.is_empty() {
                 return Some(Fenced::NOTHING);
@@ -243,6 +276,7 @@ impl<S: Shim> DropQueue<S> {
     /// nothing will touch the memory again.
     pub(crate) fn release_all(&mut self, shim: &S) {
         self.fence = None;
+        self.frozen = false;
         let items = core::mem::take(&mut self.staged)
             .into_iter()
             .chain(core::mem::take(&mut self.pending));

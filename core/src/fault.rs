@@ -6,6 +6,9 @@
 //! drop queue, the read and sync futures, reclaim, teardown) gets a [`FenceOutcome`] and matches
 //! on it; nothing else in the core looks at a [`Fault`] of a fence.
 //!
+//! Shared with the futures, it also says whether a stream records (no fence may be waited for
+//! then) and keeps what a future could not wait for meanwhile, for the device to queue.
+//!
 //! Does not own the fences themselves (streams and the drop queue record them) nor the failure
 //! records of data (`failure.rs`: a refused enqueue marks the bytes it would have written).
 //!
@@ -19,9 +22,12 @@
 //! | [`FenceOutcome::DeviceLost`] | yes: nothing runs again | the device is lost | [`ServerError::DeviceLost`] |
 
 use crate::error::{DriverError, Fault, ServerError};
+use crate::host::HostBuffer;
+use crate::memory::Binding;
 use crate::shim::Shim;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 /// What a fence (an event waited for or polled) says about the work it covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,11 +230,74 @@ impl Ledger {
 /// or sync. Shared (cheaply cloned) with the futures of reads and syncs, which may be the ones to
 /// find out.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct FaultLedger(Arc<spin::Mutex<Ledger>>);
+pub(crate) struct FaultLedger(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    ledger: spin::Mutex<Ledger>,
+    /// Set once a stream's work failed or the device is lost (never cleared): until then every
+    /// check passes without taking the lock, the path every operation takes.
+    faulted: AtomicBool,
+    /// Set while a stream of the device records: no fence may be waited for or queried then
+    /// (CUDA's global capture mode refuses a host wait on any stream), futures included.
+    recording: AtomicBool,
+    /// What futures could not wait for while a stream recorded: `(stream, buffers, bindings)`,
+    /// handed to that stream's drop queue at the device's next operation.
+    orphans: spin::Mutex<Vec<Orphan>>,
+    has_orphans: AtomicBool,
+}
+
+/// What a read's future held when it could not wait: its stream, host buffers and bindings.
+pub(crate) type Orphan = (usize, Vec<HostBuffer>, Vec<Binding>);
+
+impl core::ops::Deref for Shared {
+    type Target = spin::Mutex<Ledger>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.ledger
+    }
+}
 
 impl FaultLedger {
+    /// Whether no stream's work failed and the device is not lost: every check passes.
+    fn clean(&self) -> bool {
+        !self.0.faulted.load(Ordering::Acquire)
+    }
+
+    /// Records that a check may now fail (a stream's work failed, or the device is lost).
+    fn mark_faulted(&self) {
+        self.0.faulted.store(true, Ordering::Release);
+    }
+
+    /// Whether a stream of the device records (see `Shared::recording`).
+    pub fn recording(&self) -> bool {
+        self.0.recording.load(Ordering::Acquire)
+    }
+
+    /// Says whether a stream of the device records.
+    pub fn set_recording(&self, on: bool) {
+        self.0.recording.store(on, Ordering::Release);
+    }
+
+    /// Keeps what a future could not wait for, for its stream's drop queue.
+    pub fn orphan(&self, orphan: Orphan) {
+        self.0.orphans.lock().push(orphan);
+        self.0.has_orphans.store(true, Ordering::Release);
+    }
+
+    /// Takes what futures could not wait for (cheap when nothing was).
+    pub fn take_orphans(&self) -> Vec<Orphan> {
+        if !self.0.has_orphans.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        core::mem::take(&mut *self.0.orphans.lock())
+    }
+
     /// The fault that lost the device, if any.
     pub fn device_lost(&self) -> Option<DriverError> {
+        if self.clean() {
+            return None;
+        }
         self.0.lock().device
     }
 
@@ -242,6 +311,9 @@ impl FaultLedger {
 
     /// Fails fast when the device is lost or `stream` ran failed work.
     pub fn check(&self, stream: usize) -> Result<(), ServerError> {
+        if self.clean() {
+            return Ok(());
+        }
         let l = self.0.lock();
         if let Some(cause) = l.device {
             return Err(ServerError::DeviceLost { cause });
@@ -255,6 +327,9 @@ impl FaultLedger {
     /// Whether what `stream` wrote may be used: `Ok` when its work up to command `cursor` is
     /// known to have completed cleanly, or when the stream has no fault on record.
     pub fn check_stream_at(&self, stream: usize, cursor: u64) -> Result<(), ServerError> {
+        if self.clean() {
+            return Ok(());
+        }
         let l = self.0.lock();
         match l.streams.get(stream) {
             Some(s) if cursor > s.clean_through => s.failed.map_or(Ok(()), |f| Err(f.error())),
@@ -286,6 +361,7 @@ impl FaultLedger {
                 entry.failed.map_or(Ok(()), |f| Err(f.error()))
             }
             FenceOutcome::PassedOverFailedWork(cause) => {
+                self.mark_faulted();
                 let f = *l.entry(stream).failed.get_or_insert(StreamFault {
                     stream,
                     cause,
@@ -295,6 +371,7 @@ impl FaultLedger {
             }
             FenceOutcome::Unknown(e) => Err(ServerError::Device(e)),
             FenceOutcome::DeviceLost(cause) => {
+                self.mark_faulted();
                 l.device.get_or_insert(cause);
                 Err(ServerError::DeviceLost { cause })
             }
@@ -334,126 +411,14 @@ impl FaultLedger {
     /// call changed nothing on the device.
     pub fn call_failed(&self, e: DriverError) -> DriverError {
         if e.loses_device() {
-            self.0.lock().device.get_or_insert(e);
+            let mut l = self.0.lock();
+            self.mark_faulted();
+            l.device.get_or_insert(e);
         }
         e
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::ShimOp;
-
-    fn err(fault: Fault) -> DriverError {
-        DriverError::new(ShimOp::EventWait, 7, fault)
-    }
-
-    #[test]
-    fn a_fence_that_was_never_recorded_covers_nothing() {
-        for fault in [Fault::WorkFailed, Fault::Failed, Fault::OutOfMemory] {
-            assert!(
-                !FenceOutcome::unrecorded(err(fault)).completed(),
-                "{fault:?}"
-            );
-        }
-        assert!(FenceOutcome::unrecorded(err(Fault::DeviceLost)).completed());
-    }
-
-    #[test]
-    fn every_fault_of_a_wait_has_one_outcome() {
-        assert_eq!(FenceOutcome::of(Ok(())), FenceOutcome::Passed);
-        for (fault, completed) in [
-            (Fault::WorkFailed, true),
-            (Fault::DeviceLost, true),
-            (Fault::Failed, false),
-            (Fault::OutOfMemory, false),
-            (Fault::TooBig, false),
-            (Fault::Unsupported, false),
-        ] {
-            assert_eq!(
-                FenceOutcome::of(Err(err(fault))).completed(),
-                completed,
-                "{fault:?}"
-            );
-        }
-    }
-
-    fn at(cursor: u64, kernel: Option<&'static str>, outcome: FenceOutcome) -> Fenced {
-        Fenced {
-            outcome,
-            mark: FenceMark { cursor, kernel },
-        }
-    }
-
-    #[test]
-    fn failed_work_is_sticky_and_names_the_kernel_before_its_fence() {
-        let ledger = FaultLedger::default();
-        let outcome = FenceOutcome::of(Err(err(Fault::WorkFailed)));
-        let first = ledger.answer(1, at(5, Some("k"), outcome)).unwrap_err();
-        assert!(matches!(
-            first,
-            ServerError::StreamFaulted {
-                stream: 1,
-                kernel: Some("k"),
-                ..
-            }
-        ));
-        // A later clean fence of the stream still fails.
-        assert_eq!(
-            ledger.answer(1, at(9, None, FenceOutcome::Passed)),
-            Err(first)
-        );
-        assert!(ledger.check(0).is_ok(), "an unrelated stream keeps working");
-    }
-
-    #[test]
-    fn work_behind_a_clean_fence_stays_usable_after_a_later_fault() {
-        let ledger = FaultLedger::default();
-        assert!(ledger.answer(1, at(4, None, FenceOutcome::Passed)).is_ok());
-        assert!(ledger.clean_through(1, 3) && !ledger.clean_through(1, 4));
-        let failed = FenceOutcome::of(Err(err(Fault::WorkFailed)));
-        assert!(ledger.answer(1, at(7, None, failed)).is_err());
-        assert!(
-            ledger.check_stream_at(1, 3).is_ok(),
-            "written before the clean fence"
-        );
-        assert!(
-            ledger.check_stream_at(1, 4).is_err(),
-            "may be the failed work"
-        );
-    }
-
-    #[test]
-    fn deferred_faults_surface_once_and_a_lost_device_fails_everything() {
-        let ledger = FaultLedger::default();
-        let unknown = FenceOutcome::of(Err(err(Fault::Failed)));
-        assert!(ledger.defer(0, at(1, None, unknown)).is_ok());
-        assert!(ledger.check(0).is_ok(), "an unknown outcome does not taint");
-        assert!(ledger.take_deferred(0).is_err());
-        assert!(ledger.take_deferred(0).is_ok(), "reported once");
-        let lost = FenceOutcome::of(Err(err(Fault::DeviceLost)));
-        assert!(ledger.defer(3, at(1, None, lost)).is_err());
-        assert!(matches!(
-            ledger.check(0),
-            Err(ServerError::DeviceLost { .. })
-        ));
-    }
-
-    #[test]
-    fn the_graver_outcome_wins() {
-        let f = FenceOutcome::of(Err(err(Fault::WorkFailed)));
-        let u = FenceOutcome::of(Err(err(Fault::Failed)));
-        let l = FenceOutcome::of(Err(err(Fault::DeviceLost)));
-        assert_eq!(FenceOutcome::Passed.and(f), f);
-        assert_eq!(
-            f.and(u),
-            u,
-            "a sequence with an unknown wait never claims completion"
-        );
-        assert_eq!(u.and(f), u);
-        assert!(!f.and(u).completed());
-        assert_eq!(l.and(u), l);
-        assert_eq!(u.and(FenceOutcome::Passed), u);
-    }
-}
+#[path = "fault_tests.rs"]
+mod tests;

@@ -10,8 +10,9 @@
 //! today, every example a doctest that runs.
 //!
 //! Then the reference: [`Shim`] (what a device must do), [`Device`] (streams and cross-stream
-//! order), [`Command`] (every operation), [`fault`] (what a failed fence means) and
-//! [`memory::MemoryManager`] (what the core does with the pages a device hands out).
+//! order), [`Command`] (every operation), [`capture`] (recording a stream into a [`Graph`] and
+//! replaying it), [`fault`] (what a failed fence means) and [`memory::MemoryManager`] (what the
+//! core does with the pages a device hands out).
 #![no_std]
 #![deny(missing_docs)]
 
@@ -46,13 +47,16 @@ pub mod stream;
 #[cfg(test)]
 mod test_shim;
 
+pub use capture::{CapturePhase, Graph, Recording};
 pub use command::{
     Command, Launch, ManagedResource, ReadFuture, ReadRequest, ReadToFuture, SyncFuture,
 };
 pub use copy::{CopyLayout, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};
 pub use drop_queue::{DropPolicy, DropStats};
-pub use error::{DriverError, Fault, IoError, LaunchError, ServerError, ShimOp, Validation};
+pub use error::{
+    CaptureError, DriverError, Fault, IoError, LaunchError, ServerError, ShimOp, Validation,
+};
 pub use fault::FenceOutcome;
 pub use host::{ExternalBytes, HostBuffer, HostOrigin};
 pub use memory::{AllocationMode, Handle};

@@ -8,10 +8,15 @@
 //! the waits' faults: work ordered after a stream's failed work is refused while the fault is on
 //! record (`fault.rs`), and a stream that waited before anyone heard of it learns of it from its
 //! own fences (the shim contract's third rule).
+//!
+//! While a stream records, its own uses are recorded, not run: they wait for nothing (each replay
+//! orders itself) and are bound to the recording instead. Another stream's use of memory the
+//! recording touched is refused; its use of the recording stream's other memory waits for the
+//! work enqueued before the recording began, on the event recorded then.
 
 use crate::device::Device;
 use crate::drop_queue::DropItem;
-use crate::error::ServerError;
+use crate::error::{CaptureError, ServerError};
 use crate::memory::{AsBinding, Resolved};
 use crate::shim::Shim;
 use alloc::vec::Vec;
@@ -31,6 +36,16 @@ impl ForeignUses {
     /// The allocation `id` is gone: nothing can use it again.
     pub fn forget(&mut self, id: u64) {
         self.0.remove(&id);
+    }
+
+    /// The memory of allocation `from` now belongs to `to` (a bind): its uses follow it, for a
+    /// later use of `to` to wait for (a bind inside a recording cannot wait itself).
+    pub fn hand_over(&mut self, from: u64, to: u64) {
+        if let Some(uses) = self.0.remove(&from) {
+            for (stream, cursor) in uses {
+                self.record(to, stream, cursor);
+            }
+        }
     }
 
     fn record(&mut self, id: u64, stream: usize, cursor: u64) {
@@ -67,6 +82,25 @@ impl<S: Shim> Device<S> {
         current: usize,
         binding: &impl AsBinding,
     ) -> Result<Resolved, ServerError> {
+        self.order(current, binding, true)
+    }
+
+    /// As [`Self::order_after`], for work that keeps its memory alive itself until a fence after
+    /// it passes (a replay: its graph rides the drop queue), so no binding is queued for it.
+    pub(crate) fn order_kept(
+        &mut self,
+        current: usize,
+        binding: &impl AsBinding,
+    ) -> Result<Resolved, ServerError> {
+        self.order(current, binding, false)
+    }
+
+    fn order(
+        &mut self,
+        current: usize,
+        binding: &impl AsBinding,
+        keep_alive: bool,
+    ) -> Result<Resolved, ServerError> {
         let b = binding.as_binding();
         let owner = self.owner_of(binding)?;
         let o = self.streams[owner].as_ref().expect("owner_of found it");
@@ -74,6 +108,26 @@ impl<S: Shim> Device<S> {
         // keep-alive, no record of a use).
         let resolved = o.memory.resolve(binding)?;
         let owner_cursor = o.cursor;
+        if let Some(r) = self.recording() {
+            let window = self.streams[r]
+                .as_mut()
+                .and_then(|s| s.capture.window_mut())
+                .expect("a recording stream has a window");
+            if r == current {
+                // Recorded, not run: nothing to wait for now (each replay orders itself), and
+                // the recording keeps the memory.
+                window.touch(b);
+                return Ok(resolved);
+            }
+            if window.touches(b.id()) {
+                return Err(CaptureError::RecordedElsewhere {
+                    stream: current as u32,
+                    recording: r as u32,
+                    handle: b.id(),
+                }
+                .into());
+            }
+        }
         // What the owner wrote is untrustworthy if its work may have failed.
         self.ledger.check_stream_at(owner, owner_cursor)?;
         let id = b.id();
@@ -81,11 +135,16 @@ impl<S: Shim> Device<S> {
             self.wait_for(current, owner, owner_cursor)?;
             let c = self.streams[current].as_mut().expect("current exists");
             let cursor = c.cursor;
-            c.drops.push(DropItem::Binding(b.to_binding()));
+            if keep_alive {
+                c.drops.push(DropItem::Binding(b.to_binding()));
+            }
             self.foreign_uses.record(id, current, cursor);
         }
         // Other streams that used this allocation (a kernel on another stream may have written
         // it): order after their work too, or this use could overtake theirs.
+        if self.foreign_uses.is_empty() {
+            return Ok(resolved);
+        }
         for (user, used_at) in self.foreign_uses.others(id, current, owner) {
             self.wait_for(current, user, used_at)?;
         }
@@ -97,13 +156,23 @@ impl<S: Shim> Device<S> {
     }
 
     /// Makes stream `current` wait on the device for the work stream `other` issued up to
-    /// cursor `other_cursor`, unless it already did.
+    /// cursor `other_cursor`, unless it already did. When `other` records, only its work from
+    /// before the recording is waited for (what it recorded since has not run), on the event
+    /// recorded when the recording began.
     fn wait_for(
         &mut self,
         current: usize,
         other: usize,
         other_cursor: u64,
     ) -> Result<(), ServerError> {
+        let recording = self.recording() == Some(other);
+        let other_cursor = match self.streams[other]
+            .as_ref()
+            .and_then(|o| o.capture.window())
+        {
+            Some(w) if recording => other_cursor.min(w.began_at),
+            _ => other_cursor,
+        };
         if self.ledger.clean_through(other, other_cursor) {
             // That work completed cleanly (a fence after it passed): nothing to wait for.
             return Ok(());
@@ -118,14 +187,24 @@ impl<S: Shim> Device<S> {
             return Ok(());
         }
         let o = self.streams[other].as_ref().expect("checked by the caller");
-        let event = self
-            .shim
-            .record_event(&o.raw)
-            .map_err(|e| self.ledger.call_failed(e))?;
+        let c = self.streams[current].as_ref().expect("current exists");
+        if recording {
+            // `begin_capture` records the event; without one there was nothing to wait for.
+            if let Some(pre) = o.capture.window().and_then(|w| w.pre_event.as_ref()) {
+                self.shim
+                    .stream_wait_event(&c.raw, pre)
+                    .map_err(|e| self.ledger.call_failed(e))?;
+            }
+        } else {
+            let event = self
+                .shim
+                .record_event(&o.raw)
+                .map_err(|e| self.ledger.call_failed(e))?;
+            self.shim
+                .stream_wait_event(&c.raw, &event)
+                .map_err(|e| self.ledger.call_failed(e))?;
+        }
         let c = self.streams[current].as_mut().expect("current exists");
-        self.shim
-            .stream_wait_event(&c.raw, &event)
-            .map_err(|e| self.ledger.call_failed(e))?;
         if c.synced.len() <= other {
             c.synced.resize(other + 1, 0);
         }

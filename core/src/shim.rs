@@ -23,9 +23,15 @@
 //!   ([`HostMemory`]).
 //! - It never blocks inside the shim except in [`Shim::event_wait`].
 //! - While a stream records (between [`Shim::begin_capture`] and [`Shim::end_capture`]) it makes no
-//!   call that is illegal during a recording: no [`Shim::device_alloc`], no [`Shim::device_free`],
-//!   no [`Shim::event_query`] or [`Shim::event_wait`] on an event recorded in the window, no
-//!   [`Shim::record_event`] on the recording stream used as a fence, no host synchronisation.
+//!   call that is illegal during a recording, on any stream: no [`Shim::device_alloc`], no
+//!   [`Shim::device_free`], no [`Shim::host_alloc_pinned`] and no [`Shim::host_free_pinned`]; no
+//!   [`Shim::record_event`] on the recording stream; no [`Shim::stream_wait_event`] that crosses
+//!   the recording (the recording stream waiting on another stream's event, or another stream
+//!   waiting on an event of the recording stream recorded inside it); no [`Shim::event_query`] or
+//!   [`Shim::event_wait`] on an event recorded in the window; no host synchronisation of the
+//!   recording stream. One stream of a device records at a time, and the core ends a recording
+//!   on the thread that drives it then (CUDA needs the thread that began it: a host keeps one
+//!   thread for a recording).
 //!
 //! # What a shim promises the core
 //!
@@ -65,7 +71,8 @@
 //! | [`Shim::host_page_device_addr`] | `None` | stages copies (no zero copy on integrated devices) |
 //! | [`Shim::host_register`] | `Err(unsupported)` | stages registered bytes as any other ([`Shim::host_unregister`] is then never called: an uninhabited [`Shim::Registration`] makes it a one-liner) |
 //! | [`Shim::copy_on_device`] | `Err(unsupported)` | calls it nowhere today; relocation, when it lands, must leave pages in place on `Unsupported` |
-//! | [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | `Err(unsupported)` | calls none of them today; capture, when it lands, reports the refusal and every other operation works |
+//! | [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | `Err(unsupported)` | [`Command::begin_capture`](crate::Command::begin_capture) reports the refusal ([`CaptureError::Refused`](crate::error::CaptureError::Refused)) and every other operation works |
+//! | [`Shim::end_capture_update`] | [`Shim::end_capture`], always a new graph | instantiates anew every time a graph is recorded again |
 //!
 //! A shim without pinned memory still names a [`Shim::HostPage`] type; an uninhabited one says
 //! that no page ever exists, and the two page calls that remain become one-liners:
@@ -473,6 +480,23 @@ pub trait Shim {
     fn end_capture(&self, stream: &Self::Stream, doomed: bool) -> Result<Self::Graph, DriverError> {
         let _ = (stream, doomed);
         Err(unsupported(ShimOp::GraphEnd))
+    }
+
+    /// Ends the recording of `stream` as [`Shim::end_capture`] does, but first tries to update
+    /// `graph` in place with it (CUDA's `cuGraphExecUpdate`: the same topology, new parameters):
+    /// `Ok(None)` when `graph` now replays the new recording, `Ok(Some(new))` when it could not
+    /// be updated and the recording was instantiated anew (`graph` is then unchanged). Replays of
+    /// `graph` enqueued before the update run what they were enqueued with.
+    ///
+    /// Default: [`Shim::end_capture`], always a new graph.
+    fn end_capture_update(
+        &self,
+        stream: &Self::Stream,
+        doomed: bool,
+        graph: &Self::Graph,
+    ) -> Result<Option<Self::Graph>, DriverError> {
+        let _ = graph;
+        self.end_capture(stream, doomed).map(Some)
     }
 
     /// Uploads `graph` to the device ahead of its first launch on `stream`.

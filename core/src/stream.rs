@@ -25,7 +25,7 @@ pub(crate) struct Stream<S: Shim> {
     pub memory: MemoryManager<S>,
     pub pinned: PinnedPool<S>,
     pub drops: DropQueue<S>,
-    pub capture: CaptureState,
+    pub capture: CaptureState<S>,
     /// Commands issued on this stream.
     pub cursor: u64,
     /// For each other stream (by index): its cursor when this stream last waited for it.
@@ -66,6 +66,9 @@ impl<S: Shim> Stream<S> {
     /// covering it passed. Work that put nothing in the queue (a launch, a read) is not waited
     /// for when the queue was empty: see [`Self::sync`].
     pub fn drain(&mut self, shim: &S) -> Fenced {
+        if self.capture.is_recording() {
+            return Fenced::NOTHING;
+        }
         self.queue_retired();
         let mark = self.mark();
         self.drops.drain(shim, &self.raw, mark)

@@ -43,6 +43,8 @@ pub struct Options {
     pub batch_size: usize,
     /// Runs the shim's streams only when a fence is waited on or queried.
     pub lazy: bool,
+    /// Records one batch's work into graphs once and replays them per batch.
+    pub graph: bool,
     /// Memory-maps the weights from this file instead of seeding them.
     pub weights: Option<PathBuf>,
     /// Writes the seeded weights to this file before serving (never with `weights`).
@@ -58,6 +60,7 @@ impl Default for Options {
             batches: 400,
             batch_size: 32,
             lazy: false,
+            graph: false,
             weights: None,
             save_weights: None,
             seed: 7,
@@ -124,7 +127,7 @@ impl fmt::Display for UsageError {
             Self::UnknownFlag(flag) => write!(
                 f,
                 "unknown flag {flag}: expected one of --device, --batches, --batch-size, --lazy, \
-                 --weights, --save-weights, --seed, --help"
+                 --graph, --weights, --save-weights, --seed, --help"
             ),
             Self::UnexpectedArgument(arg) => write!(
                 f,
@@ -172,6 +175,7 @@ where
                 o.batch_size = number(&mut p, "--batch-size", BATCH_SIZE, 1, MAX_BATCH_SIZE)?;
             }
             Long("lazy") => o.lazy = true,
+            Long("graph") => o.graph = true,
             Long("weights") => o.weights = Some(path(&mut p, "--weights")?),
             Long("save-weights") => o.save_weights = Some(path(&mut p, "--save-weights")?),
             Long("seed") => o.seed = number(&mut p, "--seed", SEED, 0, u64::MAX)?,
@@ -307,6 +311,13 @@ pub fn usage(weights_bytes: usize) -> String {
             (if d.lazy { "on" } else { "off" }).to_owned(),
         ),
         (
+            "--graph",
+            "record one batch's work into graphs once (a few, one per batch in flight) and \
+             replay them per batch, each input written into its graph's input buffer"
+                .to_owned(),
+            (if d.graph { "on" } else { "off" }).to_owned(),
+        ),
+        (
             "--weights FILE",
             format!(
                 "memory-map the weights from FILE instead of seeding them: {weights_bytes} \
@@ -335,7 +346,7 @@ pub fn usage(weights_bytes: usize) -> String {
     let mut out = String::from(
         "edge-host: serves batches of requests through a 3-layer MLP on a devcmd device (the std\n\
          shim, or an NVIDIA GPU) and checks every result against a reference computed on the host.\n\n\
-         usage: edge-host [--device std|cuda] [--batches N] [--batch-size B] [--lazy]\n\
+         usage: edge-host [--device std|cuda] [--batches N] [--batch-size B] [--lazy] [--graph]\n\
          \x20                [--weights FILE | --save-weights FILE] [--seed S]\n\n",
     );
     const INDENT: usize = 23;
@@ -386,6 +397,7 @@ mod tests {
             batches: 3,
             batch_size: MAX_BATCH_SIZE,
             lazy: true,
+            graph: true,
             weights: Some("w.bin".into()),
             save_weights: None,
             seed: u64::MAX,
@@ -396,6 +408,7 @@ mod tests {
             "--batch-size",
             "8192",
             "--lazy",
+            "--graph",
             "--weights",
             "w.bin",
             "--seed",
@@ -406,6 +419,7 @@ mod tests {
             "--batches=3",
             "--batch-size=8192",
             "--lazy",
+            "--graph",
             "--weights=w.bin",
             "--seed=18446744073709551615",
         ];
@@ -550,6 +564,7 @@ mod tests {
             ("--batches N", d.batches.to_string()),
             ("--batch-size B", d.batch_size.to_string()),
             ("--lazy", "off".to_owned()),
+            ("--graph", "off".to_owned()),
             (
                 "--weights FILE",
                 "none, the weights are seeded from --seed".to_owned(),

@@ -6,6 +6,7 @@
 //! | [`cli`] | the host's flags, their defaults and the refusal of bad values |
 //! | [`model`] | the MLP: shapes, seeded weights and inputs, each launch's geometry and parameters, the CUDA C kernels, the host reference |
 //! | [`serve`] | the serving loop, generic over the shim, and the weights' upload |
+//! | [`replay`] | the serving loop with graphs (`--graph`): one batch recorded, replayed per batch |
 //! | [`std_device`] | the kernels on the std shim (Rust closures) and its device |
 //! | [`cuda_device`] | the GPU's set-up: kernels compiled with NVRTC, what the host says about the device |
 //! | [`verify`] | the NaN-safe comparison with the reference |
@@ -14,6 +15,7 @@
 pub mod cli;
 pub mod cuda_device;
 pub mod model;
+pub mod replay;
 pub mod serve;
 pub mod std_device;
 pub mod verify;

@@ -5,8 +5,10 @@
 //! file-backed staging path is real; on a GPU the mapped file is page-locked in place). Then each
 //! batch is uploaded on a copy stream, run through the layers (matmul, bias + ReLU, bias +
 //! softmax kernels) on a compute stream ordered after the upload on the device, and read back
-//! asynchronously while the next batches are enqueued. Every result is checked against a
-//! reference computed on the host without the layer; any mismatch exits non-zero.
+//! asynchronously while the next batches are enqueued. With `--graph` one batch's work is
+//! recorded into graphs once and replayed per batch ([`devcmd_examples::replay`]). Every result
+//! is checked against a reference computed on the host without the layer; any mismatch exits
+//! non-zero.
 //!
 //! This file owns the choice of device and what the host prints; the loop is
 //! [`devcmd_examples::serve`], the same for every device, and each device brings its kernels
@@ -15,6 +17,7 @@
 use devcmd::{Device, DeviceConfig, Shim};
 use devcmd_examples::cli::{self, DeviceKind, Options, Parsed};
 use devcmd_examples::model::{Kernels, seeded_weights};
+use devcmd_examples::replay;
 use devcmd_examples::serve::{self, HostWeights, Plan, WeightsPath};
 use devcmd_examples::weights::{self, Mapping};
 use devcmd_examples::{cuda_device, std_device};
@@ -98,7 +101,17 @@ where
         verify: true,
         progress: true,
     };
-    let served = serve::serve(&plan, &mut device, kernels, &w)?;
+    let served = if o.graph {
+        let served = replay::serve(&plan, &mut device, kernels, &w)?;
+        println!(
+            "graphs: one batch's 6 launches recorded once per batch in flight ({}), replayed per \
+             batch",
+            serve::IN_FLIGHT
+        );
+        served
+    } else {
+        serve::serve(&plan, &mut device, kernels, &w)?
+    };
     let secs = served.elapsed.as_secs_f64();
     println!(
         "served {} batches x {} = {} requests in {:.3} s: {:.0} requests/s, {:.3} ms per batch; {} mismatches",

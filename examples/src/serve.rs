@@ -16,7 +16,8 @@ use crate::verify;
 use crate::weights::{self, from_bytes};
 use devcmd::memory::AllocationMode;
 use devcmd::{
-    Device, ExternalBytes, Handle, HostBuffer, HostOrigin, Launch, ReadFuture, Shim, StreamId,
+    Command, Device, ExternalBytes, Handle, HostBuffer, HostOrigin, Launch, ReadFuture,
+    ServerError, Shim, StreamId,
 };
 use std::collections::VecDeque;
 use std::error::Error;
@@ -182,10 +183,81 @@ impl Served {
     }
 }
 
-struct Pending<S: Shim> {
-    batch: usize,
-    input: Vec<f32>,
-    read: ReadFuture<S>,
+/// A progress bar for a long run that asked for one.
+pub(crate) fn progress_bar(plan: &Plan) -> Option<indicatif::ProgressBar> {
+    (plan.progress && plan.batches >= 200).then(|| {
+        let bar = indicatif::ProgressBar::new(plan.batches as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} batches {per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    })
+}
+
+/// A batch whose result is being read back.
+pub(crate) struct Pending<S: Shim> {
+    pub(crate) batch: usize,
+    pub(crate) input: Vec<f32>,
+    pub(crate) read: ReadFuture<S>,
+}
+
+/// The bytes of each launch's output for a batch of `m` requests, in launch order (matmul, then
+/// bias and activation, per layer).
+pub fn layer_buffers(m: usize) -> Vec<u64> {
+    LAYERS
+        .iter()
+        .flat_map(|&(_, kout)| [(m * kout * 4) as u64; 2])
+        .collect()
+}
+
+/// Enqueues the model's six launches on `cmd` for a batch of `m` requests whose input is `x`:
+/// `buffer(cmd, bytes)` gives each launch its output buffer in turn (a new reservation, eagerly or
+/// inside a recording). Returns the last output (the class probabilities).
+///
+/// # Errors
+///
+/// The device's refusal of a reservation or a launch.
+pub fn enqueue_layers<S: Shim>(
+    cmd: &mut Command<'_, S>,
+    k: &Kernels<S::Kernel>,
+    w: &DeviceWeights,
+    m: usize,
+    x: Handle,
+    mut buffer: impl FnMut(&mut Command<'_, S>, u64) -> Result<Handle, ServerError>,
+) -> Result<Handle, ServerError> {
+    let mut act = x;
+    for (l, &(kin, kout)) in LAYERS.iter().enumerate() {
+        let pre = buffer(cmd, (m * kout * 4) as u64)?;
+        let shape = [m as u32, kin as u32, kout as u32].map(u32::to_ne_bytes);
+        cmd.launch(Launch {
+            kernel: &k.matmul,
+            name: "matmul",
+            dims: matmul_dims(m, kout),
+            inputs: &[&act, &w.tensors[2 * l]],
+            outputs: &[&pre],
+            params: &params(&shape),
+        })?;
+        let out = buffer(cmd, (m * kout * 4) as u64)?;
+        let last = l + 1 == LAYERS.len();
+        let shape = [m as u32, kout as u32].map(u32::to_ne_bytes);
+        cmd.launch(Launch {
+            kernel: if last { &k.bias_softmax } else { &k.bias_relu },
+            name: if last { "bias_softmax" } else { "bias_relu" },
+            dims: if last {
+                bias_softmax_dims(m)
+            } else {
+                bias_relu_dims(m, kout)
+            },
+            inputs: &[&pre, &w.tensors[2 * l + 1]],
+            outputs: &[&out],
+            params: &params(&shape),
+        })?;
+        act = out;
+    }
+    Ok(act)
 }
 
 /// Serves `plan` on `device` with its kernels `k` and the weights loaded by [`load_weights`].
@@ -200,16 +272,7 @@ pub fn serve<S: Shim>(
     w: &DeviceWeights,
 ) -> Result<Served, Box<dyn Error>> {
     let m = plan.batch_size;
-    let progress = (plan.progress && plan.batches >= 200).then(|| {
-        let bar = indicatif::ProgressBar::new(plan.batches as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} batches {per_sec} eta {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
+    let progress = progress_bar(plan);
     let mut inputs = Inputs::new(plan.seed, m);
     let mut in_flight: VecDeque<Pending<S>> = VecDeque::new();
     let mut mismatches = 0usize;
@@ -227,35 +290,7 @@ pub fn serve<S: Shim>(
         };
         // Compute, ordered after the upload on the device (no host sync).
         let mut cmd = device.command(COMPUTE)?;
-        let mut act = x;
-        for (l, &(kin, kout)) in LAYERS.iter().enumerate() {
-            let pre = cmd.empty((m * kout * 4) as u64)?;
-            let shape = [m as u32, kin as u32, kout as u32].map(u32::to_ne_bytes);
-            cmd.launch(Launch {
-                kernel: &k.matmul,
-                name: "matmul",
-                dims: matmul_dims(m, kout),
-                inputs: &[&act, &w.tensors[2 * l]],
-                outputs: &[&pre],
-                params: &params(&shape),
-            })?;
-            let out = cmd.empty((m * kout * 4) as u64)?;
-            let last = l + 1 == LAYERS.len();
-            let shape = [m as u32, kout as u32].map(u32::to_ne_bytes);
-            cmd.launch(Launch {
-                kernel: if last { &k.bias_softmax } else { &k.bias_relu },
-                name: if last { "bias_softmax" } else { "bias_relu" },
-                dims: if last {
-                    bias_softmax_dims(m)
-                } else {
-                    bias_relu_dims(m, kout)
-                },
-                inputs: &[&pre, &w.tensors[2 * l + 1]],
-                outputs: &[&out],
-                params: &params(&shape),
-            })?;
-            act = out;
-        }
+        let act = enqueue_layers(&mut cmd, k, w, m, x, |cmd, bytes| cmd.empty(bytes))?;
         // Read back, giving the result up: read in place where the device runs zero copy.
         let read = cmd.read_owned(act)?;
         in_flight.push_back(Pending { batch, input, read });
@@ -283,7 +318,7 @@ pub fn serve<S: Shim>(
 
 /// Waits for a batch's result and, when `verify`, counts the outputs that differ from the host
 /// reference.
-fn check<S: Shim>(
+pub(crate) fn check<S: Shim>(
     p: Pending<S>,
     verify: bool,
     weights: &[Vec<f32>],

@@ -191,6 +191,27 @@ fn saved_weights_serve_again_memory_mapped() {
 }
 
 #[test]
+fn graphs_serve_and_verify_in_every_std_mode() {
+    for lazy in [false, true] {
+        let mut args = vec!["--graph", "--batches", "11", "--batch-size", "5"];
+        if lazy {
+            args.push("--lazy");
+        }
+        let (code, stdout, stderr) = outcome(&edge_host(args));
+        assert_eq!(code, Some(0), "lazy {lazy}: {stderr}");
+        assert!(
+            stdout.contains("graphs: one batch's 6 launches recorded once"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("55 requests") && stdout.contains("0 mismatches"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("all results verified"), "{stdout}");
+    }
+}
+
+#[test]
 fn an_unknown_device_is_refused_by_name() {
     for name in ["tpu", "gpu", "CUDA"] {
         let (code, stdout, stderr) = outcome(&edge_host(["--device", name]));
@@ -241,5 +262,17 @@ fn without_a_cuda_driver_the_gpu_host_and_bench_say_so_and_exit_non_zero() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+
+    let bench = Command::new(env!("CARGO_BIN_EXE_graph-bench"))
+        .arg("--quick")
+        .output()
+        .expect("run the graph benchmark");
+    let (code, stdout, stderr) = outcome(&bench);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("graph-bench: no CUDA driver found: "),
+        "{stderr}"
+    );
     assert!(stdout.is_empty(), "{stdout}");
 }

@@ -550,9 +550,9 @@ impl Shim for CudaShim {
         unsafe { kernel::launch(ctx, stream, kernel, dims, buffers, params) }
     }
 
-    /// `cuStreamBeginCapture` in thread-local mode: a call of this thread that is illegal while
-    /// the stream records fails and invalidates the capture. End the capture on the same
-    /// thread (see [`CudaGraph`]).
+    /// `cuStreamBeginCapture` in global mode: a call of any thread that is illegal while the
+    /// stream records fails and invalidates the capture. End the capture on the same thread
+    /// (see [`CudaGraph`]).
     fn begin_capture(&self, stream: &CudaStream) -> Result<(), DriverError> {
         self.bound(ShimOp::GraphBegin)?;
         graph::begin(stream)
@@ -567,6 +567,19 @@ impl Shim for CudaShim {
     fn end_capture(&self, stream: &CudaStream, doomed: bool) -> Result<CudaGraph, DriverError> {
         let ctx = self.bound(ShimOp::GraphEnd)?;
         graph::end(ctx, stream, doomed)
+    }
+
+    /// `cuStreamEndCapture`, then `cuGraphExecUpdate` of `graph` (the same topology: updated in
+    /// place, `None`), or else `cuGraphInstantiateWithFlags` (`Some`). As
+    /// [`Shim::end_capture`] otherwise.
+    fn end_capture_update(
+        &self,
+        stream: &CudaStream,
+        doomed: bool,
+        graph: &CudaGraph,
+    ) -> Result<Option<CudaGraph>, DriverError> {
+        let ctx = self.bound(ShimOp::GraphEnd)?;
+        graph::end_update(ctx, stream, doomed, graph)
     }
 
     /// `cuGraphUpload`.

@@ -102,8 +102,10 @@ pub const SYMBOLS: &[&str] = &[
 
 /// Driver functions the shim calls only where the driver has them, each looked up in the loaded
 /// library before its first call: `cuFuncGetParamInfo` (CUDA 12.4), for the launch's
-/// parameter check (with bindings that declare it).
-pub const OPTIONAL_SYMBOLS: &[&str] = &["cuFuncGetParamInfo"];
+/// parameter check, and `cuGraphExecUpdate_v2` (CUDA 12.0), for updating a graph in place
+/// (each with bindings that declare it; without, the check is skipped and a graph recorded
+/// again is instantiated anew).
+pub const OPTIONAL_SYMBOLS: &[&str] = &["cuFuncGetParamInfo", "cuGraphExecUpdate_v2"];
 
 /// Why [`CudaShim::new`](crate::CudaShim::new) could not set up the device.
 #[derive(Debug, Clone, PartialEq, Eq)]

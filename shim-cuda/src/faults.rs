@@ -126,7 +126,7 @@ pub mod status {
     pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (the capture was invalidated by an illegal call).
     pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
-    /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (a thread-local capture ended on another
+    /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (a capture ended on another
     /// thread).
     pub const STREAM_CAPTURE_WRONG_THREAD: i32 = 908;
     /// `CUDA_ERROR_EXTERNAL_DEVICE`.

@@ -1,5 +1,5 @@
-//! Graphs by stream capture: `cuStreamBeginCapture` (thread-local mode), `cuStreamEndCapture`,
-//! `cuGraphInstantiateWithFlags`, `cuGraphUpload` and `cuGraphLaunch`.
+//! Graphs by stream capture: `cuStreamBeginCapture` (global mode), `cuStreamEndCapture`,
+//! `cuGraphInstantiateWithFlags` or `cuGraphExecUpdate`, `cuGraphUpload` and `cuGraphLaunch`.
 //!
 //! Owns: [`CudaGraph`] (an instantiated graph, destroyed with its context bound when it drops),
 //! the capture's begin and end and what an end leaves behind. Does **not** own: which work may be
@@ -7,10 +7,11 @@
 //!
 //! # Capture
 //!
-//! A capture begins in `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: a call this thread makes that is
-//! illegal while its stream records (a `cuMemAlloc`, a synchronisation, a query of an event
-//! recorded in the capture) fails and invalidates the capture, rather than run; other threads
-//! are not restricted. **End the capture on the thread that began it**: CUDA refuses an end from
+//! A capture begins in `CU_STREAM_CAPTURE_MODE_GLOBAL`: a potentially unsafe call (a
+//! `cuMemAlloc`, a synchronisation, a query of an event recorded in the capture) made while the
+//! stream records fails and invalidates the capture rather than run, whichever thread makes it:
+//! another thread of the process (a library of the host's) cannot slip one in. The core makes
+//! none while a stream records. **End the capture on the thread that began it**: CUDA refuses an end from
 //! another thread (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`), and that refusal ends the capture
 //! too, so the recording is lost (seen on the H200, driver 580.159.04: the stream no longer
 //! records, and a second end answers `CUDA_ERROR_ILLEGAL_STATE`).
@@ -41,9 +42,9 @@ use std::sync::Arc;
 pub struct CudaGraph {
     raw: sys::CUgraphExec,
     ctx: Arc<Context>,
-    /// The modules of the kernels the recording launched: a replay runs their code, so they
-    /// stay loaded while the graph lives.
-    _keep: Vec<Arc<dyn Send + Sync>>,
+    /// The modules of the kernels the recording launched (and those of every recording it was
+    /// updated with): a replay runs their code, so they stay loaded while the graph lives.
+    keep: std::sync::Mutex<Vec<Kept>>,
 }
 
 // SAFETY: a `CUgraphExec` is a driver handle usable from any thread with its context current;
@@ -75,6 +76,9 @@ impl Drop for CudaGraph {
     }
 }
 
+/// A module a recording launched a kernel of, kept loaded.
+type Kept = Arc<dyn Send + Sync>;
+
 /// A template graph, destroyed when dropped (after instantiation, or on any error).
 struct Template(sys::CUgraph);
 
@@ -88,9 +92,9 @@ impl Drop for Template {
     }
 }
 
-/// Starts recording `stream` in thread-local mode. The context is current.
+/// Starts recording `stream` in global mode. The context is current.
 pub(crate) fn begin(stream: &CudaStream) -> Result<(), DriverError> {
-    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
     // SAFETY: the stream is alive (held by `stream`); the context is current.
     check(ShimOp::GraphBegin, unsafe {
         sys::cuStreamBeginCapture_v2(stream.cu_stream(), mode)
@@ -110,13 +114,73 @@ pub(crate) fn end(
     stream: &CudaStream,
     doomed: bool,
 ) -> Result<CudaGraph, DriverError> {
+    let (template, keep) = end_capture(stream, doomed)?;
+    instantiate(ctx, &template, keep)
+}
+
+/// Ends the recording of `stream` as [`end`] does, then updates `graph` in place with it
+/// (`cuGraphExecUpdate`: the same topology, new parameters; replays already enqueued run what
+/// they were enqueued with): `None` when updated, otherwise the recording instantiated anew.
+/// The context is current.
+pub(crate) fn end_update(
+    ctx: &Arc<Context>,
+    stream: &CudaStream,
+    doomed: bool,
+    graph: &CudaGraph,
+) -> Result<Option<CudaGraph>, DriverError> {
+    let (template, keep) = end_capture(stream, doomed)?;
+    // SAFETY: both handles are alive (the template until it drops below); the context is
+    // current; the result out-parameters are written by the driver and never read.
+    let updated = unsafe { exec_update(graph.raw, template.0) };
+    if updated == sys::CUresult::CUDA_SUCCESS {
+        // The graph now runs the new recording's kernels too (earlier replays, the old ones).
+        lock(&graph.keep).extend(keep);
+        return Ok(None);
+    }
+    // Another topology (or anything else the update refuses): a new instantiation, which
+    // reports a real error if there is one.
+    instantiate(ctx, &template, keep).map(Some)
+}
+
+/// `cuGraphExecUpdate_v2` of `exec` with `template`'s parameters, where the driver has it; the
+/// driver's answer (`CUDA_ERROR_NOT_SUPPORTED` without it: the caller instantiates anew).
+///
+/// # Safety
+///
+/// Both handles are alive and the context is current.
+#[cfg(not(feature = "cuda-11040"))]
+unsafe fn exec_update(exec: sys::CUgraphExec, template: sys::CUgraph) -> sys::CUresult {
+    static DRIVER_HAS_IT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*DRIVER_HAS_IT.get_or_init(|| crate::driver::has_symbol("cuGraphExecUpdate_v2")) {
+        return sys::CUresult::CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let mut info = std::mem::MaybeUninit::uninit();
+    // SAFETY: the caller's contract; the out-pointer is valid for one write; the driver has the
+    // function (checked above: cudarc would panic on a missing one).
+    unsafe { sys::cuGraphExecUpdate_v2(exec, template, info.as_mut_ptr()) }
+}
+
+/// With the CUDA 11.4 bindings: no update in place (the caller instantiates anew).
+///
+/// # Safety
+///
+/// None needed; kept `unsafe` like the other variant.
+#[cfg(feature = "cuda-11040")]
+unsafe fn exec_update(_exec: sys::CUgraphExec, _template: sys::CUgraph) -> sys::CUresult {
+    sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// Ends the capture of `stream` (always: the stream no longer records after any answer) and
+/// returns its template graph with the modules it launched kernels of, unless the capture was
+/// invalidated or `doomed`.
+fn end_capture(stream: &CudaStream, doomed: bool) -> Result<(Template, Vec<Kept>), DriverError> {
     const OP: ShimOp = ShimOp::GraphEnd;
     // Every end leaves the stream not recording: what the recording kept goes with it.
     let keep = lock(&stream.recorded).take().unwrap_or_default();
     let mut graph = ptr::null_mut();
     // SAFETY: the stream is alive; the pointer is valid for one write; the context is current.
     let r = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) };
-    // Destroyed on every path below.
+    // Destroyed on every path.
     let template = Template(graph);
     check(OP, r)?;
     if template.0.is_null() {
@@ -126,16 +190,25 @@ pub(crate) fn end(
     if doomed {
         return Err(classify(OP, status::CAPTURE_DOOMED));
     }
+    Ok((template, keep))
+}
+
+/// Instantiates `template`, keeping `keep` loaded. The context is current.
+fn instantiate(
+    ctx: &Arc<Context>,
+    template: &Template,
+    keep: Vec<Kept>,
+) -> Result<CudaGraph, DriverError> {
     let mut exec = ptr::null_mut();
-    // SAFETY: the template is alive until `template` drops, after this call; flags 0 asks for
-    // nothing special; the pointer is valid for one write.
-    check(OP, unsafe {
+    // SAFETY: the template is alive while borrowed; flags 0 asks for nothing special; the
+    // pointer is valid for one write.
+    check(ShimOp::GraphEnd, unsafe {
         sys::cuGraphInstantiateWithFlags(&mut exec, template.0, 0)
     })?;
     Ok(CudaGraph {
         raw: exec,
         ctx: Arc::clone(ctx),
-        _keep: keep,
+        keep: std::sync::Mutex::new(keep),
     })
 }
 

@@ -19,7 +19,8 @@
 //! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, wherever the device maps host memory (the core decides whether to run zero copy on it: `DeviceConfig::zero_copy`) |
 //! | [`Shim::copy_to_device`], [`Shim::copy_to_host`], [`Shim::copy_on_device`] | `cuMemcpy{HtoD,DtoH,DtoD}Async` for linear layouts, `cuMemcpy2DAsync` for pitched ones |
 //! | [`Shim::launch`] | `cuLaunchKernel`, parameters in the kernel's order; their number and sizes checked against `cuFuncGetParamInfo` where the bindings (CUDA ≥ 12.4) and the driver have it ([`CudaKernel`]) |
-//! | [`Shim::begin_capture`], [`Shim::end_capture`] | `cuStreamBeginCapture` (thread-local mode), `cuStreamEndCapture`, `cuGraphInstantiateWithFlags` ([`CudaGraph`]) |
+//! | [`Shim::begin_capture`], [`Shim::end_capture`] | `cuStreamBeginCapture` (global mode), `cuStreamEndCapture`, `cuGraphInstantiateWithFlags` ([`CudaGraph`]) |
+//! | [`Shim::end_capture_update`] | `cuStreamEndCapture`, then `cuGraphExecUpdate_v2` (the same topology) or a new instantiation |
 //! | [`Shim::graph_upload`], [`Shim::graph_launch`] | `cuGraphUpload`, `cuGraphLaunch` |
 //!
 //! Kernels are compiled or loaded once, at start-up: [`CudaShim::compile`] compiles CUDA C with

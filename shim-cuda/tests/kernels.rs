@@ -533,7 +533,7 @@ fn a_capture_that_ends_in_error_leaves_the_stream_not_recording() {
     shim.begin_capture(&stream).unwrap();
     let alloc = shim.device_alloc(256);
     say(&format!(
-        "cuMemAlloc while recording (thread-local): {alloc:?}"
+        "cuMemAlloc while recording (global mode): {alloc:?}"
     ));
     let refused = alloc.is_err();
     if let Ok(page) = alloc {
@@ -550,7 +550,7 @@ fn a_capture_that_ends_in_error_leaves_the_stream_not_recording() {
     assert_eq!(e.status, status::STREAM_CAPTURE_INVALIDATED, "{e}");
     works("invalidated");
 
-    // Ended from another thread: refused (thread-local mode), and the stream no longer records
+    // Ended from another thread: refused (global mode as in thread-local), and the stream no longer records
     // either way (seen on the H200, driver 580: the refused end ends the capture too).
     shim.begin_capture(&stream).unwrap();
     copy(HostMemory::Pinned).unwrap();

@@ -295,6 +295,37 @@ impl DeviceInner {
     pub(crate) fn forget_capture(&self, id: u64) {
         lock(&self.state).captures.remove(&id);
     }
+
+    /// Stream `id` starts recording.
+    pub(crate) fn open_capture(&self, id: u64) {
+        lock(&self.state).captures.insert(id, false);
+    }
+
+    /// Stream `id` stops recording: whether its recording was invalidated (`None` if it did
+    /// not record).
+    pub(crate) fn close_capture(&self, id: u64) -> Option<bool> {
+        lock(&self.state).captures.remove(&id)
+    }
+
+    /// Invalidates every recording in progress (a call CUDA forbids while any stream records was
+    /// made); returns whether there was one.
+    fn invalidate_captures(st: &mut DeviceState) -> bool {
+        st.captures.values_mut().for_each(|v| *v = true);
+        !st.captures.is_empty()
+    }
+
+    /// Whether a host wait must be refused: a stream records (CUDA's global capture mode refuses
+    /// one on any stream, and the recording is lost); the recording is invalidated then.
+    pub(crate) fn refuse_host_wait(&self) -> bool {
+        Self::invalidate_captures(&mut lock(&self.state))
+    }
+
+    /// Invalidates the recording of stream `id`, if it records.
+    pub(crate) fn invalidate_capture(&self, id: u64) {
+        if let Some(v) = lock(&self.state).captures.get_mut(&id) {
+            *v = true;
+        }
+    }
 }
 
 /// The CPU device. Cheap to clone (clones share the device); `Send + Sync`.
@@ -303,7 +334,7 @@ impl DeviceInner {
 /// then fails if an [`Injection`] fires, then does its work.
 #[derive(Clone)]
 pub struct StdShim {
-    inner: Arc<DeviceInner>,
+    pub(crate) inner: Arc<DeviceInner>,
 }
 
 impl Default for StdShim {
@@ -392,7 +423,7 @@ impl StdShim {
     /// Counts a call of `op` with `size` bytes; fails if the device is lost or an injection
     /// fires. `Ok(Some(fault))`: an [`Injection::while_running`] fired, so the call goes ahead and
     /// its work must fail with `fault` once it ran ([`then_fail`]).
-    fn enter(&self, op: ShimOp, size: u64) -> Result<Option<DriverError>, DriverError> {
+    pub(crate) fn enter(&self, op: ShimOp, size: u64) -> Result<Option<DriverError>, DriverError> {
         let mut st = lock(&self.inner.state);
         let count = st.stats.count(op);
         if self.inner.is_lost() {
@@ -484,7 +515,7 @@ impl StdShim {
 
 /// Enqueues, after the work of an accepted call, the failure an [`Injection::while_running`]
 /// asked for (`None`: nothing to do).
-fn then_fail(stream: &StdStream, fault: Option<DriverError>) {
+pub(crate) fn then_fail(stream: &StdStream, fault: Option<DriverError>) {
     if let Some(e) = fault {
         stream.shared.enqueue(Op::Fail(e));
     }
@@ -571,6 +602,15 @@ impl Shim for StdShim {
         if event.captured {
             return Err(classify(ShimOp::StreamWaitEvent, status::UNSUPPORTED));
         }
+        if stream.shared.tail().1 {
+            // A recording may not depend on work outside it (CUDA's capture isolation): the
+            // recording is invalidated and the wait refused.
+            self.inner.invalidate_capture(stream.shared.id);
+            return Err(classify(
+                ShimOp::StreamWaitEvent,
+                status::ILLEGAL_IN_CAPTURE,
+            ));
+        }
         stream.shared.enqueue(Op::Wait {
             stream: Arc::clone(&event.stream),
             seq: event.seq,
@@ -591,7 +631,7 @@ impl Shim for StdShim {
 
     fn event_query(&self, event: &StdEvent) -> Result<bool, DriverError> {
         self.enter(ShimOp::EventQuery, 0)?;
-        if event.captured {
+        if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventQuery, status::ILLEGAL_IN_CAPTURE));
         }
         event.stream.query(event.seq, ShimOp::EventQuery)
@@ -599,7 +639,7 @@ impl Shim for StdShim {
 
     fn event_wait(&self, event: &StdEvent) -> Result<(), DriverError> {
         self.enter(ShimOp::EventWait, 0)?;
-        if event.captured {
+        if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventWait, status::ILLEGAL_IN_CAPTURE));
         }
         event.stream.wait(event.seq, ShimOp::EventWait)
@@ -610,9 +650,8 @@ impl Shim for StdShim {
         self.enter(OP, size)?;
         let facts = &self.inner.facts;
         let mut st = lock(&self.inner.state);
-        if !st.captures.is_empty() {
+        if DeviceInner::invalidate_captures(&mut st) {
             // CUDA would invalidate the recording: refuse, and make `end_capture` refuse too.
-            st.captures.values_mut().for_each(|v| *v = true);
             return Err(classify(OP, status::CAPTURE_INVALIDATED));
         }
         if size > facts.max_page_size || size > facts.total_memory {
@@ -643,7 +682,7 @@ impl Shim for StdShim {
         let mut st = lock(&self.inner.state);
         st.stats.device_frees += 1;
         // Freeing device memory while recording is illegal on CUDA: it invalidates the recording.
-        st.captures.values_mut().for_each(|v| *v = true);
+        DeviceInner::invalidate_captures(&mut st);
         st.stats.device_pages_live = st.stats.device_pages_live.saturating_sub(1);
         st.stats.device_bytes_live = st.stats.device_bytes_live.saturating_sub(page.size);
         // SAFETY: `device_free`'s contract: no pending work uses the page.
@@ -656,9 +695,13 @@ impl Shim for StdShim {
         if Layout::from_size_align(size.max(1), self.inner.align).is_err() {
             return Err(classify(OP, status::TOO_BIG));
         }
+        let mut st = lock(&self.inner.state);
+        if DeviceInner::invalidate_captures(&mut st) {
+            // Page-locking memory while a stream records is a call the core must not make.
+            return Err(classify(OP, status::CAPTURE_INVALIDATED));
+        }
         let block =
             Block::alloc(size, self.inner.align).ok_or(classify(OP, status::OUT_OF_MEMORY))?;
-        let mut st = lock(&self.inner.state);
         if self.inner.facts.integrated {
             st.ranges.insert(block.addr(), size);
         }
@@ -680,6 +723,7 @@ impl Shim for StdShim {
 
     unsafe fn host_free_pinned(&self, page: StdHostPage) {
         let mut st = lock(&self.inner.state);
+        DeviceInner::invalidate_captures(&mut st);
         st.stats.host_frees += 1;
         st.stats.host_pages_live = st.stats.host_pages_live.saturating_sub(1);
         st.stats.host_bytes_live = st.stats.host_bytes_live.saturating_sub(page.size as u64);
@@ -786,31 +830,21 @@ impl Shim for StdShim {
     }
 
     fn begin_capture(&self, stream: &StdStream) -> Result<(), DriverError> {
-        self.enter(ShimOp::GraphBegin, 0)?;
-        if !stream.shared.begin_capture() {
-            return Err(classify(ShimOp::GraphBegin, status::CAPTURE_STATE));
-        }
-        lock(&self.inner.state)
-            .captures
-            .insert(stream.shared.id, false);
-        Ok(())
+        self.capture_begin(stream)
     }
 
     fn end_capture(&self, stream: &StdStream, doomed: bool) -> Result<StdGraph, DriverError> {
-        const OP: ShimOp = ShimOp::GraphEnd;
-        let recorded = stream.shared.end_capture();
-        let invalidated = lock(&self.inner.state).captures.remove(&stream.shared.id);
-        self.enter(OP, 0)?;
-        let Some(ops) = recorded else {
-            return Err(classify(OP, status::CAPTURE_STATE));
-        };
-        if doomed {
-            return Err(classify(OP, status::CAPTURE_DOOMED));
-        }
-        if invalidated == Some(true) {
-            return Err(classify(OP, status::CAPTURE_INVALIDATED));
-        }
-        Ok(StdGraph { ops: Arc::new(ops) })
+        self.capture_end(stream, doomed).map(StdGraph::new)
+    }
+
+    fn end_capture_update(
+        &self,
+        stream: &StdStream,
+        doomed: bool,
+        graph: &StdGraph,
+    ) -> Result<Option<StdGraph>, DriverError> {
+        let ops = self.capture_end(stream, doomed)?;
+        Ok(graph.update(ops).err().map(StdGraph::new))
     }
 
     fn graph_upload(&self, _graph: &StdGraph, _stream: &StdStream) -> Result<(), DriverError> {
@@ -819,7 +853,7 @@ impl Shim for StdShim {
 
     unsafe fn graph_launch(&self, graph: &StdGraph, stream: &StdStream) -> Result<(), DriverError> {
         let fail = self.enter(ShimOp::GraphLaunch, 0)?;
-        stream.shared.enqueue(Op::Replay(Arc::clone(&graph.ops)));
+        stream.shared.enqueue(Op::Replay(graph.ops()));
         then_fail(stream, fail);
         Ok(())
     }

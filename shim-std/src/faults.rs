@@ -13,9 +13,9 @@ use std::sync::Arc;
 /// | 4 | `BAD_ADDRESS` | `Failed` | a device span outside every live page |
 /// | 5 | `BAD_ARGUMENT` | `Failed` | a null host pointer, a size past `usize` |
 /// | 6 | `CAPTURE_STATE` | `Failed` | begin while recording, end while not recording |
-/// | 7 | `CAPTURE_INVALIDATED` | `Failed` | `device_alloc` while a stream records (refused), or `end_capture` of a recording invalidated by that or by a `device_free`, as on CUDA |
+/// | 7 | `CAPTURE_INVALIDATED` | `Failed` | `device_alloc` or `host_alloc_pinned` while a stream records (refused), or `end_capture` of a recording invalidated by that, by a `device_free` or `host_free_pinned`, or by a wait that crosses it, as on CUDA |
 /// | 8 | `CAPTURE_DOOMED` | `Failed` | `end_capture` with `doomed` |
-/// | 9 | `ILLEGAL_IN_CAPTURE` | `Failed` | query or wait of an event recorded on a recording stream |
+/// | 9 | `ILLEGAL_IN_CAPTURE` | `Failed` | query or wait of an event recorded on a recording stream, or of any event while a stream records (CUDA's global capture mode: the recording is invalidated); a recording stream waiting on another stream's event (CUDA's capture isolation: invalidated too) |
 /// | 10 | `UNSUPPORTED` | `Unsupported` | a stream waiting on an event recorded in another stream's recording |
 /// | 11 | `THREAD_SPAWN` | `Failed` | the worker thread of a new stream could not start |
 /// | 12 | `BAD_LAUNCH` | `Failed` | a launch past CUDA's geometry limits (see [`StdShim`](crate::StdShim)'s `launch`) |

@@ -482,8 +482,27 @@ impl<S: Shim> Shim for Counted<S> {
     }
 
     fn end_capture(&self, stream: &Self::Stream, doomed: bool) -> Result<Self::Graph, DriverError> {
-        self.enter(ShimOp::GraphEnd)?;
-        self.inner.end_capture(&stream.0, doomed)
+        // An injected refusal still ends the recording, as every end must.
+        let verdict = self.enter(ShimOp::GraphEnd);
+        let ended = self
+            .inner
+            .end_capture(&stream.0, doomed || verdict.is_err());
+        verdict?;
+        ended
+    }
+
+    fn end_capture_update(
+        &self,
+        stream: &Self::Stream,
+        doomed: bool,
+        graph: &Self::Graph,
+    ) -> Result<Option<Self::Graph>, DriverError> {
+        let verdict = self.enter(ShimOp::GraphEnd);
+        let ended = self
+            .inner
+            .end_capture_update(&stream.0, doomed || verdict.is_err(), graph);
+        verdict?;
+        ended
     }
 
     fn graph_upload(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<(), DriverError> {

@@ -20,11 +20,14 @@
 //! operation, bad input, the three rules of faults of work that ran ([`groups::work_faults()`]:
 //! reported only by completed fences, sticky, carried by stream waits, each failure naming the
 //! rule), and that host buffers are released only after their fences ([`groups::host_release()`],
-//! seen as wrong bytes). [`StdHarness`] runs them against `devcmd-std` and is the reference
-//! implementation of a harness; [`CudaHarness`] runs them on an NVIDIA GPU through `devcmd-cuda`
-//! (normal and poison modes; [`cuda_harness`] says why not the lazy ones, and why each check of
-//! a fault of work that ran needs a process of its own there); [`Counted`] wraps any shim with
-//! counters and fault injection, so an author need not write a [`Probe`]. [`example_shim`] is the guide's skeleton shim, the
+//! seen as wrong bytes), and capture ([`groups::capture()`]: record a stream, replay the graph,
+//! what a recording refuses, what a graph keeps and gives back, failures through replays; a
+//! shim without graphs is skipped). [`StdHarness`] runs them against `devcmd-std` and is the
+//! reference implementation of a harness; [`CudaHarness`] runs them on an NVIDIA GPU through
+//! `devcmd-cuda` (normal and poison modes; [`cuda_harness`] says why not the lazy ones, and why
+//! each check of a fault of work that ran needs a process of its own there); [`Counted`] wraps
+//! any shim with counters and fault injection, so an author need not write a [`Probe`].
+//! [`example_shim`] is the guide's skeleton shim, the
 //! smallest complete one, with its harness.
 #![deny(missing_docs)]
 
@@ -70,24 +73,30 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::bad_input(harness, mode);
         groups::work_faults(harness, mode);
         groups::host_release(harness, mode);
+        groups::capture(harness, mode);
+        groups::capture_replay_fault(harness, mode);
     }
 }
 
 /// Generates one `#[test]` per behaviour group and mode for the harness expression `$h`
 /// (evaluated anew in each test): a module per mode (`normal`, `lazy_poison`) with one test per
-/// group (`normal::drop_queue`, ...), and `lazy::cross_stream_reuse`, `poison::cross_stream_reuse`
-/// besides.
+/// group (`normal::drop_queue`, ...), and `lazy::` and `poison::` `cross_stream_reuse`,
+/// `capture` and `capture_replay_fault` besides.
 #[macro_export]
 macro_rules! conformance_tests {
     ($h:expr) => {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input, work_faults, host_release);
+            failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
+            capture_replay_fault);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input, work_faults, host_release);
-        $crate::conformance_tests!(@mode lazy, LAZY, $h; cross_stream_reuse);
-        $crate::conformance_tests!(@mode poison, POISON, $h; cross_stream_reuse);
+            failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
+            capture_replay_fault);
+        $crate::conformance_tests!(@mode lazy, LAZY, $h;
+            cross_stream_reuse, capture, capture_replay_fault);
+        $crate::conformance_tests!(@mode poison, POISON, $h;
+            cross_stream_reuse, capture, capture_replay_fault);
     };
     (@mode $name:ident, $mode:ident, $h:expr; $($group:ident),*) => {
         #[doc = concat!("The groups in mode `", stringify!($mode), "`.")]

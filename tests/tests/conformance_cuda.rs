@@ -28,7 +28,8 @@
 //!
 //! Every group in both modes: `drop_queue`, `layouts`, `round_trips`, `cross_stream_reuse`,
 //! `pending_frees`, `failure_rule`, `fault_injection` (every injected refusal and loss of every
-//! shim call, by [`devcmd_tests::Counted`]), `bad_input`, `host_release`; and `work_faults`, one
+//! shim call, by [`devcmd_tests::Counted`]), `bad_input`, `host_release`, `capture` (graphs by
+//! stream capture; its replay fault, which traps, is `capture_fault::normal`); and `work_faults`, one
 //! check and one failure source per test (each traps): the `WriteThenFail` kernel and an upload
 //! injected to fail while it runs (`FaultRule::WorkFails`, which `Counted` makes real by
 //! launching the trapping kernel after the upload). On CUDA every fault of work that ran is
@@ -200,9 +201,21 @@ macro_rules! groups_in {
 }
 
 groups_in!(normal, NORMAL: drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-    failure_rule, fault_injection, bad_input, host_release);
+    failure_rule, fault_injection, bad_input, host_release, capture);
 groups_in!(poison, POISON: drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-    failure_rule, fault_injection, bad_input, host_release);
+    failure_rule, fault_injection, bad_input, host_release, capture);
+
+/// The capture group's fault while a replay runs (it traps: a process of its own).
+mod capture_fault {
+    use super::*;
+
+    #[test]
+    fn normal() {
+        trapping(concat!(module_path!(), "::normal"), |h| {
+            groups::capture_replay_fault(h, Mode::NORMAL)
+        });
+    }
+}
 
 /// One test per check and failure source of the `work_faults` group in a mode; each traps.
 macro_rules! work_faults_in {

@@ -28,9 +28,10 @@ macro_rules! zero_copy_groups {
 }
 
 zero_copy_groups! {
-    NORMAL: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input, host_release;
+    NORMAL: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input, host_release,
+        capture, capture_replay_fault;
     LAZY_POISON: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input,
-        host_release;
-    LAZY: cross_stream_reuse;
-    POISON: cross_stream_reuse;
+        host_release, capture, capture_replay_fault;
+    LAZY: cross_stream_reuse, capture, capture_replay_fault;
+    POISON: cross_stream_reuse, capture, capture_replay_fault;
 }

@@ -5,6 +5,11 @@
 //! Owns what a future holds until its fence passes (the read's buffers and the bindings that keep
 //! the memory alive) and whether it releases or leaks them, decided by the fence's
 //! [`FenceOutcome`]. Does not decide what an outcome means for the stream: the fault ledger does.
+//!
+//! While a stream of the device records, no future waits for or queries its fence (a host wait
+//! is illegal then, on any stream): polling answers "not yet", waiting is refused
+//! ([`Validation::Recording`]), and a read's buffers and bindings go to its stream's drop queue,
+//! released after a fence once the recording ended.
 
 use super::Command;
 use crate::error::{DriverError, ServerError, Validation};
@@ -68,6 +73,16 @@ impl<S: Shim> Fence<S> {
         !matches!(self.state, FenceState::NotRecorded(_))
     }
 
+    /// Whether waiting for or querying the fence is illegal now: a stream of the device records.
+    fn blocked(&self) -> bool {
+        matches!(self.state, FenceState::Recorded(_)) && self.ledger.recording()
+    }
+
+    /// Gives the fence up unwaited (a stream records): nothing is asked of the device.
+    fn give_up(&mut self) {
+        self.state = FenceState::Done;
+    }
+
     /// Blocks until the fence completes (at once when it was never recorded: the outcome is then
     /// unknown, unless the device is lost).
     fn wait(&mut self) -> FenceOutcome {
@@ -80,6 +95,9 @@ impl<S: Shim> Fence<S> {
 
     /// The outcome once the fence completed, without blocking.
     fn poll(&mut self) -> Option<FenceOutcome> {
+        if self.blocked() {
+            return None;
+        }
         let outcome = match &self.state {
             FenceState::Recorded(e) => FenceOutcome::query(&*self.shim, e)?,
             FenceState::NotRecorded(_) | FenceState::Done => return Some(self.wait()),
@@ -172,14 +190,32 @@ impl<S: Shim> ReadFuture<S> {
         Ok(buffers.unwrap_or_default())
     }
 
+    /// Hands the buffers and bindings to the stream's drop queue (through the ledger) without
+    /// waiting: a stream of the device records.
+    fn orphan(&mut self) {
+        self.fence.give_up();
+        let buffers = core::mem::take(&mut self.buffers);
+        let held = core::mem::take(&mut self.held);
+        self.fence.ledger.orphan((self.fence.stream, buffers, held));
+    }
+
     /// Blocks until the copies landed and returns the bytes, one buffer per request.
     ///
     /// # Errors
     ///
     /// A device fault the fence reveals: [`ServerError::StreamFaulted`] for failed work (the fence
     /// completed; the buffers are released), or a fault of unknown outcome (the buffers are then
-    /// leaked unless the device is lost).
+    /// leaked unless the device is lost). [`Validation::Recording`] while a stream of the device
+    /// records: nothing is waited for and the read is given up (its buffers go back after a fence
+    /// once the recording ended).
     pub fn wait(mut self) -> Result<Vec<HostBuffer>, ServerError> {
+        if self.fence.blocked() {
+            self.orphan();
+            return Err(Validation::Recording {
+                op: "ReadFuture::wait",
+            }
+            .into());
+        }
         let outcome = self.fence.wait();
         self.finish(outcome)
     }
@@ -208,7 +244,9 @@ where
 
 impl<S: Shim> Drop for ReadFuture<S> {
     fn drop(&mut self) {
-        if self.fence.pending() {
+        if self.fence.blocked() {
+            self.orphan();
+        } else if self.fence.pending() {
             // Dropped before completion: the device may still write the buffers and read the
             // sources. Wait, then release or leak exactly as a completed read would; what the
             // fence revealed of the stream is recorded.
@@ -307,8 +345,16 @@ impl<S: Shim> SyncFuture<S> {
     ///
     /// # Errors
     ///
-    /// A device fault the fence reveals.
+    /// A device fault the fence reveals; [`Validation::Recording`] while a stream of the device
+    /// records (nothing is waited for).
     pub fn wait(mut self) -> Result<(), ServerError> {
+        if self.fence.blocked() {
+            self.fence.give_up();
+            return Err(Validation::Recording {
+                op: "SyncFuture::wait",
+            }
+            .into());
+        }
         let outcome = self.fence.wait();
         self.fence.answer(outcome)
     }
@@ -375,9 +421,7 @@ impl<S: Shim> Command<'_, S> {
     pub fn sync(&mut self) -> Result<SyncFuture<S>, ServerError> {
         self.begin()?;
         self.device.ledger.take_deferred(self.stream)?;
-        if self.current().capture.is_recording() {
-            return Err(Validation::Recording { op: "sync" }.into());
-        }
+        self.refuse_while_recording("sync")?;
         let mut fence = self.fence();
         if !fence.recorded() {
             let outcome = fence.wait();

@@ -6,6 +6,7 @@
 //! failure records (`failure.rs`).
 
 use super::Command;
+use crate::capture::Span;
 use crate::error::{LaunchError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceSpan, KernelParam, LaunchDims, Shim};
@@ -114,6 +115,9 @@ impl<S: Shim> Command<'_, S> {
     /// carry the same failure; if the shim refuses it, its outputs carry the refusal. Flushes the
     /// drop queue when it is over its policy.
     ///
+    /// **While this stream records**, the launch is recorded: the failure rule applies at each
+    /// replay instead, and a refusal discards the recording.
+    ///
     /// # Errors
     ///
     /// [`Validation::LaunchDims`] for a zero extent, [`Validation::LaunchParam`] for a parameter
@@ -168,6 +172,9 @@ impl<S: Shim> Command<'_, S> {
                 len: r.len,
             };
         }
+        if self.current().capture.is_recording() {
+            return self.record_launch(name, dims, kernel, spans, params, inputs, outputs);
+        }
         let failures = &mut self.device.failures;
         if !failures.is_empty() {
             let carried = inputs
@@ -213,6 +220,45 @@ impl<S: Shim> Command<'_, S> {
             self.flush_after_enqueue()?;
         }
         Ok(())
+    }
+}
+
+impl<S: Shim> Command<'_, S> {
+    /// The end of a launch recorded into this stream's recording: its inputs and outputs become
+    /// the graph's; a refusal discards the recording.
+    #[allow(clippy::too_many_arguments)]
+    fn record_launch(
+        &mut self,
+        name: &'static str,
+        dims: LaunchDims,
+        kernel: &S::Kernel,
+        spans: &[DeviceSpan],
+        params: &[KernelParam<'_>],
+        inputs: &[&Handle],
+        outputs: &[&Handle],
+    ) -> Result<(), ServerError> {
+        let (shim, s) = self.parts();
+        // SAFETY: as in `launch`: the spans were resolved just now, no output overlaps another
+        // span, and the recording keeps every allocation alive for its replays.
+        let launched = unsafe { shim.launch(&s.raw, kernel, dims, spans, params) };
+        let span = |h: &&Handle| Span {
+            id: h.id(),
+            start: h.offset(),
+            end: h.offset() + h.len(),
+        };
+        if let Some(w) = self.current().capture.window_mut() {
+            inputs.iter().map(span).for_each(|r| w.read(r));
+            outputs.iter().map(span).for_each(|r| w.write(r));
+        }
+        launched.map_err(|e| {
+            let error: ServerError = LaunchError::Refused {
+                kernel: name,
+                cause: self.device.ledger.call_failed(e),
+            }
+            .into();
+            self.discard_recording(&error);
+            error
+        })
     }
 }
 

@@ -44,7 +44,10 @@ impl<S: Shim> Command<'_, S> {
             if let Some(cause) = e.driver_error() {
                 self.device.ledger.call_failed(*cause);
             }
-            e.into()
+            let e: ServerError = e.into();
+            // No page may be added while recording: the recording cannot go on without the room.
+            self.discard_recording(&e);
+            e
         })
     }
 
@@ -91,7 +94,12 @@ impl<S: Shim> Command<'_, S> {
     /// As [`crate::memory::MemoryManager::bind`]; the failures of cross-stream order.
     pub fn bind(&mut self, reserved: Handle, handle: &Handle) -> Result<(), ServerError> {
         self.begin()?;
-        self.device.order_after(self.stream, &reserved)?;
+        // A bind inside a recording enqueues nothing, so it cannot wait: the room's other uses
+        // follow it to `handle`, and the replays that use `handle` wait for them.
+        let recording = self.device.recording() == Some(self.stream);
+        if !recording {
+            self.device.order_after(self.stream, &reserved)?;
+        }
         let room = reserved.id();
         self.current().memory.bind(reserved, handle)?;
         // The room's failure marks follow its bytes to `handle` (after the bookkeeping, which
@@ -102,7 +110,11 @@ impl<S: Shim> Command<'_, S> {
             self.device.failures.hand_over(room, handle.id());
         }
         if !self.device.foreign_uses.is_empty() {
-            self.device.foreign_uses.forget(room);
+            if recording {
+                self.device.foreign_uses.hand_over(room, handle.id());
+            } else {
+                self.device.foreign_uses.forget(room);
+            }
         }
         Ok(())
     }
@@ -118,7 +130,8 @@ impl<S: Shim> Command<'_, S> {
     }
 
     /// `len` bytes of host memory for copies: pinned when asked and the pool can serve it,
-    /// otherwise (and always while this stream records) the heap.
+    /// otherwise the heap. While a stream of the device records, pinned memory comes only from
+    /// pinned pages already held (no page is allocated then).
     ///
     /// # Errors
     ///
@@ -127,10 +140,10 @@ impl<S: Shim> Command<'_, S> {
     /// pinned pool nor the heap can hold `len` bytes.
     pub fn reserve_host(&mut self, len: usize, pinned: bool) -> Result<HostBuffer, ServerError> {
         self.device.ledger.check_device()?;
-        let update = self.page_update();
+        let may_add = self.page_update() != PageUpdate::Forbidden;
         let (shim, s) = self.parts();
-        let buffer = if pinned && !s.capture.is_recording() {
-            s.pinned.reserve(shim, len, update != PageUpdate::Forbidden)
+        let buffer = if pinned {
+            s.pinned.reserve(shim, len, may_add)
         } else {
             None
         };
@@ -140,15 +153,17 @@ impl<S: Shim> Command<'_, S> {
         }
     }
 
-    /// Flushes this stream's drop queue (unless it records): waits for the last flush's fence,
-    /// releases what it covered, and records a fence for what is queued now.
+    /// Flushes this stream's drop queue: waits for the last flush's fence, releases what it
+    /// covered, and records a fence for what is queued now.
     ///
     /// # Errors
     ///
-    /// [`ServerError::DeviceLost`]; what the fence reveals ([`ServerError::StreamFaulted`], or
+    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while a stream of the device
+    /// records (no fence may be waited for then); what the fence reveals ([`ServerError::StreamFaulted`], or
     /// [`ServerError::Device`] for a wait of unknown outcome: what it covered is then leaked).
     pub fn flush_drops(&mut self) -> Result<(), ServerError> {
         self.device.ledger.check_device()?;
+        self.refuse_while_recording("flush_drops")?;
         let (shim, s) = self.parts();
         let fenced = s.flush(shim);
         self.device.ledger.answer(self.stream, fenced)
@@ -159,9 +174,11 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`ServerError::DeviceLost`]; what the fence reveals, as [`Self::flush_drops`].
+    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while a stream of the device
+    /// records; what the fence reveals, as [`Self::flush_drops`].
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         self.device.ledger.check_device()?;
+        self.refuse_while_recording("poll_drops")?;
         let (shim, s) = self.parts();
         let mark = s.mark();
         match s.drops.poll(shim, &s.raw, mark) {
@@ -183,7 +200,7 @@ impl<S: Shim> Command<'_, S> {
     /// a fence's failure.
     pub fn memory_cleanup(&mut self) -> Result<(), ServerError> {
         self.begin()?;
-        if self.any_recording() {
+        if self.device.recording().is_some() {
             return Err(Validation::Recording {
                 op: "memory_cleanup",
             }

@@ -4,7 +4,8 @@
 //! A command borrows the device for one stream. Its operations live in one file per role:
 //! `memory.rs` (reservation with reclaim-and-retry, binding, host buffers, cleanup, the drop
 //! queue), `transfer.rs` (uploads and reads), `launch.rs` (kernels and the failure rule), and
-//! `futures.rs` (the fences a caller waits for). Each operation checks the fault ledger first
+//! `futures.rs` (the fences a caller waits for), `capture.rs` (recording, sealing and replaying
+//! graphs, and holding room ahead). Each operation checks the fault ledger first
 //! (`fault.rs`), orders itself after other streams for every handle it touches (`order.rs`), and
 //! reports what fences reveal to the ledger. Every operation that enqueues device work or makes
 //! room begins the same way (`Command::begin`): the device's bookkeeping runs (freed allocations
@@ -16,6 +17,7 @@
 //! Does not own the pools (`memory/`), the fault decisions (`fault.rs`) nor cross-stream order
 //! (`order.rs`).
 
+mod capture;
 mod futures;
 mod launch;
 mod memory;
@@ -75,11 +77,22 @@ impl<'a, S: Shim> Command<'a, S> {
 
     /// How every operation begins: the device's bookkeeping runs (freed allocations leave the
     /// failure and cross-stream records, retired pages go to their drop queue), then the
-    /// operation fails fast when the device is lost or this stream's work (or work it was ordered
-    /// after) failed while it ran.
+    /// operation fails fast when the device is lost, this stream's work (or work it was ordered
+    /// after) failed while it ran, or this stream's recording was discarded and not yet ended.
     fn begin(&mut self) -> Result<(), ServerError> {
         self.device.collect();
-        self.device.ledger.check(self.stream)
+        self.device.ledger.check(self.stream)?;
+        self.current().capture.check_open()
+    }
+
+    /// Refuses `op` while a stream of the device records: it would wait for or query a fence
+    /// (illegal then on any stream: CUDA's global capture mode), or record one inside the
+    /// recording.
+    fn refuse_while_recording(&mut self, op: &'static str) -> Result<(), ServerError> {
+        if self.device.recording().is_some() {
+            return Err(crate::Validation::Recording { op }.into());
+        }
+        Ok(())
     }
 
     /// The stream this command runs on.
@@ -94,26 +107,14 @@ impl<'a, S: Shim> Command<'a, S> {
             .map_or(0, |s| s.cursor)
     }
 
-    /// What a reservation on this stream may do to the pages, given the capture state of every
-    /// stream.
+    /// What a reservation on this stream may do to the pages: nothing but use the room held while
+    /// any stream of the device records (no page may be allocated or freed then, on any stream).
     fn page_update(&self) -> PageUpdate {
-        let another =
-            self.device.streams.iter().enumerate().any(|(i, s)| {
-                i != self.stream && s.as_ref().is_some_and(|s| s.capture.is_recording())
-            });
-        let own = &self.device.streams[self.stream]
-            .as_ref()
-            .expect("exists")
-            .capture;
-        own.page_update(another)
-    }
-
-    fn any_recording(&self) -> bool {
-        self.device
-            .streams
-            .iter()
-            .flatten()
-            .any(|s| s.capture.is_recording())
+        if self.device.recording().is_some() {
+            PageUpdate::Forbidden
+        } else {
+            PageUpdate::Allow
+        }
     }
 
     /// The device range `handle` names, resolved on the stream that owns it.

@@ -7,6 +7,7 @@
 
 use super::Command;
 use super::futures::{Fence, ReadFuture};
+use crate::capture::Span;
 use crate::copy::{CopyLayout, Staging};
 use crate::drop_queue::DropItem;
 use crate::error::{IoError, ServerError, Validation};
@@ -65,6 +66,11 @@ impl<S: Shim> Command<'_, S> {
     /// ordered after the others'), then the host writes the rows straight into the page, and
     /// `data` is released at once.
     ///
+    /// **While this stream records**, the copy is recorded: the bytes it sends (`data`, or its
+    /// staging copy) belong to the graph and are sent again by every replay; zero copy does not
+    /// apply (the replay copies into the page). A refusal discards the recording. While another
+    /// stream records, a zero-copy write is a device copy too (it cannot wait for the device).
+    ///
     /// # Errors
     ///
     /// [`Validation::LengthMismatch`], [`Validation::LayoutPastView`], a handle that does not
@@ -79,7 +85,11 @@ impl<S: Shim> Command<'_, S> {
         let Some(r) = self.copy_target(handle, layout, data.len() as u64)? else {
             return Ok(());
         };
-        if let Some((dst, _)) = self.host_view(handle, &r) {
+        let recording = self.current().capture.is_recording();
+        // In place needs a host wait, illegal while any stream records: the device copies then.
+        if self.device.recording().is_none()
+            && let Some((dst, _)) = self.host_view(handle, &r)
+        {
             return self.write_in_place(handle, dst, data.as_slice(), layout);
         }
         let staging = Staging::of(
@@ -106,6 +116,9 @@ impl<S: Shim> Command<'_, S> {
                 layout,
             )
         };
+        if recording {
+            return self.record_write(handle, layout, source, copied);
+        }
         let failures = &mut self.device.failures;
         if let Err(e) = copied {
             let error: ServerError = self.device.ledger.call_failed(e).into();
@@ -128,6 +141,35 @@ impl<S: Shim> Command<'_, S> {
             self.flush_after_enqueue()?;
         }
         Ok(())
+    }
+
+    /// The end of a write recorded into this stream's recording: the rows are its outputs and
+    /// `source` its own; a refusal discards the recording (its outputs, these rows among them,
+    /// carry the failure).
+    fn record_write(
+        &mut self,
+        handle: &Handle,
+        layout: CopyLayout,
+        source: HostBuffer,
+        copied: Result<(), crate::DriverError>,
+    ) -> Result<(), ServerError> {
+        let copied = copied.map_err(|e| ServerError::from(self.device.ledger.call_failed(e)));
+        if let Some(w) = self.current().capture.window_mut() {
+            for (start, end) in rows(handle, layout) {
+                w.write(Span {
+                    id: handle.id(),
+                    start,
+                    end,
+                });
+            }
+            if copied.is_ok() {
+                w.retain(source);
+            }
+        }
+        if let Err(e) = &copied {
+            self.discard_recording(e);
+        }
+        copied
     }
 
     /// The zero-copy upload: waits for every use of `handle` enqueued so far, then writes the
@@ -261,7 +303,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// A read of failed bytes ([`ServerError::Unwritten`]), a handle that does not resolve, a
+    /// [`Validation::Recording`] while a stream of the device records; a read of failed bytes
+    /// ([`ServerError::Unwritten`]), a handle that does not resolve, a
     /// length mismatch, a read-only destination, the shim's refusal.
     ///
     /// # Safety
@@ -273,6 +316,7 @@ impl<S: Shim> Command<'_, S> {
         dst: &mut HostBuffer,
     ) -> Result<(), ServerError> {
         self.begin()?;
+        self.refuse_while_recording("read_into")?;
         // SAFETY: the caller's contract is this one.
         unsafe { self.enqueue_read(request, dst) }
     }
@@ -310,7 +354,9 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// The failure of any request (a read of failed bytes is [`ServerError::Unwritten`]; a
+    /// [`Validation::Recording`] while a stream of the device records; the failure of any
+    /// request (a read
+    /// of failed bytes is [`ServerError::Unwritten`]; a
     /// layout the host cannot hold is [`IoError::HostAllocFailed`]), a fault kept for this
     /// stream's next read.
     pub fn read_async(
@@ -318,6 +364,7 @@ impl<S: Shim> Command<'_, S> {
         requests: &[ReadRequest<'_>],
     ) -> Result<ReadFuture<S>, ServerError> {
         self.begin()?;
+        self.refuse_while_recording("read_async")?;
         self.device.ledger.take_deferred(self.stream)?;
         // Checked before any host memory is reserved or any wait made: a bad request costs
         // nothing.
@@ -386,10 +433,16 @@ impl<S: Shim> Command<'_, S> {
     /// As [`Self::read_async`].
     pub fn read_owned(&mut self, handle: Handle) -> Result<ReadFuture<S>, ServerError> {
         self.begin()?;
+        self.refuse_while_recording("read_owned")?;
         self.device.ledger.take_deferred(self.stream)?;
         let layout = CopyLayout::linear(handle.len());
         let lent = match self.copy_check(&handle, layout, handle.len())? {
-            Some(r) if handle.can_mut() && !handle.is_exposed() => self.host_view(&handle, &r),
+            // A binding out (a graph that replays into it, another stream's work) means later
+            // work may still write the allocation, and an address handed out raw may be used
+            // by anyone: only a copy is safe then.
+            Some(r) if handle.can_mut() && !handle.is_exposed() && !handle.is_bound() => {
+                self.host_view(&handle, &r)
+            }
             _ => None,
         };
         let Some((ptr, count)) = lent else {

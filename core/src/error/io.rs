@@ -37,10 +37,13 @@ pub enum IoError {
         /// The device call that refused, when the refusal came from the device, not the budget.
         source: Option<DriverError>,
     },
-    /// No room was held and the page set may not change (the stream is recording a graph).
+    /// No room was held for the request and no page may be allocated: a stream of the device
+    /// records a graph (on the recording stream itself this discards the recording).
     PageUpdateForbidden {
         /// Bytes asked for.
         size: u64,
+        /// The largest free room the pool the request routes to holds (0 when it holds none).
+        room: u64,
     },
     /// A new page size was needed but every page-size class of the arena is in use.
     PageSizesExhausted {
@@ -174,10 +177,12 @@ impl fmt::Display for IoError {
                     " after reclaiming what could be reclaimed; free buffers or raise the budget",
                 )
             }
-            Self::PageUpdateForbidden { size } => write!(
+            Self::PageUpdateForbidden { size, room } => write!(
                 f,
-                "asked for {size} bytes while the stream records a graph and no room is held; \
-                 reserve the working set in the warm-up run"
+                "asked for {size} bytes while a stream of the device records a graph, and the \
+                 largest room held for it is {room} bytes; no page may be allocated or freed \
+                 while a graph records (on the recording stream this discards the recording): \
+                 hold room ahead with `Command::hold` or a warm-up run before `begin_capture`"
             ),
             Self::PageSizesExhausted { size, classes } => write!(
                 f,
@@ -287,7 +292,7 @@ mod tests {
             }
             .may_succeed_after_reclaim()
         );
-        assert!(!IoError::PageUpdateForbidden { size: 1 }.may_succeed_after_reclaim());
+        assert!(!IoError::PageUpdateForbidden { size: 1, room: 0 }.may_succeed_after_reclaim());
         let oom = IoError::OutOfMemory {
             size: 1,
             held: 0,

@@ -1,7 +1,7 @@
 //! What a command returns: [`ServerError`], with the refusals of a launch ([`LaunchError`]) and
 //! of a malformed call ([`Validation`]).
 
-use super::{DriverError, IoError};
+use super::{CaptureError, DriverError, IoError};
 use core::fmt;
 
 /// Why a launch could not be enqueued.
@@ -200,6 +200,8 @@ pub enum ServerError {
     Io(IoError),
     /// A launch error.
     Launch(LaunchError),
+    /// A recording or a replay was refused, or met a recording (see [`CaptureError`]).
+    Capture(CaptureError),
     /// A fence wait or query failed with an outcome the core cannot know (not a fault of work
     /// that ran, which is [`ServerError::StreamFaulted`], nor a lost device).
     Device(DriverError),
@@ -227,6 +229,8 @@ impl ServerError {
             Self::Unwritten { root, .. } => root.is_device_lost(),
             Self::Launch(LaunchError::Refused { cause, .. }) => cause.loses_device(),
             Self::Launch(LaunchError::Buffer { cause, .. }) => cause.is_device_lost(),
+            Self::Capture(CaptureError::Refused { cause, .. }) => cause.loses_device(),
+            Self::Capture(CaptureError::Discarded { reason, .. }) => reason.is_device_lost(),
             _ => false,
         }
     }
@@ -244,6 +248,12 @@ impl From<IoError> for ServerError {
 impl From<LaunchError> for ServerError {
     fn from(e: LaunchError) -> Self {
         Self::Launch(e)
+    }
+}
+
+impl From<CaptureError> for ServerError {
+    fn from(e: CaptureError) -> Self {
+        Self::Capture(e)
     }
 }
 
@@ -303,6 +313,7 @@ impl fmt::Display for ServerError {
             }
             Self::Io(e) => write!(f, "{e}"),
             Self::Launch(e) => write!(f, "{e}"),
+            Self::Capture(e) => write!(f, "{e}"),
             Self::Device(e) => write!(f, "work on the stream failed: {e}"),
             Self::StreamFaulted {
                 stream,
@@ -334,6 +345,7 @@ impl core::error::Error for ServerError {
             Self::StreamFaulted { cause, .. } => Some(cause),
             Self::Io(e) => Some(e),
             Self::Launch(e) => Some(e),
+            Self::Capture(e) => Some(e),
         }
     }
 }
@@ -384,6 +396,7 @@ impl defmt::Format for ServerError {
             }
             Self::Io(e) => defmt::write!(f, "Io({})", e),
             Self::Launch(e) => defmt::write!(f, "Launch({})", e),
+            Self::Capture(e) => defmt::write!(f, "Capture({})", e),
             Self::Device(e) => defmt::write!(f, "Device({})", e),
             Self::StreamFaulted {
                 stream,

@@ -37,7 +37,7 @@
 //! | registered host memory | [`host_register`](crate::Shim::host_register), [`host_unregister`](crate::Shim::host_unregister) |
 //! | copies (asynchronous) | [`copy_to_device`](crate::Shim::copy_to_device), [`copy_to_host`](crate::Shim::copy_to_host), [`copy_on_device`](crate::Shim::copy_on_device) |
 //! | launch | [`launch`](crate::Shim::launch) |
-//! | graphs | [`begin_capture`](crate::Shim::begin_capture), [`end_capture`](crate::Shim::end_capture), [`graph_upload`](crate::Shim::graph_upload), [`graph_launch`](crate::Shim::graph_launch) |
+//! | graphs | [`begin_capture`](crate::Shim::begin_capture), [`end_capture`](crate::Shim::end_capture), [`end_capture_update`](crate::Shim::end_capture_update), [`graph_upload`](crate::Shim::graph_upload), [`graph_launch`](crate::Shim::graph_launch) |
 //!
 //! The [`shim`](crate::shim) module states what each side promises: the core drives the shim from
 //! one thread at a time, frees nothing before a fence after its last use completed, and passes

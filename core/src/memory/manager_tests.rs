@@ -163,7 +163,11 @@ fn forbidden_updates_serve_only_the_room_held() {
     let e = mm
         .reserve(&shim, 4 * MIB, PageUpdate::Forbidden)
         .unwrap_err();
-    assert_eq!(e, IoError::PageUpdateForbidden { size: 4 * MIB });
+    let IoError::PageUpdateForbidden { size, room } = e else {
+        panic!("expected PageUpdateForbidden, got {e:?}");
+    };
+    assert_eq!(size, 4 * MIB);
+    assert!(room < 4 * MIB && room > 0, "the room held is named: {room}");
     assert!(!e.may_succeed_after_reclaim());
     assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: false }).pages, 1);
 }

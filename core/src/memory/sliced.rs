@@ -410,6 +410,26 @@ impl<P> SlicedPool<P> {
             .sum()
     }
 
+    /// The largest free block a reservation could be carved from (pages guarded or of an
+    /// outdated pool serve nothing): for the error of a reservation that may not add a page.
+    pub(crate) fn largest_free(&self) -> u64 {
+        if !self.serving {
+            return 0;
+        }
+        self.blocks
+            .iter()
+            .filter(|b| matches!(b.state, BlockState::Free { .. }))
+            .filter(|b| {
+                self.pages
+                    .get(b.page as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|p| p.indexed)
+            })
+            .map(|b| b.size)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Every used block as (page, offset within page, block size, used), for checks.
     pub(crate) fn used_blocks(&self) -> impl Iterator<Item = (u32, u64, u64, Used)> + '_ {
         self.blocks.iter().filter_map(|b| match b.state {

@@ -55,6 +55,16 @@ impl<P> WholePagePool<P> {
         Some((i, page.addr))
     }
 
+    /// The largest free page held for reuse (0 when none).
+    pub(crate) fn largest_free(&self) -> u64 {
+        self.free_by_size
+            .iter()
+            .filter(|(_, list)| !list.is_empty())
+            .map(|(size, _)| *size)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Adds a page already holding `used`.
     pub(crate) fn add(&mut self, raw: P, addr: u64, aligned: u64, used: Used) -> u32 {
         let page = WholePage {

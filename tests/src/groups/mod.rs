@@ -2,6 +2,7 @@
 //! that panics with a message naming the mode, the behaviour and what was seen.
 
 mod bad_input;
+mod capture;
 mod drop_queue;
 mod failure_rule;
 mod faults;
@@ -12,6 +13,7 @@ mod round_trip;
 pub mod work_faults;
 
 pub use bad_input::bad_input;
+pub use capture::{capture, capture_replay_fault};
 pub use drop_queue::drop_queue;
 pub use failure_rule::{failure_rule, failure_rule_with};
 pub use faults::fault_injection;

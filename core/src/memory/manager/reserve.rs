@@ -110,7 +110,10 @@ impl<S: Shim> MemoryManager<S> {
             return Ok(Location { pool, block });
         }
         if update == PageUpdate::Forbidden {
-            return Err(IoError::PageUpdateForbidden { size: used.size });
+            return Err(IoError::PageUpdateForbidden {
+                size: used.size,
+                room: whole.largest_free(),
+            });
         }
         let (raw, addr) = self.alloc_page(shim, aligned, used.size)?;
         let whole = if pool == POOL_PERSISTENT {
@@ -138,7 +141,10 @@ impl<S: Shim> MemoryManager<S> {
             });
         }
         if update == PageUpdate::Forbidden {
-            return Err(IoError::PageUpdateForbidden { size: used.size });
+            return Err(IoError::PageUpdateForbidden {
+                size: used.size,
+                room: self.small.largest_free(),
+            });
         }
         let (raw, addr) = self.alloc_page(shim, self.small.page_size, used.size)?;
         self.small.add_page(raw, addr);
@@ -204,7 +210,10 @@ impl<S: Shim> MemoryManager<S> {
                 });
             }
             if update == PageUpdate::Forbidden {
-                return Err(IoError::PageUpdateForbidden { size: used.size });
+                return Err(IoError::PageUpdateForbidden {
+                    size: used.size,
+                    room: pool.largest_free(),
+                });
             }
             let page_size = pool.page_size;
             if aligned <= page_size {
@@ -222,7 +231,10 @@ impl<S: Shim> MemoryManager<S> {
                 });
             }
         } else if update == PageUpdate::Forbidden {
-            return Err(IoError::PageUpdateForbidden { size: used.size });
+            return Err(IoError::PageUpdateForbidden {
+                size: used.size,
+                room: 0,
+            });
         }
         self.grow_arena(shim, aligned, used)
     }

@@ -1,0 +1,351 @@
+//! The capture operations of a command: begin a recording, end it into a [`Graph`] (or update a
+//! graph in place with it), replay a graph, hold room ahead of a recording, and discard a
+//! recording whose step failed.
+//!
+//! Owns the order of each transition's steps (the state changes first, so a refused call runs
+//! nothing), sealing (guards on every touched page, the graph's upload) and the failure rule of a
+//! replay. Does not own the state machine (`capture/mod.rs`), what a recording collects
+//! (`capture/window.rs`) nor the device's share (`capture/device.rs`).
+
+use super::Command;
+use crate::capture::{CapturePhase, Graph, Owned, Recorded, Recording, Span, Window};
+use crate::error::{CaptureError, LaunchError, ServerError, Validation};
+use crate::failure::Failures;
+use crate::memory::{PageGuard, PageRef};
+use crate::shim::Shim;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::AtomicBool;
+
+/// Marks every range of `spans` with a new failure whose root is `error`.
+fn fail_spans(failures: &mut Failures, spans: &[Span], error: ServerError) {
+    let f = failures.new_failure(error);
+    for s in spans {
+        failures.mark(s.id, s.start, s.end, f);
+    }
+    failures.prune(f);
+}
+
+impl<S: Shim> Command<'_, S> {
+    /// Where this stream is in the capture cycle.
+    pub fn capture_phase(&self) -> CapturePhase {
+        self.device.streams[self.stream]
+            .as_ref()
+            .map_or(CapturePhase::Idle, |s| s.capture.phase())
+    }
+
+    /// Starts recording this stream into a graph named `name`: from now until
+    /// [`Self::end_capture`], copies and launches enqueued on it are recorded, not run (see
+    /// [`crate::capture`] for what a recording allows). Hold the room its reservations need
+    /// first ([`Self::hold`], or a warm-up run of the same work).
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::AnotherRecords`] while a recording of the device is open;
+    /// [`CaptureError::Refused`] when the device refuses (a shim without graphs); the failures
+    /// every operation begins with. Nothing changes on an error.
+    pub fn begin_capture(&mut self, name: &'static str) -> Result<Recording, ServerError> {
+        self.begin()?;
+        let stream = self.stream as u32;
+        if let Some(open) = self.device.capture_open {
+            return Err(CaptureError::AnotherRecords {
+                stream,
+                recording: open as u32,
+            }
+            .into());
+        }
+        let (shim, s) = self.parts();
+        // Other streams wait on this for the stream's work before the recording (an event
+        // recorded during it would lie inside it).
+        let pre_event = shim.record_event(&s.raw);
+        let began = pre_event.and_then(|pre| shim.begin_capture(&s.raw).map(|()| pre));
+        let pre_event = began.map_err(|e| CaptureError::Refused {
+            stream,
+            cause: self.device.ledger.call_failed(e),
+        })?;
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let s = self.current();
+        let window = Window::new(name, s.cursor, Some(pre_event), Arc::clone(&abandoned));
+        s.capture.begin(stream, window)?;
+        self.device.capture_open = Some(self.stream);
+        self.device.set_frozen(true);
+        Ok(Recording {
+            device: self.device.id,
+            stream,
+            abandoned,
+            ended: false,
+        })
+    }
+
+    /// Ends `recording` (begun on this stream) and seals it into a [`Graph`]: every page it
+    /// touched is guarded and the graph is uploaded ahead of its first replay.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::Discarded`] when a step of the recording failed (the reason is inside);
+    /// [`CaptureError::Refused`] when the device refuses to instantiate it (the buffers it would
+    /// have written then carry that failure); [`CaptureError::NotRecording`] for a recording of
+    /// another stream or device (which is then abandoned). The stream is idle again after any of
+    /// them.
+    pub fn end_capture(&mut self, recording: Recording) -> Result<Graph<S>, ServerError> {
+        let window = self.close(recording)?;
+        let (shim, s) = self.parts();
+        let ended = shim.end_capture(&s.raw, false);
+        let exec = self.instantiated(&window, ended)?;
+        Ok(self.seal(*window, Arc::new(exec)))
+    }
+
+    /// Ends `recording` as [`Self::end_capture`] does, into `graph`: where the device can update
+    /// `graph` in place (the same work with new parameters: CUDA's exec update), it does, and
+    /// otherwise `graph` gets a new instantiation. Either way `graph` replays the new recording
+    /// from now on; replays enqueued before keep what they were enqueued with, and what the old
+    /// recording touched is released once they are done.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::end_capture`] (`graph` is then unchanged); [`CaptureError::ForeignGraph`] for a
+    /// graph of another device (the recording is then abandoned).
+    pub fn end_capture_update(
+        &mut self,
+        recording: Recording,
+        graph: &mut Graph<S>,
+    ) -> Result<(), ServerError> {
+        if graph.device != self.device.id {
+            return Err(CaptureError::ForeignGraph {
+                recorded_on: graph.device,
+                used_on: self.device.id,
+            }
+            .into());
+        }
+        let window = self.close(recording)?;
+        let (shim, s) = self.parts();
+        let ended = shim.end_capture_update(&s.raw, false, &graph.recorded.exec);
+        let exec = match self.instantiated(&window, ended)? {
+            Some(new) => Arc::new(new),
+            None => Arc::clone(&graph.recorded.exec),
+        };
+        let mut sealed = self.seal(*window, exec);
+        // `graph` takes the new recording; `sealed`, holding the old one, drops as a graph does:
+        // the old recording goes back through the device once its replays are done.
+        core::mem::swap(&mut graph.recorded, &mut sealed.recorded);
+        graph.stream = sealed.stream;
+        drop(sealed);
+        Ok(())
+    }
+
+    /// The shim's answer to the end of a recording; on a refusal the buffers the recording would
+    /// have written carry it.
+    fn instantiated<G>(
+        &mut self,
+        window: &Window<S>,
+        ended: Result<G, crate::DriverError>,
+    ) -> Result<G, ServerError> {
+        ended.map_err(|e| {
+            let error: ServerError = CaptureError::Refused {
+                stream: self.stream as u32,
+                cause: self.device.ledger.call_failed(e),
+            }
+            .into();
+            fail_spans(&mut self.device.failures, &window.writes, error.clone());
+            error
+        })
+    }
+
+    /// Closes the recording `recording` names on this stream: the state goes back to idle and
+    /// the drop queues thaw; returns what the recording collected.
+    fn close(
+        &mut self,
+        mut recording: Recording,
+    ) -> Result<alloc::boxed::Box<Window<S>>, ServerError> {
+        let stream = self.stream as u32;
+        if recording.device != self.device.id || recording.stream != stream {
+            // Dropping `recording` abandons it: the next command aborts it.
+            return Err(CaptureError::NotRecording { stream }.into());
+        }
+        recording.ended = true;
+        let was_recording = self.current().capture.is_recording();
+        let closed = self.current().capture.end(stream);
+        if self.device.capture_open == Some(self.stream) {
+            self.device.capture_open = None;
+        }
+        if was_recording {
+            self.device.set_frozen(false);
+        }
+        closed
+    }
+
+    /// Seals a closed recording around the shim's graph `exec`: a guard on every page it touched
+    /// (each page once), then an upload ahead of the first replay (a refused upload only costs
+    /// the first replay its time).
+    fn seal(&mut self, window: Window<S>, exec: Arc<S::Graph>) -> Graph<S> {
+        let Window {
+            name,
+            touched,
+            reads,
+            writes,
+            host,
+            ..
+        } = window;
+        let mut guarded: Vec<(usize, PageRef)> = Vec::new();
+        let mut guards: Vec<PageGuard> = Vec::new();
+        for b in &touched {
+            let Ok(owner) = self.device.owner_of(b) else {
+                continue;
+            };
+            let Some(memory) = self.device.streams[owner].as_mut().map(|s| &mut s.memory) else {
+                continue;
+            };
+            let Ok(page) = memory.resolve(b).map(|r| r.page) else {
+                continue;
+            };
+            if guarded.contains(&(owner, page)) {
+                continue;
+            }
+            if let Ok(guard) = memory.guard(b) {
+                guarded.push((owner, page));
+                guards.push(guard);
+            }
+        }
+        let (shim, s) = self.parts();
+        if let Err(e) = shim.graph_upload(&exec, &s.raw) {
+            debug!("graph `{}` not uploaded ahead (status {})", name, e.status);
+        }
+        let host_bytes = host.iter().map(crate::HostBuffer::len).sum();
+        Graph {
+            recorded: Arc::new(Recorded {
+                exec,
+                name,
+                touched,
+                reads,
+                writes,
+                host: Owned::new(host),
+                host_bytes,
+                guards,
+            }),
+            returns: Arc::clone(&self.device.graph_returns),
+            device: self.device.id,
+            stream: self.stream as u32,
+        }
+    }
+
+    /// Discards this stream's recording after `reason` failed one of its steps: the shim's
+    /// capture is ended and thrown away, the buffers the recording would have written carry the
+    /// failure, and every operation on the stream answers it until [`Self::end_capture`]. Does
+    /// nothing unless this stream records.
+    pub(super) fn discard_recording(&mut self, reason: &ServerError) {
+        let stream = self.stream as u32;
+        let (shim, s) = self.parts();
+        let Some(window) = s.capture.discard(stream, reason.clone()) else {
+            return;
+        };
+        // Ends the recording whatever it answers; a graph from a doomed end is dropped.
+        let _ = shim.end_capture(&s.raw, true);
+        let discarded = self.current().capture.check_open().err();
+        self.device.set_frozen(false);
+        if let Some(error) = discarded {
+            fail_spans(&mut self.device.failures, &window.writes, error);
+        }
+    }
+
+    /// Enqueues one replay of `graph` on this stream, ordered after other streams' work on the
+    /// memory it touches. A replay whose input carries a failure is skipped and its outputs
+    /// carry the failure; a refused replay marks its outputs with the refusal; a fault while it
+    /// runs is a fault of this stream's work (named after the graph). Replays in flight keep
+    /// what the graph touches alive, whatever happens to `graph`.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::ForeignGraph`]; [`Validation::Recording`] while this stream records (other
+    /// streams replay while one records);
+    /// [`CaptureError::RecordedElsewhere`] when another stream's recording uses its memory;
+    /// [`ServerError::Skipped`] (named after the graph); [`LaunchError::Refused`]; the failures
+    /// every operation begins with and those of cross-stream order.
+    pub fn replay(&mut self, graph: &Graph<S>) -> Result<(), ServerError> {
+        self.begin()?;
+        if graph.device != self.device.id {
+            return Err(CaptureError::ForeignGraph {
+                recorded_on: graph.device,
+                used_on: self.device.id,
+            }
+            .into());
+        }
+        if self.current().capture.is_recording() {
+            // A graph inside a recording: not supported (CUDA would need a child-graph node).
+            return Err(Validation::Recording { op: "replay" }.into());
+        }
+        let recorded = &graph.recorded;
+        for b in &recorded.touched {
+            self.device.order_kept(self.stream, b)?;
+        }
+        let name = recorded.name;
+        let failures = &mut self.device.failures;
+        if !failures.is_empty()
+            && let Some(f) = recorded
+                .reads
+                .iter()
+                .find_map(|r| failures.failure(r.id, r.start, r.end))
+        {
+            failures.skipped(f, name);
+            for w in &recorded.writes {
+                failures.mark(w.id, w.start, w.end, f);
+            }
+            return Err(ServerError::Skipped {
+                kernel: name,
+                failure: f,
+            });
+        }
+        let (shim, s) = self.parts();
+        // SAFETY: the graph keeps every allocation it touches alive and every page they lie on
+        // guarded (no move, no reuse), and its host bytes are its own; the drop queue keeps all
+        // of it until a fence after this replay passes.
+        let launched = unsafe { shim.graph_launch(&recorded.exec, &s.raw) };
+        if let Err(e) = launched {
+            let error: ServerError = LaunchError::Refused {
+                kernel: name,
+                cause: self.device.ledger.call_failed(e),
+            }
+            .into();
+            fail_spans(&mut self.device.failures, &recorded.writes, error.clone());
+            return Err(error);
+        }
+        let failures = &mut self.device.failures;
+        if !failures.is_empty() {
+            for w in &recorded.writes {
+                failures.written(w.id, w.start, w.end);
+            }
+        }
+        let s = self.current();
+        s.last_kernel = Some(name);
+        s.drops.push_graph(recorded);
+        if s.drops.should_flush() {
+            self.flush_after_enqueue()?;
+        }
+        Ok(())
+    }
+
+    /// Holds room on this stream for reservations of `sizes` (in the current allocation mode),
+    /// so a recording can make them without a new page: each is reserved (largest first, so the
+    /// pools grow to the largest request before the others are placed), then freed. The room
+    /// stays held until a cleanup gives empty pages back (`memory_cleanup`, or reclaim when a
+    /// reservation fails). A warm-up run of the work to record holds its room the same way.
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::Recording`] while a stream of the device records; as [`Self::reserve`].
+    pub fn hold(&mut self, sizes: &[u64]) -> Result<(), ServerError> {
+        self.begin()?;
+        if self.device.recording().is_some() {
+            return Err(Validation::Recording { op: "hold" }.into());
+        }
+        let mut sorted = sizes.to_vec();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut held = Vec::with_capacity(sorted.len());
+        for size in sorted {
+            held.push(self.reserve(size)?);
+        }
+        drop(held);
+        // The freed room goes back to the pools now.
+        self.device.collect();
+        Ok(())
+    }
+}

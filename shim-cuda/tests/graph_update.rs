@@ -1,0 +1,187 @@
+//! GPU tests of graphs beyond one recording: an executable graph updated in place
+//! (`cuGraphExecUpdate`) or instantiated anew when the topology changed, and what global capture
+//! mode allows other streams and other threads while a stream records. Like `gpu.rs`, they run
+//! for real where a CUDA driver and device are present and print a visible `skipped: ...` line
+//! and pass where none is.
+
+mod common;
+
+use common::{compile, download, gpu, page, say, wait};
+use devcmd::{CopyLayout, DeviceAddr, DeviceSpan, HostMemory, KernelParam, LaunchDims, Shim};
+use devcmd_cuda::{CudaKernel, CudaShim, CudaStream};
+
+const FILL: &str = r#"
+extern "C" __global__ void fill(unsigned int* out, unsigned int value, unsigned long long n) {
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+"#;
+
+const N: usize = 4096;
+
+/// Enqueues `fill(out, value, N)` on `stream`.
+fn fill(shim: &CudaShim, stream: &CudaStream, kernel: &CudaKernel, out: DeviceAddr, value: u32) {
+    let v = value.to_ne_bytes();
+    let n = (N as u64).to_ne_bytes();
+    let params = [
+        KernelParam::Buffer(0),
+        KernelParam::Scalar(&v),
+        KernelParam::Scalar(&n),
+    ];
+    let buffers = [DeviceSpan {
+        addr: out,
+        len: (N * 4) as u64,
+    }];
+    // SAFETY: `out` is a live page of N u32s; the kernel writes only those.
+    unsafe {
+        shim.launch(
+            stream,
+            kernel,
+            LaunchDims::covering(N as u64, 256),
+            &buffers,
+            &params,
+        )
+    }
+    .unwrap();
+}
+
+#[test]
+fn a_graph_updates_in_place_and_a_new_topology_instantiates_anew() {
+    let test = "a_graph_updates_in_place_and_a_new_topology_instantiates_anew";
+    let Some(shim) = gpu(test) else { return };
+    let Some(module) = compile(&shim, FILL, &[], test) else {
+        return;
+    };
+    let kernel = module.kernel("fill").unwrap();
+    let stream = shim.create_stream().unwrap();
+    let (out_page, out) = page(&shim, N * 4);
+    let replay = |graph| {
+        // SAFETY: the page the recording writes is alive until the end of the test.
+        unsafe { shim.graph_launch(graph, &stream) }.unwrap();
+        wait(&shim, &stream);
+        download::<u32>(&shim, &stream, out, N)
+    };
+
+    shim.begin_capture(&stream).unwrap();
+    fill(&shim, &stream, &kernel, out, 1);
+    let graph = shim.end_capture(&stream, false).unwrap();
+    assert_eq!(replay(&graph), vec![1; N]);
+
+    shim.begin_capture(&stream).unwrap();
+    fill(&shim, &stream, &kernel, out, 2);
+    let updated = shim.end_capture_update(&stream, false, &graph).unwrap();
+    assert!(updated.is_none(), "the same topology is updated in place");
+    assert!(!shim.is_capturing(&stream).unwrap());
+    assert_eq!(
+        replay(&graph),
+        vec![2; N],
+        "the updated graph replays the new value"
+    );
+
+    shim.begin_capture(&stream).unwrap();
+    fill(&shim, &stream, &kernel, out, 5);
+    fill(&shim, &stream, &kernel, out, 3);
+    let anew = shim
+        .end_capture_update(&stream, false, &graph)
+        .unwrap()
+        .expect("two nodes where there was one: a new instantiation");
+    assert_eq!(replay(&anew), vec![3; N]);
+    assert_eq!(
+        replay(&graph),
+        vec![2; N],
+        "the refused update left the graph as it was"
+    );
+
+    shim.begin_capture(&stream).unwrap();
+    fill(&shim, &stream, &kernel, out, 9);
+    let e = shim.end_capture_update(&stream, true, &graph).unwrap_err();
+    assert!(
+        !shim.is_capturing(&stream).unwrap(),
+        "a doomed update ends the capture"
+    );
+    say(&format!("a doomed update: {e}"));
+    assert_eq!(
+        replay(&graph),
+        vec![2; N],
+        "a doomed update changes nothing"
+    );
+    drop((graph, anew));
+    // SAFETY: every replay completed (waited above).
+    unsafe { shim.device_free(out_page) };
+}
+
+/// While one stream records in global mode, another stream does what the core lets other streams
+/// do then (a kernel, copies through pinned memory, an event recorded), and the recording still
+/// seals. What the core refuses meanwhile is refused by CUDA too, each in a recording of its own
+/// (the answers and what became of the recording are printed): a query and a wait of another
+/// stream's event (no host wait on any stream), and another thread's `cuMemAlloc`.
+#[test]
+fn other_streams_work_while_a_stream_records_in_global_mode() {
+    let test = "other_streams_work_while_a_stream_records_in_global_mode";
+    let Some(shim) = gpu(test) else { return };
+    let Some(module) = compile(&shim, FILL, &[], test) else {
+        return;
+    };
+    let kernel = module.kernel("fill").unwrap();
+    let (recording, other) = (shim.create_stream().unwrap(), shim.create_stream().unwrap());
+    let (a_page, a) = page(&shim, N * 4);
+    let (b_page, b) = page(&shim, N * 4);
+    let pinned = shim.host_alloc_pinned(N * 4).unwrap();
+    let p = shim.host_page_ptr(&pinned).as_ptr();
+    let layout = CopyLayout::linear((N * 4) as u64);
+    let before = shim.record_event(&other).unwrap();
+
+    shim.begin_capture(&recording).unwrap();
+    fill(&shim, &recording, &kernel, a, 7);
+    fill(&shim, &other, &kernel, b, 4);
+    // SAFETY: `pinned` holds N u32s and outlives the wait below; `b` is a live page.
+    unsafe { shim.copy_to_host(&other, b, p, HostMemory::Pinned, layout) }.unwrap();
+    // SAFETY: as above.
+    unsafe { shim.copy_to_device(&other, p, HostMemory::Pinned, a, layout) }.unwrap();
+    let after = shim.record_event(&other).unwrap();
+    let graph = shim
+        .end_capture(&recording, false)
+        .expect("work on another stream leaves the capture valid");
+    shim.event_wait(&after).unwrap();
+    // SAFETY: the copy into `pinned` completed (waited above).
+    let copied = unsafe { std::slice::from_raw_parts(p.cast::<u32>(), N) };
+    assert!(copied.iter().all(|&v| v == 4), "the other stream's copy");
+    // SAFETY: `a` is alive until the end of the test.
+    unsafe { shim.graph_launch(&graph, &recording) }.unwrap();
+    wait(&shim, &recording);
+    assert_eq!(download::<u32>(&shim, &recording, a, N), vec![7; N]);
+    drop(graph);
+
+    shim.begin_capture(&recording).unwrap();
+    let query = shim.event_query(&before);
+    let waited = shim.event_wait(&before);
+    let ended = shim.end_capture(&recording, false).map(drop);
+    say(&format!(
+        "during a capture: query {query:?}, wait {waited:?} of another stream's event; the \
+         capture then: {ended:?}"
+    ));
+    assert!(
+        query.is_err() && waited.is_err(),
+        "global mode refuses host waits"
+    );
+    assert!(!shim.is_capturing(&recording).unwrap());
+
+    shim.begin_capture(&recording).unwrap();
+    let alloc = std::thread::scope(|s| s.spawn(|| shim.device_alloc(1 << 20).map(drop)).join());
+    let alloc = alloc.expect("the thread ran");
+    let ended = shim.end_capture(&recording, false).map(drop);
+    say(&format!(
+        "during a capture: cuMemAlloc on another thread: {alloc:?}; the capture then: {ended:?}"
+    ));
+    assert!(
+        alloc.is_err(),
+        "global mode refuses another thread's cuMemAlloc"
+    );
+    assert!(!shim.is_capturing(&recording).unwrap());
+    // SAFETY: every copy and replay completed (waited above).
+    unsafe {
+        shim.host_free_pinned(pinned);
+        shim.device_free(a_page);
+        shim.device_free(b_page);
+    }
+}

@@ -1,0 +1,121 @@
+//! The capture group: recording a stream into a graph and replaying it, on any shim with graphs
+//! (a shim without them must refuse `begin_capture` with `Fault::Unsupported`, and the group
+//! says it skipped).
+//!
+//! Each check makes its own device. No check depends on timing; lazy mode and poisoned frees
+//! show memory a graph still uses being freed, reused or released too early as wrong bytes.
+//! Owns the group and its plumbing; `replay.rs` checks that replays compute what the recorded
+//! work computes (inputs updated between replays, host bytes owned by the graph, other streams,
+//! exec update); `memory.rs` what a graph keeps and gives back, and a recording that needs a page;
+//! `refusals.rs` what is refused while recording and what still works; `failures.rs` the failure
+//! rule through replays and a fault while a replay runs.
+
+mod failures;
+mod memory;
+mod refusals;
+mod replay;
+
+use crate::harness::{Harness, Mode};
+use crate::util::{Ctx, must, small_pages};
+use devcmd::{CaptureError, Fault, Graph, Recording, ServerError, StreamId};
+
+/// The recording stream of every check.
+pub(super) const S0: StreamId = StreamId(0);
+/// Another stream.
+pub(super) const S1: StreamId = StreamId(1);
+/// A buffer size the small pool serves.
+pub(super) const SMALL: usize = 3000;
+/// A buffer size the arena serves (pages of 512 KiB with [`small_pages`]).
+pub(super) const LARGE: usize = 200_000;
+
+/// The capture group: every check in `mode` but the fault of a replay
+/// ([`capture_replay_fault`]), or a note on stderr when the shim has no graphs.
+pub fn capture<H: Harness>(h: &H, mode: Mode) {
+    if !has_graphs(h, mode) {
+        return;
+    }
+    replay::replays_compute_the_recorded_work(h, mode);
+    replay::host_bytes_belong_to_the_graph(h, mode);
+    replay::other_streams_replay_in_order(h, mode);
+    replay::a_graph_updates_in_place_or_anew(h, mode);
+    memory::memory_stays_under_a_live_graph(h, mode);
+    memory::a_recording_that_needs_a_page_is_discarded_cleanly(h, mode);
+    refusals::what_waits_on_the_recording_is_refused(h, mode);
+    refusals::other_streams_keep_working_apart_from_its_memory(h, mode);
+    refusals::an_abandoned_recording_ends_cleanly(h, mode);
+    failures::a_replay_whose_input_failed_is_skipped(h, mode);
+}
+
+/// A fault while a replay runs (`failures.rs`): a group of its own, because on a device whose
+/// failed kernel loses it for the whole process (CUDA), nothing can run after it.
+pub fn capture_replay_fault<H: Harness>(h: &H, mode: Mode) {
+    if has_graphs(h, mode) {
+        failures::a_fault_while_a_replay_runs_is_the_streams(h, mode);
+    }
+}
+
+/// Whether the shim records graphs; a shim that refuses with `Fault::Unsupported` is skipped
+/// (saying so), any other refusal fails the group.
+fn has_graphs<H: Harness>(h: &H, mode: Mode) -> bool {
+    let Some(mut c) = Ctx::new(h, mode, small_pages(), "capture") else {
+        return false;
+    };
+    let begun = c.dev.command(S0).and_then(|mut k| k.begin_capture("probe"));
+    match begun {
+        Ok(rec) => {
+            must(
+                c.dev.command(S0).and_then(|mut k| k.end_capture(rec)),
+                format!("[{mode}] capture: ending an empty recording"),
+            );
+            true
+        }
+        Err(ServerError::Capture(CaptureError::Refused { cause, .. }))
+            if cause.fault == Fault::Unsupported =>
+        {
+            eprintln!("devcmd conformance: capture skipped: the shim has no graphs ({cause})");
+            false
+        }
+        Err(e) => panic!("[{mode}] capture: begin_capture refused: {e}"),
+    }
+}
+
+/// A fresh device for `check` with small pages.
+pub(super) fn ctx<H: Harness>(h: &H, mode: Mode, check: &str) -> Ctx<H> {
+    Ctx::new(h, mode, small_pages(), check).expect("the mode was offered a moment ago")
+}
+
+/// Begins recording `stream` into a graph named `name`.
+#[track_caller]
+pub(super) fn begin<H: Harness>(c: &mut Ctx<H>, stream: StreamId, name: &'static str) -> Recording {
+    let mode = c.mode;
+    must(
+        c.dev
+            .command(stream)
+            .and_then(|mut k| k.begin_capture(name)),
+        format!("[{mode}] begin_capture `{name}`"),
+    )
+}
+
+/// Ends the recording `rec` of `stream` into a graph.
+#[track_caller]
+pub(super) fn end<H: Harness>(c: &mut Ctx<H>, stream: StreamId, rec: Recording) -> Graph<H::S> {
+    let mode = c.mode;
+    must(
+        c.dev.command(stream).and_then(|mut k| k.end_capture(rec)),
+        format!("[{mode}] end_capture"),
+    )
+}
+
+/// Replays `graph` on `stream`.
+pub(super) fn replay<H: Harness>(
+    c: &mut Ctx<H>,
+    stream: StreamId,
+    graph: &Graph<H::S>,
+) -> Result<(), ServerError> {
+    c.dev.command(stream)?.replay(graph)
+}
+
+/// Device pages the probe counts live (0 without a probe: checks on it then pass trivially).
+pub(super) fn pages_live<H: Harness>(c: &Ctx<H>) -> u64 {
+    c.counters().device_pages_live + c.counters().host_pages_live
+}

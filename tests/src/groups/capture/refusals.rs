@@ -1,0 +1,232 @@
+//! What is refused while a stream records, each with its error, and what still works: the
+//! recording survives every refusal and its graph replays right; other streams keep enqueueing
+//! work on their own memory and on the recording stream's memory the recording does not use
+//! (no stream waits for the device meanwhile); a recording whose token is dropped (or whose
+//! device is dropped) ends cleanly.
+
+use super::{S0, S1, SMALL, begin, ctx, end, pages_live, replay};
+use crate::harness::{Harness, Mode, TestKernel};
+use crate::util::{Ctx, first_diff, must, pattern, plus};
+use devcmd::{CaptureError, CapturePhase, IoError, ReadRequest, ServerError, StreamId, Validation};
+use std::fmt::Debug;
+
+fn phase<H: Harness>(c: &mut Ctx<H>, s: StreamId) -> CapturePhase {
+    must(c.dev.command(s).map(|k| k.capture_phase()), "capture_phase")
+}
+
+#[track_caller]
+fn refused_as<T: Debug>(what: &str, op: &'static str, r: Result<T, ServerError>) {
+    match r {
+        Err(ServerError::Validation(Validation::Recording { op: named })) if named == op => {}
+        other => panic!("{what}: `{op}` while recording answered {other:?}, not a refusal"),
+    }
+}
+
+#[track_caller]
+fn recorded_elsewhere<T: Debug>(what: &str, step: &str, r: Result<T, ServerError>) {
+    match r {
+        Err(ServerError::Capture(CaptureError::RecordedElsewhere {
+            stream: 1,
+            recording: 0,
+            ..
+        })) => {}
+        other => panic!("{what}: {step} answered {other:?}, not RecordedElsewhere"),
+    }
+}
+
+/// While S0 records: reads (`read_async`, `read_owned`), `sync`, `flush_drops`, `poll_drops`,
+/// `memory_cleanup` (on any stream), `hold`, a replay on S0, and a second `begin_capture` (on
+/// either stream) are refused with their errors; the recording goes on and its graph replays
+/// right.
+pub(crate) fn what_waits_on_the_recording_is_refused<H: Harness>(h: &H, mode: Mode) {
+    let what = format!("[{mode}] capture: refusals while recording");
+    let mut c = ctx(h, mode, "capture");
+    let p = pattern(SMALL, 31);
+    let x = must(c.create(S0, &p), &what);
+    let y = must(c.empty(S0, SMALL as u64), &what);
+    let rec = begin(&mut c, S0, "earlier");
+    must(c.launch(S0, TestKernel::Fill, 1, &[], &[&y]), &what);
+    let earlier = end(&mut c, S0, rec);
+    let rec = begin(&mut c, S0, "plus_one");
+    must(c.launch(S0, TestKernel::AddByte, 1, &[&x], &[&y]), &what);
+    refused_as(&what, "read_async", c.read(S0, &y));
+    refused_as(
+        &what,
+        "read_owned",
+        c.dev
+            .command(S0)
+            .and_then(|mut k| k.read_owned(y.clone()).map(drop)),
+    );
+    refused_as(&what, "sync", c.sync(S0));
+    refused_as(&what, "flush_drops", c.flush(S0));
+    refused_as(&what, "poll_drops", c.poll(S0));
+    for s in [S0, S1] {
+        refused_as(
+            &what,
+            "memory_cleanup",
+            c.dev.command(s).and_then(|mut k| k.memory_cleanup()),
+        );
+    }
+    refused_as(
+        &what,
+        "hold",
+        c.dev.command(S0).and_then(|mut k| k.hold(&[64])),
+    );
+    refused_as(&what, "replay", replay(&mut c, S0, &earlier));
+    for s in [S0, S1] {
+        match c.dev.command(s).and_then(|mut k| k.begin_capture("second")) {
+            Err(ServerError::Capture(CaptureError::AnotherRecords { recording: 0, .. })) => {}
+            other => panic!("{what}: a second begin_capture answered {other:?}"),
+        }
+    }
+    assert_eq!(
+        phase(&mut c, S0),
+        CapturePhase::Recording,
+        "{what}: a refusal ended the recording"
+    );
+    let graph = end(&mut c, S0, rec);
+    must(replay(&mut c, S0, &graph), &what);
+    let got = must(c.read(S0, &y), &what);
+    assert!(
+        got == plus(&p, 1),
+        "{what}: the graph recorded around refusals computed other bytes ({})",
+        first_diff(&got, &plus(&p, 1))
+    );
+    drop((graph, earlier, x, y));
+    c.assert_no_leak(&what);
+}
+
+/// While S0 records, no stream may wait for the device (a host wait is illegal during a
+/// recording on CUDA, on any stream): reads, syncs and flushes on S1 are refused, and so is the
+/// wait of a read enqueued before the recording (its buffers go back after the end, as `Ctx`'s
+/// leak check shows). S1 still enqueues its own work and work on S0's memory the recording does
+/// not use (ordered after S0's work from before the recording: a slow kernel); it is refused
+/// the memory the recording uses (`RecordedElsewhere`); a reservation on S1 that needs a page is
+/// refused (`PageUpdateForbidden`) and the recording goes on. No page is allocated or freed
+/// meanwhile. After the end every result reads right, on either stream.
+pub(crate) fn other_streams_keep_working_apart_from_its_memory<H: Harness>(h: &H, mode: Mode) {
+    let what = format!("[{mode}] capture: other streams while recording");
+    let mut c = ctx(h, mode, "capture");
+    let (p, q, r) = (pattern(SMALL, 41), pattern(SMALL, 42), pattern(SMALL, 43));
+    let x = must(c.create(S0, &p), &what);
+    let y = must(c.empty(S0, SMALL as u64), &what);
+    let u = must(c.create(S0, &q), &what);
+    let u2 = must(c.empty(S0, SMALL as u64), &what);
+    let o = must(c.create(S1, &r), &what);
+    let w = must(c.empty(S1, SMALL as u64), &what);
+    let w2 = must(c.empty(S1, SMALL as u64), &what);
+    let early = must(
+        c.dev
+            .command(S1)
+            .and_then(|mut k| k.read_async(&[ReadRequest::whole(&o)])),
+        &what,
+    );
+    must(
+        c.launch(S0, TestKernel::SlowAdd, 1, &[&u], &[&u2]),
+        format!("{what}: slow work on S0 before the recording"),
+    );
+    let pages = pages_live(&c);
+    let rec = begin(&mut c, S0, "plus_one");
+    must(c.launch(S0, TestKernel::AddByte, 1, &[&x], &[&y]), &what);
+    must(
+        c.launch(S1, TestKernel::AddByte, 1, &[&o], &[&w]),
+        format!("{what}: S1's own work"),
+    );
+    must(
+        c.launch(S1, TestKernel::AddByte, 1, &[&u2], &[&w2]),
+        format!("{what}: S1 reads S0's memory the recording does not use"),
+    );
+    refused_as(&what, "read_async", c.read(S1, &w));
+    refused_as(&what, "sync", c.sync(S1));
+    refused_as(&what, "flush_drops", c.flush(S1));
+    refused_as(&what, "ReadFuture::wait", early.wait());
+    recorded_elsewhere(
+        &what,
+        "S1 launching on the recording's output",
+        c.launch(S1, TestKernel::AddByte, 1, &[&y], &[&w]),
+    );
+    recorded_elsewhere(
+        &what,
+        "S1 launching on the recording's input",
+        c.launch(S1, TestKernel::AddByte, 1, &[&x], &[&w]),
+    );
+    recorded_elsewhere(
+        &what,
+        "S1 writing the recording's input",
+        c.write(S1, &x, &[0; SMALL]),
+    );
+    match c.empty(S1, 1 << 20) {
+        Err(ServerError::Io(IoError::PageUpdateForbidden { .. })) => {}
+        other => panic!("{what}: a reservation on S1 needing a page answered {other:?}"),
+    }
+    assert_eq!(phase(&mut c, S0), CapturePhase::Recording, "{what}");
+    assert_eq!(
+        pages_live(&c),
+        pages,
+        "{what}: pages were allocated or freed while S0 recorded"
+    );
+    let graph = end(&mut c, S0, rec);
+    must(replay(&mut c, S0, &graph), &what);
+    for (buffer, expected, step) in [
+        (&w, plus(&r, 1), "S1's own work"),
+        (
+            &w2,
+            plus(&q, 2),
+            "S1's work on S0's memory written before the recording",
+        ),
+        (&y, plus(&p, 1), "the replay's output"),
+    ] {
+        let got = must(c.read(S1, buffer), format!("{what}: {step}"));
+        assert!(
+            got == expected,
+            "{what}: {step} reads other bytes ({})",
+            first_diff(&got, &expected)
+        );
+    }
+    drop((graph, x, y, u, u2, o, w, w2));
+    c.assert_no_leak(&what);
+}
+
+/// Dropping the `Recording` ends it cleanly: the next command finds the stream idle, the
+/// recorded fill never ran and marked nothing, eager work runs, and a new recording works. A
+/// device dropped while a recording is open gives every page back.
+pub(crate) fn an_abandoned_recording_ends_cleanly<H: Harness>(h: &H, mode: Mode) {
+    let what = format!("[{mode}] capture: an abandoned recording");
+    let mut c = ctx(h, mode, "capture");
+    let p = pattern(SMALL, 51);
+    let y = must(c.create(S0, &p), &what);
+    let rec = begin(&mut c, S0, "abandoned");
+    must(c.launch(S0, TestKernel::Fill, 7, &[], &[&y]), &what);
+    drop(rec);
+    assert_eq!(phase(&mut c, S0), CapturePhase::Idle, "{what}");
+    let got = must(c.read(S0, &y), format!("{what}: read after abandoning"));
+    assert!(got == p, "{what}: {}", first_diff(&got, &p));
+    must(c.launch(S0, TestKernel::Fill, 7, &[], &[&y]), &what);
+    assert!(
+        must(c.read(S0, &y), &what).iter().all(|&b| b == 7),
+        "{what}"
+    );
+    let rec = begin(&mut c, S0, "again");
+    must(c.launch(S0, TestKernel::Fill, 8, &[], &[&y]), &what);
+    let graph = end(&mut c, S0, rec);
+    must(replay(&mut c, S0, &graph), &what);
+    assert!(
+        must(c.read(S0, &y), &what).iter().all(|&b| b == 8),
+        "{what}"
+    );
+    drop(graph);
+    let open = begin(&mut c, S0, "open_at_teardown");
+    must(c.launch(S0, TestKernel::Fill, 9, &[], &[&y]), &what);
+    drop(y);
+    let probe = c.probe.take();
+    drop(c);
+    drop(open);
+    if let Some(probe) = probe {
+        let counters = probe.counters();
+        assert_eq!(
+            (counters.device_pages_live, counters.host_pages_live),
+            (0, 0),
+            "{what}: a device dropped while recording kept pages"
+        );
+    }
+}
