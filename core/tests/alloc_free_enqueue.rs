@@ -222,10 +222,7 @@ fn deeper_queues_and_wider_launches_stay_allocation_free_with_their_bounds_raise
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Lazy: the stream runs nothing until the sync's fence is waited on, so every step queues
     // all twelve launches at once (a deterministic peak, which the warm-up reaches).
-    let shim = StdShim::builder()
-        .lazy(true)
-        .spare_launches(QUEUED)
-        .build();
+    let shim = StdShim::builder().lazy(true).spare_launches(QUEUED).build();
     let noop = shim.register_kernel("noop", |_| Ok::<(), KernelFault>(()));
     let memory = MemoryConfig {
         spare_identities: HANDLES,
