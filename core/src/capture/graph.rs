@@ -38,6 +38,15 @@ pub struct Recorded<S: Shim> {
     pub(crate) guards: Vec<PageGuard>,
 }
 
+impl<S: Shim> Drop for Recorded<S> {
+    fn drop(&mut self) {
+        // The graph no longer keeps its allocations: their memory may change hands again.
+        for b in &self.touched {
+            b.release_graph();
+        }
+    }
+}
+
 /// A value only ever reached by whoever owns it (never through a shared reference), so sharing a
 /// reference to the wrapper across threads shares nothing: the graph's host buffers are kept,
 /// never read, while replays on several threads hold the graph.

@@ -189,6 +189,9 @@ impl<S: Shim> Command<'_, S> {
         let mut guarded: Vec<(usize, PageRef)> = Vec::new();
         let mut guards: Vec<PageGuard> = Vec::new();
         for b in &touched {
+            b.keep_for_graph();
+        }
+        for b in &touched {
             let Ok(owner) = self.device.owner_of(b) else {
                 continue;
             };

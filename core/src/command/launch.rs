@@ -173,7 +173,9 @@ impl<S: Shim> Command<'_, S> {
             };
         }
         if self.current().capture.is_recording() {
-            return self.record_launch(name, dims, kernel, spans, params, inputs, outputs);
+            let recorded = self.record_launch(name, dims, kernel, spans, params, inputs, outputs);
+            self.device.launch_spans = heap;
+            return recorded;
         }
         let failures = &mut self.device.failures;
         if !failures.is_empty() {

@@ -5,7 +5,7 @@
 //! pools (`memory/`) nor the fence decisions (`fault.rs`).
 
 use super::Command;
-use crate::error::{ServerError, Validation};
+use crate::error::{IoError, ServerError, Validation};
 use crate::host::HostBuffer;
 use crate::memory::{Handle, PageUpdate};
 use crate::shim::Shim;
@@ -94,6 +94,20 @@ impl<S: Shim> Command<'_, S> {
     /// As [`crate::memory::MemoryManager::bind`]; the failures of cross-stream order.
     pub fn bind(&mut self, reserved: Handle, handle: &Handle) -> Result<(), ServerError> {
         self.begin()?;
+        // Memory a graph's replays (or the open recording) use stays with the handle they know.
+        let recorded = self
+            .device
+            .streams
+            .iter()
+            .flatten()
+            .filter_map(|s| s.capture.window())
+            .any(|w| w.touches(reserved.id()));
+        if reserved.is_kept_by_graph() || recorded {
+            return Err(IoError::KeptByGraph {
+                handle: reserved.id(),
+            }
+            .into());
+        }
         // A bind inside a recording enqueues nothing, so it cannot wait: the room's other uses
         // follow it to `handle`, and the replays that use `handle` wait for them.
         let recording = self.device.recording() == Some(self.stream);

@@ -95,6 +95,11 @@ pub enum IoError {
         /// The handle's id.
         handle: u64,
     },
+    /// Room a graph (or the recording open on a stream) uses cannot be given to another handle.
+    KeptByGraph {
+        /// The handle whose room was to be given.
+        handle: u64,
+    },
     /// A byte range past the end of its allocation.
     OutOfRange {
         /// First byte asked for.
@@ -225,6 +230,12 @@ impl fmt::Display for IoError {
                 f,
                 "handle {handle} is memory of stream {owner} but was used on stream {used_on}; \
                  run this operation on stream {owner}"
+            ),
+            Self::KeptByGraph { handle } => write!(
+                f,
+                "the memory of handle {handle} is used by a graph (or by the recording open on \
+                 its stream), whose replays must find it where it is; drop the graph (or end the \
+                 recording) first, or bind fresh room from `reserve`"
             ),
             Self::InUse { handle } => write!(
                 f,

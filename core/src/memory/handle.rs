@@ -107,6 +107,9 @@ pub(crate) struct Identity {
     /// Whether its device address was ever handed out raw (a managed resource): work the core
     /// does not see may then use it, so the host is never lent its bytes (zero copy).
     exposed: AtomicBool,
+    /// Live graphs that keep the allocation (their replays use it): while any does, its memory
+    /// may not be given to another handle.
+    graphs: AtomicU32,
     /// Packed location: pool in the low 8 bits of `pool`, block in `block`. Written on the device
     /// thread only; read there and by the last reference's [`release`], which `refs` orders after
     /// every write.
@@ -197,6 +200,7 @@ impl Handle {
             owners: AtomicU32::new(1),
             refs: AtomicU32::new(1),
             exposed: AtomicBool::new(false),
+            graphs: AtomicU32::new(0),
             pool: AtomicU32::new(u32::from(POOL_NONE)),
             block: AtomicU32::new(0),
             returns: Arc::downgrade(returns),
@@ -277,6 +281,11 @@ impl Handle {
         self.identity.exposed.store(true, Ordering::Release);
     }
 
+    /// Whether a live graph keeps the allocation (its replays use it).
+    pub fn is_kept_by_graph(&self) -> bool {
+        self.identity.graphs.load(Ordering::Acquire) > 0
+    }
+
     /// Whether the allocation's device address was ever handed out raw
     /// ([`Command::managed_resource`](crate::Command::managed_resource)).
     pub fn is_exposed(&self) -> bool {
@@ -336,6 +345,16 @@ impl Drop for Binding {
 }
 
 impl Binding {
+    /// Counts one more live graph keeping the allocation (undone by [`Self::release_graph`]).
+    pub(crate) fn keep_for_graph(&self) {
+        self.identity.graphs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Undoes one [`Self::keep_for_graph`].
+    pub(crate) fn release_graph(&self) {
+        self.identity.graphs.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// The allocation's id.
     pub fn id(&self) -> u64 {
         self.identity.id

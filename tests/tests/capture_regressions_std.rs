@@ -1,0 +1,59 @@
+//! Capture defects found in review, one test each (std shim, lazy + poison).
+
+mod common;
+
+use common::{S0, launch, lazy_device, read};
+use devcmd::{IoError, ServerError};
+use devcmd_std::{StdKernel, StdShim};
+
+fn fill_kernel(shim: &StdShim, v: u8) -> StdKernel {
+    shim.register_kernel("fill", move |ctx| {
+        ctx.buffers_mut()?[0].fill(v);
+        Ok(())
+    })
+}
+
+fn kept_by_graph(r: Result<(), ServerError>) -> bool {
+    matches!(r, Err(ServerError::Io(IoError::KeptByGraph { .. })))
+}
+
+/// `bind` gave a graph's memory to another handle: the graph could never be replayed, and the
+/// memory lost the guard the graph relies on. Refused now, and the graph replays.
+#[test]
+fn the_memory_of_a_live_graph_cannot_be_bound_away() {
+    let (shim, mut d) = lazy_device();
+    let fill = fill_kernel(&shim, 7);
+    let x = d.command(S0).unwrap().create(&[1u8; 256]).unwrap();
+    let rec = d.command(S0).unwrap().begin_capture("g").unwrap();
+    launch(&mut d, S0, &fill, "fill", &[], &[&x]).unwrap();
+    let g = d.command(S0).unwrap().end_capture(rec).unwrap();
+    let target = d.command(S0).unwrap().lazy(256);
+    let r = d.command(S0).unwrap().bind(x.clone(), &target);
+    assert!(kept_by_graph(r.clone()), "{r:?}");
+    assert!(r.unwrap_err().to_string().contains("drop the graph"));
+    d.command(S0).unwrap().replay(&g).unwrap();
+    assert_eq!(read(&mut d, S0, &x).unwrap(), vec![7u8; 256]);
+    drop(g);
+    // The graph gone (and a fence after its replay passed), the room may change hands again.
+    let mut cmd = d.command(S0).unwrap();
+    cmd.flush_drops().unwrap(); // a fence after the replay, for what the queue holds
+    cmd.flush_drops().unwrap(); // passed: the graph's share is let go
+    cmd.bind(x, &target).unwrap();
+}
+
+/// The same inside the recording: memory the recorded work uses is not bound away, so the graph
+/// it seals keeps (and guards) it.
+#[test]
+fn the_memory_of_the_open_recording_cannot_be_bound_away() {
+    let (shim, mut d) = lazy_device();
+    let fill = fill_kernel(&shim, 7);
+    let x = d.command(S0).unwrap().create(&[1u8; 256]).unwrap();
+    let target = d.command(S0).unwrap().lazy(256);
+    let rec = d.command(S0).unwrap().begin_capture("g").unwrap();
+    launch(&mut d, S0, &fill, "fill", &[], &[&x]).unwrap();
+    let r = d.command(S0).unwrap().bind(x.clone(), &target);
+    assert!(kept_by_graph(r.clone()), "{r:?}");
+    let g = d.command(S0).unwrap().end_capture(rec).unwrap();
+    d.command(S0).unwrap().replay(&g).unwrap();
+    assert_eq!(read(&mut d, S0, &x).unwrap(), vec![7u8; 256]);
+}
