@@ -150,7 +150,7 @@ impl<S: Shim> Command<'_, S> {
     /// # Errors
     ///
     /// [`ServerError::DeviceLost`];
-    /// [`IoError::HostAllocFailed`](crate::error::IoError::HostAllocFailed) when neither the
+    /// [`IoError::HostAllocFailed`] when neither the
     /// pinned pool nor the heap can hold `len` bytes.
     pub fn reserve_host(&mut self, len: usize, pinned: bool) -> Result<HostBuffer, ServerError> {
         self.device.ledger.check_device()?;
