@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{S0, launch, lazy_device, read};
+use common::{S0, S1, launch, lazy_device, read};
 use devcmd::{IoError, ServerError};
 use devcmd_std::{StdKernel, StdShim};
 
@@ -56,4 +56,36 @@ fn the_memory_of_the_open_recording_cannot_be_bound_away() {
     let g = d.command(S0).unwrap().end_capture(rec).unwrap();
     d.command(S0).unwrap().replay(&g).unwrap();
     assert_eq!(read(&mut d, S0, &x).unwrap(), vec![7u8; 256]);
+}
+
+/// A `read_to` future waited while a stream records made a host wait CUDA refuses in a capture
+/// (`ReadFuture` already refused it): now refused the same way, the buffer given up to the drop
+/// queue, and the recording kept.
+#[test]
+fn a_read_to_waited_while_recording_is_refused_and_the_recording_survives() {
+    let (shim, mut d) = lazy_device();
+    let fill = fill_kernel(&shim, 9);
+    let x = d.command(S0).unwrap().create(&[1u8; 64]).unwrap();
+    let y = d.command(S1).unwrap().create(&[2u8; 64]).unwrap();
+    let buffer = devcmd::HostBuffer::zeroed(64);
+    let pending = d
+        .command(S1)
+        .unwrap()
+        .read_to(devcmd::ReadRequest::whole(&y), buffer)
+        .unwrap();
+    let rec = d.command(S0).unwrap().begin_capture("g").unwrap();
+    launch(&mut d, S0, &fill, "fill", &[], &[&x]).unwrap();
+    let r = pending.wait();
+    assert!(
+        matches!(
+            r,
+            Err(ServerError::Validation(
+                devcmd::Validation::Recording { .. }
+            ))
+        ),
+        "{r:?}"
+    );
+    let g = d.command(S0).unwrap().end_capture(rec).unwrap();
+    d.command(S0).unwrap().replay(&g).unwrap();
+    assert_eq!(read(&mut d, S0, &x).unwrap(), vec![9u8; 64]);
 }

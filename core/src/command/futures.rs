@@ -165,22 +165,7 @@ impl<S: Shim> ReadFuture<S> {
     fn release(&mut self, outcome: FenceOutcome) -> Option<Vec<HostBuffer>> {
         let buffers = core::mem::take(&mut self.buffers);
         let held = core::mem::take(&mut self.held);
-        match outcome {
-            FenceOutcome::Passed
-            | FenceOutcome::PassedOverFailedWork(_)
-            | FenceOutcome::DeviceLost(_) => {
-                drop(held);
-                Some(buffers)
-            }
-            FenceOutcome::Unknown(_) => {
-                warn!(
-                    "a read's fence failed: leaking {} buffers the device may still write",
-                    buffers.len()
-                );
-                core::mem::forget((buffers, held));
-                None
-            }
-        }
+        settle(outcome, buffers, held)
     }
 
     /// [`Self::release`], then the bytes or the fence's error.
@@ -218,6 +203,24 @@ impl<S: Shim> ReadFuture<S> {
         }
         let outcome = self.fence.wait();
         self.finish(outcome)
+    }
+}
+
+/// What a read's buffers and bindings become once its fence answered: the buffers back (the
+/// bindings let go) when the device is done with them, both leaked when it may not be (`None`).
+fn settle<B, H>(outcome: FenceOutcome, buffers: B, held: H) -> Option<B> {
+    match outcome {
+        FenceOutcome::Passed
+        | FenceOutcome::PassedOverFailedWork(_)
+        | FenceOutcome::DeviceLost(_) => {
+            drop(held);
+            Some(buffers)
+        }
+        FenceOutcome::Unknown(_) => {
+            warn!("a read's fence failed: leaking the buffers the device may still write");
+            core::mem::forget((buffers, held));
+            None
+        }
     }
 }
 
@@ -271,19 +274,16 @@ impl<S: Shim> ReadToFuture<S> {
     /// device may not be done (`None`).
     fn release(&mut self, outcome: FenceOutcome) -> Option<HostBuffer> {
         let (buffer, held) = (self.buffer.take(), self.held.take());
-        match outcome {
-            FenceOutcome::Passed
-            | FenceOutcome::PassedOverFailedWork(_)
-            | FenceOutcome::DeviceLost(_) => {
-                drop(held);
-                buffer
-            }
-            FenceOutcome::Unknown(_) => {
-                warn!("a read's fence failed: leaking the buffer the device may still write");
-                core::mem::forget((buffer, held));
-                None
-            }
-        }
+        settle(outcome, buffer, held).flatten()
+    }
+
+    /// As [`ReadFuture`]'s: the buffer and binding go to the stream's drop queue without a wait
+    /// (a stream of the device records).
+    fn orphan(&mut self) {
+        self.fence.give_up();
+        let buffers = self.buffer.take().into_iter().collect();
+        let held = self.held.take().into_iter().collect();
+        self.fence.ledger.orphan((self.fence.stream, buffers, held));
     }
 
     /// [`Self::release`], then the buffer or the fence's error.
@@ -298,8 +298,16 @@ impl<S: Shim> ReadToFuture<S> {
     ///
     /// # Errors
     ///
-    /// As [`ReadFuture::wait`]; the buffer is then dropped (or leaked).
+    /// As [`ReadFuture::wait`]; the buffer is then dropped (or leaked), or, while a stream of the
+    /// device records, given up without a wait ([`Validation::Recording`]).
     pub fn wait(mut self) -> Result<HostBuffer, ServerError> {
+        if self.fence.blocked() {
+            self.orphan();
+            return Err(Validation::Recording {
+                op: "ReadToFuture::wait",
+            }
+            .into());
+        }
         let outcome = self.fence.wait();
         self.finish(outcome)
     }
@@ -325,7 +333,9 @@ where
 
 impl<S: Shim> Drop for ReadToFuture<S> {
     fn drop(&mut self) {
-        if self.fence.pending() {
+        if self.fence.blocked() {
+            self.orphan();
+        } else if self.fence.pending() {
             // As a dropped `ReadFuture`: wait, then release or leak as a completed read would.
             let outcome = self.fence.wait();
             drop(self.release(outcome));
