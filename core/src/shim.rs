@@ -242,6 +242,12 @@ pub struct DeviceFacts {
     pub integrated: bool,
     /// Pinned host pages can be mapped into the device's address space.
     pub can_map_host: bool,
+    /// The granule of the device's virtual memory management, in bytes (CUDA's
+    /// `cuMemGetAllocationGranularity`, 2 MiB on current GPUs), or 0 where the device has none.
+    /// Where it is not 0 the core may reserve address ranges and back them with memory granule
+    /// by granule ([`Shim::vm_reserve`], [`Shim::vm_map`]), so freed granules go back to the
+    /// device without moving anything; elsewhere it keeps whole pages.
+    pub vm_granule: u64,
 }
 
 /// The device calls the core makes. See the module documentation for the promises on each side.
@@ -323,6 +329,54 @@ pub trait Shim {
     /// No work that uses the page may be pending on any stream: every event recorded after its
     /// last use has completed (or the device is lost and nothing will run again).
     unsafe fn device_free(&self, page: Self::DevicePage);
+
+    // ---- virtual memory (optional: where `DeviceFacts::vm_granule` is not 0) ----
+
+    /// Reserves `size` bytes of device address space with no memory behind it (CUDA's
+    /// `cuMemAddressReserve`), aligned to [`DeviceFacts::vm_granule`]. `size` is a multiple of
+    /// the granule. Called only where the granule is not 0.
+    ///
+    /// Default: [`unsupported`].
+    fn vm_reserve(&self, size: u64) -> Result<DeviceAddr, DriverError> {
+        let _ = size;
+        Err(unsupported(ShimOp::VmReserve))
+    }
+
+    /// Gives back a range [`Shim::vm_reserve`] returned, with its `size`.
+    ///
+    /// # Safety
+    ///
+    /// Nothing is mapped in the range: every [`Shim::vm_map`] in it was undone by
+    /// [`Shim::vm_unmap`].
+    ///
+    /// Default: nothing (a shim without virtual memory never reserved a range).
+    unsafe fn vm_release(&self, addr: DeviceAddr, size: u64) {
+        let _ = (addr, size);
+    }
+
+    /// Backs the `size` bytes at `addr` with new device memory the device can read and write
+    /// (CUDA's `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`), and returns the device's handle of
+    /// that memory, to be given back to [`Shim::vm_unmap`]. `addr` and `size` are multiples of
+    /// [`DeviceFacts::vm_granule`], inside one reserved range, and not mapped. The contents are
+    /// undefined. A shortage is [`Fault::OutOfMemory`]; on any failure nothing stays mapped.
+    ///
+    /// Default: [`unsupported`].
+    fn vm_map(&self, addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
+        let _ = (addr, size);
+        Err(unsupported(ShimOp::VmMap))
+    }
+
+    /// Unmaps the `size` bytes at `addr` that one [`Shim::vm_map`] call mapped and returns
+    /// their memory (`memory`, the handle it returned) to the device. The range stays reserved.
+    ///
+    /// # Safety
+    ///
+    /// As [`Shim::device_free`]: no work that uses the range may be pending on any stream.
+    ///
+    /// Default: nothing (a shim without virtual memory never mapped anything).
+    unsafe fn vm_unmap(&self, addr: DeviceAddr, size: u64, memory: u64) {
+        let _ = (addr, size, memory);
+    }
 
     // ---- pinned host pages ----
 

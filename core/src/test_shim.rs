@@ -44,6 +44,7 @@ impl TestShim {
                 max_page_size: max_page,
                 integrated: false,
                 can_map_host: false,
+                vm_granule: 0,
             },
             next_addr: Cell::new(1 << 32),
             live_bytes: Cell::new(0),

@@ -253,6 +253,7 @@ impl CudaShim {
                 max_page_size: total_memory,
                 integrated,
                 can_map_host,
+                vm_granule: 0,
             },
             max_pitch: u64::try_from(max_pitch).unwrap_or(0),
             compute_capability: (

@@ -137,6 +137,7 @@ impl StdShimBuilder {
             max_page_size: max_page,
             integrated: self.integrated,
             can_map_host: self.integrated,
+            vm_granule: 0,
         };
         let state = DeviceState {
             stats: Stats::default(),

@@ -110,6 +110,8 @@ pub(crate) const fn op_index(op: ShimOp) -> usize {
         ShimOp::GraphEnd => 13,
         ShimOp::GraphUpload => 14,
         ShimOp::GraphLaunch => 15,
+        ShimOp::VmReserve => 16,
+        ShimOp::VmMap => 17,
     }
 }
 
@@ -130,7 +132,7 @@ pub fn classify(op: ShimOp, code: i32) -> DriverError {
         _ if injected(status::INJECTED_LOSS).is_some() => Fault::DeviceLost,
         _ if injected(status::INJECTED_AT_RUN).is_some() => Fault::WorkFailed,
         _ => match injected(status::INJECTED) {
-            Some(ShimOp::DeviceAlloc | ShimOp::HostAlloc) => Fault::OutOfMemory,
+            Some(ShimOp::DeviceAlloc | ShimOp::HostAlloc | ShimOp::VmMap) => Fault::OutOfMemory,
             _ => Fault::Failed,
         },
     };

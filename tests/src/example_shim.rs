@@ -96,6 +96,7 @@ impl Shim for HostShim {
             max_page_size: TOTAL / 4,
             integrated: false,
             can_map_host: false,
+            vm_granule: 0,
         }
     }
 

@@ -39,11 +39,15 @@ pub enum ShimOp {
     GraphUpload,
     /// Launching a graph.
     GraphLaunch,
+    /// Reserving device address space.
+    VmReserve,
+    /// Backing reserved address space with device memory.
+    VmMap,
 }
 
 impl ShimOp {
     /// Every device call, in declaration order (shims index per-call tables by it).
-    pub const ALL: [ShimOp; 16] = [
+    pub const ALL: [ShimOp; 18] = [
         Self::StreamCreate,
         Self::StreamWaitEvent,
         Self::EventRecord,
@@ -60,6 +64,8 @@ impl ShimOp {
         Self::GraphEnd,
         Self::GraphUpload,
         Self::GraphLaunch,
+        Self::VmReserve,
+        Self::VmMap,
     ];
 }
 
@@ -82,6 +88,8 @@ impl fmt::Display for ShimOp {
             Self::GraphEnd => "graph capture end",
             Self::GraphUpload => "graph upload",
             Self::GraphLaunch => "graph launch",
+            Self::VmReserve => "address space reservation",
+            Self::VmMap => "memory mapping into reserved address space",
         };
         f.write_str(name)
     }

@@ -708,6 +708,7 @@ impl Shim for FwShim {
             max_page_size: DEVICE_BYTES as u64,
             integrated: false,
             can_map_host: false,
+            vm_granule: 0,
         }
     }
 
