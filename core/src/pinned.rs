@@ -147,7 +147,7 @@ impl<S: Shim> PinnedPool<S> {
                 Some(c) => c,
                 None => {
                     let page = self.new_page(shim, self.pool.page_size, may_add)?;
-                    self.pool.add_page(page, 0);
+                    self.pool.add_page(page, 0, self.pool.page_size);
                     self.pool.try_carve(size, aligned, used)?
                 }
             };

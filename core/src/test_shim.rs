@@ -26,6 +26,13 @@ pub(crate) struct TestShim {
     pub fail_next_query: Cell<Option<Fault>>,
     /// Queries answer "not yet" (the device is still busy).
     pub busy: Cell<bool>,
+    /// Granules mapped now, reserved ranges now, and map calls so far (virtual memory, when
+    /// `facts.vm_granule` is set).
+    pub mapped: Cell<u64>,
+    pub ranges: Cell<u64>,
+    pub maps: Cell<u64>,
+    /// Memory handles of the granules mapped now, by address (to check unmaps match maps).
+    pub mappings: core::cell::RefCell<alloc::collections::BTreeMap<u64, u64>>,
 }
 
 #[derive(Debug)]
@@ -56,7 +63,18 @@ impl TestShim {
             fail_next_record: Cell::new(None),
             fail_next_query: Cell::new(None),
             busy: Cell::new(false),
+            mapped: Cell::new(0),
+            ranges: Cell::new(0),
+            maps: Cell::new(0),
+            mappings: core::cell::RefCell::default(),
         }
+    }
+
+    /// The same device with virtual memory management of `granule` bytes.
+    pub fn with_vm(total: u64, alignment: u64, max_page: u64, granule: u64) -> Self {
+        let mut shim = Self::new(total, alignment, max_page);
+        shim.facts.vm_granule = granule;
+        shim
     }
 }
 
@@ -128,6 +146,35 @@ impl Shim for TestShim {
     unsafe fn device_free(&self, page: TestPage) {
         self.live_bytes.set(self.live_bytes.get() - page.size);
         self.live_pages.set(self.live_pages.get() - 1);
+    }
+    fn vm_reserve(&self, size: u64) -> Result<DeviceAddr, DriverError> {
+        let g = self.facts.vm_granule;
+        let addr = self.next_addr.get().next_multiple_of(g);
+        self.next_addr.set(addr + size + g);
+        self.ranges.set(self.ranges.get() + 1);
+        Ok(DeviceAddr(addr))
+    }
+    unsafe fn vm_release(&self, _: DeviceAddr, _: u64) {
+        self.ranges.set(self.ranges.get() - 1);
+    }
+    fn vm_map(&self, addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
+        assert_eq!(addr.0 % self.facts.vm_granule, 0, "maps whole granules");
+        if self.live_bytes.get() + size > self.device_limit.get() {
+            return Err(self.classify(ShimOp::VmMap, 2));
+        }
+        let memory = self.maps.get() + 1;
+        let before = self.mappings.borrow_mut().insert(addr.0, memory);
+        assert!(before.is_none(), "mapped twice at {:#x}", addr.0);
+        self.maps.set(memory);
+        self.live_bytes.set(self.live_bytes.get() + size);
+        self.mapped.set(self.mapped.get() + 1);
+        Ok(memory)
+    }
+    unsafe fn vm_unmap(&self, addr: DeviceAddr, size: u64, memory: u64) {
+        let was = self.mappings.borrow_mut().remove(&addr.0);
+        assert_eq!(was, Some(memory), "unmapped what was mapped at {:#x}", addr.0);
+        self.live_bytes.set(self.live_bytes.get() - size);
+        self.mapped.set(self.mapped.get() - 1);
     }
     fn host_alloc_pinned(&self, _: usize) -> Result<NonNull<u8>, DriverError> {
         Err(unsupported(ShimOp::HostAlloc))

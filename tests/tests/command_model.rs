@@ -491,7 +491,6 @@ fn config() -> DeviceConfig {
     let mut config = DeviceConfig::default();
     config.memory.small_page_size = 512 << 10;
     config.memory.arena_min_page = 512 << 10;
-    config.memory.arena_slack = 256 << 10;
     config.memory.arena_granule = 256 << 10;
     config.pinned.page_size = 1 << 20;
     config.drops = DropPolicy {

@@ -114,9 +114,8 @@ impl World {
             small_page_size: 256 * KIB,
             small_max_slice: 4 * KIB,
             arena_min_page: 64 * KIB,
-            arena_slack: 16 * KIB,
             arena_granule: 16 * KIB,
-            arena_classes: 6,
+            virtual_memory: false,
             spare_identities: 8,
         };
         let budget = MemoryBudget::new(Some(BUDGET));
@@ -291,10 +290,6 @@ impl World {
             .find(|a| a.owner == h.id())
             .ok_or_else(|| TestCaseError::fail("new allocation missing"))?;
         prop_assert_eq!(info.addr, r.addr.0);
-        prop_assert!(
-            info.page.kind != PoolKind::Arena { outdated: true },
-            "carved from an outdated class"
-        );
         let on_guarded = self
             .guards
             .iter()
@@ -308,7 +303,7 @@ impl World {
         if let Some(kind) = expected {
             prop_assert_eq!(info.page.kind, kind);
         } else {
-            let dynamic = matches!(info.page.kind, PoolKind::Small | PoolKind::Arena { .. });
+            let dynamic = matches!(info.page.kind, PoolKind::Small | PoolKind::Arena);
             prop_assert!(dynamic, "an Auto reservation outside the dynamic pools");
         }
         Ok(())
@@ -330,7 +325,6 @@ impl World {
                 prop_assert!(*held <= BUDGET);
             }
             IoError::PageUpdateForbidden { .. } => prop_assert_eq!(update, PageUpdate::Forbidden),
-            IoError::PageSizesExhausted { .. } => {}
             other => prop_assert!(false, "unexpected error {other:?}"),
         }
         Ok(())

@@ -23,7 +23,6 @@ fn config() -> DeviceConfig {
     config.memory.small_page_size = 16 << 10;
     config.memory.small_max_slice = 4 << 10;
     config.memory.arena_min_page = 64 << 10;
-    config.memory.arena_slack = 16 << 10;
     config.memory.arena_granule = 16 << 10;
     config.pinned.page_size = 16 << 10;
     config.pinned.max_bytes = 64 << 10;

@@ -45,13 +45,6 @@ pub enum IoError {
         /// The largest free room the pool the request routes to holds (0 when it holds none).
         room: u64,
     },
-    /// A new page size was needed but every page-size class of the arena is in use.
-    PageSizesExhausted {
-        /// Bytes asked for.
-        size: u64,
-        /// The number of classes, all live.
-        classes: usize,
-    },
     /// A layout that is not pitched row-major.
     UnsupportedStrides {
         /// Number of dimensions of the layout.
@@ -189,11 +182,6 @@ impl fmt::Display for IoError {
                  while a graph records (on the recording stream this discards the recording): \
                  hold room ahead with `Command::hold` or a warm-up run before `begin_capture`"
             ),
-            Self::PageSizesExhausted { size, classes } => write!(
-                f,
-                "asked for {size} bytes needing a new page size but all {classes} page-size \
-                 classes hold live allocations; free long-lived buffers or run a cleanup"
-            ),
             Self::UnsupportedStrides { rank, dim } => write!(
                 f,
                 "a layout of rank {rank} is not pitched row-major at dimension {dim}; \
@@ -311,13 +299,6 @@ mod tests {
             source: None,
         };
         assert!(oom.may_succeed_after_reclaim());
-        assert!(
-            IoError::PageSizesExhausted {
-                size: 1,
-                classes: 64
-            }
-            .may_succeed_after_reclaim()
-        );
     }
 
     #[test]

@@ -17,17 +17,19 @@ pub struct MemoryConfig {
     /// Page size of the small pool (at most the device's largest page and an eighth of the
     /// memory the manager may hold: the budget, or the device's total).
     pub small_page_size: u64,
-    /// Largest request the small pool serves (at most its page size).
+    /// Largest request the small pool serves (at most its page size); larger ones go to the
+    /// arena.
     pub small_max_slice: u64,
-    /// Smallest page of the adaptive arena (at most a quarter of the memory the manager may hold).
+    /// Smallest page of the arena (at most a quarter of the memory the manager may hold).
     pub arena_min_page: u64,
-    /// Room added to a request when the arena grows a new page size for it (at most an eighth of
-    /// that memory; given up when the budget has no room left for it).
-    pub arena_slack: u64,
-    /// Granule the arena rounds new page sizes up to (at most an eighth of that memory).
+    /// What the arena rounds a new page up to: a page is the request rounded up to this, or
+    /// `arena_min_page` if larger (at most an eighth of that memory).
     pub arena_granule: u64,
-    /// Page-size classes the arena may hold at once (at most 64).
-    pub arena_classes: usize,
+    /// Use the device's virtual memory management where it has it
+    /// ([`DeviceFacts::vm_granule`](crate::shim::DeviceFacts::vm_granule)): each pool is one
+    /// reserved address range with memory behind the granules live allocations touch. Off, or on
+    /// a device without it, pools hold whole pages.
+    pub virtual_memory: bool,
     /// Handle identities kept for reuse once their allocations come back: a reservation while
     /// one is kept allocates nothing on the heap. Raise it to the most handles a step drops
     /// before the next reserves (8 by default); returns past it free their identities.
@@ -37,12 +39,11 @@ pub struct MemoryConfig {
 impl Default for MemoryConfig {
     fn default() -> Self {
         Self {
-            small_page_size: 8 * MIB,
+            small_page_size: 2 * MIB,
             small_max_slice: 64 * 1024,
             arena_min_page: 2 * MIB,
-            arena_slack: MIB,
-            arena_granule: MIB,
-            arena_classes: 64,
+            arena_granule: 2 * MIB,
+            virtual_memory: true,
             spare_identities: 8,
         }
     }

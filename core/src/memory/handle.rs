@@ -19,8 +19,12 @@ use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 pub(crate) type PoolId = u8;
 /// The small pool.
 pub(crate) const POOL_SMALL: PoolId = 0;
-/// Arena classes are `POOL_ARENA_BASE + slot`.
-pub(crate) const POOL_ARENA_BASE: PoolId = 1;
+/// The arena (pages of any size).
+pub(crate) const POOL_ARENA: PoolId = 1;
+/// The small granule pool (a reserved address range, small requests).
+pub(crate) const POOL_VM_SMALL: PoolId = 2;
+/// The large granule pool (a reserved address range, the arena's requests).
+pub(crate) const POOL_VM_LARGE: PoolId = 3;
 /// The persistent pool.
 pub(crate) const POOL_PERSISTENT: PoolId = 253;
 /// The dedicated pool.

@@ -15,10 +15,26 @@
 //! pages to a drop queue, leaking on an inconclusive teardown) is crate-private.
 //!
 //! The manager's `impl` is spread over files, one a concern: this file holds the struct, its
-//! construction, settings and modes; `manager/reserve.rs` placement; `manager/lookup.rs` binding,
-//! resolving and guards; `manager/release.rs` cleanup, retiring and teardown; `manager/report.rs`
-//! the report and the lists for checks. The public types are in `memory/types.rs`.
+//! construction, settings and modes; `manager/reserve.rs` placement; `manager/granules.rs` the
+//! device calls of the granule pools (reserving ranges, mapping and giving back granules);
+//! `manager/lookup.rs` binding, resolving and guards; `manager/release.rs` cleanup, retiring and
+//! teardown; `manager/report.rs` the report and the lists for checks. The public types are in
+//! `memory/types.rs`.
+//!
+//! # The pools
+//!
+//! Requests up to [`MemoryConfig::small_max_slice`] go to a small pool, larger ones to the
+//! arena, so that small long-lived allocations do not pin the arena's memory. Where the device
+//! has virtual memory management (and [`MemoryConfig::virtual_memory`] is on), each is a
+//! *granule pool* (`memory/vm.rs`): one reserved address range, placed best-fit anywhere in it,
+//! with memory behind only the granules live allocations touch. Elsewhere (or when a range is
+//! full or cannot be reserved) each holds pages: fixed pages for the small pool, pages sized to
+//! the request rounded up to [`MemoryConfig::arena_granule`] for the arena, best fit across all of
+//! them. Either way, memory no allocation uses is kept for reuse until the pool needs to grow:
+//! then it goes back first (idle granules, empty arena pages), so the memory held grows only by
+//! what the live allocations need. An explicit cleanup gives back everything unused.
 
+mod granules;
 mod lookup;
 mod release;
 mod report;
@@ -30,6 +46,7 @@ use super::handle::{Handle, Issuer, ReturnQueue, Returned, SpareIdentity};
 use super::sliced::SlicedPool;
 use super::types::Resolved;
 use super::types::{AllocationMode, PageRef, RawPage, RetiredPage};
+use super::vm::GranulePool;
 use super::whole::WholePagePool;
 use crate::shim::{DeviceFacts, Shim};
 use alloc::sync::Arc;
@@ -50,14 +67,18 @@ pub struct MemoryManager<S: Shim> {
     spare: Vec<SpareIdentity>,
     next_id: u64,
     small: SlicedPool<RawPage<S>>,
-    /// Boxed so the 64 slots cost a pointer each until used (a pool carries its free index).
-    arena: Vec<Option<alloc::boxed::Box<SlicedPool<RawPage<S>>>>>,
-    current: Option<usize>,
+    arena: SlicedPool<RawPage<S>>,
+    /// Arena pages that became empty (entries may be stale): given back before the arena grows.
+    arena_empty: Vec<u32>,
+    /// The granule pools, once their ranges are reserved (small, large); boxed so a manager
+    /// without them carries a pointer each.
+    vm: [Option<alloc::boxed::Box<GranulePool<RawPage<S>>>>; 2],
+    /// The device's granule where the granule pools may be used; 0 where they may not (no
+    /// virtual memory, turned off, zero copy, or a range could not be reserved).
+    vm_granule: u64,
     persistent: WholePagePool<RawPage<S>>,
     dedicated: WholePagePool<RawPage<S>>,
     modes: Vec<AllocationMode>,
-    /// Pages of outdated arena classes that became empty: released at the next cleanup tick.
-    outdated_empty: Vec<PageRef>,
     dedicated_freed: bool,
     guards: Vec<Arc<PageRef>>,
     retired: Vec<RetiredPage<RawPage<S>>>,
@@ -66,6 +87,8 @@ pub struct MemoryManager<S: Shim> {
     release: PageRelease,
     /// New pages are pinned host pages the device maps (zero copy), where the shim can make them.
     mapped_pages: bool,
+    /// The memory every page and range must fit in (the budget or the device's total).
+    memory: u64,
 }
 
 fn round_up(value: u64, to: u64) -> Option<u64> {
@@ -107,13 +130,17 @@ impl<S: Shim> MemoryManager<S> {
             // A configuration must not be able to route a request to a pool that cannot hold it.
             small_max_slice: config.small_max_slice.min(small_page),
             arena_min_page: config.arena_min_page.min(memory / 4),
-            arena_slack: config.arena_slack.min(memory / 8),
-            arena_granule: config.arena_granule.min(memory / 8),
-            arena_classes: config.arena_classes.clamp(1, 64),
+            arena_granule: config.arena_granule.min(memory / 8).max(1),
+            virtual_memory: config.virtual_memory,
             spare_identities: config.spare_identities,
         };
-        let mut arena = Vec::with_capacity(config.arena_classes);
-        arena.resize_with(config.arena_classes, || None);
+        // Granule pools need a power-of-two granule no larger than the memory.
+        let g = facts.vm_granule;
+        let vm_granule = if config.virtual_memory && g.is_power_of_two() && g <= memory / 4 {
+            g.max(alignment)
+        } else {
+            0
+        };
         Self {
             config,
             issuer,
@@ -125,18 +152,20 @@ impl<S: Shim> MemoryManager<S> {
             spare: Vec::new(),
             next_id: u64::from(issuer.stream) << 48,
             small: SlicedPool::new(small_page),
-            arena,
-            current: None,
+            arena: SlicedPool::new(config.arena_min_page),
+            arena_empty: Vec::new(),
+            vm: [None, None],
+            vm_granule,
             persistent: WholePagePool::default(),
             dedicated: WholePagePool::default(),
             modes: Vec::new(),
-            outdated_empty: Vec::new(),
             dedicated_freed: false,
             guards: Vec::new(),
             retired: Vec::new(),
             freed: None,
             release: PageRelease::Fenced,
             mapped_pages: false,
+            memory,
         }
     }
 
@@ -174,6 +203,15 @@ impl<S: Shim> MemoryManager<S> {
     /// elsewhere device pages as usual. Pages already held stay as they are.
     pub fn map_pages(&mut self, on: bool) {
         self.mapped_pages = on;
+        if on {
+            // Granule pools hold device memory: zero copy serves every pool from host pages.
+            self.vm_granule = 0;
+        }
+    }
+
+    /// The granule of the granule pools in use (0 when pools hold whole pages).
+    pub fn vm_granule(&self) -> u64 {
+        self.vm_granule
     }
 
     /// The host address of the first byte `resolved` names, when it lies on a page the host can

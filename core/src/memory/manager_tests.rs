@@ -45,13 +45,13 @@ fn small_requests_share_one_small_page() {
     let r = pool(&mut mm, PoolKind::Small);
     assert_eq!(
         (r.allocations, r.in_use, r.reserved, r.pages),
-        (2, 1024, 8 * MIB, 1)
+        (2, 1024, 2 * MIB, 1)
     );
     drop((a, b));
     let _c = mm.reserve(&shim, 512, PageUpdate::Allow).unwrap();
     assert_eq!(
         mm.report().device().reserved,
-        8 * MIB,
+        2 * MIB,
         "freed room is reused"
     );
 }
@@ -66,47 +66,38 @@ fn padding_is_counted() {
 }
 
 #[test]
-fn near_page_sizes_go_to_the_arena_and_the_page_follows_the_largest_request() {
+fn arena_pages_are_the_request_rounded_up_and_placed_best_fit_across_pages() {
     let (shim, mut mm) = device();
     let _a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(mm.arena_page_size_now(), Some(2 * MIB));
-    let _b = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(mm.arena_page_size_now(), Some(11 * MIB));
-    let _c = mm.reserve(&shim, 6 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(pool(&mut mm, PoolKind::Arena).reserved, 2 * MIB, "the smallest page");
+    let _b = mm.reserve(&shim, 9 * MIB + 1, PageUpdate::Allow).unwrap();
     assert_eq!(
-        mm.arena_page_size_now(),
-        Some(11 * MIB),
-        "page size never shrinks"
+        pool(&mut mm, PoolKind::Arena).reserved,
+        12 * MIB,
+        "rounded up to the 2 MiB granule"
     );
-    let _d = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: false }).pages, 2);
+    // The free MiB of the first page and the one of the second both fit this: best fit, no page.
+    let _c = mm.reserve(&shim, 512 * 1024, PageUpdate::Allow).unwrap();
+    let _d = mm.reserve(&shim, MIB - 512 * 1024, PageUpdate::Allow).unwrap();
+    let r = pool(&mut mm, PoolKind::Arena);
+    assert_eq!((r.pages, r.reserved), (2, 12 * MIB), "carved from free room of any page");
 }
 
 #[test]
-fn an_outdated_class_serves_nothing_new_and_gives_its_pages_back_once_empty() {
+fn empty_arena_pages_go_back_before_the_arena_grows() {
     let (shim, mut mm) = device();
-    let small = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
-    let _big = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
-    let outdated = pool(&mut mm, PoolKind::Arena { outdated: true });
-    assert_eq!(outdated.pages, 1);
-    let another = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
-    let on = |h: &Handle, mm: &MemoryManager<TestShim>| mm.resolve(h).unwrap().page;
-    assert_ne!(
-        on(&another, &mm),
-        on(&small, &mm),
-        "not carved from the outdated page"
-    );
+    drop(mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap());
+    assert_eq!(shim.live_pages.get(), 1, "kept for reuse while nothing needs more");
+    let small = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.live_pages.get(), 1, "reused");
     drop(small);
     // An AddOnly reservation releases nothing.
-    let _x = mm.reserve(&shim, 100, PageUpdate::AddOnly).unwrap();
-    assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: true }).pages, 1);
-    let _y = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
-    assert!(
-        mm.report()
-            .pools
-            .iter()
-            .all(|p| p.kind != PoolKind::Arena { outdated: true })
-    );
+    let _x = mm.reserve(&shim, 8 * MIB, PageUpdate::AddOnly).unwrap();
+    assert_eq!(shim.live_bytes.get(), 12 * MIB);
+    // A growth under Allow gives the empty page back first.
+    let _y = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.live_bytes.get(), 24 * MIB);
+    assert_eq!(pool(&mut mm, PoolKind::Arena).pages, 2);
 }
 
 #[test]
@@ -114,7 +105,7 @@ fn the_page_size_stops_at_the_largest_page_and_past_it_is_too_big() {
     let (shim, mut mm) = setup(1 << 30, 32, 16 * MIB);
     let _a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
     let _b = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(mm.arena_page_size_now(), Some(16 * MIB));
+    assert_eq!(pool(&mut mm, PoolKind::Arena).reserved, 18 * MIB);
     let before = mm.report();
     let e = mm
         .reserve(&shim, 16 * MIB + 1, PageUpdate::Allow)
@@ -134,7 +125,7 @@ fn the_page_size_stops_at_the_largest_page_and_past_it_is_too_big() {
 }
 
 #[test]
-fn a_refused_growth_leaves_the_page_size_where_it_was() {
+fn a_refused_growth_leaves_the_pages_as_they_were() {
     let (shim, mut mm) = device();
     shim.device_limit.set(8 * MIB);
     let _a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
@@ -149,9 +140,9 @@ fn a_refused_growth_leaves_the_page_size_where_it_was() {
         ),
         "{e:?}"
     );
-    assert_eq!(mm.arena_page_size_now(), Some(2 * MIB));
     let _b = mm.reserve(&shim, MIB / 2, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: false }).pages, 1);
+    let r = pool(&mut mm, PoolKind::Arena);
+    assert_eq!((r.pages, r.reserved), (1, 2 * MIB));
 }
 
 #[test]
@@ -169,33 +160,7 @@ fn forbidden_updates_serve_only_the_room_held() {
     assert_eq!(size, 4 * MIB);
     assert!(room < 4 * MIB && room > 0, "the room held is named: {room}");
     assert!(!e.may_succeed_after_reclaim());
-    assert_eq!(pool(&mut mm, PoolKind::Arena { outdated: false }).pages, 1);
-}
-
-#[test]
-fn sixty_four_classes_then_page_sizes_are_exhausted_until_cleanup() {
-    let (shim, mut mm) = setup(1 << 40, 32, 1 << 30);
-    let mut kept = Vec::new();
-    for i in 0..64u64 {
-        kept.push(
-            mm.reserve(&shim, (3 + 2 * i) * MIB, PageUpdate::Allow)
-                .unwrap(),
-        );
-    }
-    let e = mm
-        .try_reserve(&shim, 200 * MIB, PageUpdate::Allow)
-        .unwrap_err();
-    assert_eq!(
-        e,
-        IoError::PageSizesExhausted {
-            size: 200 * MIB,
-            classes: 64
-        }
-    );
-    assert!(e.may_succeed_after_reclaim());
-    // Freeing an outdated class's only allocation lets cleanup free its slot.
-    kept.remove(0);
-    let _h = mm.reserve(&shim, 200 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(pool(&mut mm, PoolKind::Arena).pages, 1);
 }
 
 #[test]
@@ -366,13 +331,13 @@ fn the_budget_is_never_exceeded_and_the_refusal_names_it() {
     let shim = TestShim::new(1 << 30, 32, 256 * MIB);
     let budget = MemoryBudget::new(Some(20 * MIB));
     let mut mm = manager(&shim, MemoryConfig::default(), budget.clone());
-    let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    let a = mm.reserve(&shim, 12 * MIB, PageUpdate::Allow).unwrap();
     let e = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap_err();
     assert_eq!(
         e,
         IoError::OutOfMemory {
             size: 10 * MIB,
-            held: 11 * MIB,
+            held: 12 * MIB,
             budget: Some(20 * MIB),
             source: None
         }
@@ -423,7 +388,7 @@ fn the_report_reads_well() {
         text.contains("small") && text.contains("arena") && text.contains("total"),
         "{text}"
     );
-    assert!(text.contains("8 MiB") && text.contains("4 MiB"), "{text}");
+    assert!(text.contains("2 MiB") && text.contains("6 MiB"), "{text}");
 }
 
 #[test]
@@ -433,9 +398,8 @@ fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
         small_page_size: 0,
         small_max_slice: u64::MAX,
         arena_min_page: 0,
-        arena_slack: 0,
         arena_granule: 0,
-        arena_classes: 0,
+        virtual_memory: false,
         spare_identities: 8,
     };
     let mut mm = manager(&shim, config, MemoryBudget::new(None));
@@ -571,17 +535,163 @@ fn the_devices_total_memory_fits_the_page_sizes_as_a_budget_does() {
 }
 
 #[test]
-fn a_new_page_size_gives_up_its_slack_before_the_budget_refuses_it() {
+fn a_new_page_gives_up_its_rounding_before_the_budget_refuses_it() {
     let shim = TestShim::new(1 << 30, 32, 256 * MIB);
     let budget = MemoryBudget::new(Some(4 * MIB));
     let mut mm = manager(&shim, MemoryConfig::default(), budget.clone());
-    let _small = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
-    // 3.25 MiB + slack rounds to 4 MiB, past the 3.5 MiB the budget has left: the page is
-    // fitted to the room instead.
-    let big = mm
-        .reserve(&shim, 3 * MIB + MIB / 4, PageUpdate::Allow)
-        .unwrap();
-    assert_eq!(mm.arena_page_size_now(), Some(3 * MIB + MIB / 2));
+    mm.set_mode(AllocationMode::Persistent);
+    let _odd = mm.reserve(&shim, 100 * 1024, PageUpdate::Allow).unwrap();
+    mm.set_mode(AllocationMode::Auto);
+    // 3.8 MiB rounds up to 4 MiB, past the 3.9 MiB the budget has left: the page is fitted to
+    // the room instead.
+    let big = mm.reserve(&shim, 4 * MIB - 200 * 1024, PageUpdate::Allow).unwrap();
+    assert_eq!(pool(&mut mm, PoolKind::Arena).reserved, 4 * MIB - 100 * 1024);
     assert_eq!(budget.held(), 4 * MIB);
-    assert_eq!(mm.resolve(&big).unwrap().len, 3 * MIB + MIB / 4);
+    assert_eq!(mm.resolve(&big).unwrap().len, 4 * MIB - 200 * 1024);
+}
+
+/// A device with 2 MiB granules of virtual memory, pages freed at once.
+fn vm_device() -> (TestShim, MemoryManager<TestShim>) {
+    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
+    let mm = manager(&shim, MemoryConfig::default(), MemoryBudget::new(None));
+    (shim, mm)
+}
+
+#[test]
+fn granule_pools_hold_only_the_granules_live_allocations_touch() {
+    let (shim, mut mm) = vm_device();
+    assert_eq!(mm.vm_granule(), 2 * MIB);
+    let a = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    let _s = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
+    assert_eq!((shim.mapped.get(), shim.ranges.get()), (3, 2), "two granules + one small");
+    assert_eq!(pool(&mut mm, PoolKind::Arena).reserved, 4 * MIB);
+    assert_eq!(pool(&mut mm, PoolKind::Small).reserved, 2 * MIB);
+    drop(a);
+    assert_eq!(shim.mapped.get(), 3, "idle granules are kept until the pool grows");
+    // The freed room coalesced with the rest of the range: 5 MiB lands over the two idle
+    // granules and maps one more.
+    let b = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!((shim.mapped.get(), shim.maps.get()), (4, 4));
+    assert_eq!(mm.resolve(&b).unwrap().len, 5 * MIB);
+    drop(b);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(shim.mapped.get(), 1, "an explicit cleanup gives every idle granule back");
+}
+
+#[test]
+fn growth_gives_idle_granules_back_first() {
+    let (shim, mut mm) = vm_device();
+    let a = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
+    let _pin = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
+    drop(a);
+    assert_eq!(shim.mapped.get(), 3);
+    // 8 MiB does not fit before `_pin`: it needs 4 new granules, and the 2 idle ones go first.
+    let _b = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.mapped.get(), 5, "held grows by what is missing, not by the idle ones");
+    assert_eq!(mm.granule_calls(), (7, 2));
+}
+
+#[test]
+fn every_allocation_lies_on_a_run_of_mapped_granules_and_none_overlap() {
+    let (shim, mut mm) = vm_device();
+    let mut live = Vec::new();
+    for i in 0..40u64 {
+        let size = (i * 37 % 11) * MIB / 3 + 100 * i;
+        live.push(mm.reserve(&shim, size, PageUpdate::Allow).unwrap());
+        if i % 3 == 0 {
+            live.swap_remove((i as usize * 7) % live.len());
+        }
+    }
+    let pages = mm.pages();
+    let mut allocs = mm.allocations();
+    allocs.sort_by_key(|a| a.addr);
+    for w in allocs.windows(2) {
+        assert!(w[0].addr + w[0].span <= w[1].addr, "{:?} overlaps {:?}", w[0], w[1]);
+    }
+    for a in &allocs {
+        assert!(a.page.addr <= a.addr && a.addr + a.size <= a.page.addr + a.page.size);
+        assert!(pages.contains(&a.page), "its run is listed: {:?}", a.page);
+    }
+    drop(live);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!((shim.mapped.get(), mm.report().device().reserved), (0, 0));
+}
+
+#[test]
+fn forbidden_reservations_land_on_mapped_granules_only() {
+    let (shim, mut mm) = vm_device();
+    let keep = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    drop(mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap());
+    let maps = shim.maps.get();
+    // The 4 MiB after `keep` touched three granules: 5 MiB of mapped room is free.
+    let h = mm.reserve(&shim, 3 * MIB, PageUpdate::Forbidden).unwrap();
+    assert_eq!(shim.maps.get(), maps, "nothing mapped");
+    let r = mm.resolve(&h).unwrap();
+    assert!(r.addr.0 >= mm.resolve(&keep).unwrap().addr.0 + MIB);
+    let e = mm.reserve(&shim, 3 * MIB, PageUpdate::Forbidden).unwrap_err();
+    assert!(matches!(e, IoError::PageUpdateForbidden { .. }), "{e:?}");
+    assert_eq!(shim.maps.get(), maps);
+}
+
+#[test]
+fn a_refused_map_undoes_the_placement() {
+    let (shim, mut mm) = vm_device();
+    shim.device_limit.set(6 * MIB);
+    let _a = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    let e = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap_err();
+    assert!(matches!(e, IoError::OutOfMemory { source: Some(_), .. }), "{e:?}");
+    assert_eq!(mm.allocations().len(), 1, "the failed placement is gone");
+    assert_eq!(mm.budget().held(), shim.live_bytes.get(), "budget and device agree");
+    let _b = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
+    assert!(shim.live_bytes.get() <= 6 * MIB);
+}
+
+#[test]
+fn a_guard_keeps_its_granule_mapped() {
+    let (shim, mut mm) = vm_device();
+    let a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    let guard = mm.guard(&a).unwrap();
+    drop(a);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(shim.mapped.get(), 1, "kept while guarded");
+    drop(guard);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(shim.mapped.get(), 0);
+}
+
+#[test]
+fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
+    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
+    let budget = MemoryBudget::new(None);
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let mut mm = MemoryManager::new(&shim.facts, MemoryConfig::default(), issuer, budget.clone());
+    drop(mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap());
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!((shim.mapped.get(), mm.retired_bytes()), (2, 4 * MIB));
+    assert_eq!(budget.held(), 4 * MIB, "retiring granules still count");
+    let retired = mm.take_retired();
+    // Needed again before the fence: taken back, no map call.
+    let a = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.maps.get(), 2);
+    for page in retired {
+        // SAFETY: no device work exists in this test.
+        unsafe { page.free(&shim) };
+    }
+    assert_eq!((shim.mapped.get(), budget.held()), (2, 4 * MIB), "taken back: left mapped");
+    drop(a);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    for page in mm.take_retired() {
+        // SAFETY: as above.
+        unsafe { page.free(&shim) };
+    }
+    assert_eq!((shim.mapped.get(), budget.held()), (0, 0));
+    // The unmapped granules are mapped anew.
+    let _b = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!((shim.mapped.get(), shim.maps.get()), (2, 4));
+    // SAFETY: as above.
+    unsafe { mm.release_all(&shim) };
+    assert_eq!((shim.mapped.get(), shim.ranges.get(), budget.held()), (0, 0, 0));
 }

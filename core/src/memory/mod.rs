@@ -14,6 +14,7 @@ mod manager;
 mod report;
 pub(crate) mod sliced;
 mod types;
+mod vm;
 pub(crate) mod whole;
 
 pub use budget::MemoryBudget;

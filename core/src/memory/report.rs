@@ -12,13 +12,10 @@ use core::ops::{Add, AddAssign};
 /// Which pool a report line describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolKind {
-    /// Fixed pages for small slices.
+    /// Small requests: fixed pages, or a granule pool.
     Small,
-    /// An adaptive-arena page-size class; `outdated` ones serve nothing new.
-    Arena {
-        /// Whether the class is outdated.
-        outdated: bool,
-    },
+    /// Requests larger than the small pool's: pages of any size, or a granule pool.
+    Arena,
     /// Exact-size reuse (weights).
     Persistent,
     /// One page per reservation.
@@ -162,8 +159,7 @@ impl PoolKind {
     pub const fn name(self) -> &'static str {
         match self {
             Self::Small => "small",
-            Self::Arena { outdated: false } => "arena",
-            Self::Arena { outdated: true } => "arena (outdated)",
+            Self::Arena => "arena",
             Self::Persistent => "persistent",
             Self::Dedicated => "dedicated",
             Self::PinnedHost => "pinned host",
@@ -348,7 +344,7 @@ mod tests {
         let report = MemoryReport {
             pools: alloc::vec![
                 line(PoolKind::Small, 2, 1000, 8 * MIB),
-                line(PoolKind::Arena { outdated: false }, 1, 3 * MIB, 4 * MIB),
+                line(PoolKind::Arena, 1, 3 * MIB, 4 * MIB),
                 line(PoolKind::PinnedHost, 1, 4096, 32 * MIB),
             ],
         };

@@ -1,9 +1,11 @@
-//! A sliced pool: device pages of one size, carved into blocks.
+//! A sliced pool: device pages (of any size) carved into blocks.
 //!
 //! Owns its pages, the blocks carved from them (physical neighbours linked so freed blocks
-//! coalesce at once) and the index of free blocks. Placement is good-fit: the smallest size class
-//! that holds the request, first fit inside it. Does not own the device calls (the manager passes
-//! pages in and takes them out) nor the decision of when an empty page goes back.
+//! coalesce at once) and the index of free blocks, one index across every page of the pool, so
+//! a request is placed in the best-fitting free block of any page. Placement is good-fit: the
+//! smallest size class that holds the request, first fit inside it; or at a chosen offset of a
+//! free block ([`SlicedPool::carve_at`]). Does not own the device calls (the manager passes pages
+//! in and takes them out) nor the decision of when an empty page goes back.
 
 use super::free_index::{FreeIndex, Links, NIL};
 use super::report::Usage;
@@ -64,17 +66,17 @@ pub(crate) struct Carved {
     pub addr: u64,
 }
 
-/// Pages of one size carved into blocks.
+/// Pages carved into blocks.
 #[derive(Debug)]
 pub(crate) struct SlicedPool<P> {
+    /// The size of the pool's pages when they all have one (the small pool), else the size the
+    /// pool was made with; each page knows its own size.
     pub page_size: u64,
     pages: Vec<Option<Page<P>>>,
     free_pages: Vec<u32>,
     blocks: Vec<Block>,
     vacant: u32,
     index: FreeIndex,
-    /// Whether new reservations may be served (false once the pool is outdated).
-    serving: bool,
     pub pages_live: u32,
     pub pages_peak: u32,
 }
@@ -119,7 +121,6 @@ impl<P> SlicedPool<P> {
             blocks: Vec::new(),
             vacant: NIL,
             index: FreeIndex::default(),
-            serving: true,
             pages_live: 0,
             pages_peak: 0,
         }
@@ -146,11 +147,76 @@ impl<P> SlicedPool<P> {
 
     /// Carves `aligned` bytes (`size` asked + padding) from a free block, if one fits.
     pub(crate) fn try_carve(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
-        if !self.serving {
-            return None;
-        }
         let b = self.index.find(&self.blocks, aligned)?;
         self.index.remove(&mut self.blocks, b);
+        Some(self.carve_front(b, size, aligned, used))
+    }
+
+    /// Carves `aligned` bytes at `offset` bytes into the free, indexed block `block` (which holds
+    /// them); what is left before and after stays free.
+    pub(crate) fn carve_at(
+        &mut self,
+        block: u32,
+        offset: u64,
+        size: u64,
+        aligned: u64,
+        used: Used,
+    ) -> Carved {
+        debug_assert!(matches!(
+            self.blocks[block as usize].state,
+            BlockState::Free { .. }
+        ));
+        debug_assert!(offset + aligned <= self.blocks[block as usize].size);
+        self.index.remove(&mut self.blocks, block);
+        if offset == 0 {
+            return self.carve_front(block, size, aligned, used);
+        }
+        // Split the front part off as a free block of its own; the rest starts at `offset`.
+        let Block {
+            page,
+            offset: start,
+            size: block_size,
+            next_phys,
+            ..
+        } = self.blocks[block as usize];
+        let rest = self.new_block(Block {
+            page,
+            offset: start + offset,
+            size: block_size - offset,
+            prev_phys: block,
+            next_phys,
+            state: BlockState::Free {
+                prev: NIL,
+                next: NIL,
+            },
+        });
+        if next_phys != NIL {
+            self.blocks[next_phys as usize].prev_phys = rest;
+        }
+        let front = &mut self.blocks[block as usize];
+        front.next_phys = rest;
+        front.size = offset;
+        self.index.insert(&mut self.blocks, block);
+        self.carve_front(rest, size, aligned, used)
+    }
+
+    /// Every free block of an indexed page, as (block, page, offset in the page, size).
+    pub(crate) fn free_blocks(&self) -> impl Iterator<Item = (u32, u32, u64, u64)> + '_ {
+        self.blocks.iter().enumerate().filter_map(|(i, b)| {
+            let indexed = self
+                .pages
+                .get(b.page as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|p| p.indexed);
+            match b.state {
+                BlockState::Free { .. } if indexed => Some((i as u32, b.page, b.offset, b.size)),
+                _ => None,
+            }
+        })
+    }
+
+    /// Carves from the front of the free block `b`, already out of the index.
+    fn carve_front(&mut self, b: u32, size: u64, aligned: u64, used: Used) -> Carved {
         let Block {
             page,
             offset,
@@ -185,24 +251,24 @@ impl<P> SlicedPool<P> {
         p.live += 1;
         p.in_use += size;
         p.padding += aligned - size;
-        Some(Carved {
+        Carved {
             block: b,
             page,
             addr: p.addr + offset,
-        })
+        }
     }
 
-    /// Adds a page of this pool's size; its room joins the index.
-    pub(crate) fn add_page(&mut self, raw: P, addr: u64) -> u32 {
+    /// Adds a page of `size` bytes; its room joins the index.
+    pub(crate) fn add_page(&mut self, raw: P, addr: u64, size: u64) -> u32 {
         let page = Page {
             raw,
             addr,
-            size: self.page_size,
+            size,
             live: 0,
             in_use: 0,
             padding: 0,
             guards: 0,
-            indexed: self.serving,
+            indexed: true,
             first: NIL,
         };
         let pi = match self.free_pages.pop() {
@@ -218,7 +284,7 @@ impl<P> SlicedPool<P> {
         let b = self.new_block(Block {
             page: pi,
             offset: 0,
-            size: self.page_size,
+            size,
             prev_phys: NIL,
             next_phys: NIL,
             state: BlockState::Free {
@@ -226,15 +292,22 @@ impl<P> SlicedPool<P> {
                 next: NIL,
             },
         });
-        if self.serving {
-            self.index.insert(&mut self.blocks, b);
-        }
+        self.index.insert(&mut self.blocks, b);
         if let Some(p) = self.pages[pi as usize].as_mut() {
             p.first = b;
         }
         self.pages_live += 1;
         self.pages_peak = self.pages_peak.max(self.pages_live);
         pi
+    }
+
+    /// The offset in its page and the size of the used block `block`, if it is bound to `owner`.
+    pub(crate) fn used_span(&self, block: u32, owner: u64) -> Option<(u64, u64)> {
+        let b = self.blocks.get(block as usize)?;
+        match b.state {
+            BlockState::Used(u) if u.owner == owner => Some((b.offset, b.size)),
+            _ => None,
+        }
     }
 
     /// The used block `block`, if it is bound to `owner`.
@@ -346,14 +419,6 @@ impl<P> SlicedPool<P> {
             .filter_map(|(i, p)| p.as_ref().map(|p| (i as u32, p)))
     }
 
-    /// Stops serving: the pool is outdated, its free room leaves the index.
-    pub(crate) fn stop_serving(&mut self) {
-        self.serving = false;
-        for pi in 0..self.pages.len() {
-            self.set_indexed(pi as u32, false);
-        }
-    }
-
     /// Adds or removes a guard on `page`.
     pub(crate) fn guard(&mut self, page: u32, add: bool) {
         let Some(p) = self.pages.get_mut(page as usize).and_then(Option::as_mut) else {
@@ -364,7 +429,7 @@ impl<P> SlicedPool<P> {
         } else {
             p.guards = p.guards.saturating_sub(1);
         }
-        let index = p.guards == 0 && self.serving;
+        let index = p.guards == 0;
         self.set_indexed(page, index);
     }
 
@@ -394,10 +459,6 @@ impl<P> SlicedPool<P> {
         self.pages.into_iter().flatten()
     }
 
-    pub(crate) fn is_serving(&self) -> bool {
-        self.serving
-    }
-
     /// Totals over the pool.
     pub(crate) fn usage(&self) -> Usage {
         self.pages()
@@ -410,24 +471,10 @@ impl<P> SlicedPool<P> {
             .sum()
     }
 
-    /// The largest free block a reservation could be carved from (pages guarded or of an
-    /// outdated pool serve nothing): for the error of a reservation that may not add a page.
+    /// The largest free block a reservation could be carved from (guarded pages serve
+    /// nothing): for the error of a reservation that may not add a page.
     pub(crate) fn largest_free(&self) -> u64 {
-        if !self.serving {
-            return 0;
-        }
-        self.blocks
-            .iter()
-            .filter(|b| matches!(b.state, BlockState::Free { .. }))
-            .filter(|b| {
-                self.pages
-                    .get(b.page as usize)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|p| p.indexed)
-            })
-            .map(|b| b.size)
-            .max()
-            .unwrap_or(0)
+        self.free_blocks().map(|(_, _, _, size)| size).max().unwrap_or(0)
     }
 
     /// Every used block as (page, offset within page, block size, used), for checks.

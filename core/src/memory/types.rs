@@ -13,7 +13,8 @@ use super::handle::PoolId;
 use super::report::PoolKind;
 use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
-use core::sync::atomic::{AtomicU32, Ordering};
+use super::vm::{RETIRE_DONE, RETIRE_PENDING};
+use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 /// How new reservations are served. Modes nest: see [`MemoryManager::set_mode`].
 ///
@@ -127,6 +128,27 @@ pub enum RawPage<S: Shim> {
     /// ([`Command::read_owned`](crate::Command::read_owned)): a page with lent buffers is never
     /// freed, even at teardown or after a loss (it is leaked instead).
     Mapped(S::HostPage, Arc<AtomicU32>),
+    /// Device memory behind one granule of a reserved address range ([`Shim::vm_map`]'s
+    /// `memory`, at `addr`, `size` bytes), retired: `token` tells the manager whether the drop
+    /// queue unmapped it or the manager took it back first.
+    Granule {
+        /// First device address of the granule.
+        addr: u64,
+        /// Bytes of the granule.
+        size: u64,
+        /// The shim's handle of the memory.
+        memory: u64,
+        /// [`RETIRE_PENDING`] until freed or taken back.
+        token: Arc<AtomicU8>,
+    },
+    /// A reserved device address range ([`Shim::vm_reserve`]); its granules are unmapped by the
+    /// time it is freed. Counts nothing against the budget.
+    Range {
+        /// First device address.
+        addr: u64,
+        /// Bytes reserved.
+        size: u64,
+    },
 }
 
 impl<S: Shim> core::fmt::Debug for RawPage<S> {
@@ -138,6 +160,19 @@ impl<S: Shim> core::fmt::Debug for RawPage<S> {
                 .field(p)
                 .field(&lent.load(Ordering::Relaxed))
                 .finish(),
+            Self::Granule {
+                addr, size, memory, ..
+            } => f
+                .debug_struct("Granule")
+                .field("addr", addr)
+                .field("size", size)
+                .field("memory", memory)
+                .finish(),
+            Self::Range { addr, size } => f
+                .debug_struct("Range")
+                .field("addr", addr)
+                .field("size", size)
+                .finish(),
         }
     }
 }
@@ -146,16 +181,16 @@ impl<S: Shim> RawPage<S> {
     /// The host address of the page's first byte, when the host can reach it.
     pub(crate) fn host_ptr(&self, shim: &S) -> Option<core::ptr::NonNull<u8>> {
         match self {
-            Self::Device(_) => None,
             Self::Mapped(p, _) => Some(shim.host_page_ptr(p)),
+            _ => None,
         }
     }
 
     /// The count of host buffers lent out of a mapped page.
     pub(crate) fn lent(&self) -> Option<&Arc<AtomicU32>> {
         match self {
-            Self::Device(_) => None,
             Self::Mapped(_, lent) => Some(lent),
+            _ => None,
         }
     }
 }
@@ -201,6 +236,26 @@ impl<S: Shim> RetiredPage<RawPage<S>> {
                     unsafe { shim.host_free_pinned(p) }
                 }
             }
+            RawPage::Granule {
+                addr,
+                size,
+                memory,
+                token,
+            } => {
+                let unmapped = token
+                    .compare_exchange(RETIRE_PENDING, RETIRE_DONE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok();
+                if !unmapped {
+                    // Taken back by the manager before its fence: it stays mapped, and counted.
+                    return;
+                }
+                // SAFETY: the caller guarantees no pending work uses the granule; the manager
+                // places nothing over it until it sees the token done.
+                unsafe { shim.vm_unmap(DeviceAddr(addr), size, memory) };
+            }
+            // SAFETY: every granule of the range was unmapped before the range is freed (the
+            // manager frees its retired granules first), and the caller guarantees no pending work.
+            RawPage::Range { addr, size } => unsafe { shim.vm_release(DeviceAddr(addr), size) },
         }
         self.budget.give_back(self.size);
     }

@@ -185,9 +185,8 @@ fn config() -> DeviceConfig {
             small_page_size: 1024,
             small_max_slice: 256,
             arena_min_page: 2048,
-            arena_slack: 512,
             arena_granule: 512,
-            arena_classes: 2,
+            virtual_memory: false,
             spare_identities: 8,
         },
         drops: DropPolicy {

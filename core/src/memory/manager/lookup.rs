@@ -9,9 +9,10 @@
 use super::MemoryManager;
 use crate::error::IoError;
 use crate::memory::handle::{
-    AsBinding, BindingRef, Handle, Location, POOL_ARENA_BASE, POOL_DEDICATED, POOL_PERSISTENT,
-    POOL_SMALL, PoolId, check_range,
+    AsBinding, BindingRef, Handle, Location, POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT,
+    POOL_SMALL, POOL_VM_LARGE, POOL_VM_SMALL, PoolId, check_range,
 };
+use crate::memory::vm::GranulePool;
 use crate::memory::sliced::{SlicedPool, Used};
 use crate::memory::types::{PageGuard, PageRef, RawPage, Resolved};
 use crate::shim::{DeviceAddr, Shim};
@@ -105,6 +106,17 @@ impl<S: Shim> MemoryManager<S> {
                 let (used, addr) = whole.used(location.block, b.id()).ok_or(stale)?;
                 (used, location.block, addr)
             }
+            POOL_VM_SMALL | POOL_VM_LARGE => {
+                let vm = self
+                    .granule_pool(location.pool)
+                    .ok_or(IoError::StorageHandleNotFound {
+                        handle: b.id(),
+                        page: location.block,
+                    })?;
+                let (used, _, addr) = vm.pool.used(location.block, b.id()).ok_or(stale)?;
+                // Named by the first granule it touches.
+                (used, vm.span(addr, 1).0, addr)
+            }
             pool => {
                 let sliced = self.sliced(pool).ok_or(IoError::StorageHandleNotFound {
                     handle: b.id(),
@@ -140,32 +152,44 @@ impl<S: Shim> MemoryManager<S> {
         match page.pool {
             POOL_PERSISTENT => self.persistent.page(page.page).map(|p| (&p.raw, p.addr)),
             POOL_DEDICATED => self.dedicated.page(page.page).map(|p| (&p.raw, p.addr)),
+            // Granule pools hold device memory only: no host page behind them.
+            POOL_VM_SMALL | POOL_VM_LARGE => None,
             pool => self.sliced(pool)?.page(page.page).map(|p| (&p.raw, p.addr)),
         }
     }
 
+    /// The pool of pages `pool` names (granule pools are reached through [`Self::granule_pool`]).
     fn sliced(&self, pool: PoolId) -> Option<&SlicedPool<RawPage<S>>> {
-        if pool == POOL_SMALL {
-            return Some(&self.small);
+        match pool {
+            POOL_SMALL => Some(&self.small),
+            POOL_ARENA => Some(&self.arena),
+            _ => None,
         }
-        self.arena
-            .get(usize::from(pool.checked_sub(POOL_ARENA_BASE)?))?
-            .as_deref()
     }
 
     pub(super) fn sliced_mut(&mut self, pool: PoolId) -> Option<&mut SlicedPool<RawPage<S>>> {
-        if pool == POOL_SMALL {
-            return Some(&mut self.small);
+        match pool {
+            POOL_SMALL => Some(&mut self.small),
+            POOL_ARENA => Some(&mut self.arena),
+            _ => None,
         }
-        self.arena
-            .get_mut(usize::from(pool.checked_sub(POOL_ARENA_BASE)?))?
-            .as_deref_mut()
+    }
+
+    /// The granule pool `pool` names, once its range is reserved.
+    pub(super) fn granule_pool(&self, pool: PoolId) -> Option<&GranulePool<RawPage<S>>> {
+        match pool {
+            POOL_VM_SMALL => self.vm[0].as_deref(),
+            POOL_VM_LARGE => self.vm[1].as_deref(),
+            _ => None,
+        }
     }
 
     fn used_mut(&mut self, location: Location, owner: u64) -> Option<&mut Used> {
         match location.pool {
             POOL_PERSISTENT => self.persistent.used_mut(location.block, owner),
             POOL_DEDICATED => self.dedicated.used_mut(location.block, owner),
+            POOL_VM_SMALL => self.vm[0].as_mut()?.pool.used_mut(location.block, owner),
+            POOL_VM_LARGE => self.vm[1].as_mut()?.pool.used_mut(location.block, owner),
             pool => self.sliced_mut(pool)?.used_mut(location.block, owner),
         }
     }
@@ -187,11 +211,26 @@ impl<S: Shim> MemoryManager<S> {
         match page.pool {
             POOL_PERSISTENT => self.persistent.guard(page.page, add),
             POOL_DEDICATED => self.dedicated.guard(page.page, add),
+            // A guard keeps the granule mapped; new allocations may still share its free bytes
+            // (nothing on it moves either way).
+            POOL_VM_SMALL => {
+                if let Some(p) = self.vm[0].as_mut() {
+                    p.guard(page.page, add);
+                }
+            }
+            POOL_VM_LARGE => {
+                if let Some(p) = self.vm[1].as_mut() {
+                    p.guard(page.page, add);
+                }
+            }
             pool => {
                 if let Some(p) = self.sliced_mut(pool) {
                     p.guard(page.page, add);
-                    if !add && !p.is_serving() && p.page(page.page).is_some_and(|p| p.live == 0) {
-                        self.outdated_empty.push(page);
+                    if !add
+                        && pool == POOL_ARENA
+                        && p.page(page.page).is_some_and(|p| p.live == 0)
+                    {
+                        self.arena_empty.push(page.page);
                     }
                 }
             }

@@ -10,11 +10,11 @@
 use super::MemoryManager;
 use crate::memory::config::PageRelease;
 use crate::memory::handle::{
-    Location, POOL_ARENA_BASE, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId,
+    Location, POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT, POOL_VM_LARGE, POOL_VM_SMALL,
 };
 use crate::memory::sliced::SlicedPool;
-use crate::memory::types::{Cleanup, PageRef, RawPage, RetiredPage};
-use crate::shim::Shim;
+use crate::memory::types::{Cleanup, RawPage, RetiredPage};
+use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
@@ -46,35 +46,40 @@ impl<S: Shim> MemoryManager<S> {
             POOL_DEDICATED => {
                 self.dedicated_freed |= self.dedicated.free(location.block, owner);
             }
+            POOL_VM_SMALL | POOL_VM_LARGE => {
+                self.free_granules(location.pool, location.block, owner);
+            }
+            POOL_ARENA => {
+                if let Some(page) = self.arena.free(location.block, owner)
+                    && self.arena.page(page).is_some_and(|p| p.live == 0)
+                {
+                    self.arena_empty.push(page);
+                }
+            }
             pool => {
-                let Some(sliced) = self.sliced_mut(pool) else {
-                    return;
-                };
-                if let Some(page) = sliced.free(location.block, owner) {
-                    let outdated = !sliced.is_serving();
-                    if outdated
-                        && sliced
-                            .page(page)
-                            .is_some_and(|p| p.live == 0 && p.guards == 0)
-                    {
-                        self.outdated_empty.push(PageRef { pool, page });
-                    }
+                if let Some(sliced) = self.sliced_mut(pool) {
+                    sliced.free(location.block, owner);
                 }
             }
         }
     }
 
-    /// Runs a cleanup. Periodic: freed dedicated pages and empty pages of outdated arena classes
-    /// go back. Explicit: also every empty, unguarded page of the small pool and the current
-    /// arena class, and every freed persistent page.
+    /// Gives back the arena's empty, unguarded pages (before the arena grows).
+    pub(super) fn release_empty_arena_pages(&mut self, shim: &S) {
+        for page in core::mem::take(&mut self.arena_empty) {
+            if let Some(p) = self.arena.remove_page_if_empty(page) {
+                self.release(shim, p.raw, p.size);
+            }
+        }
+    }
+
+    /// Runs a cleanup. Periodic: freed dedicated pages go back, and guards dropped since are
+    /// noticed. Explicit: also every idle granule, every empty, unguarded page of the small pool
+    /// and the arena, and every freed persistent page.
     pub fn cleanup(&mut self, shim: &S, kind: Cleanup) {
         self.collect_returns();
         // The periodic tick runs on every reservation: with nothing to release it costs nothing.
-        if kind == Cleanup::Periodic
-            && !self.dedicated_freed
-            && self.outdated_empty.is_empty()
-            && self.guards.is_empty()
-        {
+        if kind == Cleanup::Periodic && !self.dedicated_freed && self.guards.is_empty() {
             return;
         }
         self.drop_released_guards();
@@ -85,27 +90,12 @@ impl<S: Shim> MemoryManager<S> {
             released.extend(pages.into_iter().map(|p| (p.raw, p.size)));
             self.dedicated_freed = false;
         }
-        for page in core::mem::take(&mut self.outdated_empty) {
-            if let Some(p) = self
-                .sliced_mut(page.pool)
-                .and_then(|s| s.remove_page_if_empty(page.page))
-            {
-                released.push((p.raw, p.size));
-            }
-        }
         if kind == Cleanup::Explicit {
             let mut pages = Vec::new();
             self.persistent.take_free(&mut pages);
             released.extend(pages.into_iter().map(|p| (p.raw, p.size)));
-            let sliced_ids: Vec<PoolId> = core::iter::once(POOL_SMALL)
-                .chain(
-                    (0..self.arena.len())
-                        .filter(|&i| self.arena[i].is_some())
-                        .map(|i| POOL_ARENA_BASE + i as u8),
-                )
-                .collect();
-            for id in sliced_ids {
-                let pool = self.sliced_mut(id).expect("listed above");
+            self.arena_empty.clear();
+            for pool in [&mut self.small, &mut self.arena] {
                 let empty: Vec<u32> = pool.empty_pages().collect();
                 for page in empty {
                     if let Some(p) = pool.remove_page_if_empty(page) {
@@ -113,15 +103,7 @@ impl<S: Shim> MemoryManager<S> {
                     }
                 }
             }
-        }
-        // Outdated classes with no page left free their slot.
-        for slot in 0..self.arena.len() {
-            let empty_outdated = self.arena[slot]
-                .as_ref()
-                .is_some_and(|p| !p.is_serving() && p.pages_live == 0);
-            if empty_outdated {
-                self.arena[slot] = None;
-            }
+            self.give_back_idle(shim, usize::MAX);
         }
         for (raw, size) in released {
             self.release(shim, raw, size);
@@ -189,21 +171,47 @@ impl<S: Shim> MemoryManager<S> {
     pub unsafe fn release_all(&mut self, shim: &S) {
         let mut pages: Vec<(RawPage<S>, u64)> = Vec::new();
         let mut sliced: Vec<SlicedPool<RawPage<S>>> = Vec::new();
+        // Granules first: their memory is unmapped before the ranges go.
+        for slot in &mut self.vm {
+            let Some(pool) = slot.take() else {
+                continue;
+            };
+            let granule = pool.granule;
+            let mut pool = *pool;
+            for (g, memory, token) in pool.drain_backed() {
+                if token.is_some() {
+                    // Retiring: its retired page (below, or already in the device's drop queue,
+                    // freed before this call) unmaps it.
+                    continue;
+                }
+                // SAFETY: the caller guarantees no pending work uses any memory of this manager.
+                unsafe { shim.vm_unmap(DeviceAddr(pool.addr_of(g)), granule, memory) };
+                self.budget.give_back(granule);
+            }
+            sliced.push(pool.pool);
+        }
+        // SAFETY: as above; retired granules are unmapped before their ranges are released.
+        unsafe { self.free_retired(shim) };
         let small_page = self.small.page_size;
         sliced.push(core::mem::replace(
             &mut self.small,
             SlicedPool::new(small_page),
         ));
-        sliced.extend(self.arena.iter_mut().filter_map(Option::take).map(|b| *b));
-        self.current = None;
+        let arena_page = self.arena.page_size;
+        sliced.push(core::mem::replace(
+            &mut self.arena,
+            SlicedPool::new(arena_page),
+        ));
+        self.arena_empty.clear();
         for pool in sliced {
             pages.extend(pool.into_pages().map(|p| (p.raw, p.size)));
         }
         for whole in [&mut self.persistent, &mut self.dedicated] {
             pages.extend(core::mem::take(whole).into_pages().map(|p| (p.raw, p.size)));
         }
-        self.outdated_empty.clear();
         for (raw, size) in pages {
+            // A range counts nothing against the budget; its granules did.
+            let size = if matches!(raw, RawPage::Range { .. }) { 0 } else { size };
             let page = RetiredPage {
                 raw,
                 size,
@@ -212,8 +220,6 @@ impl<S: Shim> MemoryManager<S> {
             // SAFETY: the caller guarantees no pending work uses any page of this manager.
             unsafe { page.free(shim) };
         }
-        // SAFETY: as above.
-        unsafe { self.free_retired(shim) };
     }
 
     /// Leaks every page on purpose: for a teardown that could not tell whether the device is
@@ -224,10 +230,15 @@ impl<S: Shim> MemoryManager<S> {
             &mut self.small,
             SlicedPool::new(small_page),
         ));
-        for slot in &mut self.arena {
+        let arena_page = self.arena.page_size;
+        core::mem::forget(core::mem::replace(
+            &mut self.arena,
+            SlicedPool::new(arena_page),
+        ));
+        self.arena_empty.clear();
+        for slot in &mut self.vm {
             core::mem::forget(slot.take());
         }
-        self.current = None;
         core::mem::forget(core::mem::take(&mut self.persistent));
         core::mem::forget(core::mem::take(&mut self.dedicated));
         core::mem::forget(core::mem::take(&mut self.retired));

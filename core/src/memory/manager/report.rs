@@ -6,7 +6,8 @@
 //! change anything but freeing what dropped handles returned, which every call does first.
 
 use super::MemoryManager;
-use crate::memory::handle::{POOL_ARENA_BASE, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId};
+use crate::memory::handle::{POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId};
+use crate::memory::vm::GranulePool;
 use crate::memory::report::{MemoryReport, PoolKind, PoolReport};
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{AllocationInfo, PageInfo, PageRef, RawPage};
@@ -19,7 +20,8 @@ impl<S: Shim> MemoryManager<S> {
         self.report().device().reserved + self.retired_bytes()
     }
 
-    /// The figures of every pool (allocations dropped since the last call are freed first).
+    /// The figures of every pool (allocations dropped since the last call are freed first). A
+    /// granule pool reports its granules as pages.
     pub fn report(&mut self) -> MemoryReport {
         self.collect_returns();
         let mut pools = Vec::new();
@@ -36,17 +38,26 @@ impl<S: Shim> MemoryManager<S> {
                 reserved: usage.reserved,
             }
         };
+        for (kind, vm) in [(PoolKind::Small, &self.vm[0]), (PoolKind::Arena, &self.vm[1])] {
+            if let Some(vm) = vm {
+                let usage = vm.pool.usage();
+                pools.push(PoolReport {
+                    kind,
+                    page_size: vm.granule,
+                    pages: vm.mapped,
+                    pages_peak: vm.mapped_peak,
+                    allocations: usage.allocations,
+                    in_use: usage.in_use,
+                    padding: usage.padding,
+                    reserved: vm.held(),
+                });
+            }
+        }
         if self.small.pages_peak > 0 {
             pools.push(sliced(PoolKind::Small, &self.small));
         }
-        let current = self.current.and_then(|c| self.arena[c].as_ref());
-        if let Some(p) = current {
-            pools.push(sliced(PoolKind::Arena { outdated: false }, p));
-        }
-        for (i, p) in self.arena.iter().enumerate() {
-            if let Some(p) = p.as_ref().filter(|_| Some(i) != self.current) {
-                pools.push(sliced(PoolKind::Arena { outdated: true }, p));
-            }
+        if self.arena.pages_peak > 0 {
+            pools.push(sliced(PoolKind::Arena, &self.arena));
         }
         for (kind, w) in [
             (PoolKind::Persistent, &self.persistent),
@@ -69,14 +80,16 @@ impl<S: Shim> MemoryManager<S> {
         MemoryReport { pools }
     }
 
-    /// The page size of the current arena class, if any.
-    pub fn arena_page_size_now(&self) -> Option<u64> {
-        self.current
-            .and_then(|c| self.arena[c].as_ref())
-            .map(|p| p.page_size)
+    /// Device calls the granule pools made so far: (granules mapped, granules given back).
+    pub fn granule_calls(&self) -> (u64, u64) {
+        self.vm
+            .iter()
+            .flatten()
+            .fold((0, 0), |(m, u), p| (m + p.maps, u + p.unmaps))
     }
 
     /// Every page held, for checks (allocations dropped since the last call are freed first).
+    /// A granule pool lists each run of adjacent granules with memory behind them as one page.
     pub fn pages(&mut self) -> Vec<PageInfo> {
         self.collect_returns();
         let mut out = Vec::new();
@@ -89,6 +102,11 @@ impl<S: Shim> MemoryManager<S> {
                     size: p.size,
                     guarded: p.guards > 0,
                 });
+            }
+        });
+        self.each_granule_pool(|kind, id, vm| {
+            for (first, count) in vm.runs() {
+                out.push(run_info(kind, id, vm, first, count));
             }
         });
         for (kind, id, w) in [
@@ -109,7 +127,7 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Every live allocation, for checks (allocations dropped since the last call are freed
-    /// first).
+    /// first). An allocation of a granule pool lies on the run of granules that holds it.
     pub fn allocations(&mut self) -> Vec<AllocationInfo> {
         self.collect_returns();
         let mut out = Vec::new();
@@ -129,6 +147,19 @@ impl<S: Shim> MemoryManager<S> {
                     size: used.size,
                     span,
                     page: info,
+                });
+            }
+        });
+        self.each_granule_pool(|kind, id, vm| {
+            for (_, offset, span, used) in vm.pool.used_blocks() {
+                let addr = vm.base + offset;
+                let (first, count) = vm.run_of(vm.span(addr, 1).0);
+                out.push(AllocationInfo {
+                    owner: used.owner,
+                    addr,
+                    size: used.size,
+                    span,
+                    page: run_info(kind, id, vm, first, count),
                 });
             }
         });
@@ -160,16 +191,31 @@ impl<S: Shim> MemoryManager<S> {
 
     fn each_sliced(&self, mut f: impl FnMut(PoolKind, PoolId, &SlicedPool<RawPage<S>>)) {
         f(PoolKind::Small, POOL_SMALL, &self.small);
-        for (i, p) in self.arena.iter().enumerate() {
-            if let Some(p) = p {
-                f(
-                    PoolKind::Arena {
-                        outdated: !p.is_serving(),
-                    },
-                    POOL_ARENA_BASE + i as u8,
-                    p,
-                );
+        f(PoolKind::Arena, POOL_ARENA, &self.arena);
+    }
+
+    fn each_granule_pool(&self, mut f: impl FnMut(PoolKind, PoolId, &GranulePool<RawPage<S>>)) {
+        for (which, kind) in [(0, PoolKind::Small), (1, PoolKind::Arena)] {
+            if let Some(vm) = self.vm[which].as_deref() {
+                f(kind, Self::vm_pool_id(which), vm);
             }
         }
+    }
+}
+
+/// A run of `count` backed granules from `first`, as a page.
+fn run_info<P>(
+    kind: PoolKind,
+    pool: PoolId,
+    vm: &GranulePool<P>,
+    first: u32,
+    count: u32,
+) -> PageInfo {
+    PageInfo {
+        kind,
+        page: PageRef { pool, page: first },
+        addr: vm.addr_of(first),
+        size: u64::from(count) * vm.granule,
+        guarded: (first..first + count).any(|g| vm.guarded(g)),
     }
 }

@@ -1,20 +1,19 @@
 //! Placement: where a reservation's room comes from.
 //!
 //! Owns [`MemoryManager::reserve`] and [`MemoryManager::try_reserve`], the routing of a request by
-//! mode and size to the small pool, the arena or a whole-page pool, the sizing of a new arena class
-//! (fitted to the budget), and the asking for pages (budget first, then the device, with the
-//! device's refusal turned into an [`IoError`]). Does not own what happens to room once it is
+//! mode and size to the small pool, the arena (each a granule pool first where there is one) or a
+//! whole-page pool, the sizing of a new arena page (fitted to the budget), and the asking for
+//! pages (budget first, then the device, with the device's refusal turned into an [`IoError`]). Does not own what happens to room once it is
 //! placed: binding and lookup are in `lookup.rs`, giving it back in `release.rs`.
 
 use super::{MemoryManager, round_up};
 use crate::error::{DriverError, Fault, IoError};
 use crate::memory::handle::{
-    Handle, Location, POOL_ARENA_BASE, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId,
+    Handle, Location, POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId,
 };
-use crate::memory::sliced::{SlicedPool, Used};
-use crate::memory::types::{AllocationMode, Cleanup, PageRef, PageUpdate, RawPage};
+use crate::memory::sliced::Used;
+use crate::memory::types::{AllocationMode, Cleanup, PageUpdate, RawPage};
 use crate::shim::Shim;
-use alloc::vec::Vec;
 
 impl<S: Shim> MemoryManager<S> {
     /// Reserves `size` bytes, with one reclaim and retry when the first attempt fails with an
@@ -47,8 +46,7 @@ impl<S: Shim> MemoryManager<S> {
     /// [`IoError::BufferTooBig`] when no page can ever hold the size (past [`Self::max_page`]);
     /// [`IoError::OutOfMemory`] when the device or the budget refuses a page;
     /// [`IoError::PageUpdateForbidden`] when `update` is `Forbidden` and no room is held;
-    /// [`IoError::PageSizesExhausted`] when the arena needs a new page size and all classes are
-    /// live; [`IoError::Shim`] when the device refuses otherwise (a lost device among those: see
+    /// [`IoError::Shim`] when the device refuses otherwise (a lost device among those: see
     /// [`IoError::is_device_lost`]).
     pub fn try_reserve(
         &mut self,
@@ -134,6 +132,9 @@ impl<S: Shim> MemoryManager<S> {
         used: Used,
         update: PageUpdate,
     ) -> Result<Location, IoError> {
+        if let Some(location) = self.reserve_granules(shim, 0, aligned, used, update)? {
+            return Ok(location);
+        }
         if let Some(c) = self.small.try_carve(used.size, aligned, used) {
             return Ok(Location {
                 pool: POOL_SMALL,
@@ -147,7 +148,7 @@ impl<S: Shim> MemoryManager<S> {
             });
         }
         let (raw, addr) = self.alloc_page(shim, self.small.page_size, used.size)?;
-        self.small.add_page(raw, addr);
+        self.small.add_page(raw, addr, self.small.page_size);
         let c = self
             .small
             .try_carve(used.size, aligned, used)
@@ -158,21 +159,21 @@ impl<S: Shim> MemoryManager<S> {
         })
     }
 
-    /// The page size a new arena class gets for a request of `aligned` bytes.
+    /// The size of a new arena page for a request of `aligned` bytes: the request rounded up to
+    /// the arena's granule, at least its smallest page, at most the largest page.
     fn arena_page_size(&self, aligned: u64) -> u64 {
         let c = &self.config;
-        let grown = aligned
-            .saturating_add(c.arena_slack)
-            .checked_next_multiple_of(c.arena_granule.max(1))
+        let rounded = aligned
+            .checked_next_multiple_of(c.arena_granule)
             .and_then(|s| round_up(s, self.alignment))
             .unwrap_or(self.max_page);
         let min =
             round_up(c.arena_min_page.min(self.max_page), self.alignment).unwrap_or(self.max_page);
-        grown.clamp(min, self.max_page)
+        rounded.max(min).min(self.max_page)
     }
 
     /// `page_size`, or less when the room the budget has left is smaller but still holds
-    /// `aligned`: a new class gives up its slack before the request fails.
+    /// `aligned`: a new page gives up its rounding before the request fails.
     fn fit_to_budget(&self, page_size: u64, aligned: u64) -> u64 {
         let Some(limit) = self.budget.limit() else {
             return page_size;
@@ -192,95 +193,35 @@ impl<S: Shim> MemoryManager<S> {
         used: Used,
         update: PageUpdate,
     ) -> Result<Location, IoError> {
-        if aligned > self.max_page {
-            return Err(IoError::BufferTooBig {
-                size: aligned,
-                max_page: self.max_page,
+        if let Some(location) = self.reserve_granules(shim, 1, aligned, used, update)? {
+            return Ok(location);
+        }
+        if let Some(c) = self.arena.try_carve(used.size, aligned, used) {
+            return Ok(Location {
+                pool: POOL_ARENA,
+                block: c.block,
             });
         }
-        if let Some(slot) = self.current {
-            let pool = self.arena[slot]
-                .as_mut()
-                .expect("the current class is live");
-            let id = POOL_ARENA_BASE + slot as u8;
-            if let Some(c) = pool.try_carve(used.size, aligned, used) {
-                return Ok(Location {
-                    pool: id,
-                    block: c.block,
-                });
-            }
-            if update == PageUpdate::Forbidden {
-                return Err(IoError::PageUpdateForbidden {
-                    size: used.size,
-                    room: pool.largest_free(),
-                });
-            }
-            let page_size = pool.page_size;
-            if aligned <= page_size {
-                let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;
-                let pool = self.arena[slot]
-                    .as_mut()
-                    .expect("the current class is live");
-                pool.add_page(raw, addr);
-                let c = pool
-                    .try_carve(used.size, aligned, used)
-                    .expect("a fresh page fits");
-                return Ok(Location {
-                    pool: id,
-                    block: c.block,
-                });
-            }
-        } else if update == PageUpdate::Forbidden {
+        if update == PageUpdate::Forbidden {
             return Err(IoError::PageUpdateForbidden {
                 size: used.size,
-                room: 0,
+                room: self.arena.largest_free(),
             });
         }
-        self.grow_arena(shim, aligned, used)
-    }
-
-    /// Makes a new current class sized for `aligned`, with its first page; the previous class
-    /// becomes outdated. A refused page leaves the classes as they were.
-    fn grow_arena(&mut self, shim: &S, aligned: u64, used: Used) -> Result<Location, IoError> {
-        // A free slot, or the current class's own when it holds no page (an explicit cleanup
-        // emptied it): replacing it then loses nothing.
-        let current_is_empty = self
-            .current
-            .and_then(|c| self.arena[c].as_ref())
-            .is_some_and(|p| p.pages_live == 0);
-        let (slot, replaces_current) = match self.arena.iter().position(Option::is_none) {
-            Some(slot) => (slot, false),
-            None if current_is_empty => (self.current.expect("checked above"), true),
-            None => {
-                return Err(IoError::PageSizesExhausted {
-                    size: used.size,
-                    classes: self.arena.len(),
-                });
-            }
-        };
-        let page_size = self.fit_to_budget(self.arena_page_size(aligned), aligned);
-        // A refused page leaves the classes as they were: the slot changes only after this.
-        let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;
-        if replaces_current {
-            self.current = None;
-            self.arena[slot] = None;
+        // No free block fits: the empty pages are all too small for it. They go back first, so
+        // the memory held grows only by what the request needs.
+        if update == PageUpdate::Allow {
+            self.release_empty_arena_pages(shim);
         }
-        let mut pool = SlicedPool::new(page_size);
-        pool.add_page(raw, addr);
-        let c = pool
+        let page_size = self.fit_to_budget(self.arena_page_size(aligned), aligned);
+        let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;
+        self.arena.add_page(raw, addr, page_size);
+        let c = self
+            .arena
             .try_carve(used.size, aligned, used)
             .expect("a page sized for the request fits it");
-        if let Some(old) = self.current.replace(slot) {
-            let old_pool = self.arena[old].as_mut().expect("the current class is live");
-            old_pool.stop_serving();
-            let empty: Vec<u32> = old_pool.empty_pages().collect();
-            let id = POOL_ARENA_BASE + old as u8;
-            self.outdated_empty
-                .extend(empty.into_iter().map(|page| PageRef { pool: id, page }));
-        }
-        self.arena[slot] = Some(alloc::boxed::Box::new(pool));
         Ok(Location {
-            pool: POOL_ARENA_BASE + slot as u8,
+            pool: POOL_ARENA,
             block: c.block,
         })
     }
@@ -331,7 +272,7 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    fn page_error(&self, e: DriverError, asked: u64, page_size: u64) -> IoError {
+    pub(super) fn page_error(&self, e: DriverError, asked: u64, page_size: u64) -> IoError {
         match e.fault {
             Fault::TooBig => IoError::BufferTooBig {
                 size: page_size.max(asked),

@@ -1,0 +1,220 @@
+//! The granule pools' device calls: reserving their address ranges, mapping the granules a new
+//! allocation touches, and giving idle granules back.
+//!
+//! Owns when a range is reserved (at the pool's first request; a refusal turns the granule pools
+//! off and the pools fall back to pages), the order of a placement (carve, count the granules,
+//! give idle granules back to make room, map what is missing, undo all of it on a refusal) and
+//! how a granule goes back (unmapped at once under [`PageRelease::Immediate`], else retired to
+//! the drop queue with a token the pool can take it back through). Does not own the bookkeeping
+//! of blocks and granules (`memory/vm.rs`) nor the routing of a request (`reserve.rs`).
+
+use super::MemoryManager;
+use crate::error::IoError;
+use crate::memory::config::PageRelease;
+use crate::memory::handle::{Location, POOL_VM_LARGE, POOL_VM_SMALL};
+use crate::memory::sliced::Used;
+use crate::memory::types::{PageUpdate, RawPage, RetiredPage};
+use crate::memory::vm::{GranulePool, Need, RETIRE_PENDING};
+use crate::shim::{DeviceAddr, Shim};
+use alloc::boxed::Box;
+use alloc::sync::Arc;
+use core::sync::atomic::AtomicU8;
+
+impl<S: Shim> MemoryManager<S> {
+    /// The pool id of granule pool `which` (0 small, 1 large).
+    pub(super) const fn vm_pool_id(which: usize) -> u8 {
+        if which == 0 {
+            POOL_VM_SMALL
+        } else {
+            POOL_VM_LARGE
+        }
+    }
+
+    /// Places `aligned` bytes in granule pool `which`, mapping the granules it touches that have
+    /// no memory behind them. `Ok(None)` when the pool cannot serve it (no granule pools, a full
+    /// range, or, when `update` forbids mapping, no mapped room large enough): the caller falls
+    /// back to pages.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::OutOfMemory`] (or the device's refusal) when a granule cannot be mapped; nothing
+    /// changed then but idle granules given back.
+    pub(super) fn reserve_granules(
+        &mut self,
+        shim: &S,
+        which: usize,
+        aligned: u64,
+        used: Used,
+        update: PageUpdate,
+    ) -> Result<Option<Location>, IoError> {
+        if self.vm_granule == 0 {
+            return Ok(None);
+        }
+        if self.vm[which].is_none() {
+            if update == PageUpdate::Forbidden {
+                return Ok(None);
+            }
+            self.reserve_range(shim, which);
+        }
+        let alignment = self.alignment;
+        let Some(pool) = self.vm[which].as_deref_mut() else {
+            return Ok(None);
+        };
+        let carved = if update == PageUpdate::Forbidden {
+            pool.carve_in_mapped(used.size, aligned, alignment, used)
+        } else {
+            pool.pool.try_carve(used.size, aligned, used)
+        };
+        let Some(c) = carved else {
+            return Ok(None);
+        };
+        let (first, last) = pool.span(c.addr, aligned);
+        pool.touch(first, last);
+        let mut missing = 0;
+        for g in first..=last {
+            if pool.need(g) == Need::Map {
+                missing += 1;
+            }
+        }
+        let location = Location {
+            pool: Self::vm_pool_id(which),
+            block: c.block,
+        };
+        if missing == 0 {
+            return Ok(Some(location));
+        }
+        debug_assert!(update != PageUpdate::Forbidden, "placed over mapped granules only");
+        if update == PageUpdate::Allow {
+            // Idle granules go back first: the memory held grows only by what is still missing.
+            self.give_back_idle(shim, missing);
+        }
+        let granule = self.vm_granule;
+        for g in first..=last {
+            let pool = self.vm[which].as_deref_mut().expect("reserved above");
+            if pool.need(g) != Need::Map {
+                continue;
+            }
+            let addr = pool.addr_of(g);
+            let mapped = match self.budget.take(granule) {
+                Ok(()) => shim.vm_map(DeviceAddr(addr), granule).map_err(|e| {
+                    self.budget.give_back(granule);
+                    self.page_error(e, used.size, granule)
+                }),
+                Err(r) => Err(IoError::OutOfMemory {
+                    size: used.size,
+                    held: r.held,
+                    budget: Some(r.limit),
+                    source: None,
+                }),
+            };
+            let pool = self.vm[which].as_deref_mut().expect("reserved above");
+            match mapped {
+                Ok(memory) => pool.set_mapped(g, memory),
+                Err(e) => {
+                    // Undo the placement; the granules mapped for it join the cache (idle).
+                    pool.untouch(first, last);
+                    pool.pool.free(c.block, used.owner);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Some(location))
+    }
+
+    /// Reserves the address range of granule pool `which`: twice the memory the manager may
+    /// hold for the large pool (room to place around holes), a quarter of it for the small one.
+    /// A refusal turns the granule pools off.
+    fn reserve_range(&mut self, shim: &S, which: usize) {
+        let granule = self.vm_granule;
+        let want = if which == 0 {
+            self.memory / 4
+        } else {
+            self.memory.saturating_mul(2)
+        };
+        let size = want / granule * granule;
+        if size == 0 {
+            self.vm_granule = 0;
+            return;
+        }
+        match shim.vm_reserve(size) {
+            Ok(addr) if addr.0 % granule == 0 => {
+                let raw = RawPage::Range { addr: addr.0, size };
+                self.vm[which] = Some(Box::new(GranulePool::new(raw, addr.0, size, granule)));
+            }
+            Ok(addr) => {
+                warn!(
+                    "the device reserved an address range at {:#x}, not aligned to its granule of {} bytes: using pages",
+                    addr.0, granule
+                );
+                // SAFETY: nothing was mapped in the range.
+                unsafe { shim.vm_release(addr, size) };
+                self.vm_granule = 0;
+            }
+            Err(e) => {
+                debug!(
+                    "reserving {} bytes of address space failed (status {}): using pages",
+                    size, e.status
+                );
+                self.vm_granule = 0;
+            }
+        }
+    }
+
+    /// Gives back up to `count` idle granules (all of them for `usize::MAX`), most recently
+    /// idle first, from both granule pools.
+    pub(super) fn give_back_idle(&mut self, shim: &S, count: usize) {
+        let mut left = count;
+        for which in 0..2 {
+            while left > 0 {
+                let Some(pool) = self.vm[which].as_deref_mut() else {
+                    break;
+                };
+                let Some((g, memory)) = pool.take_cached() else {
+                    break;
+                };
+                let (addr, size) = (pool.addr_of(g), pool.granule);
+                match self.release {
+                    PageRelease::Immediate => {
+                        // SAFETY: `Immediate` is set only through the unsafe
+                        // `release_pages_immediately`, whose caller promised no device work uses
+                        // memory whose handles were dropped; an idle granule holds no live
+                        // allocation.
+                        unsafe { shim.vm_unmap(DeviceAddr(addr), size, memory) };
+                        self.budget.give_back(size);
+                    }
+                    PageRelease::Fenced => {
+                        let token = Arc::new(AtomicU8::new(RETIRE_PENDING));
+                        pool.retire(g, memory, Arc::clone(&token));
+                        self.retired.push(RetiredPage {
+                            raw: RawPage::Granule {
+                                addr,
+                                size,
+                                memory,
+                                token,
+                            },
+                            size,
+                            budget: self.budget.clone(),
+                        });
+                    }
+                }
+                left -= 1;
+            }
+        }
+    }
+
+    /// Counts the allocation at `block` of granule pool `pool_id`, bound to `owner`, gone from
+    /// the granules it touched; returns whether it was there to free.
+    pub(super) fn free_granules(&mut self, pool_id: u8, block: u32, owner: u64) -> bool {
+        let which = usize::from(pool_id == POOL_VM_LARGE);
+        let Some(pool) = self.vm[which].as_deref_mut() else {
+            return false;
+        };
+        let Some((offset, span)) = pool.pool.used_span(block, owner) else {
+            return false;
+        };
+        let (first, last) = pool.span(pool.base + offset, span);
+        pool.pool.free(block, owner);
+        pool.untouch(first, last);
+        true
+    }
+}

@@ -1,0 +1,332 @@
+//! A granule pool: one reserved device address range, carved like a sliced pool, with device
+//! memory behind it only where live allocations lie (devices with virtual memory management:
+//! [`DeviceFacts::vm_granule`](crate::shim::DeviceFacts::vm_granule)).
+//!
+//! Owns the address range's blocks (a [`SlicedPool`] with the range as its one page, so free
+//! neighbours coalesce across granules and a request is placed best-fit anywhere in the range),
+//! and the state of each granule: unmapped, mapped (with how many allocations touch it and how
+//! many guards hold it), or retiring (handed to the device to unmap once its fence passes, and
+//! taken back if needed before that). Keeps the mapped granules no allocation touches in a cache
+//! and says which ones to give back. Does not own the device calls nor the budget (the manager
+//! maps, unmaps and counts: `manager/granules.rs`), nor when the cache is given back (the
+//! manager's policy: before growing, and at an explicit cleanup).
+//!
+//! Why: memory held is the granules touched by live allocations, never a page sized for a
+//! request long gone; a freed granule goes back without moving any allocation.
+
+use super::sliced::{Carved, SlicedPool, Used};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// A retiring granule waits for its fence (the drop queue unmaps it then).
+pub(crate) const RETIRE_PENDING: u8 = 0;
+/// The manager took a retiring granule back before its fence: the drop queue leaves it mapped.
+pub(crate) const RETIRE_CANCELLED: u8 = 1;
+/// The drop queue unmapped it: the address range is free to map again.
+pub(crate) const RETIRE_DONE: u8 = 2;
+
+/// What is behind one granule of the range.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// Nothing.
+    Unmapped,
+    /// Device memory (the shim's handle of it).
+    Mapped(u64),
+    /// Device memory handed to the drop queue to unmap after a fence; `token` says whether it
+    /// did ([`RETIRE_DONE`]), or the manager took it back ([`RETIRE_CANCELLED`]).
+    Retiring(u64, Arc<AtomicU8>),
+}
+
+#[derive(Debug)]
+struct Granule {
+    /// Live allocations that touch the granule.
+    users: u32,
+    /// Guards that keep it mapped.
+    guards: u32,
+    backing: Backing,
+}
+
+/// How a granule stands for a new allocation placed over it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// Memory is behind it.
+    Mapped,
+    /// It was retiring and was taken back: memory is behind it again.
+    TakenBack,
+    /// It must be mapped.
+    Map,
+}
+
+/// One reserved address range and the state of its granules.
+#[derive(Debug)]
+pub(crate) struct GranulePool<P> {
+    /// The blocks: one page, the whole range.
+    pub pool: SlicedPool<P>,
+    pub base: u64,
+    pub granule: u64,
+    shift: u32,
+    granules: Vec<Granule>,
+    /// Mapped granules no allocation touches, most recent last (entries may be stale: checked
+    /// when taken).
+    cache: Vec<u32>,
+    /// Granules with memory behind them (mapped or retiring).
+    pub mapped: u32,
+    pub mapped_peak: u32,
+    /// Map and unmap calls made, for the report and benchmarks.
+    pub maps: u64,
+    pub unmaps: u64,
+}
+
+impl<P> GranulePool<P> {
+    /// A pool over the range `[base, base + size)` reserved as `raw`; `granule` is a power of two
+    /// dividing `base` and `size`.
+    pub(crate) fn new(raw: P, base: u64, size: u64, granule: u64) -> Self {
+        debug_assert!(granule.is_power_of_two() && base % granule == 0 && size % granule == 0);
+        let mut pool = SlicedPool::new(granule);
+        pool.add_page(raw, base, size);
+        let count = size >> granule.trailing_zeros();
+        let mut granules = Vec::new();
+        granules.resize_with(count as usize, || Granule {
+            users: 0,
+            guards: 0,
+            backing: Backing::Unmapped,
+        });
+        Self {
+            pool,
+            base,
+            granule,
+            shift: granule.trailing_zeros(),
+            granules,
+            cache: Vec::new(),
+            mapped: 0,
+            mapped_peak: 0,
+            maps: 0,
+            unmaps: 0,
+        }
+    }
+
+    /// The granules `[first, last]` that the bytes `[addr, addr + len)` touch.
+    pub(crate) fn span(&self, addr: u64, len: u64) -> (u32, u32) {
+        let start = addr - self.base;
+        let end = start + len.max(1) - 1;
+        ((start >> self.shift) as u32, (end >> self.shift) as u32)
+    }
+
+    /// The first device address of granule `g`.
+    pub(crate) fn addr_of(&self, g: u32) -> u64 {
+        self.base + (u64::from(g) << self.shift)
+    }
+
+    /// Bytes of device memory behind the range (retiring granules included).
+    pub(crate) fn held(&self) -> u64 {
+        u64::from(self.mapped) << self.shift
+    }
+
+    /// How granule `g` stands for an allocation about to be placed over it; a retiring granule
+    /// whose fence has not passed is taken back (so it counts as mapped from now on).
+    pub(crate) fn need(&mut self, g: u32) -> Need {
+        let gr = &mut self.granules[g as usize];
+        match &gr.backing {
+            Backing::Mapped(_) => Need::Mapped,
+            Backing::Unmapped => Need::Map,
+            Backing::Retiring(memory, token) => {
+                let memory = *memory;
+                match token.compare_exchange(
+                    RETIRE_PENDING,
+                    RETIRE_CANCELLED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        gr.backing = Backing::Mapped(memory);
+                        Need::TakenBack
+                    }
+                    Err(_) => {
+                        // Unmapped by the drop queue: its memory and budget are gone.
+                        gr.backing = Backing::Unmapped;
+                        self.mapped -= 1;
+                        Need::Map
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records that granule `g` was mapped with the shim's `memory`.
+    pub(crate) fn set_mapped(&mut self, g: u32, memory: u64) {
+        self.granules[g as usize].backing = Backing::Mapped(memory);
+        self.mapped += 1;
+        self.mapped_peak = self.mapped_peak.max(self.mapped);
+        self.maps += 1;
+    }
+
+    /// Counts a new allocation over `[first, last]`.
+    pub(crate) fn touch(&mut self, first: u32, last: u32) {
+        for g in &mut self.granules[first as usize..=last as usize] {
+            g.users += 1;
+        }
+    }
+
+    /// Counts an allocation over `[first, last]` gone; granules no allocation touches any more
+    /// (and no guard holds) join the cache.
+    pub(crate) fn untouch(&mut self, first: u32, last: u32) {
+        for g in first..=last {
+            let gr = &mut self.granules[g as usize];
+            gr.users -= 1;
+            if gr.users == 0 && gr.guards == 0 {
+                self.cache.push(g);
+            }
+        }
+    }
+
+    /// Whether granule `g` is mapped, unused and unguarded (what the cache should hold).
+    fn idle(&self, g: u32) -> bool {
+        let gr = &self.granules[g as usize];
+        gr.users == 0 && gr.guards == 0 && matches!(gr.backing, Backing::Mapped(_))
+    }
+
+    /// Takes an idle granule out of the cache to give back: its index and the shim's memory
+    /// handle; the granule is unmapped from the pool's point of view (the caller unmaps it, or
+    /// retires it with [`Self::retire`]).
+    pub(crate) fn take_cached(&mut self) -> Option<(u32, u64)> {
+        while let Some(g) = self.cache.pop() {
+            if !self.idle(g) {
+                continue; // stale: used or given back since it was cached
+            }
+            let Backing::Mapped(memory) =
+                core::mem::replace(&mut self.granules[g as usize].backing, Backing::Unmapped)
+            else {
+                continue;
+            };
+            self.mapped -= 1;
+            self.unmaps += 1;
+            return Some((g, memory));
+        }
+        None
+    }
+
+    /// Marks granule `g` (just taken from the cache) as retiring with `memory` until `token`
+    /// says its fence passed: it still counts as held.
+    pub(crate) fn retire(&mut self, g: u32, memory: u64, token: Arc<AtomicU8>) {
+        self.granules[g as usize].backing = Backing::Retiring(memory, token);
+        self.mapped += 1;
+    }
+
+    /// Adds or removes a guard on granule `g`; an unguarded idle granule joins the cache.
+    pub(crate) fn guard(&mut self, g: u32, add: bool) {
+        let Some(gr) = self.granules.get_mut(g as usize) else {
+            return;
+        };
+        if add {
+            gr.guards += 1;
+        } else {
+            gr.guards = gr.guards.saturating_sub(1);
+            if gr.guards == 0 && gr.users == 0 {
+                self.cache.push(g);
+            }
+        }
+    }
+
+    /// Whether granule `g` is guarded.
+    pub(crate) fn guarded(&self, g: u32) -> bool {
+        self.granules.get(g as usize).is_some_and(|gr| gr.guards > 0)
+    }
+
+    /// Whether granule `g` has memory behind it that a new allocation may use without a device
+    /// call (mapped, or retiring and still takeable).
+    fn usable(&self, g: u32) -> bool {
+        match &self.granules[g as usize].backing {
+            Backing::Mapped(_) => true,
+            Backing::Retiring(_, token) => token.load(Ordering::Acquire) == RETIRE_PENDING,
+            Backing::Unmapped => false,
+        }
+    }
+
+    /// Places `aligned` bytes where memory is already behind every granule it touches (for a
+    /// reservation that may not map: a recording), best fit among the free stretches; `None`
+    /// when no such room is large enough. Walks every free block: for the rare reservations that
+    /// may not change the device's memory.
+    pub(crate) fn carve_in_mapped(
+        &mut self,
+        size: u64,
+        aligned: u64,
+        alignment: u64,
+        used: Used,
+    ) -> Option<Carved> {
+        let mut best: Option<(u64, u32, u64)> = None; // (room, block, offset in block)
+        for (block, _, offset, len) in self.pool.free_blocks() {
+            let (start, end) = (self.base + offset, self.base + offset + len);
+            let (first, last) = self.span(start, len);
+            let mut g = first;
+            while g <= last {
+                if !self.usable(g) {
+                    g += 1;
+                    continue;
+                }
+                let run = g;
+                while g <= last && self.usable(g) {
+                    g += 1;
+                }
+                let lo = start.max(self.addr_of(run));
+                let lo = lo.next_multiple_of(alignment);
+                let hi = end.min(self.addr_of(g));
+                if hi > lo && hi - lo >= aligned && best.is_none_or(|(room, ..)| hi - lo < room) {
+                    best = Some((hi - lo, block, lo - start));
+                }
+            }
+        }
+        let (_, block, offset) = best?;
+        Some(self.pool.carve_at(block, offset, size, aligned, used))
+    }
+
+    /// Every granule with memory behind it, as (index, shim memory, retire token if retiring),
+    /// for teardown: the pool forgets them.
+    pub(crate) fn drain_backed(&mut self) -> Vec<(u32, u64, Option<Arc<AtomicU8>>)> {
+        let mut out = Vec::new();
+        for (i, gr) in self.granules.iter_mut().enumerate() {
+            match core::mem::replace(&mut gr.backing, Backing::Unmapped) {
+                Backing::Unmapped => {}
+                Backing::Mapped(m) => out.push((i as u32, m, None)),
+                Backing::Retiring(m, t) => out.push((i as u32, m, Some(t))),
+            }
+        }
+        self.mapped = 0;
+        self.cache.clear();
+        out
+    }
+
+    /// Maximal runs of granules with memory behind them, as (first granule, count).
+    pub(crate) fn runs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let n = self.granules.len() as u32;
+        let backed = |g: u32| !matches!(self.granules[g as usize].backing, Backing::Unmapped);
+        let mut g = 0;
+        core::iter::from_fn(move || {
+            while g < n && !backed(g) {
+                g += 1;
+            }
+            if g >= n {
+                return None;
+            }
+            let first = g;
+            while g < n && backed(g) {
+                g += 1;
+            }
+            Some((first, g - first))
+        })
+    }
+
+    /// The run of backed granules that holds granule `g`, as (first granule, count).
+    pub(crate) fn run_of(&self, g: u32) -> (u32, u32) {
+        let backed = |g: u32| !matches!(self.granules[g as usize].backing, Backing::Unmapped);
+        let mut first = g;
+        while first > 0 && backed(first - 1) {
+            first -= 1;
+        }
+        let mut end = g + 1;
+        while (end as usize) < self.granules.len() && backed(end) {
+            end += 1;
+        }
+        (first, end - first)
+    }
+}
