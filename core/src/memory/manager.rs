@@ -30,9 +30,10 @@
 //! with memory behind only the granules live allocations touch. Elsewhere (or when a range is
 //! full or cannot be reserved) each holds pages: fixed pages for the small pool, pages sized to
 //! the request rounded up to [`MemoryConfig::arena_granule`] for the arena, best fit across all of
-//! them. Either way, memory no allocation uses is kept for reuse until the pool needs to grow:
-//! then it goes back first (idle granules, empty arena pages), so the memory held grows only by
-//! what the live allocations need. An explicit cleanup gives back everything unused.
+//! them. Either way, memory no allocation uses is kept for reuse, and goes back first when the
+//! pools would otherwise grow past the most they ever held (idle granules) or when the arena needs
+//! a page none of its empty ones can serve (empty arena pages): the peak of memory held grows only
+//! by what live allocations need. An explicit cleanup gives back everything unused.
 
 mod granules;
 mod lookup;
@@ -76,6 +77,9 @@ pub struct MemoryManager<S: Shim> {
     /// The device's granule where the granule pools may be used; 0 where they may not (no
     /// virtual memory, turned off, zero copy, or a range could not be reserved).
     vm_granule: u64,
+    /// The most bytes the granule pools held at once since the last explicit cleanup: growing
+    /// past it gives idle granules back first.
+    vm_high_water: u64,
     persistent: WholePagePool<RawPage<S>>,
     dedicated: WholePagePool<RawPage<S>>,
     modes: Vec<AllocationMode>,
@@ -156,6 +160,7 @@ impl<S: Shim> MemoryManager<S> {
             arena_empty: Vec::new(),
             vm: [None, None],
             vm_granule,
+            vm_high_water: 0,
             persistent: WholePagePool::default(),
             dedicated: WholePagePool::default(),
             modes: Vec::new(),

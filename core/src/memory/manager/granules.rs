@@ -3,7 +3,8 @@
 //!
 //! Owns when a range is reserved (at the pool's first request; a refusal turns the granule pools
 //! off and the pools fall back to pages), the order of a placement (carve, count the granules,
-//! give idle granules back to make room, map what is missing, undo all of it on a refusal) and
+//! give idle granules back when mapping the missing ones would take the pools past the most they
+//! ever held, map what is missing, undo all of it on a refusal) and
 //! how a granule goes back (unmapped at once under [`PageRelease::Immediate`], else retired to
 //! the drop queue with a token the pool can take it back through). Does not own the bookkeeping
 //! of blocks and granules (`memory/vm.rs`) nor the routing of a request (`reserve.rs`).
@@ -84,11 +85,17 @@ impl<S: Shim> MemoryManager<S> {
             return Ok(Some(location));
         }
         debug_assert!(update != PageUpdate::Forbidden, "placed over mapped granules only");
-        if update == PageUpdate::Allow {
-            // Idle granules go back first: the memory held grows only by what is still missing.
-            self.give_back_idle(shim, missing);
-        }
         let granule = self.vm_granule;
+        if update == PageUpdate::Allow {
+            // Past the most the pools ever held, idle granules go back first: the peak grows
+            // only by what live allocations need. Below it, they are kept for reuse (each give
+            // back and map is a device call).
+            let after = self.granules_held() + missing as u64 * granule;
+            if after > self.vm_high_water {
+                let over = (after - self.vm_high_water).div_ceil(granule);
+                self.give_back_idle(shim, (over as usize).min(missing));
+            }
+        }
         for g in first..=last {
             let pool = self.vm[which].as_deref_mut().expect("reserved above");
             if pool.need(g) != Need::Map {
@@ -118,7 +125,13 @@ impl<S: Shim> MemoryManager<S> {
                 }
             }
         }
+        self.vm_high_water = self.vm_high_water.max(self.granules_held());
         Ok(Some(location))
+    }
+
+    /// Bytes of device memory behind the granule pools (retiring granules included).
+    pub(super) fn granules_held(&self) -> u64 {
+        self.vm.iter().flatten().map(|p| p.held()).sum()
     }
 
     /// Reserves the address range of granule pool `which`: twice the memory the manager may

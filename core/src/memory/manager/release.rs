@@ -104,6 +104,7 @@ impl<S: Shim> MemoryManager<S> {
                 }
             }
             self.give_back_idle(shim, usize::MAX);
+            self.vm_high_water = self.granules_held();
         }
         for (raw, size) in released {
             self.release(shim, raw, size);
