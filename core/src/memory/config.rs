@@ -44,7 +44,7 @@ impl Default for MemoryConfig {
             arena_min_page: 2 * MIB,
             arena_granule: 2 * MIB,
             virtual_memory: true,
-            spare_identities: 8,
+            spare_identities: 256,
         }
     }
 }

@@ -197,7 +197,7 @@ impl Handle {
         size: u64,
         returns: &Arc<ReturnQueue>,
     ) -> Self {
-        let identity = Identity {
+        let fresh = |returns: Weak<ReturnQueue>| Identity {
             id,
             issuer,
             size,
@@ -207,17 +207,21 @@ impl Handle {
             graphs: AtomicU32::new(0),
             pool: AtomicU32::new(u32::from(POOL_NONE)),
             block: AtomicU32::new(0),
-            returns: Arc::downgrade(returns),
+            returns,
         };
         let identity = match spare {
             Some(SpareIdentity(mut block)) => match Arc::get_mut(&mut block) {
                 Some(slot) => {
-                    *slot = identity;
+                    // The same manager's queue: its weak reference is kept as it is (no two
+                    // atomic updates to replace it with itself).
+                    let kept = core::mem::take(&mut slot.returns);
+                    let same = core::ptr::eq(kept.as_ptr(), Arc::as_ptr(returns));
+                    *slot = fresh(if same { kept } else { Arc::downgrade(returns) });
                     block
                 }
-                None => Arc::new(identity),
+                None => Arc::new(fresh(Arc::downgrade(returns))),
             },
-            None => Arc::new(identity),
+            None => Arc::new(fresh(Arc::downgrade(returns))),
         };
         Self {
             identity: ManuallyDrop::new(identity),
