@@ -125,6 +125,51 @@ impl FreeIndex {
         self.first_non_empty(from).map(|c| self.heads[c])
     }
 
+    /// Like [`Self::find`], but looks at up to `limit` fitting blocks, in the order `find` would
+    /// prefer them (the request's own class, then the smallest classes that fit, each list in
+    /// order), and returns the one `score` rates lowest (the first of them on a tie; at once on
+    /// a score of 0). Bounded: at most `limit` blocks and one walk of the bitmap.
+    pub(crate) fn find_scored(
+        &self,
+        links: &impl Links,
+        size: u64,
+        limit: usize,
+        mut score: impl FnMut(u32) -> u32,
+    ) -> Option<u32> {
+        let mut best: Option<(u32, u32)> = None;
+        let mut seen = 0;
+        let mut consider = |b: u32| {
+            let s = score(b);
+            if best.is_none_or(|(low, _)| s < low) {
+                best = Some((s, b));
+            }
+            seen += 1;
+            s == 0 || seen >= limit
+        };
+        let own = class_of(size);
+        let mut b = self.heads[own];
+        let mut steps = 0;
+        while b != NIL && steps < 8 {
+            if links.size(b) >= size && consider(b) {
+                return best.map(|(_, b)| b);
+            }
+            b = links.next_free(b);
+            steps += 1;
+        }
+        let mut from = class_holding(size).max(own + 1);
+        while let Some(c) = self.first_non_empty(from) {
+            let mut b = self.heads[c];
+            while b != NIL {
+                if consider(b) {
+                    return best.map(|(_, b)| b);
+                }
+                b = links.next_free(b);
+            }
+            from = c + 1;
+        }
+        best.map(|(_, b)| b)
+    }
+
     fn first_non_empty(&self, from: usize) -> Option<usize> {
         let mut word = from / 64;
         if word >= self.bitmap.len() {

@@ -152,6 +152,23 @@ impl<P> SlicedPool<P> {
         Some(self.carve_front(b, size, aligned, used))
     }
 
+    /// Carves `aligned` bytes from the front of the free block that `score` (given a block's
+    /// offset in its page) rates lowest among the first `limit` that fit, in good-fit order.
+    pub(crate) fn try_carve_scored(
+        &mut self,
+        size: u64,
+        aligned: u64,
+        used: Used,
+        limit: usize,
+        mut score: impl FnMut(u64) -> u32,
+    ) -> Option<Carved> {
+        let blocks = &self.blocks;
+        let b = self
+            .index
+            .find_scored(blocks, aligned, limit, |b| score(blocks[b as usize].offset))?;
+        Some(self.carve_at(b, 0, size, aligned, used))
+    }
+
     /// Carves `aligned` bytes at `offset` bytes into the free, indexed block `block` (which holds
     /// them); what is left before and after stays free.
     pub(crate) fn carve_at(

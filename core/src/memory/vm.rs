@@ -47,6 +47,20 @@ struct Granule {
     backing: Backing,
 }
 
+/// Free blocks a placement compares by the maps they would need (bounded: the cost of a
+/// placement does not grow with the number of allocations).
+const CANDIDATES: usize = 8;
+
+/// Whether memory is behind `g` that a new allocation may use without a device call (mapped,
+/// or retiring and still takeable).
+fn usable(g: &Granule) -> bool {
+    match &g.backing {
+        Backing::Mapped(_) => true,
+        Backing::Retiring(_, token) => token.load(Ordering::Acquire) == RETIRE_PENDING,
+        Backing::Unmapped => false,
+    }
+}
+
 /// How a granule stands for a new allocation placed over it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Need {
@@ -234,13 +248,24 @@ impl<P> GranulePool<P> {
     }
 
     /// Whether granule `g` has memory behind it that a new allocation may use without a device
-    /// call (mapped, or retiring and still takeable).
+    /// call.
     fn usable(&self, g: u32) -> bool {
-        match &self.granules[g as usize].backing {
-            Backing::Mapped(_) => true,
-            Backing::Retiring(_, token) => token.load(Ordering::Acquire) == RETIRE_PENDING,
-            Backing::Unmapped => false,
-        }
+        usable(&self.granules[g as usize])
+    }
+
+    /// Places `aligned` bytes good-fit, preferring, among the first [`CANDIDATES`] free blocks
+    /// that fit, the one whose granules need the fewest maps (memory already behind them is
+    /// reused instead of mapping more and giving idle granules back elsewhere).
+    pub(crate) fn carve(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
+        let (shift, granules) = (self.shift, &self.granules);
+        self.pool
+            .try_carve_scored(size, aligned, used, CANDIDATES, |offset| {
+                let first = offset >> shift;
+                let last = (offset + aligned.max(1) - 1) >> shift;
+                (first..=last)
+                    .filter(|&g| !usable(&granules[g as usize]))
+                    .count() as u32
+            })
     }
 
     /// Places `aligned` bytes where memory is already behind every granule it touches (for a

@@ -64,7 +64,7 @@ impl<S: Shim> MemoryManager<S> {
         let carved = if update == PageUpdate::Forbidden {
             pool.carve_in_mapped(used.size, aligned, alignment, used)
         } else {
-            pool.pool.try_carve(used.size, aligned, used)
+            pool.carve(used.size, aligned, used)
         };
         let Some(c) = carved else {
             return Ok(None);
