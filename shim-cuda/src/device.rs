@@ -2,7 +2,7 @@
 //!
 //! Owns: the context and its per-call binding ([`Context::bind`]), the device's facts, and the
 //! `impl Shim for CudaShim`, whose calls delegate to the modules that own each kind of object
-//! (`stream.rs`, `memory.rs`, `kernel.rs`, `graph.rs`). Does not own: loading the driver
+//! (`stream.rs`, `memory.rs`, `kernel.rs`, `graph.rs`, `vm.rs`). Does not own: loading the driver
 //! (`driver.rs`), the classification of failures (`faults.rs`).
 
 use crate::driver::{self, CudaInitError};
@@ -11,6 +11,7 @@ use crate::graph::{self, CudaGraph};
 use crate::kernel::{self, CudaKernel};
 use crate::memory::{self, CudaDevicePage, CudaHostPage, CudaRegistration, Side};
 use crate::stream::{self, CudaEvent, CudaStream};
+use crate::vm;
 use cudarc::driver::sys;
 use devcmd::shim::unsupported;
 use devcmd::{
@@ -224,6 +225,12 @@ impl CudaShim {
             dev,
             A::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
         )? == 1;
+        // Optional: a device or driver that cannot answer has no virtual memory (granule 0).
+        let vmm = attribute(
+            dev,
+            A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        )
+        .is_ok_and(|v| v == 1);
         let mut raw = ptr::null_mut();
         // SAFETY: as above.
         setup("cuDevicePrimaryCtxRetain", unsafe {
@@ -241,6 +248,8 @@ impl CudaShim {
                 status: e.status,
             })?;
         let total_memory = total as u64;
+        // With the context current: the granularity query needs an initialised driver.
+        let vm_granule = vm::granule(dev, vmm);
         Ok(Self {
             ctx,
             ordinal,
@@ -253,7 +262,7 @@ impl CudaShim {
                 max_page_size: total_memory,
                 integrated,
                 can_map_host,
-                vm_granule: 0,
+                vm_granule,
             },
             max_pitch: u64::try_from(max_pitch).unwrap_or(0),
             compute_capability: (
@@ -392,6 +401,64 @@ impl Shim for CudaShim {
 
     fn device_page_addr(&self, page: &CudaDevicePage) -> DeviceAddr {
         page.addr()
+    }
+
+    /// `cuMemAddressReserve` of `size` bytes aligned to the granule. A size of no granules or
+    /// not a multiple is refused before the driver
+    /// ([`status::BAD_ARGUMENT`](crate::status::BAD_ARGUMENT)); without virtual memory (a
+    /// granule of 0), [`unsupported`].
+    fn vm_reserve(&self, size: u64) -> Result<DeviceAddr, DriverError> {
+        const OP: ShimOp = ShimOp::VmReserve;
+        if self.facts.vm_granule == 0 {
+            return Err(unsupported(OP));
+        }
+        self.bound(OP)?;
+        vm::reserve(size, self.facts.vm_granule)
+    }
+
+    /// `cuMemAddressFree`.
+    unsafe fn vm_release(&self, addr: DeviceAddr, size: u64) {
+        if self.facts.vm_granule == 0 {
+            return; // Nothing was ever reserved.
+        }
+        let _ = self.ctx.bind(ShimOp::VmReserve);
+        // SAFETY: `vm_release`'s contract: a reservation of this shim with nothing mapped in it.
+        unsafe { vm::release(addr, size) }
+    }
+
+    /// `cuMemCreate` of pinned memory on this device, `cuMemMap` at `addr`, `cuMemSetAccess`
+    /// (read and write from this device); on a failure, what succeeded is undone, so nothing
+    /// stays mapped. Returns the `CUmemGenericAllocationHandle`. A size past the device's memory
+    /// is [`devcmd::Fault::TooBig`] without a driver call; `CUDA_ERROR_OUT_OF_MEMORY` is a
+    /// shortage; without virtual memory, [`unsupported`].
+    fn vm_map(&self, addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
+        const OP: ShimOp = ShimOp::VmMap;
+        if self.facts.vm_granule == 0 {
+            return Err(unsupported(OP));
+        }
+        self.bound(OP)?;
+        vm::map(
+            addr,
+            size,
+            self.facts.vm_granule,
+            self.ctx.device,
+            self.facts.total_memory,
+        )
+    }
+
+    /// `cuMemUnmap`, then `cuMemRelease` of the allocation `memory`; in poison mode the range is
+    /// filled with [`POISON_BYTE`](crate::POISON_BYTE) first, as a freed page is.
+    unsafe fn vm_unmap(&self, addr: DeviceAddr, size: u64, memory: u64) {
+        if self.facts.vm_granule == 0 {
+            return; // Nothing was ever mapped.
+        }
+        let _ = self.ctx.bind(ShimOp::VmMap);
+        if self.poison {
+            // SAFETY: `vm_unmap`'s contract: the range is mapped and no pending work uses it.
+            unsafe { memory::poison_range(addr, size) };
+        }
+        // SAFETY: `vm_unmap`'s contract: one `vm_map` call's range and handle, unused.
+        unsafe { vm::unmap(addr, size, memory) }
     }
 
     unsafe fn device_free(&self, page: CudaDevicePage) {

@@ -104,8 +104,23 @@ pub const SYMBOLS: &[&str] = &[
 /// library before its first call: `cuFuncGetParamInfo` (CUDA 12.4), for the launch's
 /// parameter check, and `cuGraphExecUpdate_v2` (CUDA 12.0), for updating a graph in place
 /// (each with bindings that declare it; without, the check is skipped and a graph recorded
-/// again is instantiated anew).
-pub const OPTIONAL_SYMBOLS: &[&str] = &["cuFuncGetParamInfo", "cuGraphExecUpdate_v2"];
+/// again is instantiated anew); and the eight calls of virtual memory management (CUDA 10.2,
+/// every binding version: `cuMemGetAllocationGranularity`, `cuMemAddressReserve`,
+/// `cuMemAddressFree`, `cuMemCreate`, `cuMemRelease`, `cuMemMap`, `cuMemUnmap`,
+/// `cuMemSetAccess`), looked up at set-up: without one of them the device reports a
+/// `vm_granule` of 0 and the shim calls none of them.
+pub const OPTIONAL_SYMBOLS: &[&str] = &[
+    "cuFuncGetParamInfo",
+    "cuGraphExecUpdate_v2",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+];
 
 /// Why [`CudaShim::new`](crate::CudaShim::new) could not set up the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -344,10 +359,6 @@ pub fn driver_library() -> Option<String> {
 /// exists), which loaded the library.
 ///
 /// [`CudaShim`]: crate::CudaShim
-#[cfg_attr(
-    not(any(feature = "cuda-12060", feature = "cuda-13000")),
-    allow(dead_code)
-)]
 pub(crate) fn has_symbol(symbol: &str) -> bool {
     // SAFETY: `load` succeeded before (the caller's promise), so cudarc's library is loaded and
     // `culib` returns it without panicking.
@@ -508,6 +519,7 @@ mod tests {
             include_str!("driver.rs"),
             include_str!("kernel.rs"),
             include_str!("graph.rs"),
+            include_str!("vm.rs"),
         ];
         let mut called = Vec::new();
         for src in sources {
@@ -533,6 +545,15 @@ mod tests {
                 called.iter().any(|c| c == s),
                 "{s} is checked but never called"
             );
+        }
+    }
+
+    /// The virtual-memory calls are all optional (looked up at set-up, granule 0 without).
+    #[test]
+    fn the_virtual_memory_calls_are_optional_symbols() {
+        for s in crate::vm::SYMBOLS {
+            assert!(OPTIONAL_SYMBOLS.contains(&s), "{s}");
+            assert!(!SYMBOLS.contains(&s), "{s}");
         }
     }
 

@@ -15,13 +15,13 @@
 //! | 719 | `CUDA_ERROR_LAUNCH_FAILED` | `DeviceLost` | sticky (also what a kernel's `trap` gives) |
 //! | 214 | `CUDA_ERROR_ECC_UNCORRECTABLE` | `DeviceLost` | an uncorrectable memory error: the context's data is gone |
 //! | 226 | `CUDA_ERROR_CONTAINED` | `DeviceLost` | sticky (an error the GPU contained; CUDA ≥ 12.8) |
-//! | 2 | `CUDA_ERROR_OUT_OF_MEMORY` | `OutOfMemory` | freeing memory may cure it |
+//! | 2 | `CUDA_ERROR_OUT_OF_MEMORY` | `OutOfMemory` | freeing memory may cure it (from any call: `cuMemAlloc`, `cuMemCreate` of [`ShimOp::VmMap`], `cuMemAddressReserve` of [`ShimOp::VmReserve`] out of address space, ...) |
 //! | 1 | `CUDA_ERROR_INVALID_VALUE` | `TooBig` for [`ShimOp::DeviceAlloc`] and [`ShimOp::HostAlloc`], `Failed` otherwise | the shim never passes a zero size nor odd flags to an allocation, so the size is what the driver refused |
 //! | 801 | `CUDA_ERROR_NOT_SUPPORTED` | `Unsupported` | the device or the platform lacks the feature |
 //! | 600 | `CUDA_ERROR_NOT_READY` | `Failed` | **not an error**: [`Shim::event_query`] answers `Ok(false)` for it and never classifies it; classified only if some other call returned it |
 //! | -1 | [`status::UNSUPPORTED`] | `Unsupported` | a call this shim does not implement yet (the status of [`devcmd::shim::unsupported`]) |
-//! | -2 | [`status::TOO_BIG`] | `TooBig` | a size past the device's total memory or past the host's address space, refused before any driver call |
-//! | -3 | [`status::BAD_ARGUMENT`] | `Failed` | a null host pointer or a size past the host's address space in a copy, a launch's buffer slot past its buffers, or a kernel of another context, refused before any driver call |
+//! | -2 | [`status::TOO_BIG`] | `TooBig` | a size past the device's total memory or past the host's address space (an allocation, a [`ShimOp::VmMap`]), refused before any driver call |
+//! | -3 | [`status::BAD_ARGUMENT`] | `Failed` | a null host pointer or a size past the host's address space in a copy, a launch's buffer slot past its buffers, a kernel of another context, or a [`ShimOp::VmReserve`] / [`ShimOp::VmMap`] size of no granules or not a multiple of the granule (or a map address that is not), refused before any driver call |
 //! | -4 | [`status::PARAM_MISMATCH`] | `Failed` | a launch's parameters differ from the kernel's in number or size, refused before any driver call |
 //! | -5 | [`status::CAPTURE_DOOMED`] | `Failed` | [`Shim::end_capture`] with `doomed`: the recording was discarded |
 //! | any other | | `Failed` | the call failed and the device stays usable, as far as the shim knows |
@@ -140,7 +140,8 @@ pub mod status {
     /// Shim: a size the device can never hold, refused before any driver call.
     pub const TOO_BIG: i32 = -2;
     /// Shim: a null host pointer or a size past the host's address space, a launch's buffer
-    /// slot past its buffers, or a kernel of another context, refused before any driver call.
+    /// slot past its buffers, a kernel of another context, or a virtual-memory size or address
+    /// that is not a multiple of the granule, refused before any driver call.
     pub const BAD_ARGUMENT: i32 = -3;
     /// Shim: a launch's parameters differ from the kernel's in number or size (or a scalar is
     /// empty), refused before any driver call; `CudaKernel::check_params` says what differs.
@@ -459,6 +460,34 @@ mod tests {
         for op in ShimOp::ALL {
             assert_eq!(fault(op, status::OUT_OF_MEMORY), Fault::OutOfMemory);
         }
+    }
+
+    /// A map the device has no memory for is a shortage the core can cure by giving memory
+    /// back; a bad range (`CUDA_ERROR_INVALID_VALUE`) is a plain failure, never a loss.
+    #[test]
+    fn virtual_memory_failures_are_classified_once() {
+        assert_eq!(
+            classify(ShimOp::VmMap, status::OUT_OF_MEMORY),
+            DriverError::new(ShimOp::VmMap, status::OUT_OF_MEMORY, Fault::OutOfMemory)
+        );
+        assert_eq!(
+            fault(ShimOp::VmReserve, status::OUT_OF_MEMORY),
+            Fault::OutOfMemory
+        );
+        assert_eq!(fault(ShimOp::VmMap, status::INVALID_VALUE), Fault::Failed);
+        assert_eq!(
+            fault(ShimOp::VmReserve, status::INVALID_VALUE),
+            Fault::Failed
+        );
+        assert_eq!(fault(ShimOp::VmMap, status::TOO_BIG), Fault::TooBig);
+        assert_eq!(
+            fault(ShimOp::VmMap, status::NOT_SUPPORTED),
+            Fault::Unsupported
+        );
+        assert_eq!(
+            fault(ShimOp::VmMap, status::ILLEGAL_ADDRESS),
+            Fault::DeviceLost
+        );
     }
 
     #[test]

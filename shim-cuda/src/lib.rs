@@ -6,15 +6,17 @@
 //!
 //! | call | CUDA |
 //! |---|---|
-//! | [`Shim::facts`] | `cuDeviceTotalMem`; alignment 256; largest page = total memory; `integrated` and `can_map_host` from `CU_DEVICE_ATTRIBUTE_INTEGRATED` and `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY` |
+//! | [`Shim::facts`] | `cuDeviceTotalMem`; alignment 256; largest page = total memory; `integrated` and `can_map_host` from `CU_DEVICE_ATTRIBUTE_INTEGRATED` and `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`; `vm_granule` from `cuMemGetAllocationGranularity` (minimum, pinned memory on this device) where `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`, else 0 |
 //! | [`Shim::create_stream`] | `cuStreamCreate(CU_STREAM_NON_BLOCKING)` |
 //! | [`Shim::record_event`] | `cuEventRecord` of a pooled `CU_EVENT_DISABLE_TIMING` event |
 //! | [`Shim::stream_wait_event`] | `cuStreamWaitEvent` |
 //! | [`Shim::event_query`] | `cuEventQuery` (`CUDA_ERROR_NOT_READY` is `Ok(false)`) |
 //! | [`Shim::event_wait`] | `cuEventSynchronize` |
 //! | [`Shim::device_alloc`], [`Shim::device_free`] | `cuMemAlloc`, `cuMemFree` |
+//! | [`Shim::vm_reserve`], [`Shim::vm_release`] | `cuMemAddressReserve` (aligned to the granule), `cuMemAddressFree` |
+//! | [`Shim::vm_map`], [`Shim::vm_unmap`] | `cuMemCreate` (pinned, on this device) + `cuMemMap` + `cuMemSetAccess` (read and write, this device), undoing what succeeded on a failure; the handle is the `CUmemGenericAllocationHandle`. `cuMemUnmap` + `cuMemRelease` |
 //! | [`Shim::host_alloc_pinned`], [`Shim::host_free_pinned`] | `cuMemHostAlloc` (portable; device-mapped where the device maps host memory; never write-combined), `cuMemFreeHost` |
-//! | poisoned frees ([`CudaShim::with_poison`], for tests) | `cuMemsetD8` + `cuStreamSynchronize` of the legacy stream before `cuMemFree`; a host fill before `cuMemFreeHost` |
+//! | poisoned frees ([`CudaShim::with_poison`], for tests) | `cuMemsetD8` + `cuStreamSynchronize` of the legacy stream before `cuMemFree` and before `cuMemUnmap`; a host fill before `cuMemFreeHost` |
 //! | [`Shim::host_register`], [`Shim::host_unregister`] | `cuMemHostRegister` (portable) where `CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`, `cuMemHostUnregister` |
 //! | [`Shim::host_page_device_addr`] | `cuMemHostGetDevicePointer`, wherever the device maps host memory (the core decides whether to run zero copy on it: `DeviceConfig::zero_copy`) |
 //! | [`Shim::copy_to_device`], [`Shim::copy_to_host`], [`Shim::copy_on_device`] | `cuMemcpy{HtoD,DtoH,DtoD}Async` for linear layouts, `cuMemcpy2DAsync` for pitched ones |
@@ -137,6 +139,7 @@ mod kernel;
 mod memory;
 mod nvrtc;
 mod stream;
+mod vm;
 
 pub use device::{CudaShim, PAGE_ALIGNMENT};
 pub use driver::{

@@ -120,10 +120,22 @@ pub const POISON_BYTE: u8 = 0xDB;
 ///
 /// No pending work uses the page (the caller is about to free it). The context is current.
 pub(crate) unsafe fn poison_device(page: &CudaDevicePage) {
-    let bytes = usize::try_from(page.size.max(1)).unwrap_or(usize::MAX);
     // SAFETY: the page is a live `cuMemAlloc` allocation of at least `max(size, 1)` bytes (the
     // size `device_alloc` asked for); nothing else uses it (the caller's promise).
-    let r = unsafe { sys::cuMemsetD8_v2(page.addr, POISON_BYTE, bytes) };
+    unsafe { poison_range(page.addr(), page.size.max(1)) }
+}
+
+/// Fills `size` bytes of device memory at `addr` with [`POISON_BYTE`], as [`poison_device`]
+/// does (a page, or a range of mapped memory about to be unmapped).
+///
+/// # Safety
+///
+/// The bytes are live device memory of this context that no pending work uses. The context is
+/// current.
+pub(crate) unsafe fn poison_range(addr: DeviceAddr, size: u64) {
+    let bytes = usize::try_from(size).unwrap_or(usize::MAX);
+    // SAFETY: the caller's promise.
+    let r = unsafe { sys::cuMemsetD8_v2(addr.0, POISON_BYTE, bytes) };
     if r == sys::CUresult::CUDA_SUCCESS {
         // SAFETY: a null stream is the context's legacy default stream, where the fill runs.
         let _ = unsafe { sys::cuStreamSynchronize(ptr::null_mut()) };

@@ -5,6 +5,7 @@ use crate::graph::StdGraph;
 use crate::kernel::{KernelCtx, KernelFault, StdKernel};
 use crate::memory::{Block, Quarantine, StdDevicePage, StdHostPage};
 use crate::stream::{CopyOp, Op, StdEvent, StdStream};
+use crate::vm::{self, Unmap, Vm};
 use crate::{lock, wait};
 use devcmd::{
     CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
@@ -31,6 +32,7 @@ pub struct StdShimBuilder {
     alloc_budget: Option<u64>,
     injections: Vec<Injection>,
     spare_launches: usize,
+    vm_granule: u64,
 }
 
 impl Default for StdShimBuilder {
@@ -46,6 +48,7 @@ impl Default for StdShimBuilder {
             alloc_budget: None,
             injections: Vec::new(),
             spare_launches: 8,
+            vm_granule: vm::DEFAULT_VM_GRANULE,
         }
     }
 }
@@ -106,6 +109,22 @@ impl StdShimBuilder {
         self
     }
 
+    /// The granule of the device's virtual memory ([`DeviceFacts::vm_granule`]; default
+    /// [`DEFAULT_VM_GRANULE`](crate::DEFAULT_VM_GRANULE): 2 MiB on Unix, so the core meets the
+    /// std shim as it meets a CUDA GPU). 0 turns virtual memory off: the device then has only
+    /// whole pages, as a GPU without virtual memory management. Rounded up to a power of two and
+    /// to at least the system's page size; a value that overflows that rounding turns it off.
+    /// Always 0 on targets other than Unix (no `mmap`).
+    ///
+    /// With a granule, [`Shim::vm_reserve`] reserves address space with `mmap` and
+    /// [`Shim::vm_map`] backs it with memory counted like device pages (against the total
+    /// memory and [`StdShimBuilder::alloc_budget`]); copies and kernels accept spans in mapped
+    /// memory, across adjacent mappings of one reservation too.
+    pub fn vm_granule(mut self, bytes: u64) -> Self {
+        self.vm_granule = bytes;
+        self
+    }
+
     /// Injected: fail `device_alloc` with [`status::BUDGET`] past `bytes` of live device pages.
     pub fn alloc_budget(mut self, bytes: Option<u64>) -> Self {
         self.alloc_budget = bytes;
@@ -137,7 +156,7 @@ impl StdShimBuilder {
             max_page_size: max_page,
             integrated: self.integrated,
             can_map_host: self.integrated,
-            vm_granule: 0,
+            vm_granule: vm::normalise_granule(self.vm_granule),
         };
         let state = DeviceState {
             stats: Stats::default(),
@@ -148,6 +167,7 @@ impl StdShimBuilder {
             ranges: BTreeMap::new(),
             quarantine: Quarantine::default(),
             graveyard: Vec::new(),
+            vm: Vm::new(vm::normalise_granule(self.vm_granule)),
         };
         StdShim {
             inner: Arc::new(DeviceInner {
@@ -181,6 +201,9 @@ struct DeviceState {
     /// may still touch them (the core frees everything at once on a lost device), so they go
     /// back to the heap only when the device state drops, after every worker has exited.
     graveyard: Vec<Block>,
+    /// Reserved address ranges and the memory mapped in them; dropped (every reservation
+    /// unmapped) with the state, after every worker has exited.
+    vm: Vm,
 }
 
 impl Drop for DeviceState {
@@ -194,7 +217,8 @@ impl Drop for DeviceState {
 }
 
 impl DeviceState {
-    /// Whether `len` bytes at `addr` lie in one live device-visible range.
+    /// Whether `len` bytes at `addr` lie in one live device-visible range: a page, or mappings
+    /// of one reservation that follow each other with no gap.
     fn holds(&self, addr: u64, len: u64) -> bool {
         if len == 0 {
             return true;
@@ -209,6 +233,12 @@ impl DeviceState {
             .range(..=a)
             .next_back()
             .is_some_and(|(&s, &n)| end <= s + n)
+            || self.vm.holds(a, end)
+    }
+
+    /// Bytes held in both poison quarantines, for the stats.
+    fn note_quarantine(&mut self) {
+        self.stats.quarantined_bytes = (self.quarantine.bytes() + self.vm.quarantined()) as u64;
     }
 
     fn lost_error(&self, op: ShimOp) -> DriverError {
@@ -506,7 +536,7 @@ impl StdShim {
         } else if self.inner.poison_freed {
             // SAFETY: the caller promises nothing uses the block.
             unsafe { st.quarantine.push(block) };
-            st.stats.quarantined_bytes = st.quarantine.bytes() as u64;
+            st.note_quarantine();
         } else {
             // SAFETY: the caller promises nothing uses the block.
             unsafe { block.free() };
@@ -688,6 +718,117 @@ impl Shim for StdShim {
         st.stats.device_bytes_live = st.stats.device_bytes_live.saturating_sub(page.size);
         // SAFETY: `device_free`'s contract: no pending work uses the page.
         unsafe { self.release(&mut st, page.block) };
+    }
+
+    /// `mmap` of `PROT_NONE`, `MAP_NORESERVE` address space (see the `vm` module), aligned to
+    /// the granule. Refused while a stream records (the recording is invalidated), as
+    /// `device_alloc` is; [`status::UNSUPPORTED`] on a device built without a granule.
+    fn vm_reserve(&self, size: u64) -> Result<DeviceAddr, DriverError> {
+        const OP: ShimOp = ShimOp::VmReserve;
+        self.enter(OP, size)?;
+        let mut st = lock(&self.inner.state);
+        if st.vm.granule() == 0 {
+            return Err(classify(OP, status::UNSUPPORTED));
+        }
+        if DeviceInner::invalidate_captures(&mut st) {
+            return Err(classify(OP, status::CAPTURE_INVALIDATED));
+        }
+        let addr = st.vm.reserve(size).map_err(|code| classify(OP, code))?;
+        st.stats.vm_reserved_live += size;
+        Ok(DeviceAddr(addr as u64))
+    }
+
+    /// `munmap` of the reservation. A range that is not exactly one reservation is ignored, and
+    /// memory still mapped in it goes with it; both count in [`Stats::vm_misuse`]. After the
+    /// device was lost the range stays until the device drops (work a worker was running may
+    /// still touch it).
+    unsafe fn vm_release(&self, addr: DeviceAddr, size: u64) {
+        let mut st = lock(&self.inner.state);
+        // As `device_free`: giving memory back while a stream records invalidates the recording.
+        DeviceInner::invalidate_captures(&mut st);
+        let keep = self.inner.is_lost();
+        // SAFETY: `vm_release`'s contract: nothing is mapped in the range, so no work uses it.
+        match unsafe { st.vm.release(addr.0, size, keep) } {
+            Some(still_mapped) => {
+                st.stats.vm_reserved_live = st.stats.vm_reserved_live.saturating_sub(size);
+                if still_mapped > 0 {
+                    let bytes = still_mapped as u64;
+                    st.stats.vm_misuse += 1;
+                    st.stats.vm_mapped_live = st.stats.vm_mapped_live.saturating_sub(bytes);
+                    st.stats.device_bytes_live = st.stats.device_bytes_live.saturating_sub(bytes);
+                }
+                st.note_quarantine();
+            }
+            None => st.stats.vm_misuse += 1,
+        }
+    }
+
+    /// `mmap` of new read-write memory (zeroed) over the range, with `MAP_FIXED`. Checked first:
+    /// multiples of the granule ([`status::BAD_ARGUMENT`]), inside one reservation
+    /// ([`status::BAD_ADDRESS`]), nothing mapped there ([`status::ALREADY_MAPPED`]), and counted
+    /// like a device page against the total memory ([`status::TOO_BIG`],
+    /// [`status::OUT_OF_MEMORY`]) and the allocation budget ([`status::BUDGET`]). Refused while
+    /// a stream records, as `device_alloc` is. The handle is a serial number of the mapping.
+    fn vm_map(&self, addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
+        const OP: ShimOp = ShimOp::VmMap;
+        self.enter(OP, size)?;
+        let facts = &self.inner.facts;
+        let mut st = lock(&self.inner.state);
+        if st.vm.granule() == 0 {
+            return Err(classify(OP, status::UNSUPPORTED));
+        }
+        if DeviceInner::invalidate_captures(&mut st) {
+            return Err(classify(OP, status::CAPTURE_INVALIDATED));
+        }
+        let (a, len) = st
+            .vm
+            .check_map(addr.0, size)
+            .map_err(|code| classify(OP, code))?;
+        if size > facts.total_memory {
+            return Err(classify(OP, status::TOO_BIG));
+        }
+        let after = st.stats.device_bytes_live.saturating_add(size);
+        if st.alloc_budget.is_some_and(|b| after > b) {
+            return Err(classify(OP, status::BUDGET));
+        }
+        if after > facts.total_memory {
+            return Err(classify(OP, status::OUT_OF_MEMORY));
+        }
+        let handle = st.vm.map(a, len).map_err(|code| classify(OP, code))?;
+        st.stats.device_bytes_live = after;
+        st.stats.vm_mapped_live += size;
+        st.stats.vm_maps += 1;
+        st.note_quarantine();
+        Ok(handle)
+    }
+
+    /// `mmap` of `PROT_NONE`, `MAP_NORESERVE` over the range again: the memory goes back, the
+    /// range stays reserved. In poison mode the range is filled with
+    /// [`POISON_BYTE`](crate::POISON_BYTE) and kept readable in a bounded quarantine first (as
+    /// freed pages are). A range that is not exactly one mapping (address, size and handle) is
+    /// ignored and counted in [`Stats::vm_misuse`].
+    unsafe fn vm_unmap(&self, addr: DeviceAddr, size: u64, memory: u64) {
+        let mut st = lock(&self.inner.state);
+        // As `device_free`: giving memory back while a stream records invalidates the recording.
+        DeviceInner::invalidate_captures(&mut st);
+        let how = if self.inner.is_lost() {
+            Unmap::Keep
+        } else if self.inner.poison_freed {
+            Unmap::Poison
+        } else {
+            Unmap::GiveBack
+        };
+        // SAFETY: `vm_unmap`'s contract: no pending work uses the range.
+        match unsafe { st.vm.unmap(addr.0, size, memory, how) } {
+            Some(len) => {
+                let bytes = len as u64;
+                st.stats.vm_unmaps += 1;
+                st.stats.vm_mapped_live = st.stats.vm_mapped_live.saturating_sub(bytes);
+                st.stats.device_bytes_live = st.stats.device_bytes_live.saturating_sub(bytes);
+                st.note_quarantine();
+            }
+            None => st.stats.vm_misuse += 1,
+        }
     }
 
     fn host_alloc_pinned(&self, size: usize) -> Result<StdHostPage, DriverError> {

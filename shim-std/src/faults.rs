@@ -8,28 +8,30 @@ use std::sync::Arc;
 ///
 /// | code | name | fault | when |
 /// |---|---|---|---|
-/// | 2 | `OUT_OF_MEMORY` | `OutOfMemory` | live device pages + size > total memory, or the heap refused |
-/// | 3 | `TOO_BIG` | `TooBig` | size > max page size or > total memory |
-/// | 4 | `BAD_ADDRESS` | `Failed` | a device span outside every live page |
-/// | 5 | `BAD_ARGUMENT` | `Failed` | a null host pointer, a size past `usize` |
+/// | 2 | `OUT_OF_MEMORY` | `OutOfMemory` | live device pages and mapped memory + size > total memory, or the heap (the system, for `vm_map` and `vm_reserve`) refused |
+/// | 3 | `TOO_BIG` | `TooBig` | size > max page size or > total memory (`vm_map`: > total memory) |
+/// | 4 | `BAD_ADDRESS` | `Failed` | a device span outside every live page and every run of adjacent mappings of one reservation; a `vm_map` outside every reserved range |
+/// | 5 | `BAD_ARGUMENT` | `Failed` | a null host pointer, a size past `usize`; a `vm_reserve` or `vm_map` size, or a `vm_map` address, that is not a multiple of the granule, or a size of 0 |
 /// | 6 | `CAPTURE_STATE` | `Failed` | begin while recording, end while not recording |
-/// | 7 | `CAPTURE_INVALIDATED` | `Failed` | `device_alloc` or `host_alloc_pinned` while a stream records (refused), or `end_capture` of a recording invalidated by that, by a `device_free` or `host_free_pinned`, or by a wait that crosses it, as on CUDA |
+/// | 7 | `CAPTURE_INVALIDATED` | `Failed` | `device_alloc`, `host_alloc_pinned`, `vm_reserve` or `vm_map` while a stream records (refused), or `end_capture` of a recording invalidated by that, by a `device_free`, `host_free_pinned`, `vm_unmap` or `vm_release`, or by a wait that crosses it, as on CUDA |
 /// | 8 | `CAPTURE_DOOMED` | `Failed` | `end_capture` with `doomed` |
 /// | 9 | `ILLEGAL_IN_CAPTURE` | `Failed` | query or wait of an event recorded on a recording stream, or of any event while a stream records (CUDA's global capture mode: the recording is invalidated); a recording stream waiting on another stream's event (CUDA's capture isolation: invalidated too) |
-/// | 10 | `UNSUPPORTED` | `Unsupported` | a stream waiting on an event recorded in another stream's recording |
+/// | 10 | `UNSUPPORTED` | `Unsupported` | a stream waiting on an event recorded in another stream's recording; `vm_reserve` or `vm_map` on a device built with no virtual memory (a granule of 0) |
 /// | 11 | `THREAD_SPAWN` | `Failed` | the worker thread of a new stream could not start |
 /// | 12 | `BAD_LAUNCH` | `Failed` | a launch past CUDA's geometry limits (see [`StdShim`](crate::StdShim)'s `launch`) |
+/// | 13 | `ALREADY_MAPPED` | `Failed` | a `vm_map` over a range that is mapped, in part or whole |
 /// | 20 | `KERNEL_FAILED` | `WorkFailed` | a kernel returned [`KernelFault::Failed`](crate::KernelFault::Failed) (reported by the next fence, which completed) |
 /// | 21 | `KERNEL_PANICKED` | `WorkFailed` | a kernel panicked (reported like `KERNEL_FAILED`) |
 /// | 22 | `KERNEL_LOST_DEVICE` | `DeviceLost` | a kernel returned [`KernelFault::DeviceLost`](crate::KernelFault::DeviceLost) |
 /// | 23 | `DEVICE_LOST` | `DeviceLost` | any call after the device was lost |
-/// | 30 | `BUDGET` | `OutOfMemory` | injected: `device_alloc` past [`StdShim::set_alloc_budget`](crate::StdShim::set_alloc_budget) |
-/// | 100 + op | `INJECTED` | `OutOfMemory` for allocations, `Failed` otherwise | an [`Injection`](crate::Injection) fired |
+/// | 30 | `BUDGET` | `OutOfMemory` | injected: `device_alloc` or `vm_map` past [`StdShim::set_alloc_budget`](crate::StdShim::set_alloc_budget) |
+/// | 100 + op | `INJECTED` | `OutOfMemory` for allocations (`device_alloc`, `host_alloc_pinned`, `vm_map`), `Failed` otherwise | an [`Injection`](crate::Injection) fired |
 /// | 200 + op | `INJECTED_LOSS` | `DeviceLost` | a [device-losing](crate::Injection::losing_device) injection fired |
 /// | 300 + op | `INJECTED_AT_RUN` | `WorkFailed` | the work of a call accepted by a [while-running](crate::Injection::while_running) injection failed (reported like `KERNEL_FAILED`) |
 ///
 /// `op` is the index of the [`ShimOp`] in declaration order (`StreamCreate` = 0 ...
-/// `GraphLaunch` = 14); [`status::injected`](crate::status::injected) computes the code.
+/// `GraphLaunch` = 15, `VmReserve` = 16, `VmMap` = 17); [`status::injected`](crate::status::injected)
+/// computes the code.
 pub mod status {
     use devcmd::ShimOp;
 
@@ -55,6 +57,8 @@ pub mod status {
     pub const THREAD_SPAWN: i32 = 11;
     /// A launch past CUDA's geometry limits.
     pub const BAD_LAUNCH: i32 = 12;
+    /// A `vm_map` over memory that is mapped already.
+    pub const ALREADY_MAPPED: i32 = 13;
     /// A kernel failed at run time.
     pub const KERNEL_FAILED: i32 = 20;
     /// A kernel panicked at run time.
@@ -179,8 +183,8 @@ pub(crate) const fn enqueues_work(op: ShimOp) -> bool {
 /// Calls are counted per [`ShimOp`] from 1 (the counts of [`Stats::calls`], which include failed
 /// calls). An injected failure returns an error with the status [`status::injected`] and changes
 /// nothing else, unless the rule is [device-losing](Injection::losing_device) or
-/// [fails the work while it runs](Injection::while_running). Frees cannot fail and are never
-/// injected.
+/// [fails the work while it runs](Injection::while_running). Frees (`device_free`,
+/// `host_free_pinned`, `vm_unmap`, `vm_release`) cannot fail and are never injected.
 #[derive(Clone)]
 pub struct Injection {
     trigger: Trigger,
@@ -272,7 +276,8 @@ pub struct Stats {
     pub device_frees: u64,
     /// Pinned host pages freed.
     pub host_frees: u64,
-    /// Bytes of live device pages (as asked for).
+    /// Bytes of live device pages (as asked for) and of memory mapped by
+    /// [`devcmd::Shim::vm_map`] and not yet unmapped.
     pub device_bytes_live: u64,
     /// Live device pages.
     pub device_pages_live: u64,
@@ -291,8 +296,22 @@ pub struct Stats {
     pub kernels_run: u64,
     /// Asynchronous faults raised by running work (kernels that failed, panicked or lost the device).
     pub async_faults: u64,
-    /// Bytes of freed blocks held in the poison quarantine.
+    /// Bytes of freed blocks and unmapped ranges held in the poison quarantine.
     pub quarantined_bytes: u64,
+    /// Bytes of address space reserved by [`devcmd::Shim::vm_reserve`] and not yet released.
+    pub vm_reserved_live: u64,
+    /// Bytes mapped by [`devcmd::Shim::vm_map`] and not yet unmapped (also counted in
+    /// `device_bytes_live`).
+    pub vm_mapped_live: u64,
+    /// Successful [`devcmd::Shim::vm_map`] calls.
+    pub vm_maps: u64,
+    /// [`devcmd::Shim::vm_unmap`] calls that unmapped a mapping.
+    pub vm_unmaps: u64,
+    /// Calls that broke the virtual-memory contract and were ignored or cleaned up: a
+    /// `vm_unmap` of something that is not exactly one mapping (address, size and handle), a
+    /// `vm_release` of something that is not exactly one reservation, or of one with memory
+    /// still mapped in it (unmapped with it). A correct core keeps it at 0.
+    pub vm_misuse: u64,
 }
 
 impl Stats {
@@ -330,6 +349,13 @@ mod tests {
             Fault::OutOfMemory
         );
         assert_eq!(f(status::injected(ShimOp::EventWait, false)), Fault::Failed);
+        assert_eq!(
+            f(status::injected(ShimOp::VmMap, false)),
+            Fault::OutOfMemory,
+            "a refused map is a shortage, as a refused allocation"
+        );
+        assert_eq!(f(status::injected(ShimOp::VmReserve, false)), Fault::Failed);
+        assert_eq!(f(status::ALREADY_MAPPED), Fault::Failed);
         assert_eq!(
             f(status::injected(ShimOp::GraphLaunch, true)),
             Fault::DeviceLost

@@ -15,6 +15,11 @@
 //!   ([`KernelCtx::scalar_u32`] and friends, [`KernelCtx::slot`]) and its buffers by slot.
 //! - **Graphs** ([`StdGraph`]) are the list of operations a stream recorded between
 //!   [`Shim::begin_capture`] and [`Shim::end_capture`], replayed as one operation.
+//! - **Virtual memory** (on Unix; granule [`DEFAULT_VM_GRANULE`], 2 MiB, as a CUDA GPU's, or
+//!   [`StdShimBuilder::vm_granule`]): [`Shim::vm_reserve`] reserves address space with `mmap`
+//!   (`PROT_NONE`), [`Shim::vm_map`] backs a part of it with new memory (counted like device
+//!   pages), [`Shim::vm_unmap`] gives that memory back, [`Shim::vm_release`] unmaps the range.
+//!   Copies and kernels use mapped memory as pages, across adjacent mappings too.
 //!
 //! For tests it offers a **lazy** mode (a stream runs nothing until one of its events is waited
 //! on or queried), **poisoning** of freed memory (device pages and pinned host pages alike, filled
@@ -54,6 +59,9 @@ mod memory;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod vm;
+#[cfg(all(test, unix, not(miri)))]
+mod vm_tests;
 
 pub use device::{CUDA_LIMITS, LaunchLimits, StdRegistration, StdShim, StdShimBuilder};
 pub use faults::{Injection, Stats, classify, status};
@@ -61,6 +69,7 @@ pub use graph::StdGraph;
 pub use kernel::{KernelCtx, KernelFault, KernelFn, StdKernel, as_f32, as_f32_mut};
 pub use memory::{POISON_BYTE, StdDevicePage, StdHostPage};
 pub use stream::{StdEvent, StdStream};
+pub use vm::DEFAULT_VM_GRANULE;
 
 #[cfg(doc)]
 use devcmd::Shim;

@@ -11,10 +11,11 @@ use std::ptr::{self, NonNull};
 /// The byte freed memory is filled with in poison mode.
 pub const POISON_BYTE: u8 = 0xDB;
 
-/// At most this many freed blocks stay in the quarantine.
-const QUARANTINE_BLOCKS: usize = 64;
+/// At most this many freed blocks stay in the quarantine (and as many unmapped ranges in the
+/// virtual memory's own, `vm.rs`).
+pub(crate) const QUARANTINE_BLOCKS: usize = 64;
 /// At most this many bytes of freed blocks stay in the quarantine (the newest block always stays).
-const QUARANTINE_BYTES: usize = 64 << 20;
+pub(crate) const QUARANTINE_BYTES: usize = 64 << 20;
 
 /// A zeroed heap block owned by this crate. Not freed on drop: [`Block::free`] does it.
 #[derive(Debug)]

@@ -97,6 +97,7 @@ struct State {
     device_pages_live: u64,
     device_bytes_live: u64,
     host_pages_live: u64,
+    vm_reserved_live: u64,
     rules: Vec<Armed>,
     /// Injected rules that fired.
     fired: u64,
@@ -117,8 +118,10 @@ enum Verdict {
 /// Any shim, counted and open to injected faults. Implements [`Shim`] by forwarding each call to
 /// the inner shim, after:
 ///
-/// - counting it (per [`ShimOp`], failed and refused calls included), and the live pages;
-/// - refusing it when an installed [`FaultRule`] fires: allocations with
+/// - counting it (per [`ShimOp`], failed and refused calls included), the live pages, the bytes
+///   mapped by [`Shim::vm_map`] (with the pages' bytes) and the address space reserved by
+///   [`Shim::vm_reserve`];
+/// - refusing it when an installed [`FaultRule`] fires: allocations (and [`Shim::vm_map`]) with
 ///   [`Fault::OutOfMemory`], other calls with [`Fault::Failed`], both with
 ///   [`INJECTED_STATUS`] and with no effect on the inner shim;
 /// - after a [`FaultRule::LoseDevice`] fired, refusing every call with [`Fault::DeviceLost`] (the
@@ -130,7 +133,9 @@ enum Verdict {
 ///   [`Counted::failing_with`]).
 ///
 /// Streams are wrapped ([`CountedStream`]) so the wrapper can reach them when it loses the device;
-/// pages are wrapped ([`CountedPage`]) to remember their sizes.
+/// pages are wrapped ([`CountedPage`]) to remember their sizes. The device's facts are the inner
+/// shim's, its virtual-memory granule included: the four virtual-memory calls are forwarded
+/// (the unmap and release, which cannot fail, uncounted and never refused, as the frees).
 pub struct Counted<S: Shim> {
     inner: S,
     state: Arc<Mutex<State>>,
@@ -242,7 +247,7 @@ impl<S: Shim> Counted<S> {
             }
             FaultRule::Once { .. } | FaultRule::Always { .. } => {
                 let fault = match op {
-                    ShimOp::DeviceAlloc | ShimOp::HostAlloc => Fault::OutOfMemory,
+                    ShimOp::DeviceAlloc | ShimOp::HostAlloc | ShimOp::VmMap => Fault::OutOfMemory,
                     _ => Fault::Failed,
                 };
                 Err(DriverError::new(op, INJECTED_STATUS, fault))
@@ -356,6 +361,39 @@ impl<S: Shim> Shim for Counted<S> {
 
     fn device_page_addr(&self, page: &Self::DevicePage) -> DeviceAddr {
         self.inner.device_page_addr(&page.page)
+    }
+
+    fn vm_reserve(&self, size: u64) -> Result<DeviceAddr, DriverError> {
+        self.enter(ShimOp::VmReserve)?;
+        let addr = self.inner.vm_reserve(size)?;
+        lock(&self.state).vm_reserved_live += size;
+        Ok(addr)
+    }
+
+    unsafe fn vm_release(&self, addr: DeviceAddr, size: u64) {
+        {
+            let mut st = lock(&self.state);
+            st.vm_reserved_live = st.vm_reserved_live.saturating_sub(size);
+        }
+        // SAFETY: forwarded with the caller's contract unchanged (after an injected loss, as in
+        // `device_free`: no inner work runs any more).
+        unsafe { self.inner.vm_release(addr, size) }
+    }
+
+    fn vm_map(&self, addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
+        self.enter(ShimOp::VmMap)?;
+        let memory = self.inner.vm_map(addr, size)?;
+        lock(&self.state).device_bytes_live += size;
+        Ok(memory)
+    }
+
+    unsafe fn vm_unmap(&self, addr: DeviceAddr, size: u64, memory: u64) {
+        {
+            let mut st = lock(&self.state);
+            st.device_bytes_live = st.device_bytes_live.saturating_sub(size);
+        }
+        // SAFETY: forwarded with the caller's contract unchanged, as in `device_free`.
+        unsafe { self.inner.vm_unmap(addr, size, memory) }
     }
 
     unsafe fn device_free(&self, page: Self::DevicePage) {
@@ -550,6 +588,7 @@ impl Probe for CountedProbe {
             device_pages_live: st.device_pages_live,
             device_bytes_live: st.device_bytes_live,
             host_pages_live: st.host_pages_live,
+            vm_reserved_live: st.vm_reserved_live,
         }
     }
 

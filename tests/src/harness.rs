@@ -33,8 +33,12 @@
 //!   by an injected fault;
 //! - `device_pages_live` / `device_bytes_live`: pages returned by a successful
 //!   [`Shim::device_alloc`] and not yet given to [`Shim::device_free`], and their sizes as asked;
+//!   `device_bytes_live` also counts the bytes of every successful [`Shim::vm_map`] not yet
+//!   given to [`Shim::vm_unmap`];
 //! - `host_pages_live`: pages returned by a successful [`Shim::host_alloc_pinned`] and not yet
-//!   given to [`Shim::host_free_pinned`].
+//!   given to [`Shim::host_free_pinned`];
+//! - `vm_reserved_live`: bytes of the ranges returned by a successful [`Shim::vm_reserve`] and
+//!   not yet given to [`Shim::vm_release`].
 //!
 //! Nothing else counts: a page that failed to allocate is not live; frees cannot fail.
 //!
@@ -43,10 +47,10 @@
 //! [`Probe::inject`] installs a [`FaultRule`]; the calls it names are counted from the moment of
 //! the request. A fired rule must look to the core exactly as the real failure would:
 //!
-//! - a refused [`Shim::device_alloc`] or [`Shim::host_alloc_pinned`] is classified
-//!   [`Fault::OutOfMemory`](devcmd::Fault::OutOfMemory) (a transient shortage: the core then
-//!   reclaims and retries once, and reports [`IoError::OutOfMemory`](devcmd::IoError) naming the
-//!   refusal; a refused pinned page falls back to heap memory);
+//! - a refused [`Shim::device_alloc`], [`Shim::host_alloc_pinned`] or [`Shim::vm_map`] is
+//!   classified [`Fault::OutOfMemory`](devcmd::Fault::OutOfMemory) (a transient shortage: the
+//!   core then reclaims and retries once, and reports [`IoError::OutOfMemory`](devcmd::IoError)
+//!   naming the refusal; a refused pinned page falls back to heap memory);
 //! - any other refused call is [`Fault::Failed`](devcmd::Fault::Failed), and the call has no
 //!   effect (nothing enqueued, nothing allocated);
 //! - [`FaultRule::LoseDevice`] is [`Fault::DeviceLost`](devcmd::Fault::DeviceLost) and every later
@@ -248,10 +252,12 @@ pub struct Counters {
     pub event_queries: u64,
     /// Device pages allocated and not freed.
     pub device_pages_live: u64,
-    /// Bytes of those pages.
+    /// Bytes of those pages, and of memory mapped ([`Shim::vm_map`]) and not unmapped.
     pub device_bytes_live: u64,
     /// Pinned host pages allocated and not freed.
     pub host_pages_live: u64,
+    /// Bytes of device address space reserved ([`Shim::vm_reserve`]) and not released.
+    pub vm_reserved_live: u64,
 }
 
 /// A fault the suite asks a [`Probe`] to inject. Counting starts at the moment of the request.

@@ -22,7 +22,10 @@
 //! rule), and that host buffers are released only after their fences ([`groups::host_release()`],
 //! seen as wrong bytes), and capture ([`groups::capture()`]: record a stream, replay the graph,
 //! what a recording refuses, what a graph keeps and gives back, failures through replays; a
-//! shim without graphs is skipped). [`StdHarness`] runs them against `devcmd-std` and is the
+//! shim without graphs is skipped), and virtual memory through the raw shim
+//! ([`groups::virtual_memory()`]: reserve, map granule by granule, copies and a kernel across
+//! mappings, unmap and map again, a map the device cannot hold leaves nothing mapped; a shim
+//! whose granule is 0 is skipped). [`StdHarness`] runs them against `devcmd-std` and is the
 //! reference implementation of a harness; [`CudaHarness`] runs them on an NVIDIA GPU through
 //! `devcmd-cuda` (normal and poison modes; [`cuda_harness`] says why not the lazy ones, and why
 //! each check of a fault of work that ran needs a process of its own there); [`Counted`] wraps
@@ -75,28 +78,29 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::host_release(harness, mode);
         groups::capture(harness, mode);
         groups::capture_replay_fault(harness, mode);
+        groups::virtual_memory(harness, mode);
     }
 }
 
 /// Generates one `#[test]` per behaviour group and mode for the harness expression `$h`
 /// (evaluated anew in each test): a module per mode (`normal`, `lazy_poison`) with one test per
 /// group (`normal::drop_queue`, ...), and `lazy::` and `poison::` `cross_stream_reuse`,
-/// `capture` and `capture_replay_fault` besides.
+/// `capture`, `capture_replay_fault` and `virtual_memory` besides.
 #[macro_export]
 macro_rules! conformance_tests {
     ($h:expr) => {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
             failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
-            capture_replay_fault);
+            capture_replay_fault, virtual_memory);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
             failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
-            capture_replay_fault);
+            capture_replay_fault, virtual_memory);
         $crate::conformance_tests!(@mode lazy, LAZY, $h;
-            cross_stream_reuse, capture, capture_replay_fault);
+            cross_stream_reuse, capture, capture_replay_fault, virtual_memory);
         $crate::conformance_tests!(@mode poison, POISON, $h;
-            cross_stream_reuse, capture, capture_replay_fault);
+            cross_stream_reuse, capture, capture_replay_fault, virtual_memory);
     };
     (@mode $name:ident, $mode:ident, $h:expr; $($group:ident),*) => {
         #[doc = concat!("The groups in mode `", stringify!($mode), "`.")]

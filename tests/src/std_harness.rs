@@ -109,6 +109,7 @@ impl Probe for StdProbe {
             device_pages_live: s.device_pages_live,
             device_bytes_live: s.device_bytes_live,
             host_pages_live: s.host_pages_live,
+            vm_reserved_live: s.vm_reserved_live,
         }
     }
 

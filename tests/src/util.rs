@@ -253,9 +253,15 @@ impl<H: Harness> Ctx<H> {
         if let Some(p) = probe {
             let c = p.counters();
             assert_eq!(
-                (c.device_pages_live, c.device_bytes_live, c.host_pages_live),
-                (0, 0, 0),
-                "[{mode}] {what}: the shim still holds device/host pages after the device was \
+                (
+                    c.device_pages_live,
+                    c.device_bytes_live,
+                    c.host_pages_live,
+                    c.vm_reserved_live
+                ),
+                (0, 0, 0, 0),
+                "[{mode}] {what}: the shim still holds device pages / device bytes (pages and \
+                 mapped memory) / host pages / reserved address space after the device was \
                  dropped"
             );
         }

@@ -29,7 +29,8 @@
 //! Every group in both modes: `drop_queue`, `layouts`, `round_trips`, `cross_stream_reuse`,
 //! `pending_frees`, `failure_rule`, `fault_injection` (every injected refusal and loss of every
 //! shim call, by [`devcmd_tests::Counted`]), `bad_input`, `host_release`, `capture` (graphs by
-//! stream capture; its replay fault, which traps, is `capture_fault::normal`); and `work_faults`, one
+//! stream capture; its replay fault, which traps, is `capture_fault::normal`), `virtual_memory`
+//! (the raw shim's `cuMemAddressReserve` / `cuMemCreate` + `cuMemMap` ranges); and `work_faults`, one
 //! check and one failure source per test (each traps): the `WriteThenFail` kernel and an upload
 //! injected to fail while it runs (`FaultRule::WorkFails`, which `Counted` makes real by
 //! launching the trapping kernel after the upload). On CUDA every fault of work that ran is
@@ -201,9 +202,9 @@ macro_rules! groups_in {
 }
 
 groups_in!(normal, NORMAL: drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-    failure_rule, fault_injection, bad_input, host_release, capture);
+    failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory);
 groups_in!(poison, POISON: drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-    failure_rule, fault_injection, bad_input, host_release, capture);
+    failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory);
 
 /// The capture group's fault while a replay runs (it traps: a process of its own).
 mod capture_fault {

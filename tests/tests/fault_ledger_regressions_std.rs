@@ -80,8 +80,13 @@ impl Shim for RecordFailsOnce {
     type Registration = <StdShim as Shim>::Registration;
     type Graph = <StdShim as Shim>::Graph;
 
+    /// The inner shim's facts, with no virtual memory: this wrapper keeps the contract's
+    /// default (unsupported) virtual-memory calls, so it must not claim a granule.
     fn facts(&self) -> DeviceFacts {
-        self.inner.facts()
+        DeviceFacts {
+            vm_granule: 0,
+            ..self.inner.facts()
+        }
     }
     fn classify(&self, op: ShimOp, status: i32) -> DriverError {
         self.inner.classify(op, status)

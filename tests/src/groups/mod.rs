@@ -10,6 +10,7 @@ mod host_release;
 mod layout;
 mod reuse;
 mod round_trip;
+mod virtual_memory;
 pub mod work_faults;
 
 pub use bad_input::bad_input;
@@ -21,4 +22,5 @@ pub use host_release::{RELEASED_BYTE, host_release};
 pub use layout::layouts;
 pub use reuse::{cross_stream_reuse, pending_frees};
 pub use round_trip::round_trips;
+pub use virtual_memory::virtual_memory;
 pub use work_faults::work_faults;
