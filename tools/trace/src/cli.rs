@@ -4,10 +4,10 @@
 //! and is a usage error, exit 2) and the help text, which lists the presets and the `--set` fields
 //! from their tables in `presets.rs`.
 
+use crate::device::{Device, Pages};
 use crate::error::Failure;
 use crate::input::ReadOptions;
 use crate::presets::{FIELDS, Kind, Override, PRESETS, Preset, preset};
-use crate::replay::Device;
 use crate::units::{parse_bytes, parse_count};
 
 /// What to do.
@@ -42,6 +42,10 @@ pub struct Options {
     pub budget: Option<u64>,
     /// Search the smallest budget.
     pub search: bool,
+    /// Run the timed replays.
+    pub timing: bool,
+    /// The least replay time of each timed figure, in seconds.
+    pub timing_seconds: f64,
     /// The search's precision (`None`: 1 MiB or 1 % of the live peak, the larger).
     pub precision: Option<u64>,
     /// How to read the trace.
@@ -63,6 +67,7 @@ pub fn help() -> String {
         let kind = match f.kind {
             Kind::Bytes => "bytes",
             Kind::Count => "count",
+            Kind::Flag => "true or false",
         };
         fields.push_str(&format!("      {:<18} {kind}\n", f.key));
     }
@@ -110,6 +115,9 @@ REPLAY:
                            and an explicit cleanup (also at the smallest budget found)
         --budget BYTES     replay under this MemoryBudget (default: none); the search is apart
         --no-search        skip the search of the smallest budget
+        --no-timing        skip the timed replays (ns_per_op is then null)
+        --timing-seconds S the least replay time of each timed figure (default 1): replays are
+                           repeated until it is reached (at least one)
         --budget-precision BYTES
                            the search's precision (default: 1 MiB or 1 % of the live peak, the
                            larger)
@@ -119,14 +127,21 @@ REPLAY:
         --total-memory BYTES  the device's memory (default 1TiB; pages are never touched)
         --alignment BYTES  page and slice alignment (default 256, as on CUDA)
         --max-page BYTES   the largest page (default: the device's memory, as on CUDA)
+        --pages std|address
+                           the device the manager runs on: std (default) is devcmd-std's CPU
+                           device, whose pages are zeroed heap blocks: a replay needs RAM for the
+                           held peak and a cold replay's time is mostly zeroing pages; address
+                           hands out address ranges with nothing behind them: the same figures,
+                           no RAM, and only the manager in the times
 
 FIGURES:
     live peak    the most bytes live at once, as asked for
     held peak    the most bytes of device pages the manager held at once
     pages        pages held at the held peak; allocated / freed: over the whole replay
-    ns per op    replay time / operations (an alloc or a free), of an uninstrumented replay on a
-                 fresh manager (cold: page allocations included) and of one more over the same
-                 manager's warm pools (warm); build with --release for meaningful times
+    ns per op    replay time / operations (an alloc or a free) of uninstrumented replays, each on
+                 a fresh manager (cold: page allocations included), repeated for at least a
+                 second, then over the last one's warm pools for another second (warm); build
+                 with --release for meaningful times
     min budget   the smallest MemoryBudget limit under which no reservation fails, by bisection
                  between the live peak and the held peak, to the precision shown
 
@@ -158,6 +173,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, Failure>
         progress: None,
         budget: None,
         search: true,
+        timing: true,
+        timing_seconds: 1.0,
         precision: None,
         read: ReadOptions::default(),
         device: Device::default(),
@@ -210,6 +227,15 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, Failure>
             "--verify" => o.verify = true,
             "--budget" => o.budget = Some(bytes(value("a byte count")?)?),
             "--no-search" => o.search = false,
+            "--no-timing" => o.timing = false,
+            "--timing-seconds" => {
+                let v = value("seconds")?;
+                o.timing_seconds = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .ok_or_else(|| usage(format!("{name}: {v:?} is not a number of seconds")))?;
+            }
             "--budget-precision" => o.precision = Some(bytes(value("a byte count")?)?.max(1)),
             "--lenient" => o.read.lenient = true,
             "--device" => {
@@ -224,6 +250,18 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, Failure>
                     return Err(usage(format!("{name}: {a} is not a power of two")));
                 }
                 o.device.alignment = a;
+            }
+            "--pages" => {
+                o.device.pages = match value("std or address")?.as_str() {
+                    "std" => Pages::Std,
+                    "address" => Pages::Address,
+                    other => {
+                        return Err(usage(format!(
+                            "--pages {other:?}: std (devcmd-std's CPU device) or address (address \
+                             ranges only)"
+                        )));
+                    }
+                }
             }
             "--max-page" => o.device.max_page = Some(bytes(value("a byte count")?)?.max(1)),
             _ => return Err(usage(format!("unknown option {arg:?}"))),

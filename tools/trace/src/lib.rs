@@ -11,7 +11,8 @@
 //! - `cli.rs`: options, parsing, `--help`;
 //! - `input/`: reading traces (`csv.rs`, `snapshot.rs`) into operations on dense slots;
 //! - `presets.rs`: the presets and `--set`'s fields, one table each;
-//! - `replay.rs`: the device, the manager and the replays;
+//! - `device.rs`: the device facts and the two devices (devcmd-std's, or address ranges only);
+//! - `replay.rs`: the manager and the replays;
 //! - `verify.rs`: the independent model `--verify` checks against;
 //! - `search.rs`: the smallest budget;
 //! - `svg.rs`: the timeline plot; `report.rs`: the human report and `--json`;
@@ -19,6 +20,7 @@
 //!   codes.
 
 pub mod cli;
+pub mod device;
 pub mod error;
 pub mod input;
 pub mod presets;
@@ -31,7 +33,11 @@ pub mod units;
 pub mod verify;
 
 use cli::Options;
+use devcmd_std::StdShim;
+use device::{AddressShim, Pages, ReplayShim};
 use error::Failure;
+use input::Trace;
+use presets::Preset;
 use progress::Progress;
 use replay::{MeasureOptions, measure, time};
 use report::{ConfigResult, Outcome};
@@ -72,88 +78,9 @@ pub fn run(o: &Options) -> Result<Outcome, Failure> {
     let trace = input::read(&o.trace, o.read, &mut progress)?;
     let mut configs = Vec::new();
     for preset in &o.configs {
-        let mut config = (preset.config)();
-        for ov in &o.overrides {
-            ov.apply(&mut config);
-        }
-        let name = preset.name;
-        progress.phase(format!(
-            "{name}: replay{}",
-            if o.verify { " (verify)" } else { "" }
-        ));
-        let options = MeasureOptions {
-            limit: o.budget,
-            samples: o.samples,
-            verify: o.verify,
-        };
-        let measured = measure(&trace, o.device, config, options, &mut progress)
-            .map_err(|e| Failure::Verify(format!("{name}: {e}")))?;
-        progress.phase(format!("{name}: timed replays"));
-        let timing = time(&trace, o.device, config, o.budget, &mut progress);
-        let search = o.search.then(|| {
-            if measured.failed > 0 && o.budget.is_none() {
-                return search::Search {
-                    min_budget: None,
-                    fails_at: u64::MAX,
-                    precision: 0,
-                    probes: 0,
-                    why_none: Some("reservations fail even without a budget".into()),
-                };
-            }
-            let precision = o
-                .precision
-                .unwrap_or_else(|| search::default_precision(trace.live_peak));
-            search::min_budget(
-                &trace,
-                o.device,
-                config,
-                measured.held_peak,
-                precision,
-                &mut progress,
-                name,
-            )
-        });
-        if o.verify
-            && let Some(limit) = search.as_ref().and_then(|s| s.min_budget)
-        {
-            progress.phase(format!("{name}: replay at the smallest budget (verify)"));
-            let at_min = MeasureOptions {
-                limit: Some(limit),
-                samples: 2,
-                verify: true,
-            };
-            let m = measure(&trace, o.device, config, at_min, &mut progress).map_err(|e| {
-                Failure::Verify(format!("{name}, at the smallest budget ({limit} B): {e}"))
-            })?;
-            if m.failed > 0 {
-                return Err(Failure::Verify(format!(
-                    "{name}: the smallest budget found ({limit} B) fails on replay: {}",
-                    m.first_failure.unwrap_or_default()
-                )));
-            }
-        }
-        let svg = match &o.svg {
-            Some(file) => {
-                let path = svg_path(file, name, o.configs.len() > 1);
-                let title = format!("{}: {name}", trace.path);
-                let plot = svg::Plot {
-                    title: &title,
-                    ops: trace.ops.len() as u64,
-                    min_budget: search.as_ref().and_then(|s| s.min_budget),
-                };
-                std::fs::write(&path, svg::render(&measured.timeline, &plot))
-                    .map_err(|e| Failure::Input(format!("{path}: cannot write the SVG: {e}")))?;
-                Some(path)
-            }
-            None => None,
-        };
-        configs.push(ConfigResult {
-            preset,
-            measured,
-            timing,
-            search,
-            verified: o.verify,
-            svg,
+        configs.push(match o.device.pages {
+            Pages::Std => run_config::<StdShim>(&trace, o, preset, &mut progress)?,
+            Pages::Address => run_config::<AddressShim>(&trace, o, preset, &mut progress)?,
         });
     }
     progress.finish();
@@ -161,6 +88,108 @@ pub fn run(o: &Options) -> Result<Outcome, Failure> {
         trace,
         overrides: o.overrides.clone(),
         budget: o.budget,
+        pages: o.device.pages,
         configs,
+    })
+}
+
+/// Everything one configuration does, on a device of type `S`.
+fn run_config<S: ReplayShim>(
+    trace: &Trace,
+    o: &Options,
+    preset: &'static Preset,
+    progress: &mut Progress,
+) -> Result<ConfigResult, Failure> {
+    let mut config = (preset.config)();
+    for ov in &o.overrides {
+        ov.apply(&mut config);
+    }
+    let name = preset.name;
+    progress.phase(format!(
+        "{name}: replay{}",
+        if o.verify { " (verify)" } else { "" }
+    ));
+    let options = MeasureOptions {
+        limit: o.budget,
+        samples: o.samples,
+        verify: o.verify,
+    };
+    let measured = measure::<S>(trace, o.device, config, options, progress)
+        .map_err(|e| Failure::Verify(format!("{name}: {e}")))?;
+    let timing = o.timing.then(|| {
+        progress.phase(format!("{name}: timed replays"));
+        time::<S>(
+            trace,
+            o.device,
+            config,
+            o.budget,
+            o.timing_seconds,
+            progress,
+        )
+    });
+    let search = o.search.then(|| {
+        if measured.failed > 0 && o.budget.is_none() {
+            return search::Search {
+                min_budget: None,
+                fails_at: u64::MAX,
+                precision: 0,
+                probes: 0,
+                why_none: Some("reservations fail even without a budget".into()),
+            };
+        }
+        let precision = o
+            .precision
+            .unwrap_or_else(|| search::default_precision(trace.live_peak));
+        search::min_budget::<S>(
+            trace,
+            o.device,
+            config,
+            measured.held_peak,
+            precision,
+            progress,
+            name,
+        )
+    });
+    if o.verify
+        && let Some(limit) = search.as_ref().and_then(|s| s.min_budget)
+    {
+        progress.phase(format!("{name}: replay at the smallest budget (verify)"));
+        let at_min = MeasureOptions {
+            limit: Some(limit),
+            samples: 2,
+            verify: true,
+        };
+        let m = measure::<S>(trace, o.device, config, at_min, progress).map_err(|e| {
+            Failure::Verify(format!("{name}, at the smallest budget ({limit} B): {e}"))
+        })?;
+        if m.failed > 0 {
+            return Err(Failure::Verify(format!(
+                "{name}: the smallest budget found ({limit} B) fails on replay: {}",
+                m.first_failure.unwrap_or_default()
+            )));
+        }
+    }
+    let svg = match &o.svg {
+        Some(file) => {
+            let path = svg_path(file, name, o.configs.len() > 1);
+            let title = format!("{}: {name}", trace.path);
+            let plot = svg::Plot {
+                title: &title,
+                ops: trace.ops.len() as u64,
+                min_budget: search.as_ref().and_then(|s| s.min_budget),
+            };
+            std::fs::write(&path, svg::render(&measured.timeline, &plot))
+                .map_err(|e| Failure::Input(format!("{path}: cannot write the SVG: {e}")))?;
+            Some(path)
+        }
+        None => None,
+    };
+    Ok(ConfigResult {
+        preset,
+        measured,
+        timing,
+        search,
+        verified: o.verify,
+        svg,
     })
 }

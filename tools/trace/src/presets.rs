@@ -24,7 +24,7 @@ pub struct Preset {
 #[rustfmt::skip]
 pub const PRESETS: &[Preset] = &[
     Preset { name: "default", about: "MemoryConfig::default()", config: MemoryConfig::default },
-    Preset { name: "no-slack", about: "default, with no arena slack (pages sized to the request)", config: || MemoryConfig { arena_slack: 0, ..MemoryConfig::default() } },
+    Preset { name: "small-pages", about: "default, with 2 MiB small-pool pages", config: || MemoryConfig { small_page_size: 2 << 20, ..MemoryConfig::default() } },
 ];
 
 /// The preset named `name`.
@@ -45,6 +45,8 @@ pub enum Kind {
     Bytes,
     /// A whole number.
     Count,
+    /// `true`/`false` (also `on`/`off`, `yes`/`no`, `1`/`0`); set as 1 or 0.
+    Flag,
 }
 
 /// A field of [`MemoryConfig`] that `--set` can change.
@@ -74,6 +76,14 @@ pub const FIELDS: &[Field] = &[
     Field { key: "spare_identities", kind: Kind::Count, set: |c, v| c.spare_identities = count(v) },
 ];
 
+fn parse_flag(text: &str) -> Result<u64, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "on" | "yes" | "1" => Ok(1),
+        "false" | "off" | "no" | "0" => Ok(0),
+        _ => Err(format!("{text:?} is not true or false")),
+    }
+}
+
 /// An override parsed from `key=value`.
 #[derive(Debug, Clone, Copy)]
 pub struct Override {
@@ -100,6 +110,7 @@ impl Override {
         let value = match field.kind {
             Kind::Bytes => parse_bytes(value),
             Kind::Count => parse_count(value),
+            Kind::Flag => parse_flag(value),
         }
         .map_err(|e| format!("--set {text:?}: {e}"))?;
         Ok(Self { field, value })
@@ -116,6 +127,7 @@ impl std::fmt::Display for Override {
         match self.field.kind {
             Kind::Bytes => write!(f, "{}={}", self.field.key, crate::units::bytes(self.value)),
             Kind::Count => write!(f, "{}={}", self.field.key, self.value),
+            Kind::Flag => write!(f, "{}={}", self.field.key, self.value != 0),
         }
     }
 }
@@ -165,5 +177,7 @@ mod tests {
                 .contains("KEY=VALUE")
         );
         assert!(Override::parse("arena_classes=2MiB").is_err());
+        assert_eq!(parse_flag("On"), Ok(1));
+        assert!(parse_flag("maybe").is_err());
     }
 }

@@ -1,68 +1,39 @@
-//! Replaying a trace through a `MemoryManager<StdShim>`: the measured replay, the timed ones and
-//! the probes of the budget search.
+//! Replaying a trace through a `MemoryManager` (over devcmd-std's `StdShim`, or the address-only
+//! device: see `device.rs`): the measured replay, the timed ones and the probes of the budget
+//! search.
 //!
-//! Owns the device the replay runs on ([`Device`]: a `StdShim`, whose pages are zeroed heap
-//! blocks the host never touches, so untouched memory costs no RAM), a manager built from it
-//! ([`Bench`]: one stream, pages freed at once, since no device work ever runs), and three kinds
-//! of replay:
+//! Owns a manager over its own device ([`Bench`]: one stream, pages freed at once, since no
+//! device work ever runs; the device is `device.rs`'s), and three kinds of replay:
 //! - [`measure`]: with the figures (held peak, pages, failures), the timeline sampled evenly
 //!   across the trace from the manager's report, and `--verify`'s checks after every operation;
-//! - [`time`]: uninstrumented, on a fresh manager (cold: page allocations included), then once
-//!   more over the same manager's warm pools;
+//! - [`time`]: uninstrumented, on fresh managers (cold: page allocations included), then over the
+//!   last one's warm pools, each for at least a second of replays (`--timing-seconds`);
 //! - [`replays_within`]: under a budget, stopping at the first failed reservation.
 //!
 //! An operation is an allocation (`reserve(.., PageUpdate::Allow)`) or a free (dropping the
 //! handle). A reservation that fails is counted and its later free skipped.
 
+use crate::device::{Device, ReplayShim};
 use crate::input::{Action, Trace};
 use crate::progress::Progress;
 use crate::verify::Verifier;
-use devcmd::Shim;
 use devcmd::memory::{Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageUpdate};
-use devcmd_std::StdShim;
 use std::time::Instant;
 
-/// The device facts the replay runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Device {
-    /// Bytes of device memory.
-    pub total_memory: u64,
-    /// Page alignment (every slice is aligned to it).
-    pub alignment: u64,
-    /// The largest page (`None`: the total memory, as the CUDA shim says).
-    pub max_page: Option<u64>,
-}
-
-impl Default for Device {
-    /// 1 TiB (only pages the trace needs are allocated, and never touched), CUDA's 256-byte
-    /// alignment, no page limit below the total.
-    fn default() -> Self {
-        Self {
-            total_memory: 1 << 40,
-            alignment: 256,
-            max_page: None,
-        }
-    }
-}
-
-/// A manager over its own CPU device.
+/// A manager over its own device.
 #[derive(Debug)]
-pub struct Bench {
+pub struct Bench<S: ReplayShim> {
     // Declared before the shim: the manager's pages go back before the shim does.
     /// The manager.
-    pub mm: MemoryManager<StdShim>,
+    pub mm: MemoryManager<S>,
     /// Its device.
-    pub shim: StdShim,
+    pub shim: S,
 }
 
-impl Bench {
+impl<S: ReplayShim> Bench<S> {
     /// A fresh device and manager with `config`, under `limit` bytes (`None`: no budget).
     pub fn new(device: Device, config: MemoryConfig, limit: Option<u64>) -> Self {
-        let shim = StdShim::builder()
-            .total_memory(device.total_memory)
-            .page_alignment(device.alignment)
-            .max_page_size(device.max_page.unwrap_or(device.total_memory))
-            .build();
+        let shim = S::build(device);
         let mut mm = MemoryManager::new(
             &shim.facts(),
             config,
@@ -77,17 +48,11 @@ impl Bench {
         unsafe { mm.release_pages_immediately() };
         Self { mm, shim }
     }
-
-    /// Pages the device handed out so far, and pages it took back.
-    pub fn page_counts(&self) -> (u64, u64) {
-        let st = self.shim.stats();
-        (st.device_frees + st.device_pages_live, st.device_frees)
-    }
 }
 
-impl Drop for Bench {
+impl<S: ReplayShim> Drop for Bench<S> {
     fn drop(&mut self) {
-        // SAFETY: the std shim runs no work here: nothing is pending on any stream.
+        // SAFETY: no work was ever enqueued on the shim: nothing is pending on any stream.
         unsafe { self.mm.release_all(&self.shim) };
     }
 }
@@ -117,7 +82,7 @@ pub struct PoolSeries {
 }
 
 impl Timeline {
-    fn sample(&mut self, at: u64, live: u64, held: u64, mm: &mut MemoryManager<StdShim>) {
+    fn sample(&mut self, at: u64, live: u64, held: u64, mm: &mut MemoryManager<impl ReplayShim>) {
         let n = self.x.len();
         self.x.push(at);
         self.live.push(live);
@@ -182,14 +147,14 @@ pub struct MeasureOptions {
 }
 
 /// Replays `trace` with `config`, measuring (see the module documentation).
-pub fn measure(
+pub fn measure<S: ReplayShim>(
     trace: &Trace,
     device: Device,
     config: MemoryConfig,
     options: MeasureOptions,
     progress: &mut Progress,
 ) -> Result<Measured, String> {
-    let mut bench = Bench::new(device, config, options.limit);
+    let mut bench = Bench::<S>::new(device, config, options.limit);
     let mut handles: Vec<Option<Handle>> = (0..trace.slots).map(|_| None).collect();
     let mut verifier = options
         .verify
@@ -237,7 +202,7 @@ pub fn measure(
         let held = bench.mm.budget().held();
         if held > held_peak {
             held_peak = held;
-            pages_at_peak = bench.shim.stats().device_pages_live;
+            pages_at_peak = bench.shim.counters().live();
         }
         live_peak = live_peak.max(live);
         bucket_live = bucket_live.max(live);
@@ -256,7 +221,8 @@ pub fn measure(
         }
         progress.update(i as u64, total);
     }
-    let (pages_allocated, pages_freed) = bench.page_counts();
+    let counters = bench.shim.counters();
+    let (pages_allocated, pages_freed) = (counters.allocated, counters.freed);
     let config = bench.mm.config();
     drop(handles);
     if let Some(v) = verifier {
@@ -279,72 +245,106 @@ pub fn measure(
 /// Nanoseconds per operation of the timed replays.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timing {
-    /// A fresh manager: page allocations included.
+    /// Replays on a fresh manager each: page allocations included.
     pub cold_ns_per_op: f64,
-    /// Once more over the same manager, whose pools are warm.
+    /// Replays over the manager of the last cold replay, whose pools are warm.
     pub warm_ns_per_op: f64,
+    /// Replays timed, cold and warm.
+    pub replays: (u32, u32),
+    /// Reservations that failed per replay, cold and warm (the last replay of each).
+    pub failed: (u64, u64),
+    /// Pages the device allocated per replay, cold and warm (the last replay of each).
+    pub page_allocs: (u64, u64),
 }
 
-/// Replays `trace` twice, timed, with nothing but the replay inside the timed loop (see the
-/// module documentation).
-pub fn time(
+/// Times replays of `trace` (see the module documentation): cold replays, each on a fresh
+/// manager, until `min_seconds` of replay time are reached (at least one), then warm replays
+/// over the last one's manager until `min_seconds` again. Only the replay loop is timed (not
+/// building the manager, nor dropping what is live at the end).
+pub fn time<S: ReplayShim>(
     trace: &Trace,
     device: Device,
     config: MemoryConfig,
     limit: Option<u64>,
+    min_seconds: f64,
     progress: &mut Progress,
 ) -> Timing {
-    let mut bench = Bench::new(device, config, limit);
     let mut handles: Vec<Option<Handle>> = (0..trace.slots).map(|_| None).collect();
     let n = trace.ops.len().max(1) as f64;
-    let total = 2 * trace.ops.len() as u64;
-    let cold = replay_timed(trace, &mut bench, &mut handles, progress, 0, total);
-    handles.iter_mut().for_each(|h| *h = None);
-    let warm = replay_timed(trace, &mut bench, &mut handles, progress, total / 2, total);
+    let total = trace.ops.len() as u64;
+    let (mut cold, mut cold_reps) = (0.0, 0u32);
+    let (mut cold_failed, mut cold_pages);
+    let mut bench = loop {
+        let mut bench = Bench::<S>::new(device, config, limit);
+        let (t, failed) = replay_timed(trace, &mut bench, &mut handles, progress, total);
+        handles.iter_mut().for_each(|h| *h = None);
+        (cold, cold_reps) = (cold + t, cold_reps + 1);
+        (cold_failed, cold_pages) = (failed, bench.shim.counters().allocated);
+        if cold >= min_seconds {
+            break bench;
+        }
+    };
+    let (mut warm, mut warm_reps) = (0.0, 0u32);
+    let (mut warm_failed, mut warm_pages) = (0, 0);
+    while warm_reps == 0 || warm < min_seconds {
+        let before = bench.shim.counters().allocated;
+        let (t, failed) = replay_timed(trace, &mut bench, &mut handles, progress, total);
+        handles.iter_mut().for_each(|h| *h = None);
+        (warm, warm_reps) = (warm + t, warm_reps + 1);
+        (warm_failed, warm_pages) = (failed, bench.shim.counters().allocated - before);
+    }
     drop(handles);
     Timing {
-        cold_ns_per_op: cold * 1e9 / n,
-        warm_ns_per_op: warm * 1e9 / n,
+        cold_ns_per_op: cold * 1e9 / (n * f64::from(cold_reps)),
+        warm_ns_per_op: warm * 1e9 / (n * f64::from(warm_reps)),
+        replays: (cold_reps, warm_reps),
+        failed: (cold_failed, warm_failed),
+        page_allocs: (cold_pages, warm_pages),
     }
 }
 
-/// One replay; the seconds it took. Progress is drawn between chunks of operations.
-fn replay_timed(
+/// One replay; the seconds it took and the reservations that failed. Progress is drawn between
+/// chunks of operations.
+fn replay_timed<S: ReplayShim>(
     trace: &Trace,
-    bench: &mut Bench,
+    bench: &mut Bench<S>,
     handles: &mut [Option<Handle>],
     progress: &mut Progress,
-    mut done: u64,
     total: u64,
-) -> f64 {
+) -> (f64, u64) {
+    let mut failed = 0u64;
+    let mut done = 0;
     let start = Instant::now();
     for chunk in trace.ops.chunks(1 << 14) {
         for op in chunk {
             let slot = &mut handles[op.slot as usize];
             *slot = match op.action {
-                Action::Alloc => bench
-                    .mm
-                    .reserve(&bench.shim, op.size, PageUpdate::Allow)
-                    .ok(),
+                Action::Alloc => match bench.mm.reserve(&bench.shim, op.size, PageUpdate::Allow) {
+                    Ok(h) => Some(h),
+                    Err(_) => {
+                        failed += 1;
+                        None
+                    }
+                },
                 Action::Free => None,
             };
         }
         done += chunk.len() as u64;
         progress.update(done, total);
     }
-    start.elapsed().as_secs_f64()
+    (start.elapsed().as_secs_f64(), failed)
 }
 
 /// Whether `trace` replays with `config` under a budget of `limit` bytes with no failed
 /// reservation (stops at the first).
-pub fn replays_within(
+pub fn replays_within<S: ReplayShim>(
     trace: &Trace,
     device: Device,
     config: MemoryConfig,
     limit: u64,
     progress: &mut Progress,
 ) -> bool {
-    let mut bench = Bench::new(device, config, Some(limit));
+    let mut bench = Bench::<S>::new(device, config, Some(limit));
     let mut handles: Vec<Option<Handle>> = (0..trace.slots).map(|_| None).collect();
     let total = trace.ops.len() as u64;
     for (i, op) in trace.ops.iter().enumerate() {

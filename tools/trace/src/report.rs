@@ -3,6 +3,7 @@
 //! Owns [`Outcome`] (what a run found) and how it prints: [`human`] and [`json`]. Does not
 //! compute anything: `lib.rs` runs the replays, the search and the plot.
 
+use crate::device::Pages;
 use crate::input::Trace;
 use crate::presets::{Override, Preset};
 use crate::replay::{Measured, Timing};
@@ -17,8 +18,8 @@ pub struct ConfigResult {
     pub preset: &'static Preset,
     /// The measured replay.
     pub measured: Measured,
-    /// The timed replays.
-    pub timing: Timing,
+    /// The timed replays, unless skipped.
+    pub timing: Option<Timing>,
     /// The smallest budget, when searched.
     pub search: Option<Search>,
     /// Whether `--verify` passed (at the budget given and at the smallest budget found).
@@ -43,13 +44,16 @@ pub struct Outcome {
     pub overrides: Vec<Override>,
     /// The budget of the measured and timed replays.
     pub budget: Option<u64>,
+    /// The device the replays ran on.
+    pub pages: Pages,
     /// One result per configuration, in the order asked.
     pub configs: Vec<ConfigResult>,
 }
 
-const TIMING: &str = "replay time / operations (an alloc or a free) of an uninstrumented replay \
-                      on a fresh manager (cold: page allocations included), and of one more over \
-                      the same manager's warm pools (warm)";
+const TIMING: &str = "replay time / operations (an alloc or a free) of uninstrumented replays, \
+                      each on a fresh manager (cold: page allocations included), repeated for at \
+                      least --timing-seconds (default 1), then over the last one's warm pools for \
+                      as long again (warm)";
 
 fn build() -> &'static str {
     if cfg!(debug_assertions) {
@@ -84,6 +88,13 @@ pub fn human(o: &Outcome) -> String {
         let list: Vec<String> = o.overrides.iter().map(ToString::to_string).collect();
         s += &format!("overrides (every config): {}\n", list.join(", "));
     }
+    s += &format!(
+        "device: {}\n",
+        match o.pages {
+            Pages::Std => "std (devcmd-std's CPU device: real, zeroed pages)",
+            Pages::Address => "address (address ranges only: no memory behind the pages)",
+        }
+    );
     if let Some(b) = o.budget {
         s += &format!("budget of the replays: {}\n", bytes(b));
     }
@@ -108,13 +119,30 @@ pub fn human(o: &Outcome) -> String {
             )
         }),
     ));
+    let ns = |f: fn(&Timing) -> (f64, u32, u64, u64)| {
+        move |c: &ConfigResult| {
+            c.timing.as_ref().map_or("not timed".into(), |t| {
+                let (ns, reps, pages, failed) = f(t);
+                let failed = if failed > 0 {
+                    format!(", {failed} failed")
+                } else {
+                    String::new()
+                };
+                format!("{ns:.1} ({reps}x, {pages} page allocs{failed})")
+            })
+        }
+    };
     rows.push((
         "ns per op (cold)",
-        row(&|c| format!("{:.1}", c.timing.cold_ns_per_op)),
+        row(&ns(|t| {
+            (t.cold_ns_per_op, t.replays.0, t.page_allocs.0, t.failed.0)
+        })),
     ));
     rows.push((
         "ns per op (warm)",
-        row(&|c| format!("{:.1}", c.timing.warm_ns_per_op)),
+        row(&ns(|t| {
+            (t.warm_ns_per_op, t.replays.1, t.page_allocs.1, t.failed.1)
+        })),
     ));
     rows.push((
         "failed reservations",
@@ -219,8 +247,11 @@ fn config_json(c: &ConfigResult, o: &Outcome) -> Value {
         "live_peak": m.live_peak,
         "held_peak": m.held_peak,
         "held_over_live": c.held_over_live(),
-        "ns_per_op": c.timing.cold_ns_per_op,
-        "ns_per_op_warm": c.timing.warm_ns_per_op,
+        "ns_per_op": c.timing.map(|t| t.cold_ns_per_op),
+        "ns_per_op_warm": c.timing.map(|t| t.warm_ns_per_op),
+        "timed_replays": c.timing.map(|t| [t.replays.0, t.replays.1]),
+        "timed_page_allocs": c.timing.map(|t| [t.page_allocs.0, t.page_allocs.1]),
+        "timed_failed_reservations": c.timing.map(|t| [t.failed.0, t.failed.1]),
         "pages": m.pages_at_peak,
         "pages_allocated": m.pages_allocated,
         "pages_freed": m.pages_freed,
@@ -258,6 +289,7 @@ pub fn json(o: &Outcome) -> String {
         "pages": first["pages"],
         "timing": TIMING,
         "build": build(),
+        "device": o.pages.name(),
         "notes": t.notes,
         "configs": configs,
     });

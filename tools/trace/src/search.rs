@@ -9,9 +9,10 @@
 //! (the manager fits page sizes to the budget, so this is not guaranteed: the answer is always
 //! one that passed, but a smaller passing one could exist below a failing probe).
 
+use crate::device::{Device, ReplayShim};
 use crate::input::Trace;
 use crate::progress::Progress;
-use crate::replay::{Device, replays_within};
+use crate::replay::replays_within;
 use crate::units::{MIB, bytes};
 use devcmd::memory::MemoryConfig;
 
@@ -38,7 +39,7 @@ pub fn default_precision(live_peak: u64) -> u64 {
 
 /// Searches the smallest budget for `trace` with `config` (see the module documentation).
 /// `held_peak` is the held peak of the unbounded replay.
-pub fn min_budget(
+pub fn min_budget<S: ReplayShim>(
     trace: &Trace,
     device: Device,
     config: MemoryConfig,
@@ -55,7 +56,7 @@ pub fn min_budget(
             "{label}: min budget, probe {probes} ({})",
             bytes(limit)
         ));
-        replays_within(trace, device, config, limit, progress)
+        replays_within::<S>(trace, device, config, limit, progress)
     };
     // Below the live peak a replay fails: at that point every allocation is held.
     let mut lo = trace.live_peak.saturating_sub(1);

@@ -14,9 +14,9 @@
 //!
 //! A failure names the operation, where it came from in the trace, and the allocations involved.
 
+use crate::device::ReplayShim;
 use crate::input::Trace;
 use crate::replay::Bench;
-use devcmd::ShimOp;
 use devcmd::memory::{Cleanup, Handle, PageRef};
 use std::collections::BTreeMap;
 
@@ -78,7 +78,7 @@ impl Verifier {
         &mut self,
         trace: &Trace,
         i: usize,
-        bench: &mut Bench,
+        bench: &mut Bench<impl ReplayShim>,
         handle: &Handle,
     ) -> Result<(), String> {
         let op = &trace.ops[i];
@@ -163,15 +163,25 @@ impl Verifier {
     }
 
     /// Checks after every operation: the pages, when the device's count of them moved.
-    pub fn after_op(&mut self, trace: &Trace, i: usize, bench: &mut Bench) -> Result<(), String> {
+    pub fn after_op(
+        &mut self,
+        trace: &Trace,
+        i: usize,
+        bench: &mut Bench<impl ReplayShim>,
+    ) -> Result<(), String> {
         self.refresh_pages(trace, i, bench)
     }
 
     /// Reads the pages again if the device allocated or freed one since the last read; checks
     /// that no page that went back held a live allocation, and that pages do not overlap.
-    fn refresh_pages(&mut self, trace: &Trace, i: usize, bench: &mut Bench) -> Result<(), String> {
-        let st = bench.shim.stats();
-        let stamp = st.calls(ShimOp::DeviceAlloc) + st.device_frees;
+    fn refresh_pages(
+        &mut self,
+        trace: &Trace,
+        i: usize,
+        bench: &mut Bench<impl ReplayShim>,
+    ) -> Result<(), String> {
+        let c = bench.shim.counters();
+        let stamp = c.allocated + c.freed;
         if self.stamp == Some(stamp) {
             return Ok(());
         }
@@ -227,7 +237,7 @@ impl Verifier {
         &mut self,
         trace: &Trace,
         i: usize,
-        bench: &mut Bench,
+        bench: &mut Bench<impl ReplayShim>,
     ) -> Result<(), String> {
         let at = |what: String| format!("after op {i} ({}): {what}", trace.place(&trace.ops[i]));
         let listed = bench.mm.allocations();
@@ -263,11 +273,11 @@ impl Verifier {
     }
 
     /// The final check: every handle was dropped; after an explicit cleanup nothing is held.
-    pub fn finish(self, bench: &mut Bench) -> Result<(), String> {
+    pub fn finish(self, bench: &mut Bench<impl ReplayShim>) -> Result<(), String> {
         bench.mm.cleanup(&bench.shim, Cleanup::Explicit);
         let held = bench.mm.bytes_held();
         let budget = bench.mm.budget().held();
-        let device = bench.shim.stats().device_bytes_live;
+        let device = bench.shim.counters().bytes_live;
         let left = bench.mm.allocations().len();
         if held != 0 || budget != 0 || device != 0 || left != 0 {
             return Err(format!(

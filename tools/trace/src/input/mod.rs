@@ -36,7 +36,7 @@ pub struct Op {
     pub slot: u32,
     /// Bytes asked for (the allocation's size, for a free too).
     pub size: u64,
-    /// The trace's id of the allocation (a snapshot's allocations are numbered from 1).
+    /// The trace's id of the allocation (a snapshot's allocations are numbered from 0).
     pub id: u64,
     /// Where it came from: the CSV line, or the snapshot entry's index.
     pub source: u64,

@@ -3,7 +3,7 @@
 //! Owns turning one device's trace into operations. The pickle is a dict whose `device_traces` is
 //! a list (one per device) of lists of entries, each a dict with `action`, `addr`, `size`,
 //! `stream` (and `frames`, `time_us`, ..., ignored). `alloc` becomes an allocation with a fresh id
-//! (numbered from 1), keyed by its address until freed; the free is `free_completed` when the
+//! (numbered from 0, in order of allocation, as `scripts/traces/capture.py` numbers them), keyed by its address until freed; the free is `free_completed` when the
 //! device's trace has any (the block is back in PyTorch's pool: what the allocator saw), else
 //! `free_requested`. Segment events (`segment_alloc`, `segment_free`, `segment_map`, ...) are
 //! PyTorch's own pages and are ignored, as are `snapshot` and `oom` (counted in the notes). A
@@ -186,7 +186,7 @@ fn convert(
         "free_requested"
     };
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new(); // addr -> (id, entry)
-    let mut next_id = 1u64;
+    let mut next_id = 0u64;
     let mut ignored: BTreeMap<String, u64> = BTreeMap::new();
     for (i, entry) in entries.iter().enumerate() {
         let i = i as u64;
