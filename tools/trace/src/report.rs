@@ -1,6 +1,6 @@
 //! The results, for people (a table, configurations side by side) and for scripts (`--json`).
 //!
-//! Owns [`Outcome`] (what a run found) and how it prints: [`human`] and [`json`]. Does not
+//! Owns [`Outcome`] (what a run found) and how it prints: [`human`] and [`json()`]. Does not
 //! compute anything: `lib.rs` runs the replays, the search and the plot.
 
 use crate::device::Pages;

@@ -1,7 +1,7 @@
 //! Reading a trace: the replayable form every input becomes, and telling the formats apart.
 //!
 //! Owns [`Trace`] and [`Op`] (an allocation or a free of a dense *slot*, so the replay indexes a
-//! vector instead of hashing ids), the checks every format shares ([`Builder`]: a free of an id
+//! vector instead of hashing ids), the checks every format shares (`Builder`: a free of an id
 //! that is not live, an id allocated twice while live, a size of 0), and [`read`], which opens a
 //! file and picks the parser by its magic bytes (gzip `1f 8b`, pickle `80 02..05`, else CSV
 //! text), not by its extension. The formats themselves are in `csv.rs` (`seq,action,id,size,
@@ -114,6 +114,14 @@ pub fn read(path: &str, options: ReadOptions, progress: &mut Progress) -> Result
     let mut raw = BufReader::with_capacity(1 << 16, reader);
     let io = |e: std::io::Error| Failure::Input(format!("{path}: cannot read: {e}"));
     let gzip = raw.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+    let io = |e: std::io::Error| {
+        let hint = if gzip {
+            " (a damaged or cut-off gzip file?)"
+        } else {
+            ""
+        };
+        Failure::Input(format!("{path}: cannot read: {e}{hint}"))
+    };
     let mut inner: Box<dyn BufRead> = if gzip {
         Box::new(BufReader::with_capacity(
             1 << 16,
