@@ -131,7 +131,7 @@ fn run_config<S: ReplayShim>(
         if measured.failed > 0 && o.budget.is_none() {
             return search::Search {
                 min_budget: None,
-                fails_at: u64::MAX,
+                fails_at: 0,
                 precision: 0,
                 probes: 0,
                 why_none: Some("reservations fail even without a budget".into()),

@@ -274,23 +274,36 @@ pub fn time<S: ReplayShim>(
     let total = trace.ops.len() as u64;
     let (mut cold, mut cold_reps) = (0.0, 0u32);
     let (mut cold_failed, mut cold_pages);
+    // Progress: by operations within the first replay (a long trace), then by time spent (drawn
+    // between replays, never inside the timed loop of a short one).
+    let ms = |secs: f64| (secs * 1000.0) as u64;
+    // Replays too short for the clock (building managers dominating) stop on the wall clock.
+    let wall = Instant::now();
+    let enough = |timed: f64, since: Instant| {
+        timed >= min_seconds || since.elapsed().as_secs_f64() >= 3.0 * min_seconds
+    };
     let mut bench = loop {
         let mut bench = Bench::<S>::new(device, config, limit);
-        let (t, failed) = replay_timed(trace, &mut bench, &mut handles, progress, total);
+        let first = (cold_reps == 0).then_some(&mut *progress);
+        let (t, failed) = replay_timed(trace, &mut bench, &mut handles, first, total);
         handles.iter_mut().for_each(|h| *h = None);
         (cold, cold_reps) = (cold + t, cold_reps + 1);
         (cold_failed, cold_pages) = (failed, bench.shim.counters().allocated);
-        if cold >= min_seconds {
+        progress.update(ms(cold), ms(2.0 * min_seconds));
+        if enough(cold, wall) {
             break bench;
         }
     };
     let (mut warm, mut warm_reps) = (0.0, 0u32);
     let (mut warm_failed, mut warm_pages) = (0, 0);
-    while warm_reps == 0 || warm < min_seconds {
+    let wall = Instant::now();
+    while warm_reps == 0 || !enough(warm, wall) {
         let before = bench.shim.counters().allocated;
-        let (t, failed) = replay_timed(trace, &mut bench, &mut handles, progress, total);
+        let first = (warm_reps == 0).then_some(&mut *progress);
+        let (t, failed) = replay_timed(trace, &mut bench, &mut handles, first, total);
         handles.iter_mut().for_each(|h| *h = None);
         (warm, warm_reps) = (warm + t, warm_reps + 1);
+        progress.update(ms(min_seconds + warm), ms(2.0 * min_seconds));
         (warm_failed, warm_pages) = (failed, bench.shim.counters().allocated - before);
     }
     drop(handles);
@@ -303,13 +316,13 @@ pub fn time<S: ReplayShim>(
     }
 }
 
-/// One replay; the seconds it took and the reservations that failed. Progress is drawn between
-/// chunks of operations.
+/// One replay; the seconds it took and the reservations that failed. Progress, if given, is
+/// drawn between chunks of operations.
 fn replay_timed<S: ReplayShim>(
     trace: &Trace,
     bench: &mut Bench<S>,
     handles: &mut [Option<Handle>],
-    progress: &mut Progress,
+    mut progress: Option<&mut Progress>,
     total: u64,
 ) -> (f64, u64) {
     let mut failed = 0u64;
@@ -330,7 +343,9 @@ fn replay_timed<S: ReplayShim>(
             };
         }
         done += chunk.len() as u64;
-        progress.update(done, total);
+        if let Some(p) = progress.as_deref_mut() {
+            p.update(done, total);
+        }
     }
     (start.elapsed().as_secs_f64(), failed)
 }

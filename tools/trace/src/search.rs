@@ -21,7 +21,8 @@ use devcmd::memory::MemoryConfig;
 pub struct Search {
     /// The smallest limit found that replays without failure (`None`: none does).
     pub min_budget: Option<u64>,
-    /// The largest limit found to fail (the answer is within `precision` above it).
+    /// The largest limit found to fail (the answer is within `precision` above it; 0 when not
+    /// searched).
     pub fails_at: u64,
     /// The precision asked for.
     pub precision: u64,

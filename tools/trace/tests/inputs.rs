@@ -156,6 +156,11 @@ fn malformed() -> Vec<(&'static str, Vec<u8>, Vec<&'static str>)> {
             vec!["empty trace"],
         ),
         (
+            "header only",
+            HEADER.as_bytes().to_vec(),
+            vec!["holds no allocation"],
+        ),
+        (
             "binary",
             vec![0xff, 0xfe, 0x00, 0x01, b'\n'],
             vec!["line 1", "not UTF-8"],

@@ -148,6 +148,11 @@ pub fn read(path: &str, options: ReadOptions, progress: &mut Progress) -> Result
             progress.update(track.read.load(Ordering::Relaxed), track.total);
         })?
     };
+    if trace.ops.is_empty() {
+        return Err(Failure::Input(format!(
+            "{path}: the trace holds no allocation (nothing to replay)"
+        )));
+    }
     let format = match (pickle, gzip) {
         (false, false) => "csv",
         (false, true) => "csv.gz",
