@@ -78,7 +78,7 @@ holds for what is live, its pages, the time per operation and the smallest budge
 
 USAGE:
     devcmd-trace [OPTIONS] TRACE
-    devcmd-trace TRACE --config default --config no-slack --svg timeline.svg --json
+    devcmd-trace TRACE --config default --config small-pages --svg timeline.svg --json
 
 TRACE (the format is told by the file's first bytes, not its name):
     CSV      a header `seq,action,id,size,stream`, then one operation a line: action `alloc` or
@@ -124,7 +124,8 @@ REPLAY:
         --lenient          skip frees of ids that are not live, and free an id allocated again
                            while live, instead of refusing the trace
         --device N         the device of a snapshot with traces of several devices
-        --total-memory BYTES  the device's memory (default 1TiB; pages are never touched)
+        --total-memory BYTES  the device's memory (default 140GiB, about an H200's: what the
+                           manager fits its pages to, and the most a replay may hold)
         --alignment BYTES  page and slice alignment (default 256, as on CUDA)
         --max-page BYTES   the largest page (default: the device's memory, as on CUDA)
         --pages std|address
@@ -137,7 +138,8 @@ REPLAY:
 FIGURES:
     live peak    the most bytes live at once, as asked for
     held peak    the most bytes of device pages the manager held at once
-    pages        pages held at the held peak; allocated / freed: over the whole replay
+    pages        pages held at the held peak (the manager's report); allocated / freed: device
+                 pages over the whole replay (the device's device_alloc / device_free calls)
     ns per op    replay time / operations (an alloc or a free) of uninstrumented replays, each on
                  a fresh manager (cold: page allocations included), repeated for at least a
                  second, then over the last one's warm pools for another second (warm); build

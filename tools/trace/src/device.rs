@@ -35,10 +35,11 @@ pub struct Device {
 }
 
 impl Default for Device {
-    /// 1 TiB, CUDA's 256-byte alignment, no page limit below the total, devcmd-std's pages.
+    /// 140 GiB (about an H200's, the GPU the stored traces were captured on), CUDA's 256-byte
+    /// alignment, no page limit below the total, devcmd-std's pages.
     fn default() -> Self {
         Self {
-            total_memory: 1 << 40,
+            total_memory: 140 << 30,
             alignment: 256,
             max_page: None,
             pages: Pages::Std,
@@ -47,17 +48,20 @@ impl Default for Device {
 }
 
 impl Device {
-    /// The facts a device with these settings reports.
+    /// The facts a device with these settings reports: devcmd-std's, for either device (so both
+    /// round the alignment and clamp the largest page alike, and a field added to the facts
+    /// later needs no change here).
     pub fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            total_memory: self.total_memory,
-            memory_budget: None,
-            page_alignment: self.alignment,
-            max_page_size: self.max_page.unwrap_or(self.total_memory),
-            integrated: false,
-            can_map_host: false,
-        }
+        std_shim(*self).facts()
     }
+}
+
+fn std_shim(device: Device) -> StdShim {
+    StdShim::builder()
+        .total_memory(device.total_memory)
+        .page_alignment(device.alignment)
+        .max_page_size(device.max_page.unwrap_or(device.total_memory))
+        .build()
 }
 
 /// Which device makes the pages (see the module documentation).
@@ -88,6 +92,9 @@ pub struct Counters {
     pub freed: u64,
     /// Bytes of live pages.
     pub bytes_live: u64,
+    /// Calls that may have changed the device's memory (every counted call and every free): a
+    /// check reads the manager's pages again when this moves.
+    pub calls: u64,
 }
 
 impl Counters {
@@ -107,12 +114,7 @@ pub trait ReplayShim: Shim + Sized {
 
 impl ReplayShim for StdShim {
     fn build(device: Device) -> Self {
-        let facts = device.facts();
-        StdShim::builder()
-            .total_memory(facts.total_memory)
-            .page_alignment(facts.page_alignment)
-            .max_page_size(facts.max_page_size)
-            .build()
+        std_shim(device)
     }
 
     fn counters(&self) -> Counters {
@@ -121,6 +123,7 @@ impl ReplayShim for StdShim {
             allocated: st.device_frees + st.device_pages_live,
             freed: st.device_frees,
             bytes_live: st.device_bytes_live,
+            calls: ShimOp::ALL.iter().map(|op| st.calls(*op)).sum::<u64>() + st.device_frees,
         }
     }
 }
@@ -157,9 +160,7 @@ impl AddressShim {
 
 impl ReplayShim for AddressShim {
     fn build(device: Device) -> Self {
-        let mut facts = device.facts();
-        facts.page_alignment = facts.page_alignment.max(1).next_power_of_two();
-        facts.max_page_size = facts.max_page_size.min(facts.total_memory);
+        let facts = device.facts();
         Self {
             facts,
             next: Cell::new(Self::BASE),
@@ -231,6 +232,7 @@ impl Shim for AddressShim {
             .ok_or_else(|| self.classify(OP, status::OUT_OF_MEMORY))?;
         self.next.set(end);
         c.allocated += 1;
+        c.calls += 1;
         c.bytes_live += size;
         self.counters.set(c);
         Ok(AddressPage { addr, size })
@@ -243,6 +245,7 @@ impl Shim for AddressShim {
     unsafe fn device_free(&self, page: AddressPage) {
         let mut c = self.counters.get();
         c.freed += 1;
+        c.calls += 1;
         c.bytes_live -= page.size;
         self.counters.set(c);
     }

@@ -139,15 +139,22 @@ mod tests {
     #[test]
     fn every_field_sets_what_it_names() {
         for f in FIELDS {
-            let mut c = MemoryConfig::default();
-            (f.set)(&mut c, 12345);
-            assert_ne!(c, MemoryConfig::default(), "{} changed nothing", f.key);
-            let shown = format!("{c:?}");
-            assert!(
-                shown.contains(&format!("{}: 12345", f.key)),
-                "{} set another field: {shown}",
-                f.key
-            );
+            let (values, shown) = match f.kind {
+                Kind::Flag => ([0, 1], ["false", "true"]),
+                Kind::Bytes | Kind::Count => ([12345, 12346], ["12345", "12346"]),
+            };
+            let mut configs = [MemoryConfig::default(); 2];
+            for ((c, v), text) in configs.iter_mut().zip(values).zip(shown) {
+                (f.set)(c, v);
+                let debug = format!("{c:?}");
+                let needle = format!("{}: {text}", f.key);
+                assert!(
+                    debug.contains(&needle),
+                    "{} set another field: {debug}",
+                    f.key
+                );
+            }
+            assert_ne!(configs[0], configs[1], "{} changed nothing", f.key);
         }
     }
 
@@ -166,17 +173,15 @@ mod tests {
 
     #[test]
     fn overrides_parse_units_and_refuse_unknown_keys() {
-        let o = Override::parse("arena_slack=2MiB").unwrap();
+        let o = Override::parse("arena_granule=3MiB").unwrap();
         let mut c = MemoryConfig::default();
         o.apply(&mut c);
-        assert_eq!(c.arena_slack, 2 << 20);
+        assert_eq!(c.arena_granule, 3 << 20);
+        assert_eq!(o.to_string(), "arena_granule=3 MiB");
         assert!(Override::parse("nope=1").unwrap_err().contains("no field"));
-        assert!(
-            Override::parse("arena_slack")
-                .unwrap_err()
-                .contains("KEY=VALUE")
-        );
-        assert!(Override::parse("arena_classes=2MiB").is_err());
+        let e = Override::parse("arena_granule").unwrap_err();
+        assert!(e.contains("KEY=VALUE"), "{e}");
+        assert!(Override::parse("spare_identities=2MiB").is_err());
         assert_eq!(parse_flag("On"), Ok(1));
         assert!(parse_flag("maybe").is_err());
     }

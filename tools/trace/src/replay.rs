@@ -110,6 +110,16 @@ impl Timeline {
     }
 }
 
+/// Pages the manager holds, by its report (device pools).
+fn pages_held(mm: &mut MemoryManager<impl ReplayShim>) -> u64 {
+    mm.report()
+        .pools
+        .iter()
+        .filter(|p| !p.is_host())
+        .map(|p| u64::from(p.pages))
+        .sum()
+}
+
 /// What a measured replay found.
 #[derive(Debug, Clone)]
 pub struct Measured {
@@ -119,11 +129,11 @@ pub struct Measured {
     pub live_peak: u64,
     /// Most bytes of pages held at once.
     pub held_peak: u64,
-    /// Pages held when the held peak was first reached.
+    /// Pages held when the held peak was first reached (the manager's report).
     pub pages_at_peak: u64,
-    /// Pages allocated during the replay.
+    /// Device pages allocated during the replay (the device's `device_alloc` calls).
     pub pages_allocated: u64,
-    /// Pages freed during the replay (before the final teardown).
+    /// Device pages freed during the replay, before the final teardown (`device_free` calls).
     pub pages_freed: u64,
     /// Reservations that failed.
     pub failed: u64,
@@ -202,7 +212,7 @@ pub fn measure<S: ReplayShim>(
         let held = bench.mm.budget().held();
         if held > held_peak {
             held_peak = held;
-            pages_at_peak = bench.shim.counters().live();
+            pages_at_peak = pages_held(&mut bench.mm);
         }
         live_peak = live_peak.max(live);
         bucket_live = bucket_live.max(live);

@@ -2,13 +2,13 @@
 //!
 //! Owns the model and its checks. The model keeps every live allocation by address
 //! (`addr -> (end, op)`, from `resolve()` of each new handle) and the pages the manager reports
-//! (`pages()`, read again whenever the device's count of page allocations and frees moves, so
-//! O(log n) per operation in between). After every operation it checks that:
+//! (`pages()`, read again whenever the device's count of calls or the bytes the budget counts
+//! move, so O(log n) per operation in between). After every operation it checks that:
 //! - a new allocation resolves to exactly its size, aligned, overlapping no live allocation (its
-//!   two neighbours in the map), inside one page the manager reports, the page `resolve()` names;
-//! - no page goes back while a live allocation lies on it, and pages never overlap;
+//!   two neighbours in the map), inside one page the manager reports;
+//! - no page goes back (or shrinks) while a live allocation lies on it, and pages never overlap;
 //! - at sampled points, the manager's `allocations()` are exactly the model's (same addresses,
-//!   sizes and owners);
+//!   sizes and owners), each inside the page it names;
 //! - at the end, once every handle is dropped and after `cleanup(Explicit)`, the manager holds no
 //!   byte, the budget counts none and the device has no page live.
 //!
@@ -17,7 +17,7 @@
 use crate::device::ReplayShim;
 use crate::input::Trace;
 use crate::replay::Bench;
-use devcmd::memory::{Cleanup, Handle, PageRef};
+use devcmd::memory::{Cleanup, Handle};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +32,6 @@ struct Live {
 #[derive(Debug, Clone)]
 struct Page {
     end: u64,
-    page: PageRef,
     pool: &'static str,
 }
 
@@ -43,7 +42,8 @@ pub struct Verifier {
     /// The address of each slot's live allocation.
     at: Vec<u64>,
     pages: BTreeMap<u64, Page>,
-    stamp: Option<u64>,
+    /// The device's count of calls and the budget's held bytes when the pages were last read.
+    stamp: Option<(u64, u64)>,
     alignment: u64,
 }
 
@@ -127,23 +127,16 @@ impl Verifier {
             )));
         }
         self.refresh_pages(trace, i, bench)?;
-        match self.pages.range(..=addr).next_back() {
-            Some((&p, page)) if end <= page.end => {
-                if page.page != r.page {
-                    return Err(at(format!(
-                        "it lies on the {} page at {}, but resolves to another page ({:?})",
-                        page.pool,
-                        range(p, page.end),
-                        r.page
-                    )));
-                }
-            }
-            _ => {
-                return Err(at(format!(
-                    "{} lies inside no page the manager reports",
-                    range(addr, end)
-                )));
-            }
+        let contained = self
+            .pages
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(_, page)| end <= page.end);
+        if !contained {
+            return Err(at(format!(
+                "{} lies inside no page the manager reports",
+                range(addr, end)
+            )));
         }
         self.live.insert(
             addr,
@@ -172,16 +165,16 @@ impl Verifier {
         self.refresh_pages(trace, i, bench)
     }
 
-    /// Reads the pages again if the device allocated or freed one since the last read; checks
-    /// that no page that went back held a live allocation, and that pages do not overlap.
+    /// Reads the pages again if the device was called or the bytes held moved since the last
+    /// read; checks that no page (or part of one) that went back held a live allocation, and that
+    /// pages do not overlap.
     fn refresh_pages(
         &mut self,
         trace: &Trace,
         i: usize,
         bench: &mut Bench<impl ReplayShim>,
     ) -> Result<(), String> {
-        let c = bench.shim.counters();
-        let stamp = c.allocated + c.freed;
+        let stamp = (bench.shim.counters().calls, bench.mm.budget().held());
         if self.stamp == Some(stamp) {
             return Ok(());
         }
@@ -192,7 +185,6 @@ impl Verifier {
                 p.addr,
                 Page {
                     end: p.addr + p.size,
-                    page: p.page,
                     pool: p.kind.name(),
                 },
             );
@@ -213,19 +205,27 @@ impl Verifier {
             }
             prev = Some((a, p));
         }
+        // A page that changed (went back, or grew or shrank where pages are mapped granule by
+        // granule) must still hold every live allocation it held, in some page of the new list.
         for (&a, old) in &self.pages {
-            let kept = pages.get(&a).is_some_and(|p| p.end == old.end);
-            if kept {
+            if pages.get(&a).is_some_and(|p| p.end == old.end) {
                 continue;
             }
-            if let Some((&la, l)) = self.live.range(a..old.end).next() {
-                return Err(at(format!(
-                    "the {} page at {} went back to the device while {} lives on it at {}",
-                    old.pool,
-                    range(a, old.end),
-                    who(trace, l.op),
-                    range(la, l.end)
-                )));
+            for (&la, l) in self.live.range(a..old.end) {
+                let held = pages
+                    .range(..=la)
+                    .next_back()
+                    .is_some_and(|(_, p)| l.end <= p.end);
+                if !held {
+                    return Err(at(format!(
+                        "the {} page at {} went back to the device (or shrank) while {} lives \
+                         on it at {}",
+                        old.pool,
+                        range(a, old.end),
+                        who(trace, l.op),
+                        range(la, l.end)
+                    )));
+                }
             }
         }
         self.pages = pages;
@@ -249,6 +249,18 @@ impl Verifier {
             )));
         }
         for a in &listed {
+            let on = &a.page;
+            if a.addr < on.addr || a.addr + a.size > on.addr + on.size {
+                return Err(at(format!(
+                    "the manager lists {} B of handle {} at {:#x} on the {} page at {}, which \
+                     does not hold it",
+                    a.size,
+                    a.owner,
+                    a.addr,
+                    on.kind.name(),
+                    range(on.addr, on.addr + on.size)
+                )));
+            }
             match self.live.get(&a.addr) {
                 Some(l) if l.end == a.addr + a.size && l.owner == a.owner => {}
                 Some(l) => {

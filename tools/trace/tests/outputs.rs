@@ -62,7 +62,7 @@ fn json_has_the_keys_and_they_agree() {
         let min = f(&c["min_budget"]);
         assert!(min >= live && min <= held * 2.0, "{c}");
         assert!(f(&c["pages"]) >= 1.0);
-        assert!(f(&c["pages_allocated"]) >= f(&c["pages"]));
+        assert!(f(&c["pages_allocated"]) >= f(&c["pages_freed"]));
         assert_eq!(c["failed_reservations"], 0);
         let pools = c["pools"].as_array().unwrap();
         assert!(!pools.is_empty());
@@ -240,7 +240,7 @@ fn usage_errors_exit_2_with_a_reason() {
         ),
         (vec![trace.as_str(), "--set", "nope=1"], "no field"),
         (
-            vec![trace.as_str(), "--set", "arena_slack=lots"],
+            vec![trace.as_str(), "--set", "arena_granule=lots"],
             "not a byte count",
         ),
         (vec![trace.as_str(), "--alignment", "300"], "power of two"),
