@@ -95,3 +95,30 @@ impl fmt::Display for InputError {
 }
 
 impl std::error::Error for InputError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_tell_bad_input_from_a_failed_check() {
+        assert_eq!(Failure::Usage("x".into()).exit_code(), 2);
+        assert_eq!(Failure::Input("x".into()).exit_code(), 2);
+        assert_eq!(Failure::Verify("x".into()).exit_code(), 1);
+        let e = InputError {
+            path: "t.csv".into(),
+            place: Place::Line(17),
+            field: Some("size"),
+            message: "\"12x\" is not a byte count".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "t.csv: line 17, field size: \"12x\" is not a byte count"
+        );
+        let at = Place::Entry {
+            device: 0,
+            index: 5,
+        };
+        assert_eq!(at.to_string(), "device_traces[0][5]");
+    }
+}
