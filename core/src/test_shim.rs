@@ -172,7 +172,12 @@ impl Shim for TestShim {
     }
     unsafe fn vm_unmap(&self, addr: DeviceAddr, size: u64, memory: u64) {
         let was = self.mappings.borrow_mut().remove(&addr.0);
-        assert_eq!(was, Some(memory), "unmapped what was mapped at {:#x}", addr.0);
+        assert_eq!(
+            was,
+            Some(memory),
+            "unmapped what was mapped at {:#x}",
+            addr.0
+        );
         self.live_bytes.set(self.live_bytes.get() - size);
         self.mapped.set(self.mapped.get() - 1);
     }

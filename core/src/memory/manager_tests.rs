@@ -69,7 +69,11 @@ fn padding_is_counted() {
 fn arena_pages_are_the_request_rounded_up_and_placed_best_fit_across_pages() {
     let (shim, mut mm) = device();
     let _a = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mut mm, PoolKind::Arena).reserved, 2 * MIB, "the smallest page");
+    assert_eq!(
+        pool(&mut mm, PoolKind::Arena).reserved,
+        2 * MIB,
+        "the smallest page"
+    );
     let _b = mm.reserve(&shim, 9 * MIB + 1, PageUpdate::Allow).unwrap();
     assert_eq!(
         pool(&mut mm, PoolKind::Arena).reserved,
@@ -78,16 +82,26 @@ fn arena_pages_are_the_request_rounded_up_and_placed_best_fit_across_pages() {
     );
     // The free MiB of the first page and the one of the second both fit this: best fit, no page.
     let _c = mm.reserve(&shim, 512 * 1024, PageUpdate::Allow).unwrap();
-    let _d = mm.reserve(&shim, MIB - 512 * 1024, PageUpdate::Allow).unwrap();
+    let _d = mm
+        .reserve(&shim, MIB - 512 * 1024, PageUpdate::Allow)
+        .unwrap();
     let r = pool(&mut mm, PoolKind::Arena);
-    assert_eq!((r.pages, r.reserved), (2, 12 * MIB), "carved from free room of any page");
+    assert_eq!(
+        (r.pages, r.reserved),
+        (2, 12 * MIB),
+        "carved from free room of any page"
+    );
 }
 
 #[test]
 fn empty_arena_pages_go_back_before_the_arena_grows() {
     let (shim, mut mm) = device();
     drop(mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap());
-    assert_eq!(shim.live_pages.get(), 1, "kept for reuse while nothing needs more");
+    assert_eq!(
+        shim.live_pages.get(),
+        1,
+        "kept for reuse while nothing needs more"
+    );
     let small = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
     assert_eq!(shim.live_pages.get(), 1, "reused");
     drop(small);
@@ -544,8 +558,13 @@ fn a_new_page_gives_up_its_rounding_before_the_budget_refuses_it() {
     mm.set_mode(AllocationMode::Auto);
     // 3.8 MiB rounds up to 4 MiB, past the 3.9 MiB the budget has left: the page is fitted to
     // the room instead.
-    let big = mm.reserve(&shim, 4 * MIB - 200 * 1024, PageUpdate::Allow).unwrap();
-    assert_eq!(pool(&mut mm, PoolKind::Arena).reserved, 4 * MIB - 100 * 1024);
+    let big = mm
+        .reserve(&shim, 4 * MIB - 200 * 1024, PageUpdate::Allow)
+        .unwrap();
+    assert_eq!(
+        pool(&mut mm, PoolKind::Arena).reserved,
+        4 * MIB - 100 * 1024
+    );
     assert_eq!(budget.held(), 4 * MIB);
     assert_eq!(mm.resolve(&big).unwrap().len, 4 * MIB - 200 * 1024);
 }
@@ -563,11 +582,19 @@ fn granule_pools_hold_only_the_granules_live_allocations_touch() {
     assert_eq!(mm.vm_granule(), 2 * MIB);
     let a = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
     let _s = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
-    assert_eq!((shim.mapped.get(), shim.ranges.get()), (3, 2), "two granules + one small");
+    assert_eq!(
+        (shim.mapped.get(), shim.ranges.get()),
+        (3, 2),
+        "two granules + one small"
+    );
     assert_eq!(pool(&mut mm, PoolKind::Arena).reserved, 4 * MIB);
     assert_eq!(pool(&mut mm, PoolKind::Small).reserved, 2 * MIB);
     drop(a);
-    assert_eq!(shim.mapped.get(), 3, "idle granules are kept until the pool grows");
+    assert_eq!(
+        shim.mapped.get(),
+        3,
+        "idle granules are kept until the pool grows"
+    );
     // The freed room coalesced with the rest of the range: 5 MiB lands over the two idle
     // granules and maps one more.
     let b = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap();
@@ -575,7 +602,11 @@ fn granule_pools_hold_only_the_granules_live_allocations_touch() {
     assert_eq!(mm.resolve(&b).unwrap().len, 5 * MIB);
     drop(b);
     mm.cleanup(&shim, Cleanup::Explicit);
-    assert_eq!(shim.mapped.get(), 1, "an explicit cleanup gives every idle granule back");
+    assert_eq!(
+        shim.mapped.get(),
+        1,
+        "an explicit cleanup gives every idle granule back"
+    );
 }
 
 #[test]
@@ -587,7 +618,11 @@ fn growth_gives_idle_granules_back_first() {
     assert_eq!(shim.mapped.get(), 3);
     // 8 MiB does not fit before `_pin`: it needs 4 new granules, and the 2 idle ones go first.
     let _b = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(shim.mapped.get(), 5, "held grows by what is missing, not by the idle ones");
+    assert_eq!(
+        shim.mapped.get(),
+        5,
+        "held grows by what is missing, not by the idle ones"
+    );
     assert_eq!(mm.granule_calls(), (7, 2));
 }
 
@@ -606,7 +641,12 @@ fn every_allocation_lies_on_a_run_of_mapped_granules_and_none_overlap() {
     let mut allocs = mm.allocations();
     allocs.sort_by_key(|a| a.addr);
     for w in allocs.windows(2) {
-        assert!(w[0].addr + w[0].span <= w[1].addr, "{:?} overlaps {:?}", w[0], w[1]);
+        assert!(
+            w[0].addr + w[0].span <= w[1].addr,
+            "{:?} overlaps {:?}",
+            w[0],
+            w[1]
+        );
     }
     for a in &allocs {
         assert!(a.page.addr <= a.addr && a.addr + a.size <= a.page.addr + a.page.size);
@@ -628,7 +668,9 @@ fn forbidden_reservations_land_on_mapped_granules_only() {
     assert_eq!(shim.maps.get(), maps, "nothing mapped");
     let r = mm.resolve(&h).unwrap();
     assert!(r.addr.0 >= mm.resolve(&keep).unwrap().addr.0 + MIB);
-    let e = mm.reserve(&shim, 3 * MIB, PageUpdate::Forbidden).unwrap_err();
+    let e = mm
+        .reserve(&shim, 3 * MIB, PageUpdate::Forbidden)
+        .unwrap_err();
     assert!(matches!(e, IoError::PageUpdateForbidden { .. }), "{e:?}");
     assert_eq!(shim.maps.get(), maps);
 }
@@ -639,9 +681,22 @@ fn a_refused_map_undoes_the_placement() {
     shim.device_limit.set(6 * MIB);
     let _a = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
     let e = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap_err();
-    assert!(matches!(e, IoError::OutOfMemory { source: Some(_), .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            IoError::OutOfMemory {
+                source: Some(_),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert_eq!(mm.allocations().len(), 1, "the failed placement is gone");
-    assert_eq!(mm.budget().held(), shim.live_bytes.get(), "budget and device agree");
+    assert_eq!(
+        mm.budget().held(),
+        shim.live_bytes.get(),
+        "budget and device agree"
+    );
     let _b = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
     assert!(shim.live_bytes.get() <= 6 * MIB);
 }
@@ -680,7 +735,11 @@ fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
         // SAFETY: no device work exists in this test.
         unsafe { page.free(&shim) };
     }
-    assert_eq!((shim.mapped.get(), budget.held()), (2, 4 * MIB), "taken back: left mapped");
+    assert_eq!(
+        (shim.mapped.get(), budget.held()),
+        (2, 4 * MIB),
+        "taken back: left mapped"
+    );
     drop(a);
     mm.cleanup(&shim, Cleanup::Explicit);
     for page in mm.take_retired() {
@@ -693,5 +752,8 @@ fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
     assert_eq!((shim.mapped.get(), shim.maps.get()), (2, 4));
     // SAFETY: as above.
     unsafe { mm.release_all(&shim) };
-    assert_eq!((shim.mapped.get(), shim.ranges.get(), budget.held()), (0, 0, 0));
+    assert_eq!(
+        (shim.mapped.get(), shim.ranges.get(), budget.held()),
+        (0, 0, 0)
+    );
 }

@@ -491,7 +491,10 @@ impl<P> SlicedPool<P> {
     /// The largest free block a reservation could be carved from (guarded pages serve
     /// nothing): for the error of a reservation that may not add a page.
     pub(crate) fn largest_free(&self) -> u64 {
-        self.free_blocks().map(|(_, _, _, size)| size).max().unwrap_or(0)
+        self.free_blocks()
+            .map(|(_, _, _, size)| size)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Every used block as (page, offset within page, block size, used), for checks.

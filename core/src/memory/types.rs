@@ -11,10 +11,10 @@
 use super::budget::MemoryBudget;
 use super::handle::PoolId;
 use super::report::PoolKind;
+use super::vm::{RETIRE_DONE, RETIRE_PENDING};
 use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
-use super::vm::{RETIRE_DONE, RETIRE_PENDING};
-use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 
 /// How new reservations are served. Modes nest: see [`MemoryManager::set_mode`].
 ///
@@ -138,7 +138,7 @@ pub enum RawPage<S: Shim> {
         size: u64,
         /// The shim's handle of the memory.
         memory: u64,
-        /// [`RETIRE_PENDING`] until freed or taken back.
+        /// Pending until the drop queue unmaps it, or the manager takes it back first.
         token: Arc<AtomicU8>,
     },
     /// A reserved device address range ([`Shim::vm_reserve`]); its granules are unmapped by the
@@ -243,7 +243,12 @@ impl<S: Shim> RetiredPage<RawPage<S>> {
                 token,
             } => {
                 let unmapped = token
-                    .compare_exchange(RETIRE_PENDING, RETIRE_DONE, Ordering::AcqRel, Ordering::Acquire)
+                    .compare_exchange(
+                        RETIRE_PENDING,
+                        RETIRE_DONE,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
                     .is_ok();
                 if !unmapped {
                     // Taken back by the manager before its fence: it stays mapped, and counted.

@@ -96,7 +96,11 @@ impl<P> GranulePool<P> {
     /// A pool over the range `[base, base + size)` reserved as `raw`; `granule` is a power of two
     /// dividing `base` and `size`.
     pub(crate) fn new(raw: P, base: u64, size: u64, granule: u64) -> Self {
-        debug_assert!(granule.is_power_of_two() && base % granule == 0 && size % granule == 0);
+        debug_assert!(
+            granule.is_power_of_two()
+                && base.is_multiple_of(granule)
+                && size.is_multiple_of(granule)
+        );
         let mut pool = SlicedPool::new(granule);
         pool.add_page(raw, base, size);
         let count = size >> granule.trailing_zeros();
@@ -244,7 +248,9 @@ impl<P> GranulePool<P> {
 
     /// Whether granule `g` is guarded.
     pub(crate) fn guarded(&self, g: u32) -> bool {
-        self.granules.get(g as usize).is_some_and(|gr| gr.guards > 0)
+        self.granules
+            .get(g as usize)
+            .is_some_and(|gr| gr.guards > 0)
     }
 
     /// Whether granule `g` has memory behind it that a new allocation may use without a device

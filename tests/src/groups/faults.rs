@@ -202,13 +202,15 @@ fn precise<H: Harness>(h: &H, mode: Mode) {
 
     // Device allocation: OutOfMemory naming the device's refusal.
     let mut c = fresh();
-    c.probe.as_ref().unwrap().inject(FaultRule::Always {
-        op: ShimOp::DeviceAlloc,
-    });
+    // Memory comes from pages, or from granules mapped into a reserved range where the device
+    // has virtual memory: both refused.
+    for op in [ShimOp::DeviceAlloc, ShimOp::VmMap] {
+        c.probe.as_ref().unwrap().inject(FaultRule::Always { op });
+    }
     match c.empty(s0, 1 << 20) {
         Err(ServerError::Io(IoError::OutOfMemory {
             source: Some(src), ..
-        })) if src.op == ShimOp::DeviceAlloc => {}
+        })) if matches!(src.op, ShimOp::DeviceAlloc | ShimOp::VmMap) => {}
         other => panic!("[{mode}] a refused page: expected OutOfMemory, got {other:?}"),
     }
     c.probe.as_ref().unwrap().clear();

@@ -78,7 +78,7 @@ holds for what is live, its pages, the time per operation and the smallest budge
 
 USAGE:
     devcmd-trace [OPTIONS] TRACE
-    devcmd-trace TRACE --config default --config small-pages --svg timeline.svg --json
+    devcmd-trace TRACE --config default --config pages --svg timeline.svg --json
 
 TRACE (the format is told by the file's first bytes, not its name):
     CSV      a header `seq,action,id,size,stream`, then one operation a line: action `alloc` or

@@ -36,13 +36,14 @@ pub struct Device {
 
 impl Default for Device {
     /// 140 GiB (about an H200's, the GPU the stored traces were captured on), CUDA's 256-byte
-    /// alignment, no page limit below the total, devcmd-std's pages.
+    /// alignment, no page limit below the total, pages of address ranges only (the figures are
+    /// the same as devcmd-std's, with no RAM behind them and only the manager in the times).
     fn default() -> Self {
         Self {
             total_memory: 140 << 30,
             alignment: 256,
             max_page: None,
-            pages: Pages::Std,
+            pages: Pages::Address,
         }
     }
 }
@@ -247,6 +248,48 @@ impl Shim for AddressShim {
         c.freed += 1;
         c.calls += 1;
         c.bytes_live -= page.size;
+        self.counters.set(c);
+    }
+
+    fn vm_reserve(&self, size: u64) -> Result<DeviceAddr, DriverError> {
+        const OP: ShimOp = ShimOp::VmReserve;
+        let granule = self.facts.vm_granule.max(1);
+        let start = self
+            .next
+            .get()
+            .checked_next_multiple_of(granule)
+            .ok_or_else(|| self.classify(OP, status::OUT_OF_MEMORY))?;
+        let end = start
+            .checked_add(size)
+            .ok_or_else(|| self.classify(OP, status::OUT_OF_MEMORY))?;
+        self.next.set(end);
+        let mut c = self.counters.get();
+        c.calls += 1;
+        self.counters.set(c);
+        Ok(DeviceAddr(start))
+    }
+
+    unsafe fn vm_release(&self, _addr: DeviceAddr, _size: u64) {
+        let mut c = self.counters.get();
+        c.calls += 1;
+        self.counters.set(c);
+    }
+
+    fn vm_map(&self, _addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
+        let mut c = self.counters.get();
+        if c.bytes_live.saturating_add(size) > self.facts.total_memory {
+            return Err(self.classify(ShimOp::VmMap, status::OUT_OF_MEMORY));
+        }
+        c.bytes_live += size;
+        c.calls += 1;
+        self.counters.set(c);
+        Ok(0)
+    }
+
+    unsafe fn vm_unmap(&self, _addr: DeviceAddr, size: u64, _memory: u64) {
+        let mut c = self.counters.get();
+        c.bytes_live -= size;
+        c.calls += 1;
         self.counters.set(c);
     }
 

@@ -24,7 +24,7 @@ pub struct Preset {
 #[rustfmt::skip]
 pub const PRESETS: &[Preset] = &[
     Preset { name: "default", about: "MemoryConfig::default()", config: MemoryConfig::default },
-    Preset { name: "small-pages", about: "default, with 2 MiB small-pool pages", config: || MemoryConfig { small_page_size: 2 << 20, ..MemoryConfig::default() } },
+    Preset { name: "pages", about: "default, without virtual memory: whole pages (devices without it)", config: || MemoryConfig { virtual_memory: false, ..MemoryConfig::default() } },
 ];
 
 /// The preset named `name`.
@@ -70,9 +70,8 @@ pub const FIELDS: &[Field] = &[
     Field { key: "small_page_size", kind: Kind::Bytes, set: |c, v| c.small_page_size = v },
     Field { key: "small_max_slice", kind: Kind::Bytes, set: |c, v| c.small_max_slice = v },
     Field { key: "arena_min_page", kind: Kind::Bytes, set: |c, v| c.arena_min_page = v },
-    Field { key: "arena_slack", kind: Kind::Bytes, set: |c, v| c.arena_slack = v },
     Field { key: "arena_granule", kind: Kind::Bytes, set: |c, v| c.arena_granule = v },
-    Field { key: "arena_classes", kind: Kind::Count, set: |c, v| c.arena_classes = count(v) },
+    Field { key: "virtual_memory", kind: Kind::Flag, set: |c, v| c.virtual_memory = v != 0 },
     Field { key: "spare_identities", kind: Kind::Count, set: |c, v| c.spare_identities = count(v) },
 ];
 

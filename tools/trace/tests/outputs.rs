@@ -14,14 +14,7 @@ fn f(v: &Value) -> f64 {
 #[test]
 fn json_has_the_keys_and_they_agree() {
     let trace = data("tiny.csv.gz");
-    let mut args = vec![
-        trace.as_str(),
-        "--json",
-        "-c",
-        "default",
-        "-c",
-        "small-pages",
-    ];
+    let mut args = vec![trace.as_str(), "--json", "-c", "default", "-c", "pages"];
     args.extend(QUICK);
     let j = run(&args).json();
     for key in [
@@ -40,7 +33,7 @@ fn json_has_the_keys_and_they_agree() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["default", "small-pages"]);
+    assert_eq!(names, ["default", "pages"]);
     for key in [
         "live_peak",
         "held_peak",
@@ -82,7 +75,7 @@ fn the_human_report_has_the_figures_side_by_side() {
         "-c",
         "default",
         "-c",
-        "small-pages",
+        "pages",
         "--set",
         "arena_granule=2MiB",
     ];
@@ -101,7 +94,7 @@ fn the_human_report_has_the_figures_side_by_side() {
         "min budget",
         "within 1 MiB",
         "default",
-        "small-pages",
+        "pages",
         "arena_granule=2 MiB",
     ] {
         assert!(
@@ -124,7 +117,7 @@ fn svg_is_written_per_config_with_a_path_per_pool() {
         "-c",
         "default",
         "-c",
-        "small-pages",
+        "pages",
     ];
     args.extend(QUICK);
     let j = run(&args).json();

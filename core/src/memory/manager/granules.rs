@@ -84,7 +84,10 @@ impl<S: Shim> MemoryManager<S> {
         if missing == 0 {
             return Ok(Some(location));
         }
-        debug_assert!(update != PageUpdate::Forbidden, "placed over mapped granules only");
+        debug_assert!(
+            update != PageUpdate::Forbidden,
+            "placed over mapped granules only"
+        );
         let granule = self.vm_granule;
         if update == PageUpdate::Allow {
             // Past the most the pools ever held, idle granules go back first: the peak grows
@@ -150,7 +153,7 @@ impl<S: Shim> MemoryManager<S> {
             return;
         }
         match shim.vm_reserve(size) {
-            Ok(addr) if addr.0 % granule == 0 => {
+            Ok(addr) if addr.0.is_multiple_of(granule) => {
                 let raw = RawPage::Range { addr: addr.0, size };
                 self.vm[which] = Some(Box::new(GranulePool::new(raw, addr.0, size, granule)));
             }

@@ -12,9 +12,9 @@ use crate::memory::handle::{
     AsBinding, BindingRef, Handle, Location, POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT,
     POOL_SMALL, POOL_VM_LARGE, POOL_VM_SMALL, PoolId, check_range,
 };
-use crate::memory::vm::GranulePool;
 use crate::memory::sliced::{SlicedPool, Used};
 use crate::memory::types::{PageGuard, PageRef, RawPage, Resolved};
+use crate::memory::vm::GranulePool;
 use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
 
@@ -107,12 +107,12 @@ impl<S: Shim> MemoryManager<S> {
                 (used, location.block, addr)
             }
             POOL_VM_SMALL | POOL_VM_LARGE => {
-                let vm = self
-                    .granule_pool(location.pool)
-                    .ok_or(IoError::StorageHandleNotFound {
-                        handle: b.id(),
-                        page: location.block,
-                    })?;
+                let vm =
+                    self.granule_pool(location.pool)
+                        .ok_or(IoError::StorageHandleNotFound {
+                            handle: b.id(),
+                            page: location.block,
+                        })?;
                 let (used, _, addr) = vm.pool.used(location.block, b.id()).ok_or(stale)?;
                 // Named by the first granule it touches.
                 (used, vm.span(addr, 1).0, addr)
@@ -226,9 +226,7 @@ impl<S: Shim> MemoryManager<S> {
             pool => {
                 if let Some(p) = self.sliced_mut(pool) {
                     p.guard(page.page, add);
-                    if !add
-                        && pool == POOL_ARENA
-                        && p.page(page.page).is_some_and(|p| p.live == 0)
+                    if !add && pool == POOL_ARENA && p.page(page.page).is_some_and(|p| p.live == 0)
                     {
                         self.arena_empty.push(page.page);
                     }

@@ -212,7 +212,11 @@ impl<S: Shim> MemoryManager<S> {
         }
         for (raw, size) in pages {
             // A range counts nothing against the budget; its granules did.
-            let size = if matches!(raw, RawPage::Range { .. }) { 0 } else { size };
+            let size = if matches!(raw, RawPage::Range { .. }) {
+                0
+            } else {
+                size
+            };
             let page = RetiredPage {
                 raw,
                 size,

@@ -7,10 +7,10 @@
 
 use super::MemoryManager;
 use crate::memory::handle::{POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId};
-use crate::memory::vm::GranulePool;
 use crate::memory::report::{MemoryReport, PoolKind, PoolReport};
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{AllocationInfo, PageInfo, PageRef, RawPage};
+use crate::memory::vm::GranulePool;
 use crate::shim::Shim;
 use alloc::vec::Vec;
 
@@ -38,7 +38,10 @@ impl<S: Shim> MemoryManager<S> {
                 reserved: usage.reserved,
             }
         };
-        for (kind, vm) in [(PoolKind::Small, &self.vm[0]), (PoolKind::Arena, &self.vm[1])] {
+        for (kind, vm) in [
+            (PoolKind::Small, &self.vm[0]),
+            (PoolKind::Arena, &self.vm[1]),
+        ] {
             if let Some(vm) = vm {
                 let usage = vm.pool.usage();
                 pools.push(PoolReport {
