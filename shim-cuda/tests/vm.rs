@@ -206,8 +206,10 @@ fn a_map_the_device_cannot_hold_leaves_nothing_mapped() {
     let data = pattern(2 * g as usize, 1);
     upload(&shim, &s, &data[..], base);
     assert_eq!(download::<u8>(&shim, &s, base, data.len()), data);
-    // Too big for the device at all: refused before the driver.
-    let e = shim.vm_map(base.offset(2 * g), total + g).unwrap_err();
+    // Too big for the device at all (whole granules past its memory): refused before the driver.
+    let e = shim
+        .vm_map(base.offset(2 * g), total.next_multiple_of(g) + g)
+        .unwrap_err();
     assert_eq!((e.status, e.fault), (status::TOO_BIG, Fault::TooBig));
     // SAFETY: waited for; then nothing is mapped.
     unsafe {

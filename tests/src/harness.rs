@@ -11,8 +11,8 @@
 //!   that mode are then skipped, saying so on stderr). In a **lazy** mode no stream runs anything
 //!   until one of its fences is queried or waited on (a stream waiting on another's event drives
 //!   that one up to the event); in a **poison** mode every page given back, by
-//!   [`Shim::device_free`] and by [`Shim::host_free_pinned`] alike, is overwritten before anything
-//!   can use it again, so work that touches memory the core let go too early (because a fence
+//!   [`Shim::device_free`] and by [`Shim::host_free_pinned`] alike (and mapped memory given back
+//!   by [`Shim::vm_unmap`]), is overwritten before anything can use it again, so work that touches memory the core let go too early (because a fence
 //!   completed early, or the core did not wait for it) reads or leaves wrong bytes the suite sees.
 //! - [`Harness::kernel`]: the [`TestKernel`] asked for, loaded on that shim; each kernel's
 //!   variant documents what it must do, [`TestKernel::WriteThenFail`] included (a kernel that
