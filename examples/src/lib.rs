@@ -11,9 +11,11 @@
 //! | [`cuda_device`] | the GPU's set-up: kernels compiled with NVRTC, what the host says about the device |
 //! | [`verify`] | the NaN-safe comparison with the reference |
 //! | [`weights`] | the weights file: format, writing, mapping |
+//! | [`gpt2`] | the GPT-2 decoding host (`gpt2`): config, safetensors, kernels, the decoding loop, the check |
 
 pub mod cli;
 pub mod cuda_device;
+pub mod gpt2;
 pub mod model;
 pub mod replay;
 pub mod serve;

@@ -136,7 +136,7 @@ where
 /// Why the shim would not page-lock `len` bytes at `ptr`, asked again of the shim itself (the
 /// core logs the reason at debug level only). The bytes are alive: the buffer holding them was
 /// just made from them.
-fn refusal<S: Shim>(shim: &S, ptr: *const u8, len: usize) -> String {
+pub(crate) fn refusal<S: Shim>(shim: &S, ptr: *const u8, len: usize) -> String {
     let Some(ptr) = std::ptr::NonNull::new(ptr.cast_mut()) else {
         return "the mapping is empty".to_owned();
     };

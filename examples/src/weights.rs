@@ -237,6 +237,26 @@ unsafe impl ExternalBytes for MappedFile {
     }
 }
 
+/// Maps the whole of `file` (opened for reading) as `mapping` says. Also the GPT-2 host's
+/// mapping of `model.safetensors` ([`crate::gpt2::weights`]).
+///
+/// # Errors
+///
+/// The system's refusal to map the file.
+pub fn map(file: &std::fs::File, mapping: Mapping) -> io::Result<MappedFile> {
+    let map = match mapping {
+        // SAFETY: the file is opened read-only and this program does not modify it while
+        // mapped; a concurrent writer is outside what the host supports.
+        Mapping::ReadOnly => unsafe { memmap2::Mmap::map(file) }.map(Map::Shared),
+        Mapping::CopyOnWrite => {
+            // SAFETY: as above; the private mapping's writes (none are made) would never reach
+            // the file.
+            unsafe { memmap2::MmapOptions::new().map_copy(file) }.map(Map::Private)
+        }
+    }?;
+    Ok(MappedFile { map })
+}
+
 /// A mapped weights file and its tensors' floats (for the host reference), in file order.
 #[derive(Debug)]
 pub struct Loaded {
@@ -277,21 +297,10 @@ pub fn load(path: &Path, mapping: Mapping) -> Result<Loaded, WeightsError> {
     if meta.len() != need as u64 {
         return Err(size(meta.len()));
     }
-    let map = match mapping {
-        // SAFETY: the file is opened read-only and this program does not modify it while
-        // mapped; a concurrent writer is outside what the host supports.
-        Mapping::ReadOnly => unsafe { memmap2::Mmap::map(&file) }.map(Map::Shared),
-        Mapping::CopyOnWrite => {
-            // SAFETY: as above; the private mapping's writes (none are made) would never reach
-            // the file.
-            unsafe { memmap2::MmapOptions::new().map_copy(&file) }.map(Map::Private)
-        }
-    }
-    .map_err(|source| WeightsError::Map {
+    let file = map(&file, mapping).map_err(|source| WeightsError::Map {
         path: path.to_owned(),
         source,
     })?;
-    let file = MappedFile { map };
     let map = file.map.bytes();
     if map.len() != need {
         return Err(size(map.len() as u64)); // changed size since the check above

@@ -1,0 +1,293 @@
+//! The GPT-2 decoding host: a Hugging Face GPT-2 (`config.json` + `model.safetensors`) decoded
+//! greedily through devcmd on the std shim (the default) or an NVIDIA GPU (`--device cuda`),
+//! eagerly or by replaying one recorded step (`--graph`); `--check DIR` compares the run with
+//! transformers' references (`scripts/gpt2/make_fixture.py`) and exits 1 on a mismatch.
+//!
+//! This file owns the choice of device and what the host prints; the loop is
+//! [`devcmd_examples::gpt2::decode`], the same for every device.
+
+use devcmd::{Device, DeviceConfig, Shim};
+use devcmd_examples::cli::DeviceKind;
+use devcmd_examples::gpt2::check::{self, Fixture};
+use devcmd_examples::gpt2::cli::{self, DEFAULT_NEW_TOKENS, Options, Parsed};
+use devcmd_examples::gpt2::config::{self, Config};
+use devcmd_examples::gpt2::decode::{self, Backend, COMPUTE, Decoded, Plan};
+use devcmd_examples::gpt2::devices::{CudaBackend, StdBackend, std_shim};
+use devcmd_examples::gpt2::weights::{self, ModelFile};
+use devcmd_examples::serve::WeightsPath;
+use devcmd_examples::weights::Mapping;
+use std::error::Error;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The prompt rows of the run, checked against the vocabulary and repeated to `--batch`.
+fn prompt(
+    o: &Options,
+    fixture: Option<&Fixture>,
+    config: &Config,
+) -> Result<Vec<Vec<u32>>, Box<dyn Error>> {
+    let mut rows = if let Some(f) = fixture {
+        f.prompt.clone()
+    } else if let Some(text) = &o.prompt {
+        check::parse_prompt(&text.replace(';', "\n")).map_err(|e| format!("--prompt: {e}"))?
+    } else if let Some(path) = &o.prompt_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the prompt file {}: {e}", path.display()))?;
+        check::parse_prompt(&text)
+            .map_err(|e| format!("the prompt file {}: {e}", path.display()))?
+    } else {
+        vec![vec![0]]
+    };
+    if let Some(b) = o.batch {
+        if rows.len() == 1 {
+            rows = vec![rows[0].clone(); b];
+        } else if rows.len() != b {
+            return Err(format!(
+                "--batch {b} and a prompt of {} rows: pass one row (repeated) or {b}",
+                rows.len()
+            )
+            .into());
+        }
+    }
+    if rows.is_empty() || rows.len() > cli::MAX_BATCH {
+        return Err(format!(
+            "the prompt has {} rows: expected 1 to {}",
+            rows.len(),
+            cli::MAX_BATCH
+        )
+        .into());
+    }
+    let len = rows[0].len();
+    if len == 0 || rows.iter().any(|r| r.len() != len) {
+        return Err(format!(
+            "the prompt's rows have {:?} tokens: every row needs the same number, at least 1 (no \
+             padding)",
+            rows.iter().map(Vec::len).collect::<Vec<_>>()
+        )
+        .into());
+    }
+    for (r, row) in rows.iter().enumerate() {
+        if let Some(t) = row.iter().find(|&&t| t as usize >= config.vocab) {
+            return Err(format!(
+                "prompt row {r}: token {t} is outside the vocabulary (0 to {})",
+                config.vocab - 1
+            )
+            .into());
+        }
+    }
+    Ok(rows)
+}
+
+/// `d` in microseconds.
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Median, 99th percentile and worst of `times` (nearest rank).
+fn spread(times: &[Duration]) -> Option<(Duration, Duration, Duration)> {
+    let mut t = times.to_vec();
+    t.sort_unstable();
+    let at = |q: f64| t[((q * t.len() as f64).ceil() as usize).clamp(1, t.len()) - 1];
+    (!t.is_empty()).then(|| (at(0.5), at(0.99), t[t.len() - 1]))
+}
+
+/// What the run printed and whether its check passed.
+fn report_run(o: &Options, plan: &Plan, run: &Decoded, launches: usize) {
+    for (r, (p, t)) in plan.prompt.iter().zip(&run.tokens).enumerate() {
+        let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+        println!("row {r}: {} | {}", join(p), join(t));
+    }
+    let rows = plan.prompt.len();
+    let mode = if o.graph {
+        format!(
+            "graph (one step of {launches} launches recorded once in {:.1} ms, replayed per \
+             position)",
+            run.record.map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        )
+    } else {
+        format!("eager ({launches} launches per step)")
+    };
+    println!(
+        "decoded {rows} x {} new tokens after a {}-token prompt, {mode}",
+        plan.new_tokens,
+        plan.prompt[0].len()
+    );
+    println!(
+        "first token after {:.3} ms (the prompt's {} steps and one)",
+        run.first_token.as_secs_f64() * 1e3,
+        plan.prompt[0].len() - 1
+    );
+    match spread(&run.step_times) {
+        Some((median, p99, worst)) => {
+            let total: Duration = run.step_times.iter().sum();
+            let tokens = rows * run.step_times.len();
+            println!(
+                "decode: {tokens} tokens in {:.3} ms: {:.1} tokens/s; per step (token to token, \
+                 {} steps): median {:.1} us, p99 {:.1} us, worst {:.1} us",
+                total.as_secs_f64() * 1e3,
+                tokens as f64 / total.as_secs_f64(),
+                run.step_times.len(),
+                us(median),
+                us(p99),
+                us(worst)
+            );
+        }
+        None => println!("decode: one new token only, no step after the first to time"),
+    }
+    println!(
+        "KV cache: {} bytes, room held ahead for the run's {} positions",
+        run.cache_bytes,
+        plan.passes()
+    );
+}
+
+/// Uploads, decodes, prints, checks and reports. Returns whether the check (if any) passed.
+fn decode_on<S, B>(
+    o: &Options,
+    mut device: Device<S>,
+    backend: &B,
+    file: ModelFile,
+    config: &Config,
+    plan: &Plan,
+    fixture: Option<&Fixture>,
+    register: bool,
+) -> Result<bool, Box<dyn Error>>
+where
+    S: Shim + Send + Sync + 'static,
+    S::Registration: 'static,
+    B: Backend<S>,
+{
+    let file_dtype = file.dtype;
+    let model = decode::upload(&mut device, backend, file, config, register)?;
+    let how = match &model.path {
+        WeightsPath::Registered => "page-locked in place and copied by DMA".to_owned(),
+        WeightsPath::NotRegistered(why) => format!("staged (page-locking refused: {why})"),
+        _ => "mapped and staged through pinned memory".to_owned(),
+    };
+    println!(
+        "model: {} layers, width {}, {} heads, vocabulary {}, {} positions; {} parameters; \
+         {} bytes of {} weights {how}, on the device as {}",
+        config.layers,
+        config.embd,
+        config.heads,
+        config.vocab,
+        config.positions,
+        config.parameters(),
+        model.bytes,
+        file_dtype.name(),
+        model.dtype.name()
+    );
+    let run = decode::decode(&mut device, backend, &model, plan)?;
+    report_run(o, plan, &run, decode::launches_per_step(config.layers));
+    let mut passed = true;
+    if let Some(f) = fixture {
+        match check::compare(&run, f, model.dtype) {
+            Ok(p) => println!(
+                "check against {}: greedy tokens identical, max abs logit difference {:.3e} \
+                 (tolerance {:.1e})",
+                f.dir.display(),
+                p.max_abs,
+                p.tolerance
+            ),
+            Err(m) => {
+                eprintln!("gpt2: check against {} failed: {m}", f.dir.display());
+                passed = false;
+            }
+        }
+    }
+    drop(model);
+    for _ in 0..2 {
+        device.command(COMPUTE)?.flush_drops()?;
+    }
+    println!("\nmemory report:\n{}", device.memory_report());
+    Ok(passed)
+}
+
+fn run(o: &Options) -> Result<bool, Box<dyn Error>> {
+    let fixture = o.check.as_deref().map(check::load).transpose()?;
+    let dir: PathBuf = o
+        .model
+        .clone()
+        .or_else(|| o.check.clone())
+        .ok_or("no model")?;
+    let config = config::load(&dir.join("config.json"))?;
+    if let Some(f) = &fixture
+        && f.vocab != config.vocab
+    {
+        return Err(format!(
+            "the fixture {} has a vocabulary of {}, the model {}",
+            f.dir.display(),
+            f.vocab,
+            config.vocab
+        )
+        .into());
+    }
+    let plan = Plan {
+        prompt: prompt(o, fixture.as_ref(), &config)?,
+        new_tokens: fixture
+            .as_ref()
+            .map(|f| f.new_tokens)
+            .or(o.new_tokens)
+            .unwrap_or(DEFAULT_NEW_TOKENS),
+        graph: o.graph,
+        keep_logits: fixture.is_some(),
+    };
+    let weights_path = dir.join("model.safetensors");
+    match o.device {
+        DeviceKind::Std => {
+            let file = weights::load(&weights_path, &config, Mapping::ReadOnly)?;
+            let shim = std_shim(o.lazy);
+            let backend = StdBackend::new(&shim);
+            let device = Device::new(shim, DeviceConfig::default());
+            decode_on(
+                o,
+                device,
+                &backend,
+                file,
+                &config,
+                &plan,
+                fixture.as_ref(),
+                false,
+            )
+        }
+        DeviceKind::Cuda => {
+            let file = weights::load(&weights_path, &config, Mapping::CopyOnWrite)?;
+            let backend = CudaBackend::open(0, o.dtype)?;
+            println!("{}", backend.describe());
+            let device = Device::new(backend.shim.clone(), DeviceConfig::default());
+            decode_on(
+                o,
+                device,
+                &backend,
+                file,
+                &config,
+                &plan,
+                fixture.as_ref(),
+                true,
+            )
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let options = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(Parsed::Run(o)) => o,
+        Ok(Parsed::Help) => {
+            println!("{}", cli::usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("gpt2: {e} (try --help)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("gpt2: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,573 @@
+//! Greedy decoding through devcmd, the same for every device: the weights uploaded once, the
+//! step's buffers and the KV cache reserved once, then one step per position, run eagerly or
+//! recorded once into a graph and replayed.
+//!
+//! **The step reads its position from device memory.** A small `state` buffer holds the
+//! position (the cache length before the step); the embedding, the attention and the argmax read
+//! it, and the last kernel of the step increments it. The prompt lives on the device too: the
+//! embedding takes the prompt's token while the position is inside the prompt, and the previous
+//! step's argmax after it. So every step is the same work on the same buffers — prompt positions
+//! included — and a graph recorded once replays every step with nothing written by the host in
+//! between; the host only reads each new token back (and, for `--check`, the logits).
+//!
+//! **KV cache: room held ahead.** Each layer's keys and values get one buffer of
+//! `[rows][heads][cap][head_dim]` for the whole run, `cap` = prompt length + new tokens − 1 (the
+//! positions the run feeds), reserved before the first step. Nothing is reserved while decoding,
+//! so the eager loop and the graph run the same buffers, and the graph never needs recording
+//! again. (Growing the cache as the sequence grows would move it: each growth would be a new
+//! reservation, a device copy and a graph updated in place — not built.)
+//!
+//! Owns the device side of the model ([`DeviceModel`], [`upload`]), the step's buffers
+//! ([`Workspace`]), the step ([`enqueue_step`]) and the loop ([`decode`]). A device brings a
+//! [`Backend`]: its kernels and its GEMM.
+
+use super::config::Config;
+use super::kernels::{
+    Gemm, GemmType, Kernels, attention_dims, elem_dims, f32s, launch, rows_dims, u32s,
+};
+use super::weights::{DType, ModelFile, Tensors, to_f32};
+use crate::serve::WeightsPath;
+use devcmd::memory::AllocationMode;
+use devcmd::{
+    Command, Device, ExternalBytes, Handle, HostBuffer, HostOrigin, LaunchDims, ReadFuture,
+    ReadRequest, ServerError, Shim, StreamId,
+};
+use std::collections::VecDeque;
+use std::error::Error;
+use std::time::{Duration, Instant};
+
+/// The stream everything runs on.
+pub const COMPUTE: StreamId = StreamId(0);
+/// Token reads kept in flight before the oldest is awaited (the device runs ahead of the host by
+/// this many steps).
+pub const IN_FLIGHT: usize = 2;
+
+/// What a device brings: the step's kernels, the element type it computes in, and its GEMM.
+pub trait Backend<S: Shim> {
+    /// The step's kernels.
+    fn kernels(&self) -> &Kernels<S::Kernel>;
+
+    /// The element type of weights and activations on the device.
+    fn dtype(&self) -> DType;
+
+    /// Enqueues `C = op(A) · op(B)` as `g` describes (`a`, `b` read, `c` written).
+    ///
+    /// # Errors
+    ///
+    /// The device's refusal.
+    fn gemm(
+        &self,
+        cmd: &mut Command<'_, S>,
+        name: &'static str,
+        g: &Gemm,
+        a: &Handle,
+        b: &Handle,
+        c: &Handle,
+    ) -> Result<(), ServerError> {
+        let (m, n) = (g.m as usize, g.n as usize);
+        launch(
+            cmd,
+            &self.kernels().gemm,
+            name,
+            elem_dims(m * n),
+            &[a, b],
+            &[c],
+            &g.scalars(),
+        )
+    }
+
+    /// Converts `elements` f32 values of `from` (uploaded from the file) into a new buffer of
+    /// [`Self::dtype`]; `None` when the device does not convert (the file must then hold its
+    /// type already).
+    ///
+    /// # Errors
+    ///
+    /// The device's refusal.
+    fn convert(
+        &self,
+        cmd: &mut Command<'_, S>,
+        from: &Handle,
+        elements: usize,
+    ) -> Option<Result<Handle, ServerError>> {
+        let _ = (cmd, from, elements);
+        None
+    }
+}
+
+impl DType {
+    /// The GEMM element type.
+    pub fn gemm(self) -> GemmType {
+        match self {
+            Self::F32 => GemmType::F32,
+            Self::F16 => GemmType::F16,
+        }
+    }
+}
+
+/// The model on the device.
+#[derive(Debug)]
+pub struct DeviceModel {
+    /// Its config.
+    pub config: Config,
+    /// The element type of its tensors on the device.
+    pub dtype: DType,
+    /// Every tensor (views of one upload, or converted copies).
+    pub tensors: Tensors<Handle>,
+    /// How the file reached the device.
+    pub path: WeightsPath,
+    /// Bytes of the file uploaded.
+    pub bytes: usize,
+}
+
+/// Uploads `file` on the compute stream in the persistent mode: the whole file in one copy
+/// (page-locked in place first when `register`, as the edge host's `--weights`), each tensor a
+/// view of it; converted to the backend's type where the file holds another.
+///
+/// # Errors
+///
+/// The device's refusal; a file of another type than the device computes in, on a device that
+/// does not convert.
+pub fn upload<S, B>(
+    device: &mut Device<S>,
+    backend: &B,
+    file: ModelFile,
+    config: &Config,
+    register: bool,
+) -> Result<DeviceModel, Box<dyn Error>>
+where
+    S: Shim + Send + Sync + 'static,
+    S::Registration: 'static,
+    B: Backend<S>,
+{
+    let ModelFile {
+        file,
+        dtype: file_dtype,
+        places,
+    } = file;
+    let (data, path) = if register {
+        let (ptr, len) = (file.bytes().as_ptr(), file.len());
+        let buffer = device.register_host(Box::new(file));
+        if buffer.origin() == HostOrigin::Registered {
+            (buffer, WeightsPath::Registered)
+        } else {
+            let why = crate::serve::refusal(device.shim(), ptr, len);
+            (buffer, WeightsPath::NotRegistered(why))
+        }
+    } else {
+        (
+            HostBuffer::external(Box::new(file)),
+            WeightsPath::FileStaged,
+        )
+    };
+    let bytes = data.len();
+    let mut cmd = device.command(COMPUTE)?;
+    cmd.allocation_mode(AllocationMode::Persistent);
+    let all = cmd.empty(bytes as u64)?;
+    cmd.write(&all, data)?;
+    let views = places.try_map(|p| all.view(p.offset as u64, p.len as u64))?;
+    let want = backend.dtype();
+    let tensors = if file_dtype == want {
+        views
+    } else if file_dtype == DType::F32 {
+        let converted = views.try_map(|v| -> Result<Handle, Box<dyn Error>> {
+            let elements = (v.len() / 4) as usize;
+            match backend.convert(&mut cmd, v, elements) {
+                Some(h) => Ok(h?),
+                None => Err(format!(
+                    "this device runs {} only and the weights are f32: pass --dtype f32",
+                    want.name()
+                )
+                .into()),
+            }
+        });
+        converted.map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?
+    } else {
+        return Err(format!(
+            "the weights are {} and this device computes in {}: pass --dtype {}",
+            file_dtype.name(),
+            want.name(),
+            file_dtype.name()
+        )
+        .into());
+    };
+    cmd.allocation_mode(AllocationMode::Auto);
+    Ok(DeviceModel {
+        config: config.clone(),
+        dtype: want,
+        tensors,
+        path,
+        bytes,
+    })
+}
+
+/// The step's buffers and the KV cache, reserved once for a run.
+#[derive(Debug)]
+pub struct Workspace {
+    /// Batch rows.
+    pub rows: usize,
+    /// Prompt length.
+    pub prompt_len: usize,
+    /// Positions the KV cache holds.
+    pub cap: usize,
+    /// The residual stream `[rows, embd]`.
+    pub x: Handle,
+    /// The normed residual `[rows, embd]`.
+    pub h: Handle,
+    /// Queries, keys, values `[rows, 3·embd]`.
+    pub qkv: Handle,
+    /// The attention's output `[rows, embd]`.
+    pub attn: Handle,
+    /// A projection's output `[rows, embd]`.
+    pub y: Handle,
+    /// The MLP's hidden layer `[rows, inner]`.
+    pub f: Handle,
+    /// The logits `[rows, vocab]`.
+    pub logits: Handle,
+    /// The tokens the last step chose `[rows]` (u32).
+    pub next: Handle,
+    /// Every step's tokens `[cap][rows]` (u32).
+    pub history: Handle,
+    /// The prompt `[prompt_len][rows]` (u32).
+    pub prompt: Handle,
+    /// `[position, 0, 0, 0]` (u32).
+    pub state: Handle,
+    /// Each layer's keys `[rows][heads][cap][head_dim]`.
+    pub k: Vec<Handle>,
+    /// Each layer's values.
+    pub v: Vec<Handle>,
+}
+
+impl Workspace {
+    /// Bytes of the KV cache.
+    pub fn cache_bytes(&self) -> u64 {
+        self.k.iter().chain(&self.v).map(Handle::len).sum()
+    }
+}
+
+/// `u32`s as little-endian bytes.
+fn u32_bytes(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
+    v.into_iter().flat_map(u32::to_le_bytes).collect()
+}
+
+/// Reserves the buffers of a run over `prompt` (`[rows][prompt_len]`) with `cap` cached
+/// positions, and uploads the prompt and the starting state.
+///
+/// # Errors
+///
+/// The device's refusal.
+pub fn workspace<S: Shim>(
+    cmd: &mut Command<'_, S>,
+    model: &DeviceModel,
+    prompt: &[Vec<u32>],
+    cap: usize,
+) -> Result<Workspace, ServerError> {
+    let c = &model.config;
+    let rows = prompt.len();
+    let prompt_len = prompt.first().map_or(0, Vec::len);
+    let es = model.dtype.bytes();
+    let mut buf = |elements: usize| cmd.empty((elements * es) as u64);
+    let x = buf(rows * c.embd)?;
+    let h = buf(rows * c.embd)?;
+    let qkv = buf(rows * 3 * c.embd)?;
+    let attn = buf(rows * c.embd)?;
+    let y = buf(rows * c.embd)?;
+    let f = buf(rows * c.inner)?;
+    let logits = buf(rows * c.vocab)?;
+    let per_layer = rows * c.embd * cap;
+    let mut k = Vec::with_capacity(c.layers);
+    let mut v = Vec::with_capacity(c.layers);
+    for _ in 0..c.layers {
+        k.push(buf(per_layer)?);
+        v.push(buf(per_layer)?);
+    }
+    let by_position = (0..prompt_len).flat_map(|p| prompt.iter().map(move |row| row[p]));
+    let prompt = cmd.create(&u32_bytes(by_position))?;
+    let next = cmd.create(&u32_bytes(vec![0; rows]))?;
+    let history = cmd.create(&u32_bytes(vec![0; rows * cap]))?;
+    let state = cmd.create(&u32_bytes([0; 4]))?;
+    Ok(Workspace {
+        rows,
+        prompt_len,
+        cap,
+        x,
+        h,
+        qkv,
+        attn,
+        y,
+        f,
+        logits,
+        next,
+        history,
+        prompt,
+        state,
+        k,
+        v,
+    })
+}
+
+/// Kernel launches and GEMMs of one step for a model of `layers` layers.
+pub fn launches_per_step(layers: usize) -> usize {
+    // embed, ln; per layer 4 GEMMs, attention, 2 residual norms, GELU; head GEMM, argmax, advance.
+    2 + 8 * layers + 3
+}
+
+/// Enqueues one decoding step on `cmd` (eagerly, or into a recording).
+///
+/// # Errors
+///
+/// The device's refusal of a launch or a GEMM.
+pub fn enqueue_step<S: Shim, B: Backend<S>>(
+    cmd: &mut Command<'_, S>,
+    be: &B,
+    m: &DeviceModel,
+    ws: &Workspace,
+) -> Result<(), ServerError> {
+    let c = &m.config;
+    let t = &m.tensors;
+    let k = be.kernels();
+    let (rows, e, gt) = (ws.rows, c.embd, m.dtype.gemm());
+    let eps = f32s(c.eps);
+    launch(
+        cmd,
+        &k.embed,
+        "embed",
+        rows_dims(rows),
+        &[&ws.next, &ws.prompt, &t.wte, &t.wpe, &ws.state],
+        &[&ws.x],
+        &[
+            u32s(rows),
+            u32s(e),
+            u32s(ws.prompt_len),
+            u32s(c.vocab),
+            u32s(c.positions),
+        ],
+    )?;
+    let first = &t.layers[0];
+    launch(
+        cmd,
+        &k.layer_norm,
+        "ln_1",
+        rows_dims(rows),
+        &[&ws.x, &first.ln1_g, &first.ln1_b],
+        &[&ws.h],
+        &[u32s(rows), u32s(e), eps],
+    )?;
+    for (l, layer) in t.layers.iter().enumerate() {
+        let qkv = Gemm::linear(gt, rows, e, 3 * e);
+        be.gemm(cmd, "c_attn", &qkv, &layer.attn_w, &ws.h, &ws.qkv)?;
+        launch(
+            cmd,
+            &k.attention,
+            "attention",
+            attention_dims(rows, c.heads, c.head_dim(), ws.cap),
+            &[&ws.qkv, &layer.attn_b, &ws.state],
+            &[&ws.attn, &ws.k[l], &ws.v[l]],
+            &[
+                u32s(rows),
+                u32s(c.heads),
+                u32s(c.head_dim()),
+                u32s(ws.cap),
+                f32s(c.attn_scale(l)),
+            ],
+        )?;
+        let proj = Gemm::linear(gt, rows, e, e);
+        be.gemm(cmd, "attn.c_proj", &proj, &layer.proj_w, &ws.attn, &ws.y)?;
+        launch(
+            cmd,
+            &k.residual_ln,
+            "residual_ln_2",
+            rows_dims(rows),
+            &[&ws.y, &layer.proj_b, &layer.ln2_g, &layer.ln2_b],
+            &[&ws.x, &ws.h],
+            &[u32s(rows), u32s(e), eps],
+        )?;
+        let fc = Gemm::linear(gt, rows, e, c.inner);
+        be.gemm(cmd, "c_fc", &fc, &layer.fc_w, &ws.h, &ws.f)?;
+        launch(
+            cmd,
+            &k.bias_gelu,
+            "bias_gelu",
+            elem_dims(rows * c.inner),
+            &[&layer.fc_b],
+            &[&ws.f],
+            &[u32s(rows), u32s(c.inner)],
+        )?;
+        let out = Gemm::linear(gt, rows, c.inner, e);
+        be.gemm(cmd, "mlp.c_proj", &out, &layer.out_w, &ws.f, &ws.y)?;
+        // The residual, then the next layer's first norm (or the final one).
+        let (g, b) = match t.layers.get(l + 1) {
+            Some(next) => (&next.ln1_g, &next.ln1_b),
+            None => (&t.lnf_g, &t.lnf_b),
+        };
+        launch(
+            cmd,
+            &k.residual_ln,
+            "residual_ln_1",
+            rows_dims(rows),
+            &[&ws.y, &layer.out_b, g, b],
+            &[&ws.x, &ws.h],
+            &[u32s(rows), u32s(e), eps],
+        )?;
+    }
+    let head = Gemm::head(gt, rows, e, c.vocab);
+    be.gemm(cmd, "lm_head", &head, t.head(), &ws.h, &ws.logits)?;
+    launch(
+        cmd,
+        &k.argmax,
+        "argmax",
+        rows_dims(rows),
+        &[&ws.logits, &ws.state],
+        &[&ws.next, &ws.history],
+        &[u32s(rows), u32s(c.vocab), u32s(ws.cap)],
+    )?;
+    launch(
+        cmd,
+        &k.advance,
+        "advance",
+        LaunchDims::SINGLE,
+        &[],
+        &[&ws.state],
+        &[],
+    )
+}
+
+/// How to decode.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The prompt, one row per batch row, every row the same length (at least 1).
+    pub prompt: Vec<Vec<u32>>,
+    /// New tokens per row (at least 1).
+    pub new_tokens: usize,
+    /// Record one step into a graph and replay it.
+    pub graph: bool,
+    /// Read every step's logits back (for `--check`).
+    pub keep_logits: bool,
+}
+
+impl Plan {
+    /// Positions the run feeds: the prompt, then every new token but the last.
+    pub fn passes(&self) -> usize {
+        self.prompt.first().map_or(0, Vec::len) + self.new_tokens - 1
+    }
+}
+
+/// What a run decoded and how long it took.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    /// The new tokens, `[row][step]`.
+    pub tokens: Vec<Vec<u32>>,
+    /// Each step's logits as f32, `[step][row · vocab]` (with `keep_logits`).
+    pub logits: Vec<Vec<f32>>,
+    /// From the first enqueue to the first new token on the host (the prompt's steps and one).
+    pub first_token: Duration,
+    /// The time between consecutive new tokens reaching the host (one per step after the
+    /// first).
+    pub step_times: Vec<Duration>,
+    /// From the first enqueue to the last token.
+    pub elapsed: Duration,
+    /// How long recording the step took (with `graph`).
+    pub record: Option<Duration>,
+    /// Bytes of the KV cache.
+    pub cache_bytes: u64,
+}
+
+/// A step whose tokens are being read back.
+struct Pending<S: Shim> {
+    read: ReadFuture<S>,
+}
+
+/// Decodes `plan` on `device` with `backend` and the uploaded `model`.
+///
+/// # Errors
+///
+/// The device's first error; a prompt longer than the model's positions.
+pub fn decode<S: Shim, B: Backend<S>>(
+    device: &mut Device<S>,
+    backend: &B,
+    model: &DeviceModel,
+    plan: &Plan,
+) -> Result<Decoded, Box<dyn Error>> {
+    let rows = plan.prompt.len();
+    let passes = plan.passes();
+    let prompt_len = plan.prompt.first().map_or(0, Vec::len);
+    if prompt_len == 0 || plan.new_tokens == 0 || rows == 0 {
+        return Err(
+            "nothing to decode: the prompt and the new tokens need at least one token".into(),
+        );
+    }
+    if passes > model.config.positions {
+        return Err(format!(
+            "the prompt ({prompt_len}) and the new tokens ({}) need {passes} positions, the \
+             model has {} (n_positions)",
+            plan.new_tokens, model.config.positions
+        )
+        .into());
+    }
+    let cap = passes;
+    let ws = workspace(&mut device.command(COMPUTE)?, model, &plan.prompt, cap)?;
+    let mut record = None;
+    let graph = if plan.graph {
+        let started = Instant::now();
+        let mut cmd = device.command(COMPUTE)?;
+        let recording = cmd.begin_capture("gpt2_step")?;
+        enqueue_step(&mut cmd, backend, model, &ws)?;
+        let graph = cmd.end_capture(recording)?;
+        record = Some(started.elapsed());
+        Some(graph)
+    } else {
+        None
+    };
+    let mut tokens = vec![Vec::with_capacity(plan.new_tokens); rows];
+    let mut logits = Vec::new();
+    let mut arrivals = Vec::with_capacity(plan.new_tokens);
+    let mut in_flight: VecDeque<Pending<S>> = VecDeque::new();
+    let mut take = |p: Pending<S>, arrivals: &mut Vec<Instant>| -> Result<(), Box<dyn Error>> {
+        let bytes = p.read.wait()?;
+        arrivals.push(Instant::now());
+        for (r, c) in bytes[0].as_slice().chunks_exact(4).enumerate() {
+            tokens[r].push(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        }
+        if let Some(l) = bytes.get(1) {
+            logits.push(to_f32(l.as_slice(), model.dtype));
+        }
+        Ok(())
+    };
+    let started = Instant::now();
+    for pass in 0..passes {
+        let mut cmd = device.command(COMPUTE)?;
+        match &graph {
+            Some(g) => cmd.replay(g)?,
+            None => enqueue_step(&mut cmd, backend, model, &ws)?,
+        }
+        // Pass `p` works on position p and chooses the token of position p + 1: from the last
+        // prompt position on, that is a new token.
+        if pass + 1 >= prompt_len {
+            let next_req = ReadRequest::whole(&ws.next);
+            let read = if plan.keep_logits {
+                cmd.read_async(&[next_req, ReadRequest::whole(&ws.logits)])?
+            } else {
+                cmd.read_async(&[next_req])?
+            };
+            in_flight.push_back(Pending { read });
+            if in_flight.len() > IN_FLIGHT {
+                let p = in_flight.pop_front().expect("non-empty");
+                take(p, &mut arrivals)?;
+            }
+        }
+    }
+    while let Some(p) = in_flight.pop_front() {
+        take(p, &mut arrivals)?;
+    }
+    let elapsed = started.elapsed();
+    let first_token = arrivals.first().map_or(elapsed, |t| *t - started);
+    let step_times = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
+    Ok(Decoded {
+        tokens,
+        logits,
+        first_token,
+        step_times,
+        elapsed,
+        record,
+        cache_bytes: ws.cache_bytes(),
+    })
+}

@@ -1,0 +1,158 @@
+//! The two devices of the decoding host: the std shim (the step's Rust kernels, f32) and an
+//! NVIDIA GPU (the same kernels in CUDA C compiled once with NVRTC for the device and the element
+//! type, as the edge host compiles its own).
+//!
+//! GEMMs run as the `gemm` kernel of each device for now: the stand-in until library work
+//! (`Command::library`) lands, when the std device runs [`super::std_kernels::cpu_gemm`] as
+//! library work and the GPU cuBLAS.
+
+use super::decode::Backend;
+use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, launch, u32s};
+use super::weights::DType;
+use devcmd::{Command, Handle, ServerError};
+use devcmd_cuda::{CudaKernel, CudaModule, CudaShim};
+use devcmd_std::{StdKernel, StdShim};
+use std::error::Error;
+use std::time::{Duration, Instant};
+
+/// The std device: 8 GiB of memory (GPT-2 small's weights, cache and buffers fit many times),
+/// lazy streams when asked.
+pub fn std_shim(lazy: bool) -> StdShim {
+    StdShim::builder().total_memory(8 << 30).lazy(lazy).build()
+}
+
+/// The std device's share: its kernels.
+#[derive(Debug)]
+pub struct StdBackend {
+    /// The step's kernels, registered on the shim.
+    pub kernels: Kernels<StdKernel>,
+}
+
+impl StdBackend {
+    /// The kernels registered on `shim`.
+    pub fn new(shim: &StdShim) -> Self {
+        Self {
+            kernels: super::std_kernels::kernels(shim),
+        }
+    }
+}
+
+impl Backend<StdShim> for StdBackend {
+    fn kernels(&self) -> &Kernels<StdKernel> {
+        &self.kernels
+    }
+
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
+}
+
+/// An opened GPU with the step's kernels compiled for one element type.
+#[derive(Debug)]
+pub struct CudaBackend {
+    /// The device.
+    pub shim: CudaShim,
+    /// The module the kernels live in.
+    pub module: CudaModule,
+    /// The step's kernels.
+    pub kernels: Kernels<CudaKernel>,
+    /// `cast_f16`: f32 weights to half on the device.
+    pub cast: CudaKernel,
+    /// The element type the kernels were compiled for.
+    pub dtype: DType,
+    /// How long NVRTC and the load took.
+    pub compile_time: Duration,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` and compiles the kernels for `dtype`.
+    ///
+    /// # Errors
+    ///
+    /// No driver ("no CUDA driver found: ..."), no NVRTC, a compile error.
+    pub fn open(ordinal: u32, dtype: DType) -> Result<Self, Box<dyn Error>> {
+        let shim = CudaShim::new(ordinal)?;
+        let started = Instant::now();
+        let options: &[&str] = match dtype {
+            DType::F32 => &[],
+            DType::F16 => &["-DGPT2_HALF"],
+        };
+        let module = shim.compile(CUDA_SOURCE, options)?;
+        // Sizes read from the driver, or declared where the bindings cannot read them.
+        let kernel = |name: &str| -> Result<CudaKernel, Box<dyn Error>> {
+            let sizes = SIGNATURES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, s)| *s)
+                .ok_or_else(|| format!("no signature for {name}"))?;
+            Ok(module
+                .kernel(name)
+                .or_else(|_| module.kernel_with_sizes(name, sizes))?)
+        };
+        let kernels = Kernels {
+            embed: kernel("embed")?,
+            layer_norm: kernel("layer_norm")?,
+            attention: kernel("attention")?,
+            residual_ln: kernel("residual_ln")?,
+            bias_gelu: kernel("bias_gelu")?,
+            argmax: kernel("argmax")?,
+            advance: kernel("advance")?,
+            gemm: kernel("gemm")?,
+        };
+        let cast = kernel("cast_f16")?;
+        Ok(Self {
+            shim,
+            module,
+            kernels,
+            cast,
+            dtype,
+            compile_time: started.elapsed(),
+        })
+    }
+
+    /// What the host prints about the GPU and its kernels.
+    pub fn describe(&self) -> String {
+        let (major, minor) = self.shim.compute_capability();
+        format!(
+            "device: {} (compute capability {major}.{minor}); kernels compiled by NVRTC with \
+             [{}] in {:.0} ms",
+            self.shim.name(),
+            self.module.compile_options().join(" "),
+            self.compile_time.as_secs_f64() * 1e3
+        )
+    }
+}
+
+impl Backend<CudaShim> for CudaBackend {
+    fn kernels(&self) -> &Kernels<CudaKernel> {
+        &self.kernels
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn convert(
+        &self,
+        cmd: &mut Command<'_, CudaShim>,
+        from: &Handle,
+        elements: usize,
+    ) -> Option<Result<Handle, ServerError>> {
+        if self.dtype != DType::F16 {
+            return None;
+        }
+        Some((|| {
+            let out = cmd.empty((elements * 2) as u64)?;
+            launch(
+                cmd,
+                &self.cast,
+                "cast_f16",
+                elem_dims(elements),
+                &[from],
+                &[&out],
+                &[u32s(elements)],
+            )?;
+            Ok(out)
+        })())
+    }
+}

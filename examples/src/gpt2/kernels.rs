@@ -1,0 +1,489 @@
+//! The decoding step's kernels as every device sees them: their signatures (the CUDA C source,
+//! whose parameter order the std kernels read by position), each launch's geometry and
+//! parameters, and the GEMM's description.
+//!
+//! Every kernel takes its outputs first, then its inputs, then its scalars (`unsigned` or
+//! `float`, 4 bytes each). A launch passes its inputs, then its outputs, as devcmd's buffer slots,
+//! so the parameter list is `Buffer(inputs..inputs+outputs)`, `Buffer(0..inputs)`, scalars
+//! ([`params`]). `T` is the element type of activations and weights (f32, or f16 on CUDA: the
+//! source is compiled once per type with `-DGPT2_HALF`); arithmetic is f32 throughout.
+//!
+//! | kernel | outputs | inputs | scalars |
+//! |---|---|---|---|
+//! | `embed` | x | next, prompt, wte, wpe, state | rows, embd, prompt_len, vocab, positions |
+//! | `layer_norm` | out | x, g, b | rows, n, eps |
+//! | `attention` | out, k cache, v cache | qkv, qkv bias, state | rows, heads, head_dim, cap, scale |
+//! | `residual_ln` | x, h | y, bias, g, b | rows, n, eps |
+//! | `bias_gelu` | f | bias | rows, n |
+//! | `argmax` | next, history | logits, state | rows, vocab, cap |
+//! | `advance` | state | | |
+//! | `gemm` | c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta |
+//! | `cast_f16` (CUDA) | out (f16) | in (f32) | n |
+//!
+//! `state[0]` is the position the step works on (the cache length before it): read by `embed`,
+//! `attention` and `argmax`, incremented by `advance` at the end of the step, so a recorded step
+//! replays unchanged. Token buffers are `u32`; `prompt` is `[prompt_len][rows]`, `history`
+//! `[cap][rows]` (row `p` holds the tokens predicted at position `p`).
+
+use devcmd::{Command, Handle, KernelParam, Launch, LaunchDims, ServerError, Shim};
+
+/// Threads per block of the row kernels (layer norms, embedding, argmax).
+pub const ROW_BLOCK: u32 = 256;
+/// Threads per block of the attention kernel (one block per row and head).
+pub const ATTN_BLOCK: u32 = 128;
+/// Threads per block of the element-wise kernels.
+pub const ELEM_BLOCK: u32 = 256;
+
+/// The step's kernels of one device, loaded once.
+#[derive(Debug, Clone)]
+pub struct Kernels<K> {
+    pub embed: K,
+    pub layer_norm: K,
+    pub attention: K,
+    pub residual_ln: K,
+    pub bias_gelu: K,
+    pub argmax: K,
+    pub advance: K,
+    /// The GEMM as a kernel: the stand-in until library work routes GEMMs to the device's BLAS.
+    pub gemm: K,
+}
+
+/// The element type of a [`Gemm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmType {
+    /// f32 operands and result.
+    F32,
+    /// IEEE half operands and result, f32 accumulation.
+    F16,
+}
+
+/// One matrix product `C = alpha · op(A) · op(B) + beta · C` in BLAS's column-major convention
+/// (cuBLAS's): `op(A)` is `m × k`, `op(B)` is `k × n`, `C` is `m × n`, `ld*` the elements between
+/// consecutive stored columns. The fields of `devcmd::Gemm` (issue 16), so the host switches to
+/// it field for field.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemm {
+    pub dtype: GemmType,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub lda: u32,
+    pub ldb: u32,
+    pub ldc: u32,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl Gemm {
+    /// `Y[rows × out] = X[rows × in] · W[in × out]` over row-major activations and a Conv1D
+    /// weight (`[in, out]` row-major, Hugging Face's layout): the column-major
+    /// `Yᵀ = Wᵀ · Xᵀ` with `A = W`, `B = X`, `C = Y`.
+    pub fn linear(dtype: GemmType, rows: usize, inputs: usize, outputs: usize) -> Self {
+        Self {
+            dtype,
+            m: outputs as u32,
+            n: rows as u32,
+            k: inputs as u32,
+            trans_a: false,
+            trans_b: false,
+            lda: outputs as u32,
+            ldb: inputs as u32,
+            ldc: outputs as u32,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
+    /// `logits[rows × vocab] = X[rows × embd] · Eᵀ` with `E` the `[vocab, embd]` embedding (or
+    /// untied head): `A = E` transposed.
+    pub fn head(dtype: GemmType, rows: usize, embd: usize, vocab: usize) -> Self {
+        Self {
+            dtype,
+            m: vocab as u32,
+            n: rows as u32,
+            k: embd as u32,
+            trans_a: true,
+            trans_b: false,
+            lda: embd as u32,
+            ldb: embd as u32,
+            ldc: vocab as u32,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
+    /// Elements A, B and C span as stored (the last column holds only its rows).
+    pub fn elements(&self) -> (usize, usize, usize) {
+        let span = |rows: u32, cols: u32, ld: u32| {
+            if rows == 0 || cols == 0 {
+                0
+            } else {
+                (cols as usize - 1) * ld as usize + rows as usize
+            }
+        };
+        let (ar, ac) = if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (br, bc) = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        (
+            span(ar, ac, self.lda),
+            span(br, bc, self.ldb),
+            span(self.m, self.n, self.ldc),
+        )
+    }
+
+    /// The scalars of the `gemm` kernel, in its order.
+    pub fn scalars(&self) -> [[u8; 4]; 10] {
+        let u = |v: u32| v.to_ne_bytes();
+        [
+            u(self.m),
+            u(self.n),
+            u(self.k),
+            u(u32::from(self.trans_a)),
+            u(u32::from(self.trans_b)),
+            u(self.lda),
+            u(self.ldb),
+            u(self.ldc),
+            self.alpha.to_ne_bytes(),
+            self.beta.to_ne_bytes(),
+        ]
+    }
+}
+
+/// A scalar parameter's bytes.
+pub fn u32s(v: usize) -> [u8; 4] {
+    (v as u32).to_ne_bytes()
+}
+
+/// A float parameter's bytes.
+pub fn f32s(v: f32) -> [u8; 4] {
+    v.to_ne_bytes()
+}
+
+/// The parameters of a kernel above for a launch of `inputs` inputs and `outputs` outputs:
+/// outputs, inputs, then the scalars.
+pub fn params(inputs: usize, outputs: usize, scalars: &[[u8; 4]]) -> Vec<KernelParam<'_>> {
+    (inputs..inputs + outputs)
+        .chain(0..inputs)
+        .map(KernelParam::Buffer)
+        .chain(scalars.iter().map(|s| KernelParam::Scalar(s)))
+        .collect()
+}
+
+/// Launches kernel `k` (named `name`) over `inputs` and `outputs` with `scalars`.
+///
+/// # Errors
+///
+/// The launch's refusal ([`Command::launch`]).
+pub fn launch<S: Shim>(
+    cmd: &mut Command<'_, S>,
+    k: &S::Kernel,
+    name: &'static str,
+    dims: LaunchDims,
+    inputs: &[&Handle],
+    outputs: &[&Handle],
+    scalars: &[[u8; 4]],
+) -> Result<(), ServerError> {
+    cmd.launch(Launch {
+        kernel: k,
+        name,
+        dims,
+        inputs,
+        outputs,
+        params: &params(inputs.len(), outputs.len(), scalars),
+    })
+}
+
+/// One block per row.
+pub fn rows_dims(rows: usize) -> LaunchDims {
+    LaunchDims::linear(rows as u32, ROW_BLOCK)
+}
+
+/// One block per row and head, with the query, the scores of `cap` positions and a reduction's
+/// room in dynamic shared memory.
+pub fn attention_dims(rows: usize, heads: usize, head_dim: usize, cap: usize) -> LaunchDims {
+    let mut d = LaunchDims::linear((rows * heads) as u32, ATTN_BLOCK);
+    d.shared_bytes = ((head_dim + cap + 32) * 4) as u32;
+    d
+}
+
+/// One thread per element.
+pub fn elem_dims(elements: usize) -> LaunchDims {
+    LaunchDims::covering(elements as u64, ELEM_BLOCK)
+}
+
+/// The signatures of the kernels (name, parameter sizes in bytes) for bindings that cannot read
+/// them from the driver.
+pub const SIGNATURES: &[(&str, &[usize])] = &[
+    ("embed", &[8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4]),
+    ("layer_norm", &[8, 8, 8, 8, 4, 4, 4]),
+    ("attention", &[8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4]),
+    ("residual_ln", &[8, 8, 8, 8, 8, 8, 4, 4, 4]),
+    ("bias_gelu", &[8, 8, 4, 4]),
+    ("argmax", &[8, 8, 8, 8, 4, 4, 4]),
+    ("advance", &[8]),
+    ("gemm", &[8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]),
+    ("cast_f16", &[8, 8, 4]),
+];
+
+/// The kernels in CUDA C. `T` is `float`, or IEEE half bits (`unsigned short`) with
+/// `-DGPT2_HALF`, converted with PTX's `cvt` (no header needed).
+pub const CUDA_SOURCE: &str = r#"
+__device__ __forceinline__ float h2f(unsigned short v) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v)); return f;
+}
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short v; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v) : "f"(f)); return v;
+}
+#ifdef GPT2_HALF
+typedef unsigned short T;
+__device__ __forceinline__ float ld(T v) { return h2f(v); }
+__device__ __forceinline__ T st(float f) { return f2h(f); }
+#else
+typedef float T;
+__device__ __forceinline__ float ld(T v) { return v; }
+__device__ __forceinline__ T st(float f) { return f; }
+#endif
+#define NEG_INF __int_as_float(0xff800000)
+
+/* Block-wide sum and max over a block of whole warps; every thread gets the result. */
+__device__ float block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    unsigned warps = (blockDim.x + 31u) >> 5;
+    v = lane < warps ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ float block_max(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    unsigned warps = (blockDim.x + 31u) >> 5;
+    v = lane < warps ? red[lane] : NEG_INF;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* out = layer norm of x (already in T) with g, b: mean, then the biased variance around it. */
+__device__ void norm_row(T *out, const T *x, const T *g, const T *b, unsigned n, float eps,
+                         float *red) {
+    float s = 0.0f;
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) s += ld(x[j]);
+    float mean = block_sum(s, red) / (float)n;
+    float q = 0.0f;
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) { float d = ld(x[j]) - mean; q += d * d; }
+    float rstd = rsqrtf(block_sum(q, red) / (float)n + eps);
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x)
+        out[j] = st((ld(x[j]) - mean) * rstd * ld(g[j]) + ld(b[j]));
+}
+
+extern "C" __global__ void embed(T *x, const unsigned *next, const unsigned *prompt,
+                                 const T *wte, const T *wpe, const unsigned *state,
+                                 unsigned rows, unsigned embd, unsigned prompt_len,
+                                 unsigned vocab, unsigned positions) {
+    unsigned r = blockIdx.x;
+    if (r >= rows) return;
+    unsigned pos = state[0];
+    unsigned tok = pos < prompt_len ? prompt[(size_t)pos * rows + r] : next[r];
+    if (tok >= vocab) tok = vocab - 1;
+    if (pos >= positions) pos = positions - 1;
+    for (unsigned j = threadIdx.x; j < embd; j += blockDim.x)
+        x[(size_t)r * embd + j] = st(ld(wte[(size_t)tok * embd + j]) + ld(wpe[(size_t)pos * embd + j]));
+}
+
+extern "C" __global__ void layer_norm(T *out, const T *x, const T *g, const T *b,
+                                      unsigned rows, unsigned n, float eps) {
+    __shared__ float red[32];
+    unsigned r = blockIdx.x;
+    if (r >= rows) return;
+    norm_row(out + (size_t)r * n, x + (size_t)r * n, g, b, n, eps, red);
+}
+
+extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, const T *g,
+                                       const T *b, unsigned rows, unsigned n, float eps) {
+    __shared__ float red[32];
+    unsigned r = blockIdx.x;
+    if (r >= rows) return;
+    T *xr = x + (size_t)r * n;
+    const T *yr = y + (size_t)r * n;
+    /* Each thread reads back only the elements it wrote. */
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) xr[j] = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
+    norm_row(h + (size_t)r * n, xr, g, b, n, eps, red);
+}
+
+extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T *bias,
+                                     const unsigned *state, unsigned rows, unsigned heads,
+                                     unsigned hd, unsigned cap, float scale) {
+    extern __shared__ float sm[];
+    float *q = sm, *s = sm + hd, *red = sm + hd + cap;
+    unsigned bh = blockIdx.x;
+    if (bh >= rows * heads) return;
+    unsigned r = bh / heads, h = bh - r * heads, e = heads * hd;
+    unsigned pos = state[0];
+    if (pos >= cap) pos = cap - 1;
+    const T *row = qkv + (size_t)r * 3 * e;
+    size_t base = ((size_t)r * heads + h) * cap;
+    for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) {
+        unsigned c = h * hd + d;
+        q[d] = ld(st(ld(row[c]) + ld(bias[c])));
+        kc[(base + pos) * hd + d] = st(ld(row[e + c]) + ld(bias[e + c]));
+        vc[(base + pos) * hd + d] = st(ld(row[2 * e + c]) + ld(bias[2 * e + c]));
+    }
+    __syncthreads();
+    float mx = NEG_INF;
+    for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) {
+        const T *k = kc + (base + t) * hd;
+        float acc = 0.0f;
+        for (unsigned d = 0; d < hd; ++d) acc += q[d] * ld(k[d]);
+        acc *= scale;
+        s[t] = acc;
+        mx = fmaxf(mx, acc);
+    }
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) {
+        float p = expf(s[t] - mx);
+        s[t] = p;
+        sum += p;
+    }
+    sum = block_sum(sum, red);
+    __syncthreads();
+    for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned t = 0; t <= pos; ++t) acc += s[t] * ld(vc[(base + t) * hd + d]);
+        out[(size_t)r * e + h * hd + d] = st(acc / sum);
+    }
+}
+
+extern "C" __global__ void bias_gelu(T *f, const T *bias, unsigned rows, unsigned n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * n) return;
+    float v = ld(st(ld(f[i]) + ld(bias[i % n])));
+    f[i] = st(0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))));
+}
+
+extern "C" __global__ void argmax(unsigned *next, unsigned *history, const T *logits,
+                                  const unsigned *state, unsigned rows, unsigned vocab,
+                                  unsigned cap) {
+    __shared__ float bv[32];
+    __shared__ unsigned bi[32];
+    unsigned r = blockIdx.x;
+    if (r >= rows) return;
+    const T *l = logits + (size_t)r * vocab;
+    float best = NEG_INF;
+    unsigned idx = 0xffffffffu;
+    for (unsigned j = threadIdx.x; j < vocab; j += blockDim.x) {
+        float v = ld(l[j]);
+        if (v > best) { best = v; idx = j; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        unsigned oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+    }
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    if (lane == 0) { bv[warp] = best; bi[warp] = idx; }
+    __syncthreads();
+    if (warp == 0) {
+        unsigned warps = (blockDim.x + 31u) >> 5;
+        best = lane < warps ? bv[lane] : NEG_INF;
+        idx = lane < warps ? bi[lane] : 0xffffffffu;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            unsigned oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+        }
+        if (lane == 0) {
+            if (idx >= vocab) idx = 0;
+            next[r] = idx;
+            unsigned pos = state[0];
+            if (pos < cap) history[(size_t)pos * rows + r] = idx;
+        }
+    }
+}
+
+extern "C" __global__ void advance(unsigned *state) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) state[0] += 1u;
+}
+
+/* The stand-in GEMM (one thread per element of C), column-major as cuBLAS. */
+extern "C" __global__ void gemm(T *c, const T *a, const T *b, unsigned m, unsigned n, unsigned k,
+                                unsigned ta, unsigned tb, unsigned lda, unsigned ldb,
+                                unsigned ldc, float alpha, float beta) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)m * n) return;
+    unsigned i = (unsigned)(idx % m), j = (unsigned)(idx / m);
+    float acc = 0.0f;
+    for (unsigned kk = 0; kk < k; ++kk) {
+        float av = ld(ta ? a[(size_t)i * lda + kk] : a[i + (size_t)kk * lda]);
+        float bv = ld(tb ? b[j + (size_t)kk * ldb] : b[kk + (size_t)j * ldb]);
+        acc += av * bv;
+    }
+    T *cp = c + i + (size_t)j * ldc;
+    float v = alpha * acc;
+    if (beta != 0.0f) v += beta * ld(*cp);
+    *cp = st(v);
+}
+
+extern "C" __global__ void cast_f16(unsigned short *out, const float *in, unsigned n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(in[i]);
+}
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_is_in_the_source_with_its_parameter_count() {
+        for (name, sizes) in SIGNATURES {
+            let start = CUDA_SOURCE
+                .find(&format!("__global__ void {name}("))
+                .unwrap_or_else(|| panic!("{name} is not in the source"));
+            let sig = &CUDA_SOURCE[start..];
+            let sig = &sig[..sig.find(')').expect("closing parenthesis")];
+            assert_eq!(sig.matches(',').count() + 1, sizes.len(), "{name}: {sig}");
+            assert_eq!(
+                sig.matches('*').count(),
+                sizes.iter().filter(|&&s| s == 8).count()
+            );
+        }
+    }
+
+    #[test]
+    fn a_linear_layer_and_the_head_are_column_major_products() {
+        let g = Gemm::linear(GemmType::F32, 2, 64, 192);
+        assert_eq!(
+            (g.m, g.n, g.k, g.lda, g.ldb, g.ldc),
+            (192, 2, 64, 192, 64, 192)
+        );
+        assert_eq!(g.elements(), (64 * 192, 2 * 64, 2 * 192));
+        let h = Gemm::head(GemmType::F32, 2, 64, 256);
+        assert_eq!(h.elements(), (256 * 64, 2 * 64, 2 * 256));
+        let p = params(2, 1, &[[0; 4]]);
+        assert!(matches!(
+            p.as_slice(),
+            [
+                KernelParam::Buffer(2),
+                KernelParam::Buffer(0),
+                KernelParam::Buffer(1),
+                KernelParam::Scalar(_)
+            ]
+        ));
+    }
+}

@@ -1,0 +1,373 @@
+//! The step's kernels on the std shim: plain Rust over device addresses, reading the parameters
+//! of the CUDA C kernels ([`super::kernels`]) by position, f32 only. The CPU GEMM
+//! ([`cpu_gemm`], the `matrixmultiply` crate) is what library work runs on this device.
+//!
+//! Token buffers are `u32`s, read and written through `f32` views as raw bits (every bit
+//! pattern is a valid `f32`), so no other cast of device bytes is needed. A bad parameter or an
+//! index outside a buffer fails the launch ([`KernelFault::Failed`]), never touches memory.
+
+use super::kernels::{Gemm, Kernels};
+use devcmd_std::{KernelCtx, KernelFault, StdKernel, StdShim, as_f32, as_f32_mut};
+
+/// The step's kernels registered on `shim`.
+pub fn kernels(shim: &StdShim) -> Kernels<StdKernel> {
+    Kernels {
+        embed: shim.register_kernel("embed", embed),
+        layer_norm: shim.register_kernel("layer_norm", layer_norm),
+        attention: shim.register_kernel("attention", attention),
+        residual_ln: shim.register_kernel("residual_ln", residual_ln),
+        bias_gelu: shim.register_kernel("bias_gelu", bias_gelu),
+        argmax: shim.register_kernel("argmax", argmax),
+        advance: shim.register_kernel("advance", advance),
+        gemm: shim.register_kernel("gemm", gemm),
+    }
+}
+
+const F: KernelFault = KernelFault::Failed;
+
+fn u(ctx: &KernelCtx<'_>, i: usize) -> Result<usize, KernelFault> {
+    Ok(ctx.scalar_u32(i)? as usize)
+}
+
+/// `s[start..start + len]`, or a failed launch.
+fn sub(s: &[f32], start: usize, len: usize) -> Result<&[f32], KernelFault> {
+    s.get(start..start.checked_add(len).ok_or(F)?).ok_or(F)
+}
+
+fn sub_mut(s: &mut [f32], start: usize, len: usize) -> Result<&mut [f32], KernelFault> {
+    s.get_mut(start..start.checked_add(len).ok_or(F)?).ok_or(F)
+}
+
+/// A `u32` kept in an `f32` slot.
+fn bits(s: &[f32], i: usize) -> Result<usize, KernelFault> {
+    s.get(i).map(|v| v.to_bits() as usize).ok_or(F)
+}
+
+/// The position a step works on: `state[0]`.
+fn position(state: &[f32]) -> Result<usize, KernelFault> {
+    bits(state, 0)
+}
+
+/// `out = (x - mean) / sqrt(var + eps) · g + b` over one row (mean and variance in f64).
+fn norm_row(out: &mut [f32], x: &[f32], g: &[f32], b: &[f32], eps: f32) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let var = x
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let rstd = 1.0 / (var + f64::from(eps)).sqrt();
+    for (((o, &v), &g), &b) in out.iter_mut().zip(x).zip(g).zip(b) {
+        *o = ((f64::from(v) - mean) * rstd) as f32 * g + b;
+    }
+}
+
+/// `embed(x | next, prompt, wte, wpe, state | rows, embd, prompt_len, vocab, positions)`.
+fn embed(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let (rows, embd, plen, vocab, npos) =
+        (u(ctx, 6)?, u(ctx, 7)?, u(ctx, 8)?, u(ctx, 9)?, u(ctx, 10)?);
+    let mut b = ctx.buffers_mut()?;
+    let [next, prompt, wte, wpe, state, x] = b.as_mut_slice() else {
+        return Err(F);
+    };
+    let (next, prompt, wte, wpe) = (as_f32(next)?, as_f32(prompt)?, as_f32(wte)?, as_f32(wpe)?);
+    let pos = position(as_f32(state)?)?;
+    let x = as_f32_mut(x)?;
+    if pos >= npos {
+        return Err(F);
+    }
+    let pe = sub(wpe, pos * embd, embd)?;
+    for r in 0..rows {
+        let tok = if pos < plen {
+            bits(prompt, pos * rows + r)?
+        } else {
+            bits(next, r)?
+        };
+        if tok >= vocab {
+            return Err(F);
+        }
+        let te = sub(wte, tok * embd, embd)?;
+        for ((o, &t), &p) in sub_mut(x, r * embd, embd)?.iter_mut().zip(te).zip(pe) {
+            *o = t + p;
+        }
+    }
+    Ok(())
+}
+
+/// `layer_norm(out | x, g, b | rows, n, eps)`.
+fn layer_norm(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let (rows, n, eps) = (u(ctx, 4)?, u(ctx, 5)?, ctx.scalar_f32(6)?);
+    let mut bufs = ctx.buffers_mut()?;
+    let [x, g, b, out] = bufs.as_mut_slice() else {
+        return Err(F);
+    };
+    let (x, g, b, out) = (as_f32(x)?, as_f32(g)?, as_f32(b)?, as_f32_mut(out)?);
+    let (g, b) = (sub(g, 0, n)?, sub(b, 0, n)?);
+    for r in 0..rows {
+        norm_row(sub_mut(out, r * n, n)?, sub(x, r * n, n)?, g, b, eps);
+    }
+    Ok(())
+}
+
+/// `residual_ln(x, h | y, bias, g, b | rows, n, eps)`: `x += y + bias`, `h = norm(x)`.
+fn residual_ln(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let (rows, n, eps) = (u(ctx, 6)?, u(ctx, 7)?, ctx.scalar_f32(8)?);
+    let mut bufs = ctx.buffers_mut()?;
+    let [y, bias, g, b, x, h] = bufs.as_mut_slice() else {
+        return Err(F);
+    };
+    let (y, bias, g, b) = (as_f32(y)?, as_f32(bias)?, as_f32(g)?, as_f32(b)?);
+    let (x, h) = (as_f32_mut(x)?, as_f32_mut(h)?);
+    let (bias, g, b) = (sub(bias, 0, n)?, sub(g, 0, n)?, sub(b, 0, n)?);
+    for r in 0..rows {
+        let xr = sub_mut(x, r * n, n)?;
+        for ((xv, &yv), &bv) in xr.iter_mut().zip(sub(y, r * n, n)?).zip(bias) {
+            *xv += yv + bv;
+        }
+        norm_row(sub_mut(h, r * n, n)?, xr, g, b, eps);
+    }
+    Ok(())
+}
+
+/// `attention(out, kc, vc | qkv, bias, state | rows, heads, head_dim, cap, scale)`: writes this
+/// position's key and value into the caches (`[rows][heads][cap][head_dim]`), then attends over
+/// positions `0..=pos`.
+fn attention(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let (rows, heads, hd, cap) = (u(ctx, 6)?, u(ctx, 7)?, u(ctx, 8)?, u(ctx, 9)?);
+    let scale = ctx.scalar_f32(10)?;
+    let mut bufs = ctx.buffers_mut()?;
+    let [qkv, bias, state, out, kc, vc] = bufs.as_mut_slice() else {
+        return Err(F);
+    };
+    let (qkv, bias, pos) = (as_f32(qkv)?, as_f32(bias)?, position(as_f32(state)?)?);
+    let (out, kc, vc) = (as_f32_mut(out)?, as_f32_mut(kc)?, as_f32_mut(vc)?);
+    if pos >= cap {
+        return Err(F);
+    }
+    let e = heads * hd;
+    let bias = sub(bias, 0, 3 * e)?;
+    let mut q = vec![0.0f32; hd];
+    let mut scores = vec![0.0f32; pos + 1];
+    for r in 0..rows {
+        let row = sub(qkv, r * 3 * e, 3 * e)?;
+        for h in 0..heads {
+            let base = (r * heads + h) * cap;
+            let c = h * hd;
+            for d in 0..hd {
+                q[d] = row[c + d] + bias[c + d];
+            }
+            let kn = sub_mut(kc, (base + pos) * hd, hd)?;
+            for (d, k) in kn.iter_mut().enumerate() {
+                *k = row[e + c + d] + bias[e + c + d];
+            }
+            let vn = sub_mut(vc, (base + pos) * hd, hd)?;
+            for (d, v) in vn.iter_mut().enumerate() {
+                *v = row[2 * e + c + d] + bias[2 * e + c + d];
+            }
+            let mut max = f32::NEG_INFINITY;
+            for (t, s) in scores.iter_mut().enumerate() {
+                let k = sub(kc, (base + t) * hd, hd)?;
+                *s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                max = max.max(*s);
+            }
+            let mut sum = 0.0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let o = sub_mut(out, r * e + c, hd)?;
+            o.fill(0.0);
+            for (t, &p) in scores.iter().enumerate() {
+                for (ov, &vv) in o.iter_mut().zip(sub(vc, (base + t) * hd, hd)?) {
+                    *ov += p * vv;
+                }
+            }
+            for ov in o.iter_mut() {
+                *ov /= sum;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// GPT-2's tanh GELU (`gelu_new`).
+pub fn gelu(v: f32) -> f32 {
+    0.5 * v * (1.0 + (0.797_884_6_f32 * (v + 0.044_715 * v * v * v)).tanh())
+}
+
+/// `bias_gelu(f | bias | rows, n)`: `f = gelu(f + bias)` in place.
+fn bias_gelu(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let (rows, n) = (u(ctx, 2)?, u(ctx, 3)?);
+    let mut bufs = ctx.buffers_mut()?;
+    let [bias, f] = bufs.as_mut_slice() else {
+        return Err(F);
+    };
+    let (bias, f) = (sub(as_f32(bias)?, 0, n)?, as_f32_mut(f)?);
+    for r in 0..rows {
+        for (v, &b) in sub_mut(f, r * n, n)?.iter_mut().zip(bias) {
+            *v = gelu(*v + b);
+        }
+    }
+    Ok(())
+}
+
+/// The index of the first largest value (NaNs never win; none at all gives 0).
+pub fn argmax_of(l: &[f32]) -> usize {
+    let mut best = (0, f32::NEG_INFINITY);
+    for (j, &v) in l.iter().enumerate() {
+        if v > best.1 {
+            best = (j, v);
+        }
+    }
+    best.0
+}
+
+/// `argmax(next, history | logits, state | rows, vocab, cap)`.
+fn argmax(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let (rows, vocab, cap) = (u(ctx, 4)?, u(ctx, 5)?, u(ctx, 6)?);
+    let mut bufs = ctx.buffers_mut()?;
+    let [logits, state, next, history] = bufs.as_mut_slice() else {
+        return Err(F);
+    };
+    let (logits, pos) = (as_f32(logits)?, position(as_f32(state)?)?);
+    let (next, history) = (as_f32_mut(next)?, as_f32_mut(history)?);
+    if pos >= cap {
+        return Err(F);
+    }
+    for r in 0..rows {
+        let tok = f32::from_bits(argmax_of(sub(logits, r * vocab, vocab)?) as u32);
+        *next.get_mut(r).ok_or(F)? = tok;
+        *history.get_mut(pos * rows + r).ok_or(F)? = tok;
+    }
+    Ok(())
+}
+
+/// `advance(state)`: the next step works on the next position.
+fn advance(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let state = as_f32_mut(ctx.buffer_mut(0)?)?;
+    let pos = state.first_mut().ok_or(F)?;
+    *pos = f32::from_bits(pos.to_bits().wrapping_add(1));
+    Ok(())
+}
+
+/// `gemm(c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta)`: the stand-in of
+/// library work on this device, [`cpu_gemm`] as a kernel.
+fn gemm(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let g = Gemm {
+        dtype: super::kernels::GemmType::F32,
+        m: ctx.scalar_u32(3)?,
+        n: ctx.scalar_u32(4)?,
+        k: ctx.scalar_u32(5)?,
+        trans_a: ctx.scalar_u32(6)? != 0,
+        trans_b: ctx.scalar_u32(7)? != 0,
+        lda: ctx.scalar_u32(8)?,
+        ldb: ctx.scalar_u32(9)?,
+        ldc: ctx.scalar_u32(10)?,
+        alpha: ctx.scalar_f32(11)?,
+        beta: ctx.scalar_f32(12)?,
+    };
+    let mut bufs = ctx.buffers_mut()?;
+    let [a, b, c] = bufs.as_mut_slice() else {
+        return Err(F);
+    };
+    cpu_gemm(&g, as_f32(a)?, as_f32(b)?, as_f32_mut(c)?).map_err(|_| F)
+}
+
+/// `C = alpha · op(A) · op(B) + beta · C`, column-major as [`Gemm`] says, by `matrixmultiply`'s
+/// `sgemm` (strides express the layout and the transposes; nothing is copied).
+///
+/// # Errors
+///
+/// A leading dimension below its column's rows, or an operand shorter than the product needs.
+pub fn cpu_gemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), String> {
+    let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
+    let (a_rows, b_rows) = (if g.trans_a { k } else { m }, if g.trans_b { n } else { k });
+    if (g.lda as usize) < a_rows.max(1)
+        || (g.ldb as usize) < b_rows.max(1)
+        || (g.ldc as usize) < m.max(1)
+    {
+        return Err(format!(
+            "a leading dimension is below its column's rows: {g:?}"
+        ));
+    }
+    let (na, nb, nc) = g.elements();
+    if a.len() < na || b.len() < nb || c.len() < nc {
+        return Err(format!(
+            "operands of {} / {} / {} elements, the product needs {na} / {nb} / {nc}: {g:?}",
+            a.len(),
+            b.len(),
+            c.len()
+        ));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let (lda, ldb, ldc) = (g.lda as isize, g.ldb as isize, g.ldc as isize);
+    let (rsa, csa) = if g.trans_a { (lda, 1) } else { (1, lda) };
+    let (rsb, csb) = if g.trans_b { (ldb, 1) } else { (1, ldb) };
+    // SAFETY: every element the strides reach lies inside the slices: op(A)'s element (i, l) is
+    // at i·rsa + l·csa ≤ (a_rows − 1) + (a_cols − 1)·lda < na ≤ a.len() (and likewise for B and
+    // C, checked above); `c` is the only mutable view and does not overlap `a` or `b` (distinct
+    // borrows).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            g.alpha,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            g.beta,
+            c.as_mut_ptr(),
+            1,
+            ldc,
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpt2::kernels::GemmType;
+
+    #[test]
+    fn the_cpu_gemm_follows_the_column_major_description() {
+        // X [2 x 3] · W [3 x 4] row-major, as a linear layer.
+        let x = [1.0, 2.0, 3.0, -1.0, 0.5, 2.0];
+        let w: Vec<f32> = (0..12).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let mut y = [0.0f32; 8];
+        cpu_gemm(&Gemm::linear(GemmType::F32, 2, 3, 4), &w, &x, &mut y).expect("fits");
+        for r in 0..2 {
+            for o in 0..4 {
+                let want: f32 = (0..3).map(|i| x[r * 3 + i] * w[i * 4 + o]).sum();
+                assert_eq!(y[r * 4 + o], want, "row {r} col {o}");
+            }
+        }
+        // The head: X [2 x 3] · E^T with E [5 x 3].
+        let e: Vec<f32> = (0..15).map(|i| (i % 7) as f32 - 3.0).collect();
+        let mut l = [0.0f32; 10];
+        cpu_gemm(&Gemm::head(GemmType::F32, 2, 3, 5), &e, &x, &mut l).expect("fits");
+        for r in 0..2 {
+            for v in 0..5 {
+                let want: f32 = (0..3).map(|i| x[r * 3 + i] * e[v * 3 + i]).sum();
+                assert_eq!(l[r * 5 + v], want);
+            }
+        }
+        let short = cpu_gemm(&Gemm::head(GemmType::F32, 2, 3, 5), &e[..14], &x, &mut l);
+        assert!(short.is_err());
+    }
+
+    #[test]
+    fn argmax_takes_the_first_largest_and_skips_nans() {
+        assert_eq!(argmax_of(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax_of(&[f32::NAN, -1.0, f32::NAN]), 1);
+        assert_eq!(argmax_of(&[f32::NAN]), 0);
+        assert!((gelu(1.0) - 0.841_192).abs() < 1e-6);
+    }
+}
