@@ -359,6 +359,12 @@ impl Shim for CudaShim {
     type Registration = CudaRegistration;
     /// An instantiated graph, recorded by stream capture.
     type Graph = CudaGraph;
+    /// The `CUstream` under a stream: cuBLAS, TensorRT and any CUDA library enqueue on it.
+    type NativeStream = cudarc::driver::sys::CUstream;
+
+    fn native_stream<'a>(&self, stream: &'a CudaStream) -> &'a Self::NativeStream {
+        stream.raw_ref()
+    }
 
     fn facts(&self) -> DeviceFacts {
         self.facts

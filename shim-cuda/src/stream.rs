@@ -43,6 +43,11 @@ impl CudaStream {
     pub fn cu_stream(&self) -> sys::CUstream {
         self.raw
     }
+
+    /// The raw `CUstream`, borrowed (the shim's `native_stream`).
+    pub(crate) fn raw_ref(&self) -> &sys::CUstream {
+        &self.raw
+    }
 }
 
 impl fmt::Debug for CudaStream {
