@@ -142,15 +142,21 @@ fn report_run(o: &Options, plan: &Plan, run: &Decoded, launches: usize) {
     );
 }
 
-/// Uploads, decodes, prints, checks and reports. Returns whether the check (if any) passed.
+/// What a run decodes, on any device.
+struct Job<'a> {
+    o: &'a Options,
+    config: &'a Config,
+    plan: &'a Plan,
+    fixture: Option<&'a Fixture>,
+}
+
+/// Uploads `file` (page-locked in place first when `register`), decodes, prints, checks and
+/// reports. Returns whether the check (if any) passed.
 fn decode_on<S, B>(
-    o: &Options,
+    job: &Job<'_>,
     mut device: Device<S>,
     backend: &B,
     file: ModelFile,
-    config: &Config,
-    plan: &Plan,
-    fixture: Option<&Fixture>,
     register: bool,
 ) -> Result<bool, Box<dyn Error>>
 where
@@ -158,6 +164,12 @@ where
     S::Registration: 'static,
     B: Backend<S>,
 {
+    let Job {
+        o,
+        config,
+        plan,
+        fixture,
+    } = *job;
     let file_dtype = file.dtype;
     let model = decode::upload(&mut device, backend, file, config, register)?;
     let how = match &model.path {
@@ -234,38 +246,26 @@ fn run(o: &Options) -> Result<bool, Box<dyn Error>> {
         keep_logits: fixture.is_some(),
     };
     let weights_path = dir.join("model.safetensors");
+    let job = Job {
+        o,
+        config: &config,
+        plan: &plan,
+        fixture: fixture.as_ref(),
+    };
     match o.device {
         DeviceKind::Std => {
             let file = weights::load(&weights_path, &config, Mapping::ReadOnly)?;
             let shim = std_shim(o.lazy);
             let backend = StdBackend::new(&shim);
             let device = Device::new(shim, DeviceConfig::default());
-            decode_on(
-                o,
-                device,
-                &backend,
-                file,
-                &config,
-                &plan,
-                fixture.as_ref(),
-                false,
-            )
+            decode_on(&job, device, &backend, file, false)
         }
         DeviceKind::Cuda => {
             let file = weights::load(&weights_path, &config, Mapping::CopyOnWrite)?;
             let backend = CudaBackend::open(0, o.dtype)?;
             println!("{}", backend.describe());
             let device = Device::new(backend.shim.clone(), DeviceConfig::default());
-            decode_on(
-                o,
-                device,
-                &backend,
-                file,
-                &config,
-                &plan,
-                fixture.as_ref(),
-                true,
-            )
+            decode_on(&job, device, &backend, file, true)
         }
     }
 }

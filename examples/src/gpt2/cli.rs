@@ -202,8 +202,8 @@ where
 /// The help text.
 pub fn usage() -> String {
     format!(
-        "gpt2: greedy decoding of a GPT-2 (Hugging Face layout) through devcmd, on the std shim or \
-an NVIDIA GPU
+        "gpt2: greedy decoding of a GPT-2 (Hugging Face layout) through devcmd, on the std shim
+or an NVIDIA GPU
 
 usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-tokens N]
             [--device std|cuda] [--dtype f32|f16] [--graph] [--lazy]
@@ -217,7 +217,8 @@ usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-t
   --prompt IDS         token ids, rows separated by ';' (\"464 3290 318; 40 588\")
                        [default: the token 0]
   --prompt-file FILE   one row of token ids per line
-  --batch B            rows, 1 to {MAX_BATCH}; a one-row prompt is repeated [default: the prompt's rows]
+  --batch B            rows, 1 to {MAX_BATCH}; a one-row prompt is repeated
+                       [default: the prompt's rows]
   --new-tokens N       new tokens per row [default: {DEFAULT_NEW_TOKENS}]
   --device NAME        std (the CPU device) or cuda (the first NVIDIA GPU) [default: std]
   --dtype T            f32, or f16 on cuda (f32 weights are converted on the device)

@@ -19,18 +19,18 @@
 //!
 //! Owns the device side of the model ([`DeviceModel`], [`upload`]), the step's buffers
 //! ([`Workspace`]), the step ([`enqueue_step`]) and the loop ([`decode`]). A device brings a
-//! [`Backend`]: its kernels and its GEMM.
+//! [`Backend`]: its kernels and its GEMM (library work).
 
 use super::config::Config;
 use super::kernels::{
-    Gemm, GemmType, Kernels, attention_dims, elem_dims, f32s, launch, rows_dims, u32s,
+    Kernels, attention_dims, elem_dims, f32s, head, launch, linear, rows_dims, u32s,
 };
 use super::weights::{DType, ModelFile, Tensors, to_f32};
 use crate::serve::WeightsPath;
 use devcmd::memory::AllocationMode;
 use devcmd::{
-    Command, Device, ExternalBytes, Handle, HostBuffer, HostOrigin, LaunchDims, ReadFuture,
-    ReadRequest, ServerError, Shim, StreamId,
+    Command, Device, ExternalBytes, Gemm, GemmType, Handle, HostBuffer, HostOrigin, LaunchDims,
+    ReadFuture, ReadRequest, ServerError, Shim, StreamId,
 };
 use std::collections::VecDeque;
 use std::error::Error;
@@ -50,7 +50,8 @@ pub trait Backend<S: Shim> {
     /// The element type of weights and activations on the device.
     fn dtype(&self) -> DType;
 
-    /// Enqueues `C = op(A) · op(B)` as `g` describes (`a`, `b` read, `c` written).
+    /// Enqueues `C = op(A) · op(B)` as `g` describes (`a`, `b` read, `c` written), named
+    /// `name` in failure reports where the device can name it.
     ///
     /// # Errors
     ///
@@ -59,22 +60,11 @@ pub trait Backend<S: Shim> {
         &self,
         cmd: &mut Command<'_, S>,
         name: &'static str,
-        g: &Gemm,
+        g: Gemm,
         a: &Handle,
         b: &Handle,
         c: &Handle,
-    ) -> Result<(), ServerError> {
-        let (m, n) = (g.m as usize, g.n as usize);
-        launch(
-            cmd,
-            &self.kernels().gemm,
-            name,
-            elem_dims(m * n),
-            &[a, b],
-            &[c],
-            &g.scalars(),
-        )
-    }
+    ) -> Result<(), ServerError>;
 
     /// Converts `elements` f32 values of `from` (uploaded from the file) into a new buffer of
     /// [`Self::dtype`]; `None` when the device does not convert (the file must then hold its
@@ -353,8 +343,8 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         &[u32s(rows), u32s(e), eps],
     )?;
     for (l, layer) in t.layers.iter().enumerate() {
-        let qkv = Gemm::linear(gt, rows, e, 3 * e);
-        be.gemm(cmd, "c_attn", &qkv, &layer.attn_w, &ws.h, &ws.qkv)?;
+        let qkv = linear(gt, rows, e, 3 * e);
+        be.gemm(cmd, "c_attn", qkv, &layer.attn_w, &ws.h, &ws.qkv)?;
         launch(
             cmd,
             &k.attention,
@@ -370,8 +360,8 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
                 f32s(c.attn_scale(l)),
             ],
         )?;
-        let proj = Gemm::linear(gt, rows, e, e);
-        be.gemm(cmd, "attn.c_proj", &proj, &layer.proj_w, &ws.attn, &ws.y)?;
+        let proj = linear(gt, rows, e, e);
+        be.gemm(cmd, "attn.c_proj", proj, &layer.proj_w, &ws.attn, &ws.y)?;
         launch(
             cmd,
             &k.residual_ln,
@@ -381,8 +371,8 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
             &[&ws.x, &ws.h],
             &[u32s(rows), u32s(e), eps],
         )?;
-        let fc = Gemm::linear(gt, rows, e, c.inner);
-        be.gemm(cmd, "c_fc", &fc, &layer.fc_w, &ws.h, &ws.f)?;
+        let fc = linear(gt, rows, e, c.inner);
+        be.gemm(cmd, "c_fc", fc, &layer.fc_w, &ws.h, &ws.f)?;
         launch(
             cmd,
             &k.bias_gelu,
@@ -392,8 +382,8 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
             &[&ws.f],
             &[u32s(rows), u32s(c.inner)],
         )?;
-        let out = Gemm::linear(gt, rows, c.inner, e);
-        be.gemm(cmd, "mlp.c_proj", &out, &layer.out_w, &ws.f, &ws.y)?;
+        let out = linear(gt, rows, c.inner, e);
+        be.gemm(cmd, "mlp.c_proj", out, &layer.out_w, &ws.f, &ws.y)?;
         // The residual, then the next layer's first norm (or the final one).
         let (g, b) = match t.layers.get(l + 1) {
             Some(next) => (&next.ln1_g, &next.ln1_b),
@@ -409,8 +399,8 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
             &[u32s(rows), u32s(e), eps],
         )?;
     }
-    let head = Gemm::head(gt, rows, e, c.vocab);
-    be.gemm(cmd, "lm_head", &head, t.head(), &ws.h, &ws.logits)?;
+    let head = head(gt, rows, e, c.vocab);
+    be.gemm(cmd, "lm_head", head, t.head(), &ws.h, &ws.logits)?;
     launch(
         cmd,
         &k.argmax,

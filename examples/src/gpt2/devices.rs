@@ -2,14 +2,14 @@
 //! NVIDIA GPU (the same kernels in CUDA C compiled once with NVRTC for the device and the element
 //! type, as the edge host compiles its own).
 //!
-//! GEMMs run as the `gemm` kernel of each device for now: the stand-in until library work
-//! (`Command::library`) lands, when the std device runs [`super::std_kernels::cpu_gemm`] as
-//! library work and the GPU cuBLAS.
+//! GEMMs are library work ([`devcmd::Command::library`]): on std `devcmd_std::blas::gemm` (the
+//! `matrixmultiply` crate on the stream's worker). On the GPU they are still the stand-in `gemm`
+//! kernel until devcmd-cuda's cuBLAS wrapper (`Cublas::gemm`) lands on main.
 
 use super::decode::Backend;
-use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, launch, u32s};
+use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, gemm_scalars, launch, u32s};
 use super::weights::DType;
-use devcmd::{Command, Handle, ServerError};
+use devcmd::{Command, Gemm, Handle, ServerError};
 use devcmd_cuda::{CudaKernel, CudaModule, CudaShim};
 use devcmd_std::{StdKernel, StdShim};
 use std::error::Error;
@@ -45,6 +45,18 @@ impl Backend<StdShim> for StdBackend {
     fn dtype(&self) -> DType {
         DType::F32
     }
+
+    fn gemm(
+        &self,
+        cmd: &mut Command<'_, StdShim>,
+        _name: &'static str,
+        g: Gemm,
+        a: &Handle,
+        b: &Handle,
+        c: &Handle,
+    ) -> Result<(), ServerError> {
+        devcmd_std::blas::gemm(cmd, g, a, b, c)
+    }
 }
 
 /// An opened GPU with the step's kernels compiled for one element type.
@@ -58,6 +70,8 @@ pub struct CudaBackend {
     pub kernels: Kernels<CudaKernel>,
     /// `cast_f16`: f32 weights to half on the device.
     pub cast: CudaKernel,
+    /// The stand-in GEMM kernel (until cuBLAS).
+    pub gemm: CudaKernel,
     /// The element type the kernels were compiled for.
     pub dtype: DType,
     /// How long NVRTC and the load took.
@@ -97,14 +111,15 @@ impl CudaBackend {
             bias_gelu: kernel("bias_gelu")?,
             argmax: kernel("argmax")?,
             advance: kernel("advance")?,
-            gemm: kernel("gemm")?,
         };
         let cast = kernel("cast_f16")?;
+        let gemm = kernel("gemm")?;
         Ok(Self {
             shim,
             module,
             kernels,
             cast,
+            gemm,
             dtype,
             compile_time: started.elapsed(),
         })
@@ -130,6 +145,28 @@ impl Backend<CudaShim> for CudaBackend {
 
     fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    fn gemm(
+        &self,
+        cmd: &mut Command<'_, CudaShim>,
+        name: &'static str,
+        g: Gemm,
+        a: &Handle,
+        b: &Handle,
+        c: &Handle,
+    ) -> Result<(), ServerError> {
+        g.check(name, a.len(), b.len(), c.len())?;
+        let (m, n) = (g.m as usize, g.n as usize);
+        launch(
+            cmd,
+            &self.gemm,
+            name,
+            elem_dims(m * n),
+            &[a, b],
+            &[c],
+            &gemm_scalars(&g),
+        )
     }
 
     fn convert(

@@ -17,15 +17,16 @@
 //! | `bias_gelu` | f | bias | rows, n |
 //! | `argmax` | next, history | logits, state | rows, vocab, cap |
 //! | `advance` | state | | |
-//! | `gemm` | c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta |
+//! | `gemm` (CUDA, until cuBLAS) | c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta |
 //! | `cast_f16` (CUDA) | out (f16) | in (f32) | n |
 //!
 //! `state[0]` is the position the step works on (the cache length before it): read by `embed`,
 //! `attention` and `argmax`, incremented by `advance` at the end of the step, so a recorded step
-//! replays unchanged. Token buffers are `u32`; `prompt` is `[prompt_len][rows]`, `history`
+//! replays unchanged. GEMMs are library work ([`devcmd::Gemm`], `devcmd_std::blas` on std); the
+//! CUDA `gemm` kernel is a stand-in until the GPU's cuBLAS wrapper lands. Token buffers are `u32`; `prompt` is `[prompt_len][rows]`, `history`
 //! `[cap][rows]` (row `p` holds the tokens predicted at position `p`).
 
-use devcmd::{Command, Handle, KernelParam, Launch, LaunchDims, ServerError, Shim};
+use devcmd::{Command, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, ServerError, Shim};
 
 /// Threads per block of the row kernels (layer norms, embedding, argmax).
 pub const ROW_BLOCK: u32 = 256;
@@ -44,118 +45,40 @@ pub struct Kernels<K> {
     pub bias_gelu: K,
     pub argmax: K,
     pub advance: K,
-    /// The GEMM as a kernel: the stand-in until library work routes GEMMs to the device's BLAS.
-    pub gemm: K,
 }
 
-/// The element type of a [`Gemm`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GemmType {
-    /// f32 operands and result.
-    F32,
-    /// IEEE half operands and result, f32 accumulation.
-    F16,
+/// `Y[rows × out] = X[rows × in] · W[in × out]` over row-major activations and a Conv1D weight
+/// (`[in, out]` row-major, Hugging Face's layout): the column-major `Yᵀ = Wᵀ · Xᵀ` with `A = W`,
+/// `B = X`, `C = Y`, all packed.
+pub fn linear(dtype: GemmType, rows: usize, inputs: usize, outputs: usize) -> Gemm {
+    Gemm::packed(dtype, outputs as u32, rows as u32, inputs as u32)
 }
 
-/// One matrix product `C = alpha · op(A) · op(B) + beta · C` in BLAS's column-major convention
-/// (cuBLAS's): `op(A)` is `m × k`, `op(B)` is `k × n`, `C` is `m × n`, `ld*` the elements between
-/// consecutive stored columns. The fields of `devcmd::Gemm` (issue 16), so the host switches to
-/// it field for field.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Gemm {
-    pub dtype: GemmType,
-    pub m: u32,
-    pub n: u32,
-    pub k: u32,
-    pub trans_a: bool,
-    pub trans_b: bool,
-    pub lda: u32,
-    pub ldb: u32,
-    pub ldc: u32,
-    pub alpha: f32,
-    pub beta: f32,
+/// `logits[rows × vocab] = X[rows × embd] · Eᵀ` with `E` the `[vocab, embd]` embedding (or untied
+/// head): the column-major product with `A = E` transposed (`lda = embd`).
+pub fn head(dtype: GemmType, rows: usize, embd: usize, vocab: usize) -> Gemm {
+    Gemm {
+        trans_a: true,
+        lda: embd as u32,
+        ..Gemm::packed(dtype, vocab as u32, rows as u32, embd as u32)
+    }
 }
 
-impl Gemm {
-    /// `Y[rows × out] = X[rows × in] · W[in × out]` over row-major activations and a Conv1D
-    /// weight (`[in, out]` row-major, Hugging Face's layout): the column-major
-    /// `Yᵀ = Wᵀ · Xᵀ` with `A = W`, `B = X`, `C = Y`.
-    pub fn linear(dtype: GemmType, rows: usize, inputs: usize, outputs: usize) -> Self {
-        Self {
-            dtype,
-            m: outputs as u32,
-            n: rows as u32,
-            k: inputs as u32,
-            trans_a: false,
-            trans_b: false,
-            lda: outputs as u32,
-            ldb: inputs as u32,
-            ldc: outputs as u32,
-            alpha: 1.0,
-            beta: 0.0,
-        }
-    }
-
-    /// `logits[rows × vocab] = X[rows × embd] · Eᵀ` with `E` the `[vocab, embd]` embedding (or
-    /// untied head): `A = E` transposed.
-    pub fn head(dtype: GemmType, rows: usize, embd: usize, vocab: usize) -> Self {
-        Self {
-            dtype,
-            m: vocab as u32,
-            n: rows as u32,
-            k: embd as u32,
-            trans_a: true,
-            trans_b: false,
-            lda: embd as u32,
-            ldb: embd as u32,
-            ldc: vocab as u32,
-            alpha: 1.0,
-            beta: 0.0,
-        }
-    }
-
-    /// Elements A, B and C span as stored (the last column holds only its rows).
-    pub fn elements(&self) -> (usize, usize, usize) {
-        let span = |rows: u32, cols: u32, ld: u32| {
-            if rows == 0 || cols == 0 {
-                0
-            } else {
-                (cols as usize - 1) * ld as usize + rows as usize
-            }
-        };
-        let (ar, ac) = if self.trans_a {
-            (self.k, self.m)
-        } else {
-            (self.m, self.k)
-        };
-        let (br, bc) = if self.trans_b {
-            (self.n, self.k)
-        } else {
-            (self.k, self.n)
-        };
-        (
-            span(ar, ac, self.lda),
-            span(br, bc, self.ldb),
-            span(self.m, self.n, self.ldc),
-        )
-    }
-
-    /// The scalars of the `gemm` kernel, in its order.
-    pub fn scalars(&self) -> [[u8; 4]; 10] {
-        let u = |v: u32| v.to_ne_bytes();
-        [
-            u(self.m),
-            u(self.n),
-            u(self.k),
-            u(u32::from(self.trans_a)),
-            u(u32::from(self.trans_b)),
-            u(self.lda),
-            u(self.ldb),
-            u(self.ldc),
-            self.alpha.to_ne_bytes(),
-            self.beta.to_ne_bytes(),
-        ]
-    }
+/// The scalars of the stand-in `gemm` kernel, in its order.
+pub fn gemm_scalars(g: &Gemm) -> [[u8; 4]; 10] {
+    let u = |v: u32| v.to_ne_bytes();
+    [
+        u(g.m),
+        u(g.n),
+        u(g.k),
+        u(u32::from(g.trans_a)),
+        u(u32::from(g.trans_b)),
+        u(g.lda),
+        u(g.ldb),
+        u(g.ldc),
+        g.alpha.to_ne_bytes(),
+        g.beta.to_ne_bytes(),
+    ]
 }
 
 /// A scalar parameter's bytes.
@@ -467,14 +390,18 @@ mod tests {
 
     #[test]
     fn a_linear_layer_and_the_head_are_column_major_products() {
-        let g = Gemm::linear(GemmType::F32, 2, 64, 192);
+        let g = linear(GemmType::F32, 2, 64, 192);
         assert_eq!(
             (g.m, g.n, g.k, g.lda, g.ldb, g.ldc),
             (192, 2, 64, 192, 64, 192)
         );
-        assert_eq!(g.elements(), (64 * 192, 2 * 64, 2 * 192));
-        let h = Gemm::head(GemmType::F32, 2, 64, 256);
-        assert_eq!(h.elements(), (256 * 64, 2 * 64, 2 * 256));
+        assert_eq!(g.bytes(), (64 * 192 * 4, 2 * 64 * 4, 2 * 192 * 4));
+        let h = head(GemmType::F32, 2, 64, 256);
+        assert_eq!(h.bytes(), (256 * 64 * 4, 2 * 64 * 4, 2 * 256 * 4));
+        assert!(
+            h.check("lm_head", 256 * 64 * 4, 2 * 64 * 4, 2 * 256 * 4)
+                .is_ok()
+        );
         let p = params(2, 1, &[[0; 4]]);
         assert!(matches!(
             p.as_slice(),

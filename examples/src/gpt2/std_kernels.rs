@@ -1,12 +1,12 @@
 //! The step's kernels on the std shim: plain Rust over device addresses, reading the parameters
-//! of the CUDA C kernels ([`super::kernels`]) by position, f32 only. The CPU GEMM
-//! ([`cpu_gemm`], the `matrixmultiply` crate) is what library work runs on this device.
+//! of the CUDA C kernels ([`super::kernels`]) by position, f32 only. GEMMs are library work on
+//! this device (`devcmd_std::blas`), not kernels.
 //!
 //! Token buffers are `u32`s, read and written through `f32` views as raw bits (every bit
 //! pattern is a valid `f32`), so no other cast of device bytes is needed. A bad parameter or an
 //! index outside a buffer fails the launch ([`KernelFault::Failed`]), never touches memory.
 
-use super::kernels::{Gemm, Kernels};
+use super::kernels::Kernels;
 use devcmd_std::{KernelCtx, KernelFault, StdKernel, StdShim, as_f32, as_f32_mut};
 
 /// The step's kernels registered on `shim`.
@@ -19,7 +19,6 @@ pub fn kernels(shim: &StdShim) -> Kernels<StdKernel> {
         bias_gelu: shim.register_kernel("bias_gelu", bias_gelu),
         argmax: shim.register_kernel("argmax", argmax),
         advance: shim.register_kernel("advance", advance),
-        gemm: shim.register_kernel("gemm", gemm),
     }
 }
 
@@ -251,117 +250,9 @@ fn advance(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     Ok(())
 }
 
-/// `gemm(c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta)`: the stand-in of
-/// library work on this device, [`cpu_gemm`] as a kernel.
-fn gemm(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let g = Gemm {
-        dtype: super::kernels::GemmType::F32,
-        m: ctx.scalar_u32(3)?,
-        n: ctx.scalar_u32(4)?,
-        k: ctx.scalar_u32(5)?,
-        trans_a: ctx.scalar_u32(6)? != 0,
-        trans_b: ctx.scalar_u32(7)? != 0,
-        lda: ctx.scalar_u32(8)?,
-        ldb: ctx.scalar_u32(9)?,
-        ldc: ctx.scalar_u32(10)?,
-        alpha: ctx.scalar_f32(11)?,
-        beta: ctx.scalar_f32(12)?,
-    };
-    let mut bufs = ctx.buffers_mut()?;
-    let [a, b, c] = bufs.as_mut_slice() else {
-        return Err(F);
-    };
-    cpu_gemm(&g, as_f32(a)?, as_f32(b)?, as_f32_mut(c)?).map_err(|_| F)
-}
-
-/// `C = alpha · op(A) · op(B) + beta · C`, column-major as [`Gemm`] says, by `matrixmultiply`'s
-/// `sgemm` (strides express the layout and the transposes; nothing is copied).
-///
-/// # Errors
-///
-/// A leading dimension below its column's rows, or an operand shorter than the product needs.
-pub fn cpu_gemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(), String> {
-    let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
-    let (a_rows, b_rows) = (if g.trans_a { k } else { m }, if g.trans_b { n } else { k });
-    if (g.lda as usize) < a_rows.max(1)
-        || (g.ldb as usize) < b_rows.max(1)
-        || (g.ldc as usize) < m.max(1)
-    {
-        return Err(format!(
-            "a leading dimension is below its column's rows: {g:?}"
-        ));
-    }
-    let (na, nb, nc) = g.elements();
-    if a.len() < na || b.len() < nb || c.len() < nc {
-        return Err(format!(
-            "operands of {} / {} / {} elements, the product needs {na} / {nb} / {nc}: {g:?}",
-            a.len(),
-            b.len(),
-            c.len()
-        ));
-    }
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    let (lda, ldb, ldc) = (g.lda as isize, g.ldb as isize, g.ldc as isize);
-    let (rsa, csa) = if g.trans_a { (lda, 1) } else { (1, lda) };
-    let (rsb, csb) = if g.trans_b { (ldb, 1) } else { (1, ldb) };
-    // SAFETY: every element the strides reach lies inside the slices: op(A)'s element (i, l) is
-    // at i·rsa + l·csa ≤ (a_rows − 1) + (a_cols − 1)·lda < na ≤ a.len() (and likewise for B and
-    // C, checked above); `c` is the only mutable view and does not overlap `a` or `b` (distinct
-    // borrows).
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            g.alpha,
-            a.as_ptr(),
-            rsa,
-            csa,
-            b.as_ptr(),
-            rsb,
-            csb,
-            g.beta,
-            c.as_mut_ptr(),
-            1,
-            ldc,
-        );
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpt2::kernels::GemmType;
-
-    #[test]
-    fn the_cpu_gemm_follows_the_column_major_description() {
-        // X [2 x 3] · W [3 x 4] row-major, as a linear layer.
-        let x = [1.0, 2.0, 3.0, -1.0, 0.5, 2.0];
-        let w: Vec<f32> = (0..12).map(|i| i as f32 * 0.25 - 1.0).collect();
-        let mut y = [0.0f32; 8];
-        cpu_gemm(&Gemm::linear(GemmType::F32, 2, 3, 4), &w, &x, &mut y).expect("fits");
-        for r in 0..2 {
-            for o in 0..4 {
-                let want: f32 = (0..3).map(|i| x[r * 3 + i] * w[i * 4 + o]).sum();
-                assert_eq!(y[r * 4 + o], want, "row {r} col {o}");
-            }
-        }
-        // The head: X [2 x 3] · E^T with E [5 x 3].
-        let e: Vec<f32> = (0..15).map(|i| (i % 7) as f32 - 3.0).collect();
-        let mut l = [0.0f32; 10];
-        cpu_gemm(&Gemm::head(GemmType::F32, 2, 3, 5), &e, &x, &mut l).expect("fits");
-        for r in 0..2 {
-            for v in 0..5 {
-                let want: f32 = (0..3).map(|i| x[r * 3 + i] * e[v * 3 + i]).sum();
-                assert_eq!(l[r * 5 + v], want);
-            }
-        }
-        let short = cpu_gemm(&Gemm::head(GemmType::F32, 2, 3, 5), &e[..14], &x, &mut l);
-        assert!(short.is_err());
-    }
 
     #[test]
     fn argmax_takes_the_first_largest_and_skips_nans() {

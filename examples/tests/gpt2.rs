@@ -1,0 +1,186 @@
+//! The GPT-2 decoding host as a user runs it: the tiny fixture (transformers' weights and
+//! logits, `examples/fixtures/gpt2-tiny`) decoded on the std shim eagerly and with graphs and
+//! checked (tokens identical, logits within 1e-3); a fixture whose reference was changed fails
+//! naming the step, row and position; bad prompts are refused; the GPU path without a driver
+//! says so.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn gpt2<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    Command::new(env!("CARGO_BIN_EXE_gpt2"))
+        .args(args)
+        .output()
+        .expect("run the gpt2 host")
+}
+
+fn outcome(o: &Output) -> (Option<i32>, String, String) {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpt2-tiny")
+}
+
+/// A copy of the fixture in a fresh directory, for a test to change.
+fn copy_of_fixture(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt2-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    for entry in std::fs::read_dir(fixture()).expect("the fixture") {
+        let path = entry.expect("an entry").path();
+        std::fs::copy(&path, dir.join(path.file_name().expect("a name"))).expect("copy");
+    }
+    dir
+}
+
+#[test]
+fn the_tiny_fixture_decodes_as_transformers_does_eagerly_and_with_graphs() {
+    let dir = fixture();
+    for mode in [&[][..], &["--graph"], &["--graph", "--lazy"]] {
+        let mut args: Vec<OsString> = vec!["--check".into(), dir.clone().into()];
+        args.extend(mode.iter().map(OsString::from));
+        let (code, stdout, stderr) = outcome(&gpt2(&args));
+        assert_eq!(code, Some(0), "{mode:?}: {stdout}{stderr}");
+        assert!(
+            stdout.contains("greedy tokens identical, max abs logit difference"),
+            "{mode:?}: {stdout}"
+        );
+        // transformers' greedy tokens (reference.json's tokens_fp32).
+        assert!(stdout.contains("row 0: 47 211 38 53 204 116 152 249 | 43 43 43 43 43 43 43 43"));
+        assert!(stdout.contains("row 1: 143 177 23 233 154 30 171 158 | 80 80 80 80 80 80 80 197"));
+        let graph = mode.contains(&"--graph");
+        assert_eq!(stdout.contains("recorded once"), graph, "{stdout}");
+        assert!(stdout.contains("tokens/s"), "{stdout}");
+        assert!(stdout.contains("memory report:"), "{stdout}");
+    }
+}
+
+/// Adds `delta` to the fp32 reference logit of `token` at `step` and `row` (2 rows of 256).
+fn nudge(dir: &Path, step: usize, row: usize, token: usize, delta: f32) {
+    let path = dir.join("logits-fp32.raw");
+    let mut raw = std::fs::read(&path).expect("read the logits");
+    let at = ((step * 2 + row) * 256 + token) * 4;
+    let v = f32::from_le_bytes(raw[at..at + 4].try_into().expect("4 bytes")) + delta;
+    raw[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    std::fs::write(&path, raw).expect("write the logits");
+}
+
+#[test]
+fn a_reference_the_run_misses_fails_naming_step_row_and_position() {
+    let dir = copy_of_fixture("nudged");
+    nudge(&dir, 3, 1, 5, 5e-4);
+    let (code, stdout, stderr) = outcome(&gpt2(["--check".as_ref(), dir.as_os_str()]));
+    assert_eq!(code, Some(0), "within 1e-3 passes: {stdout}{stderr}");
+    nudge(&dir, 3, 1, 5, 1e-3);
+    for graph in [false, true] {
+        let mut args: Vec<OsString> = vec!["--check".into(), dir.clone().into()];
+        if graph {
+            args.push("--graph".into());
+        }
+        let (code, _, stderr) = outcome(&gpt2(&args));
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(
+            stderr.contains("failed: step 3, row 1 (position 10): logit of token 5 is "),
+            "{stderr}"
+        );
+    }
+    // A greedy token that differs: transformers' row 1 ends in 197.
+    let dir = copy_of_fixture("token");
+    let reference = dir.join("reference.json");
+    let text = std::fs::read_to_string(&reference).expect("read");
+    std::fs::write(&reference, text.replace("197", "196")).expect("write");
+    let (code, _, stderr) = outcome(&gpt2(["--check".as_ref(), dir.as_os_str()]));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("step 7, row 1 (position 14): greedy token 197, transformers chose 196"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
+    let dir = fixture();
+    let model = dir.as_os_str();
+    let (code, stdout, stderr) = outcome(&gpt2([
+        "--model".as_ref(),
+        model,
+        "--prompt".as_ref(),
+        "1 2 3".as_ref(),
+        "--batch".as_ref(),
+        "3".as_ref(),
+        "--new-tokens".as_ref(),
+        "4".as_ref(),
+        "--graph".as_ref(),
+    ]));
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("row ")).collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    let generated: Vec<&str> = rows
+        .iter()
+        .map(|r| r.split(" | ").nth(1).unwrap_or(""))
+        .collect();
+    assert!(
+        generated
+            .iter()
+            .all(|g| g.split(' ').count() == 4 && *g == generated[0])
+    );
+
+    for (prompt, says) in [
+        ("1 2; 3", "every row needs the same number"),
+        ("1 256", "token 256 is outside the vocabulary (0 to 255)"),
+        ("1 x", "--prompt: line 1: \"x\" is not a token id"),
+    ] {
+        let (code, _, stderr) = outcome(&gpt2([
+            "--model".as_ref(),
+            model,
+            "--prompt".as_ref(),
+            prompt.as_ref(),
+        ]));
+        assert_eq!(code, Some(1), "{prompt}: {stderr}");
+        assert!(stderr.contains(says), "{prompt}: {stderr}");
+    }
+    let (code, _, stderr) = outcome(&gpt2([
+        "--model".as_ref(),
+        model,
+        "--new-tokens".as_ref(),
+        "65".as_ref(),
+    ]));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("need 65 positions, the model has 64"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = outcome(&gpt2(["--model", "/no/such/model"]));
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("cannot read the model config /no/such/model/config.json"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_gpu_path_without_a_driver_says_so() {
+    let dir = fixture();
+    let (code, stdout, stderr) = outcome(&gpt2([
+        "--check".as_ref(),
+        dir.as_os_str(),
+        "--device".as_ref(),
+        "cuda".as_ref(),
+    ]));
+    if code == Some(0) {
+        println!("skipped: a CUDA driver is here; the GPU runs check it ({stdout})");
+        return;
+    }
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no CUDA driver found") || stderr.contains("NVRTC"),
+        "{stderr}"
+    );
+}
