@@ -1,6 +1,6 @@
 //! The GPT-2 decoding host as a user runs it: the tiny fixture (transformers' weights and
-//! logits, `examples/fixtures/gpt2-tiny`) decoded on the std shim eagerly and with graphs and
-//! checked (tokens identical, logits within 1e-3); a fixture whose reference was changed fails
+//! logits, `examples/fixtures/gpt2-tiny`) decoded on the std shim eagerly and with graphs, with
+//! the KV cache held ahead and grown, and checked (tokens identical, logits within 1e-3); a fixture whose reference was changed fails
 //! naming the step, row and position; bad prompts are refused; the GPU path without a driver
 //! says so.
 
@@ -43,7 +43,13 @@ fn copy_of_fixture(test: &str) -> PathBuf {
 #[test]
 fn the_tiny_fixture_decodes_as_transformers_does_eagerly_and_with_graphs() {
     let dir = fixture();
-    for mode in [&[][..], &["--graph"], &["--graph", "--lazy"]] {
+    for mode in [
+        &[][..],
+        &["--graph"],
+        &["--graph", "--lazy"],
+        &["--kv", "grow"],
+        &["--kv", "grow", "--graph"],
+    ] {
         let mut args: Vec<OsString> = vec!["--check".into(), dir.clone().into()];
         args.extend(mode.iter().map(OsString::from));
         let (code, stdout, stderr) = outcome(&gpt2(&args));
@@ -58,7 +64,17 @@ fn the_tiny_fixture_decodes_as_transformers_does_eagerly_and_with_graphs() {
         let graph = mode.contains(&"--graph");
         assert_eq!(stdout.contains("recorded once"), graph, "{stdout}");
         assert!(stdout.contains("tokens/s"), "{stdout}");
-        assert!(stdout.contains("memory report:"), "{stdout}");
+        assert!(
+            stdout.contains("memory report after the last step"),
+            "{stdout}"
+        );
+        // The prompt (8) rounded up to 8 positions, doubled once to the run's 15.
+        let grown = mode.contains(&"grow");
+        assert_eq!(
+            stdout.contains("grew 1 time from the prompt"),
+            grown,
+            "{stdout}"
+        );
     }
 }
 

@@ -11,7 +11,7 @@ use devcmd_examples::cli::DeviceKind;
 use devcmd_examples::gpt2::check::{self, Fixture};
 use devcmd_examples::gpt2::cli::{self, DEFAULT_NEW_TOKENS, Options, Parsed};
 use devcmd_examples::gpt2::config::{self, Config};
-use devcmd_examples::gpt2::decode::{self, Backend, COMPUTE, Decoded, Plan};
+use devcmd_examples::gpt2::decode::{self, Backend, COMPUTE, Decoded, KvCache, Plan};
 use devcmd_examples::gpt2::devices::{CudaBackend, StdBackend, std_shim};
 use devcmd_examples::gpt2::weights::{self, ModelFile};
 use devcmd_examples::serve::WeightsPath;
@@ -135,11 +135,26 @@ fn report_run(o: &Options, plan: &Plan, run: &Decoded, launches: usize) {
         }
         None => println!("decode: one new token only, no step after the first to time"),
     }
-    println!(
-        "KV cache: {} bytes, room held ahead for the run's {} positions",
-        run.cache_bytes,
-        plan.passes()
-    );
+    match plan.kv {
+        KvCache::Ahead => println!(
+            "KV cache: {} bytes, room held ahead for the run's {} positions",
+            run.cache_bytes,
+            plan.passes()
+        ),
+        KvCache::Grow => println!(
+            "KV cache: {} bytes at the end, for the run's {} positions: grew {} time{} from the \
+             prompt, doubling{}",
+            run.cache_bytes,
+            plan.passes(),
+            run.growths,
+            if run.growths == 1 { "" } else { "s" },
+            if o.graph {
+                " (the step recorded again into the same graph each time)"
+            } else {
+                ""
+            }
+        ),
+    }
 }
 
 /// What a run decodes, on any device.
@@ -208,11 +223,18 @@ where
             }
         }
     }
+    println!(
+        "\nmemory report after the last step (weights, KV cache and the step's buffers live):\n{}",
+        run.memory
+    );
     drop(model);
     for _ in 0..2 {
         device.command(COMPUTE)?.flush_drops()?;
     }
-    println!("\nmemory report:\n{}", device.memory_report());
+    println!(
+        "\nmemory report at the end (everything dropped, pools keep their pages):\n{}",
+        device.memory_report()
+    );
     Ok(passed)
 }
 
@@ -244,6 +266,7 @@ fn run(o: &Options) -> Result<bool, Box<dyn Error>> {
             .unwrap_or(DEFAULT_NEW_TOKENS),
         graph: o.graph,
         keep_logits: fixture.is_some(),
+        kv: o.kv,
     };
     let weights_path = dir.join("model.safetensors");
     let job = Job {

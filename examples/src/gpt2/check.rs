@@ -343,6 +343,8 @@ mod tests {
             elapsed: Duration::ZERO,
             record: None,
             cache_bytes: 0,
+            growths: 0,
+            memory: String::new(),
         }
     }
 

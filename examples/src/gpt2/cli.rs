@@ -1,6 +1,7 @@
 //! The decoding host's command line: its flags, defaults and refusals (each naming the flag, the
 //! value given and what is expected), before any file or device is touched.
 
+use super::decode::KvCache;
 use super::weights::DType;
 use crate::cli::DeviceKind;
 use std::ffi::OsString;
@@ -35,6 +36,8 @@ pub struct Options {
     pub graph: bool,
     /// The std shim's lazy streams.
     pub lazy: bool,
+    /// How the KV cache gets its room.
+    pub kv: KvCache,
 }
 
 impl Default for Options {
@@ -50,6 +53,7 @@ impl Default for Options {
             dtype: DType::F32,
             graph: false,
             lazy: false,
+            kv: KvCache::Ahead,
         }
     }
 }
@@ -136,14 +140,23 @@ where
                     other => return Err(bad("--dtype", other, DTYPE)),
                 };
             }
+            Long("kv") => {
+                const KV: &str = "ahead (every position reserved before the first step) or grow \
+                                  (doubled as the sequence grows)";
+                o.kv = match value(&mut p, "--kv", KV)?.as_str() {
+                    "ahead" => KvCache::Ahead,
+                    "grow" => KvCache::Grow,
+                    other => return Err(bad("--kv", other, KV)),
+                };
+            }
             Long("graph") => o.graph = true,
             Long("lazy") => o.lazy = true,
             Long("help") | Short('h') => return Ok(Parsed::Help),
             Long(flag) => {
                 return Err(format!(
                     "unknown flag --{flag}: expected one of --model, --check, --device, \
-                     --prompt, --prompt-file, --batch, --new-tokens, --dtype, --graph, --lazy, \
-                     --help"
+                     --prompt, --prompt-file, --batch, --new-tokens, --dtype, --kv, --graph, \
+                     --lazy, --help"
                 ));
             }
             Short(flag) => return Err(format!("unknown flag -{flag}")),
@@ -206,8 +219,9 @@ pub fn usage() -> String {
 or an NVIDIA GPU
 
 usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-tokens N]
-            [--device std|cuda] [--dtype f32|f16] [--graph] [--lazy]
-       gpt2 --check FIXTURE [--model DIR] [--device std|cuda] [--dtype f32|f16] [--graph]
+            [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow] [--graph] [--lazy]
+       gpt2 --check FIXTURE [--model DIR] [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow]
+            [--graph] [--lazy]
 
   --model DIR          config.json (GPT2Config) and model.safetensors (memory-mapped; on a GPU
                        page-locked in place and copied by DMA)
@@ -223,6 +237,9 @@ usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-t
   --device NAME        std (the CPU device) or cuda (the first NVIDIA GPU) [default: std]
   --dtype T            f32, or f16 on cuda (f32 weights are converted on the device)
                        [default: f32]
+  --kv HOW             the KV cache: ahead (every position of the run reserved before the first
+                       step) or grow (from the prompt, doubled when full: a device copy, and
+                       with --graph the step recorded again in place) [default: ahead]
   --graph              record one decoding step into a graph once and replay it per token (the
                        position lives in device memory) [default: off]
   --lazy               the std shim's lazy streams [default: off]

@@ -10,12 +10,17 @@
 //! included — and a graph recorded once replays every step with nothing written by the host in
 //! between; the host only reads each new token back (and, for `--check`, the logits).
 //!
-//! **KV cache: room held ahead.** Each layer's keys and values get one buffer of
-//! `[rows][heads][cap][head_dim]` for the whole run, `cap` = prompt length + new tokens − 1 (the
-//! positions the run feeds), reserved before the first step. Nothing is reserved while decoding,
-//! so the eager loop and the graph run the same buffers, and the graph never needs recording
-//! again. (Growing the cache as the sequence grows would move it: each growth would be a new
-//! reservation, a device copy and a graph updated in place — not built.)
+//! **KV cache: room held ahead, or grown** ([`KvCache`]). Each layer's keys and values are one
+//! buffer of `[rows][heads][cap][head_dim]`. Held ahead (the default), `cap` is every position
+//! the run feeds (prompt length + new tokens − 1), reserved before the first step: nothing is
+//! reserved while decoding and a graph is recorded once. Grown, `cap` starts at the prompt
+//! rounded up to [`GROW_FIRST`] positions and doubles when the next position does not fit: each
+//! growth reserves the new buffers, copies the cached positions over (`copy_cache`), drops the
+//! old ones and, with graphs, records the step again into the same graph
+//! (`end_capture_update`), since the cache moved. Held ahead ships: one recording, no copies, and
+//! the memory is known before the first token; growing holds less while the sequence is short
+//! and costs a copy and a recording per doubling, with old and new cache live at once during a
+//! growth.
 //!
 //! Owns the device side of the model ([`DeviceModel`], [`upload`]), the step's buffers
 //! ([`Workspace`]), the step ([`enqueue_step`]) and the loop ([`decode`]). A device brings a
@@ -35,6 +40,18 @@ use devcmd::{
 use std::collections::VecDeque;
 use std::error::Error;
 use std::time::{Duration, Instant};
+
+/// How the KV cache gets its room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCache {
+    /// Every position of the run reserved before the first step.
+    Ahead,
+    /// Started small, doubled as the sequence grows.
+    Grow,
+}
+
+/// A grown cache's first size is the prompt rounded up to a multiple of this many positions.
+pub const GROW_FIRST: usize = 8;
 
 /// The stream everything runs on.
 pub const COMPUTE: StreamId = StreamId(0);
@@ -199,6 +216,8 @@ pub struct Workspace {
     pub prompt_len: usize,
     /// Positions the KV cache holds.
     pub cap: usize,
+    /// Positions the token history holds (every position of the run).
+    pub history_cap: usize,
     /// The residual stream `[rows, embd]`.
     pub x: Handle,
     /// The normed residual `[rows, embd]`.
@@ -215,7 +234,7 @@ pub struct Workspace {
     pub logits: Handle,
     /// The tokens the last step chose `[rows]` (u32).
     pub next: Handle,
-    /// Every step's tokens `[cap][rows]` (u32).
+    /// Every step's tokens `[history_cap][rows]` (u32).
     pub history: Handle,
     /// The prompt `[prompt_len][rows]` (u32).
     pub prompt: Handle,
@@ -239,8 +258,8 @@ fn u32_bytes(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
     v.into_iter().flat_map(u32::to_le_bytes).collect()
 }
 
-/// Reserves the buffers of a run over `prompt` (`[rows][prompt_len]`) with `cap` cached
-/// positions, and uploads the prompt and the starting state.
+/// Reserves the buffers of a run of `passes` positions over `prompt` (`[rows][prompt_len]`)
+/// with `cap` cached positions, and uploads the prompt and the starting state.
 ///
 /// # Errors
 ///
@@ -250,6 +269,7 @@ pub fn workspace<S: Shim>(
     model: &DeviceModel,
     prompt: &[Vec<u32>],
     cap: usize,
+    passes: usize,
 ) -> Result<Workspace, ServerError> {
     let c = &model.config;
     let rows = prompt.len();
@@ -273,12 +293,13 @@ pub fn workspace<S: Shim>(
     let by_position = (0..prompt_len).flat_map(|p| prompt.iter().map(move |row| row[p]));
     let prompt = cmd.create(&u32_bytes(by_position))?;
     let next = cmd.create(&u32_bytes(vec![0; rows]))?;
-    let history = cmd.create(&u32_bytes(vec![0; rows * cap]))?;
+    let history = cmd.create(&u32_bytes(vec![0; rows * passes]))?;
     let state = cmd.create(&u32_bytes([0; 4]))?;
     Ok(Workspace {
         rows,
         prompt_len,
         cap,
+        history_cap: passes,
         x,
         h,
         qkv,
@@ -293,6 +314,39 @@ pub fn workspace<S: Shim>(
         k,
         v,
     })
+}
+
+/// Moves the KV cache of `ws` to room for `cap` positions: new buffers, the cached positions
+/// copied over on the device, the old buffers dropped (back to the pool once the copies ran).
+///
+/// # Errors
+///
+/// The device's refusal.
+pub fn grow<S: Shim, B: Backend<S>>(
+    cmd: &mut Command<'_, S>,
+    be: &B,
+    model: &DeviceModel,
+    ws: &mut Workspace,
+    cap: usize,
+) -> Result<(), ServerError> {
+    let c = &model.config;
+    let (hd, blocks) = (c.head_dim(), ws.rows * c.heads);
+    let bytes = (ws.rows * c.embd * cap * model.dtype.bytes()) as u64;
+    for old in ws.k.iter_mut().chain(ws.v.iter_mut()) {
+        let new = cmd.empty(bytes)?;
+        launch(
+            cmd,
+            &be.kernels().copy_cache,
+            "copy_cache",
+            elem_dims(blocks * ws.cap * hd),
+            &[old],
+            &[&new],
+            &[u32s(blocks), u32s(ws.cap), u32s(cap), u32s(hd)],
+        )?;
+        *old = new;
+    }
+    ws.cap = cap;
+    Ok(())
 }
 
 /// Kernel launches and GEMMs of one step for a model of `layers` layers.
@@ -408,7 +462,7 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         rows_dims(rows),
         &[&ws.logits, &ws.state],
         &[&ws.next, &ws.history],
-        &[u32s(rows), u32s(c.vocab), u32s(ws.cap)],
+        &[u32s(rows), u32s(c.vocab), u32s(ws.history_cap)],
     )?;
     launch(
         cmd,
@@ -432,6 +486,8 @@ pub struct Plan {
     pub graph: bool,
     /// Read every step's logits back (for `--check`).
     pub keep_logits: bool,
+    /// How the KV cache gets its room.
+    pub kv: KvCache,
 }
 
 impl Plan {
@@ -457,8 +513,13 @@ pub struct Decoded {
     pub elapsed: Duration,
     /// How long recording the step took (with `graph`).
     pub record: Option<Duration>,
-    /// Bytes of the KV cache.
+    /// Bytes of the KV cache at the end.
     pub cache_bytes: u64,
+    /// Times the cache grew (and the graph was recorded again).
+    pub growths: usize,
+    /// The device's memory report after the last step, with the weights, the cache and the
+    /// step's buffers still live.
+    pub memory: String,
 }
 
 /// A step whose tokens are being read back.
@@ -493,10 +554,19 @@ pub fn decode<S: Shim, B: Backend<S>>(
         )
         .into());
     }
-    let cap = passes;
-    let ws = workspace(&mut device.command(COMPUTE)?, model, &plan.prompt, cap)?;
+    let cap = match plan.kv {
+        KvCache::Ahead => passes,
+        KvCache::Grow => prompt_len.next_multiple_of(GROW_FIRST).min(passes),
+    };
+    let mut ws = workspace(
+        &mut device.command(COMPUTE)?,
+        model,
+        &plan.prompt,
+        cap,
+        passes,
+    )?;
     let mut record = None;
-    let graph = if plan.graph {
+    let mut graph = if plan.graph {
         let started = Instant::now();
         let mut cmd = device.command(COMPUTE)?;
         let recording = cmd.begin_capture("gpt2_step")?;
@@ -507,6 +577,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
     } else {
         None
     };
+    let mut growths = 0;
     let mut tokens = vec![Vec::with_capacity(plan.new_tokens); rows];
     let mut logits = Vec::new();
     let mut arrivals = Vec::with_capacity(plan.new_tokens);
@@ -525,6 +596,16 @@ pub fn decode<S: Shim, B: Backend<S>>(
     let started = Instant::now();
     for pass in 0..passes {
         let mut cmd = device.command(COMPUTE)?;
+        if pass >= ws.cap {
+            let cap = (ws.cap * 2).min(passes);
+            grow(&mut cmd, backend, model, &mut ws, cap)?;
+            growths += 1;
+            if let Some(g) = graph.as_mut() {
+                let recording = cmd.begin_capture("gpt2_step")?;
+                enqueue_step(&mut cmd, backend, model, &ws)?;
+                cmd.end_capture_update(recording, g)?;
+            }
+        }
         match &graph {
             Some(g) => cmd.replay(g)?,
             None => enqueue_step(&mut cmd, backend, model, &ws)?,
@@ -549,6 +630,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
         take(p, &mut arrivals)?;
     }
     let elapsed = started.elapsed();
+    let memory = device.memory_report().to_string();
     let first_token = arrivals.first().map_or(elapsed, |t| *t - started);
     let step_times = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
     Ok(Decoded {
@@ -559,5 +641,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
         elapsed,
         record,
         cache_bytes: ws.cache_bytes(),
+        growths,
+        memory,
     })
 }

@@ -111,6 +111,7 @@ impl CudaBackend {
             bias_gelu: kernel("bias_gelu")?,
             argmax: kernel("argmax")?,
             advance: kernel("advance")?,
+            copy_cache: kernel("copy_cache")?,
         };
         let cast = kernel("cast_f16")?;
         let gemm = kernel("gemm")?;

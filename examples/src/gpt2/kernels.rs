@@ -17,6 +17,7 @@
 //! | `bias_gelu` | f | bias | rows, n |
 //! | `argmax` | next, history | logits, state | rows, vocab, cap |
 //! | `advance` | state | | |
+//! | `copy_cache` | new cache | old cache | blocks, old_cap, new_cap, head_dim |
 //! | `gemm` (CUDA, until cuBLAS) | c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta |
 //! | `cast_f16` (CUDA) | out (f16) | in (f32) | n |
 //!
@@ -24,7 +25,8 @@
 //! `attention` and `argmax`, incremented by `advance` at the end of the step, so a recorded step
 //! replays unchanged. GEMMs are library work ([`devcmd::Gemm`], `devcmd_std::blas` on std); the
 //! CUDA `gemm` kernel is a stand-in until the GPU's cuBLAS wrapper lands. Token buffers are `u32`; `prompt` is `[prompt_len][rows]`, `history`
-//! `[cap][rows]` (row `p` holds the tokens predicted at position `p`).
+//! `[positions][rows]` (row `p` holds the tokens predicted at position `p`); a cache is
+//! `[rows · heads][cap][head_dim]`.
 
 use devcmd::{Command, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, ServerError, Shim};
 
@@ -45,6 +47,7 @@ pub struct Kernels<K> {
     pub bias_gelu: K,
     pub argmax: K,
     pub advance: K,
+    pub copy_cache: K,
 }
 
 /// `Y[rows × out] = X[rows × in] · W[in × out]` over row-major activations and a Conv1D weight
@@ -153,6 +156,7 @@ pub const SIGNATURES: &[(&str, &[usize])] = &[
     ("bias_gelu", &[8, 8, 4, 4]),
     ("argmax", &[8, 8, 8, 8, 4, 4, 4]),
     ("advance", &[8]),
+    ("copy_cache", &[8, 8, 4, 4, 4, 4]),
     ("gemm", &[8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]),
     ("cast_f16", &[8, 8, 4]),
 ];
@@ -341,6 +345,16 @@ extern "C" __global__ void argmax(unsigned *next, unsigned *history, const T *lo
 
 extern "C" __global__ void advance(unsigned *state) {
     if (blockIdx.x == 0 && threadIdx.x == 0) state[0] += 1u;
+}
+
+/* A cache moved to room for new_cap positions: every cached position of every row and head. */
+extern "C" __global__ void copy_cache(T *dst, const T *src, unsigned blocks, unsigned old_cap,
+                                      unsigned new_cap, unsigned hd) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t per = (size_t)old_cap * hd;
+    if (i >= (size_t)blocks * per || old_cap > new_cap) return;
+    size_t b = i / per, rest = i - b * per;
+    dst[b * new_cap * hd + rest] = src[i];
 }
 
 /* The stand-in GEMM (one thread per element of C), column-major as cuBLAS. */

@@ -19,6 +19,7 @@ pub fn kernels(shim: &StdShim) -> Kernels<StdKernel> {
         bias_gelu: shim.register_kernel("bias_gelu", bias_gelu),
         argmax: shim.register_kernel("argmax", argmax),
         advance: shim.register_kernel("advance", advance),
+        copy_cache: shim.register_kernel("copy_cache", copy_cache),
     }
 }
 
@@ -247,6 +248,24 @@ fn advance(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     let state = as_f32_mut(ctx.buffer_mut(0)?)?;
     let pos = state.first_mut().ok_or(F)?;
     *pos = f32::from_bits(pos.to_bits().wrapping_add(1));
+    Ok(())
+}
+
+/// `copy_cache(dst | src | blocks, old_cap, new_cap, head_dim)`: each block's `old_cap`
+/// positions to the start of its `new_cap` positions.
+fn copy_cache(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
+    let (blocks, old, new, hd) = (u(ctx, 2)?, u(ctx, 3)?, u(ctx, 4)?, u(ctx, 5)?);
+    let mut bufs = ctx.buffers_mut()?;
+    let [src, dst] = bufs.as_mut_slice() else {
+        return Err(F);
+    };
+    let (src, dst) = (as_f32(src)?, as_f32_mut(dst)?);
+    if old > new {
+        return Err(F);
+    }
+    for b in 0..blocks {
+        sub_mut(dst, b * new * hd, old * hd)?.copy_from_slice(sub(src, b * old * hd, old * hd)?);
+    }
     Ok(())
 }
 
