@@ -43,7 +43,7 @@ pub struct DeviceConfig {
     pub memory_budget: Option<u64>,
     /// Zero copy: device memory is pinned host memory the device maps, so uploads are written by
     /// the host straight into it and results are read back from it in place (see
-    /// [`Command::write_layout`] and [`Command::read_owned`]). `None` (the default) turns it on
+    /// [`Command::write_layout`](crate::Command::write_layout) and [`Command::read_owned`](crate::Command::read_owned)). `None` (the default) turns it on
     /// exactly where the device says it is integrated and can map host memory (Jetson: host
     /// memory is device memory there); `Some(true)` asks for it on any device that can map host
     /// memory (a discrete GPU then reaches the pages over PCIe: slower for data kernels re-read;
@@ -206,7 +206,7 @@ impl<S: Shim> Device<S> {
     /// owns (the stream a TensorRT context or PyTorch enqueues on): devcmd orders, guards and
     /// records work on it like on its own streams and never destroys it. Work the runtime
     /// enqueues on `native` by itself is outside devcmd's view: order it with the runtime's own
-    /// means, or enqueue it through [`Command::library`](crate::Command::library).
+    /// means, or enqueue it through [`Command::library`](crate::Command::library)(crate::Command::library).
     ///
     /// # Errors
     ///

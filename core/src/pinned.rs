@@ -3,7 +3,7 @@
 //!
 //! Owns the pinned pages and the slices carved from them (requests larger than a page get a page
 //! of their own, reused by exact size, so large uploads do not fall back to fresh heap memory),
-//! and the token of a slice (`PinnedSlice`): the [`HostBuffer`] carved from the pool holds it,
+//! and the token of a slice (`PinnedSlice`): the [`HostBuffer`](crate::HostBuffer) carved from the pool holds it,
 //! and dropping it (after the drop queue released the buffer, on any thread) gives the slice
 //! back. Host memory stays host memory here: slices are named by their own token, not by a
 //! device [`Handle`](crate::memory::Handle), and their bytes by pointers derived from the page's
@@ -59,7 +59,7 @@ struct SliceRef {
     id: u64,
 }
 
-/// A slice of a stream's pinned pool: held by the [`HostBuffer`] carved from it, it gives the
+/// A slice of a stream's pinned pool: held by the [`HostBuffer`](crate::HostBuffer) carved from it, it gives the
 /// slice back to its pool when dropped (from any thread; the pool takes it in at its next call).
 #[derive(Debug)]
 pub(crate) struct PinnedSlice {

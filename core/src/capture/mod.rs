@@ -33,10 +33,10 @@
 //!   release (pages, host buffers, graphs) until the recording ends; pinned staging serves only
 //!   from pinned pages already held (else the heap). Cleanup and reclaim are refused.
 //! - **Nothing waits on the recording.** Reads, syncs and drop-queue flushes or polls on the
-//!   recording stream are refused ([`Validation::Recording`](crate::Validation::Recording)); no
+//!   recording stream are refused ([`Validation::Recording`](crate::Validation::Recording)(crate::Validation::Recording)); no
 //!   fence is recorded inside the window, so none can be waited on. Work on another stream that
 //!   uses memory the recording uses is refused
-//!   ([`CaptureError::RecordedElsewhere`]): it
+//!   ([`CaptureError::RecordedElsewhere`](crate::CaptureError::RecordedElsewhere)): it
 //!   would be ordered after recorded work, which has not run. Other streams' use of the recording
 //!   stream's other memory waits for the work enqueued before the recording began (an event
 //!   recorded just before it).

@@ -244,10 +244,10 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`CaptureError::ForeignGraph`]; [`Validation::Recording`] while this stream records (other
+    /// [`CaptureError::ForeignGraph`]; [`Validation::Recording`](crate::Validation::Recording) while this stream records (other
     /// streams replay while one records);
     /// [`CaptureError::RecordedElsewhere`] when another stream's recording uses its memory;
-    /// [`ServerError::Skipped`] (named after the graph); [`LaunchError::Refused`]; the failures
+    /// [`ServerError::Skipped`] (named after the graph); [`LaunchError::Refused`](crate::LaunchError::Refused); the failures
     /// every operation begins with and those of cross-stream order.
     pub fn replay(&mut self, graph: &Graph<S>) -> Result<(), ServerError> {
         if graph.device != self.device.id {

@@ -163,7 +163,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`Validation::Recording`] while a stream of the device records; as [`Self::reserve`].
+    /// [`Validation::Recording`](crate::Validation::Recording) while a stream of the device records; as [`Self::reserve`].
     pub fn hold(&mut self, sizes: &[u64]) -> Result<(), ServerError> {
         self.begin()?;
         self.refuse_while_recording("hold")?;
@@ -198,7 +198,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while a stream of the device
+    /// [`ServerError::DeviceLost`]; [`Validation::Recording`](crate::Validation::Recording) while a stream of the device
     /// records (no fence may be waited for then); what the fence reveals ([`ServerError::StreamFaulted`], or
     /// [`ServerError::Device`] for a wait of unknown outcome: what it covered is then leaked).
     pub fn flush_drops(&mut self) -> Result<(), ServerError> {
@@ -214,7 +214,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while a stream of the device
+    /// [`ServerError::DeviceLost`]; [`Validation::Recording`](crate::Validation::Recording) while a stream of the device
     /// records; what the fence reveals, as [`Self::flush_drops`].
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         self.device.ledger.check_device()?;
@@ -236,7 +236,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`Validation::Recording`], [`ServerError::DeviceLost`], [`ServerError::StreamFaulted`],
+    /// [`Validation::Recording`](crate::Validation::Recording), [`ServerError::DeviceLost`], [`ServerError::StreamFaulted`],
     /// a fence's failure.
     pub fn memory_cleanup(&mut self) -> Result<(), ServerError> {
         self.begin()?;

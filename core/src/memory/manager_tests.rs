@@ -569,7 +569,5 @@ fn a_new_page_gives_up_its_rounding_before_the_budget_refuses_it() {
     assert_eq!(mm.resolve(&big).unwrap().len, 4 * MIB - 200 * 1024);
 }
 
-/// A device with 2 MiB granules of virtual memory, pages freed at once.
-
 #[path = "manager_vm_tests.rs"]
 mod vm;

@@ -2,6 +2,7 @@
 
 use super::*;
 
+/// A device with 2 MiB granules of virtual memory, pages freed at once.
 fn vm_device() -> (TestShim, MemoryManager<TestShim>) {
     let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
     let mm = manager(&shim, MemoryConfig::default(), MemoryBudget::new(None));

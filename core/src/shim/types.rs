@@ -132,9 +132,9 @@ pub enum KernelParam<'a> {
 pub enum HostMemory {
     /// Ordinary memory the operating system may page out or move.
     Pageable,
-    /// Page-locked memory from [`Shim::host_alloc_pinned`].
+    /// Page-locked memory from [`Shim::host_alloc_pinned`](crate::Shim::host_alloc_pinned).
     Pinned,
-    /// The caller's memory, page-locked in place by [`Shim::host_register`].
+    /// The caller's memory, page-locked in place by [`Shim::host_register`](crate::Shim::host_register).
     Registered,
 }
 
@@ -157,7 +157,7 @@ pub struct DeviceFacts {
     /// The granule of the device's virtual memory management, in bytes (CUDA's
     /// `cuMemGetAllocationGranularity`, 2 MiB on current GPUs), or 0 where the device has none.
     /// Where it is not 0 the core may reserve address ranges and back them with memory granule
-    /// by granule ([`Shim::vm_reserve`], [`Shim::vm_map`]), so freed granules go back to the
+    /// by granule ([`Shim::vm_reserve`](crate::Shim::vm_reserve), [`Shim::vm_map`](crate::Shim::vm_map)), so freed granules go back to the
     /// device without moving anything; elsewhere it keeps whole pages.
     pub vm_granule: u64,
 }
