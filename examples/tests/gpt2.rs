@@ -200,3 +200,51 @@ fn the_gpu_path_without_a_driver_says_so() {
         "{stderr}"
     );
 }
+
+/// Decodes the fixture's prompt on a fresh std device as `graph` and `kv` say.
+fn decode_fixture(
+    graph: bool,
+    kv: devcmd_examples::gpt2::decode::KvCache,
+) -> devcmd_examples::gpt2::decode::Decoded {
+    use devcmd::{Device, DeviceConfig};
+    use devcmd_examples::gpt2::{check, config, decode, devices, weights};
+    use devcmd_examples::weights::Mapping;
+    let dir = fixture();
+    let f = check::load(&dir).expect("the fixture");
+    let c = config::load(&dir.join("config.json")).expect("the config");
+    let file =
+        weights::load(&dir.join("model.safetensors"), &c, Mapping::ReadOnly).expect("the weights");
+    let shim = devices::std_shim(false);
+    let backend = devices::StdBackend::new(&shim);
+    let mut device = Device::new(shim, DeviceConfig::default());
+    let model = decode::upload(&mut device, &backend, file, &c, false).expect("upload");
+    let plan = decode::Plan {
+        prompt: f.prompt.clone(),
+        new_tokens: f.new_tokens,
+        graph,
+        keep_logits: true,
+        kv,
+    };
+    decode::decode(&mut device, &backend, &model, &plan).expect("decode")
+}
+
+#[test]
+fn graphs_and_a_grown_cache_decode_bit_for_bit_as_eager() {
+    use devcmd_examples::gpt2::decode::KvCache;
+    let eager = decode_fixture(false, KvCache::Ahead);
+    assert_eq!(eager.logits.len(), 8);
+    for (graph, kv) in [
+        (true, KvCache::Ahead),
+        (false, KvCache::Grow),
+        (true, KvCache::Grow),
+    ] {
+        let other = decode_fixture(graph, kv);
+        assert_eq!(other.tokens, eager.tokens, "graph {graph}, {kv:?}");
+        let bits = |d: &devcmd_examples::gpt2::decode::Decoded| -> Vec<u32> {
+            d.logits.iter().flatten().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(bits(&other), bits(&eager), "graph {graph}, {kv:?}");
+        assert_eq!(other.growths, usize::from(kv == KvCache::Grow));
+        assert_eq!(other.record.is_some(), graph);
+    }
+}
