@@ -124,6 +124,7 @@ fn a_reference_the_run_misses_fails_naming_step_row_and_position() {
 fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
     let dir = fixture();
     let model = dir.as_os_str();
+    let json = copy_of_fixture("json").join("summary.json");
     let (code, stdout, stderr) = outcome(&gpt2([
         "--model".as_ref(),
         model,
@@ -134,8 +135,21 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
         "--new-tokens".as_ref(),
         "4".as_ref(),
         "--graph".as_ref(),
+        "--json".as_ref(),
+        json.as_os_str(),
     ]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json wrote")).expect("JSON");
+    assert_eq!(summary["batch"], 3);
+    assert_eq!(summary["graph"], true);
+    assert_eq!(summary["step_us"]["steps"], 3);
+    assert_eq!(summary["tokens"].as_array().map(Vec::len), Some(3));
+    let (held, live) = (&summary["held_peak_bytes"], &summary["live_bytes"]);
+    assert!(
+        held.as_u64() >= live.as_u64() && live.as_u64() > Some(484_936),
+        "{summary}"
+    );
     let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("row ")).collect();
     assert_eq!(rows.len(), 3, "{stdout}");
     let generated: Vec<&str> = rows

@@ -135,6 +135,13 @@ fn report_run(o: &Options, plan: &Plan, run: &Decoded, launches: usize) {
         }
         None => println!("decode: one new token only, no step after the first to time"),
     }
+    println!(
+        "memory: {} bytes held at the peak, {} bytes live after the last step (weights, cache, \
+         buffers): {:.3}x",
+        run.held_peak,
+        run.live,
+        run.held_peak as f64 / run.live.max(1) as f64
+    );
     match plan.kv {
         KvCache::Ahead => println!(
             "KV cache: {} bytes, room held ahead for the run's {} positions",
@@ -155,6 +162,46 @@ fn report_run(o: &Options, plan: &Plan, run: &Decoded, launches: usize) {
             }
         ),
     }
+}
+
+/// The run as one JSON object (`--json FILE`): what ran, its times and its memory.
+fn summary(
+    job: &Job<'_>,
+    run: &Decoded,
+    model: &decode::DeviceModel,
+    check: serde_json::Value,
+) -> serde_json::Value {
+    let (o, plan) = (job.o, job.plan);
+    let rows = plan.prompt.len();
+    let spread = spread(&run.step_times);
+    let decode_s: f64 = run.step_times.iter().map(Duration::as_secs_f64).sum();
+    serde_json::json!({
+        "device": o.device.name(),
+        "dtype": model.dtype.name(),
+        "batch": rows,
+        "prompt_len": plan.prompt[0].len(),
+        "new_tokens": plan.new_tokens,
+        "graph": o.graph,
+        "kv": match plan.kv { KvCache::Ahead => "ahead", KvCache::Grow => "grow" },
+        "launches_per_step": decode::launches_per_step(job.config.layers),
+        "first_token_ms": run.first_token.as_secs_f64() * 1e3,
+        "decode_tokens_per_s": if decode_s > 0.0 {
+            (rows * run.step_times.len()) as f64 / decode_s
+        } else {
+            0.0
+        },
+        "step_us": spread.map(|(m, p, w)| serde_json::json!({
+            "median": us(m), "p99": us(p), "worst": us(w), "steps": run.step_times.len(),
+        })),
+        "held_peak_bytes": run.held_peak,
+        "live_bytes": run.live,
+        "weights_bytes": model.bytes,
+        "cache_bytes": run.cache_bytes,
+        "growths": run.growths,
+        "record_ms": run.record.map(|d| d.as_secs_f64() * 1e3),
+        "tokens": run.tokens,
+        "check": check,
+    })
 }
 
 /// What a run decodes, on any device.
@@ -208,20 +255,32 @@ where
     let run = decode::decode(&mut device, backend, &model, plan)?;
     report_run(o, plan, &run, decode::launches_per_step(config.layers));
     let mut passed = true;
+    let mut checked = serde_json::Value::Null;
     if let Some(f) = fixture {
         match check::compare(&run, f, model.dtype) {
-            Ok(p) => println!(
-                "check against {}: greedy tokens identical, max abs logit difference {:.3e} \
-                 (tolerance {:.1e})",
-                f.dir.display(),
-                p.max_abs,
-                p.tolerance
-            ),
+            Ok(p) => {
+                println!(
+                    "check against {}: greedy tokens identical, max abs logit difference {:.3e} \
+                     (tolerance {:.1e})",
+                    f.dir.display(),
+                    p.max_abs,
+                    p.tolerance
+                );
+                checked = serde_json::json!({
+                    "passed": true, "max_abs": p.max_abs, "tolerance": p.tolerance,
+                });
+            }
             Err(m) => {
                 eprintln!("gpt2: check against {} failed: {m}", f.dir.display());
+                checked = serde_json::json!({ "passed": false, "mismatch": m.to_string() });
                 passed = false;
             }
         }
+    }
+    if let Some(path) = &o.json {
+        let summary = summary(job, &run, &model, checked);
+        std::fs::write(path, format!("{summary:#}\n"))
+            .map_err(|e| format!("cannot write --json {}: {e}", path.display()))?;
     }
     println!(
         "\nmemory report after the last step (weights, KV cache and the step's buffers live):\n{}",

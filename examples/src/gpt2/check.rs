@@ -345,6 +345,8 @@ mod tests {
             cache_bytes: 0,
             growths: 0,
             memory: String::new(),
+            held_peak: 0,
+            live: 0,
         }
     }
 

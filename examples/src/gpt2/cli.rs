@@ -38,6 +38,8 @@ pub struct Options {
     pub lazy: bool,
     /// How the KV cache gets its room.
     pub kv: KvCache,
+    /// Writes the run's summary (times, memory, check) as JSON to this file.
+    pub json: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -54,6 +56,7 @@ impl Default for Options {
             graph: false,
             lazy: false,
             kv: KvCache::Ahead,
+            json: None,
         }
     }
 }
@@ -149,6 +152,7 @@ where
                     other => return Err(bad("--kv", other, KV)),
                 };
             }
+            Long("json") => o.json = Some(value(&mut p, "--json", "a file path")?.into()),
             Long("graph") => o.graph = true,
             Long("lazy") => o.lazy = true,
             Long("help") | Short('h') => return Ok(Parsed::Help),
@@ -156,7 +160,7 @@ where
                 return Err(format!(
                     "unknown flag --{flag}: expected one of --model, --check, --device, \
                      --prompt, --prompt-file, --batch, --new-tokens, --dtype, --kv, --graph, \
-                     --lazy, --help"
+                     --lazy, --json, --help"
                 ));
             }
             Short(flag) => return Err(format!("unknown flag -{flag}")),
@@ -220,8 +224,9 @@ or an NVIDIA GPU
 
 usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-tokens N]
             [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow] [--graph] [--lazy]
+            [--json FILE]
        gpt2 --check FIXTURE [--model DIR] [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow]
-            [--graph] [--lazy]
+            [--graph] [--lazy] [--json FILE]
 
   --model DIR          config.json (GPT2Config) and model.safetensors (memory-mapped; on a GPU
                        page-locked in place and copied by DMA)
@@ -243,6 +248,7 @@ usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-t
   --graph              record one decoding step into a graph once and replay it per token (the
                        position lives in device memory) [default: off]
   --lazy               the std shim's lazy streams [default: off]
+  --json FILE          also write the run's summary (times, memory, check) as one JSON object
   -h, --help           print this help"
     )
 }

@@ -520,6 +520,11 @@ pub struct Decoded {
     /// The device's memory report after the last step, with the weights, the cache and the
     /// step's buffers still live.
     pub memory: String,
+    /// The most device memory held (pages, the budget's count) at any point of the run, read
+    /// after the buffers were reserved, after each growth and after each step's enqueue.
+    pub held_peak: u64,
+    /// Bytes the live allocations asked for after the last step: weights, cache, buffers.
+    pub live: u64,
 }
 
 /// A step whose tokens are being read back.
@@ -578,6 +583,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
         None
     };
     let mut growths = 0;
+    let mut held_peak = device.budget().held();
     let mut tokens = vec![Vec::with_capacity(plan.new_tokens); rows];
     let mut logits = Vec::new();
     let mut arrivals = Vec::with_capacity(plan.new_tokens);
@@ -600,6 +606,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
             let cap = (ws.cap * 2).min(passes);
             grow(&mut cmd, backend, model, &mut ws, cap)?;
             growths += 1;
+            held_peak = held_peak.max(cmd.memory_report().held);
             if let Some(g) = graph.as_mut() {
                 let recording = cmd.begin_capture("gpt2_step")?;
                 enqueue_step(&mut cmd, backend, model, &ws)?;
@@ -620,6 +627,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
                 cmd.read_async(&[next_req])?
             };
             in_flight.push_back(Pending { read });
+            held_peak = held_peak.max(device.budget().held());
             if in_flight.len() > IN_FLIGHT {
                 let p = in_flight.pop_front().expect("non-empty");
                 take(p, &mut arrivals)?;
@@ -630,7 +638,10 @@ pub fn decode<S: Shim, B: Backend<S>>(
         take(p, &mut arrivals)?;
     }
     let elapsed = started.elapsed();
-    let memory = device.memory_report().to_string();
+    let report = device.memory_report();
+    held_peak = held_peak.max(report.held);
+    let live = report.streams.iter().map(|(_, r)| r.device().in_use).sum();
+    let memory = report.to_string();
     let first_token = arrivals.first().map_or(elapsed, |t| *t - started);
     let step_times = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
     Ok(Decoded {
@@ -643,5 +654,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
         cache_bytes: ws.cache_bytes(),
         growths,
         memory,
+        held_peak,
+        live,
     })
 }
