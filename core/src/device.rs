@@ -226,7 +226,40 @@ impl<S: Shim> Device<S> {
         Ok(Command::new(self, index))
     }
 
-    pub(crate) fn ensure_stream(&mut self, stream: StreamId) -> Result<usize, ServerError> {
+    /// Makes `stream` a devcmd stream over `native`, a stream the caller's runtime created and
+    /// owns (the stream a TensorRT context or PyTorch enqueues on): devcmd orders, guards and
+    /// records work on it like on its own streams and never destroys it. Work the runtime
+    /// enqueues on `native` by itself is outside devcmd's view: order it with the runtime's own
+    /// means, or enqueue it through [`Command::library`](crate::Command::library).
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::StreamInUse`] when `stream` already exists (a stream is borrowed before its
+    /// first command); a stream index past the limit; the shim's refusal
+    /// ([`Shim::borrow_stream`]); [`ServerError::DeviceLost`].
+    ///
+    /// # Safety
+    ///
+    /// `native` is a live stream of this device and stays alive until this device is dropped.
+    pub unsafe fn borrow_stream(
+        &mut self,
+        stream: StreamId,
+        native: &S::NativeStream,
+    ) -> Result<(), ServerError> {
+        self.ledger.check_device()?;
+        self.settle_captures();
+        self.check_stream_index(stream)?;
+        if let Some(Some(_)) = self.streams.get(stream.0 as usize) {
+            return Err(Validation::StreamInUse { stream: stream.0 }.into());
+        }
+        // SAFETY: the caller's contract is the shim's.
+        let raw =
+            unsafe { self.shim.borrow_stream(native) }.map_err(|e| self.ledger.call_failed(e))?;
+        self.install_stream(stream, raw);
+        Ok(())
+    }
+
+    fn check_stream_index(&self, stream: StreamId) -> Result<usize, ServerError> {
         // Handle ids carry the stream in their top 16 bits: at most 65 536 streams.
         let max = self.config.max_streams.min(1 << 16);
         if stream.0 >= max {
@@ -236,15 +269,28 @@ impl<S: Shim> Device<S> {
             }
             .into());
         }
-        let index = stream.0 as usize;
-        if self.streams.len() <= index {
-            self.streams.resize_with(index + 1, || None);
-        }
-        if self.streams[index].is_none() {
+        Ok(stream.0 as usize)
+    }
+
+    pub(crate) fn ensure_stream(&mut self, stream: StreamId) -> Result<usize, ServerError> {
+        let index = self.check_stream_index(stream)?;
+        if !matches!(self.streams.get(index), Some(Some(_))) {
             let raw = self
                 .shim
                 .create_stream()
                 .map_err(|e| self.ledger.call_failed(e))?;
+            self.install_stream(stream, raw);
+        }
+        Ok(index)
+    }
+
+    /// The core's state of a new stream `stream` over `raw`.
+    fn install_stream(&mut self, stream: StreamId, raw: S::Stream) {
+        let index = stream.0 as usize;
+        if self.streams.len() <= index {
+            self.streams.resize_with(index + 1, || None);
+        }
+        {
             let issuer = Issuer {
                 device: self.id,
                 stream: stream.0,
@@ -267,7 +313,6 @@ impl<S: Shim> Device<S> {
                 last_kernel: None,
             }));
         }
-        Ok(index)
     }
 
     /// The stream whose memory `binding` names.

@@ -49,13 +49,15 @@ mod test_shim;
 
 pub use capture::{CapturePhase, Graph, Recording};
 pub use command::{
-    Command, Launch, ManagedResource, ReadFuture, ReadRequest, ReadToFuture, SyncFuture,
+    Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ReadFuture, ReadRequest,
+    ReadToFuture, SyncFuture,
 };
 pub use copy::{CopyLayout, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};
 pub use drop_queue::{DropPolicy, DropStats};
 pub use error::{
-    CaptureError, DriverError, Fault, IoError, LaunchError, ServerError, ShimOp, Validation,
+    CaptureError, DriverError, Fault, IoError, LaunchError, LibraryError, ServerError, ShimOp,
+    Validation,
 };
 pub use fault::FenceOutcome;
 pub use host::{ExternalBytes, HostBuffer, HostOrigin};

@@ -72,6 +72,7 @@
 //! | [`Shim::host_register`] | `Err(unsupported)` | stages registered bytes as any other ([`Shim::host_unregister`] is then never called: an uninhabited [`Shim::Registration`] makes it a one-liner) |
 //! | [`Shim::copy_on_device`] | `Err(unsupported)` | calls it nowhere today; relocation, when it lands, must leave pages in place on `Unsupported` |
 //! | [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | `Err(unsupported)` | [`Command::begin_capture`](crate::Command::begin_capture) reports the refusal ([`CaptureError::Refused`](crate::error::CaptureError::Refused)) and every other operation works |
+//! | [`Shim::borrow_stream`] | `Err(unsupported)` | [`Device::borrow_stream`](crate::Device::borrow_stream) reports the refusal; streams the core creates work as before |
 //! | [`Shim::end_capture_update`] | [`Shim::end_capture`], always a new graph | instantiates anew every time a graph is recorded again |
 //!
 //! A shim without pinned memory still names a [`Shim::HostPage`] type; an uninhabited one says
@@ -273,6 +274,10 @@ pub trait Shim {
     type Registration: core::fmt::Debug + Send;
     /// An instantiated recording of a stream; dropping it destroys it.
     type Graph: core::fmt::Debug;
+    /// The stream handle of the device's own API, which library work enqueues on
+    /// ([`Command::library`](crate::Command::library)): CUDA's `CUstream`, shim-std's
+    /// `StdStream`. A shim whose device has no library to call names `()`.
+    type NativeStream: core::fmt::Debug;
 
     // ---- device facts ----
 
@@ -291,6 +296,36 @@ pub trait Shim {
 
     /// Creates a stream that runs asynchronously from the host and from the other streams.
     fn create_stream(&self) -> Result<Self::Stream, DriverError>;
+
+    /// The native handle under `stream`, for library work to enqueue on.
+    ///
+    /// What every shim promises about it: work a library enqueues on the handle runs in the
+    /// stream's order (after everything the core enqueued before, before everything after), is
+    /// covered by the stream's later events, takes part in the stream's recording while it
+    /// records (CUDA's stream capture; shim-std records it into the graph), and a fault while it
+    /// runs is a fault of the stream's work (the contract's three rules). Where the device API
+    /// keeps per-thread state (CUDA's current context), this call makes it current on the
+    /// calling thread, as every other call does: the core calls it just before it hands the
+    /// handle to a library.
+    fn native_stream<'a>(&self, stream: &'a Self::Stream) -> &'a Self::NativeStream;
+
+    /// A stream over `native`, a stream the caller's runtime created and owns (the stream a
+    /// TensorRT context or PyTorch enqueues on): the shim uses it like its own and never destroys
+    /// it; dropping the returned stream leaves `native` as it was.
+    ///
+    /// Default: [`unsupported`].
+    ///
+    /// # Safety
+    ///
+    /// `native` is a live stream of this device (CUDA: of the shim's context) and stays alive
+    /// until the returned stream is dropped.
+    unsafe fn borrow_stream(
+        &self,
+        native: &Self::NativeStream,
+    ) -> Result<Self::Stream, DriverError> {
+        let _ = native;
+        Err(unsupported(ShimOp::StreamCreate))
+    }
 
     /// Makes `stream` wait, on the device, until `event` (recorded on another stream) completes.
     /// Must not block the host.

@@ -86,6 +86,11 @@ impl Shim for TestShim {
     type Kernel = ();
     type Registration = core::convert::Infallible;
     type Graph = ();
+    type NativeStream = ();
+
+    fn native_stream<'a>(&self, _stream: &'a Self::Stream) -> &'a () {
+        &()
+    }
 
     fn facts(&self) -> DeviceFacts {
         self.facts

@@ -50,8 +50,8 @@ use crate::device::CudaShim;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::sys;
 use devcmd::{
-    Command, DeviceSpan, Gemm, GemmType, Handle, LibraryError, LibraryWork, ServerError, ShimOp,
-    Validation,
+    CapturePhase, Command, DeviceSpan, Gemm, GemmType, Handle, LaunchError, LibraryError,
+    LibraryWork, ServerError, ShimOp, Validation,
 };
 use std::ffi::c_void;
 use std::fmt;
@@ -205,7 +205,7 @@ fn load() -> Result<String, CublasInitError> {
     let lib = unsafe { cb::culib() };
     for symbol in CUBLAS_SYMBOLS {
         // SAFETY: the symbol is only looked up, never called through this type.
-        if unsafe { lib.get::<unsafe extern "C" fn()>(symbol) }.is_err() {
+        if unsafe { lib.get::<unsafe extern "C" fn()>(*symbol) }.is_err() {
             return Err(CublasInitError::MissingSymbol {
                 library: library.clone(),
                 symbol,
@@ -277,7 +277,7 @@ struct Lane {
 /// enqueued as library work ([`Command::library`]). See the [module](self) documentation.
 ///
 /// ```no_run
-/// use devcmd::{Device, DeviceConfig, Gemm, StreamId};
+/// use devcmd::{Device, DeviceConfig, Gemm, GemmType, StreamId};
 /// use devcmd_cuda::{CudaShim, Cublas};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -289,7 +289,7 @@ struct Lane {
 /// let a = cmd.create(&[0u8; 64 * 16 * 4])?;
 /// let b = cmd.create(&[0u8; 16 * 32 * 4])?;
 /// let c = cmd.empty(64 * 32 * 4)?;
-/// blas.gemm(&mut cmd, Gemm::f32(64, 32, 16), &a, &b, &c)?;
+/// blas.gemm(&mut cmd, Gemm::packed(GemmType::F32, 64, 32, 16), &a, &b, &c)?;
 /// # Ok(())
 /// # }
 /// ```
@@ -416,8 +416,8 @@ impl Cublas {
     /// # Errors
     ///
     /// [`Validation::Recording`] while a stream of the device records; the workspace's
-    /// reservation errors; [`ServerError::Library`]-like failures of `cublasCreate` as
-    /// [`ServerError`] (see [`Cublas::gemm`]).
+    /// reservation errors; a failed `cublasCreate` as [`LaunchError::Library`] (work
+    /// `"cuBLAS set-up"`, the status's name).
     pub fn prepare(&self, cmd: &mut Command<'_, CudaShim>) -> Result<(), ServerError> {
         let mut lanes = self.lock();
         self.lane(&mut lanes, cmd, None).map(|_| ())
@@ -436,16 +436,16 @@ impl Cublas {
         device: Option<u32>,
     ) -> Result<&'l mut Lane, ServerError> {
         let stream = cmd.stream_id().0;
-        if let Some(device) = device {
-            if let Some(i) = lanes
+        let find = |lanes: &Lanes, device: u32| {
+            lanes
                 .lanes
                 .iter()
                 .position(|l| l.device == device && l.stream == stream)
-            {
-                return Ok(&mut lanes.lanes[i]);
-            }
+        };
+        if let Some(i) = device.and_then(|d| find(lanes, d)) {
+            return Ok(&mut lanes.lanes[i]);
         }
-        if cmd.capture_phase().is_recording() {
+        if cmd.capture_phase() == CapturePhase::Recording || self.shim.is_any_stream_capturing() {
             return Err(Validation::Recording {
                 op: "the first cuBLAS call on a stream (cublasCreate and its workspace \
                      allocate device memory; call Cublas::prepare on the stream before \
@@ -455,11 +455,7 @@ impl Cublas {
         }
         let workspace = cmd.empty(self.workspace_bytes)?;
         let device = workspace.issuer().device;
-        if let Some(i) = lanes
-            .lanes
-            .iter()
-            .position(|l| l.device == device && l.stream == stream)
-        {
+        if let Some(i) = find(lanes, device) {
             // `prepare` on a stream already set up: the new workspace goes back.
             return Ok(&mut lanes.lanes[i]);
         }
@@ -497,11 +493,13 @@ impl Cublas {
     ///
     /// # Errors
     ///
-    /// [`Gemm::check`]'s refusal; [`Validation::Recording`] for the first call on a stream while
-    /// a stream of the device records (see [`Cublas::prepare`]); the core's library-work errors:
-    /// [`ServerError::Skipped`] when `a` or `b` carries a failure, and a library error naming
-    /// the cuBLAS status (`CUBLAS_STATUS_INVALID_VALUE`) when cuBLAS refuses the call (`c` then
-    /// carries it).
+    /// [`Validation::LibraryOperand`] from [`Gemm::check`]; [`Validation::Recording`] for the
+    /// first call on a stream while a stream of the device records (see [`Cublas::prepare`]);
+    /// the core's library-work errors: [`ServerError::Skipped`] when `a` or `b` carries a
+    /// failure, and [`LaunchError::Library`] naming the cuBLAS status
+    /// (`CUBLAS_STATUS_INVALID_VALUE`) when cuBLAS refuses the call (`c` then carries it), or
+    /// before the call, with nothing enqueued or marked, when a size passes cuBLAS's 32-bit
+    /// `int` (at most 2³¹ − 1).
     pub fn gemm(
         &self,
         cmd: &mut Command<'_, CudaShim>,
@@ -510,18 +508,38 @@ impl Cublas {
         b: &Handle,
         c: &Handle,
     ) -> Result<(), ServerError> {
-        g.check(a.len(), b.len(), c.len())?;
         let name = match g.dtype {
             GemmType::F32 => "cublasSgemm",
             GemmType::F16 => "cublasGemmEx (f16, fp32 compute)",
         };
+        g.check(name, a.len(), b.len(), c.len())?;
+        if ints([g.m, g.n, g.k, g.lda, g.ldb, g.ldc]).is_none() {
+            return Err(LaunchError::Library {
+                work: name,
+                error: LibraryError::new(
+                    cb::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE as i64,
+                    format!(
+                        "CUBLAS_STATUS_INVALID_VALUE (refused before the call: cuBLAS takes \
+                         m, n, k and the leading dimensions as a 32-bit int, at most \
+                         2147483647, and {g:?} passes it; split the product)"
+                    ),
+                ),
+            }
+            .into());
+        }
         // SAFETY: `Gemm::check` showed that the matrices `g` describes (leading dimensions
         // included) lie inside `a`, `b` and `c`, and cuBLAS touches nothing else but its
         // workspace, which `call` declares; cuBLAS enqueues on the stream it is given and
         // returns without waiting.
         unsafe {
             self.call(cmd, name, &[a, b], &[c], |handle, spans| {
-                gemm_raw(handle, &g, spans[0].addr.0, spans[1].addr.0, spans[2].addr.0)
+                gemm_raw(
+                    handle,
+                    &g,
+                    spans[0].addr.0,
+                    spans[1].addr.0,
+                    spans[2].addr.0,
+                )
             })
         }
     }
@@ -547,11 +565,7 @@ impl Cublas {
     where
         F: FnOnce(cb::cublasHandle_t, &[DeviceSpan]) -> cb::cublasStatus_t,
     {
-        let device = reads
-            .iter()
-            .chain(writes)
-            .next()
-            .map(|h| h.issuer().device);
+        let device = reads.iter().chain(writes).next().map(|h| h.issuer().device);
         let mut lanes = self.lock();
         let lane = self.lane(&mut lanes, cmd, device)?;
         // Up to 8 writes on the stack; more are rare (a GEMM has one).
@@ -635,11 +649,20 @@ fn create_handle() -> Result<BlasHandle, cb::cublasStatus_t> {
 
 /// A failure to set a stream's cuBLAS handle up, as the error a command returns.
 fn library_setup_error(message: String) -> ServerError {
-    ServerError::from(devcmd::LaunchError::Library {
+    LaunchError::Library {
         work: "cuBLAS set-up",
-        code: -1,
-        message,
-    })
+        error: LibraryError::new(-1, message),
+    }
+    .into()
+}
+
+/// The six sizes as cuBLAS's `int`, or `None` when one passes `i32::MAX`.
+fn ints(v: [u32; 6]) -> Option<[i32; 6]> {
+    let mut out = [0; 6];
+    for (o, v) in out.iter_mut().zip(v) {
+        *o = i32::try_from(v).ok()?;
+    }
+    Some(out)
 }
 
 fn op(transpose: bool) -> cb::cublasOperation_t {
@@ -652,10 +675,10 @@ fn op(transpose: bool) -> cb::cublasOperation_t {
 
 /// The cuBLAS call of `g` on `handle` with A, B and C at those device addresses.
 fn gemm_raw(handle: cb::cublasHandle_t, g: &Gemm, a: u64, b: u64, c: u64) -> cb::cublasStatus_t {
-    // `Gemm::check` keeps every size and leading dimension within `i32`.
-    let int = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
-    let (m, n, k) = (int(g.m), int(g.n), int(g.k));
-    let (lda, ldb, ldc) = (int(g.lda), int(g.ldb), int(g.ldc));
+    let Some([m, n, k, lda, ldb, ldc]) = ints([g.m, g.n, g.k, g.lda, g.ldb, g.ldc]) else {
+        // `Cublas::gemm` refused it before; cuBLAS answers the same for a size it cannot take.
+        return cb::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
+    };
     let (ta, tb) = (op(g.trans_a), op(g.trans_b));
     let (alpha, beta) = (g.alpha, g.beta);
     match g.dtype {
@@ -772,7 +795,10 @@ mod tests {
             );
         }
         for s in CUBLAS_SYMBOLS {
-            assert!(called.iter().any(|c| c == s), "{s} is checked but never called");
+            assert!(
+                called.iter().any(|c| c == s),
+                "{s} is checked but never called"
+            );
         }
     }
 

@@ -131,6 +131,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cublas;
 mod device;
 mod driver;
 pub mod faults;
@@ -141,6 +142,7 @@ mod nvrtc;
 mod stream;
 mod vm;
 
+pub use cublas::{CUBLAS_SYMBOLS, Cublas, CublasInitError, cublas_library};
 pub use device::{CudaShim, PAGE_ALIGNMENT};
 pub use driver::{
     BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, OPTIONAL_SYMBOLS, SYMBOLS,
@@ -162,3 +164,9 @@ use devcmd::Shim;
 /// shim: with the shim's context current ([`CudaShim::cu_context`]) and only functions the
 /// driver has, since cudarc panics on a missing one.
 pub use cudarc::driver::sys;
+
+/// The raw cuBLAS API (cudarc's `cublas::sys` bindings), for code that calls cuBLAS next to
+/// [`Cublas`] (a benchmark's direct call, a routine [`Cublas::call`] wraps): only after
+/// [`Cublas::new`] succeeded (it loaded and checked the library) and only functions of
+/// [`CUBLAS_SYMBOLS`], since cudarc panics on a missing one.
+pub use cudarc::cublas::sys as cublas_sys;

@@ -55,6 +55,16 @@ impl CudaStream {
     pub fn is_borrowed(&self) -> bool {
         self.borrowed
     }
+
+    /// The context the stream belongs to.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The raw `CUstream`, borrowed (the shim's `native_stream`).
+    pub(crate) fn raw_ref(&self) -> &sys::CUstream {
+        &self.raw
+    }
 }
 
 impl fmt::Debug for CudaStream {
@@ -68,6 +78,14 @@ impl fmt::Debug for CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        let recording = self.recorded.get_mut().unwrap_or_else(|e| e.into_inner());
+        if recording.take().is_some() {
+            // Dropped while recording (the capture dies with the stream, or stays with its
+            // owner's stream if borrowed): no longer one of the context's recordings.
+            self.ctx
+                .capturing
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
         if self.borrowed {
             // The caller's runtime owns it (and may destroy it once this value is gone).
             return;

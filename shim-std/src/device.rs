@@ -608,6 +608,18 @@ impl Shim for StdShim {
     type Kernel = StdKernel;
     type Registration = StdRegistration;
     type Graph = StdGraph;
+    /// A stream is its own native handle: library work enqueues host functions on its worker
+    /// ([`StdStream::enqueue_host`]).
+    type NativeStream = StdStream;
+
+    fn native_stream<'a>(&self, stream: &'a StdStream) -> &'a StdStream {
+        stream
+    }
+
+    unsafe fn borrow_stream(&self, native: &StdStream) -> Result<StdStream, DriverError> {
+        self.enter(ShimOp::StreamCreate, 0)?;
+        Ok(native.borrowed())
+    }
 
     fn facts(&self) -> DeviceFacts {
         self.inner.facts

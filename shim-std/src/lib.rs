@@ -13,6 +13,10 @@
 //! - **Kernels** ([`StdKernel`]) are Rust closures registered by name
 //!   ([`StdShim::register_kernel`]); a kernel reads its parameters by position
 //!   ([`KernelCtx::scalar_u32`] and friends, [`KernelCtx::slot`]) and its buffers by slot.
+//! - **Library work** ([`devcmd::Command::library`]): a stream is its own native handle; a
+//!   library enqueues host functions on its worker ([`StdStream::enqueue_host`]), in stream
+//!   order, recorded and replayed like any operation. [`blas::gemm`] is a CPU GEMM
+//!   (`matrixmultiply`) offered that way, the counterpart of devcmd-cuda's cuBLAS.
 //! - **Graphs** ([`StdGraph`]) are the list of operations a stream recorded between
 //!   [`Shim::begin_capture`] and [`Shim::end_capture`], replayed as one operation.
 //! - **Virtual memory** (on Unix; granule [`DEFAULT_VM_GRANULE`], 2 MiB, as a CUDA GPU's, or
@@ -51,6 +55,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod blas;
 mod device;
 mod faults;
 mod graph;
@@ -68,7 +73,7 @@ pub use faults::{Injection, Stats, classify, status};
 pub use graph::StdGraph;
 pub use kernel::{KernelCtx, KernelFault, KernelFn, StdKernel, as_f32, as_f32_mut};
 pub use memory::{POISON_BYTE, StdDevicePage, StdHostPage};
-pub use stream::{StdEvent, StdStream};
+pub use stream::{HostFn, StdEvent, StdStream};
 pub use vm::DEFAULT_VM_GRANULE;
 
 #[cfg(doc)]

@@ -72,12 +72,20 @@ pub(crate) enum Op {
         seq: u64,
     },
     Replay(Arc<Vec<Op>>),
+    /// A host function library work enqueued ([`StdStream::enqueue_host`]); a replay runs it
+    /// again.
+    Host(HostFn),
     /// The work before it fails while it runs (an [`Injection::while_running`] fired on the call
     /// that enqueued that work): runs nothing, reports the fault.
     ///
     /// [`Injection::while_running`]: crate::Injection::while_running
     Fail(DriverError),
 }
+
+/// A host function enqueued on a stream by library work: it runs on the stream's worker, in
+/// stream order; an `Err` is a fault of the stream's work (reported by the stream's fences as a
+/// failed kernel's status).
+pub type HostFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Runs `op` on the calling worker.
 fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
@@ -124,6 +132,9 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
             }
             first.map_or(Ok(()), Err)
         }
+        // The fence reports a failed kernel's status (the message has nowhere to go: a fault of
+        // work that ran is a status, as on CUDA).
+        Op::Host(f) => f().map_err(|_| classify(ShimOp::Launch, status::KERNEL_FAILED)),
         Op::Fail(e) => Err(*e),
     }
 }
@@ -320,6 +331,11 @@ fn work(shared: Arc<StreamShared>) {
 pub struct StdStream {
     pub(crate) shared: Arc<StreamShared>,
     worker: Option<JoinHandle<()>>,
+    /// A second handle on another stream's worker ([`Shim::borrow_stream`]): dropping it leaves
+    /// the worker running.
+    ///
+    /// [`Shim::borrow_stream`]: devcmd::Shim::borrow_stream
+    borrowed: bool,
 }
 
 impl StdStream {
@@ -350,7 +366,27 @@ impl StdStream {
         Some(Self {
             shared,
             worker: Some(worker),
+            borrowed: false,
         })
+    }
+
+    /// A handle on this stream's worker that does not own it: the stream of a
+    /// [`Shim::borrow_stream`](devcmd::Shim::borrow_stream).
+    pub(crate) fn borrowed(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            worker: None,
+            borrowed: true,
+        }
+    }
+
+    /// Enqueues `work` to run on the stream's worker in stream order, as a library enqueues its
+    /// kernels on a CUDA stream: the native side of library work on this shim
+    /// ([`Command::library`](devcmd::Command::library)). While the stream records, `work` is
+    /// recorded and every replay runs it again. An `Err` it returns is a fault of the stream's
+    /// work (its next fences report it).
+    pub fn enqueue_host(&self, work: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
+        self.shared.enqueue(Op::Host(Arc::new(work)));
     }
 
     /// The stream's id, unique within its shim.
@@ -366,6 +402,10 @@ impl StdStream {
 
 impl Drop for StdStream {
     fn drop(&mut self) {
+        if self.borrowed {
+            // The stream's owner ends it.
+            return;
+        }
         {
             let mut st = lock(&self.shared.state);
             st.shutdown = true;

@@ -306,6 +306,24 @@ impl<S: Shim> Shim for Counted<S> {
     type Kernel = S::Kernel;
     type Registration = S::Registration;
     type Graph = S::Graph;
+    type NativeStream = S::NativeStream;
+
+    fn native_stream<'a>(&self, stream: &'a Self::Stream) -> &'a Self::NativeStream {
+        self.inner.native_stream(&stream.0)
+    }
+
+    unsafe fn borrow_stream(
+        &self,
+        native: &Self::NativeStream,
+    ) -> Result<Self::Stream, DriverError> {
+        self.enter(ShimOp::StreamCreate)?;
+        // SAFETY: the caller's contract is the inner shim's.
+        let stream = Arc::new(unsafe { self.inner.borrow_stream(native) }?);
+        let mut streams = lock(&self.streams);
+        streams.retain(|w| w.strong_count() > 0);
+        streams.push(Arc::downgrade(&stream));
+        Ok(CountedStream(stream))
+    }
 
     fn facts(&self) -> DeviceFacts {
         self.inner.facts()
@@ -640,5 +658,15 @@ impl<H: Harness> Harness for CountedHarness<H> {
 
     fn probe(&self, shim: &Self::S) -> Option<Box<dyn Probe>> {
         Some(Box::new(shim.probe()))
+    }
+
+    unsafe fn library_copy(
+        &self,
+        native: &<H::S as Shim>::NativeStream,
+        src: devcmd::DeviceSpan,
+        dst: devcmd::DeviceSpan,
+    ) -> Option<Result<(), devcmd::LibraryError>> {
+        // SAFETY: the caller's contract is the inner harness's.
+        unsafe { self.0.library_copy(native, src, dst) }
     }
 }

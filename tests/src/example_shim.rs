@@ -87,6 +87,11 @@ impl Shim for HostShim {
     type Kernel = HostKernel;
     type Registration = Infallible;
     type Graph = Infallible;
+    type NativeStream = ();
+
+    fn native_stream<'a>(&self, _stream: &'a Self::Stream) -> &'a () {
+        &()
+    }
 
     fn facts(&self) -> DeviceFacts {
         DeviceFacts {

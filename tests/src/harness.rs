@@ -64,7 +64,7 @@
 //! the std shim does); otherwise build [`devcmd::DriverError`]s with those faults directly (as
 //! [`Counted`](crate::Counted) does).
 
-use devcmd::{KernelParam, LaunchDims, Shim, ShimOp};
+use devcmd::{DeviceSpan, KernelParam, LaunchDims, LibraryError, Shim, ShimOp};
 use std::fmt;
 
 /// How long a [`TestKernel::SlowAdd`] must take at least, in milliseconds.
@@ -332,6 +332,26 @@ pub trait Harness {
     /// [`TestKernel::WriteThenFail`] only, and the fault-injection group is skipped.
     fn probe(&self, shim: &Self::S) -> Option<Box<dyn Probe>> {
         let _ = shim;
+        None
+    }
+
+    /// The suite's stand-in for a vendor library, for the library-work group
+    /// ([`crate::groups::library_work()`]): enqueues on `native` a copy of `src` into `dst` (as
+    /// long as each other) the way a library enqueues its kernels, and returns without waiting.
+    /// `None` when the shim offers no library work (the group is then skipped with a visible
+    /// line).
+    ///
+    /// # Safety
+    ///
+    /// `src` and `dst` lie in live device memory of `shim` that stays alive and unmoved until the
+    /// stream under `native` passed the copy (the core's promise to library work).
+    unsafe fn library_copy(
+        &self,
+        native: &<Self::S as Shim>::NativeStream,
+        src: DeviceSpan,
+        dst: DeviceSpan,
+    ) -> Option<Result<(), LibraryError>> {
+        let _ = (native, src, dst);
         None
     }
 }

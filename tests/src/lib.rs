@@ -92,15 +92,15 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
             failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
-            capture_replay_fault, virtual_memory);
+            capture_replay_fault, virtual_memory, library_work);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
             drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
             failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
-            capture_replay_fault, virtual_memory);
+            capture_replay_fault, virtual_memory, library_work);
         $crate::conformance_tests!(@mode lazy, LAZY, $h;
-            cross_stream_reuse, capture, capture_replay_fault, virtual_memory);
+            cross_stream_reuse, capture, capture_replay_fault, virtual_memory, library_work);
         $crate::conformance_tests!(@mode poison, POISON, $h;
-            cross_stream_reuse, capture, capture_replay_fault, virtual_memory);
+            cross_stream_reuse, capture, capture_replay_fault, virtual_memory, library_work);
     };
     (@mode $name:ident, $mode:ident, $h:expr; $($group:ident),*) => {
         #[doc = concat!("The groups in mode `", stringify!($mode), "`.")]

@@ -1,8 +1,8 @@
 //! The harness of `devcmd-std`: the reference implementation of [`Harness`] and [`Probe`].
 
 use crate::harness::{Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestKernel};
-use devcmd::ShimOp;
-use devcmd_std::{Injection, KernelCtx, KernelFault, StdKernel, StdShim};
+use devcmd::{DeviceSpan, LibraryError, ShimOp};
+use devcmd_std::{Injection, KernelCtx, KernelFault, StdKernel, StdShim, StdStream};
 use std::time::Duration;
 
 /// Runs the suite against [`StdShim`]: every mode, with counters and fault injection.
@@ -29,6 +29,16 @@ impl Harness for IntegratedStdHarness {
 
     fn probe(&self, shim: &StdShim) -> Option<Box<dyn Probe>> {
         StdHarness.probe(shim)
+    }
+
+    unsafe fn library_copy(
+        &self,
+        native: &StdStream,
+        src: DeviceSpan,
+        dst: DeviceSpan,
+    ) -> Option<Result<(), LibraryError>> {
+        // SAFETY: the caller's contract is the same.
+        unsafe { StdHarness.library_copy(native, src, dst) }
     }
 }
 
@@ -91,6 +101,34 @@ impl Harness for StdHarness {
 
     fn probe(&self, shim: &StdShim) -> Option<Box<dyn Probe>> {
         Some(Box::new(StdProbe(shim.clone())))
+    }
+
+    unsafe fn library_copy(
+        &self,
+        native: &StdStream,
+        src: DeviceSpan,
+        dst: DeviceSpan,
+    ) -> Option<Result<(), LibraryError>> {
+        if src.len != dst.len {
+            return Some(Err(LibraryError::new(
+                1,
+                format!("copy of {} bytes into {}: lengths differ", src.len, dst.len),
+            )));
+        }
+        let (from, to, len) = (src.addr.0 as usize, dst.addr.0 as usize, src.len as usize);
+        native.enqueue_host(move || {
+            // SAFETY: a std device address is the host address of its bytes; the caller keeps
+            // both ranges alive until the stream passed this work, which runs in stream order.
+            unsafe {
+                std::ptr::copy(
+                    std::ptr::with_exposed_provenance::<u8>(from),
+                    std::ptr::with_exposed_provenance_mut::<u8>(to),
+                    len,
+                )
+            };
+            Ok(())
+        });
+        Some(Ok(()))
     }
 }
 

@@ -76,9 +76,14 @@ impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
     type Kernel = <StdShim as Shim>::Kernel;
     type Registration = <StdShim as Shim>::Registration;
     type Graph = <StdShim as Shim>::Graph;
+    type NativeStream = <StdShim as Shim>::NativeStream;
 
     /// The inner shim's facts, with no virtual memory: this wrapper keeps the contract's
     /// default (unsupported) virtual-memory calls, so it must not claim a granule.
+    fn native_stream<'a>(&self, stream: &'a Self::Stream) -> &'a Self::NativeStream {
+        self.inner.native_stream(stream)
+    }
+
     fn facts(&self) -> DeviceFacts {
         DeviceFacts {
             vm_granule: 0,

@@ -202,9 +202,9 @@ macro_rules! groups_in {
 }
 
 groups_in!(normal, NORMAL: drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-    failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory);
+    failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory, library_work);
 groups_in!(poison, POISON: drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-    failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory);
+    failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory, library_work);
 
 /// The capture group's fault while a replay runs (it traps: a process of its own).
 mod capture_fault {

@@ -29,9 +29,9 @@ macro_rules! zero_copy_groups {
 
 zero_copy_groups! {
     NORMAL: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input, host_release,
-        capture, capture_replay_fault, virtual_memory;
+        capture, capture_replay_fault, virtual_memory, library_work;
     LAZY_POISON: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input,
-        host_release, capture, capture_replay_fault, virtual_memory;
-    LAZY: cross_stream_reuse, capture, capture_replay_fault;
-    POISON: cross_stream_reuse, capture, capture_replay_fault;
+        host_release, capture, capture_replay_fault, virtual_memory, library_work;
+    LAZY: cross_stream_reuse, capture, capture_replay_fault, library_work;
+    POISON: cross_stream_reuse, capture, capture_replay_fault, library_work;
 }

@@ -18,13 +18,16 @@
 //! (`order.rs`).
 
 mod capture;
+mod engine;
 mod futures;
 mod launch;
+mod library;
 mod memory;
 mod transfer;
 
 pub use futures::{ReadFuture, ReadToFuture, SyncFuture};
 pub use launch::Launch;
+pub use library::{Gemm, GemmType, LibraryWork};
 pub use transfer::ReadRequest;
 
 use crate::device::{Device, DeviceReport};

@@ -15,4 +15,4 @@ mod server;
 pub use capture::CaptureError;
 pub use driver::{DriverError, Fault, ShimOp};
 pub use io::{IoError, NotFoundReason};
-pub use server::{LaunchError, ServerError, Validation};
+pub use server::{LaunchError, LibraryError, ServerError, Validation};

@@ -15,6 +15,14 @@ pub enum LaunchError {
         /// The device's answer.
         cause: DriverError,
     },
+    /// Library work ([`Command::library`](crate::Command::library)) returned an error when it
+    /// was enqueued: the library's own code and message.
+    Library {
+        /// The work's name.
+        work: &'static str,
+        /// What the library said.
+        error: LibraryError,
+    },
     /// A buffer of the launch did not resolve.
     Buffer {
         /// The kernel's name.
@@ -32,6 +40,11 @@ impl fmt::Display for LaunchError {
             Self::Refused { kernel, cause } => {
                 write!(f, "launch of `{kernel}` was refused: {cause}")
             }
+            Self::Library { work, error } => write!(
+                f,
+                "library work `{work}` failed: {error}; its outputs carry this failure, \
+                 fix the call's arguments or the library's state and run it again"
+            ),
             Self::Buffer {
                 kernel,
                 index,
@@ -46,6 +59,36 @@ impl fmt::Display for LaunchError {
     }
 }
 
+/// What library work returns when the library refuses it (a cuBLAS status, a TensorRT
+/// `enqueueV3` that answered `false`, a vendor DSP library's error code): its own code and
+/// message, kept in the failure the work's outputs carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct LibraryError {
+    /// The library's status code.
+    pub code: i64,
+    /// The library's own words (its status name, its error string).
+    pub message: alloc::string::String,
+}
+
+impl LibraryError {
+    /// An error with the library's `code` and `message`.
+    pub fn new(code: i64, message: impl Into<alloc::string::String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for LibraryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (code {})", self.message, self.code)
+    }
+}
+
+impl core::error::Error for LibraryError {}
+
 /// A call the layer refuses because of how it was made, not because of the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -56,6 +99,12 @@ pub enum Validation {
         stream: u32,
         /// How many streams the device allows.
         max: u32,
+    },
+    /// A stream borrowed ([`Device::borrow_stream`](crate::Device::borrow_stream)) under an id
+    /// the device already uses.
+    StreamInUse {
+        /// The id asked for.
+        stream: u32,
     },
     /// Host data whose length does not match the copy's layout.
     LengthMismatch {
@@ -100,6 +149,18 @@ pub enum Validation {
         /// Buffers the launch has (inputs and outputs).
         buffers: usize,
     },
+    /// An operand of library work is shorter than the work needs (checked by a library wrapper
+    /// such as a GEMM's, before the library sees it).
+    LibraryOperand {
+        /// The work.
+        work: &'static str,
+        /// The operand (`"A"`, `"B"`, `"C"` of a GEMM).
+        operand: &'static str,
+        /// Bytes the work reads or writes through it.
+        needs: u64,
+        /// Bytes the handle views.
+        found: u64,
+    },
     /// A launch extent (a grid or block dimension) is zero.
     LaunchDims {
         /// The kernel.
@@ -116,6 +177,11 @@ impl fmt::Display for Validation {
                 f,
                 "stream {stream} asked for but this device allows {max} streams; use 0..{max} \
                  or raise `DeviceConfig::max_streams`"
+            ),
+            Self::StreamInUse { stream } => write!(
+                f,
+                "stream {stream} already exists on this device, so it cannot be borrowed; borrow \
+                 a native stream under an id no command has used yet"
             ),
             Self::LengthMismatch { expected, found } => write!(
                 f,
@@ -154,6 +220,16 @@ impl fmt::Display for Validation {
                 "parameter {param} of the launch of `{kernel}` names buffer slot {slot}, but the \
                  launch has {buffers} buffers (inputs first, then outputs); name a slot below \
                  {buffers}"
+            ),
+            Self::LibraryOperand {
+                work,
+                operand,
+                needs,
+                found,
+            } => write!(
+                f,
+                "operand {operand} of `{work}` views {found} bytes but the work touches {needs}; \
+                 pass a larger handle or smaller dimensions (leading dimensions included)"
             ),
             Self::LaunchDims { kernel, dims } => write!(
                 f,
@@ -355,6 +431,7 @@ impl core::error::Error for LaunchError {
         match self {
             Self::Refused { cause, .. } => Some(cause),
             Self::Buffer { cause, .. } => Some(cause),
+            Self::Library { error, .. } => Some(error),
         }
     }
 }

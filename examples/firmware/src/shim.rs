@@ -699,6 +699,11 @@ impl Shim for FwShim {
     type Kernel = FwKernel;
     type Registration = core::convert::Infallible;
     type Graph = FwGraph;
+    type NativeStream = ();
+
+    fn native_stream<'a>(&self, _stream: &'a Self::Stream) -> &'a () {
+        &()
+    }
 
     fn facts(&self) -> DeviceFacts {
         DeviceFacts {

@@ -182,6 +182,11 @@ impl Shim for AddressShim {
     type Kernel = Infallible;
     type Registration = Infallible;
     type Graph = Infallible;
+    type NativeStream = ();
+
+    fn native_stream<'a>(&self, _stream: &'a Self::Stream) -> &'a () {
+        &()
+    }
 
     fn facts(&self) -> DeviceFacts {
         self.facts

@@ -1,0 +1,228 @@
+//! Library work: device work the core does not launch itself (a cuBLAS GEMM, a TensorRT
+//! engine's `enqueueV3(stream)`, a vendor's DSP library on a firmware board), declared by the
+//! handles it reads and writes and run by the engine exactly like a launch.
+//!
+//! Owns the public declaration ([`LibraryWork`]), the contract a caller promises, and [`Gemm`],
+//! the description of one matrix product that the shims' BLAS wrappers share (its shape checked
+//! against the handles here, once, so every wrapper refuses the same calls). Does not own the
+//! steps (`engine.rs`) nor any library binding (the shims' crates: cuBLAS in devcmd-cuda, a CPU
+//! GEMM in devcmd-std).
+
+use super::Command;
+use super::engine::Work;
+use crate::error::{LibraryError, ServerError, Validation};
+use crate::memory::Handle;
+use crate::shim::{DeviceSpan, Shim};
+
+/// What library work touches: its name (named by failure chains and by a stream fault it may
+/// cause) and the handles it reads and writes. The device ranges handed to the library are the
+/// handles' views, reads first, then writes, in this order.
+#[derive(Debug, Clone, Copy)]
+pub struct LibraryWork<'a> {
+    /// The work's name.
+    pub name: &'static str,
+    /// Handles whose views the work reads.
+    pub reads: &'a [&'a Handle],
+    /// Handles whose views the work writes. None may overlap another handle of the work.
+    pub writes: &'a [&'a Handle],
+}
+
+impl<S: Shim> Command<'_, S> {
+    /// Enqueues library work on this stream: `call` gets the stream's native handle
+    /// ([`Shim::native_stream`]: CUDA's `CUstream`) and the device ranges of `work`'s reads, then
+    /// its writes, and enqueues the library's work on that stream.
+    ///
+    /// The core treats it exactly as a launch: the stream is first ordered after other streams'
+    /// work on the handles; if a read carries a failure, `call` is not made, the writes carry the
+    /// failure and [`ServerError::Skipped`] names the work; an error `call` returns marks the
+    /// writes failed with the library's own code and message ([`LaunchError::Library`]); the
+    /// handles stay alive until a fence after the work passed; while this stream records, the
+    /// work is recorded into the graph (the library's enqueues are captured with the stream's)
+    /// and each replay applies the failure rule again.
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::AliasedLaunch`] when a write overlaps another handle of the work;
+    /// [`LaunchError::Buffer`] for a handle that names no memory; [`ServerError::Skipped`];
+    /// [`LaunchError::Library`]; the failures every operation begins with.
+    ///
+    /// # Safety
+    ///
+    /// The core cannot check what a library does, so the caller promises, for the whole time
+    /// `call` runs and for the work it enqueues:
+    /// - `call` only *enqueues* work, on the native stream it is given (no other stream, no host
+    ///   wait for the device, no synchronisation of the device or context);
+    /// - that work touches device memory only inside the ranges given, and writes only the
+    ///   ranges of `work.writes`;
+    /// - `call` returns `Err` only when it enqueued nothing that will still run;
+    /// - while the stream records, everything `call` enqueues may be captured (CUDA: cuBLAS with
+    ///   its workspace set; no allocation inside the recording).
+    ///
+    /// [`LaunchError::Library`]: crate::LaunchError::Library
+    /// [`LaunchError::Buffer`]: crate::LaunchError::Buffer
+    pub unsafe fn library<F>(&mut self, work: LibraryWork<'_>, call: F) -> Result<(), ServerError>
+    where
+        F: FnOnce(&S::NativeStream, &[DeviceSpan]) -> Result<(), LibraryError>,
+    {
+        let mut call = Some(call);
+        let mut once = |native: &S::NativeStream, spans: &[DeviceSpan]| match call.take() {
+            Some(call) => call(native, spans),
+            // The engine makes the call at most once.
+            None => Ok(()),
+        };
+        self.run_work(work.name, work.reads, work.writes, Work::Library(&mut once))
+    }
+}
+
+/// The element type of a [`Gemm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum GemmType {
+    /// `f32` operands and result, `f32` arithmetic.
+    F32,
+    /// IEEE half operands and result, `f32` accumulation.
+    F16,
+}
+
+impl GemmType {
+    /// Bytes per element.
+    pub const fn bytes(self) -> u64 {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+}
+
+/// One matrix product `C = alpha · op(A) · op(B) + beta · C` in BLAS's column-major convention
+/// (cuBLAS's, so a wrapper passes the fields straight through): `op(A)` is `m × k`, `op(B)` is
+/// `k × n`, `C` is `m × n`; `op(X)` is `X` or its transpose; `ld*` are the leading dimensions
+/// (elements between consecutive columns as stored). A row-major product `Y = X · Wᵀ` is the
+/// column-major `Yᵀ = W · Xᵀ`.
+///
+/// ```
+/// use devcmd::{Gemm, GemmType};
+///
+/// // C (4 × 3) = A (4 × 2) · B (2 × 3), packed, f32.
+/// let g = Gemm::packed(GemmType::F32, 4, 3, 2);
+/// assert_eq!((g.lda, g.ldb, g.ldc), (4, 2, 4));
+/// assert_eq!(g.bytes(), (4 * 2 * 4, 2 * 3 * 4, 4 * 3 * 4));
+/// assert!(g.check("gemm", 32, 24, 48).is_ok());
+/// assert!(g.check("gemm", 32, 24, 47).is_err(), "C is one byte short");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemm {
+    /// Element type of A, B and C.
+    pub dtype: GemmType,
+    /// Rows of `op(A)` and of C.
+    pub m: u32,
+    /// Columns of `op(B)` and of C.
+    pub n: u32,
+    /// Columns of `op(A)`, rows of `op(B)`.
+    pub k: u32,
+    /// `op(A) = Aᵀ`.
+    pub trans_a: bool,
+    /// `op(B) = Bᵀ`.
+    pub trans_b: bool,
+    /// Leading dimension of A.
+    pub lda: u32,
+    /// Leading dimension of B.
+    pub ldb: u32,
+    /// Leading dimension of C.
+    pub ldc: u32,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of C's old value (0: C is only written).
+    pub beta: f32,
+}
+
+impl Gemm {
+    /// A product of packed, untransposed operands (`lda = m`, `ldb = k`, `ldc = m`), `alpha = 1`,
+    /// `beta = 0`.
+    pub const fn packed(dtype: GemmType, m: u32, n: u32, k: u32) -> Self {
+        Self {
+            dtype,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            lda: m,
+            ldb: k,
+            ldc: m,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
+    /// The bytes A, B and C span as stored (leading dimensions included): the last column
+    /// holds only its rows.
+    pub fn bytes(&self) -> (u64, u64, u64) {
+        let span = |rows: u32, cols: u32, ld: u32| {
+            if rows == 0 || cols == 0 {
+                0
+            } else {
+                (u64::from(cols) - 1) * u64::from(ld) + u64::from(rows)
+            }
+        };
+        let (a_rows, a_cols) = if self.trans_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (b_rows, b_cols) = if self.trans_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        let e = self.dtype.bytes();
+        (
+            span(a_rows, a_cols, self.lda) * e,
+            span(b_rows, b_cols, self.ldb) * e,
+            span(self.m, self.n, self.ldc) * e,
+        )
+    }
+
+    /// Checks the product against the bytes the three handles view: every leading dimension
+    /// holds its column, and every operand is long enough. The wrappers of devcmd-std and
+    /// devcmd-cuda call it before the library sees anything.
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::LibraryOperand`] naming the first operand that is too short or whose
+    /// leading dimension is below its column's rows.
+    pub fn check(&self, work: &'static str, a: u64, b: u64, c: u64) -> Result<(), Validation> {
+        let (a_rows, b_rows) = (
+            if self.trans_a { self.k } else { self.m },
+            if self.trans_b { self.n } else { self.k },
+        );
+        let e = self.dtype.bytes();
+        let short = |operand, rows: u32, ld: u32| Validation::LibraryOperand {
+            work,
+            operand,
+            needs: u64::from(rows) * e,
+            found: u64::from(ld) * e,
+        };
+        if self.lda < a_rows.max(1) {
+            return Err(short("A (lda)", a_rows, self.lda));
+        }
+        if self.ldb < b_rows.max(1) {
+            return Err(short("B (ldb)", b_rows, self.ldb));
+        }
+        if self.ldc < self.m.max(1) {
+            return Err(short("C (ldc)", self.m, self.ldc));
+        }
+        let (need_a, need_b, need_c) = self.bytes();
+        for (operand, needs, found) in [("A", need_a, a), ("B", need_b, b), ("C", need_c, c)] {
+            if needs > found {
+                return Err(Validation::LibraryOperand {
+                    work,
+                    operand,
+                    needs,
+                    found,
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,211 @@
+//! A CPU GEMM as library work: [`gemm`] runs a [`Gemm`] on the stream's worker with the
+//! `matrixmultiply` crate, through [`Command::library`], so it is ordered, guarded, captured and
+//! failure-ruled like any launch. The same operation devcmd-cuda offers with cuBLAS.
+//!
+//! Owns the mapping of a [`Gemm`] (BLAS column-major, leading dimensions, transposes) onto
+//! `matrixmultiply`'s row and column strides. Does not own the shape checks ([`Gemm::check`], in
+//! the core) nor the steps around the call (the core's engine).
+
+use crate::StdShim;
+use devcmd::{Command, Gemm, GemmType, Handle, LibraryError, LibraryWork, ServerError};
+
+/// Enqueues `C = alpha · op(A) · op(B) + beta · C` on `cmd`'s stream, named `"sgemm"` in failure
+/// chains. `a` and `b` are read, `c` written (and read when `beta` is not 0); the three must not
+/// overlap.
+///
+/// ```
+/// use devcmd::{Device, DeviceConfig, Gemm, GemmType, StreamId};
+/// use devcmd_std::{StdShim, blas};
+///
+/// let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+/// let mut cmd = device.command(StreamId(0)).unwrap();
+/// let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+/// // Column-major A (2 × 2) = [[1, 2], [3, 4]] and B = identity.
+/// let a = cmd.create(&f32s(&[1.0, 3.0, 2.0, 4.0])).unwrap();
+/// let b = cmd.create(&f32s(&[1.0, 0.0, 0.0, 1.0])).unwrap();
+/// let c = cmd.empty(16).unwrap();
+/// blas::gemm(&mut cmd, Gemm::packed(GemmType::F32, 2, 2, 2), &a, &b, &c).unwrap();
+/// let back = cmd.read_owned(c).unwrap().wait().unwrap();
+/// assert_eq!(back[0].as_slice(), f32s(&[1.0, 3.0, 2.0, 4.0]));
+/// ```
+///
+/// # Errors
+///
+/// [`devcmd::Validation::LibraryOperand`] when an operand is too short for the shape;
+/// [`devcmd::LaunchError::Library`] for [`GemmType::F16`] (the CPU GEMM computes in `f32` only);
+/// what [`Command::library`] returns.
+pub fn gemm(
+    cmd: &mut Command<'_, StdShim>,
+    g: Gemm,
+    a: &Handle,
+    b: &Handle,
+    c: &Handle,
+) -> Result<(), ServerError> {
+    const NAME: &str = "sgemm";
+    g.check(NAME, a.len(), b.len(), c.len())?;
+    let work = LibraryWork {
+        name: NAME,
+        reads: &[a, b],
+        writes: &[c],
+    };
+    let call = |native: &crate::StdStream, spans: &[devcmd::DeviceSpan]| {
+        if g.dtype != GemmType::F32 {
+            return Err(LibraryError::new(
+                1,
+                "the CPU GEMM computes f32 only: convert the operands or use a GPU shim",
+            ));
+        }
+        let (pa, pb, pc) = (spans[0].addr.0, spans[1].addr.0, spans[2].addr.0);
+        // Column-major with leading dimensions: element (i, j) of X is at i + j·ld; a transposed
+        // operand swaps the strides.
+        let strides = |trans: bool, ld: u32| {
+            if trans {
+                (ld as isize, 1)
+            } else {
+                (1, ld as isize)
+            }
+        };
+        let (rsa, csa) = strides(g.trans_a, g.lda);
+        let (rsb, csb) = strides(g.trans_b, g.ldb);
+        let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
+        native.enqueue_host(move || {
+            if m == 0 || n == 0 {
+                return Ok(());
+            }
+            // SAFETY: a std device address is the host address of its bytes; `Gemm::check`
+            // bounded every element the strides reach inside the resolved spans, which the core
+            // keeps alive until the stream passed this work; C overlaps neither A nor B (the
+            // core refuses aliased writes).
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    k,
+                    n,
+                    g.alpha,
+                    std::ptr::with_exposed_provenance::<f32>(pa as usize),
+                    rsa,
+                    csa,
+                    std::ptr::with_exposed_provenance::<f32>(pb as usize),
+                    rsb,
+                    csb,
+                    g.beta,
+                    std::ptr::with_exposed_provenance_mut::<f32>(pc as usize),
+                    1,
+                    g.ldc as isize,
+                )
+            };
+            Ok(())
+        });
+        Ok(())
+    };
+    // SAFETY: the call only enqueues host work on the stream it is given; that work reads the
+    // spans of `a` and `b` and writes the span of `c`, inside the bounds `Gemm::check` proved;
+    // it returns `Err` only before enqueuing anything; recorded, it runs again at each replay.
+    unsafe { cmd.library(work, call) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devcmd::{Device, DeviceConfig, LaunchError, StreamId};
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    fn floats(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Column-major reference of `alpha · op(A) · op(B) + beta · C`.
+    fn reference(g: &Gemm, a: &[f32], b: &[f32], c: &[f32]) -> Vec<f32> {
+        let mut out = c.to_vec();
+        for j in 0..g.n as usize {
+            for i in 0..g.m as usize {
+                let mut acc = 0.0f64;
+                for p in 0..g.k as usize {
+                    let x = if g.trans_a {
+                        a[p + i * g.lda as usize]
+                    } else {
+                        a[i + p * g.lda as usize]
+                    };
+                    let y = if g.trans_b {
+                        b[j + p * g.ldb as usize]
+                    } else {
+                        b[p + j * g.ldb as usize]
+                    };
+                    acc += f64::from(x) * f64::from(y);
+                }
+                let at = i + j * g.ldc as usize;
+                out[at] = (f64::from(g.alpha) * acc + f64::from(g.beta) * f64::from(c[at])) as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn products_match_a_reference_with_transposes_and_leading_dimensions() {
+        let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (m, n, k, ta, tb) in [
+            (5, 3, 4, false, false),
+            (7, 9, 2, true, false),
+            (4, 6, 8, false, true),
+            (3, 3, 3, true, true),
+        ] {
+            let mut g = Gemm::packed(GemmType::F32, m, n, k);
+            g.trans_a = ta;
+            g.trans_b = tb;
+            g.lda = if ta { k + 1 } else { m + 2 };
+            g.ldb = if tb { n + 3 } else { k };
+            g.ldc = m + 1;
+            g.alpha = 1.5;
+            g.beta = 0.25;
+            let (na, nb, nc) = g.bytes();
+            let a: Vec<f32> = (0..na / 4).map(|_| next()).collect();
+            let b: Vec<f32> = (0..nb / 4).map(|_| next()).collect();
+            let c: Vec<f32> = (0..nc / 4).map(|_| next()).collect();
+            let mut cmd = device.command(StreamId(0)).unwrap();
+            let (ha, hb, hc) = (
+                cmd.create(&f32s(&a)).unwrap(),
+                cmd.create(&f32s(&b)).unwrap(),
+                cmd.create(&f32s(&c)).unwrap(),
+            );
+            gemm(&mut cmd, g, &ha, &hb, &hc).unwrap();
+            let back = floats(cmd.read_owned(hc).unwrap().wait().unwrap()[0].as_slice());
+            let want = reference(&g, &a, &b, &c);
+            for (x, y) in back.iter().zip(&want) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                    "{m}x{n}x{k} ta={ta} tb={tb}: {x} vs {y}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn short_operands_and_half_precision_are_refused_with_reasons() {
+        let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+        let mut cmd = device.command(StreamId(0)).unwrap();
+        let (a, b, c) = (
+            cmd.empty(64).unwrap(),
+            cmd.empty(64).unwrap(),
+            cmd.empty(60).unwrap(),
+        );
+        let short = gemm(&mut cmd, Gemm::packed(GemmType::F32, 4, 4, 4), &a, &b, &c).unwrap_err();
+        assert!(short.to_string().contains("operand C"), "{short}");
+        let c = cmd.empty(64).unwrap();
+        let half = gemm(&mut cmd, Gemm::packed(GemmType::F16, 4, 4, 4), &a, &b, &c).unwrap_err();
+        assert!(
+            matches!(half, ServerError::Launch(LaunchError::Library { .. })),
+            "{half:?}"
+        );
+        assert!(half.to_string().contains("f32 only"));
+    }
+}

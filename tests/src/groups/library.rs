@@ -1,0 +1,256 @@
+//! Library work: work the core does not launch itself, enqueued on the stream's native handle by
+//! a library ([`devcmd::Command::library`]), treated exactly like a launch. The library here is
+//! the harness's stand-in ([`Harness::library_copy`]: a device-to-device copy enqueued the way a
+//! vendor library enqueues its kernels); a harness without one is skipped with a visible line.
+//!
+//! Checks, byte-exactly and with no timing: the work is ordered after another stream's upload of
+//! its input; the failure rule in both directions (an input that failed skips the work and its
+//! output carries the failure; an error the library returns fails the output, with the library's
+//! message kept, and a launch reading it is skipped); an input handle dropped right after the
+//! work was enqueued stays alive until the work ran (poison and lazy modes show an early free as
+//! wrong bytes); the work recorded into a graph and replayed with new inputs, on its own stream
+//! and another.
+
+use crate::harness::{Harness, Mode, TestKernel};
+use crate::util::{Ctx, first_diff, must, pattern, small_pages};
+use devcmd::{
+    Command, DeviceConfig, Handle, LaunchError, LibraryError, LibraryWork, ServerError, Shim,
+    StreamId,
+};
+
+const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
+
+/// Enqueues the harness's library copy of `src` into `dst` as library work named `name` on
+/// `cmd`'s stream; `Ok(false)` when the harness has no library.
+fn copy<H: Harness>(
+    h: &H,
+    cmd: &mut Command<'_, H::S>,
+    name: &'static str,
+    src: &Handle,
+    dst: &Handle,
+) -> Result<bool, ServerError> {
+    let mut offered = true;
+    let work = LibraryWork {
+        name,
+        reads: &[src],
+        writes: &[dst],
+    };
+    let call = |native: &<H::S as Shim>::NativeStream, spans: &[devcmd::DeviceSpan]| {
+        // SAFETY: the core resolved both spans just now and keeps them alive until the stream
+        // passed the work.
+        match unsafe { h.library_copy(native, spans[0], spans[1]) } {
+            Some(result) => result,
+            None => {
+                offered = false;
+                Ok(())
+            }
+        }
+    };
+    // SAFETY: the library copies `spans[0]` into `spans[1]` (the declared read and write) on the
+    // stream it is given and returns without waiting.
+    unsafe { cmd.library(work, call) }?;
+    Ok(offered)
+}
+
+/// A library call that refuses, as a library answers bad arguments, enqueuing nothing.
+fn refuse<S: Shim>(cmd: &mut Command<'_, S>, src: &Handle, dst: &Handle) -> ServerError {
+    let work = LibraryWork {
+        name: "refusing_library",
+        reads: &[src],
+        writes: &[dst],
+    };
+    // SAFETY: the call enqueues nothing.
+    let refused = unsafe {
+        cmd.library(work, |_, _| {
+            Err(LibraryError::new(
+                7,
+                "LIBRARY_STATUS_INVALID_VALUE: ldb < k",
+            ))
+        })
+    };
+    refused.expect_err("a refusing library call must fail")
+}
+
+/// The library-work group in `mode`.
+pub fn library_work<H: Harness>(h: &H, mode: Mode) {
+    let Some(mut c) = Ctx::new(h, mode, DeviceConfig::default(), "library_work") else {
+        return;
+    };
+    let size = 70_000;
+    let data = pattern(size, 11);
+    // Ordered after another stream's upload: no host synchronisation in between.
+    let x = must(c.create(S1, &data), "create on stream 1");
+    let y = must(c.empty(S0, size as u64), "empty on stream 0");
+    let offered = must(
+        c.dev
+            .command(S0)
+            .and_then(|mut cmd| copy(h, &mut cmd, "library_copy", &x, &y)),
+        "library work on stream 0",
+    );
+    if !offered {
+        eprintln!("devcmd conformance: library_work skipped: the harness offers no library");
+        return;
+    }
+    let back = must(c.read(S0, &y), "read the library's output");
+    assert!(
+        back == data,
+        "[{mode}] library work on stream 0 after an upload on stream 1: {}",
+        first_diff(&back, &data)
+    );
+
+    // An input dropped right after the work was enqueued stays alive until the work ran.
+    let fresh = pattern(size, 77);
+    let z = must(c.create(S1, &fresh), "create");
+    let w = must(c.empty(S1, size as u64), "empty");
+    must(
+        c.dev
+            .command(S1)
+            .and_then(|mut cmd| copy(h, &mut cmd, "library_copy", &z, &w)),
+        "library work",
+    );
+    drop(z);
+    // Reuse of the freed room, which must wait for the work.
+    let reuse = must(
+        c.create(S1, &pattern(size, 200)),
+        "create over the freed room",
+    );
+    let back = must(c.read(S1, &w), "read");
+    assert!(
+        back == fresh,
+        "[{mode}] an input dropped after library work was enqueued was freed before it ran: {}",
+        first_diff(&back, &fresh)
+    );
+    drop(reuse);
+
+    failure_rule(h, &mut c, mode);
+    drop((x, y, w));
+    c.assert_no_leak("library_work");
+    captured(h, mode);
+}
+
+/// The failure rule both ways: a library error fails the output (the message kept), and library
+/// work whose input failed is skipped.
+fn failure_rule<H: Harness>(h: &H, c: &mut Ctx<H>, mode: Mode) {
+    let size = 4096;
+    let a = must(c.create(S0, &pattern(size, 1)), "create");
+    let b = must(c.empty(S0, size as u64), "empty");
+    let refused = refuse(&mut must(c.dev.command(S0), "command"), &a, &b);
+    match &refused {
+        ServerError::Launch(LaunchError::Library { work, error }) => {
+            assert_eq!(
+                *work, "refusing_library",
+                "[{mode}] the refusal names the work"
+            );
+            assert_eq!(error.code, 7, "[{mode}] the library's code is kept");
+            assert!(
+                error.message.contains("ldb < k"),
+                "[{mode}] the library's message is kept: {error}"
+            );
+        }
+        other => panic!("[{mode}] a library error must be LaunchError::Library, got {other:?}"),
+    }
+    // A launch reading the failed output is skipped, and its output carries the failure.
+    let out = must(c.empty(S0, size as u64), "empty");
+    let skipped = c.launch(S0, TestKernel::AddByte, 1, &[&b], &[&out]);
+    assert!(
+        matches!(skipped, Err(ServerError::Skipped { kernel: "add", .. })),
+        "[{mode}] a launch reading what failed library work left unwritten must be skipped, got \
+         {skipped:?}"
+    );
+    match c.read(S0, &out) {
+        Err(ServerError::Unwritten { root, .. }) => assert!(
+            root.to_string().contains("ldb < k"),
+            "[{mode}] the root of the failure is the library's error: {root}"
+        ),
+        other => panic!("[{mode}] the skipped launch's output must be unwritten, got {other:?}"),
+    }
+    // Library work whose input failed is skipped, and its output carries the failure.
+    let out2 = must(c.empty(S0, size as u64), "empty");
+    let skipped = c
+        .dev
+        .command(S0)
+        .and_then(|mut cmd| copy(h, &mut cmd, "library_copy", &out, &out2));
+    assert!(
+        matches!(
+            skipped,
+            Err(ServerError::Skipped {
+                kernel: "library_copy",
+                ..
+            })
+        ),
+        "[{mode}] library work whose input failed must be skipped, got {skipped:?}"
+    );
+    match c.read(S0, &out2) {
+        Err(ServerError::Unwritten { chain, .. }) => assert!(
+            chain.contains(&"library_copy"),
+            "[{mode}] the chain names the skipped library work: {chain:?}"
+        ),
+        other => panic!("[{mode}] the skipped work's output must be unwritten, got {other:?}"),
+    }
+    // Rewriting the input clears the failure: the work runs again.
+    let again = pattern(size, 9);
+    must(c.write(S0, &out, &again), "rewrite");
+    must(
+        c.dev
+            .command(S0)
+            .and_then(|mut cmd| copy(h, &mut cmd, "library_copy", &out, &out2)),
+        "library work after the input was rewritten",
+    );
+    let back = must(c.read(S0, &out2), "read");
+    assert!(back == again, "[{mode}] library work after a rewrite");
+}
+
+/// Library work recorded into a graph, replayed with new inputs on its stream and on another.
+fn captured<H: Harness>(h: &H, mode: Mode) {
+    let Some(mut c) = Ctx::new(h, mode, small_pages(), "library_work") else {
+        return;
+    };
+    let size = 3000;
+    let x = must(c.create(S0, &pattern(size, 3)), "create");
+    let y = must(c.empty(S0, size as u64), "empty");
+    let recording = match c
+        .dev
+        .command(S0)
+        .and_then(|mut cmd| cmd.begin_capture("lib"))
+    {
+        Ok(r) => r,
+        Err(ServerError::Capture(devcmd::CaptureError::Refused { cause, .. }))
+            if cause.fault == devcmd::Fault::Unsupported =>
+        {
+            eprintln!("devcmd conformance: library_work capture skipped: the shim has no graphs");
+            return;
+        }
+        Err(e) => panic!("[{mode}] begin_capture: {e}"),
+    };
+    must(
+        c.dev
+            .command(S0)
+            .and_then(|mut cmd| copy(h, &mut cmd, "library_copy", &x, &y)),
+        "library work while recording",
+    );
+    let graph = must(
+        c.dev
+            .command(S0)
+            .and_then(|mut cmd| cmd.end_capture(recording)),
+        "end_capture",
+    );
+    for (round, stream) in [(0u8, S0), (1, S1), (2, S0)] {
+        let input = pattern(size, 50 + round);
+        must(c.write(S0, &x, &input), "write new inputs");
+        must(
+            c.dev.command(stream).and_then(|mut cmd| cmd.replay(&graph)),
+            "replay",
+        );
+        let back = must(c.read(S0, &y), "read after the replay");
+        assert!(
+            back == input,
+            "[{mode}] replay {round} of recorded library work on stream {}: {}",
+            stream.0,
+            first_diff(&back, &input)
+        );
+    }
+    drop(graph);
+    drop((x, y));
+    c.assert_no_leak("library_work (capture)");
+}
