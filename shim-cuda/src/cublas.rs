@@ -38,8 +38,9 @@
 //!
 //! # Costs and limits
 //!
-//! A call adds a mutex, a look-up among the handles (a few entries), `cuCtxGetCurrent`, and the
-//! core's library-work bookkeeping to the cuBLAS call itself (BENCHMARKS.md measures it).
+//! A call adds a mutex, a look-up among the handles (a few entries), the shape check, and the
+//! core's library-work bookkeeping (four buffers: A, B, C and the workspace) to the cuBLAS call
+//! itself (BENCHMARKS.md measures it).
 //! Dropping a [`Cublas`] destroys its handles, and `cublasDestroy` synchronises the device
 //! (cuBLAS's documentation): drop it when no stream records and a wait is acceptable.
 //! F32 GEMMs run in cuBLAS's default math mode (full fp32, no TF32, unless the process sets
@@ -479,7 +480,24 @@ impl Cublas {
             native: std::ptr::null_mut(),
             workspace_addr: 0,
         });
-        Ok(lanes.lanes.last_mut().expect("just pushed"))
+        let lane = lanes.lanes.last_mut().expect("just pushed");
+        // Point the handle at the stream and the workspace now, outside any recording (a
+        // recording then only replays what the calls enqueue).
+        let handle = lane.handle.0;
+        let work = LibraryWork {
+            name: "cuBLAS set-up",
+            reads: &[],
+            writes: &[&lane.workspace],
+        };
+        let (last_native, last_ws) = (&mut lane.native, &mut lane.workspace_addr);
+        // SAFETY: the call only sets the handle's stream and workspace (host state), enqueuing
+        // nothing.
+        unsafe {
+            cmd.library(work, |native, spans| {
+                bind_for_call(handle, *native, &spans[0], last_native, last_ws)
+            })
+        }?;
+        Ok(lane)
     }
 
     /// `C = alpha op(A) op(B) + beta C` ([`Gemm`], BLAS column-major convention) on `cmd`'s
@@ -579,7 +597,6 @@ impl Cublas {
             heap.push(&lane.workspace);
             &heap
         };
-        let shim = &self.shim;
         let handle = lane.handle.0;
         let state = (&mut lane.native, &mut lane.workspace_addr);
         let work = LibraryWork {
@@ -594,26 +611,23 @@ impl Cublas {
             cmd.library(work, |native, spans| {
                 let (ws, spans) = spans.split_last().expect("the workspace is declared");
                 let (last_native, last_ws) = state;
-                bind_for_call(shim, handle, *native, ws, last_native, last_ws)?;
+                bind_for_call(handle, *native, ws, last_native, last_ws)?;
                 library_result(name, call(handle, spans))
             })
         }
     }
 }
 
-/// Binds the shim's context, then points `handle` at `native` and its workspace at `ws` where
-/// they changed since the last call.
+/// Points `handle` at `native` and its workspace at `ws` where they changed since the last call.
+/// The shim's context is current: the core asked the shim for `native` just before
+/// (`Shim::native_stream` binds it).
 fn bind_for_call(
-    shim: &CudaShim,
     handle: cb::cublasHandle_t,
     native: sys::CUstream,
     ws: &DeviceSpan,
     last_native: &mut sys::CUstream,
     last_ws: &mut u64,
 ) -> Result<(), LibraryError> {
-    shim.context()
-        .bind(ShimOp::Launch)
-        .map_err(|e| LibraryError::new(i64::from(e.status), e.to_string()))?;
     if *last_native != native {
         // SAFETY: the handle is alive (owned by the lane); the stream is the devcmd stream's,
         // alive while the command is. `cudaStream_t` and `CUstream` are the same handle.
