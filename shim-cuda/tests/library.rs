@@ -66,8 +66,12 @@ impl Rng {
     }
 }
 
-/// The f16 bits of `x`, a normal value exactly representable in f16 (the generator's).
+/// The f16 bits of `x`: a NaN (the poison), or a normal value exactly representable in f16
+/// (the generator's).
 fn f16_bits(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0xffff;
+    }
     let b = x.to_bits();
     let sign = ((b >> 16) & 0x8000) as u16;
     let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
