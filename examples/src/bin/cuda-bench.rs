@@ -641,19 +641,20 @@ fn library_on(
     println!(
         "{batch} GEMMs per round on one CUDA stream (created here; the devcmd device borrows it), \
          host time of the enqueue loop (synchronised after it); median of {} rounds after {} \
-         warm-up rounds, the three paths in each round, in a rotating order. Direct: the benchmark's own cuBLAS \
+         warm-up rounds, the four paths in each round, in a rotating order. Direct: the benchmark's own cuBLAS \
          handle (stream and {} MiB workspace set once). `Command::library`: the same direct call \
          made inside library work (reads A and B, writes C): the core's cost alone. \
-         `Cublas::gemm`: devcmd-cuda's wrapper (shape check, the stream's handle, its workspace \
-         declared as a fourth buffer).\n",
+         `Command::library`, 4 buffers: the same with a fourth buffer written (as `Cublas::gemm` \
+         declares its workspace). `Cublas::gemm`: devcmd-cuda's wrapper (shape check, the \
+         stream's handle, its workspace declared as a fourth buffer).\n",
         rounds.timed,
         rounds.warm,
         blas.workspace_bytes() >> 20
     );
     println!(
-        "| GEMM | direct cuBLAS µs | p25–p75 | `Command::library` µs | over direct | `Cublas::gemm` µs | p25–p75 | over direct, µs | ratio | target |"
+        "| GEMM | direct cuBLAS µs | p25–p75 | `Command::library`, 3 buffers, µs | over direct | `Command::library`, 4 buffers, µs | over direct | `Cublas::gemm` µs | p25–p75 | over direct, µs | ratio | target |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for dtype in [GemmType::F32, GemmType::F16] {
         let g = Gemm::packed(dtype, n, n, n);
         let elems = (n * n) as usize;
@@ -676,11 +677,12 @@ fn library_on(
         let (ra, rb, rc) = (pa.resource.addr.0, pb.resource.addr.0, pc.resource.addr.0);
         blas.prepare(&mut cmd)?;
         cmd.sync()?.wait()?;
-        let mut times = [Vec::new(), Vec::new(), Vec::new()];
+        let extra = cmd.empty(blas.workspace_bytes())?;
+        let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         for round in 0..rounds.all() {
-            // The three paths in a rotating order, so none always runs first.
-            for i in 0..3 {
-                let path = (round + i) % 3;
+            // The paths in a rotating order, so none always runs first.
+            for i in 0..4 {
+                let path = (round + i) % 4;
                 let t = Instant::now();
                 match path {
                     0 => {
@@ -693,12 +695,15 @@ fn library_on(
                         }
                         times[0].push(micros(t, batch));
                     }
-                    1 => {
+                    1 | 3 => {
+                        let three: [&devcmd::Handle; 1] = [&c];
+                        let four: [&devcmd::Handle; 2] = [&c, &extra];
+                        let writes: &[&devcmd::Handle] = if path == 1 { &three } else { &four };
                         for _ in 0..batch {
                             let work = LibraryWork {
                                 name: "gemm",
                                 reads: &[&a, &b],
-                                writes: &[&c],
+                                writes,
                             };
                             // SAFETY: the call enqueues one GEMM on the stream it is given (the
                             // same CUDA stream as the handle's), reading A and B and writing C,
@@ -720,7 +725,7 @@ fn library_on(
                                 })?
                             };
                         }
-                        times[1].push(micros(t, batch));
+                        times[path].push(micros(t, batch));
                     }
                     _ => {
                         for _ in 0..batch {
@@ -735,7 +740,7 @@ fn library_on(
                 times.iter_mut().for_each(Vec::clear);
             }
         }
-        let [dir, lib, ours] = times;
+        let [dir, lib, ours, lib4] = times;
         // Every element of C is 64 * 0.5 * 0.25 = 8.
         let back = cmd.read_async(&[ReadRequest::whole(&c)])?.wait()?;
         let eight = match dtype {
@@ -749,11 +754,12 @@ fn library_on(
         {
             return Err(format!("{dtype:?} GEMM: C is not all 8.0").into());
         }
-        let (d, l, o) = (median(&dir), median(&lib), median(&ours));
+        let (d, l, l4, o) = (median(&dir), median(&lib), median(&lib4), median(&ours));
         println!(
-            "| {dtype:?} | {d:.3} | {} | {l:.3} | {:+.3} | {o:.3} | {} | {:+.3} | {:.3} | ≤ 0.2 µs over direct: {} |",
+            "| {dtype:?} | {d:.3} | {} | {l:.3} | {:+.3} | {l4:.3} | {:+.3} | {o:.3} | {} | {:+.3} | {:.3} | ≤ 0.2 µs over direct: {} |",
             spread(&dir),
             l - d,
+            l4 - d,
             spread(&ours),
             o - d,
             o / d,
