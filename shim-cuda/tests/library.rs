@@ -3,9 +3,10 @@
 //! are present and print a visible `skipped: ...` line (straight to stderr) and pass elsewhere.
 //!
 //! Every GEMM is checked against a CPU reference in f64 on fresh random non-zero data, by
-//! ‖out − ref‖ / ‖ref‖ (f32: under 1e-5, cuBLAS's default math mode is full fp32; f16 in and out
-//! with fp32 accumulation: under 2e-3, the output's rounding), and every element of an output
-//! written with `beta = 0` was poisoned (NaN) before, so one left unwritten fails the check.
+//! ‖out − ref‖ / ‖ref‖ (f32: under 1e-5 on data that uses the whole mantissa, so TF32 would
+//! fail it: cuBLAS's default math mode is full fp32; f16 in and out with fp32 accumulation:
+//! under 2e-3, the output's rounding), and every element of an output written with `beta = 0`
+//! was poisoned (NaN) before, so one left unwritten fails the check.
 
 mod common;
 
@@ -54,15 +55,26 @@ impl Rng {
         self.0
     }
 
-    /// A non-zero multiple of 1/1024 in [-1, 1]: exact in f16 and f32.
-    fn value(&mut self) -> f32 {
-        let k = (self.next() % 2048) as i32 - 1024;
-        let k = if k >= 0 { k + 1 } else { k };
-        k as f32 / 1024.0
+    /// A non-zero value in [-1, 1] of the GEMM's type: for f16 a multiple of 1/1024 (exact in
+    /// f16); for f32 a multiple of 2^-23, which uses the whole f32 mantissa, so a product
+    /// computed with TF32's shorter one fails the f32 tolerance.
+    fn value(&mut self, dtype: GemmType) -> f32 {
+        match dtype {
+            GemmType::F16 => {
+                let k = (self.next() % 2048) as i32 - 1024;
+                let k = if k >= 0 { k + 1 } else { k };
+                k as f32 / 1024.0
+            }
+            GemmType::F32 => {
+                let k = (self.next() >> 40) as i64 - (1 << 23);
+                let k = if k == 0 { 1 } else { k };
+                k as f32 / (1 << 23) as f32
+            }
+        }
     }
 
-    fn values(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.value()).collect()
+    fn values(&mut self, dtype: GemmType, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.value(dtype)).collect()
     }
 }
 
@@ -132,12 +144,12 @@ fn stored(rows: u32, cols: u32, ld: u32) -> usize {
 fn operands(g: &Gemm, rng: &mut Rng) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (ar, ac) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
     let (br, bc) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
-    let a = rng.values(stored(ar, ac, g.lda));
-    let b = rng.values(stored(br, bc, g.ldb));
+    let a = rng.values(g.dtype, stored(ar, ac, g.lda));
+    let b = rng.values(g.dtype, stored(br, bc, g.ldb));
     let c = if g.beta == 0.0 {
         vec![f32::NAN; stored(g.m, g.n, g.ldc)]
     } else {
-        rng.values(stored(g.m, g.n, g.ldc))
+        rng.values(g.dtype, stored(g.m, g.n, g.ldc))
     };
     (a, b, c)
 }
