@@ -1,15 +1,13 @@
 //! The device: owner of the streams and of the device-wide state; hands out commands.
 //!
-//! Owns the shim, the streams (created on first use), the memory budget shared by their
-//! managers, the failure records, the fault ledger, which stream has a recording open and the
-//! graphs dropped by their callers, the bookkeeping every operation begins with
-//! (`Device::collect`: the end of the dropped-handle path), and teardown. Does not own the
-//! operations (`command/`), cross-stream order (`order.rs`), what a fence's outcome means
-//! (`fault.rs`) nor the capture rules (`capture/`: its `device.rs` holds the device's share).
+//! Owns the shim, the streams (created on first use or borrowed), the memory budget shared by
+//! their managers, the failure records, the fault ledger, the capture state (`capture/state.rs`
+//! decides; this file makes the device calls its transitions ask for), the bookkeeping every
+//! operation begins with (`Device::collect`: the end of the dropped-handle path), and teardown.
+//! Does not own the operations (`command/`: `Device::command` lives there), cross-stream order
+//! (`order/`), what a fence's outcome means (`fault.rs`) nor the capture rules (`capture/`).
 
-use crate::capture::GraphReturns;
-use crate::command::Command;
-use crate::copy::StagingPolicy;
+use crate::capture::CaptureState;
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
 use crate::error::{IoError, NotFoundReason, ServerError, Validation};
 use crate::failure::Failures;
@@ -20,6 +18,7 @@ use crate::memory::{AsBinding, Issuer, MemoryBudget, MemoryConfig, MemoryManager
 use crate::order::ForeignUses;
 use crate::pinned::{PinnedConfig, PinnedPool};
 use crate::shim::{DeviceFacts, Shim};
+use crate::staging::StagingPolicy;
 use crate::stream::{Stream, StreamId};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -44,7 +43,7 @@ pub struct DeviceConfig {
     pub memory_budget: Option<u64>,
     /// Zero copy: device memory is pinned host memory the device maps, so uploads are written by
     /// the host straight into it and results are read back from it in place (see
-    /// [`Command::write_layout`] and [`Command::read_owned`]). `None` (the default) turns it on
+    /// [`Command::write_layout`](crate::Command::write_layout) and [`Command::read_owned`](crate::Command::read_owned)). `None` (the default) turns it on
     /// exactly where the device says it is integrated and can map host memory (Jetson: host
     /// memory is device memory there); `Some(true)` asks for it on any device that can map host
     /// memory (a discrete GPU then reaches the pages over PCIe: slower for data kernels re-read;
@@ -140,10 +139,10 @@ pub struct Device<S: Shim> {
     pub(crate) foreign_uses: ForeignUses,
     /// The spans of a launch of more buffers than fit on the stack, kept for the next one.
     pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
-    /// The stream whose recording is open (recording, or discarded and not yet ended).
-    pub(crate) capture_open: Option<usize>,
-    /// Graphs their callers dropped, let go at the next command outside any recording.
-    pub(crate) graph_returns: GraphReturns<S>,
+    /// The owning stream of each of those spans.
+    pub(crate) launch_owners: Vec<usize>,
+    /// The capture state: whether a stream records, and the graphs callers dropped.
+    pub(crate) capture: CaptureState<S>,
 }
 
 impl<S: Shim> Device<S> {
@@ -166,8 +165,8 @@ impl<S: Shim> Device<S> {
             freed: Vec::new(),
             foreign_uses: ForeignUses::default(),
             launch_spans: Vec::new(),
-            capture_open: None,
-            graph_returns: Arc::default(),
+            launch_owners: Vec::new(),
+            capture: CaptureState::default(),
         }
     }
 
@@ -203,34 +202,11 @@ impl<S: Shim> Device<S> {
         &self.failures
     }
 
-    /// A command on `stream` (created on first use).
-    ///
-    /// Cross-stream order is resolved by each operation for the handles it uses: an operation on
-    /// memory another stream owns (or used) first makes this stream wait, on the device, for that
-    /// stream's work, and keeps the memory alive until this stream's work on it passed a fence.
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::DeviceLost`]; a stream index past the limit; the shim's refusal to create
-    /// the stream.
-    pub fn command(&mut self, stream: StreamId) -> Result<Command<'_, S>, ServerError> {
-        self.ledger.check_device()?;
-        self.settle_captures();
-        let index = self.ensure_stream(stream)?;
-        // The command's work is issued at the new cursor: uses recorded by its operations carry
-        // it, so a later waiter on this stream waits for this command's work, not only what came
-        // before.
-        if let Some(s) = self.streams[index].as_mut() {
-            s.cursor += 1;
-        }
-        Ok(Command::new(self, index))
-    }
-
     /// Makes `stream` a devcmd stream over `native`, a stream the caller's runtime created and
     /// owns (the stream a TensorRT context or PyTorch enqueues on): devcmd orders, guards and
     /// records work on it like on its own streams and never destroys it. Work the runtime
     /// enqueues on `native` by itself is outside devcmd's view: order it with the runtime's own
-    /// means, or enqueue it through [`Command::library`](crate::Command::library).
+    /// means, or enqueue it through [`Command::library`](crate::Command::library)(crate::Command::library).
     ///
     /// # Errors
     ///
@@ -300,14 +276,12 @@ impl<S: Shim> Device<S> {
                 MemoryManager::new(&self.facts, memory_config, issuer, self.budget.clone());
             memory.track_frees();
             memory.map_pages(self.zero_copy());
-            let mut drops = DropQueue::new(self.config.drops);
-            drops.set_frozen(self.recording().is_some());
+            let drops = DropQueue::new(self.config.drops, self.capture.flag());
             self.streams[index] = Some(alloc::boxed::Box::new(Stream {
                 raw,
                 memory,
                 pinned: PinnedPool::new(self.config.pinned),
                 drops,
-                capture: Default::default(),
                 cursor: 0,
                 synced: Vec::new(),
                 last_kernel: None,
@@ -337,6 +311,34 @@ impl<S: Shim> Device<S> {
                 handle: b.id(),
                 reason: NotFoundReason::Stale,
             }),
+        }
+    }
+
+    /// The stream that records now, if one does.
+    pub(crate) fn recording(&self) -> Option<usize> {
+        self.capture.recording()
+    }
+
+    /// Run by every command before anything else: a recording whose caller dropped its
+    /// [`Recording`](crate::Recording) is aborted, and graphs dropped since the last command go,
+    /// unless a stream records.
+    pub(crate) fn settle_captures(&mut self) {
+        if self.capture.abandoned() {
+            self.abort_capture();
+        }
+        self.capture.release_dropped_graphs();
+    }
+
+    /// Ends the open recording, if any, and throws it away: the shim's capture is ended as
+    /// doomed, the stream is idle again, the drop queues thaw. Nothing is marked failed: the
+    /// buffers hold what they held before the recording.
+    pub(crate) fn abort_capture(&mut self) {
+        if let Some((i, window)) = self.capture.abort() {
+            if let Some(Some(s)) = self.streams.get(i) {
+                // Ends the recording whatever it answers; a graph from a doomed end is dropped.
+                let _ = self.shim.end_capture(&s.raw, true);
+            }
+            drop(window);
         }
     }
 
@@ -456,7 +458,7 @@ impl<S: Shim> Drop for Device<S> {
     fn drop(&mut self) {
         // A recording still open is ended and thrown away first: nothing may wait on it.
         self.abort_capture();
-        self.release_dropped_graphs();
+        self.capture.release_dropped_graphs();
         self.collect();
         // Every stream first: another stream may still read this one's memory. The sync drains
         // the queue (releasing what it covers) and then waits for work that left nothing in it (a

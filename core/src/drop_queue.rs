@@ -10,7 +10,7 @@
 //! While a stream of the device records a graph the queue is *frozen*: a flush or a poll does
 //! nothing (a host wait is illegal then, on any stream); the queue resumes when it ends.
 
-use crate::capture::Recorded;
+use crate::capture::{Recorded, RecordingFlag};
 use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
 use crate::memory::{Binding, RawPage, RetiredPage};
@@ -112,14 +112,14 @@ pub struct DropQueue<S: Shim> {
     pending: Vec<DropItem<S>>,
     /// The fence covering the pending batch, with where it was recorded.
     fence: Option<(S::Event, FenceMark)>,
-    /// A stream of the device records: no fence is recorded, waited for or polled.
-    frozen: bool,
+    /// Set while a stream of the device records: no fence is recorded, waited for or polled.
+    recording: RecordingFlag,
     stats: DropStats,
 }
 
 impl<S: Shim> DropQueue<S> {
-    /// An empty queue with `policy`.
-    pub fn new(policy: DropPolicy) -> Self {
+    /// An empty queue with `policy`, frozen while `recording` is set.
+    pub fn new(policy: DropPolicy, recording: RecordingFlag) -> Self {
         Self {
             policy,
             staged: Vec::new(),
@@ -127,14 +127,9 @@ impl<S: Shim> DropQueue<S> {
             staged_bytes: 0,
             pending: Vec::new(),
             fence: None,
-            frozen: false,
+            recording,
             stats: DropStats::default(),
         }
-    }
-
-    /// Freezes the queue while a stream of the device records, or thaws it.
-    pub(crate) fn set_frozen(&mut self, frozen: bool) {
-        self.frozen = frozen;
     }
 
     /// Stages what a replay of a graph must keep alive until a fence after it: nothing new when
@@ -186,7 +181,7 @@ impl<S: Shim> DropQueue<S> {
     /// stops. A fence that could not be recorded leaves the batch pending: the next flush records
     /// one that covers it.
     pub(crate) fn flush(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Fenced {
-        if self.frozen || (self.staged.is_empty() && self.pending.is_empty()) {
+        if self.recording.is_set() || (self.staged.is_empty() && self.pending.is_empty()) {
             return Fenced::NOTHING;
         }
         let mut waited = Fenced::NOTHING;
@@ -242,7 +237,7 @@ impl<S: Shim> DropQueue<S> {
     /// recorded gets one now (at `mark`), so a loop that polls until nothing is pending ends; a
     /// refusal is returned as the fence's outcome and the batch stays pending.
     pub(crate) fn poll(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Option<Fenced> {
-        if self.frozen {
+        if self.recording.is_set() {
             return None;
         }
         if self.fence.is_none() {
@@ -276,7 +271,6 @@ impl<S: Shim> DropQueue<S> {
     /// nothing will touch the memory again.
     pub(crate) fn release_all(&mut self, shim: &S) {
         self.fence = None;
-        self.frozen = false;
         let items = core::mem::take(&mut self.staged)
             .into_iter()
             .chain(core::mem::take(&mut self.pending));
@@ -354,7 +348,7 @@ mod tests {
     fn setup() -> (TestShim, DropQueue<TestShim>) {
         (
             TestShim::new(1 << 30, 32, 1 << 28),
-            DropQueue::new(DropPolicy::default()),
+            DropQueue::new(DropPolicy::default(), Default::default()),
         )
     }
 
@@ -364,11 +358,14 @@ mod tests {
 
     #[test]
     fn thresholds_trigger_whichever_comes_first() {
-        let mut q = DropQueue::<TestShim>::new(DropPolicy {
-            max_items: 4,
-            max_bytes: 100,
-            fill_released: None,
-        });
+        let mut q = DropQueue::<TestShim>::new(
+            DropPolicy {
+                max_items: 4,
+                max_bytes: 100,
+                fill_released: None,
+            },
+            Default::default(),
+        );
         assert!(!q.should_flush());
         for _ in 0..3 {
             q.push(item(1));
@@ -376,18 +373,24 @@ mod tests {
         assert!(!q.should_flush());
         q.push(item(1));
         assert!(q.should_flush(), "count");
-        let mut q = DropQueue::<TestShim>::new(DropPolicy {
-            max_items: 4,
-            max_bytes: 100,
-            fill_released: None,
-        });
+        let mut q = DropQueue::<TestShim>::new(
+            DropPolicy {
+                max_items: 4,
+                max_bytes: 100,
+                fill_released: None,
+            },
+            Default::default(),
+        );
         q.push(item(101));
         assert!(q.should_flush(), "size");
-        let mut q = DropQueue::<TestShim>::new(DropPolicy {
-            max_items: 4,
-            max_bytes: 100,
-            fill_released: None,
-        });
+        let mut q = DropQueue::<TestShim>::new(
+            DropPolicy {
+                max_items: 4,
+                max_bytes: 100,
+                fill_released: None,
+            },
+            Default::default(),
+        );
         q.push(item(60));
         q.push(item(60));
         assert!(q.should_flush(), "both, size first");
@@ -395,11 +398,14 @@ mod tests {
 
     #[test]
     fn counters_saturate() {
-        let mut q = DropQueue::<TestShim>::new(DropPolicy {
-            max_items: u64::MAX,
-            max_bytes: u64::MAX,
-            fill_released: None,
-        });
+        let mut q = DropQueue::<TestShim>::new(
+            DropPolicy {
+                max_items: u64::MAX,
+                max_bytes: u64::MAX,
+                fill_released: None,
+            },
+            Default::default(),
+        );
         q.staged_items = u64::MAX;
         q.staged_bytes = u64::MAX - 1;
         q.push(item(8));

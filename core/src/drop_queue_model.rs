@@ -196,7 +196,7 @@ proptest! {
     fn the_queue_matches_the_model(ops in proptest::collection::vec(op(), 1..80)) {
         let shim = TestShim::new(1 << 30, 32, 1 << 28);
         let returns = Arc::new(ReturnQueue::default());
-        let mut q = DropQueue::<TestShim>::new(DropPolicy { max_items: 4, max_bytes: 1 << 20, fill_released: None });
+        let mut q = DropQueue::<TestShim>::new(DropPolicy { max_items: 4, max_bytes: 1 << 20, fill_released: None }, Default::default());
         let mut m = Model::default();
         let mut next = 0u64;
         for op in &ops {

@@ -238,9 +238,6 @@ struct Shared {
     /// Set once a stream's work failed or the device is lost (never cleared): until then every
     /// check passes without taking the lock, the path every operation takes.
     faulted: AtomicBool,
-    /// Set while a stream of the device records: no fence may be waited for or queried then
-    /// (CUDA's global capture mode refuses a host wait on any stream), futures included.
-    recording: AtomicBool,
     /// What futures could not wait for while a stream recorded: `(stream, buffers, bindings)`,
     /// handed to that stream's drop queue at the device's next operation.
     orphans: spin::Mutex<Vec<Orphan>>,
@@ -267,16 +264,6 @@ impl FaultLedger {
     /// Records that a check may now fail (a stream's work failed, or the device is lost).
     fn mark_faulted(&self) {
         self.0.faulted.store(true, Ordering::Release);
-    }
-
-    /// Whether a stream of the device records (see `Shared::recording`).
-    pub fn recording(&self) -> bool {
-        self.0.recording.load(Ordering::Acquire)
-    }
-
-    /// Says whether a stream of the device records.
-    pub fn set_recording(&self, on: bool) {
-        self.0.recording.store(on, Ordering::Release);
     }
 
     /// Keeps what a future could not wait for, for its stream's drop queue.

@@ -157,6 +157,22 @@ impl HostBuffer {
         Ok(Self::from_vec(bytes))
     }
 
+    /// A heap buffer holding a copy of `bytes` (one pass, no zeroing first), or an error when the
+    /// heap cannot provide them.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::try_zeroed`].
+    pub fn try_copy_of(bytes: &[u8]) -> Result<Self, IoError> {
+        let mut copy = Vec::new();
+        copy.try_reserve_exact(bytes.len())
+            .map_err(|_| IoError::HostAllocFailed {
+                len: u64::try_from(bytes.len()).unwrap_or(u64::MAX),
+            })?;
+        copy.extend_from_slice(bytes);
+        Ok(Self::from_vec(copy))
+    }
+
     /// A heap buffer owning `bytes`.
     pub fn from_vec(mut bytes: Vec<u8>) -> Self {
         let ptr = NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling());
@@ -237,15 +253,11 @@ impl HostBuffer {
         }
     }
 
-    /// A pinned slice at `ptr` of `len` bytes, kept by `slice`.
-    ///
-    /// # Safety
-    ///
-    /// `ptr .. ptr + len` is pinned memory of the slice `slice` names, valid until it drops.
-    pub(crate) unsafe fn pinned(ptr: NonNull<u8>, len: usize, slice: PinnedSlice) -> Self {
+    /// The bytes of a slice of a stream's pinned pool, kept by the slice's token.
+    pub(crate) fn pinned(slice: PinnedSlice) -> Self {
         Self {
-            ptr,
-            len,
+            ptr: slice.ptr(),
+            len: slice.len(),
             origin: HostOrigin::Pinned,
             backing: Backing::Pinned(slice),
         }

@@ -39,10 +39,12 @@ pub mod failure;
 pub mod fault;
 pub mod guide;
 pub mod host;
+mod id;
 pub mod memory;
 mod order;
 pub mod pinned;
 pub mod shim;
+pub mod staging;
 pub mod stream;
 #[cfg(test)]
 mod test_shim;

@@ -3,14 +3,13 @@
 //!
 //! Owns the pinned pages and the slices carved from them (requests larger than a page get a page
 //! of their own, reused by exact size, so large uploads do not fall back to fresh heap memory),
-//! and the token of a slice (`PinnedSlice`): the [`HostBuffer`] carved from the pool holds it,
+//! and the token of a slice (`PinnedSlice`): the [`HostBuffer`](crate::HostBuffer) carved from the pool holds it,
 //! and dropping it (after the drop queue released the buffer, on any thread) gives the slice
 //! back. Host memory stays host memory here: slices are named by their own token, not by a
 //! device [`Handle`](crate::memory::Handle), and their bytes by pointers derived from the page's
 //! own pointer, never by integer addresses. Does not own the fallback to the heap when the pool
 //! cannot serve (the command decides), nor device memory (`memory/`).
 
-use crate::host::HostBuffer;
 use crate::memory::ReturnQueue;
 use crate::memory::sliced::{SlicedPool, Used};
 use crate::memory::whole::WholePagePool;
@@ -18,6 +17,7 @@ use crate::memory::{PoolKind, PoolReport};
 use crate::shim::Shim;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::ptr::NonNull;
 
 /// Sizes of a stream's pinned pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,13 +59,35 @@ struct SliceRef {
     id: u64,
 }
 
-/// A slice of a stream's pinned pool: held by the [`HostBuffer`] carved from it, it gives the
+/// A slice of a stream's pinned pool: held by the [`HostBuffer`](crate::HostBuffer) carved from it, it gives the
 /// slice back to its pool when dropped (from any thread; the pool takes it in at its next call).
 #[derive(Debug)]
 pub(crate) struct PinnedSlice {
     slice: SliceRef,
     returns: Arc<ReturnQueue<SliceRef>>,
+    /// The slice's first byte and its length as asked for.
+    ptr: NonNull<u8>,
+    len: usize,
 }
+
+impl PinnedSlice {
+    /// The slice's first byte: `len()` bytes of a live pinned page follow, owned by this token
+    /// until it drops (a page is freed only once no slice on it is held).
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Bytes asked for.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: the token owns its bytes exclusively (a pool carves each slice once) and gives the
+// slice back through a thread-safe queue.
+unsafe impl Send for PinnedSlice {}
+// SAFETY: `&PinnedSlice` only reads the pointer's value.
+unsafe impl Sync for PinnedSlice {}
 
 impl Drop for PinnedSlice {
     fn drop(&mut self) {
@@ -125,7 +147,7 @@ impl<S: Shim> PinnedPool<S> {
     /// A pinned buffer of `len` bytes, or `None` when the pool cannot serve it (too large, at its
     /// limit, `may_add` false and no room held, or the shim refused). Never panics, whatever
     /// `len`: a length no pinned page can hold is `None`.
-    pub(crate) fn reserve(&mut self, shim: &S, len: usize, may_add: bool) -> Option<HostBuffer> {
+    pub(crate) fn reserve(&mut self, shim: &S, len: usize, may_add: bool) -> Option<PinnedSlice> {
         self.collect_returns();
         let size = u64::try_from(len).ok()?;
         let aligned = size
@@ -157,11 +179,6 @@ impl<S: Shim> PinnedPool<S> {
         self.pages_peak = self
             .pages_peak
             .max(self.pool.pages_live + self.large.pages_live);
-        // The token first: should anything below refuse, dropping it gives the slice back.
-        let slice = PinnedSlice {
-            slice: SliceRef { kind, block, id },
-            returns: Arc::clone(&self.returns),
-        };
         // The slice's first byte: the page's own pointer, plus the offset the pool carved at.
         let (page, offset) = match kind {
             SliceKind::Large => (&self.large.page(block)?.raw, 0),
@@ -170,14 +187,23 @@ impl<S: Shim> PinnedPool<S> {
                 (&self.pool.page(page)?.raw, offset)
             }
         };
-        let offset = usize::try_from(offset).ok()?;
+        let Ok(offset) = usize::try_from(offset) else {
+            // Unreachable on a page the host addresses; the slice goes back.
+            self.returns.push(SliceRef { kind, block, id });
+            return None;
+        };
         // SAFETY: the pool carved `aligned` bytes at `offset` of a page whose `page_size` bytes
         // start at the page's pointer (a large page is the slice, at offset 0), so the result
         // stays inside that allocation.
         let ptr = unsafe { shim.host_page_ptr(page).add(offset) };
-        // SAFETY: the slice at `ptr` spans `aligned >= len` bytes of a live pinned page, owned by
-        // `slice` until it drops; a page is freed only once no slice on it is held.
-        Some(unsafe { HostBuffer::pinned(ptr, len, slice) })
+        // The slice at `ptr` spans `aligned >= len` bytes of a live pinned page, owned by the
+        // token until it drops.
+        Some(PinnedSlice {
+            slice: SliceRef { kind, block, id },
+            returns: Arc::clone(&self.returns),
+            ptr,
+            len,
+        })
     }
 
     /// A new pinned page of `size` bytes, within the pool's limit, or `None`.

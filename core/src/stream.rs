@@ -1,10 +1,9 @@
 //! A stream of the device: its queue on the shim and everything the core keeps per stream.
 //!
-//! Owns the stream's device memory manager, pinned pool, drop queue, capture state and cursor
+//! Owns the stream's device memory manager, pinned pool, drop queue and cursor
 //! (how many commands it has issued), and what it last waited for on each other stream. Does not
 //! own cross-stream decisions (`order.rs`) nor what a fence's outcome means (`fault.rs`).
 
-use crate::capture::CaptureState;
 use crate::drop_queue::{DropItem, DropQueue};
 use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::memory::{Cleanup, MemoryManager};
@@ -12,11 +11,7 @@ use crate::pinned::PinnedPool;
 use crate::shim::Shim;
 use alloc::vec::Vec;
 
-/// Names a stream of a device: `StreamId(0)`, `StreamId(1)`, … up to the device's limit.
-/// Streams are created on first use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct StreamId(pub u32);
+pub use crate::id::StreamId;
 
 /// The core's state of one stream.
 #[derive(Debug)]
@@ -25,7 +20,6 @@ pub(crate) struct Stream<S: Shim> {
     pub memory: MemoryManager<S>,
     pub pinned: PinnedPool<S>,
     pub drops: DropQueue<S>,
-    pub capture: CaptureState<S>,
     /// Commands issued on this stream.
     pub cursor: u64,
     /// For each other stream (by index): its cursor when this stream last waited for it.
@@ -51,12 +45,9 @@ impl<S: Shim> Stream<S> {
         }
     }
 
-    /// Flushes the drop queue (retired pages included) unless the stream records: a fence would
-    /// land in the graph.
+    /// Flushes the drop queue (retired pages included); nothing while a stream of the device
+    /// records (the queue is frozen then: a fence would land in the graph).
     pub fn flush(&mut self, shim: &S) -> Fenced {
-        if self.capture.is_recording() {
-            return Fenced::NOTHING;
-        }
         self.queue_retired();
         let mark = self.mark();
         self.drops.flush(shim, &self.raw, mark)
@@ -66,9 +57,6 @@ impl<S: Shim> Stream<S> {
     /// covering it passed. Work that put nothing in the queue (a launch, a read) is not waited
     /// for when the queue was empty: see [`Self::sync`].
     pub fn drain(&mut self, shim: &S) -> Fenced {
-        if self.capture.is_recording() {
-            return Fenced::NOTHING;
-        }
         self.queue_retired();
         let mark = self.mark();
         self.drops.drain(shim, &self.raw, mark)

@@ -18,23 +18,26 @@ struct Counting;
 
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static CALLS: AtomicU64 = AtomicU64::new(0);
+/// Calls for at least [`BIG_BYTES`] bytes (a staging buffer of a large upload).
+static BIG: AtomicU64 = AtomicU64::new(0);
+const BIG_BYTES: usize = 1 << 19;
 
 // SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
+        count(layout.size());
         // SAFETY: the caller's contract is passed on.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
+        count(layout.size());
         // SAFETY: the caller's contract is passed on.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
+        count(new_size);
         // SAFETY: the caller's contract is passed on.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -45,9 +48,12 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-fn count() {
+fn count(size: usize) {
     if COUNTING.load(Ordering::Relaxed) {
         CALLS.fetch_add(1, Ordering::Relaxed);
+        if size >= BIG_BYTES {
+            BIG.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -65,6 +71,7 @@ fn per_op(mut op: impl FnMut()) -> f64 {
         op();
     }
     CALLS.store(0, Ordering::SeqCst);
+    BIG.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     for _ in 0..RUNS {
         op();
@@ -275,4 +282,64 @@ fn deeper_queues_and_wider_launches_stay_allocation_free_with_their_bounds_raise
         "allocations per step: {step:5.2} (12 launches of 17 buffers + sync), {burst:5.2} (16 reserves, then 16 drops)"
     );
     assert_eq!((step, burst), (0.0, 0.0));
+}
+
+/// `write_from` stages at most once (issue 16): from borrowed bytes, one staging buffer when the
+/// pinned pool cannot serve (the heap fallback: no second heap copy), and none at all on a
+/// zero-copy device (the host writes the page in place). Counted as allocations of at least
+/// [`BIG_BYTES`] per upload of 1 MiB, with the bytes read back right.
+#[test]
+fn write_from_stages_at_most_once() {
+    const LEN: usize = 1 << 20;
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 7 % 251) as u8).collect();
+    let no_pinned = DeviceConfig {
+        pinned: devcmd::pinned::PinnedConfig {
+            max_bytes: 0,
+            ..Default::default()
+        },
+        ..DeviceConfig::default()
+    };
+    let integrated = StdShim::builder().integrated(true).build();
+    for (what, shim, config, want) in [
+        (
+            "heap fallback (no pinned memory)",
+            StdShim::new(),
+            no_pinned,
+            1,
+        ),
+        ("zero copy", integrated, DeviceConfig::default(), 0),
+    ] {
+        let mut device = Device::new(shim, config);
+        let x = cmd(&mut device).empty(LEN as u64).unwrap();
+        let upload = |device: &mut Device<StdShim>| {
+            let mut c = cmd(device);
+            c.write_from(&x, &data).unwrap();
+            c.sync().unwrap().wait().unwrap();
+        };
+        for _ in 0..3 {
+            upload(&mut device);
+        }
+        BIG.store(0, Ordering::SeqCst);
+        COUNTING.store(true, Ordering::SeqCst);
+        const RUNS: u64 = 20;
+        for _ in 0..RUNS {
+            upload(&mut device);
+        }
+        COUNTING.store(false, Ordering::SeqCst);
+        let big = BIG.load(Ordering::SeqCst);
+        println!(
+            "large allocations per write_from of 1 MiB, {what}: {}",
+            big as f64 / RUNS as f64
+        );
+        assert_eq!(big, want * RUNS, "{what}: staging buffers per write_from");
+        let back = cmd(&mut device)
+            .read_async(&[ReadRequest::whole(&x)])
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert!(back[0].as_slice() == &data[..], "{what}: the bytes landed");
+    }
 }

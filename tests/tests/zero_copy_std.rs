@@ -256,7 +256,7 @@ fn every_copy_names_its_host_memory() {
         "an upload staged through pinned memory and a read into pinned memory"
     );
     let big = DeviceConfig {
-        staging: devcmd::copy::StagingPolicy {
+        staging: devcmd::staging::StagingPolicy {
             max_staged: 0,
             flush_after: u64::MAX,
         },

@@ -12,9 +12,9 @@
 
 use super::window::Span;
 use crate::host::HostBuffer;
+use crate::id::StreamId;
 use crate::memory::{Binding, PageGuard, ReturnQueue};
 use crate::shim::Shim;
-use crate::stream::StreamId;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 

@@ -8,8 +8,9 @@
 //! (`capture/window.rs`) nor the device's share (`capture/device.rs`).
 
 use super::Command;
+use super::engine::{Touches, Work};
 use crate::capture::{CapturePhase, Graph, Owned, Recorded, Recording, Span, Window};
-use crate::error::{CaptureError, LaunchError, ServerError, Validation};
+use crate::error::{CaptureError, ServerError};
 use crate::failure::Failures;
 use crate::memory::{PageGuard, PageRef};
 use crate::shim::Shim;
@@ -29,9 +30,7 @@ fn fail_spans(failures: &mut Failures, spans: &[Span], error: ServerError) {
 impl<S: Shim> Command<'_, S> {
     /// Where this stream is in the capture cycle.
     pub fn capture_phase(&self) -> CapturePhase {
-        self.device.streams[self.stream]
-            .as_ref()
-            .map_or(CapturePhase::Idle, |s| s.capture.phase())
+        self.device.capture.phase(self.stream)
     }
 
     /// Starts recording this stream into a graph named `name`: from now until
@@ -47,7 +46,7 @@ impl<S: Shim> Command<'_, S> {
     pub fn begin_capture(&mut self, name: &'static str) -> Result<Recording, ServerError> {
         self.begin()?;
         let stream = self.stream as u32;
-        if let Some(open) = self.device.capture_open {
+        if let Some(open) = self.device.capture.open() {
             return Err(CaptureError::AnotherRecords {
                 stream,
                 recording: open as u32,
@@ -64,11 +63,9 @@ impl<S: Shim> Command<'_, S> {
             cause: self.device.ledger.call_failed(e),
         })?;
         let abandoned = Arc::new(AtomicBool::new(false));
-        let s = self.current();
-        let window = Window::new(name, s.cursor, Some(pre_event), Arc::clone(&abandoned));
-        s.capture.begin(stream, window)?;
-        self.device.capture_open = Some(self.stream);
-        self.device.set_frozen(true);
+        let cursor = self.current().cursor;
+        let window = Window::new(name, cursor, Some(pre_event), Arc::clone(&abandoned));
+        self.device.capture.begin(self.stream, window)?;
         Ok(Recording {
             device: self.device.id,
             stream,
@@ -163,15 +160,7 @@ impl<S: Shim> Command<'_, S> {
             return Err(CaptureError::NotRecording { stream }.into());
         }
         recording.ended = true;
-        let was_recording = self.current().capture.is_recording();
-        let closed = self.current().capture.end(stream);
-        if self.device.capture_open == Some(self.stream) {
-            self.device.capture_open = None;
-        }
-        if was_recording {
-            self.device.set_frozen(false);
-        }
-        closed
+        self.device.capture.end(self.stream)
     }
 
     /// Seals a closed recording around the shim's graph `exec`: a guard on every page it touched
@@ -225,7 +214,7 @@ impl<S: Shim> Command<'_, S> {
                 host_bytes,
                 guards,
             }),
-            returns: Arc::clone(&self.device.graph_returns),
+            returns: Arc::clone(self.device.capture.returns()),
             device: self.device.id,
             stream: self.stream as u32,
         }
@@ -236,16 +225,13 @@ impl<S: Shim> Command<'_, S> {
     /// failure, and every operation on the stream answers it until [`Self::end_capture`]. Does
     /// nothing unless this stream records.
     pub(super) fn discard_recording(&mut self, reason: &ServerError) {
-        let stream = self.stream as u32;
-        let (shim, s) = self.parts();
-        let Some(window) = s.capture.discard(stream, reason.clone()) else {
+        let Some(window) = self.device.capture.discard(self.stream, reason.clone()) else {
             return;
         };
+        let (shim, s) = self.parts();
         // Ends the recording whatever it answers; a graph from a doomed end is dropped.
         let _ = shim.end_capture(&s.raw, true);
-        let discarded = self.current().capture.check_open().err();
-        self.device.set_frozen(false);
-        if let Some(error) = discarded {
+        if let Err(error) = self.device.capture.check_open(self.stream) {
             fail_spans(&mut self.device.failures, &window.writes, error);
         }
     }
@@ -258,97 +244,22 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`CaptureError::ForeignGraph`]; [`Validation::Recording`] while this stream records (other
+    /// [`CaptureError::ForeignGraph`]; [`Validation::Recording`](crate::Validation::Recording) while this stream records (other
     /// streams replay while one records);
     /// [`CaptureError::RecordedElsewhere`] when another stream's recording uses its memory;
-    /// [`ServerError::Skipped`] (named after the graph); [`LaunchError::Refused`]; the failures
+    /// [`ServerError::Skipped`] (named after the graph); [`LaunchError::Refused`](crate::LaunchError::Refused); the failures
     /// every operation begins with and those of cross-stream order.
     pub fn replay(&mut self, graph: &Graph<S>) -> Result<(), ServerError> {
-        self.begin()?;
         if graph.device != self.device.id {
+            // The device's bookkeeping and the ledger come first, as for every operation.
+            self.begin()?;
             return Err(CaptureError::ForeignGraph {
                 recorded_on: graph.device,
                 used_on: self.device.id,
             }
             .into());
         }
-        if self.current().capture.is_recording() {
-            // A graph inside a recording: not supported (CUDA would need a child-graph node).
-            return Err(Validation::Recording { op: "replay" }.into());
-        }
         let recorded = &graph.recorded;
-        for b in &recorded.touched {
-            self.device.order_kept(self.stream, b)?;
-        }
-        let name = recorded.name;
-        let failures = &mut self.device.failures;
-        if !failures.is_empty()
-            && let Some(f) = recorded
-                .reads
-                .iter()
-                .find_map(|r| failures.failure(r.id, r.start, r.end))
-        {
-            failures.skipped(f, name);
-            for w in &recorded.writes {
-                failures.mark(w.id, w.start, w.end, f);
-            }
-            return Err(ServerError::Skipped {
-                kernel: name,
-                failure: f,
-            });
-        }
-        let (shim, s) = self.parts();
-        // SAFETY: the graph keeps every allocation it touches alive and every page they lie on
-        // guarded (no move, no reuse), and its host bytes are its own; the drop queue keeps all
-        // of it until a fence after this replay passes.
-        let launched = unsafe { shim.graph_launch(&recorded.exec, &s.raw) };
-        if let Err(e) = launched {
-            let error: ServerError = LaunchError::Refused {
-                kernel: name,
-                cause: self.device.ledger.call_failed(e),
-            }
-            .into();
-            fail_spans(&mut self.device.failures, &recorded.writes, error.clone());
-            return Err(error);
-        }
-        let failures = &mut self.device.failures;
-        if !failures.is_empty() {
-            for w in &recorded.writes {
-                failures.written(w.id, w.start, w.end);
-            }
-        }
-        let s = self.current();
-        s.last_kernel = Some(name);
-        s.drops.push_graph(recorded);
-        if s.drops.should_flush() {
-            self.flush_after_enqueue()?;
-        }
-        Ok(())
-    }
-
-    /// Holds room on this stream for reservations of `sizes` (in the current allocation mode),
-    /// so a recording can make them without a new page: each is reserved (largest first, so the
-    /// pools grow to the largest request before the others are placed), then freed. The room
-    /// stays held until a cleanup gives empty pages back (`memory_cleanup`, or reclaim when a
-    /// reservation fails). A warm-up run of the work to record holds its room the same way.
-    ///
-    /// # Errors
-    ///
-    /// [`Validation::Recording`] while a stream of the device records; as [`Self::reserve`].
-    pub fn hold(&mut self, sizes: &[u64]) -> Result<(), ServerError> {
-        self.begin()?;
-        if self.device.recording().is_some() {
-            return Err(Validation::Recording { op: "hold" }.into());
-        }
-        let mut sorted = sizes.to_vec();
-        sorted.sort_unstable_by(|a, b| b.cmp(a));
-        let mut held = Vec::with_capacity(sorted.len());
-        for size in sorted {
-            held.push(self.reserve(size)?);
-        }
-        drop(held);
-        // The freed room goes back to the pools now.
-        self.device.collect();
-        Ok(())
+        self.run(recorded.name, Touches::Graph(recorded), Work::Replay)
     }
 }

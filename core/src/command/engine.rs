@@ -1,26 +1,45 @@
 //! The engine: the one place that runs an operation's steps. Operations only declare what they
-//! do (the handles they read and write, their host side, the device call); the engine runs the
+//! do (the memory they read and write, their host side, the device call); the engine runs the
 //! same steps for all of them, once each:
 //!
 //! ```text
-//!  begin ─▶ validate ─▶ resolve + order ─▶ capture stance ─▶ failure rule ─▶ device call ─▶ outcome ─▶ flush
-//!  (once)   (refused:    (each handle      (run, record,    (an input that   (the shim, or  (marks, drop  (by the
-//!           no trace)     once: spans)      or refuse)       failed: skip)    the library)   queue, window) policy)
+//!  begin ─▶ check ─▶ resolve ─▶ order ─▶ stance ─▶ failure rule ─▶ device call ─▶ outcome ─▶ flush
+//!  (book-   (refused: (each     (after    (run,     (an input that  (shim, library, (marks,     (drop-queue
+//!   keeping, no trace) handle   other     record,   failed: skip,   or graph)       drop queue, policy)
+//!   ledger)            once)    streams)  refuse)   outputs carry)                  window)
 //! ```
 //!
-//! Owns the order of those steps and the scratch they use (a launch's spans live on the stack up
-//! to 16 buffers, past that in one vector the device keeps warm). Does not own what a step
-//! decides: cross-stream order (`order.rs`), the failure records (`failure.rs`), the capture
-//! rules (`capture/`), the host side of copies (`transfer.rs`).
+//! Device work (a kernel, library work, a graph's replay) runs through [`Command::run`]; copies
+//! run the same steps with a host side (`host_side.rs`), which shares the steps below.
+//!
+//! Owns the order of the steps and the scratch they use (a launch's spans live on the stack up to
+//! 16 buffers, past that in two vectors the device keeps warm). Does not own what a step decides:
+//! cross-stream order (`order/`), the failure records (`failure.rs`), the capture state
+//! (`capture/`), the staging decision (`staging.rs`).
 
 use super::Command;
-use crate::capture::Span;
+use crate::capture::{Recorded, Span, Stance};
 use crate::error::{LaunchError, LibraryError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceAddr, DeviceSpan, KernelParam, LaunchDims, Shim};
+use alloc::sync::Arc;
 
-/// The device call of work that writes device memory from device memory: a kernel, library
-/// work.
+/// The call of library work, made at most once.
+pub(super) type LibraryCall<'a, S> =
+    dyn FnMut(&<S as Shim>::NativeStream, &[DeviceSpan]) -> Result<(), LibraryError> + 'a;
+
+/// What device work touches.
+pub(super) enum Touches<'a, S: Shim> {
+    /// Whole views of handles: a launch's or library work's buffers.
+    Views {
+        inputs: &'a [&'a Handle],
+        outputs: &'a [&'a Handle],
+    },
+    /// What a recorded graph touches, reads and writes.
+    Graph(&'a Arc<Recorded<S>>),
+}
+
+/// The device call of device work.
 pub(super) enum Work<'a, S: Shim> {
     /// A kernel of the shim.
     Kernel {
@@ -30,53 +49,17 @@ pub(super) enum Work<'a, S: Shim> {
     },
     /// Library work: called with the native stream and the spans.
     Library(&'a mut LibraryCall<'a, S>),
+    /// One replay of a recorded graph.
+    Replay,
 }
 
-/// The call of library work, made at most once.
-pub(super) type LibraryCall<'a, S> =
-    dyn FnMut(&<S as Shim>::NativeStream, &[DeviceSpan]) -> Result<(), LibraryError> + 'a;
-
-impl<S: Shim> Work<'_, S> {
-    /// Makes the device call.
-    ///
-    /// # Safety
-    ///
-    /// Every span was resolved just now to a live range of its allocation and no written span
-    /// overlaps another span; a kernel touches only its buffers (the shim's contract), library
-    /// work only its ranges (the caller of [`Command::library`]'s).
-    unsafe fn call(
-        &mut self,
-        name: &'static str,
-        shim: &S,
-        stream: &S::Stream,
-        spans: &[DeviceSpan],
-    ) -> Result<(), WorkError> {
-        match self {
-            Self::Kernel {
-                kernel,
-                dims,
-                params,
-            } => {
-                // SAFETY: the caller's contract is the launch's.
-                unsafe { shim.launch(stream, kernel, *dims, spans, params) }
-                    .map_err(WorkError::Driver)
-            }
-            Self::Library(call) => call(shim.native_stream(stream), spans)
-                .map_err(|error| WorkError::Library(LaunchError::Library { work: name, error })),
-        }
-    }
-}
-
-/// Why a device call of [`Work`] failed.
-enum WorkError {
-    /// The shim refused it (the ledger hears of it).
-    Driver(crate::DriverError),
-    /// The library refused it.
-    Library(LaunchError),
-}
-
-/// Buffers of a launch whose spans are kept on the stack (more go to the device's warm vector).
+/// Buffers of a launch whose spans are kept on the stack (more go to the device's warm vectors).
 const STACK_BUFFERS: usize = 16;
+
+const NO_SPAN: DeviceSpan = DeviceSpan {
+    addr: DeviceAddr(0),
+    len: 0,
+};
 
 /// The whole view of `h` as a span of its allocation.
 pub(super) fn view(h: &Handle) -> Span {
@@ -87,18 +70,71 @@ pub(super) fn view(h: &Handle) -> Span {
     }
 }
 
+/// Whether two views share a byte of the same allocation (an empty view shares none).
+fn overlap(a: &Handle, b: &Handle) -> bool {
+    a.issuer() == b.issuer()
+        && a.id() == b.id()
+        && !a.is_empty()
+        && !b.is_empty()
+        && a.offset() < b.offset() + b.len()
+        && b.offset() < a.offset() + a.len()
+}
+
+/// The first pair (output, other buffer) of device work whose views overlap, by position among
+/// its buffers (inputs first): kernels may run their blocks in any order, and a library may too,
+/// so an output shares no byte with another buffer of the same work.
+pub(super) fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
+    let all = inputs.len() + outputs.len();
+    let at = |i: usize| {
+        if i < inputs.len() {
+            inputs[i]
+        } else {
+            outputs[i - inputs.len()]
+        }
+    };
+    (inputs.len()..all).find_map(|o| {
+        (0..all)
+            .filter(|&i| i != o)
+            .find(|&i| overlap(at(o), at(i)))
+            .map(|i| (o, i))
+    })
+}
+
+impl<'t, S: Shim> Touches<'t, S> {
+    /// The spans the work reads.
+    fn reads(&self) -> impl Iterator<Item = Span> + Clone + '_ {
+        let (views, spans): (&[&Handle], &[Span]) = match self {
+            Self::Views { inputs, .. } => (inputs, &[]),
+            Self::Graph(g) => (&[], &g.reads),
+        };
+        views.iter().map(|h| view(h)).chain(spans.iter().copied())
+    }
+
+    /// The spans the work writes.
+    fn writes(&self) -> impl Iterator<Item = Span> + Clone + '_ {
+        let (views, spans): (&[&Handle], &[Span]) = match self {
+            Self::Views { outputs, .. } => (outputs, &[]),
+            Self::Graph(g) => (&[], &g.writes),
+        };
+        views.iter().map(|h| view(h)).chain(spans.iter().copied())
+    }
+}
+
 impl<S: Shim> Command<'_, S> {
-    /// Runs device work that reads `inputs` and writes `outputs` (whole views): a launch or
-    /// library work. See the module documentation for the steps.
-    pub(super) fn run_work(
+    /// Runs device work named `name` that touches `touches` with the call `work`: a launch,
+    /// library work or a replay. See the module documentation for the steps.
+    pub(super) fn run(
         &mut self,
         name: &'static str,
-        inputs: &[&Handle],
-        outputs: &[&Handle],
+        touches: Touches<'_, S>,
         mut work: Work<'_, S>,
     ) -> Result<(), ServerError> {
+        // Begin.
         self.begin()?;
-        if let Some((output, other)) = super::launch::aliased(inputs, outputs) {
+        // Check.
+        if let Touches::Views { inputs, outputs } = touches
+            && let Some((output, other)) = aliased(inputs, outputs)
+        {
             return Err(Validation::AliasedLaunch {
                 kernel: name,
                 output,
@@ -106,96 +142,159 @@ impl<S: Shim> Command<'_, S> {
             }
             .into());
         }
-        let count = inputs.len() + outputs.len();
-        let empty = DeviceSpan {
-            addr: DeviceAddr(0),
-            len: 0,
-        };
-        let mut stack = [empty; STACK_BUFFERS];
-        let on_heap = count > STACK_BUFFERS;
-        if on_heap {
-            let heap = &mut self.device.launch_spans;
-            heap.clear();
-            heap.resize(count, empty);
+        let stance = self.stance();
+        if matches!(touches, Touches::Graph(_)) && stance == Stance::Record {
+            // A graph inside a recording: not supported (CUDA would need a child-graph node).
+            return Err(Validation::Recording { op: "replay" }.into());
         }
-        for (index, h) in inputs.iter().chain(outputs.iter()).enumerate() {
-            // A handle that names no memory (the only I/O error ordering meets) is this work's
-            // buffer error, named by position.
-            let r = self
-                .device
-                .order_after(self.stream, *h)
-                .map_err(|e| match e {
-                    ServerError::Io(cause) => LaunchError::Buffer {
-                        kernel: name,
-                        index,
-                        cause,
-                    }
-                    .into(),
-                    other => other,
-                })?;
-            let span = DeviceSpan {
-                addr: r.addr,
-                len: r.len,
-            };
-            if on_heap {
-                self.device.launch_spans[index] = span;
-            } else {
-                stack[index] = span;
+        // Resolve each handle once, then order after other streams.
+        let mut spans = [NO_SPAN; STACK_BUFFERS];
+        let mut owners = [0usize; STACK_BUFFERS];
+        let count = match touches {
+            Touches::Views { inputs, outputs } => {
+                self.resolve_views(name, inputs, outputs, &mut spans, &mut owners)?
             }
-        }
-        let recording = self.current().capture.is_recording();
-        if !recording && let Some(f) = self.carried(inputs.iter().map(|h| view(h))) {
+            Touches::Graph(g) => {
+                for b in &g.touched {
+                    self.device.order_kept(self.stream, b)?;
+                }
+                0
+            }
+        };
+        // The failure rule: recorded work applies it at each replay instead.
+        if stance != Stance::Record
+            && let Some(f) = self.carried(touches.reads())
+        {
             let failures = &mut self.device.failures;
             failures.skipped(f, name);
-            outputs
-                .iter()
-                .map(|h| view(h))
+            touches
+                .writes()
                 .for_each(|w| failures.mark(w.id, w.start, w.end, f));
             return Err(ServerError::Skipped {
                 kernel: name,
                 failure: f,
             });
         }
+        // The device call.
         let device = &mut *self.device;
-        let spans: &[DeviceSpan] = if on_heap {
+        let spans: &[DeviceSpan] = if count > STACK_BUFFERS {
             &device.launch_spans
         } else {
-            &stack[..count]
+            &spans[..count]
         };
-        let s = device.streams[self.stream]
-            .as_mut()
-            .expect("a command's stream exists");
-        // SAFETY: every span was resolved just now, no output overlaps another buffer (checked
-        // above), and the work touches only its buffers (the callers' contracts).
-        let called = unsafe { work.call(name, &device.shim, &s.raw, spans) };
-        let called = called.map_err(|e| -> ServerError {
-            match e {
-                WorkError::Driver(cause) => LaunchError::Refused {
-                    kernel: name,
-                    cause: self.device.ledger.call_failed(cause),
-                }
-                .into(),
-                WorkError::Library(e) => e.into(),
+        let raw = &device.streams[self.stream]
+            .as_ref()
+            .expect("a command's stream exists")
+            .raw;
+        let shim = &*device.shim;
+        let refused = |cause| -> ServerError {
+            LaunchError::Refused {
+                kernel: name,
+                cause,
             }
-        });
-        if recording {
-            if let Some(w) = self.current().capture.window_mut() {
-                inputs.iter().for_each(|h| w.read(view(h)));
-                outputs.iter().for_each(|h| w.write(view(h)));
+            .into()
+        };
+        let called: Result<(), ServerError> = match (&mut work, &touches) {
+            (
+                Work::Kernel {
+                    kernel,
+                    dims,
+                    params,
+                },
+                _,
+            ) => {
+                // SAFETY: every span was resolved just now to a live range of its allocation,
+                // no output overlaps another buffer (checked above), and the kernel touches only
+                // its buffers (the shim's contract).
+                let launched = unsafe { shim.launch(raw, kernel, *dims, spans, params) };
+                launched.map_err(|e| refused(device.ledger.call_failed(e)))
+            }
+            (Work::Library(call), _) => call(shim.native_stream(raw), spans)
+                .map_err(|error| LaunchError::Library { work: name, error }.into()),
+            (Work::Replay, Touches::Graph(g)) => {
+                // SAFETY: the graph keeps every allocation it touches alive and every page they
+                // lie on guarded (no move, no reuse), and its host bytes are its own; the drop
+                // queue keeps all of it until a fence after this replay passes.
+                let launched = unsafe { shim.graph_launch(&g.exec, raw) };
+                launched.map_err(|e| refused(device.ledger.call_failed(e)))
+            }
+            (Work::Replay, Touches::Views { .. }) => Ok(()),
+        };
+        // The outcome.
+        if stance == Stance::Record {
+            if let Some(w) = self.device.capture.window_mut() {
+                touches.reads().for_each(|r| w.read(r));
+                touches.writes().for_each(|r| w.write(r));
             }
             if let Err(e) = &called {
                 self.discard_recording(e);
             }
             return called;
         }
-        self.settle_writes(outputs.iter().map(|h| view(h)), &called);
+        self.settle_writes(touches.writes(), &called);
         called?;
         let s = self.current();
         s.last_kernel = Some(name);
+        if let Touches::Graph(g) = touches {
+            s.drops.push_graph(g);
+        }
+        // Flush by policy.
         if s.drops.should_flush() {
             self.flush_after_enqueue()?;
         }
         Ok(())
+    }
+
+    /// Resolves every buffer of device work once (no side effect: a handle that names no memory
+    /// is the work's buffer error, named by position), then orders this stream after other
+    /// streams' work on each. The spans land in `spans` (or the device's warm vector past
+    /// [`STACK_BUFFERS`]); returns how many.
+    fn resolve_views(
+        &mut self,
+        name: &'static str,
+        inputs: &[&Handle],
+        outputs: &[&Handle],
+        spans: &mut [DeviceSpan; STACK_BUFFERS],
+        owners: &mut [usize; STACK_BUFFERS],
+    ) -> Result<usize, ServerError> {
+        let count = inputs.len() + outputs.len();
+        let on_heap = count > STACK_BUFFERS;
+        if on_heap {
+            self.device.launch_spans.clear();
+            self.device.launch_spans.resize(count, NO_SPAN);
+            self.device.launch_owners.clear();
+            self.device.launch_owners.resize(count, 0);
+        }
+        for (index, h) in inputs.iter().chain(outputs).enumerate() {
+            let t = self
+                .device
+                .target(*h)
+                .map_err(|cause| LaunchError::Buffer {
+                    kernel: name,
+                    index,
+                    cause,
+                })?;
+            let span = DeviceSpan {
+                addr: t.resolved.addr,
+                len: t.resolved.len,
+            };
+            if on_heap {
+                self.device.launch_spans[index] = span;
+                self.device.launch_owners[index] = t.owner;
+            } else {
+                spans[index] = span;
+                owners[index] = t.owner;
+            }
+        }
+        for (index, h) in inputs.iter().chain(outputs).enumerate() {
+            let owner = if on_heap {
+                self.device.launch_owners[index]
+            } else {
+                owners[index]
+            };
+            self.device.order_after(self.stream, *h, owner)?;
+        }
+        Ok(count)
     }
 
     /// The failure an input of `reads` carries, if any (the failure rule's question).
@@ -211,7 +310,7 @@ impl<S: Shim> Command<'_, S> {
     /// on a refusal they carry a new failure whose root is the refusal.
     pub(super) fn settle_writes(
         &mut self,
-        writes: impl Iterator<Item = Span> + Clone,
+        writes: impl Iterator<Item = Span>,
         outcome: &Result<(), ServerError>,
     ) {
         let failures = &mut self.device.failures;
@@ -227,5 +326,46 @@ impl<S: Shim> Command<'_, S> {
                 failures.prune(f);
             }
         }
+    }
+
+    /// Flushes the drop queue after an enqueue that asked for it. The enqueue itself succeeded:
+    /// a fault the flush's fence reveals belongs to earlier work, so only a lost device fails
+    /// this call (see [`crate::fault`]).
+    pub(super) fn flush_after_enqueue(&mut self) -> Result<(), ServerError> {
+        let (shim, s) = self.parts();
+        let fenced = s.flush(shim);
+        self.device.ledger.defer(self.stream, fenced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{Issuer, ReturnQueue};
+
+    #[test]
+    fn an_output_may_not_overlap_any_other_buffer() {
+        let returns = Arc::new(ReturnQueue::default());
+        let issuer = Issuer {
+            device: 1,
+            stream: 0,
+        };
+        let a = Handle::new(1, issuer, 64, &returns);
+        let b = Handle::new(2, issuer, 64, &returns);
+        assert_eq!(aliased(&[&a], &[&b]), None);
+        assert_eq!(aliased(&[&a, &a], &[&b]), None, "inputs may repeat");
+        assert_eq!(aliased(&[&a], &[&a]), Some((1, 0)));
+        assert_eq!(aliased(&[], &[&b, &b]), Some((0, 1)));
+        let low = a.view(0, 32).unwrap();
+        let high = a.view(32, 32).unwrap();
+        assert_eq!(aliased(&[&low], &[&high]), None, "disjoint views");
+        let mid = a.view(16, 32).unwrap();
+        assert_eq!(aliased(&[&low], &[&mid]), Some((1, 0)));
+        let empty = a.view(16, 0).unwrap();
+        assert_eq!(
+            aliased(&[&a], &[&empty]),
+            None,
+            "an empty view shares no byte"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The fences a caller waits for: [`ReadFuture`] (bytes read back), [`ReadToFuture`] (bytes read
 //! into the caller's own buffer, [`Command::read_to`]) and [`SyncFuture`] (a stream reached a
-//! point).
+//! point, [`Command::sync`]), and the fence every one of them holds.
 //!
 //! Owns what a future holds until its fence passes (the read's buffers and the bindings that keep
 //! the memory alive) and whether it releases or leaks them, decided by the fence's
@@ -12,6 +12,7 @@
 //! released after a fence once the recording ended.
 
 use super::Command;
+use crate::capture::RecordingFlag;
 use crate::error::{DriverError, ServerError, Validation};
 use crate::fault::{FaultLedger, FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
@@ -39,16 +40,20 @@ pub(super) struct Fence<S: Shim> {
     shim: Arc<S>,
     state: FenceState<S::Event>,
     ledger: FaultLedger,
+    /// Set while a stream of the device records: the fence may then be neither waited for nor
+    /// queried.
+    recording: RecordingFlag,
     stream: usize,
     /// Where it was recorded (the last kernel before it is named if it reveals failed work).
     mark: FenceMark,
 }
 
 impl<S: Shim> Fence<S> {
-    pub(super) fn new(
+    fn new(
         shim: Arc<S>,
         recorded: Result<S::Event, DriverError>,
         ledger: FaultLedger,
+        recording: RecordingFlag,
         stream: usize,
         mark: FenceMark,
     ) -> Self {
@@ -60,6 +65,7 @@ impl<S: Shim> Fence<S> {
             shim,
             state,
             ledger,
+            recording,
             stream,
             mark,
         }
@@ -75,7 +81,7 @@ impl<S: Shim> Fence<S> {
 
     /// Whether waiting for or querying the fence is illegal now: a stream of the device records.
     fn blocked(&self) -> bool {
-        matches!(self.state, FenceState::Recorded(_)) && self.ledger.recording()
+        matches!(self.state, FenceState::Recorded(_)) && self.recording.is_set()
     }
 
     /// Gives the fence up unwaited (a stream records): nothing is asked of the device.
@@ -151,13 +157,14 @@ impl<S: Shim> ReadFuture<S> {
         }
     }
 
-    /// Fails (releasing or leaking the buffers) when the fence could not be recorded.
-    pub(super) fn check_recorded(&mut self) -> Result<(), ServerError> {
+    /// The future, or its error (the buffers released or leaked) when the fence could not be
+    /// recorded.
+    pub(super) fn recorded(mut self) -> Result<Self, ServerError> {
         if self.fence.recorded() {
-            return Ok(());
+            return Ok(self);
         }
         let outcome = self.fence.wait();
-        self.finish(outcome).map(drop)
+        self.finish(outcome).map(|_| self)
     }
 
     /// Releases the bindings once the device is done with the buffers and returns the buffers;
@@ -270,6 +277,25 @@ pub struct ReadToFuture<S: Shim> {
 }
 
 impl<S: Shim> ReadToFuture<S> {
+    /// The future of a read into `buffer` fenced by `fence`, holding `held` meanwhile; its error
+    /// (the buffer released or leaked) when the fence could not be recorded.
+    pub(super) fn new(
+        fence: Fence<S>,
+        buffer: HostBuffer,
+        held: Binding,
+    ) -> Result<Self, ServerError> {
+        let mut future = Self {
+            fence,
+            buffer: Some(buffer),
+            held: Some(held),
+        };
+        if !future.fence.recorded() {
+            let outcome = future.fence.wait();
+            future.finish(outcome)?;
+        }
+        Ok(future)
+    }
+
     /// Gives the buffer back once the device is done with it; leaks it (and the binding) when the
     /// device may not be done (`None`).
     fn release(&mut self, outcome: FenceOutcome) -> Option<HostBuffer> {
@@ -389,37 +415,20 @@ where
 }
 
 impl<S: Shim> Command<'_, S> {
-    /// Reads `request` into `buffer`, the caller's own (as long as the request's packed bytes),
-    /// and gives it back filled: the read of a host loop that keeps one buffer (a pinned one from
-    /// [`Self::reserve_host`], say) and reuses it, with no allocation on warm pools. The checks
-    /// and the order are those of [`Self::read_async`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Self::read_async`]; [`Validation::LengthMismatch`] when `buffer` is not the
-    /// request's length, [`Validation::ReadOnlyDestination`] for an external buffer. The buffer
-    /// is dropped with the error.
-    pub fn read_to(
-        &mut self,
-        request: super::ReadRequest<'_>,
-        mut buffer: HostBuffer,
-    ) -> Result<ReadToFuture<S>, ServerError> {
-        self.begin()?;
-        self.device.ledger.take_deferred(self.stream)?;
-        // SAFETY: `buffer` moves into the future below (its bytes do not move with it) and is
-        // neither read nor dropped before the fence recorded after the copy passed (or the wait
-        // in the error path returned). When the copy is refused nothing was enqueued.
-        unsafe { self.read_into(request, &mut buffer)? };
-        let mut future = ReadToFuture {
-            fence: self.fence(),
-            buffer: Some(buffer),
-            held: Some(request.handle.binding()),
-        };
-        if !future.fence.recorded() {
-            let outcome = future.fence.wait();
-            future.finish(outcome)?;
-        }
-        Ok(future)
+    /// A fence recorded now on this stream, for a future.
+    pub(super) fn fence(&mut self) -> Fence<S> {
+        let (shim, s) = self.parts();
+        let recorded = shim.record_event(&s.raw);
+        let mark = s.mark();
+        let recorded = recorded.map_err(|e| self.device.ledger.call_failed(e));
+        Fence::new(
+            Arc::clone(&self.device.shim),
+            recorded,
+            self.device.ledger.clone(),
+            self.device.capture.flag(),
+            self.stream,
+            mark,
+        )
     }
 
     /// A future that resolves once everything enqueued on this stream so far has run.

@@ -6,7 +6,7 @@
 //! failure records (`failure.rs`).
 
 use super::Command;
-use super::engine::Work;
+use super::engine::{Touches, Work};
 use crate::error::{ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{KernelParam, LaunchDims, Shim};
@@ -73,35 +73,6 @@ fn refused(
     None
 }
 
-/// Whether two views share a byte of the same allocation (an empty view shares none).
-fn overlap(a: &Handle, b: &Handle) -> bool {
-    a.issuer() == b.issuer()
-        && a.id() == b.id()
-        && !a.is_empty()
-        && !b.is_empty()
-        && a.offset() < b.offset() + b.len()
-        && b.offset() < a.offset() + a.len()
-}
-
-/// The first pair (output, other buffer) of a launch whose views overlap, by position among the
-/// launch's buffers (inputs first).
-pub(super) fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
-    let all = inputs.len() + outputs.len();
-    let at = |i: usize| {
-        if i < inputs.len() {
-            inputs[i]
-        } else {
-            outputs[i - inputs.len()]
-        }
-    };
-    (inputs.len()..all).find_map(|o| {
-        (0..all)
-            .filter(|&i| i != o)
-            .find(|&i| overlap(at(o), at(i)))
-            .map(|i| (o, i))
-    })
-}
-
 impl<S: Shim> Command<'_, S> {
     /// Launches a kernel. If an input carries a failure, the launch is skipped and its outputs
     /// carry the same failure; if the shim refuses it, its outputs carry the refusal. Flushes the
@@ -136,42 +107,14 @@ impl<S: Shim> Command<'_, S> {
             dims,
             params,
         };
-        self.run_work(name, inputs, outputs, work)
+        self.run(name, Touches::Views { inputs, outputs }, work)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::{Issuer, ReturnQueue};
     use crate::shim::Dim3;
-    use alloc::sync::Arc;
-
-    #[test]
-    fn an_output_may_not_overlap_any_other_buffer() {
-        let returns = Arc::new(ReturnQueue::default());
-        let issuer = Issuer {
-            device: 1,
-            stream: 0,
-        };
-        let a = Handle::new(1, issuer, 64, &returns);
-        let b = Handle::new(2, issuer, 64, &returns);
-        assert_eq!(aliased(&[&a], &[&b]), None);
-        assert_eq!(aliased(&[&a, &a], &[&b]), None, "inputs may repeat");
-        assert_eq!(aliased(&[&a], &[&a]), Some((1, 0)));
-        assert_eq!(aliased(&[], &[&b, &b]), Some((0, 1)));
-        let low = a.view(0, 32).unwrap();
-        let high = a.view(32, 32).unwrap();
-        assert_eq!(aliased(&[&low], &[&high]), None, "disjoint views");
-        let mid = a.view(16, 32).unwrap();
-        assert_eq!(aliased(&[&low], &[&mid]), Some((1, 0)));
-        let empty = a.view(16, 0).unwrap();
-        assert_eq!(
-            aliased(&[&a], &[&empty]),
-            None,
-            "an empty view shares no byte"
-        );
-    }
 
     #[test]
     fn zero_extents_and_missing_slots_are_refused_first() {

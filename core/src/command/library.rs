@@ -9,7 +9,7 @@
 //! GEMM in devcmd-std).
 
 use super::Command;
-use super::engine::Work;
+use super::engine::{Touches, Work};
 use crate::error::{LibraryError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceSpan, Shim};
@@ -70,7 +70,11 @@ impl<S: Shim> Command<'_, S> {
             // The engine makes the call at most once.
             None => Ok(()),
         };
-        self.run_work(work.name, work.reads, work.writes, Work::Library(&mut once))
+        let touches = Touches::Views {
+            inputs: work.reads,
+            outputs: work.writes,
+        };
+        self.run(work.name, touches, Work::Library(&mut once))
     }
 }
 

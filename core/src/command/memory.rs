@@ -1,14 +1,16 @@
 //! The memory operations of a command: reservation (with the one reclaim-and-retry), binding,
-//! host buffers, cleanup and the drop queue.
+//! holding room ahead of a recording, host buffers, cleanup and the drop queue.
 //!
 //! Owns when reclaim runs and what its fences mean for the streams it touches. Does not own the
 //! pools (`memory/`) nor the fence decisions (`fault.rs`).
 
 use super::Command;
-use crate::error::{IoError, ServerError, Validation};
+use crate::capture::Stance;
+use crate::error::{IoError, ServerError};
 use crate::host::HostBuffer;
 use crate::memory::{Handle, PageUpdate};
 use crate::shim::Shim;
+use alloc::vec::Vec;
 
 impl<S: Shim> Command<'_, S> {
     /// Reserves `size` bytes on this stream. A failure that reclaiming might cure, on a
@@ -21,6 +23,11 @@ impl<S: Shim> Command<'_, S> {
     /// [`ServerError::StreamFaulted`].
     pub fn reserve(&mut self, size: u64) -> Result<Handle, ServerError> {
         self.begin()?;
+        self.reserve_room(size)
+    }
+
+    /// [`Self::reserve`] once the operation has begun: the one reclaim-and-retry.
+    pub(super) fn reserve_room(&mut self, size: u64) -> Result<Handle, ServerError> {
         let update = self.page_update();
         let (shim, s) = self.parts();
         let first = s.memory.try_reserve(shim, size, update);
@@ -94,14 +101,17 @@ impl<S: Shim> Command<'_, S> {
     /// As [`crate::memory::MemoryManager::bind`]; the failures of cross-stream order.
     pub fn bind(&mut self, reserved: Handle, handle: &Handle) -> Result<(), ServerError> {
         self.begin()?;
+        self.bind_room(reserved, handle)
+    }
+
+    /// [`Self::bind`] once the operation has begun.
+    fn bind_room(&mut self, reserved: Handle, handle: &Handle) -> Result<(), ServerError> {
         // Memory a graph's replays (or the open recording) use stays with the handle they know.
         let recorded = self
             .device
-            .streams
-            .iter()
-            .flatten()
-            .filter_map(|s| s.capture.window())
-            .any(|w| w.touches(reserved.id()));
+            .capture
+            .window()
+            .is_some_and(|w| w.touches(reserved.id()));
         if reserved.is_kept_by_graph() || recorded {
             return Err(IoError::KeptByGraph {
                 handle: reserved.id(),
@@ -110,9 +120,10 @@ impl<S: Shim> Command<'_, S> {
         }
         // A bind inside a recording enqueues nothing, so it cannot wait: the room's other uses
         // follow it to `handle`, and the replays that use `handle` wait for them.
-        let recording = self.device.recording() == Some(self.stream);
+        let recording = self.stance() == Stance::Record;
         if !recording {
-            self.device.order_after(self.stream, &reserved)?;
+            let t = self.device.target(&reserved)?;
+            self.device.order_after(self.stream, &reserved, t.owner)?;
         }
         let room = reserved.id();
         self.current().memory.bind(reserved, handle)?;
@@ -139,8 +150,33 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// As [`Self::reserve`] and [`Self::bind`].
     pub fn initialize(&mut self, handle: &Handle) -> Result<(), ServerError> {
-        let reserved = self.reserve(handle.allocation_size())?;
-        self.bind(reserved, handle)
+        self.begin()?;
+        let reserved = self.reserve_room(handle.allocation_size())?;
+        self.bind_room(reserved, handle)
+    }
+
+    /// Holds room on this stream for reservations of `sizes` (in the current allocation mode),
+    /// so a recording can make them without a new page: each is reserved (largest first, so the
+    /// pools grow to the largest request before the others are placed), then freed. The room
+    /// stays held until a cleanup gives empty pages back (`memory_cleanup`, or reclaim when a
+    /// reservation fails). A warm-up run of the work to record holds its room the same way.
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::Recording`](crate::Validation::Recording) while a stream of the device records; as [`Self::reserve`].
+    pub fn hold(&mut self, sizes: &[u64]) -> Result<(), ServerError> {
+        self.begin()?;
+        self.refuse_while_recording("hold")?;
+        let mut sorted = sizes.to_vec();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut held = Vec::with_capacity(sorted.len());
+        for size in sorted {
+            held.push(self.reserve_room(size)?);
+        }
+        drop(held);
+        // The freed room goes back to the pools now.
+        self.device.collect();
+        Ok(())
     }
 
     /// `len` bytes of host memory for copies: pinned when asked and the pool can serve it,
@@ -154,17 +190,7 @@ impl<S: Shim> Command<'_, S> {
     /// pinned pool nor the heap can hold `len` bytes.
     pub fn reserve_host(&mut self, len: usize, pinned: bool) -> Result<HostBuffer, ServerError> {
         self.device.ledger.check_device()?;
-        let may_add = self.page_update() != PageUpdate::Forbidden;
-        let (shim, s) = self.parts();
-        let buffer = if pinned {
-            s.pinned.reserve(shim, len, may_add)
-        } else {
-            None
-        };
-        match buffer {
-            Some(b) => Ok(b),
-            None => Ok(HostBuffer::try_zeroed(len)?),
-        }
+        self.host_buffer(len, pinned)
     }
 
     /// Flushes this stream's drop queue: waits for the last flush's fence, releases what it
@@ -172,7 +198,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while a stream of the device
+    /// [`ServerError::DeviceLost`]; [`Validation::Recording`](crate::Validation::Recording) while a stream of the device
     /// records (no fence may be waited for then); what the fence reveals ([`ServerError::StreamFaulted`], or
     /// [`ServerError::Device`] for a wait of unknown outcome: what it covered is then leaked).
     pub fn flush_drops(&mut self) -> Result<(), ServerError> {
@@ -188,7 +214,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`ServerError::DeviceLost`]; [`Validation::Recording`] while a stream of the device
+    /// [`ServerError::DeviceLost`]; [`Validation::Recording`](crate::Validation::Recording) while a stream of the device
     /// records; what the fence reveals, as [`Self::flush_drops`].
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         self.device.ledger.check_device()?;
@@ -210,27 +236,13 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`Validation::Recording`], [`ServerError::DeviceLost`], [`ServerError::StreamFaulted`],
+    /// [`Validation::Recording`](crate::Validation::Recording), [`ServerError::DeviceLost`], [`ServerError::StreamFaulted`],
     /// a fence's failure.
     pub fn memory_cleanup(&mut self) -> Result<(), ServerError> {
         self.begin()?;
-        if self.device.recording().is_some() {
-            return Err(Validation::Recording {
-                op: "memory_cleanup",
-            }
-            .into());
-        }
+        self.refuse_while_recording("memory_cleanup")?;
         let (shim, s) = self.parts();
         let fenced = s.cleanup(shim);
         self.device.ledger.answer(self.stream, fenced)
-    }
-
-    /// Flushes the drop queue after an enqueue that asked for it. The enqueue itself succeeded:
-    /// a fault the flush's fence reveals belongs to earlier work, so only a lost device fails
-    /// this call (see [`crate::fault`]).
-    pub(super) fn flush_after_enqueue(&mut self) -> Result<(), ServerError> {
-        let (shim, s) = self.parts();
-        let fenced = s.flush(shim);
-        self.device.ledger.defer(self.stream, fenced)
     }
 }

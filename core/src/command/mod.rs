@@ -1,25 +1,26 @@
 //! One unit of work against the device: every operation that touches memory or launches goes
-//! through a [`Command`], so every policy rule is written once.
+//! through a [`Command`], and every operation's steps run in one engine, so every policy rule is
+//! written once.
 //!
-//! A command borrows the device for one stream. Its operations live in one file per role:
-//! `memory.rs` (reservation with reclaim-and-retry, binding, host buffers, cleanup, the drop
-//! queue), `transfer.rs` (uploads and reads), `launch.rs` (kernels and the failure rule), and
-//! `futures.rs` (the fences a caller waits for), `capture.rs` (recording, sealing and replaying
-//! graphs, and holding room ahead). Each operation checks the fault ledger first
-//! (`fault.rs`), orders itself after other streams for every handle it touches (`order.rs`), and
-//! reports what fences reveal to the ledger. Every operation that enqueues device work or makes
-//! room begins the same way (`Command::begin`): the device's bookkeeping runs (freed allocations
-//! leave the failure and cross-stream records, retired pages go to the drop queue), then the
-//! ledger is checked. The drop-queue calls (`flush_drops`, `poll_drops`) and `reserve_host` check
-//! only that the device is not lost: a faulted stream still gives back what its fences covered.
-//! `lazy`, `allocation_mode` and the lookups touch no device state.
+//! A command borrows the device for one stream. Operations only declare what they do, one file
+//! per role: `launch.rs` (kernels), `library.rs` (library work), `transfer.rs` (uploads and
+//! reads), `capture.rs` (recording, sealing and replaying graphs), `memory.rs` (reservation with
+//! reclaim-and-retry, binding, holding room ahead, host buffers, cleanup, the drop queue). The
+//! engine runs their steps (`engine.rs` for device work, `host_side.rs` for the host side of
+//! copies: staging at most once, zero copy); `futures.rs` holds the fences a caller waits for.
+//! Every operation begins once (`Command::begin`: the device's bookkeeping runs, then the fault
+//! ledger and the capture state are checked) and no operation calls another public one. The
+//! drop-queue calls (`flush_drops`, `poll_drops`) and `reserve_host` check only that the device
+//! is not lost: a faulted stream still gives back what its fences covered. `lazy`,
+//! `allocation_mode` and the lookups touch no device state.
 //!
-//! Does not own the pools (`memory/`), the fault decisions (`fault.rs`) nor cross-stream order
-//! (`order.rs`).
+//! Does not own the pools (`memory/`), the fault decisions (`fault.rs`), cross-stream order
+//! (`order/`) nor the capture state (`capture/`).
 
 mod capture;
 mod engine;
 mod futures;
+mod host_side;
 mod launch;
 mod library;
 mod memory;
@@ -30,11 +31,37 @@ pub use launch::Launch;
 pub use library::{Gemm, GemmType, LibraryWork};
 pub use transfer::ReadRequest;
 
+use crate::capture::Stance;
 use crate::device::{Device, DeviceReport};
 use crate::error::{IoError, ServerError};
 use crate::memory::{AllocationMode, AsBinding, Binding, Handle, PageUpdate, Resolved};
 use crate::shim::Shim;
 use crate::stream::{Stream, StreamId};
+
+impl<S: Shim> Device<S> {
+    /// A command on `stream` (created on first use).
+    ///
+    /// Cross-stream order is resolved by each operation for the handles it uses: an operation on
+    /// memory another stream owns (or used) first makes this stream wait, on the device, for that
+    /// stream's work, and keeps the memory alive until this stream's work on it passed a fence.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::DeviceLost`]; a stream index past the limit; the shim's refusal to create
+    /// the stream.
+    pub fn command(&mut self, stream: StreamId) -> Result<Command<'_, S>, ServerError> {
+        self.ledger.check_device()?;
+        self.settle_captures();
+        let index = self.ensure_stream(stream)?;
+        // The command's work is issued at the new cursor: uses recorded by its operations carry
+        // it, so a later waiter on this stream waits for this command's work, not only what came
+        // before.
+        if let Some(s) = self.streams[index].as_mut() {
+            s.cursor += 1;
+        }
+        Ok(Command::new(self, index))
+    }
+}
 
 /// A device range resolved for a caller outside the layer, with the binding that keeps the
 /// allocation alive (and unmoved) while this value lives.
@@ -85,17 +112,25 @@ impl<'a, S: Shim> Command<'a, S> {
     fn begin(&mut self) -> Result<(), ServerError> {
         self.device.collect();
         self.device.ledger.check(self.stream)?;
-        self.current().capture.check_open()
+        self.device.capture.check_open(self.stream)
+    }
+
+    /// What this command's operations do about the device's recording (the capture state's
+    /// answer: run, record, or run beside another stream's recording).
+    fn stance(&self) -> Stance {
+        self.device.capture.stance(self.stream)
     }
 
     /// Refuses `op` while a stream of the device records: it would wait for or query a fence
     /// (illegal then on any stream: CUDA's global capture mode), or record one inside the
     /// recording.
-    fn refuse_while_recording(&mut self, op: &'static str) -> Result<(), ServerError> {
-        if self.device.recording().is_some() {
-            return Err(crate::Validation::Recording { op }.into());
+    fn refuse_while_recording(&self, op: &'static str) -> Result<(), ServerError> {
+        match self.stance() {
+            Stance::Run => Ok(()),
+            Stance::Record | Stance::OtherRecords(_) => {
+                Err(crate::Validation::Recording { op }.into())
+            }
         }
-        Ok(())
     }
 
     /// The stream this command runs on.
@@ -113,10 +148,9 @@ impl<'a, S: Shim> Command<'a, S> {
     /// What a reservation on this stream may do to the pages: nothing but use the room held while
     /// any stream of the device records (no page may be allocated or freed then, on any stream).
     fn page_update(&self) -> PageUpdate {
-        if self.device.recording().is_some() {
-            PageUpdate::Forbidden
-        } else {
-            PageUpdate::Allow
+        match self.stance() {
+            Stance::Run => PageUpdate::Allow,
+            Stance::Record | Stance::OtherRecords(_) => PageUpdate::Forbidden,
         }
     }
 
@@ -126,27 +160,7 @@ impl<'a, S: Shim> Command<'a, S> {
     ///
     /// [`IoError::ForeignHandle`], [`IoError::NotFound`], [`IoError::OutOfRange`].
     pub fn resource(&mut self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
-        let owner = self.device.owner_of(handle)?;
-        self.device.streams[owner]
-            .as_ref()
-            .expect("owner_of found it")
-            .memory
-            .resolve(handle)
-    }
-
-    /// The host address of the first byte of `resolved` (a range of `handle`), when it lies on a
-    /// page the host reaches in place (zero copy: [`crate::DeviceConfig::zero_copy`]).
-    pub(crate) fn host_view(
-        &mut self,
-        handle: &impl AsBinding,
-        resolved: &Resolved,
-    ) -> Option<(
-        core::ptr::NonNull<u8>,
-        alloc::sync::Arc<core::sync::atomic::AtomicU32>,
-    )> {
-        let owner = self.device.owner_of(handle).ok()?;
-        let stream = self.device.streams[owner].as_ref()?;
-        stream.memory.host_ptr(&self.device.shim, resolved)
+        self.device.target(handle).map(|t| t.resolved)
     }
 
     /// The device range of `handle` with a binding that keeps it alive for a caller outside the

@@ -1,245 +1,9 @@
-//! What a command returns: [`ServerError`], with the refusals of a launch ([`LaunchError`]) and
-//! of a malformed call ([`Validation`]).
+//! What a command returns: [`ServerError`], and [`CaptureError`] for recordings and replays (the
+//! two name each other: a discarded recording keeps the error that discarded it).
 
-use super::{CaptureError, DriverError, IoError};
+use super::{DriverError, IoError, LaunchError, Validation};
+use alloc::boxed::Box;
 use core::fmt;
-
-/// Why a launch could not be enqueued.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum LaunchError {
-    /// The device refused to enqueue it.
-    Refused {
-        /// The kernel's name.
-        kernel: &'static str,
-        /// The device's answer.
-        cause: DriverError,
-    },
-    /// Library work ([`Command::library`](crate::Command::library)) returned an error when it
-    /// was enqueued: the library's own code and message.
-    Library {
-        /// The work's name.
-        work: &'static str,
-        /// What the library said.
-        error: LibraryError,
-    },
-    /// A buffer of the launch did not resolve.
-    Buffer {
-        /// The kernel's name.
-        kernel: &'static str,
-        /// Position of the buffer among the launch's buffers (inputs first).
-        index: usize,
-        /// Why it did not resolve.
-        cause: IoError,
-    },
-}
-
-impl fmt::Display for LaunchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Refused { kernel, cause } => {
-                write!(f, "launch of `{kernel}` was refused: {cause}")
-            }
-            Self::Library { work, error } => write!(
-                f,
-                "library work `{work}` failed: {error}; its outputs carry this failure, \
-                 fix the call's arguments or the library's state and run it again"
-            ),
-            Self::Buffer {
-                kernel,
-                index,
-                cause,
-            } => {
-                write!(
-                    f,
-                    "buffer {index} of the launch of `{kernel}` is unusable: {cause}"
-                )
-            }
-        }
-    }
-}
-
-/// What library work returns when the library refuses it (a cuBLAS status, a TensorRT
-/// `enqueueV3` that answered `false`, a vendor DSP library's error code): its own code and
-/// message, kept in the failure the work's outputs carry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct LibraryError {
-    /// The library's status code.
-    pub code: i64,
-    /// The library's own words (its status name, its error string).
-    pub message: alloc::string::String,
-}
-
-impl LibraryError {
-    /// An error with the library's `code` and `message`.
-    pub fn new(code: i64, message: impl Into<alloc::string::String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for LibraryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (code {})", self.message, self.code)
-    }
-}
-
-impl core::error::Error for LibraryError {}
-
-/// A call the layer refuses because of how it was made, not because of the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum Validation {
-    /// A stream index past the device's limit.
-    StreamOutOfRange {
-        /// The index asked for.
-        stream: u32,
-        /// How many streams the device allows.
-        max: u32,
-    },
-    /// A stream borrowed ([`Device::borrow_stream`](crate::Device::borrow_stream)) under an id
-    /// the device already uses.
-    StreamInUse {
-        /// The id asked for.
-        stream: u32,
-    },
-    /// Host data whose length does not match the copy's layout.
-    LengthMismatch {
-        /// Bytes the layout needs.
-        expected: u64,
-        /// Bytes given.
-        found: u64,
-    },
-    /// A copy whose device side passes the end of the handle's view.
-    LayoutPastView {
-        /// Bytes the layout spans on the device.
-        span: u64,
-        /// Bytes of the view.
-        view: u64,
-    },
-    /// A host buffer that cannot be written (external, read-only bytes) given as a destination.
-    ReadOnlyDestination,
-    /// The operation is refused while a stream records a graph.
-    Recording {
-        /// The operation.
-        op: &'static str,
-    },
-    /// A launch output overlaps another buffer of the same launch: kernels may run their blocks
-    /// in any order, so a buffer both read and written (or written twice) gives no defined
-    /// result.
-    AliasedLaunch {
-        /// The kernel.
-        kernel: &'static str,
-        /// Position of the output among the launch's buffers (inputs first).
-        output: usize,
-        /// Position of the buffer it overlaps.
-        other: usize,
-    },
-    /// A kernel parameter names a buffer slot the launch does not have.
-    LaunchParam {
-        /// The kernel.
-        kernel: &'static str,
-        /// Position of the parameter.
-        param: usize,
-        /// The slot it names.
-        slot: usize,
-        /// Buffers the launch has (inputs and outputs).
-        buffers: usize,
-    },
-    /// An operand of library work is shorter than the work needs (checked by a library wrapper
-    /// such as a GEMM's, before the library sees it).
-    LibraryOperand {
-        /// The work.
-        work: &'static str,
-        /// The operand (`"A"`, `"B"`, `"C"` of a GEMM).
-        operand: &'static str,
-        /// Bytes the work reads or writes through it.
-        needs: u64,
-        /// Bytes the handle views.
-        found: u64,
-    },
-    /// A launch extent (a grid or block dimension) is zero.
-    LaunchDims {
-        /// The kernel.
-        kernel: &'static str,
-        /// The geometry asked for.
-        dims: crate::shim::LaunchDims,
-    },
-}
-
-impl fmt::Display for Validation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::StreamOutOfRange { stream, max } => write!(
-                f,
-                "stream {stream} asked for but this device allows {max} streams; use 0..{max} \
-                 or raise `DeviceConfig::max_streams`"
-            ),
-            Self::StreamInUse { stream } => write!(
-                f,
-                "stream {stream} already exists on this device, so it cannot be borrowed; borrow \
-                 a native stream under an id no command has used yet"
-            ),
-            Self::LengthMismatch { expected, found } => write!(
-                f,
-                "the copy's layout needs {expected} host bytes but {found} were given; \
-                 pass data of the layout's packed size"
-            ),
-            Self::LayoutPastView { span, view } => write!(
-                f,
-                "the copy spans {span} device bytes but the handle views {view}; \
-                 use a larger handle or a smaller layout"
-            ),
-            Self::ReadOnlyDestination => f.write_str(
-                "a read-only (external) host buffer was given as a copy destination; \
-                 reserve a host buffer with `reserve_host`",
-            ),
-            Self::Recording { op } => write!(
-                f,
-                "`{op}` is refused while a stream records a graph; call it after the capture ends"
-            ),
-            Self::AliasedLaunch {
-                kernel,
-                output,
-                other,
-            } => write!(
-                f,
-                "buffer {output} of the launch of `{kernel}` is an output that overlaps buffer \
-                 {other} of the same launch; give the kernel a separate output buffer"
-            ),
-            Self::LaunchParam {
-                kernel,
-                param,
-                slot,
-                buffers,
-            } => write!(
-                f,
-                "parameter {param} of the launch of `{kernel}` names buffer slot {slot}, but the \
-                 launch has {buffers} buffers (inputs first, then outputs); name a slot below \
-                 {buffers}"
-            ),
-            Self::LibraryOperand {
-                work,
-                operand,
-                needs,
-                found,
-            } => write!(
-                f,
-                "operand {operand} of `{work}` views {found} bytes but the work touches {needs}; \
-                 pass a larger handle or smaller dimensions (leading dimensions included)"
-            ),
-            Self::LaunchDims { kernel, dims } => write!(
-                f,
-                "the launch of `{kernel}` asks for grid {}x{}x{} and block {}x{}x{}: every extent \
-                 must be at least 1 (use LaunchDims::covering for a grid over n elements)",
-                dims.grid.x, dims.grid.y, dims.grid.z, dims.block.x, dims.block.y, dims.block.z
-            ),
-        }
-    }
-}
 
 /// Errors of device operations: what a command returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -426,18 +190,6 @@ impl core::error::Error for ServerError {
     }
 }
 
-impl core::error::Error for LaunchError {
-    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
-        match self {
-            Self::Refused { cause, .. } => Some(cause),
-            Self::Buffer { cause, .. } => Some(cause),
-            Self::Library { error, .. } => Some(error),
-        }
-    }
-}
-
-impl core::error::Error for Validation {}
-
 // Written by hand: `derive(defmt::Format)` bounds every field type, and the recursive fields
 // (`Box<ServerError>`, `Vec<ServerError>`) make that bound overflow (E0275).
 #[cfg(feature = "defmt")]
@@ -488,6 +240,162 @@ impl defmt::Format for ServerError {
                     kernel
                 )
             }
+        }
+    }
+}
+
+/// Why a capture call (begin, end, replay) or an operation that meets a recording was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaptureError {
+    /// `begin_capture` while a recording of the device is still open (recording, or discarded
+    /// and not yet ended): one stream records at a time.
+    AnotherRecords {
+        /// The stream that asked.
+        stream: u32,
+        /// The stream whose recording is open.
+        recording: u32,
+    },
+    /// `end_capture` was given a recording this stream does not hold (of another stream or
+    /// device, or one that already ended).
+    NotRecording {
+        /// The stream the end was asked on.
+        stream: u32,
+    },
+    /// The recording was discarded because one of its steps failed (`reason`): nothing of it is
+    /// kept, and the buffers it would have written carry this failure. Every operation on the
+    /// stream answers this until `end_capture` reports it and the stream is idle again.
+    Discarded {
+        /// The stream that recorded.
+        stream: u32,
+        /// The step that failed.
+        reason: Box<ServerError>,
+    },
+    /// Work on `stream` uses memory the recording on `recording` uses: that work would be ordered
+    /// after recorded work, which has not run (and cannot be waited for until a replay).
+    RecordedElsewhere {
+        /// The stream of the refused work.
+        stream: u32,
+        /// The recording stream.
+        recording: u32,
+        /// The allocation both use.
+        handle: u64,
+    },
+    /// The device refused to begin a recording, or to end and instantiate it
+    /// ([`Fault::Unsupported`](super::Fault::Unsupported) on a shim without graphs).
+    Refused {
+        /// The stream.
+        stream: u32,
+        /// The device's answer.
+        cause: DriverError,
+    },
+    /// A graph recorded on another device.
+    ForeignGraph {
+        /// The device that recorded it.
+        recorded_on: u32,
+        /// The device it was given to.
+        used_on: u32,
+    },
+}
+
+impl fmt::Display for CaptureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::AnotherRecords { stream, recording } => write!(
+                f,
+                "stream {stream} cannot begin a recording while the recording on stream \
+                 {recording} is open (one stream records at a time); end that one first"
+            ),
+            Self::NotRecording { stream } => write!(
+                f,
+                "stream {stream} holds no open recording for this `end_capture`; end a recording \
+                 on the stream that began it (a recording given to another stream is abandoned)"
+            ),
+            Self::Discarded { stream, reason } => write!(
+                f,
+                "the recording on stream {stream} was discarded because a step of it failed \
+                 ({reason}); nothing of it is kept and the buffers it would have written carry \
+                 this failure; end it with `end_capture`, then record again with room held"
+            ),
+            Self::RecordedElsewhere {
+                stream,
+                recording,
+                handle,
+            } => write!(
+                f,
+                "stream {stream} used handle {handle}, which the recording on stream {recording} \
+                 uses: that work would be ordered after recorded work that has not run; use it \
+                 before `begin_capture` or after `end_capture`"
+            ),
+            Self::Refused { stream, cause } => write!(
+                f,
+                "the device refused the recording on stream {stream} ({cause}); the stream runs \
+                 its work eagerly as before"
+            ),
+            Self::ForeignGraph {
+                recorded_on,
+                used_on,
+            } => write!(
+                f,
+                "a graph recorded on device {recorded_on} was given to device {used_on}; replay \
+                 it on the device that recorded it"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for CaptureError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            Self::Discarded { reason, .. } => Some(&**reason),
+            Self::Refused { cause, .. } => Some(cause),
+            _ => None,
+        }
+    }
+}
+
+// Written by hand: the boxed `ServerError` makes a derived bound recursive (see `ServerError`).
+#[cfg(feature = "defmt")]
+impl defmt::Format for CaptureError {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        match self {
+            Self::AnotherRecords { stream, recording } => defmt::write!(
+                f,
+                "AnotherRecords {{ stream: {=u32}, recording: {=u32} }}",
+                stream,
+                recording
+            ),
+            Self::NotRecording { stream } => {
+                defmt::write!(f, "NotRecording {{ stream: {=u32} }}", stream)
+            }
+            Self::Discarded { stream, reason } => defmt::write!(
+                f,
+                "Discarded {{ stream: {=u32}, reason: {} }}",
+                stream,
+                &**reason
+            ),
+            Self::RecordedElsewhere {
+                stream,
+                recording,
+                handle,
+            } => defmt::write!(
+                f,
+                "RecordedElsewhere {{ stream: {=u32}, recording: {=u32}, handle: {=u64} }}",
+                stream,
+                recording,
+                handle
+            ),
+            Self::Refused { stream, cause } => {
+                defmt::write!(f, "Refused {{ stream: {=u32}, cause: {} }}", stream, cause)
+            }
+            Self::ForeignGraph {
+                recorded_on,
+                used_on,
+            } => defmt::write!(
+                f,
+                "ForeignGraph {{ recorded_on: {=u32}, used_on: {=u32} }}",
+                recorded_on,
+                used_on
+            ),
         }
     }
 }

@@ -12,6 +12,7 @@
 //! 4. [Features and targets](#4-features-and-targets)
 //! 5. [The conformance suite](#5-the-conformance-suite)
 //! 6. [Which shim calls the core makes today](#6-which-shim-calls-the-core-makes-today)
+//! 7. [Bringing your own library](#7-bringing-your-own-library): cuBLAS, TensorRT, a C library
 //!
 //! The vocabulary: a [`Device`] owns a shim and the streams created on it; a [`Command`] is one
 //! borrow of the device for one stream, and every operation goes through one; a [`Handle`] names
@@ -25,14 +26,15 @@
 //! # 3. Writing a shim
 //!
 //! A shim implements [`Shim`]: the device's own objects as associated types (`Stream`, `Event`,
-//! `DevicePage`, `HostPage`, `Kernel`, `Registration`, `Graph`) and these calls, each a thin wrapper over
-//! one driver call:
+//! `DevicePage`, `HostPage`, `Kernel`, `Registration`, `Graph`, `NativeStream`) and these calls,
+//! each a thin wrapper over one driver call:
 //!
 //! | group | methods |
 //! |---|---|
 //! | facts and errors | [`facts`](crate::Shim::facts), [`classify`](crate::Shim::classify) |
-//! | streams and events | [`create_stream`](crate::Shim::create_stream), [`stream_wait_event`](crate::Shim::stream_wait_event), [`record_event`](crate::Shim::record_event), [`event_query`](crate::Shim::event_query) (never blocks), [`event_wait`](crate::Shim::event_wait) |
+//! | streams and events | [`create_stream`](crate::Shim::create_stream), [`native_stream`](crate::Shim::native_stream), [`borrow_stream`](crate::Shim::borrow_stream), [`stream_wait_event`](crate::Shim::stream_wait_event), [`record_event`](crate::Shim::record_event), [`event_query`](crate::Shim::event_query) (never blocks), [`event_wait`](crate::Shim::event_wait) |
 //! | device pages | [`device_alloc`](crate::Shim::device_alloc), [`device_page_addr`](crate::Shim::device_page_addr), [`device_free`](crate::Shim::device_free) |
+//! | virtual memory | [`vm_reserve`](crate::Shim::vm_reserve), [`vm_map`](crate::Shim::vm_map), [`vm_unmap`](crate::Shim::vm_unmap), [`vm_release`](crate::Shim::vm_release) |
 //! | pinned host pages | [`host_alloc_pinned`](crate::Shim::host_alloc_pinned), [`host_page_ptr`](crate::Shim::host_page_ptr), [`host_page_device_addr`](crate::Shim::host_page_device_addr), [`host_free_pinned`](crate::Shim::host_free_pinned) |
 //! | registered host memory | [`host_register`](crate::Shim::host_register), [`host_unregister`](crate::Shim::host_unregister) |
 //! | copies (asynchronous) | [`copy_to_device`](crate::Shim::copy_to_device), [`copy_to_host`](crate::Shim::copy_to_host), [`copy_on_device`](crate::Shim::copy_on_device) |
@@ -110,6 +112,8 @@
 #![doc = include_str!("conformance.md")]
 //!
 #![doc = include_str!("shim_calls.md")]
+//!
+#![doc = include_str!("library.md")]
 //!
 //! [`Device`]: crate::Device
 //! [`Device::new`]: crate::Device::new

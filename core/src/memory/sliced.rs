@@ -189,18 +189,26 @@ impl<P> SlicedPool<P> {
             return self.carve_front(block, size, aligned, used);
         }
         // Split the front part off as a free block of its own; the rest starts at `offset`.
+        let rest = self.split(block, offset);
+        self.index.insert(&mut self.blocks, block);
+        self.carve_front(rest, size, aligned, used)
+    }
+
+    /// Splits block `b` (out of the index) at `at` bytes from its start: `b` keeps the front,
+    /// a new free block (not indexed) takes the rest, whose id is returned.
+    fn split(&mut self, b: u32, at: u64) -> u32 {
         let Block {
             page,
-            offset: start,
-            size: block_size,
+            offset,
+            size,
             next_phys,
             ..
-        } = self.blocks[block as usize];
+        } = self.blocks[b as usize];
         let rest = self.new_block(Block {
             page,
-            offset: start + offset,
-            size: block_size - offset,
-            prev_phys: block,
+            offset: offset + at,
+            size: size - at,
+            prev_phys: b,
             next_phys,
             state: BlockState::Free {
                 prev: NIL,
@@ -210,11 +218,10 @@ impl<P> SlicedPool<P> {
         if next_phys != NIL {
             self.blocks[next_phys as usize].prev_phys = rest;
         }
-        let front = &mut self.blocks[block as usize];
+        let front = &mut self.blocks[b as usize];
         front.next_phys = rest;
-        front.size = offset;
-        self.index.insert(&mut self.blocks, block);
-        self.carve_front(rest, size, aligned, used)
+        front.size = at;
+        rest
     }
 
     /// Every free block of an indexed page, as (block, page, offset in the page, size).
@@ -234,31 +241,9 @@ impl<P> SlicedPool<P> {
 
     /// Carves from the front of the free block `b`, already out of the index.
     fn carve_front(&mut self, b: u32, size: u64, aligned: u64, used: Used) -> Carved {
-        let Block {
-            page,
-            offset,
-            size: block_size,
-            next_phys,
-            ..
-        } = self.blocks[b as usize];
-        if block_size > aligned {
-            let rest = self.new_block(Block {
-                page,
-                offset: offset + aligned,
-                size: block_size - aligned,
-                prev_phys: b,
-                next_phys,
-                state: BlockState::Free {
-                    prev: NIL,
-                    next: NIL,
-                },
-            });
-            if next_phys != NIL {
-                self.blocks[next_phys as usize].prev_phys = rest;
-            }
-            let blk = &mut self.blocks[b as usize];
-            blk.next_phys = rest;
-            blk.size = aligned;
+        let (page, offset) = (self.blocks[b as usize].page, self.blocks[b as usize].offset);
+        if self.blocks[b as usize].size > aligned {
+            let rest = self.split(b, aligned);
             self.index.insert(&mut self.blocks, rest);
         }
         self.blocks[b as usize].state = BlockState::Used(used);

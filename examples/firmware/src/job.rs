@@ -14,7 +14,7 @@ use crate::shim::{self, FwKernel, FwShim, KernelCtx, KernelFault};
 use crate::{board, stack};
 use alloc::vec;
 use alloc::vec::Vec;
-use devcmd::copy::StagingPolicy;
+use devcmd::staging::StagingPolicy;
 use devcmd::memory::MemoryConfig;
 use devcmd::pinned::PinnedConfig;
 use devcmd::{

@@ -2,8 +2,8 @@
 
 use crate::harness::{Harness, Mode};
 use crate::util::{Ctx, first_diff, must, pattern};
-use devcmd::copy::{Staging, StagingPolicy};
 use devcmd::memory::PoolKind;
+use devcmd::staging::{Staging, StagingPolicy};
 use devcmd::{
     CopyLayout, DeviceConfig, ExternalBytes, HostBuffer, HostOrigin, IoError, ReadRequest,
     ServerError, StreamId, Validation,

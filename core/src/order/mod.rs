@@ -3,7 +3,7 @@
 //!
 //! Owns the record of foreign uses (which streams used an allocation besides its owner, and at
 //! which cursor) and the one function every operation calls for each handle it touches
-//! ([`Device::order_after`]). A wait is made once per other stream until that stream issues more
+//! ([`Device::order_after`]); the record itself is `foreign.rs`. A wait is made once per other stream until that stream issues more
 //! work (`Stream::synced`), and not at all for work a clean fence already covered. Does not own
 //! the waits' faults: work ordered after a stream's failed work is refused while the fault is on
 //! record (`fault.rs`), and a stream that waited before anyone heard of it learns of it from its
@@ -14,75 +14,61 @@
 //! recording touched is refused; its use of the recording stream's other memory waits for the
 //! work enqueued before the recording began, on the event recorded then.
 
+mod foreign;
+
+pub(crate) use foreign::ForeignUses;
+
 use crate::device::Device;
 use crate::drop_queue::DropItem;
-use crate::error::{CaptureError, ServerError};
+use crate::error::{CaptureError, IoError, ServerError};
 use crate::memory::{AsBinding, Resolved};
 use crate::shim::Shim;
-use alloc::vec::Vec;
-use hashbrown::HashMap;
 
-/// Allocations used by streams other than their owner: which streams, at which cursor. A later
-/// use on any other stream (the owner included) waits for those; entries go when the owner has
-/// waited for them all or the allocation is freed.
-#[derive(Debug, Default)]
-pub(crate) struct ForeignUses(HashMap<u64, Vec<(usize, u64)>>);
-
-impl ForeignUses {
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The allocation `id` is gone: nothing can use it again.
-    pub fn forget(&mut self, id: u64) {
-        self.0.remove(&id);
-    }
-
-    /// The memory of allocation `from` now belongs to `to` (a bind): its uses follow it, for a
-    /// later use of `to` to wait for (a bind inside a recording cannot wait itself).
-    pub fn hand_over(&mut self, from: u64, to: u64) {
-        if let Some(uses) = self.0.remove(&from) {
-            for (stream, cursor) in uses {
-                self.record(to, stream, cursor);
-            }
-        }
-    }
-
-    fn record(&mut self, id: u64, stream: usize, cursor: u64) {
-        let uses = self.0.entry(id).or_default();
-        match uses.iter_mut().find(|u| u.0 == stream) {
-            Some(u) => u.1 = cursor,
-            None => uses.push((stream, cursor)),
-        }
-    }
-
-    /// The uses of `id` by streams other than `current` and `owner`.
-    fn others(&self, id: u64, current: usize, owner: usize) -> Vec<(usize, u64)> {
-        self.0.get(&id).map_or_else(Vec::new, |uses| {
-            uses.iter()
-                .copied()
-                .filter(|&(user, _)| user != current && user != owner)
-                .collect()
-        })
-    }
+/// Where a handle's memory is: the stream that owns it and the device range it names. Found once
+/// per handle per operation ([`Device::target`]), before anything is enqueued.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target {
+    /// The stream whose manager holds the memory.
+    pub owner: usize,
+    /// The device range.
+    pub resolved: Resolved,
 }
 
 impl<S: Shim> Device<S> {
-    /// Orders stream `current` after every other stream's work on the memory `binding` names: its
-    /// owner's and any other stream's that used it. Called by every operation for every handle it
-    /// touches, before it enqueues anything. Returns the device range the binding names.
+    /// Where `binding`'s memory is, with no side effect: a handle that names no memory leaves no
+    /// trace (no wait, no keep-alive, no record of a use).
     ///
     /// # Errors
     ///
-    /// A handle of another device or one that names no memory (nothing is then recorded); a
-    /// stream ordered after failed work ([`ServerError::StreamFaulted`]); the shim's refusal to
-    /// record or wait.
+    /// [`IoError::ForeignHandle`](crate::IoError::ForeignHandle),
+    /// [`IoError::NotFound`](crate::IoError::NotFound),
+    /// [`IoError::OutOfRange`](crate::IoError::OutOfRange).
+    pub(crate) fn target(&self, binding: &impl AsBinding) -> Result<Target, IoError> {
+        let owner = self.owner_of(binding)?;
+        let resolved = self.streams[owner]
+            .as_ref()
+            .expect("owner_of found it")
+            .memory
+            .resolve(binding)?;
+        Ok(Target { owner, resolved })
+    }
+
+    /// Orders stream `current` after every other stream's work on the memory `binding` names
+    /// (owned by stream `owner`, as [`Self::target`] found): its owner's and any other stream's that used it. Called by every
+    /// operation for every handle it touches, once its checks passed and before it enqueues
+    /// anything; the binding rides this stream's drop queue when another stream owns the memory.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::RecordedElsewhere`]; a stream ordered after failed work
+    /// ([`ServerError::StreamFaulted`]); the shim's refusal to record or wait.
     pub(crate) fn order_after(
         &mut self,
         current: usize,
         binding: &impl AsBinding,
-    ) -> Result<Resolved, ServerError> {
-        self.order(current, binding, true)
+        owner: usize,
+    ) -> Result<(), ServerError> {
+        self.order(current, binding, owner, true)
     }
 
     /// As [`Self::order_after`], for work that keeps its memory alive itself until a fence after
@@ -91,33 +77,28 @@ impl<S: Shim> Device<S> {
         &mut self,
         current: usize,
         binding: &impl AsBinding,
-    ) -> Result<Resolved, ServerError> {
-        self.order(current, binding, false)
+    ) -> Result<(), ServerError> {
+        let target = self.target(binding)?;
+        self.order(current, binding, target.owner, false)
     }
 
     fn order(
         &mut self,
         current: usize,
         binding: &impl AsBinding,
+        owner: usize,
         keep_alive: bool,
-    ) -> Result<Resolved, ServerError> {
+    ) -> Result<(), ServerError> {
         let b = binding.as_binding();
-        let owner = self.owner_of(binding)?;
-        let o = self.streams[owner].as_ref().expect("owner_of found it");
-        // Resolve first: a handle that names no memory must leave no trace (no wait, no
-        // keep-alive, no record of a use).
-        let resolved = o.memory.resolve(binding)?;
-        let owner_cursor = o.cursor;
-        if let Some(r) = self.recording() {
-            let window = self.streams[r]
-                .as_mut()
-                .and_then(|s| s.capture.window_mut())
-                .expect("a recording stream has a window");
+        let owner_cursor = self.streams[owner].as_ref().map_or(0, |o| o.cursor);
+        if let Some(r) = self.recording()
+            && let Some(window) = self.capture.window_mut()
+        {
             if r == current {
                 // Recorded, not run: nothing to wait for now (each replay orders itself), and
                 // the recording keeps the memory.
                 window.touch(b);
-                return Ok(resolved);
+                return Ok(());
             }
             if window.touches(b.id()) {
                 return Err(CaptureError::RecordedElsewhere {
@@ -143,7 +124,7 @@ impl<S: Shim> Device<S> {
         // Other streams that used this allocation (a kernel on another stream may have written
         // it): order after their work too, or this use could overtake theirs.
         if self.foreign_uses.is_empty() {
-            return Ok(resolved);
+            return Ok(());
         }
         for (user, used_at) in self.foreign_uses.others(id, current, owner) {
             self.wait_for(current, user, used_at)?;
@@ -152,7 +133,7 @@ impl<S: Shim> Device<S> {
             // The owner has waited for every foreign use: later owner uses need no wait.
             self.foreign_uses.forget(id);
         }
-        Ok(resolved)
+        Ok(())
     }
 
     /// Makes stream `current` wait on the device for the work stream `other` issued up to
@@ -166,10 +147,7 @@ impl<S: Shim> Device<S> {
         other_cursor: u64,
     ) -> Result<(), ServerError> {
         let recording = self.recording() == Some(other);
-        let other_cursor = match self.streams[other]
-            .as_ref()
-            .and_then(|o| o.capture.window())
-        {
+        let other_cursor = match self.capture.window() {
             Some(w) if recording => other_cursor.min(w.began_at),
             _ => other_cursor,
         };
@@ -190,7 +168,7 @@ impl<S: Shim> Device<S> {
         let c = self.streams[current].as_ref().expect("current exists");
         if recording {
             // `begin_capture` records the event; without one there was nothing to wait for.
-            if let Some(pre) = o.capture.window().and_then(|w| w.pre_event.as_ref()) {
+            if let Some(pre) = self.capture.window().and_then(|w| w.pre_event.as_ref()) {
                 self.shim
                     .stream_wait_event(&c.raw, pre)
                     .map_err(|e| self.ledger.call_failed(e))?;

@@ -1,0 +1,26 @@
+//! The device-wide "a stream records" flag, as the parts that cannot ask the device read it: the
+//! drop queues (no fence is recorded, waited for or polled while it is set) and the futures of
+//! reads and syncs, which may be waited on from another thread (no host wait is legal then, on
+//! any stream: CUDA's global capture mode).
+//!
+//! Owns nothing but the bit. Only the capture state (`state.rs`) sets it, in its transitions, so
+//! it never disagrees with the state; everyone else holds a read-only clone.
+
+use alloc::sync::Arc;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether a stream of the device records; cheap to clone, read-only outside `capture/`.
+#[derive(Debug, Clone, Default)]
+pub struct RecordingFlag(Arc<AtomicBool>);
+
+impl RecordingFlag {
+    /// Whether a stream of the device records now.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Set by the capture state's transitions only.
+    pub(super) fn set(&self, on: bool) {
+        self.0.store(on, Ordering::Release);
+    }
+}

@@ -1,0 +1,157 @@
+//! A call the layer refuses because of how it was made: [`Validation`].
+
+use core::fmt;
+
+/// A call the layer refuses because of how it was made, not because of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Validation {
+    /// A stream index past the device's limit.
+    StreamOutOfRange {
+        /// The index asked for.
+        stream: u32,
+        /// How many streams the device allows.
+        max: u32,
+    },
+    /// A stream borrowed ([`Device::borrow_stream`](crate::Device::borrow_stream)) under an id
+    /// the device already uses.
+    StreamInUse {
+        /// The id asked for.
+        stream: u32,
+    },
+    /// Host data whose length does not match the copy's layout.
+    LengthMismatch {
+        /// Bytes the layout needs.
+        expected: u64,
+        /// Bytes given.
+        found: u64,
+    },
+    /// A copy whose device side passes the end of the handle's view.
+    LayoutPastView {
+        /// Bytes the layout spans on the device.
+        span: u64,
+        /// Bytes of the view.
+        view: u64,
+    },
+    /// A host buffer that cannot be written (external, read-only bytes) given as a destination.
+    ReadOnlyDestination,
+    /// The operation is refused while a stream records a graph.
+    Recording {
+        /// The operation.
+        op: &'static str,
+    },
+    /// A launch output overlaps another buffer of the same launch: kernels may run their blocks
+    /// in any order, so a buffer both read and written (or written twice) gives no defined
+    /// result.
+    AliasedLaunch {
+        /// The kernel.
+        kernel: &'static str,
+        /// Position of the output among the launch's buffers (inputs first).
+        output: usize,
+        /// Position of the buffer it overlaps.
+        other: usize,
+    },
+    /// A kernel parameter names a buffer slot the launch does not have.
+    LaunchParam {
+        /// The kernel.
+        kernel: &'static str,
+        /// Position of the parameter.
+        param: usize,
+        /// The slot it names.
+        slot: usize,
+        /// Buffers the launch has (inputs and outputs).
+        buffers: usize,
+    },
+    /// An operand of library work is shorter than the work needs (checked by a library wrapper
+    /// such as a GEMM's, before the library sees it).
+    LibraryOperand {
+        /// The work.
+        work: &'static str,
+        /// The operand (`"A"`, `"B"`, `"C"` of a GEMM).
+        operand: &'static str,
+        /// Bytes the work reads or writes through it.
+        needs: u64,
+        /// Bytes the handle views.
+        found: u64,
+    },
+    /// A launch extent (a grid or block dimension) is zero.
+    LaunchDims {
+        /// The kernel.
+        kernel: &'static str,
+        /// The geometry asked for.
+        dims: crate::shim::LaunchDims,
+    },
+}
+
+impl fmt::Display for Validation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::StreamOutOfRange { stream, max } => write!(
+                f,
+                "stream {stream} asked for but this device allows {max} streams; use 0..{max} \
+                 or raise `DeviceConfig::max_streams`"
+            ),
+            Self::StreamInUse { stream } => write!(
+                f,
+                "stream {stream} already exists on this device, so it cannot be borrowed; borrow \
+                 a native stream under an id no command has used yet"
+            ),
+            Self::LengthMismatch { expected, found } => write!(
+                f,
+                "the copy's layout needs {expected} host bytes but {found} were given; \
+                 pass data of the layout's packed size"
+            ),
+            Self::LayoutPastView { span, view } => write!(
+                f,
+                "the copy spans {span} device bytes but the handle views {view}; \
+                 use a larger handle or a smaller layout"
+            ),
+            Self::ReadOnlyDestination => f.write_str(
+                "a read-only (external) host buffer was given as a copy destination; \
+                 reserve a host buffer with `reserve_host`",
+            ),
+            Self::Recording { op } => write!(
+                f,
+                "`{op}` is refused while a stream records a graph; call it after the capture ends"
+            ),
+            Self::AliasedLaunch {
+                kernel,
+                output,
+                other,
+            } => write!(
+                f,
+                "buffer {output} of the launch of `{kernel}` is an output that overlaps buffer \
+                 {other} of the same launch; give the kernel a separate output buffer"
+            ),
+            Self::LaunchParam {
+                kernel,
+                param,
+                slot,
+                buffers,
+            } => write!(
+                f,
+                "parameter {param} of the launch of `{kernel}` names buffer slot {slot}, but the \
+                 launch has {buffers} buffers (inputs first, then outputs); name a slot below \
+                 {buffers}"
+            ),
+            Self::LibraryOperand {
+                work,
+                operand,
+                needs,
+                found,
+            } => write!(
+                f,
+                "operand {operand} of `{work}` views {found} bytes but the work touches {needs}; \
+                 pass a larger handle or smaller dimensions (leading dimensions included)"
+            ),
+            Self::LaunchDims { kernel, dims } => write!(
+                f,
+                "the launch of `{kernel}` asks for grid {}x{}x{} and block {}x{}x{}: every extent \
+                 must be at least 1 (use LaunchDims::covering for a grid over n elements)",
+                dims.grid.x, dims.grid.y, dims.grid.z, dims.block.x, dims.block.y, dims.block.z
+            ),
+        }
+    }
+}
+
+impl core::error::Error for Validation {}
