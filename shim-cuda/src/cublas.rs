@@ -428,8 +428,8 @@ impl Cublas {
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The lane of `cmd`'s stream (of the device that issued `any`, or of the workspace made
-    /// now), created if missing.
+    /// The lane of `cmd`'s stream on `device` (the device that issued the call's operands; when
+    /// `None`, `cmd`'s), created if missing.
     fn lane<'l>(
         &self,
         lanes: &'l mut Lanes,
@@ -443,7 +443,9 @@ impl Cublas {
                 .iter()
                 .position(|l| l.device == device && l.stream == stream)
         };
-        if let Some(i) = device.and_then(|d| find(lanes, d)) {
+        // Without an operand to tell, a handle with no memory names the device.
+        let device = device.unwrap_or_else(|| cmd.lazy(0).issuer().device);
+        if let Some(i) = find(lanes, device) {
             return Ok(&mut lanes.lanes[i]);
         }
         if cmd.capture_phase() == CapturePhase::Recording || self.shim.is_any_stream_capturing() {
@@ -457,7 +459,8 @@ impl Cublas {
         let workspace = cmd.empty(self.workspace_bytes)?;
         let device = workspace.issuer().device;
         if let Some(i) = find(lanes, device) {
-            // `prepare` on a stream already set up: the new workspace goes back.
+            // The operands came from another device (the core refuses them next): the lane of
+            // `cmd`'s device serves, and the new workspace goes back.
             return Ok(&mut lanes.lanes[i]);
         }
         let handle = match lanes.spare.take() {
