@@ -487,11 +487,8 @@ impl Cublas {
         // Point the handle at the stream and the workspace now, outside any recording (a
         // recording then only replays what the calls enqueue).
         let handle = lane.handle.0;
-        let work = LibraryWork {
-            name: "cuBLAS set-up",
-            reads: &[],
-            writes: &[&lane.workspace],
-        };
+        let workspace = [&lane.workspace];
+        let work = LibraryWork::new("cuBLAS set-up", &[], &workspace);
         let (last_native, last_ws) = (&mut lane.native, &mut lane.workspace_addr);
         // SAFETY: the call only sets the handle's stream and workspace (host state), enqueuing
         // nothing.
@@ -509,8 +506,8 @@ impl Cublas {
     /// fp32 compute for [`GemmType::F16`]. The shapes are checked against the handles first
     /// ([`Gemm::check`]), so the GEMM touches nothing outside them.
     ///
-    /// With `beta != 0` cuBLAS reads C too, but C is declared as a write only (as a kernel that
-    /// updates its output in place is): a failure C carries is replaced, not passed on.
+    /// With `beta != 0` cuBLAS reads C too: C is then declared as an update (read and written in
+    /// place), so a failure it carries skips the GEMM and C keeps it.
     ///
     /// # Errors
     ///
@@ -533,27 +530,22 @@ impl Cublas {
             GemmType::F32 => "cublasSgemm",
             GemmType::F16 => "cublasGemmEx (f16, fp32 compute)",
         };
+        // Also refuses dimensions past cuBLAS's 32-bit int.
         g.check(name, a.len(), b.len(), c.len())?;
-        if ints([g.m, g.n, g.k, g.lda, g.ldb, g.ldc]).is_none() {
-            return Err(LaunchError::Library {
-                work: name,
-                error: LibraryError::new(
-                    cb::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE as i64,
-                    format!(
-                        "CUBLAS_STATUS_INVALID_VALUE (refused before the call: cuBLAS takes \
-                         m, n, k and the leading dimensions as a 32-bit int, at most \
-                         2147483647, and {g:?} passes it; split the product)"
-                    ),
-                ),
-            }
-            .into());
-        }
+        // With `beta != 0` cuBLAS reads C too: it is an update, so a failure it carries skips
+        // the GEMM and passes on.
+        let (c, none): ([&Handle; 1], [&Handle; 0]) = ([c], []);
+        let (updates, writes): (&[&Handle], &[&Handle]) = if g.beta == 0.0 {
+            (&none, &c)
+        } else {
+            (&c, &none)
+        };
         // SAFETY: `Gemm::check` showed that the matrices `g` describes (leading dimensions
         // included) lie inside `a`, `b` and `c`, and cuBLAS touches nothing else but its
         // workspace, which `call` declares; cuBLAS enqueues on the stream it is given and
         // returns without waiting.
         unsafe {
-            self.call(cmd, name, &[a, b], &[c], |handle, spans| {
+            self.call(cmd, name, &[a, b], updates, writes, |handle, spans| {
                 gemm_raw(
                     handle,
                     &g,
@@ -566,8 +558,8 @@ impl Cublas {
     }
 
     /// Any cuBLAS call as library work on `cmd`'s stream: `call` gets the stream's cuBLAS handle
-    /// (its stream and workspace set) and the device ranges of `reads` then `writes` (the
-    /// workspace is appended to `writes` and not passed), and returns cuBLAS's status; a status
+    /// (its stream and workspace set) and the device ranges of `reads`, then `updates` (read and
+    /// written in place), then `writes` (the workspace is appended to `writes` and not passed), and returns cuBLAS's status; a status
     /// other than success fails the written ranges with its name. `name` names the work in
     /// failure reports.
     ///
@@ -580,13 +572,19 @@ impl Cublas {
         cmd: &mut Command<'_, CudaShim>,
         name: &'static str,
         reads: &[&Handle],
+        updates: &[&Handle],
         writes: &[&Handle],
         call: F,
     ) -> Result<(), ServerError>
     where
         F: FnOnce(cb::cublasHandle_t, &[DeviceSpan]) -> cb::cublasStatus_t,
     {
-        let device = reads.iter().chain(writes).next().map(|h| h.issuer().device);
+        let device = reads
+            .iter()
+            .chain(updates)
+            .chain(writes)
+            .next()
+            .map(|h| h.issuer().device);
         let mut lanes = self.lock();
         let lane = self.lane(&mut lanes, cmd, device)?;
         // Up to 8 writes on the stack; more are rare (a GEMM has one).
@@ -602,11 +600,7 @@ impl Cublas {
         };
         let handle = lane.handle.0;
         let state = (&mut lane.native, &mut lane.workspace_addr);
-        let work = LibraryWork {
-            name,
-            reads,
-            writes: all,
-        };
+        let work = LibraryWork::new(name, reads, all).updating(updates);
         // SAFETY: the caller's promise for `call`; the workspace is declared among the writes,
         // and cuBLAS touches it only through the handle, inside the range given to
         // `cublasSetWorkspace` (the span the core resolved for it).

@@ -475,26 +475,33 @@ fn a_cublas_error_fails_the_written_ranges_with_its_status_name() {
     // cuBLAS itself refuses lda = 0 (CUBLAS_STATUS_INVALID_VALUE), enqueuing nothing.
     // SAFETY: the call passes the handle's stream and the three declared ranges only.
     let failed = unsafe {
-        blas.call(&mut cmd, "sgemm_bad_lda", &[&ha, &hb], &[&hc], |h, s| {
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            let n = cublas_sys::cublasOperation_t::CUBLAS_OP_N;
-            cublas_sys::cublasSgemm_v2(
-                h,
-                n,
-                n,
-                32,
-                32,
-                32,
-                &alpha,
-                s[0].addr.0 as *const f32,
-                0,
-                s[1].addr.0 as *const f32,
-                32,
-                &beta,
-                s[2].addr.0 as *mut f32,
-                32,
-            )
-        })
+        blas.call(
+            &mut cmd,
+            "sgemm_bad_lda",
+            &[&ha, &hb],
+            &[],
+            &[&hc],
+            |h, s| {
+                let (alpha, beta) = (1.0f32, 0.0f32);
+                let n = cublas_sys::cublasOperation_t::CUBLAS_OP_N;
+                cublas_sys::cublasSgemm_v2(
+                    h,
+                    n,
+                    n,
+                    32,
+                    32,
+                    32,
+                    &alpha,
+                    s[0].addr.0 as *const f32,
+                    0,
+                    s[1].addr.0 as *const f32,
+                    32,
+                    &beta,
+                    s[2].addr.0 as *mut f32,
+                    32,
+                )
+            },
+        )
     };
     match &failed {
         Err(ServerError::Launch(LaunchError::Library { work, error })) => {
@@ -630,17 +637,10 @@ fn a_borrowed_stream_runs_devcmd_work_and_outlives_the_device() {
     let mut native = std::ptr::null_mut();
     // SAFETY: the closure only reads the handle it is given and enqueues nothing.
     unsafe {
-        cmd.library(
-            devcmd::LibraryWork {
-                name: "peek",
-                reads: &[],
-                writes: &[],
-            },
-            |s, _| {
-                native = *s;
-                Ok(())
-            },
-        )
+        cmd.library(devcmd::LibraryWork::new("peek", &[], &[]), |s, _| {
+            native = *s;
+            Ok(())
+        })
     }
     .unwrap();
     assert_eq!(native, raw, "library work on S1 gets the borrowed stream");

@@ -700,11 +700,8 @@ fn library_on(
                         let four: [&devcmd::Handle; 2] = [&c, &extra];
                         let writes: &[&devcmd::Handle] = if path == 1 { &three } else { &four };
                         for _ in 0..batch {
-                            let work = LibraryWork {
-                                name: "gemm",
-                                reads: &[&a, &b],
-                                writes,
-                            };
+                            let ab = [&a, &b];
+                            let work = LibraryWork::new("gemm", &ab, writes);
                             // SAFETY: the call enqueues one GEMM on the stream it is given (the
                             // same CUDA stream as the handle's), reading A and B and writing C,
                             // the declared ranges.
