@@ -206,7 +206,7 @@ impl<S: Shim> Device<S> {
     /// owns (the stream a TensorRT context or PyTorch enqueues on): devcmd orders, guards and
     /// records work on it like on its own streams and never destroys it. Work the runtime
     /// enqueues on `native` by itself is outside devcmd's view: order it with the runtime's own
-    /// means, or enqueue it through [`Command::library`](crate::Command::library)(crate::Command::library).
+    /// means, or enqueue it through [`Command::library`](crate::Command::library).
     ///
     /// # Errors
     ///
@@ -216,7 +216,10 @@ impl<S: Shim> Device<S> {
     ///
     /// # Safety
     ///
-    /// `native` is a live stream of this device and stays alive until this device is dropped.
+    /// `native` is a live stream of this device and stays alive until this device is dropped;
+    /// it is not the native stream under another stream of this device (two devcmd streams over
+    /// one native stream would each believe its work is alone there: a recording on one would
+    /// capture the other's work while the other frees what it used).
     pub unsafe fn borrow_stream(
         &mut self,
         stream: StreamId,
@@ -333,13 +336,14 @@ impl<S: Shim> Device<S> {
     /// doomed, the stream is idle again, the drop queues thaw. Nothing is marked failed: the
     /// buffers hold what they held before the recording.
     pub(crate) fn abort_capture(&mut self) {
-        if let Some((i, window)) = self.capture.abort() {
-            if let Some(Some(s)) = self.streams.get(i) {
+        let (shim, streams) = (&*self.shim, &self.streams);
+        let window = self.capture.abort(|i| {
+            if let Some(Some(s)) = streams.get(i) {
                 // Ends the recording whatever it answers; a graph from a doomed end is dropped.
-                let _ = self.shim.end_capture(&s.raw, true);
+                drop(shim.end_capture(&s.raw, true));
             }
-            drop(window);
-        }
+        });
+        drop(window);
     }
 
     /// The memory report of every stream; device and pinned host memory are totalled apart.

@@ -78,16 +78,24 @@ impl Failures {
     /// Marks `start..end` of allocation `alloc` as left unwritten by `failure` (replacing any
     /// other claim on those bytes).
     pub fn mark(&mut self, alloc: u64, start: u64, end: u64, failure: u64) {
-        if start >= end || !self.records.contains_key(&failure) {
+        let Some(r) = self.records.get_mut(&failure) else {
+            return;
+        };
+        if start >= end {
             return;
         }
+        // Held while the range is cleared: the range may carry this very failure (work that
+        // reads and writes it in place was skipped), and clearing its last mark would drop the
+        // record before the new mark lands.
+        r.tagged += 1;
         self.clear_range(alloc, start, end);
         let marks = self.marks.entry(alloc).or_default();
         let had = marks.iter().any(|m| m.2 == failure);
         let at = marks.partition_point(|m| m.0 < start);
         marks.insert(at, (start, end, failure));
-        if !had && let Some(r) = self.records.get_mut(&failure) {
-            r.tagged += 1;
+        if had {
+            // The allocation was counted already: the hold goes.
+            self.untag(failure);
         }
     }
 
@@ -247,6 +255,25 @@ mod tests {
         f.mark(1, 0, 10, b);
         assert_eq!(f.failure(1, 0, 10), Some(b));
         assert_eq!(f.len().0, 1, "a, claiming nothing, is gone");
+    }
+
+    #[test]
+    fn marking_a_range_with_the_failure_it_carries_keeps_it() {
+        // Work that reads and writes a range in place (a replay that reads and writes one
+        // buffer, a GEMM updating C) is skipped because of the range's own failure, and marks it
+        // again with that failure: the record must outlive the re-mark.
+        let mut f = Failures::default();
+        let id = f.new_failure(root());
+        f.mark(1, 0, 10, id);
+        f.mark(1, 0, 10, id);
+        assert_eq!(f.failure(1, 0, 10), Some(id));
+        f.mark(1, 2, 4, id);
+        f.mark(2, 0, 4, id);
+        assert_eq!(f.failure(1, 0, 10), Some(id));
+        f.written(1, 0, 10);
+        assert_eq!(f.len(), (1, 1), "allocation 2 still carries it");
+        f.written(2, 0, 4);
+        assert!(f.is_empty(), "the record went with its last mark");
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub(crate) struct Context {
     device: sys::CUdevice,
     /// Idle events (created with `CU_EVENT_DISABLE_TIMING`), reused by later records.
     pub(crate) events: Mutex<Vec<sys::CUevent>>,
+    /// Streams of this context recording now (begun by the shim, not yet ended): a library
+    /// that allocates (cuBLAS creating a handle) would invalidate their global-mode captures.
+    pub(crate) capturing: std::sync::atomic::AtomicUsize,
 }
 
 // SAFETY: a `CUcontext` is a handle the driver API accepts from any thread (the driver is
@@ -241,6 +244,7 @@ impl CudaShim {
             raw,
             device: dev,
             events: Mutex::new(Vec::new()),
+            capturing: std::sync::atomic::AtomicUsize::new(0),
         });
         ctx.bind(ShimOp::StreamCreate)
             .map_err(|e| CudaInitError::Call {
@@ -336,6 +340,17 @@ impl CudaShim {
         graph::is_capturing(stream)
     }
 
+    /// Whether a stream of this shim's context records into a graph now (begun through the
+    /// shim and not yet ended): any call that allocates device memory (`cuMemAlloc`, a library
+    /// creating its handle) would then invalidate that recording, since captures run in global
+    /// mode.
+    pub fn is_any_stream_capturing(&self) -> bool {
+        self.ctx
+            .capturing
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 0
+    }
+
     /// The context (not bound).
     pub(crate) fn context(&self) -> &Arc<Context> {
         &self.ctx
@@ -360,10 +375,26 @@ impl Shim for CudaShim {
     /// An instantiated graph, recorded by stream capture.
     type Graph = CudaGraph;
     /// The `CUstream` under a stream: cuBLAS, TensorRT and any CUDA library enqueue on it.
-    type NativeStream = cudarc::driver::sys::CUstream;
+    type NativeStream = sys::CUstream;
 
-    fn native_stream<'a>(&self, stream: &'a CudaStream) -> &'a Self::NativeStream {
+    /// The stream's `CUstream`, with the shim's context made current on the calling thread
+    /// first (libraries built on the CUDA runtime, cuBLAS among them, act on the current
+    /// context). A failed bind is not reported here: the library's call then fails and says so.
+    fn native_stream<'a>(&self, stream: &'a CudaStream) -> &'a sys::CUstream {
+        let _ = self.ctx.bind(ShimOp::Launch);
         stream.raw_ref()
+    }
+
+    /// A stream over `native`, a `CUstream` the caller's runtime created (TensorRT's, PyTorch's),
+    /// after `cuStreamGetCtx` showed it belongs to the shim's context; never destroyed by the
+    /// shim. The legacy default stream (null) is accepted (no graph can be recorded on it:
+    /// CUDA refuses the capture); the per-thread default stream (`CU_STREAM_PER_THREAD`) is
+    /// refused ([`status::BAD_ARGUMENT`](crate::status::BAD_ARGUMENT)), and a stream of another
+    /// context is `CUDA_ERROR_INVALID_CONTEXT`.
+    unsafe fn borrow_stream(&self, native: &sys::CUstream) -> Result<CudaStream, DriverError> {
+        let ctx = self.bound(ShimOp::StreamCreate)?;
+        // SAFETY: `borrow_stream`'s contract: a live stream that outlives the returned one.
+        unsafe { stream::borrow(ctx, *native) }
     }
 
     fn facts(&self) -> DeviceFacts {

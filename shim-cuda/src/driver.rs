@@ -64,6 +64,8 @@ pub const SYMBOLS: &[&str] = &[
     "cuCtxSetCurrent",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
+    // Borrowed streams: the context they belong to.
+    "cuStreamGetCtx",
     "cuStreamWaitEvent",
     "cuStreamSynchronize",
     "cuEventCreate",

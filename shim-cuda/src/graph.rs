@@ -34,6 +34,7 @@ use devcmd::{DriverError, ShimOp};
 use std::fmt;
 use std::ptr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// An instantiated graph (`CUgraphExec`) recorded from a stream. Dropping it destroys it
 /// (`cuGraphExecDestroy`, with its context bound), from any thread; replays already enqueued
@@ -99,7 +100,9 @@ pub(crate) fn begin(stream: &CudaStream) -> Result<(), DriverError> {
     check(ShimOp::GraphBegin, unsafe {
         sys::cuStreamBeginCapture_v2(stream.cu_stream(), mode)
     })?;
-    *lock(&stream.recorded) = Some(Vec::new());
+    if lock(&stream.recorded).replace(Vec::new()).is_none() {
+        stream.context().capturing.fetch_add(1, Ordering::AcqRel);
+    }
     Ok(())
 }
 
@@ -176,7 +179,13 @@ unsafe fn exec_update(_exec: sys::CUgraphExec, _template: sys::CUgraph) -> sys::
 fn end_capture(stream: &CudaStream, doomed: bool) -> Result<(Template, Vec<Kept>), DriverError> {
     const OP: ShimOp = ShimOp::GraphEnd;
     // Every end leaves the stream not recording: what the recording kept goes with it.
-    let keep = lock(&stream.recorded).take().unwrap_or_default();
+    let keep = match lock(&stream.recorded).take() {
+        Some(keep) => {
+            stream.context().capturing.fetch_sub(1, Ordering::AcqRel);
+            keep
+        }
+        None => Vec::new(),
+    };
     let mut graph = ptr::null_mut();
     // SAFETY: the stream is alive; the pointer is valid for one write; the context is current.
     let r = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) };

@@ -8,6 +8,8 @@
 //! |---|---|
 //! | [`Shim::facts`] | `cuDeviceTotalMem`; alignment 256; largest page = total memory; `integrated` and `can_map_host` from `CU_DEVICE_ATTRIBUTE_INTEGRATED` and `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`; `vm_granule` from `cuMemGetAllocationGranularity` (minimum, pinned memory on this device) where `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`, else 0 |
 //! | [`Shim::create_stream`] | `cuStreamCreate(CU_STREAM_NON_BLOCKING)` |
+//! | [`Shim::native_stream`] | the stream's `CUstream` ([`Shim::NativeStream`] is `CUstream`), the context made current first (cuBLAS and other runtime-API libraries act on the current context) |
+//! | [`Shim::borrow_stream`] | the caller's `CUstream`, checked to be of the shim's context with `cuStreamGetCtx`; never destroyed ([`CudaStream::is_borrowed`]); the per-thread default stream refused |
 //! | [`Shim::record_event`] | `cuEventRecord` of a pooled `CU_EVENT_DISABLE_TIMING` event |
 //! | [`Shim::stream_wait_event`] | `cuStreamWaitEvent` |
 //! | [`Shim::event_query`] | `cuEventQuery` (`CUDA_ERROR_NOT_READY` is `Ok(false)`) |
@@ -58,6 +60,19 @@
 //! # }
 //! ```
 //!
+//! # Library work: cuBLAS, and any CUDA library
+//!
+//! [`Cublas`] runs cuBLAS GEMMs (f32, and f16 with fp32 accumulation; any other cuBLAS routine
+//! through [`Cublas::call`]) as library work ([`devcmd::Command::library`]): ordered after other
+//! streams' work on their operands, skipped when an input failed, recorded into graphs, a cuBLAS
+//! status kept in the failure of what the call writes. cuBLAS is loaded at run time like the
+//! driver (a clear [`CublasInitError::NotFound`] without it, never a panic), with one handle per
+//! devcmd stream and a workspace that is a devcmd allocation declared as a write of each call
+//! (see the [`cublas`] module). Any other CUDA library (TensorRT's `enqueueV3`, cuDNN) is
+//! called the same way from [`devcmd::Command::library`], on the `CUstream` it hands over; and a
+//! stream that library's runtime owns can become a devcmd stream
+//! ([`devcmd::Device::borrow_stream`]).
+//!
 //! Every error is built by [`classify`] from the `CUresult` (the table is in [`faults`]):
 //! CUDA's sticky errors lose the device, `CUDA_ERROR_OUT_OF_MEMORY` is a shortage, and so on.
 //!
@@ -68,10 +83,10 @@
 //!
 //! # Building: no CUDA needed
 //!
-//! The driver library (`libcuda.so.1`), and NVRTC (`libnvrtc.so.N`) for [`CudaShim::compile`],
-//! are loaded with `dlopen` at run time (cudarc's `dynamic-loading`): building, linting,
-//! documenting and running the unit tests need no CUDA toolkit and no driver, and the binaries
-//! link only libc. cudarc's build script reads no
+//! The driver library (`libcuda.so.1`), NVRTC (`libnvrtc.so.N`) for [`CudaShim::compile`] and
+//! cuBLAS (`libcublas.so.N`) for [`Cublas`] are loaded with `dlopen` at run time (cudarc's
+//! `dynamic-loading`): building, linting, documenting and running the unit tests need no CUDA
+//! toolkit and no driver, and the binaries link only libc. cudarc's build script reads no
 //! toolkit either: the binding version comes from a feature.
 //!
 //! # After a device fault
@@ -131,6 +146,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cublas;
 mod device;
 mod driver;
 pub mod faults;
@@ -141,6 +157,7 @@ mod nvrtc;
 mod stream;
 mod vm;
 
+pub use cublas::{CUBLAS_SYMBOLS, Cublas, CublasInitError, cublas_library};
 pub use device::{CudaShim, PAGE_ALIGNMENT};
 pub use driver::{
     BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, OPTIONAL_SYMBOLS, SYMBOLS,
@@ -162,3 +179,9 @@ use devcmd::Shim;
 /// shim: with the shim's context current ([`CudaShim::cu_context`]) and only functions the
 /// driver has, since cudarc panics on a missing one.
 pub use cudarc::driver::sys;
+
+/// The raw cuBLAS API (cudarc's `cublas::sys` bindings), for code that calls cuBLAS next to
+/// [`Cublas`] (a benchmark's direct call, a routine [`Cublas::call`] wraps): only after
+/// [`Cublas::new`] succeeded (it loaded and checked the library) and only functions of
+/// [`CUBLAS_SYMBOLS`], since cudarc panics on a missing one.
+pub use cudarc::cublas::sys as cublas_sys;

@@ -1,5 +1,7 @@
-//! Streams and events: `cuStreamCreate` (non-blocking), `cuEventRecord` on events without
-//! timing, `cuStreamWaitEvent`, `cuEventQuery` and `cuEventSynchronize`.
+//! Streams and events: `cuStreamCreate` (non-blocking), streams borrowed from the caller's
+//! runtime (`cuStreamGetCtx` checks they belong to the shim's context; never destroyed here),
+//! `cuEventRecord` on events without timing, `cuStreamWaitEvent`, `cuEventQuery` and
+//! `cuEventSynchronize`.
 //!
 //! Events are pooled: a dropped [`CudaEvent`] goes back to its context's pool and the next
 //! record reuses it (re-recording re-arms a CUDA event; a stream that waits on an earlier record
@@ -20,12 +22,16 @@ use std::sync::{Arc, Mutex};
 /// At most this many idle events stay in a context's pool; the rest are destroyed.
 const POOLED_EVENTS: usize = 256;
 
-/// A CUDA stream created with `CU_STREAM_NON_BLOCKING` (it never synchronises with the legacy
-/// default stream). Dropping it destroys it (`cuStreamDestroy`: work already enqueued still
-/// runs), from any thread.
+/// A CUDA stream: created by the shim with `CU_STREAM_NON_BLOCKING` (it never synchronises with
+/// the legacy default stream), or borrowed from the caller's runtime
+/// ([`Shim::borrow_stream`](devcmd::Shim::borrow_stream)). Dropping a stream the shim created
+/// destroys it (`cuStreamDestroy`: work already enqueued still runs), from any thread; dropping
+/// a borrowed one leaves it to its owner.
 pub struct CudaStream {
     raw: sys::CUstream,
     ctx: Arc<Context>,
+    /// Borrowed from the caller's runtime: never destroyed here.
+    borrowed: bool,
     /// While the stream records (between `begin_capture` and `end_capture`): what the kernels
     /// launched into the recording need alive (their modules), for the graph to keep.
     pub(crate) recorded: Mutex<Option<Vec<Arc<dyn Send + Sync>>>>,
@@ -44,6 +50,17 @@ impl CudaStream {
         self.raw
     }
 
+    /// Whether the stream was borrowed from the caller's runtime
+    /// ([`Shim::borrow_stream`](devcmd::Shim::borrow_stream)): dropping it leaves it alive.
+    pub fn is_borrowed(&self) -> bool {
+        self.borrowed
+    }
+
+    /// The context the stream belongs to.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
     /// The raw `CUstream`, borrowed (the shim's `native_stream`).
     pub(crate) fn raw_ref(&self) -> &sys::CUstream {
         &self.raw
@@ -52,12 +69,27 @@ impl CudaStream {
 
 impl fmt::Debug for CudaStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("CudaStream").field(&self.raw).finish()
+        f.debug_struct("CudaStream")
+            .field("raw", &self.raw)
+            .field("borrowed", &self.borrowed)
+            .finish()
     }
 }
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        let recording = self.recorded.get_mut().unwrap_or_else(|e| e.into_inner());
+        if recording.take().is_some() {
+            // Dropped while recording (the capture dies with the stream, or stays with its
+            // owner's stream if borrowed): no longer one of the context's recordings.
+            self.ctx
+                .capturing
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        if self.borrowed {
+            // The caller's runtime owns it (and may destroy it once this value is gone).
+            return;
+        }
         // Errors are ignored: a drop cannot report them, and after a sticky error the driver
         // has torn the context's work down anyway.
         let _ = self.ctx.bind(ShimOp::StreamCreate);
@@ -138,6 +170,43 @@ pub(crate) fn create(ctx: &Arc<Context>) -> Result<CudaStream, DriverError> {
     Ok(CudaStream {
         raw,
         ctx: Arc::clone(ctx),
+        borrowed: false,
+        recorded: Mutex::new(None),
+    })
+}
+
+/// A stream over `native`, a stream of `ctx` (current on this thread) that the caller's runtime
+/// created and owns: checked to belong to `ctx` (`cuStreamGetCtx`), never destroyed here.
+///
+/// The legacy default stream (null, or `CU_STREAM_LEGACY`) is accepted: it synchronises with
+/// blocking streams only, and every stream the shim creates is non-blocking; CUDA cannot record
+/// it into a graph, so a recording of it is refused when it begins. The per-thread default
+/// stream (`CU_STREAM_PER_THREAD`) is refused: it names another stream on every thread, and the
+/// core may drive a device from several threads in turn.
+///
+/// # Safety
+///
+/// `native` is a live stream and stays alive while the returned value lives.
+pub(crate) unsafe fn borrow(
+    ctx: &Arc<Context>,
+    native: sys::CUstream,
+) -> Result<CudaStream, DriverError> {
+    const OP: ShimOp = ShimOp::StreamCreate;
+    /// `CU_STREAM_PER_THREAD`, a handle by convention.
+    const PER_THREAD: usize = 0x2;
+    if native as usize == PER_THREAD {
+        return Err(classify(OP, status::BAD_ARGUMENT));
+    }
+    let mut owner = ptr::null_mut();
+    // SAFETY: the caller promises a live stream; the pointer is valid for one write.
+    check(OP, unsafe { sys::cuStreamGetCtx(native, &mut owner) })?;
+    if owner != ctx.raw() {
+        return Err(classify(OP, status::INVALID_CONTEXT));
+    }
+    Ok(CudaStream {
+        raw: native,
+        ctx: Arc::clone(ctx),
+        borrowed: true,
         recorded: Mutex::new(None),
     })
 }

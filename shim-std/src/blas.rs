@@ -10,8 +10,8 @@ use crate::StdShim;
 use devcmd::{Command, Gemm, GemmType, Handle, LibraryError, LibraryWork, ServerError};
 
 /// Enqueues `C = alpha · op(A) · op(B) + beta · C` on `cmd`'s stream, named `"sgemm"` in failure
-/// chains. `a` and `b` are read, `c` written (and read when `beta` is not 0); the three must not
-/// overlap.
+/// chains. `a` and `b` are read; `c` is written, and updated in place (read too, for the failure
+/// rule) when `beta` is not 0; the three must not overlap.
 ///
 /// ```
 /// use devcmd::{Device, DeviceConfig, Gemm, GemmType, StreamId};
@@ -43,10 +43,11 @@ pub fn gemm(
 ) -> Result<(), ServerError> {
     const NAME: &str = "sgemm";
     g.check(NAME, a.len(), b.len(), c.len())?;
-    let work = LibraryWork {
-        name: NAME,
-        reads: &[a, b],
-        writes: &[c],
+    let (ab, c) = ([a, b], [c]);
+    let work = if g.beta == 0.0 {
+        LibraryWork::new(NAME, &ab, &c)
+    } else {
+        LibraryWork::new(NAME, &ab, &[]).updating(&c)
     };
     let call = |native: &crate::StdStream, spans: &[devcmd::DeviceSpan]| {
         if g.dtype != GemmType::F32 {
@@ -99,7 +100,8 @@ pub fn gemm(
         Ok(())
     };
     // SAFETY: the call only enqueues host work on the stream it is given; that work reads the
-    // spans of `a` and `b` and writes the span of `c`, inside the bounds `Gemm::check` proved;
+    // spans of `a` and `b` and writes (or updates) the span of `c`, inside the bounds
+    // `Gemm::check` proved (no span overflows: a product whose span overflows is refused);
     // it returns `Err` only before enqueuing anything; recorded, it runs again at each replay.
     unsafe { cmd.library(work, call) }
 }
@@ -187,6 +189,57 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn an_update_of_c_that_carries_a_failure_is_skipped_and_a_huge_shape_refused() {
+        let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+        let mut cmd = device.command(StreamId(0)).unwrap();
+        let one = f32s(&[1.0]);
+        let (a, b, c) = (
+            cmd.create(&one).unwrap(),
+            cmd.create(&one).unwrap(),
+            cmd.empty(4).unwrap(),
+        );
+        // C carries a failure: library work that wrote it failed.
+        let writes = [&c];
+        let work = LibraryWork::new("fails", &[], &writes);
+        // SAFETY: the call enqueues nothing.
+        let failed = unsafe { cmd.library(work, |_, _| Err(LibraryError::new(3, "no"))) };
+        assert!(failed.is_err());
+        let mut g = Gemm::packed(GemmType::F32, 1, 1, 1);
+        g.beta = 1.0;
+        let skipped = gemm(&mut cmd, g, &a, &b, &c).unwrap_err();
+        assert!(
+            matches!(
+                skipped,
+                ServerError::Skipped {
+                    kernel: "sgemm",
+                    ..
+                }
+            ),
+            "{skipped:?}"
+        );
+        assert!(
+            cmd.read_owned(c)
+                .unwrap_err()
+                .to_string()
+                .contains("no (code 3)")
+        );
+        // A shape whose spans overflow is refused before the library sees it.
+        let c = cmd.empty(4).unwrap();
+        let huge = Gemm {
+            n: 1 << 30,
+            ldb: 1 << 30,
+            ldc: 1 << 30,
+            ..Gemm::packed(GemmType::F32, 1, 1, 1)
+        };
+        assert!(
+            gemm(&mut cmd, huge, &a, &b, &c)
+                .unwrap_err()
+                .to_string()
+                .contains("operand")
+        );
     }
 
     #[test]

@@ -83,8 +83,8 @@ pub(crate) enum Op {
 }
 
 /// A host function enqueued on a stream by library work: it runs on the stream's worker, in
-/// stream order; an `Err` is a fault of the stream's work (reported by the stream's fences as a
-/// failed kernel's status).
+/// stream order; an `Err` or a panic is a fault of the stream's work (reported by the stream's
+/// fences as a failed or panicked kernel's status).
 pub type HostFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Runs `op` on the calling worker.
@@ -133,8 +133,13 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
             first.map_or(Ok(()), Err)
         }
         // The fence reports a failed kernel's status (the message has nowhere to go: a fault of
-        // work that ran is a status, as on CUDA).
-        Op::Host(f) => f().map_err(|_| classify(ShimOp::Launch, status::KERNEL_FAILED)),
+        // work that ran is a status, as on CUDA); a panic is caught, as a kernel's is, so the
+        // worker lives on and the stream's fences complete.
+        Op::Host(f) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f())) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(classify(ShimOp::Launch, status::KERNEL_FAILED)),
+            Err(_) => Err(classify(ShimOp::Launch, status::KERNEL_PANICKED)),
+        },
         Op::Fail(e) => Err(*e),
     }
 }

@@ -39,7 +39,8 @@
 use crate::CountedHarness;
 use crate::harness::{Harness, Mode, SLOW_KERNEL_MS, TestKernel};
 use crate::util::kernel_slot;
-use devcmd_cuda::{CudaInitError, CudaKernel, CudaKernelError, CudaShim};
+use devcmd::{DeviceSpan, LibraryError};
+use devcmd_cuda::{CudaInitError, CudaKernel, CudaKernelError, CudaShim, sys};
 use std::fmt;
 
 /// How long [`TestKernel::WriteThenFail`] runs between its writes and its trap, in
@@ -263,5 +264,43 @@ impl Harness for CudaHarness {
             "CudaHarness::kernel: a shim of another device or context than the harness's"
         );
         self.kernels[kernel_slot(kernel)].clone()
+    }
+
+    /// `cuMemcpyDtoDAsync` of `src` into `dst` on `native`: what a vendor library does, one
+    /// driver call on the stream it was handed, nothing waited for. The driver's refusal is the
+    /// library's error (its `CUresult` and name); lengths that differ are refused before it.
+    unsafe fn library_copy(
+        &self,
+        native: &sys::CUstream,
+        src: DeviceSpan,
+        dst: DeviceSpan,
+    ) -> Option<Result<(), LibraryError>> {
+        if src.len != dst.len {
+            return Some(Err(LibraryError::new(
+                i64::from(devcmd_cuda::status::INVALID_VALUE),
+                format!(
+                    "library_copy of {} bytes into {}: the lengths differ",
+                    src.len, dst.len
+                ),
+            )));
+        }
+        let Ok(len) = usize::try_from(src.len) else {
+            return Some(Err(LibraryError::new(
+                i64::from(devcmd_cuda::status::INVALID_VALUE),
+                format!("library_copy of {} bytes: past the host's usize", src.len),
+            )));
+        };
+        // SAFETY: the caller's contract: both spans are live device memory of this shim that
+        // stays alive until the stream passed the copy; the core made the shim's context
+        // current when it handed out `native` (`Shim::native_stream`).
+        let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst.addr.0, src.addr.0, len, *native) };
+        Some(if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(LibraryError::new(
+                i64::from(r as i32),
+                format!("cuMemcpyDtoDAsync returned {r:?}"),
+            ))
+        })
     }
 }

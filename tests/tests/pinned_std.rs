@@ -1,7 +1,8 @@
 //! The pinned pool on the std shim: large requests get pinned pages of their own, reused by exact
 //! size; a refused large page neither blocks small pinned staging nor is asked for again before a
 //! cleanup; slices carved from one page are distinct bytes that go back when their buffers drop;
-//! the report counts both kinds of pages, and keeps pinned host memory apart from device memory.
+//! the report counts both kinds of pages, and keeps pinned host memory apart from device memory;
+//! a mapped file is staged on the heap once no pinned memory is left.
 
 use devcmd::memory::PoolKind;
 use devcmd::{Device, DeviceConfig, HostOrigin, ShimOp, StreamId};
@@ -149,4 +150,54 @@ fn the_report_keeps_pinned_host_memory_apart_from_device_memory() {
         "{text}"
     );
     drop(host);
+}
+
+/// Review finding (issue 16): a mapped file is staged even when no pinned memory is left: it is
+/// copied once into the heap, so the caller's mapping is released as soon as the write returns
+/// (a mapped file may fault while the device reads it), and the device reads the copy.
+#[test]
+fn a_mapped_file_is_staged_on_the_heap_when_no_pinned_memory_is_left() {
+    use devcmd::pinned::PinnedConfig;
+    use devcmd::{ExternalBytes, HostBuffer};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    struct Mapped(Vec<u8>, Arc<AtomicBool>);
+    // SAFETY: the same owned bytes on every call, unchanged while the value lives.
+    unsafe impl ExternalBytes for Mapped {
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn origin(&self) -> HostOrigin {
+            HostOrigin::FileMapped
+        }
+    }
+    impl Drop for Mapped {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+
+    let config = DeviceConfig {
+        pinned: PinnedConfig {
+            max_bytes: 0,
+            ..PinnedConfig::default()
+        },
+        ..DeviceConfig::default()
+    };
+    // Lazy: the device runs nothing until a fence is waited for, so a buffer the device still
+    // had to read could not be released when the write returns.
+    let mut device = Device::new(StdShim::builder().lazy(true).build(), config);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 253) as u8).collect();
+    let released = Arc::new(AtomicBool::new(false));
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    let x = cmd.empty(data.len() as u64).unwrap();
+    let file = HostBuffer::external(Box::new(Mapped(data.clone(), Arc::clone(&released))));
+    cmd.write(&x, file).unwrap();
+    assert!(
+        released.load(Ordering::SeqCst),
+        "the mapping was handed to the device instead of a heap copy"
+    );
+    let back = cmd.read_owned(x).unwrap().wait().unwrap();
+    assert!(back[0].as_slice() == &data[..], "the copy landed");
 }

@@ -33,7 +33,7 @@
 //!   release (pages, host buffers, graphs) until the recording ends; pinned staging serves only
 //!   from pinned pages already held (else the heap). Cleanup and reclaim are refused.
 //! - **Nothing waits on the recording.** Reads, syncs and drop-queue flushes or polls on the
-//!   recording stream are refused ([`Validation::Recording`](crate::Validation::Recording)(crate::Validation::Recording)); no
+//!   recording stream are refused ([`Validation::Recording`](crate::Validation::Recording)); no
 //!   fence is recorded inside the window, so none can be waited on. Work on another stream that
 //!   uses memory the recording uses is refused
 //!   ([`CaptureError::RecordedElsewhere`](crate::CaptureError::RecordedElsewhere)): it
@@ -128,7 +128,7 @@ mod tests {
         assert!(q.poll(&shim, &(), FenceMark::default()).is_none());
         assert_eq!(shim.events_recorded.get(), 0);
         assert_eq!(q.staged_len(), 1);
-        capture.end(0).unwrap();
+        capture.end(0, || ()).unwrap();
         q.drain(&shim, &(), FenceMark::default());
         assert_eq!(q.stats().items_released, 1);
     }
@@ -138,7 +138,7 @@ mod tests {
         let flag = Arc::new(AtomicBool::new(false));
         let mut c = CaptureState::<TestShim>::default();
         let recording = c.flag();
-        assert!(c.end(0).is_err(), "idle: nothing to end");
+        assert!(c.end(0, || ()).is_err(), "idle: nothing to end");
         assert_eq!(c.phase(0), CapturePhase::Idle);
         c.begin(0, window(&flag)).unwrap();
         assert!(recording.is_set());
@@ -146,12 +146,15 @@ mod tests {
             c.begin(1, window(&flag)).is_err(),
             "one recording per device"
         );
-        assert!(c.end(1).is_err(), "only the recording stream ends it");
+        assert!(
+            c.end(1, || ()).is_err(),
+            "only the recording stream ends it"
+        );
         assert_eq!(c.phase(0), CapturePhase::Recording);
         assert_eq!(c.phase(1), CapturePhase::Idle);
         assert_eq!(c.stance(0), Stance::Record);
         assert_eq!(c.stance(1), Stance::OtherRecords(0));
-        assert!(c.end(0).is_ok());
+        assert!(c.end(0, || ()).is_ok());
         assert!(!recording.is_set());
         assert_eq!(c.phase(0), CapturePhase::Idle);
         assert_eq!(c.stance(1), Stance::Run);
@@ -159,13 +162,21 @@ mod tests {
         c.begin(0, window(&flag)).unwrap();
         let reason: ServerError = crate::Validation::Recording { op: "x" }.into();
         assert!(
-            c.discard(1, reason.clone()).is_none(),
+            c.discard(1, reason.clone(), || ()).is_none(),
             "stream 1 does not record"
         );
-        assert!(c.discard(0, reason).is_some());
+        let ended = core::cell::Cell::new(false);
+        assert!(
+            c.discard(0, reason, || ended.set(recording.is_set()))
+                .is_some()
+        );
+        assert!(
+            ended.get(),
+            "the shim's capture ends while the flag still holds"
+        );
         assert!(!recording.is_set(), "a discarded recording records nothing");
         assert!(
-            c.discard(0, crate::Validation::ReadOnlyDestination.into())
+            c.discard(0, crate::Validation::ReadOnlyDestination.into(), || ())
                 .is_none()
         );
         assert_eq!(c.phase(0), CapturePhase::Discarded);
@@ -178,7 +189,11 @@ mod tests {
             c.abandoned(),
             "the token of a discarded recording is still watched"
         );
-        let e = c.end(0).unwrap_err();
+        let e = c
+            .end(0, || {
+                unreachable!("a discarded recording ended its shim capture")
+            })
+            .unwrap_err();
         assert!(matches!(
             e,
             ServerError::Capture(CaptureError::Discarded { stream: 0, .. })
@@ -187,7 +202,7 @@ mod tests {
         assert!(c.check_open(0).is_ok());
 
         c.begin(0, window(&flag)).unwrap();
-        assert!(c.abort().is_some_and(|(stream, _)| stream == 0));
+        assert!(c.abort(|stream| assert_eq!(stream, 0)).is_some());
         assert!(!recording.is_set());
         assert_eq!(c.phase(0), CapturePhase::Idle);
     }

@@ -171,9 +171,15 @@ impl<S: Shim> CaptureState<S> {
         Ok(())
     }
 
-    /// Recording → Discarded when `stream` records, returning what the recording collected (the
-    /// caller ends the shim's capture); `None` (and nothing changes) otherwise.
-    pub fn discard(&mut self, stream: usize, reason: ServerError) -> Option<Box<Window<S>>> {
+    /// Recording → Discarded when `stream` records, returning what the recording collected;
+    /// `None` (and nothing changes) otherwise. `end_shim` ends the shim's capture as doomed
+    /// between the state change and the flag's, so no future waits while the shim still records.
+    pub fn discard(
+        &mut self,
+        stream: usize,
+        reason: ServerError,
+        end_shim: impl FnOnce(),
+    ) -> Option<Box<Window<S>>> {
         if self.recording() != Some(stream) {
             return None;
         }
@@ -187,26 +193,37 @@ impl<S: Shim> CaptureState<S> {
             reason,
             abandoned,
         };
-        self.flag.set(false);
-        match core::mem::replace(&mut self.state, discarded) {
+        let window = match core::mem::replace(&mut self.state, discarded) {
             State::Recording { window, .. } => Some(window),
             // Unreachable: `stream` was recording.
             State::Discarded { .. } | State::Idle => None,
-        }
+        };
+        end_shim();
+        self.flag.set(false);
+        window
     }
 
-    /// Recording → Idle with what it collected, or Discarded → Idle with the reason it was
-    /// discarded, for `stream`'s recording. Otherwise refused: nothing changes.
-    pub fn end(&mut self, stream: usize) -> Result<Box<Window<S>>, ServerError> {
+    /// Recording → Idle with what it collected and what `end_shim` answered (it ends the shim's
+    /// capture, before the flag drops), or Discarded → Idle with the reason it was discarded
+    /// (`end_shim` is not called: the shim's capture ended then), for `stream`'s recording.
+    /// Otherwise refused: nothing changes.
+    pub fn end<R>(
+        &mut self,
+        stream: usize,
+        end_shim: impl FnOnce() -> R,
+    ) -> Result<(Box<Window<S>>, R), ServerError> {
         if self.open() != Some(stream) {
             return Err(CaptureError::NotRecording {
                 stream: stream as u32,
             }
             .into());
         }
-        self.flag.set(false);
         match core::mem::replace(&mut self.state, State::Idle) {
-            State::Recording { window, .. } => Ok(window),
+            State::Recording { window, .. } => {
+                let ended = end_shim();
+                self.flag.set(false);
+                Ok((window, ended))
+            }
             State::Discarded { reason, .. } => Err(reason),
             State::Idle => Err(CaptureError::NotRecording {
                 stream: stream as u32,
@@ -215,13 +232,16 @@ impl<S: Shim> CaptureState<S> {
         }
     }
 
-    /// Any phase → Idle: the recording is thrown away, nothing is marked failed. Returns the
-    /// stream whose shim capture the caller must end as doomed (it was still recording) and
-    /// what it collected.
-    pub fn abort(&mut self) -> Option<(usize, Box<Window<S>>)> {
-        self.flag.set(false);
+    /// Any phase → Idle: the recording is thrown away, nothing is marked failed. `end_shim` ends
+    /// the shim's capture of the stream that was still recording, as doomed, before the flag
+    /// drops; returns what that recording collected.
+    pub fn abort(&mut self, end_shim: impl FnOnce(usize)) -> Option<Box<Window<S>>> {
         match core::mem::replace(&mut self.state, State::Idle) {
-            State::Recording { stream, window } => Some((stream, window)),
+            State::Recording { stream, window } => {
+                end_shim(stream);
+                self.flag.set(false);
+                Some(window)
+            }
             State::Discarded { .. } | State::Idle => None,
         }
     }

@@ -85,9 +85,7 @@ impl<S: Shim> Command<'_, S> {
     /// another stream or device (which is then abandoned). The stream is idle again after any of
     /// them.
     pub fn end_capture(&mut self, recording: Recording) -> Result<Graph<S>, ServerError> {
-        let window = self.close(recording)?;
-        let (shim, s) = self.parts();
-        let ended = shim.end_capture(&s.raw, false);
+        let (window, ended) = self.close(recording, |shim, raw| shim.end_capture(raw, false))?;
         let exec = self.instantiated(&window, ended)?;
         Ok(self.seal(*window, Arc::new(exec)))
     }
@@ -114,9 +112,10 @@ impl<S: Shim> Command<'_, S> {
             }
             .into());
         }
-        let window = self.close(recording)?;
-        let (shim, s) = self.parts();
-        let ended = shim.end_capture_update(&s.raw, false, &graph.recorded.exec);
+        let exec = Arc::clone(&graph.recorded.exec);
+        let (window, ended) = self.close(recording, |shim, raw| {
+            shim.end_capture_update(raw, false, &exec)
+        })?;
         let exec = match self.instantiated(&window, ended)? {
             Some(new) => Arc::new(new),
             None => Arc::clone(&graph.recorded.exec),
@@ -148,19 +147,27 @@ impl<S: Shim> Command<'_, S> {
         })
     }
 
-    /// Closes the recording `recording` names on this stream: the state goes back to idle and
-    /// the drop queues thaw; returns what the recording collected.
-    fn close(
+    /// Closes the recording `recording` names on this stream: `end_shim` ends the shim's
+    /// capture, then the state goes back to idle and the drop queues thaw; returns what the
+    /// recording collected and what the shim answered.
+    fn close<R>(
         &mut self,
         mut recording: Recording,
-    ) -> Result<alloc::boxed::Box<Window<S>>, ServerError> {
+        end_shim: impl FnOnce(&S, &S::Stream) -> R,
+    ) -> Result<(alloc::boxed::Box<Window<S>>, R), ServerError> {
         let stream = self.stream as u32;
         if recording.device != self.device.id || recording.stream != stream {
             // Dropping `recording` abandons it: the next command aborts it.
             return Err(CaptureError::NotRecording { stream }.into());
         }
         recording.ended = true;
-        self.device.capture.end(self.stream)
+        let device = &mut *self.device;
+        let raw = &device.streams[self.stream]
+            .as_ref()
+            .expect("a command's stream exists")
+            .raw;
+        let shim = &*device.shim;
+        device.capture.end(self.stream, || end_shim(shim, raw))
     }
 
     /// Seals a closed recording around the shim's graph `exec`: a guard on every page it touched
@@ -225,12 +232,17 @@ impl<S: Shim> Command<'_, S> {
     /// failure, and every operation on the stream answers it until [`Self::end_capture`]. Does
     /// nothing unless this stream records.
     pub(super) fn discard_recording(&mut self, reason: &ServerError) {
-        let Some(window) = self.device.capture.discard(self.stream, reason.clone()) else {
+        let device = &mut *self.device;
+        let raw = &device.streams[self.stream]
+            .as_ref()
+            .expect("a command's stream exists")
+            .raw;
+        let shim = &*device.shim;
+        // Ends the recording whatever it answers; a graph from a doomed end is dropped.
+        let end = || drop(shim.end_capture(raw, true));
+        let Some(window) = device.capture.discard(self.stream, reason.clone(), end) else {
             return;
         };
-        let (shim, s) = self.parts();
-        // Ends the recording whatever it answers; a graph from a doomed end is dropped.
-        let _ = shim.end_capture(&s.raw, true);
         if let Err(error) = self.device.capture.check_open(self.stream) {
             fail_spans(&mut self.device.failures, &window.writes, error);
         }

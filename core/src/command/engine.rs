@@ -30,9 +30,11 @@ pub(super) type LibraryCall<'a, S> =
 
 /// What device work touches.
 pub(super) enum Touches<'a, S: Shim> {
-    /// Whole views of handles: a launch's or library work's buffers.
+    /// Whole views of handles: a launch's or library work's buffers, in this order: those it
+    /// reads, those it reads and writes in place, those it only writes.
     Views {
         inputs: &'a [&'a Handle],
+        updates: &'a [&'a Handle],
         outputs: &'a [&'a Handle],
     },
     /// What a recorded graph touches, reads and writes.
@@ -80,43 +82,84 @@ fn overlap(a: &Handle, b: &Handle) -> bool {
         && b.offset() < a.offset() + a.len()
 }
 
-/// The first pair (output, other buffer) of device work whose views overlap, by position among
-/// its buffers (inputs first): kernels may run their blocks in any order, and a library may too,
-/// so an output shares no byte with another buffer of the same work.
-pub(super) fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
-    let all = inputs.len() + outputs.len();
-    let at = |i: usize| {
-        if i < inputs.len() {
-            inputs[i]
+/// The buffers of device work in their order (inputs, updates, outputs), by position.
+#[derive(Clone, Copy)]
+pub(super) struct Buffers<'a> {
+    pub inputs: &'a [&'a Handle],
+    pub updates: &'a [&'a Handle],
+    pub outputs: &'a [&'a Handle],
+}
+
+impl<'a> Buffers<'a> {
+    fn len(&self) -> usize {
+        self.inputs.len() + self.updates.len() + self.outputs.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &'a Handle> + 'a {
+        let (i, u, o) = (self.inputs, self.updates, self.outputs);
+        i.iter().chain(u).chain(o).copied()
+    }
+
+    fn at(&self, i: usize) -> &'a Handle {
+        let (n, m) = (self.inputs.len(), self.updates.len());
+        if i < n {
+            self.inputs[i]
+        } else if i < n + m {
+            self.updates[i - n]
         } else {
-            outputs[i - inputs.len()]
+            self.outputs[i - n - m]
         }
-    };
-    (inputs.len()..all).find_map(|o| {
-        (0..all)
-            .filter(|&i| i != o)
-            .find(|&i| overlap(at(o), at(i)))
-            .map(|i| (o, i))
-    })
+    }
+
+    /// The first pair (written buffer, other buffer) whose views overlap, by position: kernels
+    /// may run their blocks in any order, and a library may too, so a buffer the work writes
+    /// (an update or an output) shares no byte with another buffer of the same work.
+    pub(super) fn aliased(&self) -> Option<(usize, usize)> {
+        let all = self.len();
+        (self.inputs.len()..all).find_map(|o| {
+            (0..all)
+                .filter(|&i| i != o)
+                .find(|&i| overlap(self.at(o), self.at(i)))
+                .map(|i| (o, i))
+        })
+    }
+}
+
+/// The first pair (output, other buffer) of a launch's views that overlap (see
+/// [`Buffers::aliased`]).
+#[cfg(test)]
+fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
+    Buffers {
+        inputs,
+        updates: &[],
+        outputs,
+    }
+    .aliased()
 }
 
 impl<'t, S: Shim> Touches<'t, S> {
-    /// The spans the work reads.
-    fn reads(&self) -> impl Iterator<Item = Span> + Clone + '_ {
-        let (views, spans): (&[&Handle], &[Span]) = match self {
-            Self::Views { inputs, .. } => (inputs, &[]),
-            Self::Graph(g) => (&[], &g.reads),
+    /// The spans the work reads (updates included).
+    fn reads(&self) -> impl Iterator<Item = Span> + '_ {
+        let (views, more, spans): (&[&Handle], &[&Handle], &[Span]) = match self {
+            Self::Views {
+                inputs, updates, ..
+            } => (inputs, updates, &[]),
+            Self::Graph(g) => (&[], &[], &g.reads),
         };
-        views.iter().map(|h| view(h)).chain(spans.iter().copied())
+        let views = views.iter().chain(more).map(|h| view(h));
+        views.chain(spans.iter().copied())
     }
 
-    /// The spans the work writes.
-    fn writes(&self) -> impl Iterator<Item = Span> + Clone + '_ {
-        let (views, spans): (&[&Handle], &[Span]) = match self {
-            Self::Views { outputs, .. } => (outputs, &[]),
-            Self::Graph(g) => (&[], &g.writes),
+    /// The spans the work writes (updates included).
+    fn writes(&self) -> impl Iterator<Item = Span> + '_ {
+        let (more, views, spans): (&[&Handle], &[&Handle], &[Span]) = match self {
+            Self::Views {
+                updates, outputs, ..
+            } => (updates, outputs, &[]),
+            Self::Graph(g) => (&[], &[], &g.writes),
         };
-        views.iter().map(|h| view(h)).chain(spans.iter().copied())
+        let views = more.iter().chain(views).map(|h| view(h));
+        views.chain(spans.iter().copied())
     }
 }
 
@@ -132,9 +175,19 @@ impl<S: Shim> Command<'_, S> {
         // Begin.
         self.begin()?;
         // Check.
-        if let Touches::Views { inputs, outputs } = touches
-            && let Some((output, other)) = aliased(inputs, outputs)
-        {
+        let buffers = match touches {
+            Touches::Views {
+                inputs,
+                updates,
+                outputs,
+            } => Some(Buffers {
+                inputs,
+                updates,
+                outputs,
+            }),
+            Touches::Graph(_) => None,
+        };
+        if let Some((output, other)) = buffers.and_then(|b| b.aliased()) {
             return Err(Validation::AliasedLaunch {
                 kernel: name,
                 output,
@@ -150,11 +203,10 @@ impl<S: Shim> Command<'_, S> {
         // Resolve each handle once, then order after other streams.
         let mut spans = [NO_SPAN; STACK_BUFFERS];
         let mut owners = [0usize; STACK_BUFFERS];
-        let count = match touches {
-            Touches::Views { inputs, outputs } => {
-                self.resolve_views(name, inputs, outputs, &mut spans, &mut owners)?
-            }
-            Touches::Graph(g) => {
+        let count = match (buffers, &touches) {
+            (Some(buffers), _) => self.resolve_views(name, buffers, &mut spans, &mut owners)?,
+            (None, Touches::Views { .. }) => 0,
+            (None, Touches::Graph(g)) => {
                 for b in &g.touched {
                     self.device.order_kept(self.stream, b)?;
                 }
@@ -252,12 +304,11 @@ impl<S: Shim> Command<'_, S> {
     fn resolve_views(
         &mut self,
         name: &'static str,
-        inputs: &[&Handle],
-        outputs: &[&Handle],
+        buffers: Buffers<'_>,
         spans: &mut [DeviceSpan; STACK_BUFFERS],
         owners: &mut [usize; STACK_BUFFERS],
     ) -> Result<usize, ServerError> {
-        let count = inputs.len() + outputs.len();
+        let count = buffers.len();
         let on_heap = count > STACK_BUFFERS;
         if on_heap {
             self.device.launch_spans.clear();
@@ -265,15 +316,12 @@ impl<S: Shim> Command<'_, S> {
             self.device.launch_owners.clear();
             self.device.launch_owners.resize(count, 0);
         }
-        for (index, h) in inputs.iter().chain(outputs).enumerate() {
-            let t = self
-                .device
-                .target(*h)
-                .map_err(|cause| LaunchError::Buffer {
-                    kernel: name,
-                    index,
-                    cause,
-                })?;
+        for (index, h) in buffers.iter().enumerate() {
+            let t = self.device.target(h).map_err(|cause| LaunchError::Buffer {
+                kernel: name,
+                index,
+                cause,
+            })?;
             let span = DeviceSpan {
                 addr: t.resolved.addr,
                 len: t.resolved.len,
@@ -286,13 +334,13 @@ impl<S: Shim> Command<'_, S> {
                 owners[index] = t.owner;
             }
         }
-        for (index, h) in inputs.iter().chain(outputs).enumerate() {
+        for (index, h) in buffers.iter().enumerate() {
             let owner = if on_heap {
                 self.device.launch_owners[index]
             } else {
                 owners[index]
             };
-            self.device.order_after(self.stream, *h, owner)?;
+            self.device.order_after(self.stream, h, owner)?;
         }
         Ok(count)
     }

@@ -26,7 +26,8 @@ use crate::staging::Staging;
 pub(super) enum Source<'a> {
     /// A buffer handed over: sent as it is when it is pinned or registered, when the staging
     /// rules say so, or when the pinned pool cannot serve; otherwise staged once into pinned
-    /// memory. Never copied into another heap buffer.
+    /// memory. Never copied into another heap buffer, but for a mapped file when no pinned memory
+    /// is left (a file may fault while the device reads it: it is always staged).
     Owned(HostBuffer),
     /// Bytes the caller keeps: copied once before the upload returns (into pinned memory, or the
     /// heap when the pool cannot serve), or written in place on zero copy.
@@ -128,13 +129,13 @@ impl<S: Shim> Command<'_, S> {
         let Some(t) = self.copy_target(handle, layout, source.bytes().len() as u64)? else {
             return Ok(());
         };
-        self.device.order_after(self.stream, handle, t.owner)?;
         let stance = self.stance();
         // Zero copy: in place needs a host wait, illegal while any stream records (the device
         // copies then, and a recording replays the copy).
         if stance == Stance::Run
             && let Some(dst) = self.host_address(&t)
         {
+            self.device.order_after(self.stream, handle, t.owner)?;
             return self.write_in_place(handle, dst, source.bytes(), layout);
         }
         let staging = Staging::of(
@@ -152,7 +153,11 @@ impl<S: Shim> Command<'_, S> {
                     pinned.as_mut_slice().copy_from_slice(buffer.as_slice());
                     pinned
                 }
-                // No pinned memory: the buffer handed over is sent as it is.
+                // No pinned memory: a mapped file is still copied once (it may fault while the
+                // device reads it); any other buffer handed over is sent as it is.
+                None if buffer.origin() == HostOrigin::FileMapped => {
+                    HostBuffer::try_copy_of(buffer.as_slice())?
+                }
                 None => buffer,
             },
             Source::Borrowed(bytes) => match self.pinned_buffer(bytes.len(), true) {
@@ -163,6 +168,8 @@ impl<S: Shim> Command<'_, S> {
                 None => HostBuffer::try_copy_of(bytes)?,
             },
         };
+        // Ordered once the bytes are ready: a staging buffer the host cannot give leaves no trace.
+        self.device.order_after(self.stream, handle, t.owner)?;
         let (shim, s) = self.parts();
         // SAFETY: `sent` stays alive and unchanged (in the drop queue, or owned by the recording)
         // until a fence after this copy passes; the target is a live range of at least

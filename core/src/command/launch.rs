@@ -107,7 +107,12 @@ impl<S: Shim> Command<'_, S> {
             dims,
             params,
         };
-        self.run(name, Touches::Views { inputs, outputs }, work)
+        let touches = Touches::Views {
+            inputs,
+            updates: &[],
+            outputs,
+        };
+        self.run(name, touches, work)
     }
 }
 

@@ -15,27 +15,62 @@ use crate::memory::Handle;
 use crate::shim::{DeviceSpan, Shim};
 
 /// What library work touches: its name (named by failure chains and by a stream fault it may
-/// cause) and the handles it reads and writes. The device ranges handed to the library are the
-/// handles' views, reads first, then writes, in this order.
+/// cause) and the handles it reads, updates in place, and writes. The device ranges handed to the
+/// library are the handles' views in this order: reads, updates, writes.
+///
+/// ```
+/// # use devcmd::{Handle, LibraryWork};
+/// # fn f(a: &Handle, b: &Handle, c: &Handle) {
+/// // C = A·B + C: C is read and written, so it is an update, not a read and a write.
+/// let (ab, c) = ([a, b], [c]);
+/// let work = LibraryWork::new("gemm", &ab, &[]).updating(&c);
+/// # let _ = work;
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct LibraryWork<'a> {
     /// The work's name.
     pub name: &'static str,
     /// Handles whose views the work reads.
     pub reads: &'a [&'a Handle],
-    /// Handles whose views the work writes. None may overlap another handle of the work.
+    /// Handles whose views the work reads and writes in place (a GEMM's C when `beta` is not
+    /// 0): inputs for the failure rule, outputs for the marks. None may overlap another handle
+    /// of the work.
+    pub updates: &'a [&'a Handle],
+    /// Handles whose views the work only writes. None may overlap another handle of the work.
     pub writes: &'a [&'a Handle],
+}
+
+impl<'a> LibraryWork<'a> {
+    /// Work named `name` that reads `reads` and writes `writes` (no update in place).
+    pub const fn new(
+        name: &'static str,
+        reads: &'a [&'a Handle],
+        writes: &'a [&'a Handle],
+    ) -> Self {
+        Self {
+            name,
+            reads,
+            updates: &[],
+            writes,
+        }
+    }
+
+    /// The same work, also reading and writing `updates` in place.
+    pub const fn updating(self, updates: &'a [&'a Handle]) -> Self {
+        Self { updates, ..self }
+    }
 }
 
 impl<S: Shim> Command<'_, S> {
     /// Enqueues library work on this stream: `call` gets the stream's native handle
     /// ([`Shim::native_stream`]: CUDA's `CUstream`) and the device ranges of `work`'s reads, then
-    /// its writes, and enqueues the library's work on that stream.
+    /// its updates, then its writes, and enqueues the library's work on that stream.
     ///
     /// The core treats it exactly as a launch: the stream is first ordered after other streams'
-    /// work on the handles; if a read carries a failure, `call` is not made, the writes carry the
-    /// failure and [`ServerError::Skipped`] names the work; an error `call` returns marks the
-    /// writes failed with the library's own code and message ([`LaunchError::Library`]); the
+    /// work on the handles; if a read or an update carries a failure, `call` is not made, the
+    /// updates and writes carry the failure and [`ServerError::Skipped`] names the work; an
+    /// error `call` returns marks the updates and writes failed with the library's own code and message ([`LaunchError::Library`]); the
     /// handles stay alive until a fence after the work passed; while this stream records, the
     /// work is recorded into the graph (the library's enqueues are captured with the stream's)
     /// and each replay applies the failure rule again.
@@ -55,8 +90,14 @@ impl<S: Shim> Command<'_, S> {
     /// - that work touches device memory only inside the ranges given, and writes only the
     ///   ranges of `work.writes`;
     /// - `call` returns `Err` only when it enqueued nothing that will still run;
-    /// - while the stream records, everything `call` enqueues may be captured (CUDA: cuBLAS with
-    ///   its workspace set; no allocation inside the recording).
+    /// - while *any* stream of the device records (CUDA's global capture mode), `call` neither
+    ///   allocates nor frees device or pinned memory nor synchronises anything (cuBLAS: its
+    ///   handle and workspace set up before the recording, as devcmd-cuda's `Cublas::prepare`
+    ///   does); on the recording stream, everything it enqueues can be captured.
+    ///
+    /// Should `call` panic, the panic propagates after the stream was ordered; work it enqueued
+    /// before panicking is not recorded and its writes are not marked, so a host that catches the
+    /// panic must treat the written handles as unknown (rewrite them).
     ///
     /// [`LaunchError::Library`]: crate::LaunchError::Library
     /// [`LaunchError::Buffer`]: crate::LaunchError::Buffer
@@ -72,6 +113,7 @@ impl<S: Shim> Command<'_, S> {
         };
         let touches = Touches::Views {
             inputs: work.reads,
+            updates: work.updates,
             outputs: work.writes,
         };
         self.run(work.name, touches, Work::Library(&mut once))
@@ -113,6 +155,9 @@ impl GemmType {
 /// assert_eq!(g.bytes(), (4 * 2 * 4, 2 * 3 * 4, 4 * 3 * 4));
 /// assert!(g.check("gemm", 32, 24, 48).is_ok());
 /// assert!(g.check("gemm", 32, 24, 47).is_err(), "C is one byte short");
+/// // Sizes whose spans overflow never pass: they fit no handle.
+/// let huge = Gemm { n: 1 << 31, ldb: 1 << 30, ldc: 1 << 30, ..Gemm::packed(GemmType::F32, 1, 1, 1) };
+/// assert!(huge.check("gemm", 4, 4, 4).is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Gemm {
@@ -160,14 +205,19 @@ impl Gemm {
     }
 
     /// The bytes A, B and C span as stored (leading dimensions included): the last column
-    /// holds only its rows.
+    /// holds only its rows. `u64::MAX` stands for a span past what any address space holds (it
+    /// never fits a handle).
     pub fn bytes(&self) -> (u64, u64, u64) {
-        let span = |rows: u32, cols: u32, ld: u32| {
+        let e = self.dtype.bytes();
+        let span = |rows: u32, cols: u32, ld: u32| -> u64 {
             if rows == 0 || cols == 0 {
-                0
-            } else {
-                (u64::from(cols) - 1) * u64::from(ld) + u64::from(rows)
+                return 0;
             }
+            (u64::from(cols) - 1)
+                .checked_mul(u64::from(ld))
+                .and_then(|x| x.checked_add(u64::from(rows)))
+                .and_then(|x| x.checked_mul(e))
+                .unwrap_or(u64::MAX)
         };
         let (a_rows, a_cols) = if self.trans_a {
             (self.k, self.m)
@@ -179,23 +229,43 @@ impl Gemm {
         } else {
             (self.k, self.n)
         };
-        let e = self.dtype.bytes();
         (
-            span(a_rows, a_cols, self.lda) * e,
-            span(b_rows, b_cols, self.ldb) * e,
-            span(self.m, self.n, self.ldc) * e,
+            span(a_rows, a_cols, self.lda),
+            span(b_rows, b_cols, self.ldb),
+            span(self.m, self.n, self.ldc),
         )
     }
 
-    /// Checks the product against the bytes the three handles view: every leading dimension
-    /// holds its column, and every operand is long enough. The wrappers of devcmd-std and
-    /// devcmd-cuda call it before the library sees anything.
+    /// Checks the product against the bytes the three handles view: every dimension and leading
+    /// dimension fits BLAS's 32-bit signed integers, every leading dimension holds its column,
+    /// and every operand is long enough. The wrappers of devcmd-std and devcmd-cuda call it
+    /// before the library sees anything.
     ///
     /// # Errors
     ///
+    /// [`Validation::LibraryDimension`] for a dimension past `i32::MAX`;
     /// [`Validation::LibraryOperand`] naming the first operand that is too short or whose
     /// leading dimension is below its column's rows.
     pub fn check(&self, work: &'static str, a: u64, b: u64, c: u64) -> Result<(), Validation> {
+        const INT_MAX: u32 = i32::MAX as u32;
+        let too_large = [
+            ("m", self.m),
+            ("n", self.n),
+            ("k", self.k),
+            ("lda", self.lda),
+            ("ldb", self.ldb),
+            ("ldc", self.ldc),
+        ]
+        .into_iter()
+        .find(|&(_, x)| x > INT_MAX);
+        if let Some((dimension, value)) = too_large {
+            return Err(Validation::LibraryDimension {
+                work,
+                dimension,
+                value: u64::from(value),
+                max: u64::from(INT_MAX),
+            });
+        }
         let (a_rows, b_rows) = (
             if self.trans_a { self.k } else { self.m },
             if self.trans_b { self.n } else { self.k },

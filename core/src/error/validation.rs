@@ -74,6 +74,17 @@ pub enum Validation {
         /// Bytes the handle views.
         found: u64,
     },
+    /// A dimension of library work past what the library's integers hold (BLAS's `int`).
+    LibraryDimension {
+        /// The work.
+        work: &'static str,
+        /// The dimension (`"m"`, `"lda"`, ...).
+        dimension: &'static str,
+        /// Its value.
+        value: u64,
+        /// The largest the library takes.
+        max: u64,
+    },
     /// A launch extent (a grid or block dimension) is zero.
     LaunchDims {
         /// The kernel.
@@ -143,6 +154,16 @@ impl fmt::Display for Validation {
                 f,
                 "operand {operand} of `{work}` views {found} bytes but the work touches {needs}; \
                  pass a larger handle or smaller dimensions (leading dimensions included)"
+            ),
+            Self::LibraryDimension {
+                work,
+                dimension,
+                value,
+                max,
+            } => write!(
+                f,
+                "dimension {dimension} of `{work}` is {value}, past the {max} the library takes; \
+                 split the work into smaller products"
             ),
             Self::LaunchDims { kernel, dims } => write!(
                 f,

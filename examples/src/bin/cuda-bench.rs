@@ -14,7 +14,11 @@
 //!   `cuMemFreeAsync` on a stream and `cuMemAlloc` + `cuMemFree`;
 //! - the edge host's serving loop ([`devcmd_examples::serve`]) against a plain driver program
 //!   doing the same work (the same kernels and sizes: upload, 6 launches, readback per batch), on
-//!   one stream and on two (the upload on its own stream, as devcmd does it).
+//!   one stream and on two (the upload on its own stream, as devcmd does it);
+//! - library work: host time of a small cuBLAS GEMM (64 x 64 x 64, f32 and f16) through
+//!   `Cublas::gemm` (and through `Command::library` with the bare cuBLAS call) against the same
+//!   cuBLAS call made directly on the same stream (a stream the benchmark created and devcmd
+//!   borrowed), with its own handle and workspace.
 //!
 //! Timing: host clocks around enqueue loops (the device work is synchronised outside the timed
 //! region for enqueue costs, inside it for bandwidth and serving), warm-up rounds first, then the
@@ -23,16 +27,17 @@
 //! Owns the measurements and the plain driver program the serving loop is compared with; the
 //! model, its kernels and the loop itself come from the library ([`devcmd_examples`]).
 //!
-//! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds);
+//! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds;
+//! `--only launch,library`: those sections alone, of launch, bandwidth, reserve, edge, library);
 //! `examples/gpu-run.sh` says how it ran on the H200 (BENCHMARKS.md).
 //! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 2.
 
 use devcmd::pinned::PinnedConfig;
 use devcmd::{
-    Device, DeviceConfig, ExternalBytes, HostOrigin, KernelParam, Launch, LaunchDims, ReadRequest,
-    Shim, StreamId,
+    Device, DeviceConfig, ExternalBytes, Gemm, GemmType, HostOrigin, KernelParam, Launch,
+    LaunchDims, LibraryWork, ReadRequest, Shim, StreamId,
 };
-use devcmd_cuda::{CudaKernel, CudaShim, CudaStream, sys};
+use devcmd_cuda::{Cublas, CudaKernel, CudaShim, CudaStream, cublas_sys, sys};
 use devcmd_examples::cuda_device;
 use devcmd_examples::model::{
     self, CLASSES, INPUT, Inputs, LAYERS, bias_relu_dims, bias_softmax_dims, matmul_dims,
@@ -195,8 +200,43 @@ unsafe impl ExternalBytes for SharedBytes {
     }
 }
 
+/// The sections to run: `--only a,b` names them (launch, bandwidth, reserve, edge, library);
+/// without it, all.
+fn sections_asked() -> Result<Option<Vec<String>>, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(i) = args.iter().position(|a| a == "--only") else {
+        return Ok(None);
+    };
+    let list = args
+        .get(i + 1)
+        .ok_or("--only needs a list: --only launch,library")?;
+    let names: Vec<String> = list.split(',').map(str::to_owned).collect();
+    for n in &names {
+        if !SECTIONS.contains(&n.as_str()) {
+            return Err(format!(
+                "--only {list}: no section `{n}`; the sections are {}",
+                SECTIONS.join(", ")
+            ));
+        }
+    }
+    Ok(Some(names))
+}
+
+/// A section of the benchmark: prints its tables.
+type Section<'a> = dyn Fn() -> Res<()> + 'a;
+
+/// The sections' keys for `--only`, in the order they run.
+const SECTIONS: [&str; 5] = ["launch", "bandwidth", "reserve", "edge", "library"];
+
 fn main() -> ExitCode {
     let quick = std::env::args().any(|a| a == "--quick");
+    let only = match sections_asked() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("cuda-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let shim = match CudaShim::new(0) {
         Ok(s) => s,
         Err(e) => {
@@ -204,7 +244,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(shim, quick) {
+    match run(shim, quick, only) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cuda-bench: {e}");
@@ -213,7 +253,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(shim: CudaShim, quick: bool) -> Res<()> {
+fn run(shim: CudaShim, quick: bool, only: Option<Vec<String>>) -> Res<()> {
     let rounds = if quick {
         Rounds { warm: 1, timed: 5 }
     } else {
@@ -234,14 +274,24 @@ fn run(shim: CudaShim, quick: bool) -> Res<()> {
         timed: rounds.timed.min(7),
     };
     // Each section stands alone: one that fails says so and the others still run.
-    let sections: [(&str, &dyn Fn() -> Res<()>); 4] = [
-        ("launch and fence", &|| launch_and_fence(&gpu.shim, rounds)),
-        ("bandwidth", &|| bandwidth(&gpu.shim, bw_rounds, quick)),
-        ("reserve + drop", &|| reserve(&gpu.shim, rounds)),
-        ("edge host", &|| edge_host(&gpu, rounds, quick)),
+    let sections: [(&str, &str, &Section); 5] = [
+        ("launch", "launch and fence", &|| {
+            launch_and_fence(&gpu.shim, rounds)
+        }),
+        ("bandwidth", "bandwidth", &|| {
+            bandwidth(&gpu.shim, bw_rounds, quick)
+        }),
+        ("reserve", "reserve + drop", &|| reserve(&gpu.shim, rounds)),
+        ("edge", "edge host", &|| edge_host(&gpu, rounds, quick)),
+        ("library", "library work (cuBLAS)", &|| {
+            library(&gpu.shim, rounds)
+        }),
     ];
     let mut failed = Vec::new();
-    for (name, section) in sections {
+    for (key, name, section) in sections {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|k| k == key)) {
+            continue;
+        }
         if let Err(e) = section() {
             println!("\n**{name}: failed: {e}**\n");
             failed.push(name);
@@ -426,6 +476,303 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
         o / r
     );
     println!();
+    Ok(())
+}
+
+/// The cuBLAS status as a result naming the call.
+fn blas_ok(call: &'static str, s: cublas_sys::cublasStatus_t) -> Res<()> {
+    if s == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{call} failed: {s:?}").into())
+    }
+}
+
+/// A raw cuBLAS handle of the benchmark's own, destroyed when dropped.
+struct RawBlas(cublas_sys::cublasHandle_t);
+
+impl Drop for RawBlas {
+    fn drop(&mut self) {
+        // SAFETY: created by `cublasCreate` below and destroyed once, here.
+        let _ = unsafe { cublas_sys::cublasDestroy_v2(self.0) };
+    }
+}
+
+/// The direct cuBLAS call of `g` (f32: `cublasSgemm`; f16: `cublasGemmEx` with fp32 compute)
+/// on `h` with A, B and C at those addresses.
+///
+/// # Safety
+///
+/// The handle is alive with its stream and workspace set; A, B and C are live device memory
+/// holding the matrices `g` describes.
+unsafe fn gemm_direct(
+    h: cublas_sys::cublasHandle_t,
+    g: &Gemm,
+    a: u64,
+    b: u64,
+    c: u64,
+) -> cublas_sys::cublasStatus_t {
+    let n = cublas_sys::cublasOperation_t::CUBLAS_OP_N;
+    let (m, nn, k) = (g.m as i32, g.n as i32, g.k as i32);
+    let (alpha, beta) = (g.alpha, g.beta);
+    match g.dtype {
+        // SAFETY: the caller's contract.
+        GemmType::F32 => unsafe {
+            cublas_sys::cublasSgemm_v2(
+                h,
+                n,
+                n,
+                m,
+                nn,
+                k,
+                &alpha,
+                a as *const f32,
+                g.lda as i32,
+                b as *const f32,
+                g.ldb as i32,
+                &beta,
+                c as *mut f32,
+                g.ldc as i32,
+            )
+        },
+        // SAFETY: the caller's contract; with fp32 compute alpha and beta are floats.
+        GemmType::F16 => unsafe {
+            let f16 = cublas_sys::cudaDataType::CUDA_R_16F;
+            cublas_sys::cublasGemmEx(
+                h,
+                n,
+                n,
+                m,
+                nn,
+                k,
+                (&raw const alpha).cast(),
+                a as *const c_void,
+                f16,
+                g.lda as i32,
+                b as *const c_void,
+                f16,
+                g.ldb as i32,
+                (&raw const beta).cast(),
+                c as *mut c_void,
+                f16,
+                g.ldc as i32,
+                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        },
+    }
+}
+
+/// Host time of a small cuBLAS GEMM through library work against the direct cuBLAS call, on
+/// the same CUDA stream (created here, borrowed by the devcmd device), in the same rounds.
+fn library(shim: &CudaShim, rounds: Rounds) -> Res<()> {
+    const BATCH: usize = 256;
+    const N: u32 = 64;
+    let blas = match Cublas::new(shim) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("## Library work: cuBLAS GEMM enqueue\n\nnot run: {e}\n");
+            return Ok(());
+        }
+    };
+    bind(shim)?;
+    let mut raw = ptr::null_mut();
+    // SAFETY: the pointer is valid for one write; the context is current.
+    cu("cuStreamCreate", unsafe {
+        sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+    })?;
+    // More rounds than the other sections: the difference sought (0.2 µs) is a few percent of a
+    // call, about the rounds' spread.
+    let rounds = Rounds {
+        warm: 3,
+        timed: rounds.timed * 3,
+    };
+    let result = library_on(shim, &blas, raw, rounds, BATCH, N);
+    bind(shim)?;
+    // SAFETY: the device that borrowed the stream was dropped inside `library_on`, and the
+    // stream was synchronised there; nothing else uses it.
+    unsafe {
+        sys::cuStreamSynchronize(raw);
+        sys::cuStreamDestroy_v2(raw);
+    }
+    result
+}
+
+fn library_on(
+    shim: &CudaShim,
+    blas: &Cublas,
+    raw: sys::CUstream,
+    rounds: Rounds,
+    batch: usize,
+    n: u32,
+) -> Res<()> {
+    let mut device = Device::new(shim.clone(), DeviceConfig::default());
+    // SAFETY: `raw` is a live stream of the shim's context, destroyed by the caller after this
+    // device is dropped.
+    unsafe { device.borrow_stream(S, &raw)? };
+    // The direct path's handle, stream and workspace (the size Cublas gives its own).
+    let mut h = ptr::null_mut();
+    bind(shim)?;
+    // SAFETY: `Cublas::new` loaded and checked the library; the pointer is valid for one write.
+    blas_ok("cublasCreate", unsafe {
+        cublas_sys::cublasCreate_v2(&mut h)
+    })?;
+    let direct = RawBlas(h);
+    let ws = shim.device_alloc(blas.workspace_bytes())?;
+    // SAFETY: the handle and the stream are alive; the workspace is a live page of that size.
+    unsafe {
+        blas_ok(
+            "cublasSetStream",
+            cublas_sys::cublasSetStream_v2(direct.0, raw.cast()),
+        )?;
+        blas_ok(
+            "cublasSetWorkspace",
+            cublas_sys::cublasSetWorkspace_v2(
+                direct.0,
+                shim.device_page_addr(&ws).0 as *mut c_void,
+                blas.workspace_bytes() as usize,
+            ),
+        )?;
+    }
+    println!(
+        "## Library work: cuBLAS GEMM enqueue ({n} x {n} x {n}, {})\n",
+        blas.library()
+    );
+    println!(
+        "{batch} GEMMs per round on one CUDA stream (created here; the devcmd device borrows it), \
+         host time of the enqueue loop (synchronised after it); median of {} rounds after {} \
+         warm-up rounds, the four paths in each round, in a rotating order. Direct: the benchmark's own cuBLAS \
+         handle (stream and {} MiB workspace set once). `Command::library`: the same direct call \
+         made inside library work (reads A and B, writes C): the core's cost alone. \
+         `Command::library`, 4 buffers: the same with a fourth buffer written (as `Cublas::gemm` \
+         declares its workspace). `Cublas::gemm`: devcmd-cuda's wrapper (shape check, the \
+         stream's handle, its workspace declared as a fourth buffer).\n",
+        rounds.timed,
+        rounds.warm,
+        blas.workspace_bytes() >> 20
+    );
+    println!(
+        "| GEMM | direct cuBLAS µs | p25–p75 | `Command::library`, 3 buffers, µs | over direct | `Command::library`, 4 buffers, µs | over direct | `Cublas::gemm` µs | p25–p75 | over direct, µs | ratio | target |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    for dtype in [GemmType::F32, GemmType::F16] {
+        let g = Gemm::packed(dtype, n, n, n);
+        let elems = (n * n) as usize;
+        let bytes = |v: f32| -> Vec<u8> {
+            match dtype {
+                GemmType::F32 => (0..elems).flat_map(|_| v.to_ne_bytes()).collect(),
+                // 0.5 and 0.25 in f16.
+                GemmType::F16 => (0..elems)
+                    .flat_map(|_| if v == 0.5 { 0x3800u16 } else { 0x3400 }.to_ne_bytes())
+                    .collect(),
+            }
+        };
+        let mut cmd = device.command(S)?;
+        let a = cmd.create(&bytes(0.5))?;
+        let b = cmd.create(&bytes(0.25))?;
+        let c = cmd.empty(u64::from(n * n) * dtype.bytes())?;
+        let pa = cmd.managed_resource(&a)?;
+        let pb = cmd.managed_resource(&b)?;
+        let pc = cmd.managed_resource(&c)?;
+        let (ra, rb, rc) = (pa.resource.addr.0, pb.resource.addr.0, pc.resource.addr.0);
+        blas.prepare(&mut cmd)?;
+        cmd.sync()?.wait()?;
+        let extra = cmd.empty(blas.workspace_bytes())?;
+        let mut times = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        for round in 0..rounds.all() {
+            // The paths in a rotating order, so none always runs first.
+            for i in 0..4 {
+                let path = (round + i) % 4;
+                let t = Instant::now();
+                match path {
+                    0 => {
+                        bind(shim)?;
+                        let t = Instant::now();
+                        for _ in 0..batch {
+                            // SAFETY: the handle's stream and workspace are set; A, B and C are
+                            // live allocations of the device, n x n each.
+                            blas_ok("gemm", unsafe { gemm_direct(direct.0, &g, ra, rb, rc) })?;
+                        }
+                        times[0].push(micros(t, batch));
+                    }
+                    1 | 3 => {
+                        let three: [&devcmd::Handle; 1] = [&c];
+                        let four: [&devcmd::Handle; 2] = [&c, &extra];
+                        let writes: &[&devcmd::Handle] = if path == 1 { &three } else { &four };
+                        for _ in 0..batch {
+                            let ab = [&a, &b];
+                            let work = LibraryWork::new("gemm", &ab, writes);
+                            // SAFETY: the call enqueues one GEMM on the stream it is given (the
+                            // same CUDA stream as the handle's), reading A and B and writing C,
+                            // the declared ranges.
+                            unsafe {
+                                cmd.library(work, |_, spans| {
+                                    let s = gemm_direct(
+                                        direct.0,
+                                        &g,
+                                        spans[0].addr.0,
+                                        spans[1].addr.0,
+                                        spans[2].addr.0,
+                                    );
+                                    if s == cublas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                                        Ok(())
+                                    } else {
+                                        Err(devcmd::LibraryError::new(s as i64, format!("{s:?}")))
+                                    }
+                                })?
+                            };
+                        }
+                        times[path].push(micros(t, batch));
+                    }
+                    _ => {
+                        for _ in 0..batch {
+                            blas.gemm(&mut cmd, g, &a, &b, &c)?;
+                        }
+                        times[2].push(micros(t, batch));
+                    }
+                }
+                cmd.sync()?.wait()?;
+            }
+            if round < rounds.warm {
+                times.iter_mut().for_each(Vec::clear);
+            }
+        }
+        let [dir, lib, ours, lib4] = times;
+        // Every element of C is 64 * 0.5 * 0.25 = 8.
+        let back = cmd.read_async(&[ReadRequest::whole(&c)])?.wait()?;
+        let eight = match dtype {
+            GemmType::F32 => 8f32.to_ne_bytes().to_vec(),
+            GemmType::F16 => 0x4800u16.to_ne_bytes().to_vec(),
+        };
+        if back[0]
+            .as_slice()
+            .chunks_exact(eight.len())
+            .any(|e| e != eight.as_slice())
+        {
+            return Err(format!("{dtype:?} GEMM: C is not all 8.0").into());
+        }
+        let (d, l, l4, o) = (median(&dir), median(&lib), median(&lib4), median(&ours));
+        println!(
+            "| {dtype:?} | {d:.3} | {} | {l:.3} | {:+.3} | {l4:.3} | {:+.3} | {o:.3} | {} | {:+.3} | {:.3} | ≤ 0.2 µs over direct: {} |",
+            spread(&dir),
+            l - d,
+            l4 - d,
+            spread(&ours),
+            o - d,
+            o / d,
+            met(o - d <= 0.2)
+        );
+        drop((pa, pb, pc));
+    }
+    println!();
+    device.command(S)?.sync()?.wait()?;
+    drop(device);
+    bind(shim)?;
+    // SAFETY: the stream is synchronised: nothing uses the workspace any more.
+    unsafe {
+        sys::cuStreamSynchronize(raw);
+        shim.device_free(ws);
+    }
     Ok(())
 }
 

@@ -7,8 +7,8 @@
 //! its input; the failure rule in both directions (an input that failed skips the work and its
 //! output carries the failure; an error the library returns fails the output, with the library's
 //! message kept, and a launch reading it is skipped); an input handle dropped right after the
-//! work was enqueued stays alive until the work ran (poison and lazy modes show an early free as
-//! wrong bytes); the work recorded into a graph and replayed with new inputs, on its own stream
+//! work was enqueued stays alive until the work ran, on its own stream and when another stream
+//! owns it and goes on (poison and lazy modes show an early free as wrong bytes); the work recorded into a graph and replayed with new inputs, on its own stream
 //! and another.
 
 use crate::harness::{Harness, Mode, TestKernel};
@@ -31,11 +31,8 @@ fn copy<H: Harness>(
     dst: &Handle,
 ) -> Result<bool, ServerError> {
     let mut offered = true;
-    let work = LibraryWork {
-        name,
-        reads: &[src],
-        writes: &[dst],
-    };
+    let (reads, writes) = ([src], [dst]);
+    let work = LibraryWork::new(name, &reads, &writes);
     let call = |native: &<H::S as Shim>::NativeStream, spans: &[devcmd::DeviceSpan]| {
         // SAFETY: the core resolved both spans just now and keeps them alive until the stream
         // passed the work.
@@ -55,11 +52,8 @@ fn copy<H: Harness>(
 
 /// A library call that refuses, as a library answers bad arguments, enqueuing nothing.
 fn refuse<S: Shim>(cmd: &mut Command<'_, S>, src: &Handle, dst: &Handle) -> ServerError {
-    let work = LibraryWork {
-        name: "refusing_library",
-        reads: &[src],
-        writes: &[dst],
-    };
+    let (reads, writes) = ([src], [dst]);
+    let work = LibraryWork::new("refusing_library", &reads, &writes);
     // SAFETY: the call enqueues nothing.
     let refused = unsafe {
         cmd.library(work, |_, _| {
@@ -122,6 +116,33 @@ pub fn library_work<H: Harness>(h: &H, mode: Mode) {
         first_diff(&back, &fresh)
     );
     drop(reuse);
+
+    // The same across streams: an input stream 0 owns, read by library work on stream 1 and
+    // dropped at once, must stay alive (and unreused by stream 0) until the work ran, though
+    // stream 0 goes on and syncs without waiting for stream 1.
+    let owned = pattern(size, 123);
+    let input = must(c.create(S0, &owned), "create on stream 0");
+    let out = must(c.empty(S1, size as u64), "empty on stream 1");
+    must(
+        c.dev
+            .command(S1)
+            .and_then(|mut cmd| copy(h, &mut cmd, "library_copy", &input, &out)),
+        "library work on stream 1 reading stream 0's memory",
+    );
+    drop(input);
+    let over = must(
+        c.create(S0, &pattern(size, 201)),
+        "create over the freed room",
+    );
+    must(c.sync(S0), "sync stream 0");
+    let back = must(c.read(S1, &out), "read on stream 1");
+    assert!(
+        back == owned,
+        "[{mode}] another stream's input dropped after library work was enqueued was reused \
+         before the work ran: {}",
+        first_diff(&back, &owned)
+    );
+    drop((over, out));
 
     failure_rule(h, &mut c, mode);
     drop((x, y, w));

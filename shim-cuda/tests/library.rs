@@ -1,0 +1,665 @@
+//! Library work on a GPU: cuBLAS GEMMs through [`Cublas`] (devcmd's `Command::library`), and
+//! streams borrowed from the caller's runtime. They run where a CUDA driver, a device and cuBLAS
+//! are present and print a visible `skipped: ...` line (straight to stderr) and pass elsewhere.
+//!
+//! Every GEMM is checked against a CPU reference in f64 on fresh random non-zero data, by
+//! ‖out − ref‖ / ‖ref‖ (f32: under 1e-5 on data that uses the whole mantissa, so TF32 would
+//! fail it: cuBLAS's default math mode is full fp32; f16 in and out with fp32 accumulation:
+//! under 2e-3, the output's rounding), and every element of an output written with `beta = 0`
+//! was poisoned (NaN) before, so one left unwritten fails the check.
+
+mod common;
+
+use common::{compile, gpu, say};
+use devcmd::{
+    Device, DeviceConfig, Gemm, GemmType, Handle, KernelParam, LaunchDims, LaunchError,
+    ReadRequest, ServerError, Shim, StreamId, Validation,
+};
+use devcmd_cuda::{Cublas, CublasInitError, CudaShim, cublas_sys, sys};
+
+const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
+
+/// The device and cuBLAS, or `None` after printing why `test` is skipped.
+fn blas(test: &str) -> Option<(CudaShim, Cublas)> {
+    let shim = gpu(test)?;
+    match Cublas::new(&shim) {
+        Ok(b) => Some((shim, b)),
+        Err(e @ CublasInitError::NotFound { .. }) => {
+            say(&format!("skipped: no cuBLAS ({test}): {e}"));
+            None
+        }
+        Err(e) => panic!("cuBLAS is present but could not be set up: {e}"),
+    }
+}
+
+/// A small xorshift generator: fresh data for every test, reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(test: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        let seed = test
+            .bytes()
+            .fold(nanos | 1, |h, b| h.rotate_left(5) ^ u64::from(b));
+        say(&format!("{test}: seed {seed:#x}"));
+        Self(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A non-zero value in [-1, 1] of the GEMM's type: for f16 a multiple of 1/1024 (exact in
+    /// f16); for f32 a multiple of 2^-23, which uses the whole f32 mantissa, so a product
+    /// computed with TF32's shorter one fails the f32 tolerance.
+    fn value(&mut self, dtype: GemmType) -> f32 {
+        match dtype {
+            GemmType::F16 => {
+                let k = (self.next() % 2048) as i32 - 1024;
+                let k = if k >= 0 { k + 1 } else { k };
+                k as f32 / 1024.0
+            }
+            GemmType::F32 => {
+                let k = (self.next() >> 40) as i64 - (1 << 23);
+                let k = if k == 0 { 1 } else { k };
+                k as f32 / (1 << 23) as f32
+            }
+        }
+    }
+
+    fn values(&mut self, dtype: GemmType, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.value(dtype)).collect()
+    }
+}
+
+/// The f16 bits of `x`: a NaN (the poison), or a normal value exactly representable in f16
+/// (the generator's).
+fn f16_bits(x: f32) -> u16 {
+    if x.is_nan() {
+        return 0xffff;
+    }
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    assert!(
+        (1..31).contains(&exp) && b & 0x1fff == 0,
+        "{x} is not an exact f16"
+    );
+    sign | ((exp as u16) << 10) | ((b >> 13) & 0x3ff) as u16
+}
+
+/// The f32 value of f16 bits (normals, subnormals, zero, infinities and NaN).
+fn f16_value(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((h >> 10) & 0x1f);
+    let frac = f32::from(h & 0x3ff);
+    sign * match exp {
+        0 => frac * 2f32.powi(-24),
+        31 if frac == 0.0 => f32::INFINITY,
+        31 => f32::NAN,
+        e => (1.0 + frac / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+/// The bytes of `values` as the GEMM's element type.
+fn encode(dtype: GemmType, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        GemmType::F32 => values.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+        GemmType::F16 => values
+            .iter()
+            .flat_map(|v| f16_bits(*v).to_ne_bytes())
+            .collect(),
+    }
+}
+
+fn decode(dtype: GemmType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        GemmType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+            .collect(),
+        GemmType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16_value(u16::from_ne_bytes(c.try_into().unwrap())))
+            .collect(),
+    }
+}
+
+/// Elements of a matrix of `rows` x `cols` stored with leading dimension `ld`.
+fn stored(rows: u32, cols: u32, ld: u32) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        ((cols - 1) * ld + rows) as usize
+    }
+}
+
+/// The operands of `g` as stored (A, B, C), random; C is NaN where `beta` is 0.
+fn operands(g: &Gemm, rng: &mut Rng) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (ar, ac) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
+    let (br, bc) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+    let a = rng.values(g.dtype, stored(ar, ac, g.lda));
+    let b = rng.values(g.dtype, stored(br, bc, g.ldb));
+    let c = if g.beta == 0.0 {
+        vec![f32::NAN; stored(g.m, g.n, g.ldc)]
+    } else {
+        rng.values(g.dtype, stored(g.m, g.n, g.ldc))
+    };
+    (a, b, c)
+}
+
+/// `alpha op(A) op(B) + beta C` in f64, column-major, C's elements at their stored places
+/// (the padding rows of C keep `c`'s values).
+fn reference(g: &Gemm, a: &[f32], b: &[f32], c: &[f32]) -> Vec<f64> {
+    let at = |i: u32, p: u32| {
+        let idx = if g.trans_a {
+            p + i * g.lda
+        } else {
+            i + p * g.lda
+        };
+        f64::from(a[idx as usize])
+    };
+    let bt = |p: u32, j: u32| {
+        let idx = if g.trans_b {
+            j + p * g.ldb
+        } else {
+            p + j * g.ldb
+        };
+        f64::from(b[idx as usize])
+    };
+    let mut out: Vec<f64> = c.iter().map(|v| f64::from(*v)).collect();
+    for j in 0..g.n {
+        for i in 0..g.m {
+            let sum: f64 = (0..g.k).map(|p| at(i, p) * bt(p, j)).sum();
+            let idx = (i + j * g.ldc) as usize;
+            let old = if g.beta == 0.0 {
+                0.0
+            } else {
+                f64::from(c[idx])
+            };
+            out[idx] = f64::from(g.alpha) * sum + f64::from(g.beta) * old;
+        }
+    }
+    out
+}
+
+/// ‖out − ref‖ / ‖ref‖ over C's m x n elements (NaN if any is NaN).
+fn relative_error(g: &Gemm, out: &[f32], want: &[f64]) -> f64 {
+    let (mut diff, mut norm) = (0.0, 0.0);
+    for j in 0..g.n {
+        for i in 0..g.m {
+            let idx = (i + j * g.ldc) as usize;
+            let d = f64::from(out[idx]) - want[idx];
+            diff += d * d;
+            norm += want[idx] * want[idx];
+        }
+    }
+    (diff / norm).sqrt()
+}
+
+fn tolerance(dtype: GemmType) -> f64 {
+    match dtype {
+        GemmType::F32 => 1e-5,
+        GemmType::F16 => 2e-3,
+    }
+}
+
+fn read(dev: &mut Device<CudaShim>, stream: StreamId, h: &Handle) -> Result<Vec<u8>, ServerError> {
+    let back = dev
+        .command(stream)?
+        .read_async(&[ReadRequest::whole(h)])?
+        .wait()?;
+    Ok(back[0].as_slice().to_vec())
+}
+
+/// Runs `g` on fresh operands on `stream` and checks C against the reference.
+fn check_gemm(dev: &mut Device<CudaShim>, blas: &Cublas, g: Gemm, rng: &mut Rng, what: &str) {
+    let (a, b, c) = operands(&g, rng);
+    let mut cmd = dev.command(S0).unwrap();
+    let ha = cmd.create(&encode(g.dtype, &a)).unwrap();
+    let hb = cmd.create(&encode(g.dtype, &b)).unwrap();
+    let hc = cmd.create(&encode(g.dtype, &c)).unwrap();
+    blas.gemm(&mut cmd, g, &ha, &hb, &hc).unwrap();
+    let out = decode(g.dtype, &read(dev, S0, &hc).unwrap());
+    let want = reference(&g, &a, &b, &c);
+    let err = relative_error(&g, &out, &want);
+    say(&format!("{what}: {g:?}: relative error {err:.3e}"));
+    assert!(
+        err < tolerance(g.dtype),
+        "{what}: relative error {err:e} for {g:?}"
+    );
+}
+
+/// Products of several shapes: odd sizes, transposes, padded leading dimensions, alpha and
+/// beta other than 1 and 0.
+fn shapes(dtype: GemmType) -> Vec<Gemm> {
+    let mut v = vec![
+        Gemm::packed(dtype, 64, 64, 64),
+        Gemm::packed(dtype, 67, 45, 33),
+    ];
+    let mut t = Gemm::packed(dtype, 40, 29, 51);
+    (t.trans_a, t.trans_b, t.lda, t.ldb) = (true, true, 51 + 3, 29 + 5);
+    (t.alpha, t.beta, t.ldc) = (1.5, -0.5, 40 + 2);
+    v.push(t);
+    let mut u = Gemm::packed(dtype, 17, 128, 96);
+    (u.trans_b, u.ldb, u.alpha) = (true, 128, 0.25);
+    v.push(u);
+    v
+}
+
+#[test]
+fn a_gemm_through_library_work_matches_a_cpu_reference_f32() {
+    let test = "a_gemm_through_library_work_matches_a_cpu_reference_f32";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    say(&format!(
+        "{test}: {} (cublasGetVersion {})",
+        blas.library(),
+        blas.version()
+    ));
+    let mut rng = Rng::seeded(test);
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    for g in shapes(GemmType::F32) {
+        check_gemm(&mut dev, &blas, g, &mut rng, "f32");
+    }
+}
+
+#[test]
+fn a_gemm_through_library_work_matches_a_cpu_reference_f16() {
+    let test = "a_gemm_through_library_work_matches_a_cpu_reference_f16";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    let mut rng = Rng::seeded(test);
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    for g in shapes(GemmType::F16) {
+        check_gemm(&mut dev, &blas, g, &mut rng, "f16");
+    }
+}
+
+/// Spins for `ns` nanoseconds of the GPU's clock, then writes one byte.
+const SPIN: &str = r#"
+extern "C" __global__ void spin(unsigned char *out, unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+    out[0] = 1;
+}
+"#;
+
+#[test]
+fn cublas_on_stream_1_is_ordered_after_an_upload_on_stream_0() {
+    let test = "cublas_on_stream_1_is_ordered_after_an_upload_on_stream_0";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    let Some(module) = compile(&shim, SPIN, &[], test) else {
+        return;
+    };
+    let spin = module.kernel_with_sizes("spin", &[8, 8]).unwrap();
+    let mut rng = Rng::seeded(test);
+    let g = Gemm::packed(GemmType::F32, 96, 80, 112);
+    let (a_old, b, _) = operands(&g, &mut rng);
+    let (a_new, _, c) = operands(&g, &mut rng);
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    // Set up stream 1's handle and workspace first, so nothing below waits on the host.
+    blas.prepare(&mut dev.command(S1).unwrap()).unwrap();
+    let ha = dev
+        .command(S0)
+        .unwrap()
+        .create(&encode(g.dtype, &a_old))
+        .unwrap();
+    let hb = dev
+        .command(S1)
+        .unwrap()
+        .create(&encode(g.dtype, &b))
+        .unwrap();
+    let hc = dev
+        .command(S1)
+        .unwrap()
+        .create(&encode(g.dtype, &c))
+        .unwrap();
+    // A first GEMM of the same shape on the old A: cuBLAS loads its kernel now, not below.
+    blas.gemm(&mut dev.command(S1).unwrap(), g, &ha, &hb, &hc)
+        .unwrap();
+    let out = decode(g.dtype, &read(&mut dev, S1, &hc).unwrap());
+    let err = relative_error(&g, &out, &reference(&g, &a_old, &b, &c));
+    assert!(err < tolerance(g.dtype), "the warm-up GEMM: {err:e}");
+    dev.command(S0).unwrap().sync().unwrap().wait().unwrap();
+    let hc = dev
+        .command(S1)
+        .unwrap()
+        .create(&encode(g.dtype, &c))
+        .unwrap();
+    dev.command(S1).unwrap().sync().unwrap().wait().unwrap();
+    // Stream 0: 500 ms of spinning, then the upload of A's new values behind it.
+    let scratch = dev.command(S0).unwrap().empty(256).unwrap();
+    let ns = 500_000_000u64.to_ne_bytes();
+    dev.command(S0)
+        .unwrap()
+        .launch(devcmd::Launch {
+            kernel: &spin,
+            name: "spin",
+            dims: LaunchDims::SINGLE,
+            inputs: &[],
+            outputs: &[&scratch],
+            params: &[KernelParam::Buffer(0), KernelParam::Scalar(&ns)],
+        })
+        .unwrap();
+    dev.command(S0)
+        .unwrap()
+        .write_from(&ha, &encode(g.dtype, &a_new))
+        .unwrap();
+    // Stream 1: the GEMM reads A at once (no host wait in between): only the core's
+    // cross-stream order keeps it from reading A's old values.
+    let started = std::time::Instant::now();
+    blas.gemm(&mut dev.command(S1).unwrap(), g, &ha, &hb, &hc)
+        .unwrap();
+    let enqueued = started.elapsed();
+    assert!(
+        enqueued.as_millis() < 400,
+        "the GEMM's enqueue waited on the host ({enqueued:?}): the order must be the device's"
+    );
+    let out = decode(g.dtype, &read(&mut dev, S1, &hc).unwrap());
+    let want = reference(&g, &a_new, &b, &c);
+    let err = relative_error(&g, &out, &want);
+    let stale = relative_error(&g, &out, &reference(&g, &a_old, &b, &c));
+    say(&format!(
+        "{test}: error against the new A {err:.3e}, against the old A {stale:.3e}"
+    ));
+    assert!(
+        err < tolerance(g.dtype),
+        "the GEMM on stream 1 did not see stream 0's upload: error {err:e} against the new A, \
+         {stale:e} against the old one"
+    );
+}
+
+#[test]
+fn a_cublas_call_recorded_in_a_graph_replays_with_new_inputs() {
+    let test = "a_cublas_call_recorded_in_a_graph_replays_with_new_inputs";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    let mut rng = Rng::seeded(test);
+    let mut dev = Device::new(shim.clone(), DeviceConfig::default());
+    for dtype in [GemmType::F32, GemmType::F16] {
+        let mut g = Gemm::packed(dtype, 72, 40, 56);
+        (g.trans_a, g.lda, g.alpha) = (true, 56, 0.75);
+        let (a, b, c) = operands(&g, &mut rng);
+        let mut cmd = dev.command(S0).unwrap();
+        let ha = cmd.create(&encode(dtype, &a)).unwrap();
+        let hb = cmd.create(&encode(dtype, &b)).unwrap();
+        let hc = cmd.create(&encode(dtype, &c)).unwrap();
+        // The first call on a stream is refused while it records (its set-up allocates), and
+        // the recording goes on.
+        if dtype == GemmType::F32 {
+            let recording = dev.command(S0).unwrap().begin_capture("early").unwrap();
+            let early = blas.gemm(&mut dev.command(S0).unwrap(), g, &ha, &hb, &hc);
+            assert!(
+                matches!(
+                    early,
+                    Err(ServerError::Validation(Validation::Recording { .. }))
+                ),
+                "the first cuBLAS call on a recording stream must be refused, got {early:?}"
+            );
+            say(&format!("{test}: refused as asked: {}", early.unwrap_err()));
+            // An empty recording: whatever its end answers, the stream records no more.
+            drop(dev.command(S0).unwrap().end_capture(recording));
+            assert!(!shim.is_any_stream_capturing());
+            blas.prepare(&mut dev.command(S0).unwrap()).unwrap();
+        }
+        let recording = dev.command(S0).unwrap().begin_capture("gemm").unwrap();
+        assert!(shim.is_any_stream_capturing());
+        blas.gemm(&mut dev.command(S0).unwrap(), g, &ha, &hb, &hc)
+            .unwrap();
+        let graph = dev.command(S0).unwrap().end_capture(recording).unwrap();
+        assert!(!shim.is_any_stream_capturing());
+        for (round, stream) in [(0, S0), (1, S1), (2, S0)] {
+            let (a, b, _) = operands(&g, &mut rng);
+            let mut cmd = dev.command(S0).unwrap();
+            cmd.write_from(&ha, &encode(dtype, &a)).unwrap();
+            cmd.write_from(&hb, &encode(dtype, &b)).unwrap();
+            // Poisoned again, so a replay that wrote nothing fails.
+            cmd.write_from(&hc, &encode(dtype, &c)).unwrap();
+            dev.command(stream).unwrap().replay(&graph).unwrap();
+            let out = decode(dtype, &read(&mut dev, S0, &hc).unwrap());
+            let err = relative_error(&g, &out, &reference(&g, &a, &b, &c));
+            say(&format!(
+                "{test}: {dtype:?} replay {round} on stream {}: relative error {err:.3e}",
+                stream.0
+            ));
+            assert!(
+                err < tolerance(dtype),
+                "{dtype:?} replay {round} on stream {}: relative error {err:e}",
+                stream.0
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cublas_error_fails_the_written_ranges_with_its_status_name() {
+    let test = "a_cublas_error_fails_the_written_ranges_with_its_status_name";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    let mut rng = Rng::seeded(test);
+    let g = Gemm::packed(GemmType::F32, 32, 32, 32);
+    let (a, b, c) = operands(&g, &mut rng);
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    let mut cmd = dev.command(S0).unwrap();
+    let ha = cmd.create(&encode(g.dtype, &a)).unwrap();
+    let hb = cmd.create(&encode(g.dtype, &b)).unwrap();
+    let hc = cmd.create(&encode(g.dtype, &c)).unwrap();
+    let hd = cmd.create(&encode(g.dtype, &c)).unwrap();
+    // A shape the handles cannot hold is refused before cuBLAS sees it, nothing marked.
+    let short = Gemm::packed(GemmType::F32, 33, 32, 32);
+    let refused = blas.gemm(&mut cmd, short, &ha, &hb, &hc);
+    assert!(
+        matches!(
+            refused,
+            Err(ServerError::Validation(Validation::LibraryOperand { .. }))
+        ),
+        "{refused:?}"
+    );
+    say(&format!("{test}: {}", refused.unwrap_err()));
+    // cuBLAS itself refuses lda = 0 (CUBLAS_STATUS_INVALID_VALUE), enqueuing nothing.
+    // SAFETY: the call passes the handle's stream and the three declared ranges only.
+    let failed = unsafe {
+        blas.call(
+            &mut cmd,
+            "sgemm_bad_lda",
+            &[&ha, &hb],
+            &[],
+            &[&hc],
+            |h, s| {
+                let (alpha, beta) = (1.0f32, 0.0f32);
+                let n = cublas_sys::cublasOperation_t::CUBLAS_OP_N;
+                cublas_sys::cublasSgemm_v2(
+                    h,
+                    n,
+                    n,
+                    32,
+                    32,
+                    32,
+                    &alpha,
+                    s[0].addr.0 as *const f32,
+                    0,
+                    s[1].addr.0 as *const f32,
+                    32,
+                    &beta,
+                    s[2].addr.0 as *mut f32,
+                    32,
+                )
+            },
+        )
+    };
+    match &failed {
+        Err(ServerError::Launch(LaunchError::Library { work, error })) => {
+            assert_eq!(*work, "sgemm_bad_lda");
+            assert_eq!(error.code, 7, "{error}");
+            assert!(
+                error.message.starts_with("CUBLAS_STATUS_INVALID_VALUE"),
+                "{error}"
+            );
+        }
+        other => panic!("cuBLAS's refusal must be LaunchError::Library, got {other:?}"),
+    }
+    say(&format!("{test}: {}", failed.unwrap_err()));
+    // A GEMM reading the failed C is skipped, and its output carries the failure.
+    let skipped = blas.gemm(&mut cmd, g, &hc, &hb, &hd);
+    assert!(
+        matches!(skipped, Err(ServerError::Skipped { .. })),
+        "{skipped:?}"
+    );
+    for (name, h) in [("C", &hc), ("D", &hd)] {
+        match read(&mut dev, S0, h) {
+            Err(ServerError::Unwritten { root, chain, .. }) => {
+                say(&format!(
+                    "{test}: reading {name}: root {root}; chain {chain:?}"
+                ));
+                assert!(
+                    root.to_string().contains("CUBLAS_STATUS_INVALID_VALUE"),
+                    "{name}: the root keeps cuBLAS's status name: {root}"
+                );
+            }
+            other => panic!("{name} must be unwritten, got {other:?}"),
+        }
+    }
+    // A good GEMM into C clears it, and everything works on.
+    blas.gemm(&mut dev.command(S0).unwrap(), g, &ha, &hb, &hc)
+        .unwrap();
+    let out = decode(g.dtype, &read(&mut dev, S0, &hc).unwrap());
+    let err = relative_error(&g, &out, &reference(&g, &a, &b, &c));
+    assert!(err < tolerance(g.dtype), "after the failure: {err:e}");
+}
+
+/// A raw stream of the shim's context, created the way a runtime (TensorRT, PyTorch) does.
+fn raw_stream(shim: &CudaShim) -> sys::CUstream {
+    let mut s = std::ptr::null_mut();
+    // SAFETY: the shim's primary context is alive; the pointer is valid for one write.
+    unsafe {
+        assert_eq!(
+            sys::cuCtxSetCurrent(shim.cu_context()),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        assert_eq!(
+            sys::cuStreamCreate(&mut s, flags),
+            sys::CUresult::CUDA_SUCCESS
+        );
+    }
+    s
+}
+
+/// The stream still takes work (a memset of a page of its own) and runs it.
+fn still_usable(shim: &CudaShim, s: sys::CUstream, what: &str) {
+    let page = shim.device_alloc(4096).unwrap();
+    let addr = shim.device_page_addr(&page).0;
+    // SAFETY: the stream is alive (the test destroys it only at its end); the page is live.
+    unsafe {
+        assert_eq!(
+            sys::cuCtxSetCurrent(shim.cu_context()),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            sys::cuStreamQuery(s),
+            sys::CUresult::CUDA_SUCCESS,
+            "{what}: cuStreamQuery"
+        );
+        assert_eq!(
+            sys::cuMemsetD8Async(addr, 0x5A, 4096, s),
+            sys::CUresult::CUDA_SUCCESS,
+            "{what}: a memset on the stream"
+        );
+        assert_eq!(
+            sys::cuStreamSynchronize(s),
+            sys::CUresult::CUDA_SUCCESS,
+            "{what}: cuStreamSynchronize"
+        );
+        shim.device_free(page);
+    }
+}
+
+#[test]
+fn a_borrowed_stream_runs_devcmd_work_and_outlives_the_device() {
+    let test = "a_borrowed_stream_runs_devcmd_work_and_outlives_the_device";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    let raw = raw_stream(&shim);
+    // The shim alone: borrowed, dropped, still the caller's.
+    // SAFETY: `raw` is a live stream of the shim's context, destroyed only at the end.
+    let borrowed = unsafe { shim.borrow_stream(&raw) }.unwrap();
+    assert!(borrowed.is_borrowed());
+    assert_eq!(*shim.native_stream(&borrowed), raw);
+    drop(borrowed);
+    still_usable(&shim, raw, "after the shim's stream was dropped");
+    // The per-thread default stream is refused (it is another stream on every thread).
+    // SAFETY: refused before the driver sees it.
+    let per_thread = unsafe { shim.borrow_stream(&(2usize as sys::CUstream)) };
+    assert_eq!(
+        per_thread.unwrap_err().status,
+        devcmd_cuda::status::BAD_ARGUMENT
+    );
+
+    // A device over it: uploads, a GEMM, a read, then the device and cuBLAS dropped.
+    let mut rng = Rng::seeded(test);
+    let g = Gemm::packed(GemmType::F32, 48, 40, 24);
+    let (a, b, c) = operands(&g, &mut rng);
+    let mut dev = Device::new(shim.clone(), DeviceConfig::default());
+    // SAFETY: as above; the device is dropped before the stream is destroyed.
+    unsafe { dev.borrow_stream(S1, &raw) }.unwrap();
+    // SAFETY: as above.
+    let again = unsafe { dev.borrow_stream(S1, &raw) };
+    assert!(
+        matches!(
+            again,
+            Err(ServerError::Validation(Validation::StreamInUse {
+                stream: 1
+            }))
+        ),
+        "{again:?}"
+    );
+    let mut cmd = dev.command(S1).unwrap();
+    let ha = cmd.create(&encode(g.dtype, &a)).unwrap();
+    let hb = cmd.create(&encode(g.dtype, &b)).unwrap();
+    let hc = cmd.create(&encode(g.dtype, &c)).unwrap();
+    let mut native = std::ptr::null_mut();
+    // SAFETY: the closure only reads the handle it is given and enqueues nothing.
+    unsafe {
+        cmd.library(devcmd::LibraryWork::new("peek", &[], &[]), |s, _| {
+            native = *s;
+            Ok(())
+        })
+    }
+    .unwrap();
+    assert_eq!(native, raw, "library work on S1 gets the borrowed stream");
+    blas.gemm(&mut cmd, g, &ha, &hb, &hc).unwrap();
+    let out = decode(g.dtype, &read(&mut dev, S1, &hc).unwrap());
+    let err = relative_error(&g, &out, &reference(&g, &a, &b, &c));
+    assert!(
+        err < tolerance(g.dtype),
+        "GEMM on the borrowed stream: {err:e}"
+    );
+    drop((ha, hb, hc));
+    drop(dev);
+    drop(blas);
+    still_usable(&shim, raw, "after the device and cuBLAS were dropped");
+    // SAFETY: the stream is the test's, nothing uses it any more.
+    let destroyed = unsafe { sys::cuStreamDestroy_v2(raw) };
+    assert_eq!(
+        destroyed,
+        sys::CUresult::CUDA_SUCCESS,
+        "the owner destroys it"
+    );
+}
