@@ -83,6 +83,17 @@ pub trait Backend<S: Shim> {
         c: &Handle,
     ) -> Result<(), ServerError>;
 
+    /// Sets up what the GEMMs need on `cmd`'s stream before a recording (cuBLAS's handle and
+    /// workspace, which cannot be made while a stream records).
+    ///
+    /// # Errors
+    ///
+    /// The device's refusal.
+    fn prepare(&self, cmd: &mut Command<'_, S>) -> Result<(), ServerError> {
+        let _ = cmd;
+        Ok(())
+    }
+
     /// Converts `elements` f32 values of `from` (uploaded from the file) into a new buffer of
     /// [`Self::dtype`]; `None` when the device does not convert (the file must then hold its
     /// type already).

@@ -3,14 +3,15 @@
 //! type, as the edge host compiles its own).
 //!
 //! GEMMs are library work ([`devcmd::Command::library`]): on std `devcmd_std::blas::gemm` (the
-//! `matrixmultiply` crate on the stream's worker). On the GPU they are still the stand-in `gemm`
-//! kernel until devcmd-cuda's cuBLAS wrapper (`Cublas::gemm`) lands on main.
+//! `matrixmultiply` crate on the stream's worker), on the GPU devcmd-cuda's [`Cublas::gemm`]
+//! (`cublasSgemm`, or `cublasGemmEx` with f16 operands and f32 compute). Where cuBLAS does not
+//! load, the GPU runs a plain `gemm` kernel instead and the host says so.
 
 use super::decode::Backend;
 use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, gemm_scalars, launch, u32s};
 use super::weights::DType;
 use devcmd::{Command, Gemm, Handle, ServerError};
-use devcmd_cuda::{CudaKernel, CudaModule, CudaShim};
+use devcmd_cuda::{Cublas, CudaKernel, CudaModule, CudaShim};
 use devcmd_std::{StdKernel, StdShim};
 use std::error::Error;
 use std::time::{Duration, Instant};
@@ -70,7 +71,9 @@ pub struct CudaBackend {
     pub kernels: Kernels<CudaKernel>,
     /// `cast_f16`: f32 weights to half on the device.
     pub cast: CudaKernel,
-    /// The stand-in GEMM kernel (until cuBLAS).
+    /// cuBLAS, or why it did not load (GEMMs then run [`Self::gemm`]).
+    pub cublas: Result<Cublas, String>,
+    /// The plain GEMM kernel, for a machine without cuBLAS.
     pub gemm: CudaKernel,
     /// The element type the kernels were compiled for.
     pub dtype: DType,
@@ -115,23 +118,34 @@ impl CudaBackend {
         };
         let cast = kernel("cast_f16")?;
         let gemm = kernel("gemm")?;
+        let cublas = Cublas::new(&shim).map_err(|e| e.to_string());
         Ok(Self {
             shim,
             module,
             kernels,
             cast,
+            cublas,
             gemm,
             dtype,
             compile_time: started.elapsed(),
         })
     }
 
-    /// What the host prints about the GPU and its kernels.
+    /// What the host prints about the GPU, its kernels and its GEMMs.
     pub fn describe(&self) -> String {
         let (major, minor) = self.shim.compute_capability();
+        let gemms = match &self.cublas {
+            Ok(c) => format!(
+                "GEMMs: cuBLAS {} ({}) as library work, {} bytes of workspace per stream",
+                c.version(),
+                c.library(),
+                c.workspace_bytes()
+            ),
+            Err(why) => format!("GEMMs: a plain kernel, NOT cuBLAS ({why})"),
+        };
         format!(
             "device: {} (compute capability {major}.{minor}); kernels compiled by NVRTC with \
-             [{}] in {:.0} ms",
+             [{}] in {:.0} ms\n{gemms}",
             self.shim.name(),
             self.module.compile_options().join(" "),
             self.compile_time.as_secs_f64() * 1e3
@@ -157,6 +171,9 @@ impl Backend<CudaShim> for CudaBackend {
         b: &Handle,
         c: &Handle,
     ) -> Result<(), ServerError> {
+        if let Ok(cublas) = &self.cublas {
+            return cublas.gemm(cmd, g, a, b, c);
+        }
         g.check(name, a.len(), b.len(), c.len())?;
         let (m, n) = (g.m as usize, g.n as usize);
         launch(
@@ -168,6 +185,13 @@ impl Backend<CudaShim> for CudaBackend {
             &[c],
             &gemm_scalars(&g),
         )
+    }
+
+    fn prepare(&self, cmd: &mut Command<'_, CudaShim>) -> Result<(), ServerError> {
+        match &self.cublas {
+            Ok(c) => c.prepare(cmd),
+            Err(_) => Ok(()),
+        }
     }
 
     fn convert(

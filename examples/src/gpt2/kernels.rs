@@ -18,15 +18,15 @@
 //! | `argmax` | next, history | logits, state | rows, vocab, cap |
 //! | `advance` | state | | |
 //! | `copy_cache` | new cache | old cache | blocks, old_cap, new_cap, head_dim |
-//! | `gemm` (CUDA, until cuBLAS) | c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta |
+//! | `gemm` (CUDA, without cuBLAS) | c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta |
 //! | `cast_f16` (CUDA) | out (f16) | in (f32) | n |
 //!
 //! `state[0]` is the position the step works on (the cache length before it): read by `embed`,
 //! `attention` and `argmax`, incremented by `advance` at the end of the step, so a recorded step
-//! replays unchanged. GEMMs are library work ([`devcmd::Gemm`], `devcmd_std::blas` on std); the
-//! CUDA `gemm` kernel is a stand-in until the GPU's cuBLAS wrapper lands. Token buffers are `u32`; `prompt` is `[prompt_len][rows]`, `history`
-//! `[positions][rows]` (row `p` holds the tokens predicted at position `p`); a cache is
-//! `[rows · heads][cap][head_dim]`.
+//! replays unchanged. GEMMs are library work ([`devcmd::Gemm`]: `devcmd_std::blas` on std,
+//! cuBLAS on a GPU); the CUDA `gemm` kernel runs only where cuBLAS does not load. Token buffers
+//! are `u32`; `prompt` is `[prompt_len][rows]`, `history` `[positions][rows]` (row `p` holds the
+//! tokens predicted at position `p`); a cache is `[rows · heads][cap][head_dim]`.
 
 use devcmd::{Command, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, ServerError, Shim};
 
@@ -67,7 +67,7 @@ pub fn head(dtype: GemmType, rows: usize, embd: usize, vocab: usize) -> Gemm {
     }
 }
 
-/// The scalars of the stand-in `gemm` kernel, in its order.
+/// The scalars of the fallback `gemm` kernel, in its order.
 pub fn gemm_scalars(g: &Gemm) -> [[u8; 4]; 10] {
     let u = |v: u32| v.to_ne_bytes();
     [
@@ -357,7 +357,7 @@ extern "C" __global__ void copy_cache(T *dst, const T *src, unsigned blocks, uns
     dst[b * new_cap * hd + rest] = src[i];
 }
 
-/* The stand-in GEMM (one thread per element of C), column-major as cuBLAS. */
+/* The fallback GEMM where cuBLAS does not load (one thread per element of C), column-major as cuBLAS. */
 extern "C" __global__ void gemm(T *c, const T *a, const T *b, unsigned m, unsigned n, unsigned k,
                                 unsigned ta, unsigned tb, unsigned lda, unsigned ldb,
                                 unsigned ldc, float alpha, float beta) {
