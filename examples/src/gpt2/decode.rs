@@ -623,7 +623,12 @@ pub fn decode<S: Shim, B: Backend<S>>(
                 enqueue_step(&mut cmd, backend, model, &ws)?;
                 cmd.end_capture_update(recording, g)?;
             }
+            // The old cache (and the graph's old recording, which keeps it) goes back once a
+            // fence after its last use passes: queue a fence for it now.
+            cmd.flush_drops()?;
         }
+        // Release what passed fences cover, without blocking.
+        cmd.poll_drops()?;
         match &graph {
             Some(g) => cmd.replay(g)?,
             None => enqueue_step(&mut cmd, backend, model, &ws)?,
