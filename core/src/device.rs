@@ -387,6 +387,14 @@ impl<S: Shim> Device<S> {
             s.queue_retired();
         }
         // What futures could not wait for while a stream recorded: released after a fence.
+        if !self.ledger.has_orphans() {
+            if self.failures.is_empty() && self.foreign_uses.is_empty() {
+                self.freed.clear();
+            } else {
+                self.forget_freed();
+            }
+            return;
+        }
         for (stream, buffers, held) in self.ledger.take_orphans() {
             if let Some(Some(s)) = self.streams.get_mut(stream) {
                 buffers
@@ -400,6 +408,11 @@ impl<S: Shim> Device<S> {
             self.freed.clear();
             return;
         }
+        self.forget_freed();
+    }
+
+    /// The freed ids leave the failure and cross-stream records.
+    fn forget_freed(&mut self) {
         for id in self.freed.drain(..) {
             self.failures.forget(id);
             self.foreign_uses.forget(id);

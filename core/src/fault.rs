@@ -272,6 +272,12 @@ impl FaultLedger {
         self.0.has_orphans.store(true, Ordering::Release);
     }
 
+    /// Whether a future left something for the device since the last [`Self::take_orphans`]
+    /// (one atomic load: the path every operation takes).
+    pub fn has_orphans(&self) -> bool {
+        self.0.has_orphans.load(Ordering::Acquire)
+    }
+
     /// Takes what futures could not wait for (cheap when nothing was).
     pub fn take_orphans(&self) -> Vec<Orphan> {
         if !self.0.has_orphans.swap(false, Ordering::AcqRel) {

@@ -32,6 +32,9 @@ impl<S: Shim> Stream<S> {
     /// Moves the pages the manager retired into the drop queue: they go back once this stream's
     /// fence passes (other streams' use of their slices was covered before they emptied).
     pub fn queue_retired(&mut self) {
+        if !self.memory.has_retired() {
+            return;
+        }
         for page in self.memory.take_retired() {
             self.drops.push(DropItem::Page(page));
         }

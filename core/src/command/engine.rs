@@ -100,28 +100,21 @@ impl<'a> Buffers<'a> {
         i.iter().chain(u).chain(o).copied()
     }
 
-    fn at(&self, i: usize) -> &'a Handle {
-        let (n, m) = (self.inputs.len(), self.updates.len());
-        if i < n {
-            self.inputs[i]
-        } else if i < n + m {
-            self.updates[i - n]
-        } else {
-            self.outputs[i - n - m]
-        }
-    }
-
     /// The first pair (written buffer, other buffer) whose views overlap, by position: kernels
     /// may run their blocks in any order, and a library may too, so a buffer the work writes
     /// (an update or an output) shares no byte with another buffer of the same work.
     pub(super) fn aliased(&self) -> Option<(usize, usize)> {
-        let all = self.len();
-        (self.inputs.len()..all).find_map(|o| {
-            (0..all)
-                .filter(|&i| i != o)
-                .find(|&i| overlap(self.at(o), self.at(i)))
-                .map(|i| (o, i))
-        })
+        let first = self.inputs.len();
+        let written = self.updates.iter().chain(self.outputs);
+        for (w, o) in written.enumerate() {
+            let o_at = first + w;
+            for (i, b) in self.iter().enumerate() {
+                if i != o_at && overlap(o, b) {
+                    return Some((o_at, i));
+                }
+            }
+        }
+        None
     }
 }
 

@@ -144,6 +144,11 @@ impl<S: Shim> MemoryManager<S> {
         core::mem::take(&mut self.retired)
     }
 
+    /// Whether a page retired since the last [`Self::take_retired`].
+    pub(crate) fn has_retired(&self) -> bool {
+        !self.retired.is_empty()
+    }
+
     /// Bytes of pages retired and not yet freed.
     pub fn retired_bytes(&self) -> u64 {
         self.retired.iter().map(|p| p.size).sum()
