@@ -139,8 +139,6 @@ pub struct Device<S: Shim> {
     pub(crate) foreign_uses: ForeignUses,
     /// The spans of a launch of more buffers than fit on the stack, kept for the next one.
     pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
-    /// The owning stream of each of those spans.
-    pub(crate) launch_owners: Vec<usize>,
     /// The capture state: whether a stream records, and the graphs callers dropped.
     pub(crate) capture: CaptureState<S>,
 }
@@ -165,7 +163,6 @@ impl<S: Shim> Device<S> {
             freed: Vec::new(),
             foreign_uses: ForeignUses::default(),
             launch_spans: Vec::new(),
-            launch_owners: Vec::new(),
             capture: CaptureState::default(),
         }
     }

@@ -25,17 +25,12 @@ use std::error::Error;
 use std::process::ExitCode;
 
 /// The weights to serve: seeded (and saved if asked), or mapped from a file and checked. Runs
-/// before the device exists, so a bad file or path never reaches it. A GPU gets a private
-/// mapping it can page-lock in place ([`Mapping::CopyOnWrite`]).
+/// before the device exists, so a bad file or path never reaches it. Every device gets a
+/// read-only mapping: devcmd-cuda page-locks it in place read-only (a private copy-on-write
+/// mapping makes the driver copy every page as it locks them).
 fn host_weights(o: &Options) -> Result<HostWeights, weights::WeightsError> {
     match &o.weights {
-        Some(path) => {
-            let mapping = match o.device {
-                DeviceKind::Std => Mapping::ReadOnly,
-                DeviceKind::Cuda => Mapping::CopyOnWrite,
-            };
-            Ok(HostWeights::Mapped(weights::load(path, mapping)?))
-        }
+        Some(path) => Ok(HostWeights::Mapped(weights::load(path, Mapping::ReadOnly)?)),
         None => {
             let seeded = seeded_weights(o.seed);
             if let Some(path) = &o.save_weights {

@@ -13,7 +13,7 @@
 //! run the same steps with a host side (`host_side.rs`), which shares the steps below.
 //!
 //! Owns the order of the steps and the scratch they use (a launch's spans live on the stack up to
-//! 16 buffers, past that in two vectors the device keeps warm). Does not own what a step decides:
+//! 8 buffers, past that in a vector the device keeps warm). Does not own what a step decides:
 //! cross-stream order (`order/`), the failure records (`failure.rs`), the capture state
 //! (`capture/`), the staging decision (`staging.rs`).
 
@@ -56,7 +56,7 @@ pub(super) enum Work<'a, S: Shim> {
 }
 
 /// Buffers of a launch whose spans are kept on the stack (more go to the device's warm vectors).
-const STACK_BUFFERS: usize = 16;
+const STACK_BUFFERS: usize = 8;
 
 const NO_SPAN: DeviceSpan = DeviceSpan {
     addr: DeviceAddr(0),
@@ -195,9 +195,8 @@ impl<S: Shim> Command<'_, S> {
         }
         // Resolve each handle once, then order after other streams.
         let mut spans = [NO_SPAN; STACK_BUFFERS];
-        let mut owners = [0usize; STACK_BUFFERS];
         let count = match (buffers, &touches) {
-            (Some(buffers), _) => self.resolve_views(name, buffers, &mut spans, &mut owners)?,
+            (Some(buffers), _) => self.resolve_views(name, buffers, &mut spans)?,
             (None, Touches::Views { .. }) => 0,
             (None, Touches::Graph(g)) => {
                 for b in &g.touched {
@@ -299,15 +298,12 @@ impl<S: Shim> Command<'_, S> {
         name: &'static str,
         buffers: Buffers<'_>,
         spans: &mut [DeviceSpan; STACK_BUFFERS],
-        owners: &mut [usize; STACK_BUFFERS],
     ) -> Result<usize, ServerError> {
         let count = buffers.len();
         let on_heap = count > STACK_BUFFERS;
         if on_heap {
             self.device.launch_spans.clear();
             self.device.launch_spans.resize(count, NO_SPAN);
-            self.device.launch_owners.clear();
-            self.device.launch_owners.resize(count, 0);
         }
         for (index, h) in buffers.iter().enumerate() {
             let t = self.device.target(h).map_err(|cause| LaunchError::Buffer {
@@ -321,18 +317,14 @@ impl<S: Shim> Command<'_, S> {
             };
             if on_heap {
                 self.device.launch_spans[index] = span;
-                self.device.launch_owners[index] = t.owner;
             } else {
                 spans[index] = span;
-                owners[index] = t.owner;
             }
         }
-        for (index, h) in buffers.iter().enumerate() {
-            let owner = if on_heap {
-                self.device.launch_owners[index]
-            } else {
-                owners[index]
-            };
+        for h in buffers.iter() {
+            // The owner again (no memory look-up: the handle names its stream), not kept: the
+            // firmware's stack is small.
+            let owner = self.device.owner_of(h)?;
             self.device.order_after(self.stream, h, owner)?;
         }
         Ok(count)

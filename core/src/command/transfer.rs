@@ -26,7 +26,7 @@ pub struct ReadRequest<'a> {
 }
 
 /// Requests of one [`Command::read_async`] whose targets are kept on the stack.
-const INLINE_READS: usize = 8;
+const INLINE_READS: usize = 2;
 
 impl<'a> ReadRequest<'a> {
     /// The whole view of `handle`, packed.

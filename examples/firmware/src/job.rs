@@ -14,9 +14,9 @@ use crate::shim::{self, FwKernel, FwShim, KernelCtx, KernelFault};
 use crate::{board, stack};
 use alloc::vec;
 use alloc::vec::Vec;
-use devcmd::staging::StagingPolicy;
 use devcmd::memory::MemoryConfig;
 use devcmd::pinned::PinnedConfig;
+use devcmd::staging::StagingPolicy;
 use devcmd::{
     AllocationMode, CopyLayout, Device, DeviceConfig, DropPolicy, DropStats, Fault, Handle,
     HostBuffer, IoError, KernelParam, Launch, LaunchDims, ReadRequest, ServerError, StreamId,

@@ -585,6 +585,8 @@ pub fn decode<S: Shim, B: Backend<S>>(
     let mut graph = if plan.graph {
         let started = Instant::now();
         let mut cmd = device.command(COMPUTE)?;
+        // cuBLAS's handle and workspace are made before the recording (they allocate).
+        backend.prepare(&mut cmd)?;
         let recording = cmd.begin_capture("gpt2_step")?;
         enqueue_step(&mut cmd, backend, model, &ws)?;
         let graph = cmd.end_capture(recording)?;
@@ -619,6 +621,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
             growths += 1;
             held_peak = held_peak.max(cmd.memory_report().held);
             if let Some(g) = graph.as_mut() {
+                backend.prepare(&mut cmd)?;
                 let recording = cmd.begin_capture("gpt2_step")?;
                 enqueue_step(&mut cmd, backend, model, &ws)?;
                 cmd.end_capture_update(recording, g)?;
