@@ -198,7 +198,13 @@ where
                 .into()),
             }
         });
-        converted.map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?
+        let converted = converted
+            .map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?;
+        // The f32 upload is done with once converted: its page goes back now (a persistent page
+        // is given back only by a cleanup), or the run would hold the file twice over.
+        drop(all);
+        cmd.memory_cleanup()?;
+        converted
     } else {
         return Err(format!(
             "the weights are {} and this device computes in {}: pass --dtype {}",
