@@ -198,8 +198,8 @@ where
                 .into()),
             }
         });
-        let converted = converted
-            .map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?;
+        let converted =
+            converted.map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?;
         // The f32 upload is done with once converted: its page goes back now (a persistent page
         // is given back only by a cleanup), or the run would hold the file twice over.
         drop(all);
