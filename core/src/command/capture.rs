@@ -9,7 +9,7 @@
 
 use super::Command;
 use super::engine::{Touches, Work};
-use crate::capture::{CapturePhase, Graph, Owned, Recorded, Recording, Span, Window};
+use crate::capture::{CapturePhase, CaptureState, Graph, Owned, Recorded, Recording, Span, Window};
 use crate::error::{CaptureError, ServerError};
 use crate::failure::Failures;
 use crate::memory::{PageGuard, PageRef};
@@ -161,13 +161,20 @@ impl<S: Shim> Command<'_, S> {
             return Err(CaptureError::NotRecording { stream }.into());
         }
         recording.ended = true;
+        let index = self.stream;
+        let (shim, raw, capture) = self.capture_parts();
+        capture.end(index, || end_shim(shim, raw))
+    }
+
+    /// The shim, this stream's raw stream and the device's capture state, borrowed together (a
+    /// transition ends the shim's capture inside itself).
+    fn capture_parts(&mut self) -> (&S, &S::Stream, &mut CaptureState<S>) {
         let device = &mut *self.device;
         let raw = &device.streams[self.stream]
             .as_ref()
             .expect("a command's stream exists")
             .raw;
-        let shim = &*device.shim;
-        device.capture.end(self.stream, || end_shim(shim, raw))
+        (&*device.shim, raw, &mut device.capture)
     }
 
     /// Seals a closed recording around the shim's graph `exec`: a guard on every page it touched
@@ -232,15 +239,11 @@ impl<S: Shim> Command<'_, S> {
     /// failure, and every operation on the stream answers it until [`Self::end_capture`]. Does
     /// nothing unless this stream records.
     pub(super) fn discard_recording(&mut self, reason: &ServerError) {
-        let device = &mut *self.device;
-        let raw = &device.streams[self.stream]
-            .as_ref()
-            .expect("a command's stream exists")
-            .raw;
-        let shim = &*device.shim;
+        let stream = self.stream;
+        let (shim, raw, capture) = self.capture_parts();
         // Ends the recording whatever it answers; a graph from a doomed end is dropped.
         let end = || drop(shim.end_capture(raw, true));
-        let Some(window) = device.capture.discard(self.stream, reason.clone(), end) else {
+        let Some(window) = capture.discard(stream, reason.clone(), end) else {
             return;
         };
         if let Err(error) = self.device.capture.check_open(self.stream) {
