@@ -226,9 +226,10 @@ impl MappedFile {
     }
 }
 
-// SAFETY: the mapping is owned by this value and never modified (the private mapping is never
-// written through) nor unmapped while it lives; `bytes` always returns the whole mapping, the
-// same slice on every call.
+// SAFETY: the mapping is owned by this value and never modified by this program (a read-only
+// shared mapping, or a private one never written through) nor unmapped while it lives; `bytes`
+// always returns the whole mapping, the same slice on every call. Like every memory map, it
+// assumes no other process writes or truncates the file while it is mapped (`load` says so).
 unsafe impl ExternalBytes for MappedFile {
     fn bytes(&self) -> &[u8] {
         self.map.bytes()

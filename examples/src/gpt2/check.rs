@@ -147,7 +147,19 @@ pub fn load(dir: &Path) -> Result<Fixture, FixtureError> {
         )
     })?;
     let raw = read(name)?;
-    let want = new_tokens * batch * vocab * 4;
+    let want = new_tokens
+        .checked_mul(batch)
+        .and_then(|x| x.checked_mul(vocab))
+        .and_then(|x| x.checked_mul(4))
+        .ok_or_else(|| {
+            err(
+                at("reference.json"),
+                format!(
+                    "{new_tokens} steps x {batch} rows x {vocab} logits overflow what a file can \
+                     hold; remake the fixture"
+                ),
+            )
+        })?;
     if raw.len() != want {
         return Err(err(
             at(name),

@@ -202,12 +202,15 @@ where
             converted.map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?;
         // The f32 upload is done with once converted: its page goes back now (a persistent page
         // is given back only by a cleanup), or the run would hold the file twice over.
+        // The views are handles of the upload too: every one goes before the cleanup.
+        drop(views);
         drop(all);
         cmd.memory_cleanup()?;
         converted
     } else {
         return Err(format!(
-            "the weights are {} and this device computes in {}: pass --dtype {}",
+            "the weights are {} and this device computes in {}: pass --dtype {} where the \
+             device offers it (f16 on --device cuda), or convert the file to f32",
             file_dtype.name(),
             want.name(),
             file_dtype.name()
@@ -510,7 +513,7 @@ pub struct Plan {
 impl Plan {
     /// Positions the run feeds: the prompt, then every new token but the last.
     pub fn passes(&self) -> usize {
-        self.prompt.first().map_or(0, Vec::len) + self.new_tokens - 1
+        (self.prompt.first().map_or(0, Vec::len) + self.new_tokens).saturating_sub(1)
     }
 }
 
@@ -567,6 +570,39 @@ pub fn decode<S: Shim, B: Backend<S>>(
         return Err(
             "nothing to decode: the prompt and the new tokens need at least one token".into(),
         );
+    }
+    if let Some((r, row)) = plan
+        .prompt
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.len() != prompt_len)
+    {
+        return Err(format!(
+            "prompt row {r} has {} tokens and row 0 has {prompt_len}: every row needs the same \
+             length",
+            row.len()
+        )
+        .into());
+    }
+    let vocab = model.config.vocab;
+    if let Some(t) = plan.prompt.iter().flatten().find(|&&t| t as usize >= vocab) {
+        return Err(format!(
+            "prompt token {t} is past the vocabulary ({vocab} tokens): use ids below {vocab}"
+        )
+        .into());
+    }
+    // The attention kernel keeps a row's query and scores in shared memory (48 KiB on every
+    // CUDA device without opting in to more).
+    let head_dim = model.config.embd / model.config.heads;
+    let shared = (head_dim + passes + 32) * 4;
+    if shared > 48 << 10 {
+        return Err(format!(
+            "attention over {passes} positions with {head_dim}-wide heads needs {shared} bytes \
+             of shared memory, past the 49152 the kernel may use; decode fewer positions (at \
+             most {}) or use narrower heads",
+            (48 << 10) / 4 - head_dim - 32
+        )
+        .into());
     }
     if passes > model.config.positions {
         return Err(format!(

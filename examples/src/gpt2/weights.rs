@@ -1,5 +1,5 @@
-//! `model.safetensors` in the Hugging Face GPT-2 layout: mapped whole (read-only for the std
-//! device, copy-on-write for a GPU that page-locks it in place), read with the `safetensors`
+//! `model.safetensors` in the Hugging Face GPT-2 layout: mapped whole and read-only (a GPU
+//! page-locks the mapping in place, read-only), read with the `safetensors`
 //! crate, every tensor the model needs found by its name (with or without the `transformer.`
 //! prefix transformers' `GPT2LMHeadModel` writes), its shape checked against the config, and its
 //! place in the file kept: the device gets the whole file in one upload and each tensor is a view
