@@ -143,15 +143,6 @@ impl fmt::Display for CublasInitError {
 
 impl std::error::Error for CublasInitError {}
 
-/// What the system loader said: libloading's error and its source (the `dlerror` text).
-fn loader_message(e: &libloading::Error) -> String {
-    use std::error::Error as _;
-    match e.source() {
-        Some(source) => format!("{e}: {source}"),
-        None => e.to_string(),
-    }
-}
-
 /// The library names cudarc tries for cuBLAS, in its order, each once.
 fn candidates() -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
@@ -165,31 +156,12 @@ fn candidates() -> Vec<String> {
 
 /// The first of `names` that loads, or [`CublasInitError::NotFound`] naming them all.
 fn find_library(names: &[String]) -> Result<String, CublasInitError> {
-    let mut errors = Vec::new();
-    for name in names {
-        // SAFETY: loading cuBLAS runs its initialisers, as every program that links it does; the
-        // names are the ones cudarc loads. The handle is closed at once (cudarc opens its own).
-        match unsafe { libloading::Library::new(name.as_str()) } {
-            Ok(_lib) => return Ok(name.clone()),
-            Err(e) => errors.push((name.clone(), loader_message(&e))),
-        }
-    }
-    // The loader's words for the names a Linux install has (the development name and the
-    // CUDA 13 soname), or for the first name when neither was tried.
-    let telling: Vec<(String, String)> = errors
-        .iter()
-        .filter(|(n, _)| n == "libcublas.so" || n == "libcublas.so.13")
-        .cloned()
-        .collect();
-    let reasons = if telling.is_empty() {
-        errors.into_iter().take(1).collect()
-    } else {
-        telling
-    };
-    Err(CublasInitError::NotFound {
-        tried: names.to_vec(),
-        reasons,
-    })
+    crate::driver::first_that_loads(names, &["libcublas.so", "libcublas.so.13"]).map_err(
+        |reasons| CublasInitError::NotFound {
+            tried: names.to_vec(),
+            reasons,
+        },
+    )
 }
 
 /// The cuBLAS library that loads on this machine (without calling into it), if any.

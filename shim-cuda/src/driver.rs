@@ -314,7 +314,7 @@ pub(crate) fn candidates() -> Vec<String> {
 }
 
 /// What the system loader said: libloading's error and its source (the `dlerror` text).
-fn loader_message(e: &libloading::Error) -> String {
+pub(crate) fn loader_message(e: &libloading::Error) -> String {
     use std::error::Error as _;
     match e.source() {
         Some(source) => format!("{e}: {source}"),
@@ -324,32 +324,41 @@ fn loader_message(e: &libloading::Error) -> String {
 
 /// The first of `names` that loads, or [`CudaInitError::NoDriver`] naming them all.
 pub(crate) fn find_library(names: &[String]) -> Result<String, CudaInitError> {
+    first_that_loads(names, &["libcuda.so", "libcuda.so.1"]).map_err(|reasons| {
+        CudaInitError::NoDriver {
+            tried: names.to_vec(),
+            reasons,
+        }
+    })
+}
+
+/// The first of `names` (a library's candidate names, as cudarc loads them) that loads, closed
+/// again at once (cudarc opens its own); otherwise what the loader said for the names in
+/// `telling` (the development name and the soname a Linux install has), or for the first name
+/// when none of those was tried.
+pub(crate) fn first_that_loads(
+    names: &[String],
+    telling: &[&str],
+) -> Result<String, Vec<(String, String)>> {
     let mut errors = Vec::new();
     for name in names {
-        // SAFETY: loading the CUDA driver library runs its initialisers, as every CUDA program
-        // does; the names are the ones cudarc itself loads. The handle is closed at once (cudarc
-        // opens its own).
+        // SAFETY: loading a CUDA library runs its initialisers, as every program that links it
+        // does; the names are the ones cudarc itself loads.
         match unsafe { libloading::Library::new(name.as_str()) } {
             Ok(_lib) => return Ok(name.clone()),
             Err(e) => errors.push((name.clone(), loader_message(&e))),
         }
     }
-    // The loader's own words for the names a Linux driver installs (the plain development
-    // name and the soname), or for the first name when neither was tried.
-    let telling: Vec<(String, String)> = errors
+    let told: Vec<(String, String)> = errors
         .iter()
-        .filter(|(n, _)| n == "libcuda.so" || n == "libcuda.so.1")
+        .filter(|(n, _)| telling.contains(&n.as_str()))
         .cloned()
         .collect();
-    let reasons = if telling.is_empty() {
-        errors.into_iter().take(1).collect()
+    if told.is_empty() {
+        Err(errors.into_iter().take(1).collect())
     } else {
-        telling
-    };
-    Err(CudaInitError::NoDriver {
-        tried: names.to_vec(),
-        reasons,
-    })
+        Err(told)
+    }
 }
 
 /// Whether a CUDA driver library loads on this machine (without calling into it).

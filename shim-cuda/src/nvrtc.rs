@@ -95,15 +95,6 @@ fn toolkit_folders() -> Vec<PathBuf> {
     folders
 }
 
-/// What the system loader said: libloading's error and its source (the `dlerror` text).
-fn loader_message(e: &libloading::Error) -> String {
-    use std::error::Error as _;
-    match e.source() {
-        Some(source) => format!("{e}: {source}"),
-        None => e.to_string(),
-    }
-}
-
 /// The first of cudarc's `names` that loads by name.
 fn first_by_name(names: &[String], errors: &mut Vec<(String, String)>) -> Option<String> {
     for name in names {
@@ -112,7 +103,7 @@ fn first_by_name(names: &[String], errors: &mut Vec<(String, String)>) -> Option
         // own; a library kept in `KEPT` stays loaded).
         match unsafe { libloading::Library::new(name.as_str()) } {
             Ok(_lib) => return Some(name.clone()),
-            Err(e) => errors.push((name.clone(), loader_message(&e))),
+            Err(e) => errors.push((name.clone(), crate::driver::loader_message(&e))),
         }
     }
     None
@@ -151,7 +142,10 @@ fn find_library() -> Result<String, CudaKernelError> {
                         return Ok(path.display().to_string());
                     }
                 }
-                Err(e) => errors.push((path.display().to_string(), loader_message(&e))),
+                Err(e) => errors.push((
+                    path.display().to_string(),
+                    crate::driver::loader_message(&e),
+                )),
             }
         }
     }

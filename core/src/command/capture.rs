@@ -8,7 +8,7 @@
 //! (`capture/window.rs`) nor the device's share (`capture/device.rs`).
 
 use super::Command;
-use super::engine::{Touches, Work};
+use super::engine::Work;
 use crate::capture::{CapturePhase, CaptureState, Graph, Owned, Recorded, Recording, Span, Window};
 use crate::error::{CaptureError, ServerError};
 use crate::failure::Failures;
@@ -275,6 +275,6 @@ impl<S: Shim> Command<'_, S> {
             .into());
         }
         let recorded = &graph.recorded;
-        self.run(recorded.name, Touches::Graph(recorded), Work::Replay)
+        self.run(recorded.name, Work::Replay(recorded))
     }
 }

@@ -28,31 +28,42 @@ use alloc::sync::Arc;
 pub(super) type LibraryCall<'a, S> =
     dyn FnMut(&<S as Shim>::NativeStream, &[DeviceSpan]) -> Result<(), LibraryError> + 'a;
 
-/// What device work touches.
-pub(super) enum Touches<'a, S: Shim> {
-    /// Whole views of handles: a launch's or library work's buffers, in this order: those it
-    /// reads, those it reads and writes in place, those it only writes.
-    Views {
-        inputs: &'a [&'a Handle],
-        updates: &'a [&'a Handle],
-        outputs: &'a [&'a Handle],
-    },
+/// What device work touches, as the engine reads it off the [`Work`].
+enum Touches<'a, S: Shim> {
+    /// Whole views of handles: a launch's or library work's buffers.
+    Views(Buffers<'a>),
     /// What a recorded graph touches, reads and writes.
     Graph(&'a Arc<Recorded<S>>),
 }
 
-/// The device call of device work.
+/// Device work: the call to make and what it touches.
 pub(super) enum Work<'a, S: Shim> {
-    /// A kernel of the shim.
+    /// A kernel of the shim over `buffers`.
     Kernel {
         kernel: &'a S::Kernel,
         dims: LaunchDims,
         params: &'a [KernelParam<'a>],
+        buffers: Buffers<'a>,
     },
-    /// Library work: called with the native stream and the spans.
-    Library(&'a mut LibraryCall<'a, S>),
+    /// Library work over `buffers`: called with the native stream and the spans.
+    Library {
+        call: &'a mut LibraryCall<'a, S>,
+        buffers: Buffers<'a>,
+    },
     /// One replay of a recorded graph.
-    Replay,
+    Replay(&'a Arc<Recorded<S>>),
+}
+
+impl<'a, S: Shim> Work<'a, S> {
+    /// What the work touches (copied out: the call still needs the work).
+    fn touches(&self) -> Touches<'a, S> {
+        match self {
+            Self::Kernel { buffers, .. } | Self::Library { buffers, .. } => {
+                Touches::Views(*buffers)
+            }
+            Self::Replay(g) => Touches::Graph(g),
+        }
+    }
 }
 
 /// Buffers of a launch whose spans are kept on the stack (more go to the device's warm vectors).
@@ -82,7 +93,8 @@ fn overlap(a: &Handle, b: &Handle) -> bool {
         && b.offset() < a.offset() + a.len()
 }
 
-/// The buffers of device work in their order (inputs, updates, outputs), by position.
+/// The buffers of device work in their order (inputs, updates: read and written in place,
+/// outputs), by position.
 #[derive(Clone, Copy)]
 pub(super) struct Buffers<'a> {
     pub inputs: &'a [&'a Handle],
@@ -161,9 +173,7 @@ impl<'t, S: Shim> Touches<'t, S> {
     /// The spans the work reads (updates included).
     fn reads(&self) -> impl Iterator<Item = Span> + '_ {
         let (views, more, spans): (&[&Handle], &[&Handle], &[Span]) = match self {
-            Self::Views {
-                inputs, updates, ..
-            } => (inputs, updates, &[]),
+            Self::Views(b) => (b.inputs, b.updates, &[]),
             Self::Graph(g) => (&[], &[], &g.reads),
         };
         let views = views.iter().chain(more).map(|h| view(h));
@@ -173,9 +183,7 @@ impl<'t, S: Shim> Touches<'t, S> {
     /// The spans the work writes (updates included).
     fn writes(&self) -> impl Iterator<Item = Span> + '_ {
         let (more, views, spans): (&[&Handle], &[&Handle], &[Span]) = match self {
-            Self::Views {
-                updates, outputs, ..
-            } => (updates, outputs, &[]),
+            Self::Views(b) => (b.updates, b.outputs, &[]),
             Self::Graph(g) => (&[], &[], &g.writes),
         };
         let views = more.iter().chain(views).map(|h| view(h));
@@ -184,27 +192,19 @@ impl<'t, S: Shim> Touches<'t, S> {
 }
 
 impl<S: Shim> Command<'_, S> {
-    /// Runs device work named `name` that touches `touches` with the call `work`: a launch,
-    /// library work or a replay. See the module documentation for the steps.
+    /// Runs device work named `name`: a launch, library work or a replay. See the module
+    /// documentation for the steps.
     pub(super) fn run(
         &mut self,
         name: &'static str,
-        touches: Touches<'_, S>,
         mut work: Work<'_, S>,
     ) -> Result<(), ServerError> {
         // Begin.
         self.begin()?;
         // Check.
+        let touches = work.touches();
         let buffers = match touches {
-            Touches::Views {
-                inputs,
-                updates,
-                outputs,
-            } => Some(Buffers {
-                inputs,
-                updates,
-                outputs,
-            }),
+            Touches::Views(b) => Some(b),
             Touches::Graph(_) => None,
         };
         if let Some((output, other)) = buffers.and_then(|b| b.aliased()) {
@@ -222,10 +222,9 @@ impl<S: Shim> Command<'_, S> {
         }
         // Resolve each handle once, then order after other streams.
         let mut spans = [NO_SPAN; STACK_BUFFERS];
-        let count = match (buffers, &touches) {
-            (Some(buffers), _) => self.resolve_views(name, buffers, &mut spans)?,
-            (None, Touches::Views { .. }) => 0,
-            (None, Touches::Graph(g)) => {
+        let count = match touches {
+            Touches::Views(buffers) => self.resolve_views(name, buffers, &mut spans)?,
+            Touches::Graph(g) => {
                 for b in &g.touched {
                     self.device.order_kept(self.stream, b)?;
                 }
@@ -265,31 +264,28 @@ impl<S: Shim> Command<'_, S> {
             }
             .into()
         };
-        let called: Result<(), ServerError> = match (&mut work, &touches) {
-            (
-                Work::Kernel {
-                    kernel,
-                    dims,
-                    params,
-                },
-                _,
-            ) => {
+        let called: Result<(), ServerError> = match &mut work {
+            Work::Kernel {
+                kernel,
+                dims,
+                params,
+                ..
+            } => {
                 // SAFETY: every span was resolved just now to a live range of its allocation,
                 // no output overlaps another buffer (checked above), and the kernel touches only
                 // its buffers (the shim's contract).
                 let launched = unsafe { shim.launch(raw, kernel, *dims, spans, params) };
                 launched.map_err(|e| refused(device.ledger.call_failed(e)))
             }
-            (Work::Library(call), _) => call(shim.native_stream(raw), spans)
+            Work::Library { call, .. } => call(shim.native_stream(raw), spans)
                 .map_err(|error| LaunchError::Library { work: name, error }.into()),
-            (Work::Replay, Touches::Graph(g)) => {
+            Work::Replay(g) => {
                 // SAFETY: the graph keeps every allocation it touches alive and every page they
                 // lie on guarded (no move, no reuse), and its host bytes are its own; the drop
                 // queue keeps all of it until a fence after this replay passes.
                 let launched = unsafe { shim.graph_launch(&g.exec, raw) };
                 launched.map_err(|e| refused(device.ledger.call_failed(e)))
             }
-            (Work::Replay, Touches::Views { .. }) => Ok(()),
         };
         // The outcome.
         if stance == Stance::Record {

@@ -6,7 +6,7 @@
 //! failure records (`failure.rs`).
 
 use super::Command;
-use super::engine::{Touches, Work};
+use super::engine::{Buffers, Work};
 use crate::error::{ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{KernelParam, LaunchDims, Shim};
@@ -106,13 +106,13 @@ impl<S: Shim> Command<'_, S> {
             kernel,
             dims,
             params,
+            buffers: Buffers {
+                inputs,
+                updates: &[],
+                outputs,
+            },
         };
-        let touches = Touches::Views {
-            inputs,
-            updates: &[],
-            outputs,
-        };
-        self.run(name, touches, work)
+        self.run(name, work)
     }
 }
 

@@ -9,7 +9,7 @@
 //! GEMM in devcmd-std).
 
 use super::Command;
-use super::engine::{Touches, Work};
+use super::engine::{Buffers, Work};
 use crate::error::{LibraryError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceSpan, Shim};
@@ -111,12 +111,13 @@ impl<S: Shim> Command<'_, S> {
             // The engine makes the call at most once.
             None => Ok(()),
         };
-        let touches = Touches::Views {
+        let buffers = Buffers {
             inputs: work.reads,
             updates: work.updates,
             outputs: work.writes,
         };
-        self.run(work.name, touches, Work::Library(&mut once))
+        let call = &mut once;
+        self.run(work.name, Work::Library { call, buffers })
     }
 }
 
