@@ -29,9 +29,9 @@
 use super::config::Config;
 use super::kernels::{
     Kernels, SHARED_LIMIT, argmax_dims, attention_dims, attention_shared_bytes, elem_dims, f32s,
-    head, launch, linear, prepare_dims, rows_dims, u32s,
+    head, launch, linear, rows_dims, u32s,
 };
-use super::weights::{DType, Keep, ModelFile, Tensors, to_f32};
+use super::weights::{DType, ModelFile, Tensors, to_f32};
 use crate::serve::WeightsPath;
 use devcmd::memory::AllocationMode;
 use devcmd::{
@@ -95,69 +95,22 @@ pub trait Backend<S: Shim> {
         Ok(())
     }
 
-    /// A tensor of the upload (`from`, of the file's type `file`) in a buffer of its own as the
-    /// step reads it: of [`Self::dtype`], and transposed where `keep` says so. The default runs
-    /// the `prepare` kernel over an f32 file.
+    /// Converts `elements` f32 values of `from` (uploaded from the file) into a new buffer of
+    /// [`Self::dtype`]; `None` when the device does not convert (the file must then hold its
+    /// type already).
     ///
     /// # Errors
     ///
-    /// The device's refusal; a file type this device cannot convert from (refused before any
-    /// launch, naming both types).
-    fn prepare_weight(
+    /// The device's refusal.
+    fn convert(
         &self,
         cmd: &mut Command<'_, S>,
         from: &Handle,
-        file: DType,
-        keep: Keep,
-    ) -> Result<Handle, Box<dyn Error>> {
-        if file != DType::F32 {
-            return Err(format!(
-                "the weights are {} and this device converts from f32 only: convert the file \
-                 to f32",
-                file.name()
-            )
-            .into());
-        }
-        prepare_with(cmd, &self.kernels().prepare, from, file, self.dtype(), keep)
+        elements: usize,
+    ) -> Option<Result<Handle, ServerError>> {
+        let _ = (cmd, from, elements);
+        None
     }
-}
-
-/// Runs a `prepare` kernel (`k`) over `from` (of type `file`) into a new buffer of `to`.
-///
-/// # Errors
-///
-/// The device's refusal.
-pub fn prepare_with<S: Shim>(
-    cmd: &mut Command<'_, S>,
-    k: &S::Kernel,
-    from: &Handle,
-    file: DType,
-    to: DType,
-    keep: Keep,
-) -> Result<Handle, Box<dyn Error>> {
-    let elements = from.len() as usize / file.bytes();
-    let (rows, cols, transpose) = match keep {
-        Keep::AsIs => (1, elements, 0),
-        Keep::Transposed { rows, cols } => (rows, cols, 1),
-    };
-    if rows * cols != elements {
-        return Err(format!(
-            "a {rows} x {cols} weight holds {} elements, the file's tensor {elements}",
-            rows * cols
-        )
-        .into());
-    }
-    let out = cmd.empty((elements * to.bytes()) as u64)?;
-    launch(
-        cmd,
-        k,
-        "prepare",
-        prepare_dims(rows, cols),
-        &[from],
-        &[&out],
-        &[u32s(rows), u32s(cols), u32s(transpose)],
-    )?;
-    Ok(out)
 }
 
 impl DType {
@@ -177,7 +130,7 @@ pub struct DeviceModel {
     pub config: Config,
     /// The element type of its tensors on the device.
     pub dtype: DType,
-    /// Every tensor, as the step reads it (see [`upload`]).
+    /// Every tensor (views of one upload, or converted copies).
     pub tensors: Tensors<Handle>,
     /// How the file reached the device.
     pub path: WeightsPath,
@@ -186,14 +139,13 @@ pub struct DeviceModel {
 }
 
 /// Uploads `file` on the compute stream in the persistent mode: the whole file in one copy
-/// (page-locked in place first when `register`, as the edge host's `--weights`), then each
-/// tensor into a buffer of its own as the step reads it ([`Backend::prepare_weight`]: converted to the
-/// backend's type, Conv1D weights transposed); the upload goes once they are made, so the load
-/// holds the file and the prepared weights together for a moment, the decode the weights only.
+/// (page-locked in place first when `register`, as the edge host's `--weights`), each tensor a
+/// view of it; converted to the backend's type where the file holds another.
 ///
 /// # Errors
 ///
-/// The device's refusal; a file of a type the device cannot convert from.
+/// The device's refusal; a file of another type than the device computes in, on a device that
+/// does not convert.
 pub fn upload<S, B>(
     device: &mut Device<S>,
     backend: &B,
@@ -233,19 +185,39 @@ where
     cmd.write(&all, data)?;
     let views = places.try_map(|p| all.view(p.offset as u64, p.len as u64))?;
     let want = backend.dtype();
-    // Every tensor into a buffer of its own, converted and transposed as the step reads it
-    // (`Keep`); then the upload goes.
-    let prepared = views.try_map_keep(config.embd, config.inner, |v, keep| {
-        backend.prepare_weight(&mut cmd, v, file_dtype, keep)
-    });
-    let tensors =
-        prepared.map_err(|e| format!("preparing the {} weights: {e}", file_dtype.name()))?;
-    // The upload is done with: its page goes back now (a persistent page is given back only by
-    // a cleanup), or the run would hold the file twice over. The views are handles of the
-    // upload too: every one goes before the cleanup.
-    drop(views);
-    drop(all);
-    cmd.memory_cleanup()?;
+    let tensors = if file_dtype == want {
+        views
+    } else if file_dtype == DType::F32 {
+        let converted = views.try_map(|v| -> Result<Handle, Box<dyn Error>> {
+            let elements = (v.len() / 4) as usize;
+            match backend.convert(&mut cmd, v, elements) {
+                Some(h) => Ok(h?),
+                None => Err(format!(
+                    "this device runs {} only and the weights are f32: pass --dtype f32",
+                    want.name()
+                )
+                .into()),
+            }
+        });
+        let converted =
+            converted.map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?;
+        // The f32 upload is done with once converted: its page goes back now (a persistent page
+        // is given back only by a cleanup), or the run would hold the file twice over.
+        // The views are handles of the upload too: every one goes before the cleanup.
+        drop(views);
+        drop(all);
+        cmd.memory_cleanup()?;
+        converted
+    } else {
+        return Err(format!(
+            "the weights are {} and this device computes in {}: pass --dtype {} where the \
+             device offers it (f16 on --device cuda), or convert the file to f32",
+            file_dtype.name(),
+            want.name(),
+            file_dtype.name()
+        )
+        .into());
+    };
     cmd.allocation_mode(AllocationMode::Auto);
     Ok(DeviceModel {
         config: config.clone(),

@@ -7,9 +7,9 @@
 //! (`cublasSgemm`, or `cublasGemmEx` with f16 operands and f32 compute). Where cuBLAS does not
 //! load, the GPU runs a plain `gemm` kernel instead and the host says so.
 
-use super::decode::{Backend, prepare_with};
-use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, gemm_scalars, launch};
-use super::weights::{DType, Keep};
+use super::decode::Backend;
+use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, gemm_scalars, launch, u32s};
+use super::weights::DType;
 use devcmd::{Command, Gemm, Handle, ServerError};
 use devcmd_cuda::{Cublas, CudaKernel, CudaModule, CudaShim};
 use devcmd_std::{StdKernel, StdShim};
@@ -69,9 +69,8 @@ pub struct CudaBackend {
     pub module: CudaModule,
     /// The step's kernels.
     pub kernels: Kernels<CudaKernel>,
-    /// `prepare_same`: a tensor of a file already of [`Self::dtype`], transposed or copied (the
-    /// kernels' `prepare` is `prepare_f32`).
-    pub prepare_same: CudaKernel,
+    /// `cast_f16`: f32 weights to half on the device.
+    pub cast: CudaKernel,
     /// cuBLAS, or why it did not load (GEMMs then run [`Self::gemm`]).
     pub cublas: Result<Cublas, String>,
     /// The plain GEMM kernel, for a machine without cuBLAS.
@@ -116,16 +115,15 @@ impl CudaBackend {
             argmax: kernel("argmax")?,
             advance: kernel("advance")?,
             copy_cache: kernel("copy_cache")?,
-            prepare: kernel("prepare_f32")?,
         };
-        let prepare_same = kernel("prepare_same")?;
+        let cast = kernel("cast_f16")?;
         let gemm = kernel("gemm")?;
         let cublas = Cublas::new(&shim).map_err(|e| e.to_string());
         Ok(Self {
             shim,
             module,
             kernels,
-            prepare_same,
+            cast,
             cublas,
             gemm,
             dtype,
@@ -196,26 +194,27 @@ impl Backend<CudaShim> for CudaBackend {
         }
     }
 
-    fn prepare_weight(
+    fn convert(
         &self,
         cmd: &mut Command<'_, CudaShim>,
         from: &Handle,
-        file: DType,
-        keep: Keep,
-    ) -> Result<Handle, Box<dyn Error>> {
-        let k = if file == DType::F32 {
-            &self.kernels.prepare
-        } else if file == self.dtype {
-            &self.prepare_same
-        } else {
-            return Err(format!(
-                "the weights are {} and the kernels were built for {}: pass --dtype {}",
-                file.name(),
-                self.dtype.name(),
-                file.name()
-            )
-            .into());
-        };
-        prepare_with(cmd, k, from, file, self.dtype, keep)
+        elements: usize,
+    ) -> Option<Result<Handle, ServerError>> {
+        if self.dtype != DType::F16 {
+            return None;
+        }
+        Some((|| {
+            let out = cmd.empty((elements * 2) as u64)?;
+            launch(
+                cmd,
+                &self.cast,
+                "cast_f16",
+                elem_dims(elements),
+                &[from],
+                &[&out],
+                &[u32s(elements)],
+            )?;
+            Ok(out)
+        })())
     }
 }

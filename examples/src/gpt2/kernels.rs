@@ -19,7 +19,7 @@
 //! | `advance` | state | | |
 //! | `copy_cache` | new cache | old cache | blocks, old_cap, new_cap, head_dim |
 //! | `gemm` (CUDA, without cuBLAS) | c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta |
-//! | `prepare` (CUDA: `prepare_f32`, `prepare_same`) | out (T) | in (f32, or T) | rows, cols, transpose |
+//! | `cast_f16` (CUDA) | out (f16) | in (f32) | n |
 //!
 //! `state[0]` is the position the step works on (the cache length before it): read by `embed`,
 //! `attention` and `argmax`, incremented by `advance` at the end of the step, so a recorded step
@@ -28,9 +28,7 @@
 //! are `u32`; `prompt` is `[prompt_len][rows]`, `history` `[positions][rows]` (row `p` holds the
 //! tokens predicted at position `p`); a cache is `[rows · heads][cap][head_dim]`.
 
-use devcmd::{
-    Command, Dim3, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, ServerError, Shim,
-};
+use devcmd::{Command, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, ServerError, Shim};
 
 /// Threads per block of the row kernels (layer norms, embedding).
 pub const ROW_BLOCK: u32 = 256;
@@ -54,21 +52,13 @@ pub struct Kernels<K> {
     pub argmax: K,
     pub advance: K,
     pub copy_cache: K,
-    /// Load time, not the step: a tensor of an f32 upload into its own buffer, converted to `T`
-    /// and transposed where the device keeps it so ([`crate::gpt2::weights::Keep`]).
-    pub prepare: K,
 }
 
 /// `Y[rows × out] = X[rows × in] · W[in × out]` over row-major activations and a Conv1D weight
-/// kept transposed on the device (`Wᵀ`, `[out, in]` row-major; see
-/// [`crate::gpt2::weights::Keep`]): the column-major `Yᵀ = op(A) · Xᵀ` with `A` the kept weight
-/// read transposed (`lda = in`), `B = X`, `C = Y` packed.
+/// (`[in, out]` row-major, Hugging Face's layout): the column-major `Yᵀ = Wᵀ · Xᵀ` with `A = W`,
+/// `B = X`, `C = Y`, all packed.
 pub fn linear(dtype: GemmType, rows: usize, inputs: usize, outputs: usize) -> Gemm {
-    Gemm {
-        trans_a: true,
-        lda: inputs as u32,
-        ..Gemm::packed(dtype, outputs as u32, rows as u32, inputs as u32)
-    }
+    Gemm::packed(dtype, outputs as u32, rows as u32, inputs as u32)
 }
 
 /// `logits[rows × vocab] = X[rows × embd] · Eᵀ` with `E` the `[vocab, embd]` embedding (or untied
@@ -171,19 +161,6 @@ pub fn argmax_dims(rows: usize) -> LaunchDims {
     LaunchDims::linear(rows as u32, ARGMAX_BLOCK)
 }
 
-/// The `prepare` kernel over a `[rows, cols]` tensor: a block of 32 × 8 threads per 32 × 32 tile.
-pub fn prepare_dims(rows: usize, cols: usize) -> LaunchDims {
-    LaunchDims {
-        grid: Dim3 {
-            x: cols.div_ceil(32) as u32,
-            y: rows.div_ceil(32) as u32,
-            z: 1,
-        },
-        block: Dim3 { x: 32, y: 8, z: 1 },
-        shared_bytes: 0,
-    }
-}
-
 /// One thread per element.
 pub fn elem_dims(elements: usize) -> LaunchDims {
     LaunchDims::covering(elements as u64, ELEM_BLOCK)
@@ -201,8 +178,7 @@ pub const SIGNATURES: &[(&str, &[usize])] = &[
     ("advance", &[8]),
     ("copy_cache", &[8, 8, 4, 4, 4, 4]),
     ("gemm", &[8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]),
-    ("prepare_f32", &[8, 8, 4, 4, 4]),
-    ("prepare_same", &[8, 8, 4, 4, 4]),
+    ("cast_f16", &[8, 8, 4]),
 ];
 
 /// The kernels in CUDA C. `T` is `float`, or IEEE half bits (`unsigned short`) with
@@ -533,39 +509,9 @@ extern "C" __global__ void gemm(T *c, const T *a, const T *b, unsigned m, unsign
     *cp = st(v);
 }
 
-/* A weight as the step reads it: converted from F (float, or T) to T, and transposed from
-   [rows, cols] to [cols, rows] when `transpose`, 32 x 32 tiles through shared memory (blocks of
-   32 x 8 threads, grid cols/32 x rows/32). */
-__device__ __forceinline__ float as_f(float v) { return v; }
-#ifdef GPT2_HALF
-__device__ __forceinline__ float as_f(unsigned short v) { return h2f(v); }
-#endif
-template <typename F>
-__device__ void prepare(T *out, const F *in, unsigned rows, unsigned cols, unsigned transpose) {
-    __shared__ float tile[32][33];
-    unsigned c0 = blockIdx.x * 32u, r0 = blockIdx.y * 32u;
-    for (unsigned y = threadIdx.y; y < 32u; y += blockDim.y) {
-        unsigned r = r0 + y, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) {
-            float v = as_f(in[(size_t)r * cols + c]);
-            if (transpose) tile[y][threadIdx.x] = v;
-            else out[(size_t)r * cols + c] = st(v);
-        }
-    }
-    if (!transpose) return;
-    __syncthreads();
-    for (unsigned y = threadIdx.y; y < 32u; y += blockDim.y) {
-        unsigned orow = c0 + y, ocol = r0 + threadIdx.x;
-        if (orow < cols && ocol < rows) out[(size_t)orow * rows + ocol] = st(tile[threadIdx.x][y]);
-    }
-}
-extern "C" __global__ void prepare_f32(T *out, const float *in, unsigned rows, unsigned cols,
-                                       unsigned transpose) {
-    prepare(out, in, rows, cols, transpose);
-}
-extern "C" __global__ void prepare_same(T *out, const T *in, unsigned rows, unsigned cols,
-                                        unsigned transpose) {
-    prepare(out, in, rows, cols, transpose);
+extern "C" __global__ void cast_f16(unsigned short *out, const float *in, unsigned n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(in[i]);
 }
 "#;
 
@@ -593,8 +539,8 @@ mod tests {
     fn a_linear_layer_and_the_head_are_column_major_products() {
         let g = linear(GemmType::F32, 2, 64, 192);
         assert_eq!(
-            (g.trans_a, g.m, g.n, g.k, g.lda, g.ldb, g.ldc),
-            (true, 192, 2, 64, 64, 64, 192)
+            (g.m, g.n, g.k, g.lda, g.ldb, g.ldc),
+            (192, 2, 64, 192, 64, 192)
         );
         assert_eq!(g.bytes(), (64 * 192 * 4, 2 * 64 * 4, 2 * 192 * 4));
         let h = head(GemmType::F32, 2, 64, 256);

@@ -20,7 +20,6 @@ pub fn kernels(shim: &StdShim) -> Kernels<StdKernel> {
         argmax: shim.register_kernel("argmax", argmax),
         advance: shim.register_kernel("advance", advance),
         copy_cache: shim.register_kernel("copy_cache", copy_cache),
-        prepare: shim.register_kernel("prepare", prepare),
     }
 }
 
@@ -266,28 +265,6 @@ fn copy_cache(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     }
     for b in 0..blocks {
         sub_mut(dst, b * new * hd, old * hd)?.copy_from_slice(sub(src, b * old * hd, old * hd)?);
-    }
-    Ok(())
-}
-
-/// `prepare(out | in | rows, cols, transpose)`: `in` (`[rows, cols]`) copied to `out`, or
-/// transposed to `[cols, rows]` when `transpose` is not 0.
-fn prepare(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let (rows, cols, transpose) = (u(ctx, 2)?, u(ctx, 3)?, u(ctx, 4)?);
-    let mut bufs = ctx.buffers_mut()?;
-    let [src, dst] = bufs.as_mut_slice() else {
-        return Err(F);
-    };
-    let n = rows.checked_mul(cols).ok_or(F)?;
-    let (src, dst) = (sub(as_f32(src)?, 0, n)?, sub_mut(as_f32_mut(dst)?, 0, n)?);
-    if transpose == 0 {
-        dst.copy_from_slice(src);
-        return Ok(());
-    }
-    for (r, row) in src.chunks_exact(cols.max(1)).enumerate() {
-        for (c, &v) in row.iter().enumerate() {
-            dst[c * rows + r] = v;
-        }
     }
     Ok(())
 }

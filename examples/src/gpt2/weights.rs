@@ -78,47 +78,22 @@ pub struct Tensors<T> {
     pub lm_head: Option<T>,
 }
 
-/// How the device keeps a tensor of the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Keep {
-    /// As the file lays it out.
-    AsIs,
-    /// A Conv1D weight, `[rows = inputs, cols = outputs]` in the file, kept transposed
-    /// (`[outputs, inputs]`): a step's one-row GEMM then reads each output's weights
-    /// contiguously, the layout cuBLAS's matrix-vector kernels stream fastest (on the H200,
-    /// 2.6 TB/s for the head against 0.7 TB/s for an untransposed layer).
-    Transposed { rows: usize, cols: usize },
-}
-
 impl<T> Layer<T> {
     /// Maps every tensor of the layer.
     pub fn try_map<U, E>(&self, mut f: impl FnMut(&T) -> Result<U, E>) -> Result<Layer<U>, E> {
-        self.try_map_keep(0, 0, |t, _| f(t))
-    }
-
-    /// Maps every tensor of the layer with how the device keeps it, for a model `embd` wide
-    /// with `inner` MLP features.
-    pub fn try_map_keep<U, E>(
-        &self,
-        embd: usize,
-        inner: usize,
-        mut f: impl FnMut(&T, Keep) -> Result<U, E>,
-    ) -> Result<Layer<U>, E> {
-        let plain = Keep::AsIs;
-        let t = |rows, cols| Keep::Transposed { rows, cols };
         Ok(Layer {
-            ln1_g: f(&self.ln1_g, plain)?,
-            ln1_b: f(&self.ln1_b, plain)?,
-            attn_w: f(&self.attn_w, t(embd, 3 * embd))?,
-            attn_b: f(&self.attn_b, plain)?,
-            proj_w: f(&self.proj_w, t(embd, embd))?,
-            proj_b: f(&self.proj_b, plain)?,
-            ln2_g: f(&self.ln2_g, plain)?,
-            ln2_b: f(&self.ln2_b, plain)?,
-            fc_w: f(&self.fc_w, t(embd, inner))?,
-            fc_b: f(&self.fc_b, plain)?,
-            out_w: f(&self.out_w, t(inner, embd))?,
-            out_b: f(&self.out_b, plain)?,
+            ln1_g: f(&self.ln1_g)?,
+            ln1_b: f(&self.ln1_b)?,
+            attn_w: f(&self.attn_w)?,
+            attn_b: f(&self.attn_b)?,
+            proj_w: f(&self.proj_w)?,
+            proj_b: f(&self.proj_b)?,
+            ln2_g: f(&self.ln2_g)?,
+            ln2_b: f(&self.ln2_b)?,
+            fc_w: f(&self.fc_w)?,
+            fc_b: f(&self.fc_b)?,
+            out_w: f(&self.out_w)?,
+            out_b: f(&self.out_b)?,
         })
     }
 }
@@ -126,30 +101,17 @@ impl<T> Layer<T> {
 impl<T> Tensors<T> {
     /// Maps every tensor.
     pub fn try_map<U, E>(&self, mut f: impl FnMut(&T) -> Result<U, E>) -> Result<Tensors<U>, E> {
-        self.try_map_keep(0, 0, |t, _| f(t))
-    }
-
-    /// Maps every tensor with how the device keeps it ([`Layer::try_map_keep`]); the
-    /// embeddings and the head are kept as they are (the head's GEMM reads `[vocab, embd]`
-    /// transposed already).
-    pub fn try_map_keep<U, E>(
-        &self,
-        embd: usize,
-        inner: usize,
-        mut f: impl FnMut(&T, Keep) -> Result<U, E>,
-    ) -> Result<Tensors<U>, E> {
-        let plain = Keep::AsIs;
         Ok(Tensors {
-            wte: f(&self.wte, plain)?,
-            wpe: f(&self.wpe, plain)?,
+            wte: f(&self.wte)?,
+            wpe: f(&self.wpe)?,
             layers: self
                 .layers
                 .iter()
-                .map(|l| l.try_map_keep(embd, inner, &mut f))
+                .map(|l| l.try_map(&mut f))
                 .collect::<Result<_, _>>()?,
-            lnf_g: f(&self.lnf_g, plain)?,
-            lnf_b: f(&self.lnf_b, plain)?,
-            lm_head: self.lm_head.as_ref().map(|t| f(t, plain)).transpose()?,
+            lnf_g: f(&self.lnf_g)?,
+            lnf_b: f(&self.lnf_b)?,
+            lm_head: self.lm_head.as_ref().map(&mut f).transpose()?,
         })
     }
 
