@@ -257,7 +257,7 @@ impl core::ops::Deref for Shared {
 
 impl FaultLedger {
     /// Whether no stream's work failed and the device is not lost: every check passes.
-    fn clean(&self) -> bool {
+    pub(crate) fn clean(&self) -> bool {
         !self.0.faulted.load(Ordering::Acquire)
     }
 

@@ -31,6 +31,7 @@ pub(crate) struct Stream<S: Shim> {
 impl<S: Shim> Stream<S> {
     /// Moves the pages the manager retired into the drop queue: they go back once this stream's
     /// fence passes (other streams' use of their slices was covered before they emptied).
+    #[inline]
     pub fn queue_retired(&mut self) {
         if !self.memory.has_retired() {
             return;

@@ -116,42 +116,20 @@ impl<'a> Buffers<'a> {
     /// may run their blocks in any order, and a library may too, so a buffer the work writes
     /// (an update or an output) shares no byte with another buffer of the same work.
     pub(super) fn aliased(&self) -> Option<(usize, usize)> {
-        let (first, all) = (self.inputs.len(), self.len());
-        if first == all {
-            return None;
-        }
-        // The buffers of a usual launch by position, on the stack: one compare per pair.
-        let mut at: [Option<&Handle>; STACK_BUFFERS] = [None; STACK_BUFFERS];
-        if all > STACK_BUFFERS {
-            return self.aliased_many();
-        }
-        for (slot, h) in at.iter_mut().zip(self.iter()) {
-            *slot = Some(h);
-        }
-        for o in first..all {
-            for i in 0..all {
-                if let (Some(a), Some(b)) = (at[o], at[i])
-                    && i != o
-                    && overlap(a, b)
-                {
-                    return Some((o, i));
+        // Plain loops over the three lists, by position: nothing gathered, one compare per pair.
+        let all = [self.inputs, self.updates, self.outputs];
+        let mut o = self.inputs.len();
+        for &written in self.updates.iter().chain(self.outputs) {
+            let mut i = 0;
+            for list in all {
+                for &other in list {
+                    if i != o && overlap(written, other) {
+                        return Some((o, i));
+                    }
+                    i += 1;
                 }
             }
-        }
-        None
-    }
-
-    /// [`Self::aliased`] for more buffers than the stack holds.
-    fn aliased_many(&self) -> Option<(usize, usize)> {
-        let first = self.inputs.len();
-        let written = self.updates.iter().chain(self.outputs);
-        for (w, o) in written.enumerate() {
-            let o_at = first + w;
-            for (i, b) in self.iter().enumerate() {
-                if i != o_at && overlap(o, b) {
-                    return Some((o_at, i));
-                }
-            }
+            o += 1;
         }
         None
     }

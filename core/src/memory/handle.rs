@@ -78,6 +78,12 @@ impl<T> ReturnQueue<T> {
         self.len.store(items.len(), Ordering::Release);
     }
 
+    /// Whether nothing was returned since the last drain (one atomic load).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
     /// Moves every returned allocation into `out` (cheap when there is none).
     pub(crate) fn drain_into(&self, out: &mut Vec<T>) {
         if self.len.load(Ordering::Acquire) == 0 {

@@ -243,9 +243,15 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// The ids recorded since the last call (see [`Self::track_frees`]).
+    #[inline]
     pub(crate) fn take_freed(&mut self, out: &mut Vec<u64>) {
-        self.collect_returns();
-        if let Some(freed) = &mut self.freed {
+        // Nothing dropped since the last look (the usual case between operations): no call.
+        if !self.returns.is_empty() {
+            self.collect_returns();
+        }
+        if let Some(freed) = &mut self.freed
+            && !freed.is_empty()
+        {
             out.append(freed);
         }
     }

@@ -84,7 +84,29 @@ impl<S: Shim> Device<S> {
         self.order(current, binding, target.owner, false)
     }
 
+    #[inline]
     fn order(
+        &mut self,
+        current: usize,
+        binding: &impl AsBinding,
+        owner: usize,
+        keep_alive: bool,
+    ) -> Result<(), ServerError> {
+        // The usual case, with nothing to do: the stream's own memory, no recording, no fault
+        // on record and no other stream's use of anything (each step below would pass).
+        if owner == current
+            && self.recording().is_none()
+            && self.ledger.clean()
+            && self.foreign_uses.is_empty()
+        {
+            return Ok(());
+        }
+        self.order_slow(current, binding, owner, keep_alive)
+    }
+
+    /// [`Self::order`] when some step may have something to do.
+    #[inline(never)]
+    fn order_slow(
         &mut self,
         current: usize,
         binding: &impl AsBinding,
