@@ -118,18 +118,14 @@ impl<'a> Buffers<'a> {
     pub(super) fn aliased(&self) -> Option<(usize, usize)> {
         // Plain loops over the three lists, by position: nothing gathered, one compare per pair.
         let all = [self.inputs, self.updates, self.outputs];
-        let mut o = self.inputs.len();
-        for &written in self.updates.iter().chain(self.outputs) {
-            let mut i = 0;
-            for list in all {
-                for &other in list {
-                    if i != o && overlap(written, other) {
-                        return Some((o, i));
-                    }
-                    i += 1;
+        let written = self.updates.iter().chain(self.outputs);
+        for (o, &written) in (self.inputs.len()..).zip(written) {
+            let others = all.iter().flat_map(|list| list.iter());
+            for (i, &other) in others.enumerate() {
+                if i != o && overlap(written, other) {
+                    return Some((o, i));
                 }
             }
-            o += 1;
         }
         None
     }
