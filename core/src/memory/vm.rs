@@ -283,8 +283,8 @@ impl<P> GranulePool<P> {
     }
 
     /// Whether granule `g` has memory behind it that a new allocation may use without a device
-    /// call.
-    fn usable(&self, g: u32) -> bool {
+    /// call (mapped, or retiring and still takeable); changes nothing, unlike [`Self::need`].
+    pub(crate) fn usable(&self, g: u32) -> bool {
         usable(&self.granules[g as usize])
     }
 

@@ -11,11 +11,12 @@
 //!
 //! Greedy tokens in fp16: a model's top two logits can lie closer than fp16's own error (GPT-2
 //! small from a seed: top-2 gaps down to 1e-4, PyTorch's fp16 error 1.6e-2), so an fp16 run may
-//! pick the other token of a near tie. That is allowed only where the reference calls it a tie
-//! within the tolerance (the fp32 logit of the token picked is within the tolerance of the
-//! reference's best), after that step's logits were compared; the row's later steps are then
-//! not compared (their inputs differ) and the pass says which rows diverged where. fp32 runs
-//! must pick the reference's tokens everywhere.
+//! pick the other token of a near tie. That is allowed only where the run's own logits put the
+//! token it picked first (its argmax is right) and the reference calls it a tie within the
+//! tolerance (the fp32 logit of the token picked is within the tolerance of the reference's best),
+//! after that step's logits were compared; the row's later steps are then not compared (their
+//! inputs differ), the pass says which rows diverged where, and fewer than half of the row steps
+//! compared fails the check. fp32 runs must pick the reference's tokens everywhere.
 
 use super::decode::Decoded;
 use super::weights::DType;
@@ -273,8 +274,9 @@ pub fn tolerance(fixture: &Fixture, dtype: DType) -> f32 {
     }
 }
 
-/// Compares `run` (decoded with `keep_logits`) with `fixture`: every step, in order, tokens
-/// first, then logits (NaN is out of any tolerance).
+/// Compares `run` (decoded with `keep_logits`) with `fixture`: every step, in order; fp32 tokens
+/// first, then logits; fp16 logits first, then tokens, a near tie allowed as the module says
+/// (NaN is out of any tolerance).
 ///
 /// # Errors
 ///
@@ -338,11 +340,14 @@ pub fn compare(run: &Decoded, fixture: &Fixture, dtype: DType) -> Result<Passed,
                 max_abs = max_abs.max(d);
             }
             if got != want {
+                // The run's own argmax must have picked it (the first largest of the logits the
+                // kernel read), and the reference must call it a tie within the tolerance.
+                let own_pick = super::std_kernels::argmax_of(g) == got as usize;
                 let near_tie = reference
                     .get(got as usize)
                     .zip(reference.get(want as usize))
                     .is_some_and(|(&picked, &best)| best - picked <= tolerance);
-                if !near_tie {
+                if !(own_pick && near_tie) {
                     return Err(Mismatch::Token {
                         step,
                         row,
@@ -354,6 +359,24 @@ pub fn compare(run: &Decoded, fixture: &Fixture, dtype: DType) -> Result<Passed,
                 diverged.push((row, step));
             }
         }
+    }
+    // A divergence ends its row's comparison: at least half of every step's rows must have
+    // been compared, or the check would say little.
+    let compared: usize = (0..rows)
+        .map(|row| {
+            diverged
+                .iter()
+                .find(|&&(r, _)| r == row)
+                .map_or(n, |&(_, step)| step + 1)
+        })
+        .sum();
+    if compared * 2 < rows * n {
+        return Err(Mismatch::Shape(format!(
+            "only {compared} of {} row steps were compared: rows took the other token of a \
+             near tie at {diverged:?} (row, step); use a fixture with wider top-2 gaps \
+             (make_fixture.py --min-gap) or check in f32",
+            rows * n
+        )));
     }
     Ok(Passed {
         max_abs,
@@ -451,6 +474,8 @@ mod tests {
         f.logits[3..6].copy_from_slice(&[0.0, 0.8, 0.798]);
         let mut run = run_of(&f);
         run.tokens[1] = vec![2, 0];
+        // The run's own logits (within the tolerance of the reference) put token 2 first.
+        run.logits[0][3..6].copy_from_slice(&[0.0, 0.799, 0.7995]);
         // Its later steps are not compared: they saw another token.
         run.logits[1][3..6].copy_from_slice(&[9.0, 9.0, 9.0]);
         let p = compare(&run, &f, DType::F16).expect("a near tie within the fp16 tolerance");
@@ -465,6 +490,20 @@ mod tests {
                 })
             ),
             "fp32 must pick the reference's token"
+        );
+        // The run's own logits put token 1 first: its argmax picked another than it reports.
+        let mut wrong = run.clone();
+        wrong.logits[0][3..6].copy_from_slice(&[0.0, 0.8, 0.798]);
+        assert!(
+            matches!(
+                compare(&wrong, &f, DType::F16),
+                Err(Mismatch::Token {
+                    step: 0,
+                    row: 1,
+                    ..
+                })
+            ),
+            "a token the run's own logits do not put first is a wrong argmax"
         );
         // Not a tie: the reference's best is 0.9 against 0.1 (row 0, step 0).
         let mut far = run_of(&f);

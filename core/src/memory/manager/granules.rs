@@ -71,43 +71,40 @@ impl<S: Shim> MemoryManager<S> {
         };
         let (first, last) = pool.span(c.addr, aligned);
         pool.touch(first, last);
-        let mut missing = 0;
-        for g in first..=last {
-            if pool.need(g) == Need::Map {
-                missing += 1;
-            }
-        }
+        // Counted without taking retiring granules back: should the placement fall back to a
+        // page below, they stay on their way out.
+        let missing = (first..=last).filter(|&g| !pool.usable(g)).count();
         let location = Location {
             pool: Self::vm_pool_id(which),
             block: c.block,
         };
-        if missing == 0 {
-            return Ok(Some(location));
-        }
-        debug_assert!(
-            update != PageUpdate::Forbidden,
-            "placed over mapped granules only"
-        );
         let granule = self.vm_granule;
-        if update == PageUpdate::Allow {
-            // Past the most the pools ever held, idle granules go back first: the peak grows
-            // only by what live allocations need. Below it, they are kept for reuse (each give
-            // back and map is a device call).
-            let after = self.granules_held() + missing as u64 * granule;
-            if after > self.vm_high_water {
-                let over = (after - self.vm_high_water).div_ceil(granule);
-                self.give_back_idle(shim, (over as usize).min(missing));
+        if missing > 0 {
+            debug_assert!(
+                update != PageUpdate::Forbidden,
+                "placed over mapped granules only"
+            );
+            if update == PageUpdate::Allow {
+                // Past the most the pools ever held, idle granules go back first: the peak
+                // grows only by what live allocations need. Below it, they are kept for reuse
+                // (each give back and map is a device call).
+                let after = self.granules_held() + missing as u64 * granule;
+                if after > self.vm_high_water {
+                    let over = (after - self.vm_high_water).div_ceil(granule);
+                    self.give_back_idle(shim, (over as usize).min(missing));
+                }
+            }
+            if !self.budget_fits(shim, missing as u64 * granule, update) {
+                // The granules this placement touches pass the budget where the request itself
+                // might not (a placement maps whole granules): undone, and placed in a page of
+                // its own size by the caller, or refused there with the budget's figures.
+                let pool = self.vm[which].as_deref_mut().expect("reserved above");
+                pool.untouch(first, last);
+                pool.pool.free(c.block, used.owner);
+                return Ok(None);
             }
         }
-        if !self.budget_fits(shim, missing as u64 * granule, update) {
-            // The granules this placement touches pass the budget where the request itself
-            // might not (a placement maps whole granules): undone, and placed in a page of its
-            // own size by the caller, or refused there with the budget's figures.
-            let pool = self.vm[which].as_deref_mut().expect("reserved above");
-            pool.untouch(first, last);
-            pool.pool.free(c.block, used.owner);
-            return Ok(None);
-        }
+        // Every granule of the span: a retiring one is taken back, a missing one mapped.
         for g in first..=last {
             let pool = self.vm[which].as_deref_mut().expect("reserved above");
             if pool.need(g) != Need::Map {
@@ -141,20 +138,27 @@ impl<S: Shim> MemoryManager<S> {
         Ok(Some(location))
     }
 
-    /// Whether `bytes` more fit the budget, idle granules given back first where they would not
-    /// (when `update` allows releasing).
+    /// Whether `bytes` more fit the budget. Where they would not and `update` allows releasing,
+    /// as many idle granules as the shortfall covers go back first (at once under
+    /// [`PageRelease::Immediate`]; under `Fenced` they retire, and their budget returns at the
+    /// fence a reclaim waits for).
     fn budget_fits(&mut self, shim: &S, bytes: u64, update: PageUpdate) -> bool {
         let Some(limit) = self.budget.limit() else {
             return true;
         };
-        let fits = |b: &crate::memory::MemoryBudget| b.held().saturating_add(bytes) <= limit;
-        if fits(&self.budget) {
+        let short = self
+            .budget
+            .held()
+            .saturating_add(bytes)
+            .saturating_sub(limit);
+        if short == 0 {
             return true;
         }
         if update == PageUpdate::Allow {
-            self.give_back_idle(shim, usize::MAX);
+            let granules = short.div_ceil(self.vm_granule);
+            self.give_back_idle(shim, usize::try_from(granules).unwrap_or(usize::MAX));
         }
-        fits(&self.budget)
+        self.budget.held().saturating_add(bytes) <= limit
     }
 
     /// Bytes of device memory behind the granule pools (retiring granules included; those the
