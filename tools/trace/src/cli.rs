@@ -129,11 +129,11 @@ REPLAY:
         --alignment BYTES  page and slice alignment (default 256, as on CUDA)
         --max-page BYTES   the largest page (default: the device's memory, as on CUDA)
         --pages std|address
-                           the device the manager runs on: std (default) is devcmd-std's CPU
-                           device, whose pages are zeroed heap blocks: a replay needs RAM for the
-                           held peak and a cold replay's time is mostly zeroing pages; address
-                           hands out address ranges with nothing behind them: the same figures,
-                           no RAM, and only the manager in the times
+                           the device the manager runs on: address (default) hands out address
+                           ranges with nothing behind them: no RAM, and only the manager in the
+                           times; std is devcmd-std's CPU device, whose pages are zeroed heap
+                           blocks: the same figures, but a replay needs RAM for the held peak
+                           and a cold replay's time is mostly zeroing pages
 
 FIGURES:
     live peak    the most bytes live at once, as asked for

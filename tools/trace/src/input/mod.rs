@@ -5,9 +5,11 @@
 //! that is not live, an id allocated twice while live, a size of 0), and [`read`], which opens a
 //! file and picks the parser by its magic bytes (gzip `1f 8b`, pickle `80 02..05`, else CSV
 //! text), not by its extension. The formats themselves are in `csv.rs` (`seq,action,id,size,
-//! stream`) and `snapshot.rs` (PyTorch's memory snapshot pickle).
+//! stream`) and `snapshot.rs` (PyTorch's memory snapshot pickle, read by `pickle.rs`: no recursion,
+//! memory in proportion to the file).
 
 mod csv;
+pub mod pickle;
 mod snapshot;
 
 use crate::error::{Failure, InputError, Place};
@@ -295,8 +297,18 @@ impl Builder {
                 s
             }
         };
+        self.live_bytes = self.live_bytes.checked_add(size).ok_or_else(|| {
+            self.error(
+                source,
+                Some("size"),
+                format!(
+                    "{size} more bytes make the live bytes pass 2^64 ({} live already): no \
+                     device holds that much; check the trace's sizes",
+                    self.live_bytes
+                ),
+            )
+        })?;
         self.live.insert(id, Live { slot, size, source });
-        self.live_bytes += size;
         self.live_peak = self.live_peak.max(self.live_bytes);
         self.allocs += 1;
         self.ops.push(Op {
