@@ -31,6 +31,7 @@ use super::kernels::{
     Kernels, attention_dims, elem_dims, f32s, head, launch, linear, rows_dims, u32s,
 };
 use super::weights::{DType, ModelFile, Tensors, to_f32};
+use crate::exit::{self, BadInput};
 use crate::serve::WeightsPath;
 use devcmd::memory::AllocationMode;
 use devcmd::{
@@ -191,15 +192,19 @@ where
             let elements = (v.len() / 4) as usize;
             match backend.convert(&mut cmd, v, elements) {
                 Some(h) => Ok(h?),
-                None => Err(format!(
+                None => Err(BadInput::boxed(format!(
                     "this device runs {} only and the weights are f32: pass --dtype f32",
                     want.name()
-                )
-                .into()),
+                ))),
             }
         });
-        let converted =
-            converted.map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?;
+        let converted = converted.map_err(|e| {
+            let message = format!("converting the f32 weights to {}: {e}", want.name());
+            match exit::code(&*e) {
+                exit::BAD_INPUT => BadInput::boxed(message),
+                _ => message.into(),
+            }
+        })?;
         // The f32 upload is done with once converted: its page goes back now (a persistent page
         // is given back only by a cleanup), or the run would hold the file twice over.
         // The views are handles of the upload too: every one goes before the cleanup.
@@ -208,14 +213,13 @@ where
         cmd.memory_cleanup()?;
         converted
     } else {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "the weights are {} and this device computes in {}: pass --dtype {} where the \
              device offers it (f16 on --device cuda), or convert the file to f32",
             file_dtype.name(),
             want.name(),
             file_dtype.name()
-        )
-        .into());
+        )));
     };
     cmd.allocation_mode(AllocationMode::Auto);
     Ok(DeviceModel {
@@ -567,9 +571,9 @@ pub fn decode<S: Shim, B: Backend<S>>(
     let passes = plan.passes();
     let prompt_len = plan.prompt.first().map_or(0, Vec::len);
     if prompt_len == 0 || plan.new_tokens == 0 || rows == 0 {
-        return Err(
-            "nothing to decode: the prompt and the new tokens need at least one token".into(),
-        );
+        return Err(BadInput::boxed(
+            "nothing to decode: the prompt and the new tokens need at least one token",
+        ));
     }
     if let Some((r, row)) = plan
         .prompt
@@ -577,40 +581,36 @@ pub fn decode<S: Shim, B: Backend<S>>(
         .enumerate()
         .find(|(_, r)| r.len() != prompt_len)
     {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "prompt row {r} has {} tokens and row 0 has {prompt_len}: every row needs the same \
              length",
             row.len()
-        )
-        .into());
+        )));
     }
     let vocab = model.config.vocab;
     if let Some(t) = plan.prompt.iter().flatten().find(|&&t| t as usize >= vocab) {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "prompt token {t} is past the vocabulary ({vocab} tokens): use ids below {vocab}"
-        )
-        .into());
+        )));
     }
     // The attention kernel keeps a row's query and scores in shared memory (48 KiB on every
     // CUDA device without opting in to more).
     let head_dim = model.config.embd / model.config.heads;
     let shared = (head_dim + passes + 32) * 4;
     if shared > 48 << 10 {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "attention over {passes} positions with {head_dim}-wide heads needs {shared} bytes \
              of shared memory, past the 49152 the kernel may use; decode fewer positions (at \
              most {}) or use narrower heads",
             (48 << 10) / 4 - head_dim - 32
-        )
-        .into());
+        )));
     }
     if passes > model.config.positions {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "the prompt ({prompt_len}) and the new tokens ({}) need {passes} positions, the \
              model has {} (n_positions)",
             plan.new_tokens, model.config.positions
-        )
-        .into());
+        )));
     }
     let cap = match plan.kv {
         KvCache::Ahead => passes,

@@ -147,9 +147,9 @@ FIGURES:
     min budget   the smallest MemoryBudget limit under which no reservation fails, by bisection
                  between the live peak and the held peak, to the precision shown
 
-EXIT STATUS:
-    0 done; 1 --verify found an inconsistency; 2 bad usage or a malformed trace (the message
-    names the line, or the snapshot entry, and the field)
+EXIT STATUS (the codes every devcmd program uses; 3, no device, and 4 do not occur here):
+    0 done; 1 --verify found an inconsistency (results wrong); 2 bad usage or a malformed trace
+    (the message names the line, or the snapshot entry, and the field)
 
     -h, --help     this text
     -V, --version  the version
