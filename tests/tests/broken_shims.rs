@@ -85,10 +85,7 @@ impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
     }
 
     fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            vm_granule: 0,
-            ..self.inner.facts()
-        }
+        self.inner.facts().with_vm_granule(0)
     }
 
     fn classify(&self, op: ShimOp, status: i32) -> DriverError {

@@ -88,10 +88,7 @@ impl Shim for RecordFailsOnce {
     }
 
     fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            vm_granule: 0,
-            ..self.inner.facts()
-        }
+        self.inner.facts().with_vm_granule(0)
     }
     fn classify(&self, op: ShimOp, status: i32) -> DriverError {
         self.inner.classify(op, status)

@@ -35,15 +35,7 @@ impl Shim for NullShim {
     type NativeStream = ();
 
     fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            total_memory: 1 << 40,
-            memory_budget: None,
-            page_alignment: 256,
-            max_page_size: 1 << 34,
-            integrated: false,
-            can_map_host: false,
-            vm_granule: 0,
-        }
+        DeviceFacts::new(1 << 40, 256).with_max_page_size(1 << 34)
     }
 
     fn classify(&self, op: ShimOp, status: i32) -> DriverError {
@@ -92,10 +84,6 @@ impl Shim for NullShim {
 
     unsafe fn host_free_pinned(&self, page: Infallible) {
         match page {}
-    }
-
-    unsafe fn host_unregister(&self, registration: Infallible) {
-        match registration {}
     }
 
     unsafe fn copy_to_device(
