@@ -1,10 +1,14 @@
 //! The suite catches shims that break the rules of faults of work that ran, and says which rule.
 //!
-//! Two wrappers around the std shim each break one rule of `devcmd::shim` and keep every other
-//! promise: [`Forgetful`] reports a fault of work that ran once, then answers clean (not sticky);
+//! Wrappers around the std shim each break one promise of `devcmd::shim` and keep every other:
+//! [`Forgetful`] reports a fault of work that ran once, then answers clean (not sticky);
 //! [`NoCarry`] orders streams by waiting on the host, so the fault stays behind (it does not
-//! travel with `stream_wait_event`). The checks must fail against each, with a message that names
-//! the broken rule, and pass the rules each wrapper keeps.
+//! travel with `stream_wait_event`); [`EarlyWait`] returns from `event_wait` at once, before its
+//! fence completed; [`EarlyQuery`] answers "complete" to every query. The checks must fail
+//! against each, with a message that names the broken rule and the shim call at fault (a
+//! forgotten fault and an early wait must not get the same message), and pass the rules each
+//! wrapper keeps. The early ones are run only through checks on the shim itself, whose pages are
+//! leaked when a check fails: through the core, an early wait frees memory under running work.
 //!
 //! The wrappers leave the optional calls of the contract (graphs, device-to-device copies, mapped
 //! host pages) to their defaults, which answer `unsupported`: the suite needs none of them.
@@ -15,8 +19,8 @@ use devcmd::{
 };
 use devcmd_std::StdShim;
 use devcmd_tests::groups::work_faults::{
-    RULE_STICKY, RULE_TRAVELS, fault_is_sticky, fault_reported_by_completed_fence,
-    fault_travels_with_waits, work_faults_through_core,
+    RULE_STICKY, RULE_TRAVELS, RULE_WAIT, a_wait_covers_what_came_before, fault_is_sticky,
+    fault_reported_by_completed_fence, fault_travels_with_waits, work_faults_through_core,
 };
 use devcmd_tests::{Harness, Mode, Probe, StdHarness, StdProbe, TestKernel, groups};
 use std::any::Any;
@@ -29,6 +33,10 @@ trait Twist: Default {
     /// Whether stream waits are enqueued on the device (false: the host waits instead, and the
     /// fault of the awaited work stays behind).
     const CARRIES: bool = true;
+    /// Whether `event_wait` waits (false: it returns `Ok` at once).
+    const WAITS: bool = true;
+    /// Whether `event_query` tells the truth (false: it answers "complete" while work runs).
+    const QUERIES: bool = true;
 
     /// What a completed fence answers, given the std shim's answer.
     fn fence(&self, answer: Result<(), DriverError>) -> Result<(), DriverError> {
@@ -59,6 +67,22 @@ struct NoCarry;
 
 impl Twist for NoCarry {
     const CARRIES: bool = false;
+}
+
+/// Returns from `event_wait` at once: breaks what a host wait promises.
+#[derive(Debug, Default)]
+struct EarlyWait;
+
+impl Twist for EarlyWait {
+    const WAITS: bool = false;
+}
+
+/// Answers "complete" to a query of a fence that is not: breaks what a query promises.
+#[derive(Debug, Default)]
+struct EarlyQuery;
+
+impl Twist for EarlyQuery {
+    const QUERIES: bool = false;
 }
 
 /// The std shim with a twist.
@@ -117,11 +141,15 @@ impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
     fn event_query(&self, event: &Self::Event) -> Result<bool, DriverError> {
         match self.inner.event_query(event) {
             Err(e) => self.twist.fence(Err(e)).map(|()| true),
+            Ok(false) if !T::QUERIES => Ok(true),
             other => other,
         }
     }
 
     fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError> {
+        if !T::WAITS {
+            return Ok(());
+        }
         self.twist.fence(self.inner.event_wait(event))
     }
 
@@ -290,5 +318,81 @@ fn a_shim_whose_faults_stay_behind_fails_the_travel_rule_and_only_it() {
         // The rules it keeps, it passes.
         fault_is_sticky(&h, mode);
         fault_reported_by_completed_fence(&h, mode);
+    }
+}
+
+/// Runs `check`, which must fail naming every one of `names` and none of `not`.
+#[track_caller]
+fn fails_saying(what: &str, names: &[&str], not: &[&str], check: impl FnOnce()) {
+    match catch_unwind(AssertUnwindSafe(check)) {
+        Ok(()) => panic!("{what}: passed, but the shim breaks {names:?}"),
+        Err(payload) => {
+            let msg = message(payload);
+            for name in names {
+                assert!(
+                    msg.contains(name),
+                    "{what}: its message does not name {name:?}:\n{msg}"
+                );
+            }
+            for name in not {
+                assert!(
+                    !msg.contains(name),
+                    "{what}: its message names {name:?}:\n{msg}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_forgotten_fault_is_named_as_such_not_as_an_early_wait() {
+    let h = BrokenHarness::<Forgetful>::default();
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        fails_saying(
+            "fault_is_sticky",
+            &[RULE_STICKY, "forgot the fault", "event_query / event_wait"],
+            &[RULE_WAIT],
+            || fault_is_sticky(&h, mode),
+        );
+        // A forgetful shim's waits cover what came before them.
+        a_wait_covers_what_came_before(&h, mode);
+    }
+}
+
+#[test]
+fn a_wait_that_returns_early_is_named_by_its_call() {
+    let h = BrokenHarness::<EarlyWait>::default();
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        fails_saying(
+            "a_wait_covers_what_came_before",
+            &[RULE_WAIT, "event_wait", "had not landed"],
+            &[],
+            || a_wait_covers_what_came_before(&h, mode),
+        );
+        fails_saying(
+            "fault_is_sticky",
+            &[
+                RULE_WAIT,
+                "the shim call at fault is event_wait",
+                "not a forgotten fault",
+            ],
+            &[RULE_STICKY],
+            || fault_is_sticky(&h, mode),
+        );
+    }
+}
+
+#[test]
+fn a_query_that_completes_early_is_named_by_its_call() {
+    let h = BrokenHarness::<EarlyQuery>::default();
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        fails_saying(
+            "fault_reported_by_completed_fence",
+            &[RULE_WAIT, "the shim call at fault is event_query"],
+            &[RULE_STICKY],
+            || fault_reported_by_completed_fence(&h, mode),
+        );
+        // Its waits are honest.
+        a_wait_covers_what_came_before(&h, mode);
     }
 }

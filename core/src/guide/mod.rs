@@ -41,6 +41,13 @@
 //! | launch | [`launch`](crate::Shim::launch) |
 //! | graphs | [`begin_capture`](crate::Shim::begin_capture), [`end_capture`](crate::Shim::end_capture), [`end_capture_update`](crate::Shim::end_capture_update), [`graph_upload`](crate::Shim::graph_upload), [`graph_launch`](crate::Shim::graph_launch) |
 //!
+//! [`facts`](crate::Shim::facts) returns a [`DeviceFacts`](crate::DeviceFacts) built with
+//! [`DeviceFacts::new`](crate::DeviceFacts::new) and its `with_*` methods (the struct is
+//! `#[non_exhaustive]`: a fact added later comes with a default and breaks no shim). Every call
+//! a device may lack has a default, listed in the [`shim`](crate::shim) module's "What a shim
+//! may leave out"; a shim without pinned memory or graphs names an uninhabited `HostPage` or
+//! `Graph`.
+//!
 //! The [`shim`](crate::shim) module states what each side promises: the core drives the shim from
 //! one thread at a time, frees nothing before a fence after its last use completed, and passes
 //! only addresses inside pages it got from this shim; the shim runs each stream in order,
