@@ -69,11 +69,13 @@
 //! follows in full, head comment first, which says what it does and leaves out, and ends with
 //! the harness that runs the conformance suite on it ([section 5](#5-the-conformance-suite)). The
 //! block is marked `ignore` only because this very file is a module of `devcmd-tests`, where rustc
-//! and clippy check it and `tests/tests/conformance_example_shim.rs` runs the whole suite on it;
-//! it is written once, there, and included here.
+//! and clippy check it and `tests/tests/conformance_example_shim.rs` runs the whole suite on it.
 //!
+// The listing is `core/src/guide/example_shim.rs`, a byte-for-byte copy of
+// `tests/src/example_shim.rs` (each packaged crate must hold the files it includes);
+// `tests/tests/example_shim_copy.rs` fails when the two differ.
 // Four backticks: the included source may hold a fence of its own in its documentation.
-#![doc = concat!("````rust,ignore\n", include_str!("../../../tests/src/example_shim.rs"), "````")]
+#![doc = concat!("````rust,ignore\n", include_str!("example_shim.rs"), "````")]
 //!
 //! The core on top of it: every policy comes for free. Two streams, one reading what the other
 //! wrote, ordered by the core:
