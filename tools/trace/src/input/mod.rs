@@ -108,9 +108,26 @@ pub struct ReadOptions {
 pub fn read(path: &str, options: ReadOptions, progress: &mut Progress) -> Result<Trace, Failure> {
     let file = File::open(path).map_err(|e| Failure::Input(format!("{path}: cannot open: {e}")))?;
     let total = file.metadata().map(|m| m.len()).unwrap_or(0);
+    read_from(path, file, total, options, progress)
+}
+
+/// Reads a trace held in memory, `bytes`, named `name` in messages, as [`read`] reads a file (the
+/// fuzz targets' entry).
+pub fn read_bytes(name: &str, bytes: &[u8], options: ReadOptions) -> Result<Trace, Failure> {
+    read_from(name, bytes, bytes.len() as u64, options, &mut Progress::off())
+}
+
+/// Reads a trace from `source` (`total` bytes, for progress), named `path` in messages.
+fn read_from(
+    path: &str,
+    source: impl Read,
+    total: u64,
+    options: ReadOptions,
+    progress: &mut Progress,
+) -> Result<Trace, Failure> {
     let counted = Arc::new(AtomicU64::new(0));
     let reader = Counting {
-        inner: file,
+        inner: source,
         read: Arc::clone(&counted),
     };
     let mut raw = BufReader::with_capacity(1 << 16, reader);
@@ -124,7 +141,7 @@ pub fn read(path: &str, options: ReadOptions, progress: &mut Progress) -> Result
         };
         Failure::Input(format!("{path}: cannot read: {e}{hint}"))
     };
-    let mut inner: Box<dyn BufRead> = if gzip {
+    let mut inner: Box<dyn BufRead + '_> = if gzip {
         Box::new(BufReader::with_capacity(
             1 << 16,
             flate2::read::MultiGzDecoder::new(raw),
