@@ -4,7 +4,8 @@
 //! [`Forgetful`] reports a fault of work that ran once, then answers clean (not sticky);
 //! [`NoCarry`] orders streams by waiting on the host, so the fault stays behind (it does not
 //! travel with `stream_wait_event`); [`EarlyWait`] returns from `event_wait` at once, before its
-//! fence completed; [`EarlyQuery`] answers "complete" to every query. The checks must fail
+//! fence completed; [`EarlyQuery`] answers "complete" to every query; [`IgnoresWaits`] answers
+//! `stream_wait_event` and orders nothing. The checks must fail
 //! against each, with a message that names the broken rule and the shim call at fault (a
 //! forgotten fault and an early wait must not get the same message), and pass the rules each
 //! wrapper keeps. The early ones are run only through checks on the shim itself, whose pages are
@@ -33,6 +34,8 @@ trait Twist: Default {
     /// Whether stream waits are enqueued on the device (false: the host waits instead, and the
     /// fault of the awaited work stays behind).
     const CARRIES: bool = true;
+    /// Whether `stream_wait_event` orders at all (false: it answers `Ok` and does nothing).
+    const ORDERS: bool = true;
     /// Whether `event_wait` waits (false: it returns `Ok` at once).
     const WAITS: bool = true;
     /// Whether `event_query` tells the truth (false: it answers "complete" while work runs).
@@ -67,6 +70,14 @@ struct NoCarry;
 
 impl Twist for NoCarry {
     const CARRIES: bool = false;
+}
+
+/// Answers `Ok` to `stream_wait_event` and orders nothing: breaks cross-stream order.
+#[derive(Debug, Default)]
+struct IgnoresWaits;
+
+impl Twist for IgnoresWaits {
+    const ORDERS: bool = false;
 }
 
 /// Returns from `event_wait` at once: breaks what a host wait promises.
@@ -125,6 +136,9 @@ impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
         stream: &Self::Stream,
         event: &Self::Event,
     ) -> Result<(), DriverError> {
+        if !T::ORDERS {
+            return Ok(());
+        }
         if T::CARRIES {
             return self.inner.stream_wait_event(stream, event);
         }
@@ -394,5 +408,20 @@ fn a_query_that_completes_early_is_named_by_its_call() {
         );
         // Its waits are honest.
         a_wait_covers_what_came_before(&h, mode);
+    }
+}
+
+#[test]
+fn ignored_cross_stream_waits_fail_cross_stream_reuse_naming_the_call() {
+    // What issue 21 found: the group's cleanup drained stream A before B's read, which hid a
+    // shim that ignores stream_wait_event in every mode. In lazy mode it shows every time.
+    let h = BrokenHarness::<IgnoresWaits>::default();
+    for mode in [Mode::LAZY, Mode::LAZY_POISON] {
+        fails_saying(
+            "cross_stream_reuse",
+            &["stream_wait_event", "before A's upload of it landed"],
+            &[],
+            || groups::cross_stream_reuse(&h, mode),
+        );
     }
 }

@@ -114,7 +114,13 @@ pub fn read(path: &str, options: ReadOptions, progress: &mut Progress) -> Result
 /// Reads a trace held in memory, `bytes`, named `name` in messages, as [`read`] reads a file (the
 /// fuzz targets' entry).
 pub fn read_bytes(name: &str, bytes: &[u8], options: ReadOptions) -> Result<Trace, Failure> {
-    read_from(name, bytes, bytes.len() as u64, options, &mut Progress::off())
+    read_from(
+        name,
+        bytes,
+        bytes.len() as u64,
+        options,
+        &mut Progress::off(),
+    )
 }
 
 /// Reads a trace from `source` (`total` bytes, for progress), named `path` in messages.
