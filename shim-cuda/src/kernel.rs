@@ -918,11 +918,17 @@ pub(crate) unsafe fn launch(
     if kernel.module.ctx.raw() != ctx.raw() {
         return Err(classify(OP, status::BAD_ARGUMENT));
     }
-    if let Some(kept) = stream
-        .recorded
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .as_mut()
+    // No stream of the context records (the usual case): no lock taken. The count goes up when
+    // a recording's list is made and down when it goes (`graph.rs`), both by the core's command
+    // on this stream, never beside a launch on it.
+    let capturing = &stream.context().capturing;
+    let any_recording = capturing.load(std::sync::atomic::Ordering::Acquire) != 0;
+    if any_recording
+        && let Some(kept) = stream
+            .recorded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_mut()
     {
         // Recorded, not run: a replay of the graph will run the module's code.
         kept.push(Arc::clone(&kernel.module) as Arc<dyn Send + Sync>);

@@ -250,6 +250,14 @@ fn shapes(dtype: GemmType) -> Vec<Gemm> {
     let mut u = Gemm::packed(dtype, 17, 128, 96);
     (u.trans_b, u.ldb, u.alpha) = (true, 128, 0.25);
     v.push(u);
+    // One column, as a decoding step's single row makes (A transposed, with a C to add; A as
+    // stored, with B a row whose values lie `ldb` apart).
+    let mut w = Gemm::packed(dtype, 77, 1, 53);
+    (w.trans_a, w.lda, w.alpha, w.beta) = (true, 53 + 2, 1.25, 0.5);
+    v.push(w);
+    let mut x = Gemm::packed(dtype, 70, 1, 40);
+    (x.trans_b, x.ldb, x.lda) = (true, 3, 70 + 1);
+    v.push(x);
     v
 }
 

@@ -85,8 +85,8 @@ pub(super) fn view(h: &Handle) -> Span {
 
 /// Whether two views share a byte of the same allocation (an empty view shares none).
 fn overlap(a: &Handle, b: &Handle) -> bool {
-    a.issuer() == b.issuer()
-        && a.id() == b.id()
+    a.id() == b.id()
+        && a.issuer() == b.issuer()
         && !a.is_empty()
         && !b.is_empty()
         && a.offset() < b.offset() + b.len()
@@ -345,9 +345,9 @@ impl<S: Shim> Command<'_, S> {
             }
         }
         for h in buffers.iter() {
-            // The owner again (no memory look-up: the handle names its stream), not kept: the
-            // firmware's stack is small.
-            let owner = self.device.owner_of(h)?;
+            // The owner is the stream that issued the handle, checked above by `target` (not
+            // kept: the firmware's stack is small).
+            let owner = h.issuer().stream as usize;
             self.device.order_after(self.stream, h, owner)?;
         }
         Ok(count)

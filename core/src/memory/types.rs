@@ -72,9 +72,11 @@ pub struct PageRef {
     pub(super) page: u32,
 }
 
-/// Keeps one page exactly as it is while alive: nothing new is carved from it, it is never
-/// released, and what lives on it keeps its address. May be dropped from any thread; the manager
-/// notices at its next cleanup.
+/// Keeps one page exactly as it is while alive: it is never released and what lives on it keeps
+/// its address; on a page of the sliced and whole-page pools nothing new is carved from it either.
+/// In a granule pool the guard keeps one granule mapped, and new allocations may still share its
+/// free bytes (they move nothing). May be dropped from any thread; the manager notices at its next
+/// cleanup.
 #[derive(Debug, Clone)]
 pub struct PageGuard {
     pub(super) token: Arc<PageRef>,

@@ -84,6 +84,8 @@ pub(crate) struct GranulePool<P> {
     /// Mapped granules no allocation touches, most recent last (entries may be stale: checked
     /// when taken).
     cache: Vec<u32>,
+    /// Retiring granules, for [`Self::settle`] (entries may be stale: checked there).
+    retiring: Vec<u32>,
     /// Granules with memory behind them (mapped or retiring).
     pub mapped: u32,
     pub mapped_peak: u32,
@@ -117,6 +119,7 @@ impl<P> GranulePool<P> {
             shift: granule.trailing_zeros(),
             granules,
             cache: Vec::new(),
+            retiring: Vec::new(),
             mapped: 0,
             mapped_peak: 0,
             maps: 0,
@@ -229,6 +232,32 @@ impl<P> GranulePool<P> {
     pub(crate) fn retire(&mut self, g: u32, memory: u64, token: Arc<AtomicU8>) {
         self.granules[g as usize].backing = Backing::Retiring(memory, token);
         self.mapped += 1;
+        self.retiring.push(g);
+    }
+
+    /// Forgets the retiring granules the drop queue has unmapped since (their fence passed):
+    /// their memory and budget are gone, so they stop counting as held. Run before anything
+    /// reads [`Self::held`] or [`Self::mapped`]. Returns how many went.
+    pub(crate) fn settle(&mut self) -> u32 {
+        let mut gone = 0;
+        let granules = &mut self.granules;
+        self.retiring.retain(|&g| {
+            let gr = &mut granules[g as usize];
+            let Backing::Retiring(_, token) = &gr.backing else {
+                return false; // taken back (`need`) or drained since
+            };
+            match token.load(Ordering::Acquire) {
+                RETIRE_PENDING => true,
+                RETIRE_DONE => {
+                    gr.backing = Backing::Unmapped;
+                    gone += 1;
+                    false
+                }
+                _ => false,
+            }
+        });
+        self.mapped -= gone;
+        gone
     }
 
     /// Adds or removes a guard on granule `g`; an unguarded idle granule joins the cache.
@@ -324,6 +353,7 @@ impl<P> GranulePool<P> {
         }
         self.mapped = 0;
         self.cache.clear();
+        self.retiring.clear();
         out
     }
 

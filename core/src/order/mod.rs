@@ -43,6 +43,7 @@ impl<S: Shim> Device<S> {
     /// [`IoError::ForeignHandle`](crate::IoError::ForeignHandle),
     /// [`IoError::NotFound`](crate::IoError::NotFound),
     /// [`IoError::OutOfRange`](crate::IoError::OutOfRange).
+    #[inline]
     pub(crate) fn target(&self, binding: &impl AsBinding) -> Result<Target, IoError> {
         let owner = self.owner_of(binding)?;
         let resolved = self.streams[owner]
@@ -62,6 +63,7 @@ impl<S: Shim> Device<S> {
     ///
     /// [`CaptureError::RecordedElsewhere`]; a stream ordered after failed work
     /// ([`ServerError::StreamFaulted`]); the shim's refusal to record or wait.
+    #[inline]
     pub(crate) fn order_after(
         &mut self,
         current: usize,

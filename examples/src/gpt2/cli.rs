@@ -232,7 +232,9 @@ usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-t
                        page-locked in place and copied by DMA)
   --check DIR          decode a fixture of scripts/gpt2/make_fixture.py (its prompt and length)
                        and compare with transformers: greedy tokens identical, logits within 1e-3
-                       (f32); exit 1 naming the step, row and position of the first mismatch
+                       (f32; f16: 3x PyTorch's own f16 error, and a row may take the other token
+                       of a near tie within it); exit 1 naming the step, row and position of the
+                       first mismatch
   --prompt IDS         token ids, rows separated by ';' (\"464 3290 318; 40 588\")
                        [default: the token 0]
   --prompt-file FILE   one row of token ids per line

@@ -28,7 +28,8 @@
 
 use super::config::Config;
 use super::kernels::{
-    Kernels, attention_dims, elem_dims, f32s, head, launch, linear, rows_dims, u32s,
+    Kernels, SHARED_LIMIT, argmax_dims, attention_dims, attention_shared_bytes, elem_dims, f32s,
+    head, launch, linear, rows_dims, u32s,
 };
 use super::weights::{DType, ModelFile, Tensors, to_f32};
 use crate::exit::{self, BadInput};
@@ -483,7 +484,7 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         cmd,
         &k.argmax,
         "argmax",
-        rows_dims(rows),
+        argmax_dims(rows),
         &[&ws.logits, &ws.state],
         &[&ws.next, &ws.history],
         &[u32s(rows), u32s(c.vocab), u32s(ws.history_cap)],
@@ -593,16 +594,15 @@ pub fn decode<S: Shim, B: Backend<S>>(
             "prompt token {t} is past the vocabulary ({vocab} tokens): use ids below {vocab}"
         )));
     }
-    // The attention kernel keeps a row's query and scores in shared memory (48 KiB on every
-    // CUDA device without opting in to more).
+    // The attention kernel keeps a row's query, scores and partial sums in shared memory.
     let head_dim = model.config.embd / model.config.heads;
-    let shared = (head_dim + passes + 32) * 4;
-    if shared > 48 << 10 {
+    let shared = attention_shared_bytes(head_dim, passes);
+    if shared > SHARED_LIMIT {
+        let most = SHARED_LIMIT.saturating_sub(attention_shared_bytes(head_dim, 0)) / 4;
         return Err(BadInput::boxed(format!(
             "attention over {passes} positions with {head_dim}-wide heads needs {shared} bytes \
-             of shared memory, past the 49152 the kernel may use; decode fewer positions (at \
-             most {}) or use narrower heads",
-            (48 << 10) / 4 - head_dim - 32
+             of shared memory, past the {SHARED_LIMIT} the kernel may use; decode fewer \
+             positions (at most {most}) or use narrower heads"
         )));
     }
     if passes > model.config.positions {

@@ -30,10 +30,14 @@
 
 use devcmd::{Command, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, ServerError, Shim};
 
-/// Threads per block of the row kernels (layer norms, embedding, argmax).
+/// Threads per block of the row kernels (layer norms, embedding).
 pub const ROW_BLOCK: u32 = 256;
-/// Threads per block of the attention kernel (one block per row and head).
-pub const ATTN_BLOCK: u32 = 128;
+/// Threads per block of the attention kernel (one block per row and head): a thread per
+/// position for the scores (one pass up to 512 positions), 8 groups of a 64-wide head for the
+/// weighted values.
+pub const ATTN_BLOCK: u32 = 512;
+/// Threads per block of the argmax (one block per row of a vocabulary of 50,257).
+pub const ARGMAX_BLOCK: u32 = 1024;
 /// Threads per block of the element-wise kernels.
 pub const ELEM_BLOCK: u32 = 256;
 
@@ -133,12 +137,28 @@ pub fn rows_dims(rows: usize) -> LaunchDims {
     LaunchDims::linear(rows as u32, ROW_BLOCK)
 }
 
-/// One block per row and head, with the query, the scores of `cap` positions and a reduction's
-/// room in dynamic shared memory.
+/// One block per row and head, with its dynamic shared memory ([`attention_shared_bytes`]).
 pub fn attention_dims(rows: usize, heads: usize, head_dim: usize, cap: usize) -> LaunchDims {
     let mut d = LaunchDims::linear((rows * heads) as u32, ATTN_BLOCK);
-    d.shared_bytes = ((head_dim + cap + 32) * 4) as u32;
+    d.shared_bytes = attention_shared_bytes(head_dim, cap) as u32;
     d
+}
+
+/// Bytes of shared memory the attention kernel needs over `cap` positions: the query, the
+/// scores, a reduction's room (32 floats) and the partial sums of its groups of `head_dim`
+/// threads (one group when a head is wider than a block), all f32.
+pub fn attention_shared_bytes(head_dim: usize, cap: usize) -> usize {
+    let width = head_dim.clamp(1, ATTN_BLOCK as usize);
+    let groups = ATTN_BLOCK as usize / width;
+    (head_dim + cap + 32 + groups * head_dim) * 4
+}
+
+/// The most shared memory a kernel may use without opting in, on every CUDA device.
+pub const SHARED_LIMIT: usize = 48 << 10;
+
+/// One block of [`ARGMAX_BLOCK`] threads per row.
+pub fn argmax_dims(rows: usize) -> LaunchDims {
+    LaunchDims::linear(rows as u32, ARGMAX_BLOCK)
 }
 
 /// One thread per element.
@@ -232,12 +252,57 @@ extern "C" __global__ void embed(T *x, const unsigned *next, const unsigned *pro
         x[(size_t)r * embd + j] = st(ld(wte[(size_t)tok * embd + j]) + ld(wpe[(size_t)pos * embd + j]));
 }
 
+/* Elements of a row a thread keeps in registers: rows up to NORM_PER * blockDim.x wide are
+   normed from registers (one read of the row), wider ones by norm_row. */
+#define NORM_PER 8u
+
+/* norm_row over a row kept in registers: v[i] is element threadIdx.x + i * blockDim.x (in T's
+   precision), 0 past n. The scale and shift are read before the reductions, beside the row. */
+__device__ __forceinline__ void norm_kept(T *out, const float *v, const T *g, const T *b,
+                                          unsigned n, float eps, float *red) {
+    float gk[NORM_PER], bk[NORM_PER];
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        gk[i] = j < n ? ld(g[j]) : 0.0f;
+        bk[i] = j < n ? ld(b[j]) : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) s += v[i];
+    float mean = block_sum(s, red) / (float)n;
+    float q = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        float d = j < n ? v[i] - mean : 0.0f;
+        q += d * d;
+    }
+    float rstd = rsqrtf(block_sum(q, red) / (float)n + eps);
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        if (j < n) out[j] = st((v[i] - mean) * rstd * gk[i] + bk[i]);
+    }
+}
+
 extern "C" __global__ void layer_norm(T *out, const T *x, const T *g, const T *b,
                                       unsigned rows, unsigned n, float eps) {
     __shared__ float red[32];
     unsigned r = blockIdx.x;
     if (r >= rows) return;
-    norm_row(out + (size_t)r * n, x + (size_t)r * n, g, b, n, eps, red);
+    const T *xr = x + (size_t)r * n;
+    if (n > NORM_PER * blockDim.x) {
+        norm_row(out + (size_t)r * n, xr, g, b, n, eps, red);
+        return;
+    }
+    float v[NORM_PER];
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        v[i] = j < n ? ld(xr[j]) : 0.0f;
+    }
+    norm_kept(out + (size_t)r * n, v, g, b, n, eps, red);
 }
 
 extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, const T *g,
@@ -247,16 +312,55 @@ extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, co
     if (r >= rows) return;
     T *xr = x + (size_t)r * n;
     const T *yr = y + (size_t)r * n;
-    /* Each thread reads back only the elements it wrote. */
-    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) xr[j] = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
-    norm_row(h + (size_t)r * n, xr, g, b, n, eps, red);
+    if (n > NORM_PER * blockDim.x) {
+        /* Each thread reads back only the elements it wrote. */
+        for (unsigned j = threadIdx.x; j < n; j += blockDim.x)
+            xr[j] = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
+        norm_row(h + (size_t)r * n, xr, g, b, n, eps, red);
+        return;
+    }
+    float v[NORM_PER];
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        v[i] = 0.0f;
+        if (j < n) {
+            T sum = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
+            xr[j] = sum;
+            v[i] = ld(sum);
+        }
+    }
+    norm_kept(h + (size_t)r * n, v, g, b, n, eps, red);
 }
 
+/* q · k over a head: 16-byte loads where a cached row is a whole number of them (the cache's
+   rows start 16-byte aligned then), else one element at a time. */
+__device__ __forceinline__ float dot_head(const float *q, const T *k, unsigned hd) {
+    float acc = 0.0f;
+    const unsigned per = 16u / sizeof(T);
+    if (hd % per == 0u) {
+        const uint4 *k4 = (const uint4 *)k;
+        for (unsigned i = 0; i < hd / per; ++i) {
+            uint4 w = k4[i];
+            const T *e = (const T *)&w;
+#pragma unroll
+            for (unsigned j = 0; j < per; ++j) acc += q[i * per + j] * ld(e[j]);
+        }
+    } else {
+        for (unsigned d = 0; d < hd; ++d) acc += q[d] * ld(k[d]);
+    }
+    return acc;
+}
+
+/* One block per row and head. The scores: a thread per cached position (one pass up to
+   blockDim.x positions). The weighted values: the block splits into `groups` of `hd` threads,
+   group g summing positions g, g + groups, ... with four accumulators; the groups' partial sums
+   meet in shared memory. */
 extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T *bias,
                                      const unsigned *state, unsigned rows, unsigned heads,
                                      unsigned hd, unsigned cap, float scale) {
     extern __shared__ float sm[];
-    float *q = sm, *s = sm + hd, *red = sm + hd + cap;
+    float *q = sm, *s = sm + hd, *red = sm + hd + cap, *part = red + 32;
     unsigned bh = blockIdx.x;
     if (bh >= rows * heads) return;
     unsigned r = bh / heads, h = bh - r * heads, e = heads * hd;
@@ -273,10 +377,7 @@ extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T
     __syncthreads();
     float mx = NEG_INF;
     for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) {
-        const T *k = kc + (base + t) * hd;
-        float acc = 0.0f;
-        for (unsigned d = 0; d < hd; ++d) acc += q[d] * ld(k[d]);
-        acc *= scale;
+        float acc = dot_head(q, kc + (base + t) * hd, hd) * scale;
         s[t] = acc;
         mx = fmaxf(mx, acc);
     }
@@ -289,9 +390,26 @@ extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T
     }
     sum = block_sum(sum, red);
     __syncthreads();
+    unsigned width = hd < blockDim.x ? hd : blockDim.x;
+    unsigned groups = blockDim.x / width, g = threadIdx.x / width;
+    if (g < groups) {
+        for (unsigned d = threadIdx.x - g * width; d < hd; d += width) {
+            const T *v = vc + base * hd + d;
+            float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            unsigned t = g;
+            for (; t + 3u * groups <= pos; t += 4u * groups) {
+#pragma unroll
+                for (unsigned c = 0; c < 4u; ++c)
+                    a[c] += s[t + c * groups] * ld(v[(size_t)(t + c * groups) * hd]);
+            }
+            for (; t <= pos; t += groups) a[0] += s[t] * ld(v[(size_t)t * hd]);
+            part[g * hd + d] = (a[0] + a[1]) + (a[2] + a[3]);
+        }
+    }
+    __syncthreads();
     for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (unsigned t = 0; t <= pos; ++t) acc += s[t] * ld(vc[(base + t) * hd + d]);
+        for (unsigned i = 0; i < groups; ++i) acc += part[i * hd + d];
         out[(size_t)r * e + h * hd + d] = st(acc / sum);
     }
 }
@@ -311,12 +429,27 @@ extern "C" __global__ void argmax(unsigned *next, unsigned *history, const T *lo
     unsigned r = blockIdx.x;
     if (r >= rows) return;
     const T *l = logits + (size_t)r * vocab;
-    float best = NEG_INF;
-    unsigned idx = 0xffffffffu;
-    for (unsigned j = threadIdx.x; j < vocab; j += blockDim.x) {
-        float v = ld(l[j]);
-        if (v > best) { best = v; idx = j; }
+    /* Four lanes of candidates per thread, so four loads are in flight; each keeps its first
+       maximum (its indices only grow), and the smaller index wins a tie between them. */
+    float bb[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF};
+    unsigned ii[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
+    unsigned j = threadIdx.x, bd = blockDim.x;
+    for (; j + 3u * bd < vocab; j += 4u * bd) {
+#pragma unroll
+        for (unsigned c = 0; c < 4u; ++c) {
+            float v = ld(l[j + c * bd]);
+            if (v > bb[c]) { bb[c] = v; ii[c] = j + c * bd; }
+        }
     }
+    for (; j < vocab; j += bd) {
+        float v = ld(l[j]);
+        if (v > bb[0]) { bb[0] = v; ii[0] = j; }
+    }
+    float best = bb[0];
+    unsigned idx = ii[0];
+#pragma unroll
+    for (unsigned c = 1; c < 4u; ++c)
+        if (bb[c] > best || (bb[c] == best && ii[c] < idx)) { best = bb[c]; idx = ii[c]; }
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, best, o);
         unsigned oi = __shfl_xor_sync(0xffffffffu, idx, o);

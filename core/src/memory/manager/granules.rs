@@ -99,6 +99,15 @@ impl<S: Shim> MemoryManager<S> {
                 self.give_back_idle(shim, (over as usize).min(missing));
             }
         }
+        if !self.budget_fits(shim, missing as u64 * granule, update) {
+            // The granules this placement touches pass the budget where the request itself
+            // might not (a placement maps whole granules): undone, and placed in a page of its
+            // own size by the caller, or refused there with the budget's figures.
+            let pool = self.vm[which].as_deref_mut().expect("reserved above");
+            pool.untouch(first, last);
+            pool.pool.free(c.block, used.owner);
+            return Ok(None);
+        }
         for g in first..=last {
             let pool = self.vm[which].as_deref_mut().expect("reserved above");
             if pool.need(g) != Need::Map {
@@ -132,9 +141,34 @@ impl<S: Shim> MemoryManager<S> {
         Ok(Some(location))
     }
 
-    /// Bytes of device memory behind the granule pools (retiring granules included).
-    pub(super) fn granules_held(&self) -> u64 {
+    /// Whether `bytes` more fit the budget, idle granules given back first where they would not
+    /// (when `update` allows releasing).
+    fn budget_fits(&mut self, shim: &S, bytes: u64, update: PageUpdate) -> bool {
+        let Some(limit) = self.budget.limit() else {
+            return true;
+        };
+        let fits = |b: &crate::memory::MemoryBudget| b.held().saturating_add(bytes) <= limit;
+        if fits(&self.budget) {
+            return true;
+        }
+        if update == PageUpdate::Allow {
+            self.give_back_idle(shim, usize::MAX);
+        }
+        fits(&self.budget)
+    }
+
+    /// Bytes of device memory behind the granule pools (retiring granules included; those the
+    /// drop queue unmapped since are forgotten first).
+    pub(super) fn granules_held(&mut self) -> u64 {
+        self.settle_granules();
         self.vm.iter().flatten().map(|p| p.held()).sum()
+    }
+
+    /// Forgets the granules the drop queue unmapped since the last look ([`GranulePool::settle`]).
+    pub(super) fn settle_granules(&mut self) {
+        for pool in self.vm.iter_mut().flatten() {
+            pool.settle();
+        }
     }
 
     /// Reserves the address range of granule pool `which`: twice the memory the manager may

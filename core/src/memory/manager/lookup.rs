@@ -89,6 +89,7 @@ impl<S: Shim> MemoryManager<S> {
         Ok(())
     }
 
+    #[inline]
     fn find(&self, b: BindingRef<'_>) -> Result<(Location, Used, Resolved), IoError> {
         self.check_issuer(b)?;
         let location = b.location()?;
@@ -143,6 +144,7 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// [`IoError::ForeignHandle`], [`IoError::NotFound`] (never bound, handed over, stale),
     /// [`IoError::OutOfRange`] for a view past its allocation.
+    #[inline]
     pub fn resolve(&self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
         self.find(handle.as_binding()).map(|(_, _, r)| r)
     }

@@ -24,6 +24,7 @@ impl<S: Shim> MemoryManager<S> {
     /// granule pool reports its granules as pages.
     pub fn report(&mut self) -> MemoryReport {
         self.collect_returns();
+        self.settle_granules();
         let mut pools = Vec::new();
         let sliced = |kind, p: &SlicedPool<RawPage<S>>| {
             let usage = p.usage();
