@@ -30,7 +30,9 @@
 //! reference implementation of a harness; [`CudaHarness`] runs them on an NVIDIA GPU through
 //! `devcmd-cuda` (normal and poison modes; [`cuda_harness`] says why not the lazy ones, and why
 //! each check of a fault of work that ran needs a process of its own there); [`Counted`] wraps
-//! any shim with counters and fault injection, so an author need not write a [`Probe`].
+//! any shim with counters and fault injection, so an author need not write a [`Probe`];
+//! [`forward::Forward`] wraps any shim bending only the calls a test names ([`forward::Hooks`]),
+//! every other call forwarded (never the contract's `Unsupported` default).
 //! [`example_shim`] is the guide's skeleton shim, the
 //! smallest complete one, with its harness.
 //!
@@ -42,6 +44,7 @@
 mod counted;
 pub mod cuda_harness;
 pub mod example_shim;
+pub mod forward;
 pub mod groups;
 pub mod harness;
 pub mod skip;

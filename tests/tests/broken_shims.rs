@@ -11,14 +11,12 @@
 //! wrapper keeps. The early ones are run only through checks on the shim itself, whose pages are
 //! leaked when a check fails: through the core, an early wait frees memory under running work.
 //!
-//! The wrappers leave the optional calls of the contract (graphs, device-to-device copies, mapped
-//! host pages) to their defaults, which answer `unsupported`: the suite needs none of them.
+//! Each wrapper is a [`Forward`] of the std shim with a few [`Hooks`] bent: every other call,
+//! the optional ones included (graphs, virtual memory, registration), reaches the std shim.
 
-use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
-};
+use devcmd::{DriverError, Fault, Shim};
 use devcmd_std::StdShim;
+use devcmd_tests::forward::{Forward, Hooks};
 use devcmd_tests::groups::work_faults::{
     RULE_STICKY, RULE_TRAVELS, RULE_WAIT, a_wait_covers_what_came_before, fault_is_sticky,
     fault_reported_by_completed_fence, fault_travels_with_waits, work_faults_through_core,
@@ -26,7 +24,6 @@ use devcmd_tests::groups::work_faults::{
 use devcmd_tests::{Harness, Mode, Probe, StdHarness, StdProbe, TestKernel, groups};
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How a broken shim bends the answers of the std shim.
@@ -96,147 +93,54 @@ impl Twist for EarlyQuery {
     const QUERIES: bool = false;
 }
 
+/// The hooks of a broken shim: the std shim's calls, three of them bent by the twist `T`; every
+/// other call forwards ([`Forward`]).
+#[derive(Debug, Default)]
+struct Bent<T>(T);
+
 /// The std shim with a twist.
-#[derive(Debug)]
-struct Broken<T> {
-    inner: StdShim,
-    twist: T,
-}
+type Broken<T> = Forward<StdShim, Bent<T>>;
 
-impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
-    type Stream = <StdShim as Shim>::Stream;
-    type Event = <StdShim as Shim>::Event;
-    type DevicePage = <StdShim as Shim>::DevicePage;
-    type HostPage = <StdShim as Shim>::HostPage;
-    type Kernel = <StdShim as Shim>::Kernel;
-    type Registration = <StdShim as Shim>::Registration;
-    type Graph = <StdShim as Shim>::Graph;
-    type NativeStream = <StdShim as Shim>::NativeStream;
-
-    /// The inner shim's facts, with no virtual memory: this wrapper keeps the contract's
-    /// default (unsupported) virtual-memory calls, so it must not claim a granule.
-    fn native_stream<'a>(&self, stream: &'a Self::Stream) -> &'a Self::NativeStream {
-        self.inner.native_stream(stream)
-    }
-
-    fn facts(&self) -> DeviceFacts {
-        self.inner.facts().with_vm_granule(0)
-    }
-
-    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
-        self.inner.classify(op, status)
-    }
-
-    fn create_stream(&self) -> Result<Self::Stream, DriverError> {
-        self.inner.create_stream()
-    }
-
+impl<T: Twist + std::fmt::Debug> Hooks<StdShim> for Bent<T> {
     fn stream_wait_event(
         &self,
-        stream: &Self::Stream,
-        event: &Self::Event,
+        inner: &StdShim,
+        stream: &<StdShim as Shim>::Stream,
+        event: &<StdShim as Shim>::Event,
     ) -> Result<(), DriverError> {
         if !T::ORDERS {
             return Ok(());
         }
         if T::CARRIES {
-            return self.inner.stream_wait_event(stream, event);
+            return inner.stream_wait_event(stream, event);
         }
         // The order holds (the host waits until the event completed), but the fault the event
         // reports is dropped here instead of reaching `stream`'s later fences.
-        let _ = self.inner.event_wait(event);
+        let _ = inner.event_wait(event);
         Ok(())
     }
 
-    fn record_event(&self, stream: &Self::Stream) -> Result<Self::Event, DriverError> {
-        self.inner.record_event(stream)
-    }
-
-    fn event_query(&self, event: &Self::Event) -> Result<bool, DriverError> {
-        match self.inner.event_query(event) {
-            Err(e) => self.twist.fence(Err(e)).map(|()| true),
+    fn event_query(
+        &self,
+        inner: &StdShim,
+        event: &<StdShim as Shim>::Event,
+    ) -> Result<bool, DriverError> {
+        match inner.event_query(event) {
+            Err(e) => self.0.fence(Err(e)).map(|()| true),
             Ok(false) if !T::QUERIES => Ok(true),
             other => other,
         }
     }
 
-    fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError> {
+    fn event_wait(
+        &self,
+        inner: &StdShim,
+        event: &<StdShim as Shim>::Event,
+    ) -> Result<(), DriverError> {
         if !T::WAITS {
             return Ok(());
         }
-        self.twist.fence(self.inner.event_wait(event))
-    }
-
-    fn device_alloc(&self, size: u64) -> Result<Self::DevicePage, DriverError> {
-        self.inner.device_alloc(size)
-    }
-
-    fn device_page_addr(&self, page: &Self::DevicePage) -> DeviceAddr {
-        self.inner.device_page_addr(page)
-    }
-
-    unsafe fn device_free(&self, page: Self::DevicePage) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.device_free(page) }
-    }
-
-    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError> {
-        self.inner.host_alloc_pinned(size)
-    }
-
-    fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8> {
-        self.inner.host_page_ptr(page)
-    }
-
-    unsafe fn host_free_pinned(&self, page: Self::HostPage) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.host_free_pinned(page) }
-    }
-    unsafe fn host_unregister(&self, registration: Self::Registration) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.host_unregister(registration) }
-    }
-
-    unsafe fn copy_to_device(
-        &self,
-        stream: &Self::Stream,
-        src: *const u8,
-        src_memory: HostMemory,
-        dst: DeviceAddr,
-        layout: CopyLayout,
-    ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe {
-            self.inner
-                .copy_to_device(stream, src, src_memory, dst, layout)
-        }
-    }
-
-    unsafe fn copy_to_host(
-        &self,
-        stream: &Self::Stream,
-        src: DeviceAddr,
-        dst: *mut u8,
-        dst_memory: HostMemory,
-        layout: CopyLayout,
-    ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe {
-            self.inner
-                .copy_to_host(stream, src, dst, dst_memory, layout)
-        }
-    }
-
-    unsafe fn launch(
-        &self,
-        stream: &Self::Stream,
-        kernel: &Self::Kernel,
-        dims: LaunchDims,
-        buffers: &[DeviceSpan],
-        params: &[KernelParam<'_>],
-    ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.launch(stream, kernel, dims, buffers, params) }
+        self.0.fence(inner.event_wait(event))
     }
 }
 
@@ -248,9 +152,9 @@ impl<T: Twist + std::fmt::Debug> Harness for BrokenHarness<T> {
     type S = Broken<T>;
 
     fn shim(&self, mode: Mode) -> Option<Self::S> {
-        Some(Broken {
+        Some(Forward {
             inner: StdHarness.shim(mode)?,
-            twist: T::default(),
+            hooks: Bent(T::default()),
         })
     }
 
