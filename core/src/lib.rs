@@ -3,7 +3,8 @@
 //! This crate is the policy core: it is `no_std` + `alloc` and holds every rule about device
 //! memory (reservation, sub-allocation, guards, cleanup, the memory budget), and the contract a
 //! device shim implements ([`Shim`]). It makes no device call itself: a shim does
-//! (`devcmd-std` for a CPU device, the firmware host's own, a CUDA shim to come, or yours).
+//! (`devcmd-std` for a CPU device, `devcmd-cuda` for NVIDIA GPUs and Jetson, the firmware host's
+//! own, or yours).
 //!
 //! **New here? Read the [`guide`]**: a host loop on two streams, what to do when the device fails,
 //! a complete small shim, the features, the conformance suite, and which shim calls the core makes

@@ -196,9 +196,6 @@ impl Shim for TestShim {
         None
     }
     unsafe fn host_free_pinned(&self, _: NonNull<u8>) {}
-    unsafe fn host_unregister(&self, registration: core::convert::Infallible) {
-        match registration {}
-    }
     unsafe fn copy_to_device(
         &self,
         _: &(),

@@ -367,6 +367,9 @@ pub fn usage(weights_bytes: usize) -> String {
         out.push_str(&line);
         out.push('\n');
     }
+    out.push('\n');
+    out.push_str(crate::exit::HELP);
+    out.push('\n');
     out
 }
 

@@ -10,11 +10,13 @@
 //! | [`std_device`] | the kernels on the std shim (Rust closures) and its device |
 //! | [`cuda_device`] | the GPU's set-up: kernels compiled with NVRTC, what the host says about the device |
 //! | [`verify`] | the NaN-safe comparison with the reference |
+//! | [`exit`] | the exit codes every program uses (and lists in `--help`), and which error gets which |
 //! | [`weights`] | the weights file: format, writing, mapping |
 //! | [`gpt2`] | the GPT-2 decoding host (`gpt2`): config, safetensors, kernels, the decoding loop, the check |
 
 pub mod cli;
 pub mod cuda_device;
+pub mod exit;
 pub mod gpt2;
 pub mod model;
 pub mod replay;

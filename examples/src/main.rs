@@ -7,8 +7,9 @@
 //! softmax kernels) on a compute stream ordered after the upload on the device, and read back
 //! asynchronously while the next batches are enqueued. With `--graph` one batch's work is
 //! recorded into graphs once and replayed per batch ([`devcmd_examples::replay`]). Every result
-//! is checked against a reference computed on the host without the layer; any mismatch exits
-//! non-zero.
+//! is checked against a reference computed on the host without the layer. Exit codes are
+//! [`devcmd_examples::exit`]'s: 1 for a mismatch, 2 for bad flags or weights (or weights whose
+//! reference overflows), 3 without a CUDA driver or GPU, 4 for an error while serving.
 //!
 //! This file owns the choice of device and what the host prints; the loop is
 //! [`devcmd_examples::serve`], the same for every device, and each device brings its kernels
@@ -16,6 +17,7 @@
 
 use devcmd::{Device, DeviceConfig, Shim};
 use devcmd_examples::cli::{self, DeviceKind, Options, Parsed};
+use devcmd_examples::exit;
 use devcmd_examples::model::{Kernels, seeded_weights};
 use devcmd_examples::replay;
 use devcmd_examples::serve::{self, HostWeights, Plan, WeightsPath};
@@ -131,7 +133,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("edge-host: {e} (try --help)");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::BAD_INPUT);
         }
     };
     match run(&options) {
@@ -141,11 +143,8 @@ fn main() -> ExitCode {
         }
         Ok(n) => {
             eprintln!("edge-host: {n} outputs did not match the reference");
-            ExitCode::FAILURE
+            ExitCode::from(exit::MISMATCH)
         }
-        Err(e) => {
-            eprintln!("edge-host: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => exit::report("edge-host", &*e),
     }
 }

@@ -8,6 +8,7 @@
 //! that). Generic over the shim: a device brings only its [`Kernels`]. Does not own the model
 //! ([`crate::model`]) nor a device's set-up ([`crate::std_device`], [`crate::cuda_device`]).
 
+use crate::exit::BadInput;
 use crate::model::{
     INPUT, Inputs, Kernels, LAYERS, bias_relu_dims, bias_softmax_dims, matmul_dims, params,
     put_floats, reference,
@@ -330,7 +331,8 @@ pub(crate) fn check<S: Shim>(
     }
     let got = from_bytes(bytes[0].as_slice());
     let want = reference(weights, &p.input, m);
-    let bad = verify::compare(&got, &want).map_err(|e| format!("batch {}: {e}", p.batch))?;
+    let bad = verify::compare(&got, &want)
+        .map_err(|e| BadInput::boxed(format!("batch {}: {e}", p.batch)))?;
     if let Some((i, g, w)) = bad.first {
         let side = |v: Option<f32>| v.map_or_else(|| "nothing".to_owned(), |v| v.to_string());
         eprintln!(

@@ -90,7 +90,7 @@ fn file_errors_name_the_path_and_what_was_being_done() {
     let dir = scratch("file-errors");
     let shown = dir.display().to_string();
     let (code, _, stderr) = outcome(&edge_host([Path::new("--weights"), &dir]));
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(2), "bad input: {stderr}");
     assert!(
         stderr.contains(&format!("the weights path {shown} is a directory")),
         "{stderr}"
@@ -98,7 +98,7 @@ fn file_errors_name_the_path_and_what_was_being_done() {
 
     let nowhere = dir.join("missing").join("w.bin");
     let (code, _, stderr) = outcome(&edge_host([Path::new("--save-weights"), &nowhere]));
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(2), "bad input: {stderr}");
     let want = format!("cannot write the seeded weights to {}: ", nowhere.display());
     assert!(stderr.contains(&want), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
@@ -110,7 +110,7 @@ fn non_finite_weights_are_refused_and_never_verified() {
     let nans = dir.join("nan.bin");
     std::fs::write(&nans, f32::NAN.to_le_bytes().repeat(WEIGHTS_BYTES / 4)).expect("write");
     let (code, stdout, stderr) = outcome(&edge_host([Path::new("--weights"), &nans]));
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(2), "bad input: {stderr}");
     let want = format!(
         "the weights file {} holds NaN at float index 0",
         nans.display()
@@ -141,7 +141,7 @@ fn non_finite_weights_are_refused_and_never_verified() {
         &huge,
     ]);
     let (code, stdout, stderr) = outcome(&run);
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(2), "bad input (not a mismatch): {stderr}");
     assert!(
         stderr.contains("batch 0: the host reference of output 0 is NaN"),
         "{stderr}"
@@ -242,7 +242,7 @@ fn without_a_cuda_driver_the_gpu_host_and_bench_say_so_and_exit_non_zero() {
         return;
     }
     let (code, stdout, stderr) = outcome(&edge_host(["--device", "cuda", "--batches", "1"]));
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(3), "no device: {stderr}");
     assert!(
         stderr.starts_with("edge-host: no CUDA driver found: "),
         "{stderr}"
@@ -256,7 +256,7 @@ fn without_a_cuda_driver_the_gpu_host_and_bench_say_so_and_exit_non_zero() {
         .output()
         .expect("run the GPU benchmark");
     let (code, stdout, stderr) = outcome(&bench);
-    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(code, Some(3), "no device: {stderr}");
     assert!(
         stderr.starts_with("cuda-bench: no CUDA driver found: "),
         "{stderr}"
@@ -269,7 +269,7 @@ fn without_a_cuda_driver_the_gpu_host_and_bench_say_so_and_exit_non_zero() {
         .output()
         .expect("run the graph benchmark");
     let (code, stdout, stderr) = outcome(&bench);
-    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(code, Some(3), "no device: {stderr}");
     assert!(
         stderr.starts_with("graph-bench: no CUDA driver found: "),
         "{stderr}"

@@ -173,7 +173,7 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
             "--prompt".as_ref(),
             prompt.as_ref(),
         ]));
-        assert_eq!(code, Some(1), "{prompt}: {stderr}");
+        assert_eq!(code, Some(2), "bad input: {prompt}: {stderr}");
         assert!(stderr.contains(says), "{prompt}: {stderr}");
     }
     let (code, _, stderr) = outcome(&gpt2([
@@ -182,13 +182,13 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
         "--new-tokens".as_ref(),
         "65".as_ref(),
     ]));
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(2), "bad input: {stderr}");
     assert!(
         stderr.contains("need 65 positions, the model has 64"),
         "{stderr}"
     );
     let (code, _, stderr) = outcome(&gpt2(["--model", "/no/such/model"]));
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(2), "bad input: {stderr}");
     assert!(
         stderr.contains("cannot read the model config /no/such/model/config.json"),
         "{stderr}"
@@ -208,7 +208,7 @@ fn the_gpu_path_without_a_driver_says_so() {
         println!("skipped: a CUDA driver is here; the GPU runs check it ({stdout})");
         return;
     }
-    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(code, Some(3), "no device: {stderr}");
     assert!(
         stderr.contains("no CUDA driver found") || stderr.contains("NVRTC"),
         "{stderr}"

@@ -5,8 +5,9 @@
 //! cargo run -p devcmd-cuda --example cuda-facts
 //! ```
 //!
-//! Exit code 0 when the device was set up; 2, with the error on stderr, when it could not be
-//! (on a machine without the NVIDIA driver: "no CUDA driver found: ..."). It never panics: a
+//! Exit code 0 when the device was set up; 3 ("no device", the code every devcmd program uses:
+//! `devcmd_examples::exit`), with the error on stderr, when it could not be (on a machine
+//! without the NVIDIA driver: "no CUDA driver found: ..."). It never panics: a
 //! closed stdout or stderr is ignored rather than unwound through `println!`.
 //!
 //! CI cross-builds it for Jetson (`scripts/jetson-cross`) and runs it under `qemu-aarch64`,
@@ -16,6 +17,9 @@ use devcmd::Shim;
 use devcmd_cuda::{BINDING_FEATURE, CudaShim};
 use std::io::Write;
 use std::process::ExitCode;
+
+/// The exit code without a usable device (devcmd_examples::exit::NO_DEVICE).
+const NO_DEVICE: u8 = 3;
 
 /// `12060` as `12.6`.
 fn version(v: i32) -> String {
@@ -59,7 +63,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             let _ = writeln!(std::io::stderr().lock(), "cuda-facts: {e}");
-            ExitCode::from(2)
+            ExitCode::from(NO_DEVICE)
         }
     }
 }

@@ -259,15 +259,10 @@ impl CudaShim {
             ordinal,
             name,
             driver_version,
-            facts: DeviceFacts {
-                total_memory,
-                memory_budget: None,
-                page_alignment: PAGE_ALIGNMENT,
-                max_page_size: total_memory,
-                integrated,
-                can_map_host,
-                vm_granule,
-            },
+            facts: DeviceFacts::new(total_memory, PAGE_ALIGNMENT)
+                .with_integrated(integrated)
+                .with_can_map_host(can_map_host)
+                .with_vm_granule(vm_granule),
             max_pitch: u64::try_from(max_pitch).unwrap_or(0),
             compute_capability: (
                 u32::try_from(cc_major).unwrap_or(0),

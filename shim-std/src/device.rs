@@ -149,15 +149,12 @@ impl StdShimBuilder {
             .max_page_size
             .unwrap_or(self.total_memory / 4)
             .min(self.total_memory);
-        let facts = DeviceFacts {
-            total_memory: self.total_memory,
-            memory_budget: self.memory_budget,
-            page_alignment: align,
-            max_page_size: max_page,
-            integrated: self.integrated,
-            can_map_host: self.integrated,
-            vm_granule: vm::normalise_granule(self.vm_granule),
-        };
+        let facts = DeviceFacts::new(self.total_memory, align)
+            .with_memory_budget(self.memory_budget)
+            .with_max_page_size(max_page)
+            .with_integrated(self.integrated)
+            .with_can_map_host(self.integrated)
+            .with_vm_granule(vm::normalise_granule(self.vm_granule));
         let state = DeviceState {
             stats: Stats::default(),
             injections: self.injections,

@@ -10,7 +10,7 @@
 //! ```ignore
 //! // A harness without a probe of its own ...
 //! struct MyHarness;
-//! impl devcmd_tests::Harness for MyHarness { /* shim, kernel, args */ }
+//! impl devcmd_tests::Harness for MyHarness { /* type S, shim, kernel */ }
 //! // ... gets counters and fault injection from the wrapper:
 //! devcmd_tests::conformance_tests!(devcmd_tests::CountedHarness(MyHarness));
 //! ```

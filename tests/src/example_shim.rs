@@ -94,15 +94,7 @@ impl Shim for HostShim {
     }
 
     fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            total_memory: TOTAL,
-            memory_budget: None,
-            page_alignment: ALIGN,
-            max_page_size: TOTAL / 4,
-            integrated: false,
-            can_map_host: false,
-            vm_granule: 0,
-        }
+        DeviceFacts::new(TOTAL, ALIGN).with_max_page_size(TOTAL / 4)
     }
 
     fn classify(&self, op: ShimOp, status: i32) -> DriverError {
@@ -184,10 +176,6 @@ impl Shim for HostShim {
 
     unsafe fn host_free_pinned(&self, page: Infallible) {
         match page {}
-    }
-
-    unsafe fn host_unregister(&self, registration: Infallible) {
-        match registration {}
     }
 
     unsafe fn copy_to_device(

@@ -1,7 +1,8 @@
 //! The devcmd conformance suite, generic over any [`devcmd::Shim`].
 //!
-//! A shim author implements [`Harness`] (a fresh shim per [`Mode`], the four [`TestKernel`]s,
-//! their arguments, and optionally a [`Probe`] for counters and fault injection; the contract of
+//! A shim author implements [`Harness`] (a fresh shim per [`Mode`], the four [`TestKernel`]s
+//! (the suite passes their parameters, [`TestArgs`]), and optionally a [`Probe`] for counters and
+//! fault injection; the contract of
 //! each method is in [`harness`]), then either calls [`run_conformance`] from one test, or lets
 //! [`conformance_tests!`] generate one `#[test]` per behaviour group and mode so failures are
 //! legible:
@@ -29,16 +30,24 @@
 //! reference implementation of a harness; [`CudaHarness`] runs them on an NVIDIA GPU through
 //! `devcmd-cuda` (normal and poison modes; [`cuda_harness`] says why not the lazy ones, and why
 //! each check of a fault of work that ran needs a process of its own there); [`Counted`] wraps
-//! any shim with counters and fault injection, so an author need not write a [`Probe`].
+//! any shim with counters and fault injection, so an author need not write a [`Probe`];
+//! [`forward::Forward`] wraps any shim bending only the calls a test names ([`forward::Hooks`]),
+//! every other call forwarded (never the contract's `Unsupported` default).
 //! [`example_shim`] is the guide's skeleton shim, the
 //! smallest complete one, with its harness.
+//!
+//! A group that checks nothing (a mode the shim lacks, no graphs, no probe, no virtual memory, no
+//! library) never passes silently: it prints `devcmd conformance: GROUP: skipped (WHY) [MODE]` to
+//! the runner's normal output and is counted ([`skip`], [`skipped_groups`]).
 #![deny(missing_docs)]
 
 mod counted;
 pub mod cuda_harness;
 pub mod example_shim;
+pub mod forward;
 pub mod groups;
 pub mod harness;
+pub mod skip;
 mod std_harness;
 mod util;
 
@@ -50,6 +59,7 @@ pub use cuda_harness::{CUDA_TEST_KERNELS, CudaHarness, CudaHarnessError, TRAP_DE
 pub use harness::{
     Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestArgs, TestKernel,
 };
+pub use skip::skipped_groups;
 pub use std_harness::{IntegratedStdHarness, StdHarness, StdProbe};
 
 /// Seeds of the failure-rule property per mode ([`groups::failure_rule`]).
@@ -63,8 +73,10 @@ pub const RELEASED_HOST_FILL: u8 = 0xDB;
 pub const FAILURE_OPS: usize = 300;
 
 /// Runs every group in every mode the shim offers. Panics on the first failure, with a message
-/// naming the mode and the behaviour.
+/// naming the mode and the behaviour; at the end says how many groups were skipped (each said
+/// so when it was).
 pub fn run_conformance<H: Harness>(harness: &H) {
+    let before = skipped_groups().len();
     for mode in Mode::ALL {
         groups::drop_queue(harness, mode);
         groups::layouts(harness, mode);
@@ -79,6 +91,16 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::capture(harness, mode);
         groups::capture_replay_fault(harness, mode);
         groups::virtual_memory(harness, mode);
+        groups::library_work(harness, mode);
+    }
+    let skipped = skipped_groups().len() - before;
+    if skipped > 0 {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stdout().lock(),
+            "devcmd conformance: {skipped} group(s) skipped in this run (listed above); they \
+             checked nothing"
+        );
     }
 }
 

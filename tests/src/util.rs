@@ -54,7 +54,7 @@ impl<H: Harness> Ctx<H> {
     /// A fresh device in `mode` with `config`; `None` (after saying so) if the shim lacks the mode.
     pub fn new(h: &H, mode: Mode, config: DeviceConfig, group: &str) -> Option<Self> {
         let Some(shim) = h.shim(mode) else {
-            eprintln!("devcmd conformance: {group} skipped: the shim has no {mode} mode");
+            crate::skip::skipped(group, mode, &format!("the shim has no {mode} mode"));
             return None;
         };
         let probe = h.probe(&shim);

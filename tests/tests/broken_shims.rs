@@ -1,27 +1,29 @@
 //! The suite catches shims that break the rules of faults of work that ran, and says which rule.
 //!
-//! Two wrappers around the std shim each break one rule of `devcmd::shim` and keep every other
-//! promise: [`Forgetful`] reports a fault of work that ran once, then answers clean (not sticky);
+//! Wrappers around the std shim each break one promise of `devcmd::shim` and keep every other:
+//! [`Forgetful`] reports a fault of work that ran once, then answers clean (not sticky);
 //! [`NoCarry`] orders streams by waiting on the host, so the fault stays behind (it does not
-//! travel with `stream_wait_event`). The checks must fail against each, with a message that names
-//! the broken rule, and pass the rules each wrapper keeps.
+//! travel with `stream_wait_event`); [`EarlyWait`] returns from `event_wait` at once, before its
+//! fence completed; [`EarlyQuery`] answers "complete" to every query; [`IgnoresWaits`] answers
+//! `stream_wait_event` and orders nothing. The checks must fail
+//! against each, with a message that names the broken rule and the shim call at fault (a
+//! forgotten fault and an early wait must not get the same message), and pass the rules each
+//! wrapper keeps. The early ones are run only through checks on the shim itself, whose pages are
+//! leaked when a check fails: through the core, an early wait frees memory under running work.
 //!
-//! The wrappers leave the optional calls of the contract (graphs, device-to-device copies, mapped
-//! host pages) to their defaults, which answer `unsupported`: the suite needs none of them.
+//! Each wrapper is a [`Forward`] of the std shim with a few [`Hooks`] bent: every other call,
+//! the optional ones included (graphs, virtual memory, registration), reaches the std shim.
 
-use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
-};
+use devcmd::{DriverError, Fault, Shim};
 use devcmd_std::StdShim;
+use devcmd_tests::forward::{Forward, Hooks};
 use devcmd_tests::groups::work_faults::{
-    RULE_STICKY, RULE_TRAVELS, fault_is_sticky, fault_reported_by_completed_fence,
-    fault_travels_with_waits, work_faults_through_core,
+    RULE_STICKY, RULE_TRAVELS, RULE_WAIT, a_wait_covers_what_came_before, fault_is_sticky,
+    fault_reported_by_completed_fence, fault_travels_with_waits, work_faults_through_core,
 };
 use devcmd_tests::{Harness, Mode, Probe, StdHarness, StdProbe, TestKernel, groups};
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How a broken shim bends the answers of the std shim.
@@ -29,6 +31,12 @@ trait Twist: Default {
     /// Whether stream waits are enqueued on the device (false: the host waits instead, and the
     /// fault of the awaited work stays behind).
     const CARRIES: bool = true;
+    /// Whether `stream_wait_event` orders at all (false: it answers `Ok` and does nothing).
+    const ORDERS: bool = true;
+    /// Whether `event_wait` waits (false: it returns `Ok` at once).
+    const WAITS: bool = true;
+    /// Whether `event_query` tells the truth (false: it answers "complete" while work runs).
+    const QUERIES: bool = true;
 
     /// What a completed fence answers, given the std shim's answer.
     fn fence(&self, answer: Result<(), DriverError>) -> Result<(), DriverError> {
@@ -61,143 +69,78 @@ impl Twist for NoCarry {
     const CARRIES: bool = false;
 }
 
-/// The std shim with a twist.
-#[derive(Debug)]
-struct Broken<T> {
-    inner: StdShim,
-    twist: T,
+/// Answers `Ok` to `stream_wait_event` and orders nothing: breaks cross-stream order.
+#[derive(Debug, Default)]
+struct IgnoresWaits;
+
+impl Twist for IgnoresWaits {
+    const ORDERS: bool = false;
 }
 
-impl<T: Twist + std::fmt::Debug> Shim for Broken<T> {
-    type Stream = <StdShim as Shim>::Stream;
-    type Event = <StdShim as Shim>::Event;
-    type DevicePage = <StdShim as Shim>::DevicePage;
-    type HostPage = <StdShim as Shim>::HostPage;
-    type Kernel = <StdShim as Shim>::Kernel;
-    type Registration = <StdShim as Shim>::Registration;
-    type Graph = <StdShim as Shim>::Graph;
-    type NativeStream = <StdShim as Shim>::NativeStream;
+/// Returns from `event_wait` at once: breaks what a host wait promises.
+#[derive(Debug, Default)]
+struct EarlyWait;
 
-    /// The inner shim's facts, with no virtual memory: this wrapper keeps the contract's
-    /// default (unsupported) virtual-memory calls, so it must not claim a granule.
-    fn native_stream<'a>(&self, stream: &'a Self::Stream) -> &'a Self::NativeStream {
-        self.inner.native_stream(stream)
-    }
+impl Twist for EarlyWait {
+    const WAITS: bool = false;
+}
 
-    fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            vm_granule: 0,
-            ..self.inner.facts()
-        }
-    }
+/// Answers "complete" to a query of a fence that is not: breaks what a query promises.
+#[derive(Debug, Default)]
+struct EarlyQuery;
 
-    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
-        self.inner.classify(op, status)
-    }
+impl Twist for EarlyQuery {
+    const QUERIES: bool = false;
+}
 
-    fn create_stream(&self) -> Result<Self::Stream, DriverError> {
-        self.inner.create_stream()
-    }
+/// The hooks of a broken shim: the std shim's calls, three of them bent by the twist `T`; every
+/// other call forwards ([`Forward`]).
+#[derive(Debug, Default)]
+struct Bent<T>(T);
 
+/// The std shim with a twist.
+type Broken<T> = Forward<StdShim, Bent<T>>;
+
+impl<T: Twist + std::fmt::Debug> Hooks<StdShim> for Bent<T> {
     fn stream_wait_event(
         &self,
-        stream: &Self::Stream,
-        event: &Self::Event,
+        inner: &StdShim,
+        stream: &<StdShim as Shim>::Stream,
+        event: &<StdShim as Shim>::Event,
     ) -> Result<(), DriverError> {
+        if !T::ORDERS {
+            return Ok(());
+        }
         if T::CARRIES {
-            return self.inner.stream_wait_event(stream, event);
+            return inner.stream_wait_event(stream, event);
         }
         // The order holds (the host waits until the event completed), but the fault the event
         // reports is dropped here instead of reaching `stream`'s later fences.
-        let _ = self.inner.event_wait(event);
+        let _ = inner.event_wait(event);
         Ok(())
     }
 
-    fn record_event(&self, stream: &Self::Stream) -> Result<Self::Event, DriverError> {
-        self.inner.record_event(stream)
-    }
-
-    fn event_query(&self, event: &Self::Event) -> Result<bool, DriverError> {
-        match self.inner.event_query(event) {
-            Err(e) => self.twist.fence(Err(e)).map(|()| true),
+    fn event_query(
+        &self,
+        inner: &StdShim,
+        event: &<StdShim as Shim>::Event,
+    ) -> Result<bool, DriverError> {
+        match inner.event_query(event) {
+            Err(e) => self.0.fence(Err(e)).map(|()| true),
+            Ok(false) if !T::QUERIES => Ok(true),
             other => other,
         }
     }
 
-    fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError> {
-        self.twist.fence(self.inner.event_wait(event))
-    }
-
-    fn device_alloc(&self, size: u64) -> Result<Self::DevicePage, DriverError> {
-        self.inner.device_alloc(size)
-    }
-
-    fn device_page_addr(&self, page: &Self::DevicePage) -> DeviceAddr {
-        self.inner.device_page_addr(page)
-    }
-
-    unsafe fn device_free(&self, page: Self::DevicePage) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.device_free(page) }
-    }
-
-    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError> {
-        self.inner.host_alloc_pinned(size)
-    }
-
-    fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8> {
-        self.inner.host_page_ptr(page)
-    }
-
-    unsafe fn host_free_pinned(&self, page: Self::HostPage) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.host_free_pinned(page) }
-    }
-    unsafe fn host_unregister(&self, registration: Self::Registration) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.host_unregister(registration) }
-    }
-
-    unsafe fn copy_to_device(
+    fn event_wait(
         &self,
-        stream: &Self::Stream,
-        src: *const u8,
-        src_memory: HostMemory,
-        dst: DeviceAddr,
-        layout: CopyLayout,
+        inner: &StdShim,
+        event: &<StdShim as Shim>::Event,
     ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe {
-            self.inner
-                .copy_to_device(stream, src, src_memory, dst, layout)
+        if !T::WAITS {
+            return Ok(());
         }
-    }
-
-    unsafe fn copy_to_host(
-        &self,
-        stream: &Self::Stream,
-        src: DeviceAddr,
-        dst: *mut u8,
-        dst_memory: HostMemory,
-        layout: CopyLayout,
-    ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe {
-            self.inner
-                .copy_to_host(stream, src, dst, dst_memory, layout)
-        }
-    }
-
-    unsafe fn launch(
-        &self,
-        stream: &Self::Stream,
-        kernel: &Self::Kernel,
-        dims: LaunchDims,
-        buffers: &[DeviceSpan],
-        params: &[KernelParam<'_>],
-    ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.launch(stream, kernel, dims, buffers, params) }
+        self.0.fence(inner.event_wait(event))
     }
 }
 
@@ -209,9 +152,9 @@ impl<T: Twist + std::fmt::Debug> Harness for BrokenHarness<T> {
     type S = Broken<T>;
 
     fn shim(&self, mode: Mode) -> Option<Self::S> {
-        Some(Broken {
+        Some(Forward {
             inner: StdHarness.shim(mode)?,
-            twist: T::default(),
+            hooks: Bent(T::default()),
         })
     }
 
@@ -293,5 +236,96 @@ fn a_shim_whose_faults_stay_behind_fails_the_travel_rule_and_only_it() {
         // The rules it keeps, it passes.
         fault_is_sticky(&h, mode);
         fault_reported_by_completed_fence(&h, mode);
+    }
+}
+
+/// Runs `check`, which must fail naming every one of `names` and none of `not`.
+#[track_caller]
+fn fails_saying(what: &str, names: &[&str], not: &[&str], check: impl FnOnce()) {
+    match catch_unwind(AssertUnwindSafe(check)) {
+        Ok(()) => panic!("{what}: passed, but the shim breaks {names:?}"),
+        Err(payload) => {
+            let msg = message(payload);
+            for name in names {
+                assert!(
+                    msg.contains(name),
+                    "{what}: its message does not name {name:?}:\n{msg}"
+                );
+            }
+            for name in not {
+                assert!(
+                    !msg.contains(name),
+                    "{what}: its message names {name:?}:\n{msg}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_forgotten_fault_is_named_as_such_not_as_an_early_wait() {
+    let h = BrokenHarness::<Forgetful>::default();
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        fails_saying(
+            "fault_is_sticky",
+            &[RULE_STICKY, "forgot the fault", "event_query / event_wait"],
+            &[RULE_WAIT],
+            || fault_is_sticky(&h, mode),
+        );
+        // A forgetful shim's waits cover what came before them.
+        a_wait_covers_what_came_before(&h, mode);
+    }
+}
+
+#[test]
+fn a_wait_that_returns_early_is_named_by_its_call() {
+    let h = BrokenHarness::<EarlyWait>::default();
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        fails_saying(
+            "a_wait_covers_what_came_before",
+            &[RULE_WAIT, "event_wait", "had not landed"],
+            &[],
+            || a_wait_covers_what_came_before(&h, mode),
+        );
+        fails_saying(
+            "fault_is_sticky",
+            &[
+                RULE_WAIT,
+                "the shim call at fault is event_wait",
+                "not a forgotten fault",
+            ],
+            &[RULE_STICKY],
+            || fault_is_sticky(&h, mode),
+        );
+    }
+}
+
+#[test]
+fn a_query_that_completes_early_is_named_by_its_call() {
+    let h = BrokenHarness::<EarlyQuery>::default();
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        fails_saying(
+            "fault_reported_by_completed_fence",
+            &[RULE_WAIT, "the shim call at fault is event_query"],
+            &[RULE_STICKY],
+            || fault_reported_by_completed_fence(&h, mode),
+        );
+        // Its waits are honest.
+        a_wait_covers_what_came_before(&h, mode);
+    }
+}
+
+#[test]
+fn ignored_cross_stream_waits_fail_cross_stream_reuse_naming_the_call() {
+    // What issue 21 found: the group's cleanup drained stream A before B's read, which hid a
+    // shim that ignores stream_wait_event in every mode. In lazy mode it shows every time.
+    let h = BrokenHarness::<IgnoresWaits>::default();
+    for mode in [Mode::LAZY, Mode::LAZY_POISON] {
+        fails_saying(
+            "cross_stream_reuse",
+            &["stream_wait_event", "before A's upload of it landed"],
+            &[],
+            || groups::cross_stream_reuse(&h, mode),
+        );
     }
 }

@@ -8,13 +8,10 @@
 mod common;
 use common::*;
 
-use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
-};
 use devcmd::{Device, DeviceConfig, Launch, ReadRequest, ServerError};
+use devcmd::{DriverError, LaunchDims, Shim, ShimOp};
 use devcmd_std::{Injection, StdShim, status};
-use std::ptr::NonNull;
+use devcmd_tests::forward::{Forward, Hooks};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A stream that waited on another while it was healthy is not tainted by that stream's later
@@ -66,112 +63,23 @@ fn an_owner_keeps_its_memory_after_a_past_reader_fails_later() {
 /// earlier asynchronous launch, and `classify` does not look at the op, so a shim can answer a
 /// record with [`devcmd::Fault::WorkFailed`]; the contract does not forbid it.
 #[derive(Debug)]
-struct RecordFailsOnce {
-    inner: StdShim,
-    armed: AtomicBool,
+struct FailNextRecord(AtomicBool);
+
+impl Hooks<StdShim> for FailNextRecord {
+    fn record_event(
+        &self,
+        inner: &StdShim,
+        s: &<StdShim as Shim>::Stream,
+    ) -> Result<<StdShim as Shim>::Event, DriverError> {
+        if self.0.swap(false, Ordering::SeqCst) {
+            return Err(inner.classify(ShimOp::EventRecord, status::KERNEL_FAILED));
+        }
+        inner.record_event(s)
+    }
 }
 
-impl Shim for RecordFailsOnce {
-    type Stream = <StdShim as Shim>::Stream;
-    type Event = <StdShim as Shim>::Event;
-    type DevicePage = <StdShim as Shim>::DevicePage;
-    type HostPage = <StdShim as Shim>::HostPage;
-    type Kernel = <StdShim as Shim>::Kernel;
-    type Registration = <StdShim as Shim>::Registration;
-    type Graph = <StdShim as Shim>::Graph;
-    type NativeStream = <StdShim as Shim>::NativeStream;
-
-    /// The inner shim's facts, with no virtual memory: this wrapper keeps the contract's
-    /// default (unsupported) virtual-memory calls, so it must not claim a granule.
-    fn native_stream<'a>(&self, stream: &'a Self::Stream) -> &'a Self::NativeStream {
-        self.inner.native_stream(stream)
-    }
-
-    fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            vm_granule: 0,
-            ..self.inner.facts()
-        }
-    }
-    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
-        self.inner.classify(op, status)
-    }
-    fn create_stream(&self) -> Result<Self::Stream, DriverError> {
-        self.inner.create_stream()
-    }
-    fn stream_wait_event(&self, s: &Self::Stream, e: &Self::Event) -> Result<(), DriverError> {
-        self.inner.stream_wait_event(s, e)
-    }
-    fn record_event(&self, s: &Self::Stream) -> Result<Self::Event, DriverError> {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            return Err(self.classify(ShimOp::EventRecord, status::KERNEL_FAILED));
-        }
-        self.inner.record_event(s)
-    }
-    fn event_query(&self, e: &Self::Event) -> Result<bool, DriverError> {
-        self.inner.event_query(e)
-    }
-    fn event_wait(&self, e: &Self::Event) -> Result<(), DriverError> {
-        self.inner.event_wait(e)
-    }
-    fn device_alloc(&self, size: u64) -> Result<Self::DevicePage, DriverError> {
-        self.inner.device_alloc(size)
-    }
-    fn device_page_addr(&self, p: &Self::DevicePage) -> DeviceAddr {
-        self.inner.device_page_addr(p)
-    }
-    unsafe fn device_free(&self, p: Self::DevicePage) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.device_free(p) }
-    }
-    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError> {
-        self.inner.host_alloc_pinned(size)
-    }
-    fn host_page_ptr(&self, p: &Self::HostPage) -> NonNull<u8> {
-        self.inner.host_page_ptr(p)
-    }
-    unsafe fn host_free_pinned(&self, p: Self::HostPage) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.host_free_pinned(p) }
-    }
-    unsafe fn host_unregister(&self, registration: Self::Registration) {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.host_unregister(registration) }
-    }
-    unsafe fn copy_to_device(
-        &self,
-        s: &Self::Stream,
-        src: *const u8,
-        src_memory: HostMemory,
-        dst: DeviceAddr,
-        l: CopyLayout,
-    ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.copy_to_device(s, src, src_memory, dst, l) }
-    }
-    unsafe fn copy_to_host(
-        &self,
-        s: &Self::Stream,
-        src: DeviceAddr,
-        dst: *mut u8,
-        dst_memory: HostMemory,
-        l: CopyLayout,
-    ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.copy_to_host(s, src, dst, dst_memory, l) }
-    }
-    unsafe fn launch(
-        &self,
-        s: &Self::Stream,
-        k: &Self::Kernel,
-        g: LaunchDims,
-        b: &[DeviceSpan],
-        a: &[KernelParam<'_>],
-    ) -> Result<(), DriverError> {
-        // SAFETY: forwarded with the caller's contract.
-        unsafe { self.inner.launch(s, k, g, b, a) }
-    }
-}
+/// Every other call is the std shim's ([`Forward`]).
+type RecordFailsOnce = Forward<StdShim, FailNextRecord>;
 
 /// A fence that could not be recorded covers nothing, whatever the shim answered (here the fault
 /// of earlier work): the read's buffers are leaked, never handed out again while their copies
@@ -180,7 +88,7 @@ impl Shim for RecordFailsOnce {
 fn a_read_whose_fence_cannot_be_recorded_keeps_its_buffers() {
     let shim = RecordFailsOnce {
         inner: StdShim::builder().lazy(true).build(),
-        armed: AtomicBool::new(false),
+        hooks: FailNextRecord(AtomicBool::new(false)),
     };
     let mut device = Device::new(shim, DeviceConfig::default());
     let h = device.command(S0).unwrap().create(&[0x5A; 64]).unwrap();
@@ -188,7 +96,7 @@ fn a_read_whose_fence_cannot_be_recorded_keeps_its_buffers() {
     let pinned_in_use =
         |d: &mut Device<RecordFailsOnce>| d.memory_report().streams[0].1.pinned_host().in_use;
     let before = pinned_in_use(&mut device);
-    device.shim().armed.store(true, Ordering::SeqCst);
+    device.shim().hooks.0.store(true, Ordering::SeqCst);
     let read = device
         .command(S0)
         .unwrap()

@@ -115,9 +115,11 @@ pub enum Fault {
     Failed,
 }
 
-/// A failed device call, as a shim reports it.
+/// A failed device call, as a shim reports it (built with [`DriverError::new`]: the struct is
+/// `#[non_exhaustive]`, so a field added later breaks no shim).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub struct DriverError {
     /// The call that failed.
     pub op: ShimOp,

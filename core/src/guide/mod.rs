@@ -41,6 +41,13 @@
 //! | launch | [`launch`](crate::Shim::launch) |
 //! | graphs | [`begin_capture`](crate::Shim::begin_capture), [`end_capture`](crate::Shim::end_capture), [`end_capture_update`](crate::Shim::end_capture_update), [`graph_upload`](crate::Shim::graph_upload), [`graph_launch`](crate::Shim::graph_launch) |
 //!
+//! [`facts`](crate::Shim::facts) returns a [`DeviceFacts`](crate::DeviceFacts) built with
+//! [`DeviceFacts::new`](crate::DeviceFacts::new) and its `with_*` methods (the struct is
+//! `#[non_exhaustive]`: a fact added later comes with a default and breaks no shim). Every call
+//! a device may lack has a default, listed in the [`shim`](crate::shim) module's "What a shim
+//! may leave out"; a shim without pinned memory or graphs names an uninhabited `HostPage` or
+//! `Graph`.
+//!
 //! The [`shim`](crate::shim) module states what each side promises: the core drives the shim from
 //! one thread at a time, frees nothing before a fence after its last use completed, and passes
 //! only addresses inside pages it got from this shim; the shim runs each stream in order,
@@ -62,11 +69,13 @@
 //! follows in full, head comment first, which says what it does and leaves out, and ends with
 //! the harness that runs the conformance suite on it ([section 5](#5-the-conformance-suite)). The
 //! block is marked `ignore` only because this very file is a module of `devcmd-tests`, where rustc
-//! and clippy check it and `tests/tests/conformance_example_shim.rs` runs the whole suite on it;
-//! it is written once, there, and included here.
+//! and clippy check it and `tests/tests/conformance_example_shim.rs` runs the whole suite on it.
 //!
+// The listing is `core/src/guide/example_shim.rs`, a byte-for-byte copy of
+// `tests/src/example_shim.rs` (each packaged crate must hold the files it includes);
+// `tests/tests/example_shim_copy.rs` fails when the two differ.
 // Four backticks: the included source may hold a fence of its own in its documentation.
-#![doc = concat!("````rust,ignore\n", include_str!("../../../tests/src/example_shim.rs"), "````")]
+#![doc = concat!("````rust,ignore\n", include_str!("example_shim.rs"), "````")]
 //!
 //! The core on top of it: every policy comes for free. Two streams, one reading what the other
 //! wrote, ordered by the core:

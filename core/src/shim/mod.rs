@@ -69,7 +69,8 @@
 //! |---|---|---|
 //! | [`Shim::host_alloc_pinned`] | `Err(unsupported)` | stages copies through heap memory |
 //! | [`Shim::host_page_device_addr`] | `None` | stages copies (no zero copy on integrated devices) |
-//! | [`Shim::host_register`] | `Err(unsupported)` | stages registered bytes as any other ([`Shim::host_unregister`] is then never called: an uninhabited [`Shim::Registration`] makes it a one-liner) |
+//! | [`Shim::host_register`], [`Shim::host_unregister`] | `Err(unsupported)`; drops the registration | stages registered bytes as any other (`host_unregister` is then never called) |
+//! | [`Shim::vm_reserve`], [`Shim::vm_map`], [`Shim::vm_unmap`], [`Shim::vm_release`] | `Err(unsupported)`; nothing | keeps whole pages (the calls are made only where [`DeviceFacts::vm_granule`] is not 0) |
 //! | [`Shim::copy_on_device`] | `Err(unsupported)` | calls it nowhere today; relocation, when it lands, must leave pages in place on `Unsupported` |
 //! | [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | `Err(unsupported)` | [`Command::begin_capture`](crate::Command::begin_capture) reports the refusal ([`CaptureError::Refused`](crate::error::CaptureError::Refused)) and every other operation works |
 //! | [`Shim::borrow_stream`] | `Err(unsupported)` | [`Device::borrow_stream`](crate::Device::borrow_stream) reports the refusal; streams the core creates work as before |
@@ -306,10 +307,15 @@ pub trait Shim {
 
     /// Undoes [`Shim::host_register`]; the bytes stay the caller's.
     ///
+    /// Default: drops `registration` (a shim that keeps [`Shim::host_register`]'s default never
+    /// has one; a shim that registers overrides both).
+    ///
     /// # Safety
     ///
     /// No copy that reads or writes the registered bytes may be pending on any stream.
-    unsafe fn host_unregister(&self, registration: Self::Registration);
+    unsafe fn host_unregister(&self, registration: Self::Registration) {
+        drop(registration);
+    }
 
     // ---- copies (all asynchronous on `stream`) ----
 

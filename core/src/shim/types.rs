@@ -139,8 +139,22 @@ pub enum HostMemory {
 }
 
 /// What the core needs to know of a device before it allocates anything.
+///
+/// A shim builds it with [`DeviceFacts::new`] and the `with_*` methods, never field by field: it
+/// is `#[non_exhaustive]`, so a fact added later (with a default that keeps today's behaviour)
+/// breaks no shim. The fields stay public to read.
+///
+/// ```
+/// use devcmd::DeviceFacts;
+///
+/// // A discrete device of 8 GiB with 256-byte alignment, pages of at most 1 GiB.
+/// let facts = DeviceFacts::new(8 << 30, 256).with_max_page_size(1 << 30);
+/// assert_eq!((facts.memory_budget, facts.vm_granule), (None, 0));
+/// assert!(!facts.integrated && !facts.can_map_host);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub struct DeviceFacts {
     /// Bytes of memory the device has in all.
     pub total_memory: u64,
@@ -160,4 +174,51 @@ pub struct DeviceFacts {
     /// by granule ([`Shim::vm_reserve`](crate::Shim::vm_reserve), [`Shim::vm_map`](crate::Shim::vm_map)), so freed granules go back to the
     /// device without moving anything; elsewhere it keeps whole pages.
     pub vm_granule: u64,
+}
+
+impl DeviceFacts {
+    /// A discrete device with `total_memory` bytes and pages aligned to `page_alignment` bytes
+    /// (a power of two): no budget below the device's memory, pages up to `total_memory`, host
+    /// memory apart from device memory and not mapped into it, no virtual memory management.
+    pub const fn new(total_memory: u64, page_alignment: u64) -> Self {
+        Self {
+            total_memory,
+            memory_budget: None,
+            page_alignment,
+            max_page_size: total_memory,
+            integrated: false,
+            can_map_host: false,
+            vm_granule: 0,
+        }
+    }
+
+    /// The same, with [`Self::memory_budget`] set.
+    pub const fn with_memory_budget(mut self, budget: Option<u64>) -> Self {
+        self.memory_budget = budget;
+        self
+    }
+
+    /// The same, with [`Self::max_page_size`] set.
+    pub const fn with_max_page_size(mut self, bytes: u64) -> Self {
+        self.max_page_size = bytes;
+        self
+    }
+
+    /// The same, with [`Self::integrated`] set.
+    pub const fn with_integrated(mut self, integrated: bool) -> Self {
+        self.integrated = integrated;
+        self
+    }
+
+    /// The same, with [`Self::can_map_host`] set.
+    pub const fn with_can_map_host(mut self, can_map_host: bool) -> Self {
+        self.can_map_host = can_map_host;
+        self
+    }
+
+    /// The same, with [`Self::vm_granule`] set.
+    pub const fn with_vm_granule(mut self, granule: u64) -> Self {
+        self.vm_granule = granule;
+        self
+    }
 }

@@ -706,15 +706,7 @@ impl Shim for FwShim {
     }
 
     fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            total_memory: DEVICE_BYTES as u64,
-            memory_budget: None,
-            page_alignment: GRANULE as u64,
-            max_page_size: DEVICE_BYTES as u64,
-            integrated: false,
-            can_map_host: false,
-            vm_granule: 0,
-        }
+        DeviceFacts::new(DEVICE_BYTES as u64, GRANULE as u64)
     }
 
     fn classify(&self, op: ShimOp, status: i32) -> DriverError {
@@ -887,10 +879,6 @@ impl Shim for FwShim {
         let mut e = ENGINE.lock();
         e.pinned.free(page.offset / GRANULE, page.granules);
         e.stats.pinned_live -= 1;
-    }
-
-    unsafe fn host_unregister(&self, registration: core::convert::Infallible) {
-        match registration {}
     }
 
     unsafe fn copy_to_device(

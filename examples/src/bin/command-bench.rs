@@ -33,19 +33,40 @@ fn per_op_then(iters: u32, mut f: impl FnMut(), mut finish: impl FnMut()) -> f64
     t.elapsed().as_nanos() as f64 / f64::from(iters)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// `--help`.
+const USAGE: &str = "\
+command-bench: the command layer on the std shim: enqueue costs and staging bandwidth
+
+usage: command-bench [--quick] [--drop-mib N]
+  --quick        fewer rounds
+  --drop-mib N   the drop queue's byte threshold in MiB [default: 64]";
+
+fn main() -> std::process::ExitCode {
+    if devcmd_examples::exit::help_asked(USAGE) {
+        return std::process::ExitCode::from(devcmd_examples::exit::OK);
+    }
+    match run() {
+        Ok(()) => std::process::ExitCode::from(devcmd_examples::exit::OK),
+        Err(e) => devcmd_examples::exit::report("command-bench", &*e),
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
     let shim = StdShim::builder().total_memory(4 << 30).build();
     let noop = shim.register_kernel("noop", |_| Ok(()));
     let raw = shim.clone();
     // `--drop-mib N`: the drop queue's byte threshold (default 64 MiB, the design's).
     let args: Vec<String> = std::env::args().collect();
-    let drop_mib: u64 = args
-        .iter()
-        .position(|a| a == "--drop-mib")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
+    let drop_mib: u64 = match args.iter().position(|a| a == "--drop-mib") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| {
+                devcmd_examples::exit::BadInput::boxed("--drop-mib needs a whole number of MiB")
+            })?,
+        None => 64,
+    };
     let drops = devcmd::DropPolicy {
         max_bytes: drop_mib << 20,
         ..devcmd::DropPolicy::default()

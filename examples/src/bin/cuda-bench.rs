@@ -30,7 +30,8 @@
 //! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds;
 //! `--only launch,library`: those sections alone, of launch, bandwidth, reserve, edge, library);
 //! `examples/gpu-run.sh` says how it ran on the H200 (BENCHMARKS.md).
-//! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 2.
+//! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 3
+//! ([`devcmd_examples::exit`]'s codes, which `--help` lists).
 
 use devcmd::pinned::PinnedConfig;
 use devcmd::{
@@ -39,6 +40,7 @@ use devcmd::{
 };
 use devcmd_cuda::{Cublas, CudaKernel, CudaShim, CudaStream, cublas_sys, sys};
 use devcmd_examples::cuda_device;
+use devcmd_examples::exit;
 use devcmd_examples::model::{
     self, CLASSES, INPUT, Inputs, LAYERS, bias_relu_dims, bias_softmax_dims, matmul_dims,
     put_floats,
@@ -228,28 +230,33 @@ type Section<'a> = dyn Fn() -> Res<()> + 'a;
 /// The sections' keys for `--only`, in the order they run.
 const SECTIONS: [&str; 5] = ["launch", "bandwidth", "reserve", "edge", "library"];
 
+/// `--help`.
+const USAGE: &str = "\
+cuda-bench: devcmd on the first NVIDIA GPU against raw driver calls, as markdown tables
+
+usage: cuda-bench [--quick] [--only SECTIONS]
+  --quick          fewer rounds
+  --only SECTIONS  a comma-separated list of launch, bandwidth, reserve, edge, library";
+
 fn main() -> ExitCode {
+    if exit::help_asked(USAGE) {
+        return ExitCode::from(exit::OK);
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     let only = match sections_asked() {
         Ok(o) => o,
         Err(e) => {
             eprintln!("cuda-bench: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(exit::BAD_INPUT);
         }
     };
     let shim = match CudaShim::new(0) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("cuda-bench: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return exit::report("cuda-bench", &e),
     };
     match run(shim, quick, only) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cuda-bench: {e}");
-            ExitCode::FAILURE
-        }
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(e) => exit::report("cuda-bench", &*e),
     }
 }
 

@@ -35,15 +35,7 @@ impl Shim for NullShim {
     type NativeStream = ();
 
     fn facts(&self) -> DeviceFacts {
-        DeviceFacts {
-            total_memory: 1 << 40,
-            memory_budget: None,
-            page_alignment: 256,
-            max_page_size: 1 << 34,
-            integrated: false,
-            can_map_host: false,
-            vm_granule: 0,
-        }
+        DeviceFacts::new(1 << 40, 256).with_max_page_size(1 << 34)
     }
 
     fn classify(&self, op: ShimOp, status: i32) -> DriverError {
@@ -92,10 +84,6 @@ impl Shim for NullShim {
 
     unsafe fn host_free_pinned(&self, page: Infallible) {
         match page {}
-    }
-
-    unsafe fn host_unregister(&self, registration: Infallible) {
-        match registration {}
     }
 
     unsafe fn copy_to_device(
@@ -149,10 +137,32 @@ fn per_op(iters: u32, mut f: impl FnMut()) -> f64 {
     batches[batches.len() / 2]
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// `--help`.
+const USAGE: &str = "\
+engine-bench: the engine's own cost per operation, on a shim whose calls do nothing
+
+usage: engine-bench [--iters N]
+  --iters N  operations per timed round [default: 200000]";
+
+fn main() -> std::process::ExitCode {
+    if devcmd_examples::exit::help_asked(USAGE) {
+        return std::process::ExitCode::from(devcmd_examples::exit::OK);
+    }
+    match run() {
+        Ok(()) => std::process::ExitCode::from(devcmd_examples::exit::OK),
+        Err(e) => devcmd_examples::exit::report("engine-bench", &*e),
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let iters = match args.iter().position(|a| a == "--iters") {
-        Some(i) => args.get(i + 1).ok_or("--iters needs a number")?.parse()?,
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| {
+                devcmd_examples::exit::BadInput::boxed("--iters needs a whole number")
+            })?,
         None => 200_000,
     };
     let mut device = Device::new(NullShim::default(), DeviceConfig::default());

@@ -8,6 +8,7 @@
 
 use devcmd::{Device, DeviceConfig, Shim};
 use devcmd_examples::cli::DeviceKind;
+use devcmd_examples::exit::{self, BadInput};
 use devcmd_examples::gpt2::check::{self, Fixture};
 use devcmd_examples::gpt2::cli::{self, DEFAULT_NEW_TOKENS, Options, Parsed};
 use devcmd_examples::gpt2::config::{self, Config};
@@ -318,21 +319,20 @@ fn run(o: &Options) -> Result<bool, Box<dyn Error>> {
         .model
         .clone()
         .or_else(|| o.check.clone())
-        .ok_or("no model")?;
+        .ok_or_else(|| BadInput::boxed("no model: pass --model DIR or --check DIR"))?;
     let config = config::load(&dir.join("config.json"))?;
     if let Some(f) = &fixture
         && f.vocab != config.vocab
     {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "the fixture {} has a vocabulary of {}, the model {}",
             f.dir.display(),
             f.vocab,
             config.vocab
-        )
-        .into());
+        )));
     }
     let plan = Plan {
-        prompt: prompt(o, fixture.as_ref(), &config)?,
+        prompt: prompt(o, fixture.as_ref(), &config).map_err(BadInput::boxed)?,
         new_tokens: fixture
             .as_ref()
             .map(|f| f.new_tokens)
@@ -379,15 +379,12 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("gpt2: {e} (try --help)");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::BAD_INPUT);
         }
     };
     match run(&options) {
         Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("gpt2: {e}");
-            ExitCode::FAILURE
-        }
+        Ok(false) => ExitCode::from(exit::MISMATCH),
+        Err(e) => exit::report("gpt2", &*e),
     }
 }

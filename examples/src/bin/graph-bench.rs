@@ -11,11 +11,13 @@
 //!
 //! Timing: host clocks, warm-up rounds first, then the median of rounds with the raw and the
 //! layer's rounds interleaved. Run: `cargo run --release -p devcmd-examples --bin graph-bench`
-//! (`--quick`: fewer rounds). Without a GPU or driver it prints the shim's error and exits with 2.
+//! (`--quick`: fewer rounds). Without a GPU or driver it prints the shim's error and exits with 3
+//! ([`devcmd_examples::exit`]'s codes, which `--help` lists).
 
 use devcmd::{Device, DeviceConfig, KernelParam, Launch, LaunchDims, Shim, StreamId};
 use devcmd_cuda::{CudaShim, sys};
 use devcmd_examples::cuda_device;
+use devcmd_examples::exit;
 use devcmd_examples::model::{self, CLASSES, INPUT, LAYERS};
 use devcmd_examples::replay;
 use devcmd_examples::serve::{self, COMPUTE, COPY, HostWeights, IN_FLIGHT, Plan};
@@ -65,21 +67,26 @@ fn spread(v: &[f64], digits: usize) -> String {
     format!("{:.digits$}–{:.digits$}", at(0.25), at(0.75))
 }
 
+/// `--help`.
+const USAGE: &str = "\
+graph-bench: graph replay through devcmd against cuGraphLaunch, and the edge host eager against
+graphs, on the first NVIDIA GPU
+
+usage: graph-bench [--quick]
+  --quick  fewer rounds";
+
 fn main() -> ExitCode {
+    if exit::help_asked(USAGE) {
+        return ExitCode::from(exit::OK);
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     let shim = match CudaShim::new(0) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("graph-bench: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return exit::report("graph-bench", &e),
     };
     match run(shim, quick) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("graph-bench: {e}");
-            ExitCode::FAILURE
-        }
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(e) => exit::report("graph-bench", &*e),
     }
 }
 

@@ -251,7 +251,10 @@ usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-t
                        position lives in device memory) [default: off]
   --lazy               the std shim's lazy streams [default: off]
   --json FILE          also write the run's summary (times, memory, check) as one JSON object
-  -h, --help           print this help"
+  -h, --help           print this help
+
+{}",
+        crate::exit::HELP
     )
 }
 

@@ -32,6 +32,7 @@ use super::kernels::{
     head, launch, linear, rows_dims, u32s,
 };
 use super::weights::{DType, ModelFile, Tensors, to_f32};
+use crate::exit::{self, BadInput};
 use crate::serve::WeightsPath;
 use devcmd::memory::AllocationMode;
 use devcmd::{
@@ -192,15 +193,19 @@ where
             let elements = (v.len() / 4) as usize;
             match backend.convert(&mut cmd, v, elements) {
                 Some(h) => Ok(h?),
-                None => Err(format!(
+                None => Err(BadInput::boxed(format!(
                     "this device runs {} only and the weights are f32: pass --dtype f32",
                     want.name()
-                )
-                .into()),
+                ))),
             }
         });
-        let converted =
-            converted.map_err(|e| format!("converting the f32 weights to {}: {e}", want.name()))?;
+        let converted = converted.map_err(|e| {
+            let message = format!("converting the f32 weights to {}: {e}", want.name());
+            match exit::code(&*e) {
+                exit::BAD_INPUT => BadInput::boxed(message),
+                _ => message.into(),
+            }
+        })?;
         // The f32 upload is done with once converted: its page goes back now (a persistent page
         // is given back only by a cleanup), or the run would hold the file twice over.
         // The views are handles of the upload too: every one goes before the cleanup.
@@ -209,14 +214,13 @@ where
         cmd.memory_cleanup()?;
         converted
     } else {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "the weights are {} and this device computes in {}: pass --dtype {} where the \
              device offers it (f16 on --device cuda), or convert the file to f32",
             file_dtype.name(),
             want.name(),
             file_dtype.name()
-        )
-        .into());
+        )));
     };
     cmd.allocation_mode(AllocationMode::Auto);
     Ok(DeviceModel {
@@ -568,9 +572,9 @@ pub fn decode<S: Shim, B: Backend<S>>(
     let passes = plan.passes();
     let prompt_len = plan.prompt.first().map_or(0, Vec::len);
     if prompt_len == 0 || plan.new_tokens == 0 || rows == 0 {
-        return Err(
-            "nothing to decode: the prompt and the new tokens need at least one token".into(),
-        );
+        return Err(BadInput::boxed(
+            "nothing to decode: the prompt and the new tokens need at least one token",
+        ));
     }
     if let Some((r, row)) = plan
         .prompt
@@ -578,39 +582,35 @@ pub fn decode<S: Shim, B: Backend<S>>(
         .enumerate()
         .find(|(_, r)| r.len() != prompt_len)
     {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "prompt row {r} has {} tokens and row 0 has {prompt_len}: every row needs the same \
              length",
             row.len()
-        )
-        .into());
+        )));
     }
     let vocab = model.config.vocab;
     if let Some(t) = plan.prompt.iter().flatten().find(|&&t| t as usize >= vocab) {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "prompt token {t} is past the vocabulary ({vocab} tokens): use ids below {vocab}"
-        )
-        .into());
+        )));
     }
     // The attention kernel keeps a row's query, scores and partial sums in shared memory.
     let head_dim = model.config.embd / model.config.heads;
     let shared = attention_shared_bytes(head_dim, passes);
     if shared > SHARED_LIMIT {
         let most = SHARED_LIMIT.saturating_sub(attention_shared_bytes(head_dim, 0)) / 4;
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "attention over {passes} positions with {head_dim}-wide heads needs {shared} bytes \
              of shared memory, past the {SHARED_LIMIT} the kernel may use; decode fewer \
              positions (at most {most}) or use narrower heads"
-        )
-        .into());
+        )));
     }
     if passes > model.config.positions {
-        return Err(format!(
+        return Err(BadInput::boxed(format!(
             "the prompt ({prompt_len}) and the new tokens ({}) need {passes} positions, the \
              model has {} (n_positions)",
             plan.new_tokens, model.config.positions
-        )
-        .into());
+        )));
     }
     let cap = match plan.kv {
         KvCache::Ahead => passes,

@@ -90,9 +90,12 @@ impl<H: Harness> Fx<H> {
             self.c.read(S0, &self.mine),
             format!("[{mode}] {name}: read afterwards"),
         );
-        assert_eq!(
-            got, [1; 64],
-            "[{mode}] {name}: the device is usable afterwards"
+        assert!(
+            got == [1; 64],
+            "[{mode}] {name}: after the refused call, a buffer written before it reads back \
+             wrong ({}): the refusal changed device memory, or the read returned before its \
+             copy landed (event_wait returned early) or copy_to_host moved the wrong bytes",
+            crate::util::first_diff(&got, &[1; 64])
         );
         let Self {
             c,

@@ -83,7 +83,7 @@ pub fn library_work<H: Harness>(h: &H, mode: Mode) {
         "library work on stream 0",
     );
     if !offered {
-        eprintln!("devcmd conformance: library_work skipped: the harness offers no library");
+        crate::skip::skipped("library_work", mode, "the harness offers no library");
         return;
     }
     let back = must(c.read(S0, &y), "read the library's output");
@@ -239,7 +239,7 @@ fn captured<H: Harness>(h: &H, mode: Mode) {
         Err(ServerError::Capture(devcmd::CaptureError::Refused { cause, .. }))
             if cause.fault == devcmd::Fault::Unsupported =>
         {
-            eprintln!("devcmd conformance: library_work capture skipped: the shim has no graphs");
+            crate::skip::skipped("library_work capture", mode, "no graphs");
             return;
         }
         Err(e) => panic!("[{mode}] begin_capture: {e}"),

@@ -32,12 +32,33 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 ///   show poison in poison mode);
 /// - once B's queue released its hold, A can reuse the memory (nothing stays in use).
 ///
-/// Run for a small-pool size and an arena size.
+/// Run for a small-pool size and an arena size, after a first check with nothing else running A:
+/// B's kernel reads what A just uploaded, then B's output is read on B. Only B's wait on A's
+/// event (`stream_wait_event`) orders the two, so a shim that ignores it fails there (in lazy
+/// mode every time: A runs nothing until something waits on it), naming `stream_wait_event`;
+/// in the rounds, the cleanup of A would drain A and hide it.
 pub fn cross_stream_reuse<H: Harness>(h: &H, mode: Mode) {
     let Some(mut c) = Ctx::new(h, mode, DeviceConfig::default(), "cross_stream_reuse") else {
         return;
     };
     let (a, b) = (StreamId(1), StreamId(0));
+    let p = pattern(4096, 99);
+    let x = must(c.create(a, &p), "create x on A");
+    let y = must(c.empty(b, 4096), "empty y on B");
+    must(
+        c.launch(b, TestKernel::AddByte, 1, &[&x], &[&y]),
+        "kernel on B reading x",
+    );
+    let got = must(c.read(b, &y), "read y on B");
+    let expected = plus(&p, 1);
+    assert!(
+        got == expected,
+        "[{mode}] B's kernel read x before A's upload of it landed ({}): the shim call most likely \
+         at fault is stream_wait_event (B must wait, on the device, for the event A recorded \
+         after the upload; answering Ok without ordering anything breaks cross-stream order)",
+        first_diff(&got, &expected)
+    );
+    drop((x, y));
     for (i, size) in [4096u64, 3 * MIB].into_iter().enumerate() {
         let p = pattern(size as usize, 17 + i as u8);
         let x = must(c.create(a, &p), "create x on A");

@@ -3,17 +3,11 @@
 //! [`devcmd::Device`]), so a shim's half of the contract is pinned whatever the core does with it.
 //!
 //! A shim whose facts give no granule ([`DeviceFacts::vm_granule`](devcmd::DeviceFacts) of 0)
-//! is skipped, with a line on stderr that the test harness does not capture.
+//! is skipped, with a line the test runner shows ([`crate::skip`]).
 
 use crate::harness::{FaultRule, Harness, Mode, Probe, TestArgs, TestKernel};
 use crate::util::{first_diff, pattern};
 use devcmd::{CopyLayout, DeviceAddr, DeviceSpan, DriverError, Fault, HostMemory, Shim, ShimOp};
-use std::io::Write;
-
-/// Writes a line straight to stderr, past the test harness's capture.
-fn say(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
 
 /// The shim under test with one stream, its granule and the mode, and what the checks share.
 struct Vm<'a, S: Shim> {
@@ -116,17 +110,20 @@ impl<S: Shim> Vm<'_, S> {
 ///   they started once everything is given back.
 pub fn virtual_memory<H: Harness>(h: &H, mode: Mode) {
     let Some(shim) = h.shim(mode) else {
-        say(&format!(
-            "devcmd conformance: virtual_memory skipped: the shim has no {mode} mode"
-        ));
+        crate::skip::skipped(
+            "virtual_memory",
+            mode,
+            &format!("the shim has no {mode} mode"),
+        );
         return;
     };
     let g = shim.facts().vm_granule;
     if g == 0 {
-        say(&format!(
-            "devcmd conformance: virtual_memory skipped ({mode}): the shim has no virtual memory \
-             (DeviceFacts::vm_granule is 0)"
-        ));
+        crate::skip::skipped(
+            "virtual_memory",
+            mode,
+            "no virtual memory: DeviceFacts::vm_granule is 0",
+        );
         return;
     }
     let probe = h.probe(&shim);
@@ -278,10 +275,11 @@ fn a_map_the_device_cannot_hold_leaves_nothing_mapped<S: Shim>(v: &Vm<'_, S>) {
         return;
     };
     if most == 0 {
-        say(&format!(
-            "devcmd conformance: virtual_memory ({mode}): the check of a map the device cannot \
-             hold is skipped: the device's {total} bytes are less than a granule"
-        ));
+        crate::skip::skipped(
+            "virtual_memory's map the device cannot hold",
+            mode,
+            &format!("the device's {total} bytes are less than a granule"),
+        );
         return;
     }
     let base = v.reserve(range, "vm_reserve of the device's memory and a granule");

@@ -129,11 +129,11 @@ REPLAY:
         --alignment BYTES  page and slice alignment (default 256, as on CUDA)
         --max-page BYTES   the largest page (default: the device's memory, as on CUDA)
         --pages std|address
-                           the device the manager runs on: std (default) is devcmd-std's CPU
-                           device, whose pages are zeroed heap blocks: a replay needs RAM for the
-                           held peak and a cold replay's time is mostly zeroing pages; address
-                           hands out address ranges with nothing behind them: the same figures,
-                           no RAM, and only the manager in the times
+                           the device the manager runs on: address (default) hands out address
+                           ranges with nothing behind them: no RAM, and only the manager in the
+                           times; std is devcmd-std's CPU device, whose pages are zeroed heap
+                           blocks: the same figures, but a replay needs RAM for the held peak
+                           and a cold replay's time is mostly zeroing pages
 
 FIGURES:
     live peak    the most bytes live at once, as asked for
@@ -147,9 +147,9 @@ FIGURES:
     min budget   the smallest MemoryBudget limit under which no reservation fails, by bisection
                  between the live peak and the held peak, to the precision shown
 
-EXIT STATUS:
-    0 done; 1 --verify found an inconsistency; 2 bad usage or a malformed trace (the message
-    names the line, or the snapshot entry, and the field)
+EXIT STATUS (the codes every devcmd program uses; 3, no device, and 4 do not occur here):
+    0 done; 1 --verify found an inconsistency (results wrong); 2 bad usage or a malformed trace
+    (the message names the line, or the snapshot entry, and the field)
 
     -h, --help     this text
     -V, --version  the version

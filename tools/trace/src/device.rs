@@ -306,10 +306,6 @@ impl Shim for AddressShim {
         match page {}
     }
 
-    unsafe fn host_unregister(&self, registration: Infallible) {
-        match registration {}
-    }
-
     unsafe fn copy_to_device(
         &self,
         _stream: &(),

@@ -9,7 +9,8 @@
 //! the timed replays, the budget search, the check at the budget found, and the plot; then the
 //! [`Outcome`] the report prints. The parts, one a file:
 //! - `cli.rs`: options, parsing, `--help`;
-//! - `input/`: reading traces (`csv.rs`, `snapshot.rs`) into operations on dense slots;
+//! - `input/`: reading traces (`csv.rs`, `snapshot.rs`, `pickle/`: a pickle reader with no
+//!   recursion and memory bounded by the input) into operations on dense slots;
 //! - `presets.rs`: the presets and `--set`'s fields, one table each;
 //! - `device.rs`: the device facts and the two devices (devcmd-std's, or address ranges only);
 //! - `replay.rs`: the manager and the replays;

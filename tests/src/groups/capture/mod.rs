@@ -29,9 +29,10 @@ pub(super) const SMALL: usize = 3000;
 pub(super) const LARGE: usize = 200_000;
 
 /// The capture group: every check in `mode` but the fault of a replay
-/// ([`capture_replay_fault`]), or a note on stderr when the shim has no graphs.
+/// ([`capture_replay_fault`]), or the line `capture: skipped (no graphs)` ([`crate::skip`]) when
+/// the shim has no graphs.
 pub fn capture<H: Harness>(h: &H, mode: Mode) {
-    if !has_graphs(h, mode) {
+    if !has_graphs(h, mode, "capture") {
         return;
     }
     replay::replays_compute_the_recorded_work(h, mode);
@@ -49,15 +50,15 @@ pub fn capture<H: Harness>(h: &H, mode: Mode) {
 /// A fault while a replay runs (`failures.rs`): a group of its own, because on a device whose
 /// failed kernel loses it for the whole process (CUDA), nothing can run after it.
 pub fn capture_replay_fault<H: Harness>(h: &H, mode: Mode) {
-    if has_graphs(h, mode) {
+    if has_graphs(h, mode, "capture_replay_fault") {
         failures::a_fault_while_a_replay_runs_is_the_streams(h, mode);
     }
 }
 
-/// Whether the shim records graphs; a shim that refuses with `Fault::Unsupported` is skipped
+/// Whether the shim records graphs; a shim that refuses with `Fault::Unsupported` skips `group`
 /// (saying so), any other refusal fails the group.
-fn has_graphs<H: Harness>(h: &H, mode: Mode) -> bool {
-    let Some(mut c) = Ctx::new(h, mode, small_pages(), "capture") else {
+fn has_graphs<H: Harness>(h: &H, mode: Mode, group: &str) -> bool {
+    let Some(mut c) = Ctx::new(h, mode, small_pages(), group) else {
         return false;
     };
     let begun = c.dev.command(S0).and_then(|mut k| k.begin_capture("probe"));
@@ -72,7 +73,9 @@ fn has_graphs<H: Harness>(h: &H, mode: Mode) -> bool {
         Err(ServerError::Capture(CaptureError::Refused { cause, .. }))
             if cause.fault == Fault::Unsupported =>
         {
-            eprintln!("devcmd conformance: capture skipped: the shim has no graphs ({cause})");
+            // `cause` is the shim's Unsupported answer: it says nothing more than "no graphs".
+            let _ = cause;
+            crate::skip::skipped(group, mode, "no graphs");
             false
         }
         Err(e) => panic!("[{mode}] capture: begin_capture refused: {e}"),

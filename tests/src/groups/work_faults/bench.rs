@@ -4,7 +4,7 @@
 //! back only once every stream's last fence completed (a shim that breaks its promises cannot make
 //! the suite touch freed memory). Does not own the checks (`on_shim`).
 
-use super::{FAILED_BYTE, LEN, POLLS, RULE_COMPLETED, RULE_KIND, RULE_STICKY, Source};
+use super::{FAILED_BYTE, LEN, POLLS, RULE_COMPLETED, RULE_KIND, RULE_STICKY, RULE_WAIT, Source};
 use crate::harness::{FaultRule, Harness, Mode, Probe, TestArgs, TestKernel};
 use crate::util::{kernel_slot, load_kernels};
 use devcmd::{CopyLayout, DeviceSpan, DriverError, Fault, HostMemory, Shim, ShimOp};
@@ -47,23 +47,44 @@ impl<H: Harness> Bench<H> {
     /// lacks the mode, or when `source` needs a probe the harness does not offer.
     pub(super) fn new(h: &H, mode: Mode, check: &str, source: Source) -> Option<Self> {
         let Some(shim) = h.shim(mode) else {
-            eprintln!("devcmd conformance: work_faults skipped: the shim has no {mode} mode");
+            crate::skip::skipped("work_faults", mode, &format!("the shim has no {mode} mode"));
             return None;
         };
         let probe = h.probe(&shim);
         if source == Source::InjectedUpload && probe.is_none() {
+            crate::skip::skipped(
+                "work_faults",
+                mode,
+                &format!("{check} with an injected upload fault: the harness has no probe"),
+            );
             return None;
         }
+        let what = format!("[{mode}] {check}, failing with {source}");
+        Some(Self::with(h, shim, probe, what))
+    }
+
+    /// A fresh shim in `mode` for `check`, with no failure planned; `None` (after saying so) when
+    /// the shim lacks the mode.
+    pub(super) fn clean(h: &H, mode: Mode, check: &str) -> Option<Self> {
+        let Some(shim) = h.shim(mode) else {
+            crate::skip::skipped("work_faults", mode, &format!("the shim has no {mode} mode"));
+            return None;
+        };
+        let probe = h.probe(&shim);
+        Some(Self::with(h, shim, probe, format!("[{mode}] {check}")))
+    }
+
+    fn with(h: &H, shim: H::S, probe: Option<Box<dyn Probe>>, what: String) -> Self {
         let kernels = load_kernels(h, &shim);
-        Some(Self {
-            what: format!("[{mode}] {check}, failing with {source}"),
+        Self {
+            what,
             shim,
             probe,
             kernels,
             pages: Vec::new(),
             hosts: Vec::new(),
             settled: false,
-        })
+        }
     }
 
     pub(super) fn stream(&self) -> <H::S as Shim>::Stream {
@@ -242,6 +263,60 @@ impl<H: Harness> Bench<H> {
         }
     }
 
+    /// Waits on `event`, a fence after the failed work, and expects the fault. A clean answer is
+    /// told apart by asking the same fence again: a query that answers "not yet", or that now
+    /// reports the fault, means the wait returned early ([`RULE_WAIT`]: the shim call at fault is
+    /// `event_wait`); a query that agrees it is clean means the fault was forgotten (`rule`).
+    #[track_caller]
+    pub(super) fn expect_wait_fault(
+        &self,
+        event: &<H::S as Shim>::Event,
+        rule: &str,
+        step: &str,
+    ) -> Class {
+        let waited = self.shim.event_wait(event);
+        if waited.is_ok() {
+            self.diagnose_clean(event, "event_wait", rule, step);
+        }
+        self.expect_fault(waited, rule, step)
+    }
+
+    /// Panics for a fence after the failed work that answered clean to `call`, naming the call
+    /// and the rule it most likely broke (see [`Self::expect_wait_fault`]).
+    #[track_caller]
+    fn diagnose_clean(
+        &self,
+        event: &<H::S as Shim>::Event,
+        call: &str,
+        rule: &str,
+        step: &str,
+    ) -> ! {
+        let what = &self.what;
+        let (again, other) = if call == "event_wait" {
+            (self.shim.event_query(event), "a query")
+        } else {
+            (self.shim.event_wait(event).map(|()| true), "a wait")
+        };
+        match again {
+            Ok(false) => panic!(
+                "{what}: {RULE_WAIT}: {step}: {call} answered clean, but {other} on the same fence \
+                 right after answers \"not yet\": {call} returned before its fence completed \
+                 (the shim call at fault is {call}: it returns early; not a forgotten fault)"
+            ),
+            Err(e) => panic!(
+                "{what}: {RULE_WAIT}: {step}: {call} answered clean, then {other} on the same \
+                 fence reported {e}: {call} returned before the failed work finished (the shim \
+                 call at fault is {call}: it returns early; not a forgotten fault)"
+            ),
+            Ok(true) => panic!(
+                "{what}: {rule}: {step} completed clean, as if the work before it had not failed, \
+                 and {other} on the same fence agrees: the shim forgot the fault (the calls at \
+                 fault: event_query / event_wait, which must report it at every fence at or after \
+                 the failed work)"
+            ),
+        }
+    }
+
     /// Expects a query of `event`, which completed (a wait on it returned), to report the fault.
     #[track_caller]
     pub(super) fn expect_query_fault(&self, event: &<H::S as Shim>::Event, rule: &str, step: &str) {
@@ -257,11 +332,20 @@ impl<H: Harness> Bench<H> {
         }
     }
 
-    /// Expects `polled` to report the fault; a query that reported it must have seen the fence
-    /// completed.
+    /// Expects `polled`, the answer of `event` to [`Self::poll`], to report the fault; a clean
+    /// answer is told apart as in [`Self::expect_wait_fault`] (a query that completed clean and
+    /// early names `event_query`, [`RULE_WAIT`]).
     #[track_caller]
-    pub(super) fn expect_polled_fault(&self, polled: Polled, rule: &str, step: &str) -> Class {
+    pub(super) fn expect_polled_fault(
+        &self,
+        event: &<H::S as Shim>::Event,
+        polled: Polled,
+        rule: &str,
+        step: &str,
+    ) -> Class {
         match polled {
+            Polled::Query(Ok(())) => self.diagnose_clean(event, "event_query", rule, step),
+            Polled::Wait(Ok(())) => self.diagnose_clean(event, "event_wait", rule, step),
             Polled::Query(r) | Polled::Wait(r) => self.expect_fault(r, rule, step),
         }
     }

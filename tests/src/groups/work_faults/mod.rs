@@ -7,7 +7,9 @@
 //! Every check function panics with a message that names the rule it enforces
 //! ([`RULE_COMPLETED`], [`RULE_STICKY`], [`RULE_TRAVELS`], [`RULE_KIND`]), so a shim author reads
 //! which promise the shim broke ([`RULE_INDEPENDENT`] besides, for a fault reported where it has
-//! no business). No check depends on timing: a fence that answers "not yet" is polled, then
+//! no business, and [`RULE_WAIT`] for a wait or query that returns before its fence completed:
+//! a clean answer where a fault was due is asked again, so a forgotten fault and an early wait
+//! get different messages, each naming the shim call at fault). No check depends on timing: a fence that answers "not yet" is polled, then
 //! waited on; only answers are compared, never durations (the slow kernel of the first rule's
 //! check only gives a shim that reports early more time to be caught).
 //!
@@ -21,7 +23,10 @@ mod through_core;
 use crate::harness::{Harness, Mode};
 use std::fmt;
 
-pub use on_shim::{fault_is_sticky, fault_reported_by_completed_fence, fault_travels_with_waits};
+pub use on_shim::{
+    a_wait_covers_what_came_before, fault_is_sticky, fault_reported_by_completed_fence,
+    fault_travels_with_waits,
+};
 pub use through_core::work_faults_through_core;
 
 /// Rule 1 of [`devcmd::shim`], as the checks name it.
@@ -37,6 +42,10 @@ pub const RULE_TRAVELS: &str = "rule 3 of devcmd::shim (travels with stream_wait
 /// How a fault of work that ran is classified ([`devcmd::shim`]), as the checks name it.
 pub const RULE_KIND: &str = "devcmd::shim: a fault of work that ran surfaces as Fault::WorkFailed \
                              (Fault::DeviceLost when the device is lost)";
+/// What a host wait promises ([`devcmd::Shim::event_wait`]), as the checks name it.
+pub const RULE_WAIT: &str = "devcmd::shim: event_wait returns (and event_query answers complete) \
+                             only once everything enqueued before the event has completed, \
+                             copies into host memory included";
 /// The promise that streams are independent unless ordered ([`devcmd::shim`]).
 pub const RULE_INDEPENDENT: &str = "devcmd::shim: streams run independently unless ordered by \
                                     stream_wait_event";
@@ -122,13 +131,16 @@ pub fn work_fault<H: Harness>(h: &H, mode: Mode, check: Check, source: Source) {
     }
 }
 
-/// The work-faults group: the three rules of [`devcmd::shim`] on the shim
+/// The work-faults group: that a wait covers what came before it
+/// ([`a_wait_covers_what_came_before`], [`RULE_WAIT`]), then the three rules of [`devcmd::shim`]
+/// on the shim
 /// ([`fault_reported_by_completed_fence`], [`fault_is_sticky`], [`fault_travels_with_waits`])
 /// and through the core ([`work_faults_through_core`]). The failure comes from
 /// [`TestKernel::WriteThenFail`](crate::TestKernel::WriteThenFail) always, and from
 /// [`FaultRule::WorkFails`](crate::FaultRule::WorkFails) on an upload when the harness has a
 /// probe. [`work_fault`] runs one check with one source.
 pub fn work_faults<H: Harness>(h: &H, mode: Mode) {
+    a_wait_covers_what_came_before(h, mode);
     fault_reported_by_completed_fence(h, mode);
     fault_is_sticky(h, mode);
     fault_travels_with_waits(h, mode);

@@ -2,10 +2,53 @@
 //! first rule) what host memory a fence's copy wrote after the fault was reported.
 
 use super::bench::{Bench, Class, Polled};
-use super::{RULE_COMPLETED, RULE_STICKY, RULE_TRAVELS, SOURCES, Source};
+use super::{LEN, RULE_COMPLETED, RULE_STICKY, RULE_TRAVELS, RULE_WAIT, SOURCES, Source};
 use crate::harness::{Harness, Mode, TestKernel};
 use crate::util::first_diff;
 use devcmd::Shim;
+
+/// What a wait covers has landed: a slow kernel, then a copy of its output into host memory,
+/// then a fence; once `event_wait` on the fence returns, the host bytes are the kernel's result
+/// and a query of the fence answers complete. A wait that returns early fails here naming
+/// `event_wait` ([`RULE_WAIT`]), where it would otherwise show only as wrong bytes in the groups
+/// that read through the core.
+pub fn a_wait_covers_what_came_before<H: Harness>(h: &H, mode: Mode) {
+    let Some(mut b) = Bench::clean(h, mode, "event_wait covers what came before it") else {
+        return;
+    };
+    let s = b.stream();
+    let (q, r) = (b.page(), b.page());
+    let out = b.host(0);
+    b.launch(&s, TestKernel::Fill, 0x40, &[], &[q]);
+    b.launch(&s, TestKernel::SlowAdd, 1, &[q], &[r]);
+    b.download(&s, r, out);
+    let fence = b.record(&s);
+    if let Err(e) = b.shim.event_wait(&fence) {
+        panic!(
+            "{}: event_wait on a fence after good work failed: {e}",
+            b.what
+        );
+    }
+    let seen = b.read_host(out);
+    let want = vec![0x41; LEN];
+    assert!(
+        seen == want,
+        "{}: {RULE_WAIT}: when event_wait returned, the copy into host memory it covers had not \
+         landed ({}): the shim call at fault is event_wait (it returns before its fence \
+         completed), or copy_to_host",
+        b.what,
+        first_diff(&seen, &want)
+    );
+    match b.shim.event_query(&fence) {
+        Ok(true) => {}
+        other => panic!(
+            "{}: {RULE_WAIT}: event_wait on the fence returned, then a query of it answered \
+             {other:?} instead of complete: event_wait returned early, or event_query forgets",
+            b.what
+        ),
+    }
+    b.settle(&[&s]);
+}
 
 /// Rule 1: a fault of work that ran is reported only by a fence that has completed. Checked
 /// directly on the shim, with each failure source: a slow kernel and a copy into host memory
@@ -57,6 +100,7 @@ pub(super) fn completed_fence_with<H: Harness>(h: &H, mode: Mode, source: Source
             class
         }
         polled => b.expect_polled_fault(
+            &fence,
             polled,
             RULE_STICKY,
             "the first fence recorded after the failed work",
@@ -97,8 +141,8 @@ pub(super) fn sticky_with<H: Harness>(h: &H, mode: Mode, source: Source) {
     let (p, q) = (b.page(), b.page());
     b.fail(&s, source, p);
     let (e1, e2) = (b.record(&s), b.record(&s));
-    let class = b.expect_fault(
-        b.shim.event_wait(&e1),
+    let class = b.expect_wait_fault(
+        &e1,
         RULE_STICKY,
         "a wait on the first fence after the failed work",
     );
@@ -108,28 +152,21 @@ pub(super) fn sticky_with<H: Harness>(h: &H, mode: Mode, source: Source) {
         return;
     }
     b.expect_polled_fault(
+        &e2,
         b.poll(&e2),
         RULE_STICKY,
         "a second fence after the failed work (queried once a wait on the first had reported \
          the fault)",
     );
-    b.expect_fault(
-        b.shim.event_wait(&e2),
+    b.expect_wait_fault(
+        &e2,
         RULE_STICKY,
         "a wait on the second fence after the failed work",
     );
-    b.expect_fault(
-        b.shim.event_wait(&e1),
-        RULE_STICKY,
-        "the first fence, waited on again",
-    );
+    b.expect_wait_fault(&e1, RULE_STICKY, "the first fence, waited on again");
     b.launch(&s, TestKernel::Fill, 0x22, &[], &[q]);
     let e3 = b.record(&s);
-    b.expect_fault(
-        b.shim.event_wait(&e3),
-        RULE_STICKY,
-        "a fence recorded later, after good work",
-    );
+    b.expect_wait_fault(&e3, RULE_STICKY, "a fence recorded later, after good work");
     b.expect_query_fault(&e3, RULE_STICKY, "a query of that later fence");
     b.settle(&[&s]);
 }
@@ -171,15 +208,15 @@ pub(super) fn travels_with<H: Harness>(h: &H, mode: Mode, source: Source, depend
     let on_b = "a fence of a stream ordered (by stream_wait_event) after the failed work";
     let on_a = "the fence of the failing stream";
     let class = if dependent_first {
-        let class = b.expect_fault(b.shim.event_wait(&eb), RULE_TRAVELS, on_b);
+        let class = b.expect_wait_fault(&eb, RULE_TRAVELS, on_b);
         if class == Class::Work {
-            b.expect_fault(b.shim.event_wait(&ea), RULE_STICKY, on_a);
+            b.expect_wait_fault(&ea, RULE_STICKY, on_a);
         }
         class
     } else {
-        let class = b.expect_fault(b.shim.event_wait(&ea), RULE_STICKY, on_a);
+        let class = b.expect_wait_fault(&ea, RULE_STICKY, on_a);
         if class == Class::Work {
-            b.expect_fault(b.shim.event_wait(&eb), RULE_TRAVELS, on_b);
+            b.expect_wait_fault(&eb, RULE_TRAVELS, on_b);
         }
         class
     };
@@ -190,6 +227,7 @@ pub(super) fn travels_with<H: Harness>(h: &H, mode: Mode, source: Source, depend
     }
     let later = b.record(&bs);
     b.expect_polled_fault(
+        &later,
         b.poll(&later),
         RULE_TRAVELS,
         "a later fence of the stream ordered after the failed work",
@@ -198,8 +236,8 @@ pub(super) fn travels_with<H: Harness>(h: &H, mode: Mode, source: Source, depend
         .unwrap_or_else(|e| panic!("{}: stream_wait_event: {e}", b.what));
     b.launch(&c, TestKernel::Fill, 0x44, &[], &[r]);
     let ec = b.record(&c);
-    b.expect_fault(
-        b.shim.event_wait(&ec),
+    b.expect_wait_fault(
+        &ec,
         RULE_TRAVELS,
         "a fence of a stream ordered after the failed work through another waiting stream",
     );

@@ -5,9 +5,11 @@
 //! that is not live, an id allocated twice while live, a size of 0), and [`read`], which opens a
 //! file and picks the parser by its magic bytes (gzip `1f 8b`, pickle `80 02..05`, else CSV
 //! text), not by its extension. The formats themselves are in `csv.rs` (`seq,action,id,size,
-//! stream`) and `snapshot.rs` (PyTorch's memory snapshot pickle).
+//! stream`) and `snapshot.rs` (PyTorch's memory snapshot pickle, read by `pickle.rs`: no recursion,
+//! memory in proportion to the file).
 
 mod csv;
+pub mod pickle;
 mod snapshot;
 
 use crate::error::{Failure, InputError, Place};
@@ -106,9 +108,32 @@ pub struct ReadOptions {
 pub fn read(path: &str, options: ReadOptions, progress: &mut Progress) -> Result<Trace, Failure> {
     let file = File::open(path).map_err(|e| Failure::Input(format!("{path}: cannot open: {e}")))?;
     let total = file.metadata().map(|m| m.len()).unwrap_or(0);
+    read_from(path, file, total, options, progress)
+}
+
+/// Reads a trace held in memory, `bytes`, named `name` in messages, as [`read`] reads a file (the
+/// fuzz targets' entry).
+pub fn read_bytes(name: &str, bytes: &[u8], options: ReadOptions) -> Result<Trace, Failure> {
+    read_from(
+        name,
+        bytes,
+        bytes.len() as u64,
+        options,
+        &mut Progress::off(),
+    )
+}
+
+/// Reads a trace from `source` (`total` bytes, for progress), named `path` in messages.
+fn read_from(
+    path: &str,
+    source: impl Read,
+    total: u64,
+    options: ReadOptions,
+    progress: &mut Progress,
+) -> Result<Trace, Failure> {
     let counted = Arc::new(AtomicU64::new(0));
     let reader = Counting {
-        inner: file,
+        inner: source,
         read: Arc::clone(&counted),
     };
     let mut raw = BufReader::with_capacity(1 << 16, reader);
@@ -122,7 +147,7 @@ pub fn read(path: &str, options: ReadOptions, progress: &mut Progress) -> Result
         };
         Failure::Input(format!("{path}: cannot read: {e}{hint}"))
     };
-    let mut inner: Box<dyn BufRead> = if gzip {
+    let mut inner: Box<dyn BufRead + '_> = if gzip {
         Box::new(BufReader::with_capacity(
             1 << 16,
             flate2::read::MultiGzDecoder::new(raw),
@@ -295,8 +320,18 @@ impl Builder {
                 s
             }
         };
+        self.live_bytes = self.live_bytes.checked_add(size).ok_or_else(|| {
+            self.error(
+                source,
+                Some("size"),
+                format!(
+                    "{size} more bytes make the live bytes pass 2^64 ({} live already): no \
+                     device holds that much; check the trace's sizes",
+                    self.live_bytes
+                ),
+            )
+        })?;
         self.live.insert(id, Live { slot, size, source });
-        self.live_bytes += size;
         self.live_peak = self.live_peak.max(self.live_bytes);
         self.allocs += 1;
         self.ops.push(Op {

@@ -8,11 +8,13 @@
 //! `free_requested`. Segment events (`segment_alloc`, `segment_free`, `segment_map`, ...) are
 //! PyTorch's own pages and are ignored, as are `snapshot` and `oom` (counted in the notes). A
 //! free of an address the trace never saw allocated (allocated before the recording began) is
-//! skipped and counted. Errors name the entry (`device_traces[D][I]`) and the key.
+//! skipped and counted. Errors name the entry (`device_traces[D][I]`) and the key, and what was
+//! found (a negative or too large size says so). The pickle itself is read by `pickle.rs`, which
+//! never recurses and bounds its memory by the file's size.
 
+use super::pickle::{self, Id, Node, Pickle};
 use super::{Builder, Origin, ReadOptions, Trace};
 use crate::error::{InputError, Place};
-use serde_pickle::{DeOptions, HashableValue, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 
@@ -25,65 +27,83 @@ fn file_error(path: &str, message: String) -> InputError {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
+fn kind(v: &Node) -> &'static str {
     match v {
-        Value::None => "None",
-        Value::Bool(_) => "a bool",
-        Value::I64(_) | Value::Int(_) => "an int",
-        Value::F64(_) => "a float",
-        Value::Bytes(_) => "bytes",
-        Value::String(_) => "a str",
-        Value::List(_) => "a list",
-        Value::Tuple(_) => "a tuple",
-        Value::Set(_) | Value::FrozenSet(_) => "a set",
-        Value::Dict(_) => "a dict",
+        Node::None => "None",
+        Node::Bool(_) => "a bool",
+        Node::Int(_) | Node::Big { .. } => "an int",
+        Node::Float(_) => "a float",
+        Node::Bytes(_) => "bytes",
+        Node::Str(_) => "a str",
+        Node::List(_) => "a list",
+        Node::Tuple(_) => "a tuple",
+        Node::Set(_) => "a set",
+        Node::Dict(_) => "a dict",
+        Node::Object => "an object",
     }
 }
 
-fn text(v: &Value) -> Option<&str> {
+fn text(v: &Node) -> Option<&str> {
     match v {
-        Value::String(s) => Some(s),
-        Value::Bytes(b) => std::str::from_utf8(b).ok(),
+        Node::Str(s) => Some(s),
+        Node::Bytes(b) => std::str::from_utf8(b).ok(),
         _ => None,
     }
 }
 
-fn whole(v: &Value) -> Option<u64> {
+/// A whole number of bytes (or an address), or what was found instead.
+fn whole(v: &Node) -> Result<u64, String> {
     match v {
-        Value::I64(i) => u64::try_from(*i).ok(),
-        Value::Int(b) => u64::try_from(b).ok(),
-        _ => None,
+        Node::Int(i) if *i < 0 => Err(format!(
+            "{i} is negative: a size or an address is 0 or more"
+        )),
+        Node::Int(i) => u64::try_from(*i)
+            .map_err(|_| format!("{i} is too large: a size or an address is below 2^64")),
+        Node::Big {
+            negative: true,
+            bytes,
+        } => Err(format!(
+            "an int of {bytes} bytes is negative: a size or an address is 0 or more"
+        )),
+        Node::Big { bytes, .. } => Err(format!(
+            "an int of {bytes} bytes is too large: a size or an address is below 2^64"
+        )),
+        other => Err(format!("{} is not a whole number of bytes", kind(other))),
     }
 }
 
-fn get<'a>(dict: &'a BTreeMap<HashableValue, Value>, key: &str) -> Option<&'a Value> {
-    dict.get(&HashableValue::String(key.to_owned()))
-        .or_else(|| dict.get(&HashableValue::Bytes(key.as_bytes().to_vec())))
+/// The value under the str (or bytes) key `key` of `dict`.
+fn get<'a>(p: &'a Pickle, dict: &[(Id, Id)], key: &str) -> Option<&'a Node> {
+    dict.iter()
+        .find(|(k, _)| text(p.node(*k)) == Some(key))
+        .map(|(_, v)| p.node(*v))
 }
 
 /// Reads a snapshot pickle from `input`.
 pub fn read(path: &str, input: impl BufRead, options: ReadOptions) -> Result<Trace, InputError> {
-    let de = DeOptions::new()
-        .replace_unresolved_globals()
-        .replace_recursive_structures();
-    let value = serde_pickle::value_from_reader(input, de).map_err(|e| {
+    let p = pickle::read(input).map_err(|e| {
         file_error(
             path,
-            format!("not a readable pickle ({e}); a snapshot is what torch.cuda.memory._dump_snapshot writes"),
+            format!(
+                "not a readable pickle (at byte {}: {}); a snapshot is what \
+                 torch.cuda.memory._dump_snapshot writes",
+                e.offset, e.message
+            ),
         )
     })?;
-    let Value::Dict(top) = &value else {
+    let value = p.node(p.root);
+    let Node::Dict(top) = value else {
         return Err(file_error(
             path,
             format!(
                 "not a PyTorch memory snapshot: the pickle holds {}, not a dict with \
                  `device_traces` (what torch.cuda.memory._dump_snapshot writes)",
-                kind(&value)
+                kind(value)
             ),
         ));
     };
-    let traces = match get(top, "device_traces") {
-        Some(Value::List(l)) => l,
+    let traces = match get(&p, top, "device_traces") {
+        Some(Node::List(l)) => l,
         Some(other) => {
             return Err(file_error(
                 path,
@@ -104,22 +124,22 @@ pub fn read(path: &str, input: impl BufRead, options: ReadOptions) -> Result<Tra
     };
     let sizes: Vec<usize> = traces
         .iter()
-        .map(|t| match t {
-            Value::List(l) => l.len(),
+        .map(|t| match p.node(*t) {
+            Node::List(l) => l.len(),
             _ => 0,
         })
         .collect();
     let device = pick_device(path, &sizes, options.device)?;
-    let Value::List(entries) = &traces[device] else {
+    let Node::List(entries) = p.node(traces[device]) else {
         return Err(file_error(
             path,
             format!(
                 "device_traces[{device}] is {}, not a list of entries",
-                kind(&traces[device])
+                kind(p.node(traces[device]))
             ),
         ));
     };
-    convert(path, device, entries, options)
+    convert(path, device, &p, entries, options)
 }
 
 fn pick_device(path: &str, sizes: &[usize], asked: Option<usize>) -> Result<usize, InputError> {
@@ -169,17 +189,18 @@ fn pick_device(path: &str, sizes: &[usize], asked: Option<usize>) -> Result<usiz
 fn convert(
     path: &str,
     device: usize,
-    entries: &[Value],
+    p: &Pickle,
+    entries: &[Id],
     options: ReadOptions,
 ) -> Result<Trace, InputError> {
     let mut b = Builder::new(path, Origin::Snapshot { device }, options.lenient);
-    let action_of = |e: &Value| match e {
-        Value::Dict(d) => get(d, "action").and_then(text).map(str::to_owned),
+    let action_of = |e: Id| match p.node(e) {
+        Node::Dict(d) => get(p, d, "action").and_then(text),
         _ => None,
     };
     let completed = entries
         .iter()
-        .any(|e| action_of(e).as_deref() == Some("free_completed"));
+        .any(|e| action_of(*e) == Some("free_completed"));
     let free_action = if completed {
         "free_completed"
     } else {
@@ -188,12 +209,13 @@ fn convert(
     let mut live: HashMap<u64, (u64, u64)> = HashMap::new(); // addr -> (id, entry)
     let mut next_id = 0u64;
     let mut ignored: BTreeMap<String, u64> = BTreeMap::new();
-    for (i, entry) in entries.iter().enumerate() {
+    for (i, &entry) in entries.iter().enumerate() {
         let i = i as u64;
-        let Value::Dict(d) = entry else {
+        let entry = p.node(entry);
+        let Node::Dict(d) = entry else {
             return Err(b.error(i, None, format!("{} is not a dict", kind(entry))));
         };
-        let action = match get(d, "action") {
+        let action = match get(p, d, "action") {
             Some(v) => text(v)
                 .ok_or_else(|| b.error(i, Some("action"), format!("{} is not a str", kind(v))))?,
             None => return Err(b.error(i, Some("action"), "missing".into())),
@@ -204,23 +226,16 @@ fn convert(
             continue;
         }
         let field = |key: &'static str| -> Result<u64, InputError> {
-            match get(d, key) {
-                Some(v) => whole(v).ok_or_else(|| {
-                    b.error(
-                        i,
-                        Some(key),
-                        format!("{} is not a whole number of bytes", kind(v)),
-                    )
-                }),
+            match get(p, d, key) {
+                Some(v) => whole(v).map_err(|found| b.error(i, Some(key), found)),
                 None => Err(b.error(i, Some(key), "missing".into())),
             }
         };
         let addr = field("addr")?;
         let size = field("size")?;
-        if let Some(s) = get(d, "stream") {
+        if let Some(s) = get(p, d, "stream") {
             let name = match s {
-                Value::I64(n) => n.to_string(),
-                Value::Int(n) => n.to_string(),
+                Node::Int(n) => n.to_string(),
                 other => text(other).unwrap_or("?").to_owned(),
             };
             b.stream(&name);
