@@ -14,6 +14,7 @@ use devcmd_examples::gpt2::cli::{self, DEFAULT_NEW_TOKENS, Options, Parsed};
 use devcmd_examples::gpt2::config::{self, Config};
 use devcmd_examples::gpt2::decode::{self, Backend, COMPUTE, Decoded, KvCache, Plan};
 use devcmd_examples::gpt2::devices::{CudaBackend, StdBackend, std_shim};
+use devcmd_examples::gpt2::step;
 use devcmd_examples::gpt2::weights::{self, ModelFile};
 use devcmd_examples::serve::WeightsPath;
 use devcmd_examples::weights::Mapping;
@@ -184,7 +185,7 @@ fn summary(
         "new_tokens": plan.new_tokens,
         "graph": o.graph,
         "kv": match plan.kv { KvCache::Ahead => "ahead", KvCache::Grow => "grow" },
-        "launches_per_step": decode::launches_per_step(job.config.layers),
+        "launches_per_step": step::launches_per_step(job.config.layers),
         "first_token_ms": run.first_token.as_secs_f64() * 1e3,
         "decode_tokens_per_s": if decode_s > 0.0 {
             (rows * run.step_times.len()) as f64 / decode_s
@@ -254,7 +255,7 @@ where
         model.dtype.name()
     );
     let run = decode::decode(&mut device, backend, &model, plan)?;
-    report_run(o, plan, &run, decode::launches_per_step(config.layers));
+    report_run(o, plan, &run, step::launches_per_step(config.layers));
     let mut passed = true;
     let mut checked = serde_json::Value::Null;
     if let Some(f) = fixture {

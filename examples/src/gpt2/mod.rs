@@ -10,7 +10,8 @@
 //! | [`kernels`] | the step's kernels as every device sees them: signatures, geometry, the CUDA C source, the GEMM's description |
 //! | [`std_kernels`] | the kernels' Rust bodies on the std shim and the CPU GEMM |
 //! | [`devices`] | the std device and the GPU: their kernels and GEMM |
-//! | [`decode`] | the model on the device, the step, the loop (eager or graph) |
+//! | [`decode`] | the model on the device and the loop (eager or graph) |
+//! | [`step`] | one step's buffers, the KV cache and the step's work |
 //! | [`check`] | the fixture and the comparison with transformers |
 
 pub mod check;
@@ -20,4 +21,5 @@ pub mod decode;
 pub mod devices;
 pub mod kernels;
 pub mod std_kernels;
+pub mod step;
 pub mod weights;
