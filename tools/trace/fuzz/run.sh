@@ -20,12 +20,18 @@ toolchain="${DEVCMD_FUZZ_TOOLCHAIN:-nightly-2026-10-30}"
 rustup toolchain list | grep -q "^$toolchain" || rustup toolchain install "$toolchain" --profile minimal
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 
+work=""
+trap '[ -z "$work" ] || rm -rf "$work"' EXIT
 for target in "${targets[@]}"; do
     work="$(mktemp -d)"
+    # The seeds are committed (corpus/.gitignore keeps the *.bin ones); a missing folder is an
+    # empty corpus, not a failure.
+    mkdir -p "corpus/$target"
     echo "== fuzzing $target for ${seconds}s"
     cargo "+$toolchain" fuzz run "$target" "$work" "corpus/$target" -- \
         -max_total_time="$seconds" -rss_limit_mb=1024 -max_len=65536 -timeout=10 \
         -print_final_stats=1
     rm -rf "$work"
+    work=""
 done
 echo "fuzz: ${targets[*]} ran ${seconds}s each without a finding"
