@@ -31,6 +31,7 @@ pub mod capture;
 pub mod command;
 pub mod copy;
 pub mod device;
+mod device_report;
 pub mod drop_queue;
 #[cfg(test)]
 mod drop_queue_model;
@@ -56,7 +57,7 @@ pub use command::{
 };
 pub use copy::{CopyLayout, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};
-pub use drop_queue::{DropPolicy, DropStats};
+pub use drop_queue::{Awaiting, DropPolicy, DropStats};
 pub use error::{
     CaptureError, DriverError, Fault, IoError, LaunchError, LibraryError, ServerError, ShimOp,
     Validation,

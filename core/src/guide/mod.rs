@@ -121,6 +121,7 @@
 //! [`Device::drop_stats`]: crate::Device::drop_stats
 //! [`DeviceReport`]: crate::DeviceReport
 //! [`DeviceReport::held`]: crate::DeviceReport::held
+//! [`DeviceReport::awaiting_fence`]: crate::DeviceReport::awaiting_fence
 //! [`Command`]: crate::Command
 //! [`Command::flush_drops`]: crate::Command::flush_drops
 //! [`Command::poll_drops`]: crate::Command::poll_drops
