@@ -22,9 +22,6 @@ use crate::staging::StagingPolicy;
 use crate::stream::{Stream, StreamId};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU32, Ordering};
-
-static NEXT_DEVICE: AtomicU32 = AtomicU32::new(1);
 
 /// Everything configurable about a device, with the design's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +96,7 @@ impl<S: Shim> Device<S> {
         };
         Self {
             shim: Arc::new(shim),
-            id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
+            id: crate::live::register(),
             facts,
             config,
             budget: MemoryBudget::new(limit),
@@ -245,10 +242,7 @@ impl<S: Shim> Device<S> {
         let b = binding.as_binding();
         let issuer = b.issuer();
         if issuer.device != self.id {
-            return Err(IoError::ForeignHandle {
-                issued_by: issuer.device,
-                used_on: self.id,
-            });
+            return Err(IoError::foreign_handle(issuer.device, self.id));
         }
         let owner = issuer.stream as usize;
         match self.streams.get(owner) {
@@ -419,6 +413,7 @@ where
 
 impl<S: Shim> Drop for Device<S> {
     fn drop(&mut self) {
+        crate::live::retire(self.id);
         // A recording still open is ended and thrown away first: nothing may wait on it.
         self.abort_capture();
         self.capture.release_dropped_graphs();

@@ -41,6 +41,7 @@ pub mod fault;
 pub mod guide;
 pub mod host;
 mod id;
+mod live;
 pub mod memory;
 mod order;
 pub mod pinned;

@@ -144,7 +144,7 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("edge-host: {e}");
+            eprintln!("edge-host: {}", devcmd_examples::error_chain(&*e));
             ExitCode::FAILURE
         }
     }

@@ -14,6 +14,9 @@ mod launch;
 mod server;
 mod validation;
 
+#[cfg(test)]
+mod chain_tests;
+
 pub use driver::{DriverError, Fault, ShimOp};
 pub use io::{IoError, NotFoundReason};
 pub use launch::{LaunchError, LibraryError};

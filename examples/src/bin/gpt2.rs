@@ -371,7 +371,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("gpt2: {e}");
+            eprintln!("gpt2: {}", devcmd_examples::error_chain(&*e));
             ExitCode::FAILURE
         }
     }
