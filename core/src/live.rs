@@ -19,7 +19,12 @@ pub(crate) fn register() -> u32 {
 
 /// The device `id` was dropped.
 pub(crate) fn retire(id: u32) {
-    LIVE.lock().retain(|&d| d != id);
+    let mut live = LIVE.lock();
+    live.retain(|&d| d != id);
+    if live.is_empty() {
+        // With no device left the list holds no heap memory (a firmware host checks that).
+        *live = Vec::new();
+    }
 }
 
 /// Whether the device `id` was created and not dropped yet.
