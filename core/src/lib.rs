@@ -51,6 +51,9 @@ pub mod stream;
 #[cfg(test)]
 mod test_shim;
 
+/// The plain-data bound of typed host I/O ([`Command::create_typed`], [`HostBuffer::copy_from`],
+/// ...), re-exported so a host names it without depending on `bytemuck` itself.
+pub use bytemuck::Pod;
 pub use capture::{CapturePhase, Graph, Recording};
 pub use command::{
     Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ReadFuture, ReadRequest,

@@ -25,6 +25,7 @@ mod launch;
 mod library;
 mod memory;
 mod transfer;
+mod typed;
 
 pub use futures::{ReadFuture, ReadToFuture, SyncFuture};
 pub use launch::Launch;

@@ -127,6 +127,14 @@
 //! [`Command::poll_drops`]: crate::Command::poll_drops
 //! [`Command::memory_cleanup`]: crate::Command::memory_cleanup
 //! [`Command::launch`]: crate::Command::launch
+//! [`Command::create`]: crate::Command::create
+//! [`Command::write`]: crate::Command::write
+//! [`Command::create_typed`]: crate::Command::create_typed
+//! [`Command::write_typed`]: crate::Command::write_typed
+//! [`Command::read_typed`]: crate::Command::read_typed
+//! [`HostBuffer::copy_from`]: crate::HostBuffer::copy_from
+//! [`HostBuffer::to_vec_of`]: crate::HostBuffer::to_vec_of
+//! [`bytemuck::Pod`]: crate::Pod
 //! [`Handle`]: crate::Handle
 //! [`HostBuffer`]: crate::HostBuffer
 //! [`ReadFuture`]: crate::ReadFuture
