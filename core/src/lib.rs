@@ -56,8 +56,8 @@ mod test_shim;
 pub use bytemuck::Pod;
 pub use capture::{CapturePhase, Graph, Recording};
 pub use command::{
-    Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ReadFuture, ReadRequest,
-    ReadToFuture, SyncFuture,
+    Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ModeWindow, ReadFuture,
+    ReadRequest, ReadToFuture, SyncFuture,
 };
 pub use copy::{CopyLayout, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};

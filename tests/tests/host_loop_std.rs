@@ -7,7 +7,7 @@
 //! or cleans up: what it frees, it frees because a poll recorded a fence and a later poll found
 //! it passed.
 
-use devcmd::memory::{AllocationMode, ReadableBytes};
+use devcmd::memory::ReadableBytes;
 use devcmd::{Device, DeviceConfig, KernelParam, Launch, LaunchDims, ReadRequest, StreamId};
 use devcmd_std::{KernelFault, StdShim, as_f32, as_f32_mut};
 use std::collections::VecDeque;
@@ -50,13 +50,11 @@ fn the_guides_loop_holds_near_live_memory_by_polling_alone() {
     let mut device = Device::new(shim, config);
 
     let w_host: Vec<f32> = (0..N).map(|i| (i % 7) as f32).collect();
-    let weights = {
-        let mut cmd = device.command(COMPUTE).unwrap();
-        cmd.allocation_mode(AllocationMode::Persistent);
-        let w = cmd.create_typed(&w_host).unwrap();
-        cmd.allocation_mode(AllocationMode::Auto);
-        w
-    };
+    let weights = device
+        .command(COMPUTE)
+        .unwrap()
+        .persistent(|c| c.create_typed(&w_host))
+        .unwrap();
 
     let bias = 0.5f32;
     let mut in_flight = VecDeque::new();

@@ -26,11 +26,13 @@ mod library;
 mod memory;
 mod transfer;
 mod typed;
+mod window;
 
 pub use futures::{ReadFuture, ReadToFuture, SyncFuture};
 pub use launch::Launch;
 pub use library::{Gemm, GemmType, LibraryWork};
 pub use transfer::ReadRequest;
+pub use window::ModeWindow;
 
 use crate::capture::Stance;
 use crate::device::{Device, DeviceReport};
@@ -187,7 +189,8 @@ impl<'a, S: Shim> Command<'a, S> {
     }
 
     /// Opens (`Persistent`, `Dedicated`) or closes (`Auto`) an allocation-mode window on this
-    /// stream.
+    /// stream, by hand: the window stays open until closed, whatever happens in between.
+    /// [`Self::persistent`] and [`Self::mode_window`] close it themselves.
     pub fn allocation_mode(&mut self, mode: AllocationMode) {
         self.current().memory.set_mode(mode);
     }

@@ -128,6 +128,7 @@
 //! [`Command::memory_cleanup`]: crate::Command::memory_cleanup
 //! [`Command::launch`]: crate::Command::launch
 //! [`Command::create`]: crate::Command::create
+//! [`Command::persistent`]: crate::Command::persistent
 //! [`Command::write`]: crate::Command::write
 //! [`Command::create_typed`]: crate::Command::create_typed
 //! [`Command::write_typed`]: crate::Command::write_typed
