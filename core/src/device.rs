@@ -285,6 +285,8 @@ impl<S: Shim> Device<S> {
 
     /// The memory report of every stream; device and pinned host memory are totalled apart.
     pub fn memory_report(&mut self) -> DeviceReport {
+        // Dropped handles come back first, and the pages they emptied join the drop queues.
+        self.collect();
         let mut streams = Vec::new();
         let mut awaiting = Vec::new();
         let mut pinned_host = 0;

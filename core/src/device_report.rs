@@ -11,6 +11,12 @@ use alloc::vec::Vec;
 
 /// The memory report of a whole device: one report per stream created. Device memory and
 /// pinned host memory are kept apart, in the totals as in each stream's report.
+///
+/// The device figures add up: [`Self::held`] (what counts against the budget) is the memory in
+/// the pools ([`Self::in_pools`]: each pool's `reserved`), plus the pages and granules the pools
+/// let go that wait for a fence in a drop queue ([`Awaiting::pages`] of [`Self::awaiting_fence`]),
+/// plus what was leaked on purpose after a fence of unknown outcome ([`Self::leaked`]). Address
+/// space a granule pool reserved ([`Self::address_space`]) is not memory and is counted apart.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceReport {
     /// Per stream: its id and the figures of its pools (its device pools, then its pinned host
@@ -19,8 +25,8 @@ pub struct DeviceReport {
     /// Per stream: what its drop queue holds until a fence passes (memory the host dropped or
     /// handed over that is not back yet). [`Self::awaiting_fence`] totals it.
     pub awaiting: Vec<(StreamId, Awaiting)>,
-    /// Bytes of device pages held on the device: in the pools, retired and waiting for a fence in
-    /// a drop queue, or leaked after an inconclusive fence (the budget's count). Host memory is
+    /// Bytes of device memory held on the device (the budget's count): in the pools, let go and
+    /// waiting for a fence in a drop queue, or leaked after an inconclusive fence. Host memory is
     /// never counted here.
     pub held: u64,
     /// The device's budget, if any (it bounds `held`, not pinned host memory).
@@ -40,6 +46,25 @@ impl DeviceReport {
                 host: t.host.saturating_add(a.host),
             })
     }
+
+    /// Bytes of device memory in every stream's pools (their `reserved`, pinned host pools left
+    /// out).
+    pub fn in_pools(&self) -> u64 {
+        self.streams.iter().map(|(_, r)| r.device().reserved).sum()
+    }
+
+    /// Bytes of device address space reserved by granule pools: not memory, not in `held`.
+    pub fn address_space(&self) -> u64 {
+        self.streams.iter().map(|(_, r)| r.address_space).sum()
+    }
+
+    /// Bytes held that are neither in a pool nor waiting for a fence: pages leaked on purpose
+    /// after a fence whose outcome is unknown (the device may still use them).
+    pub fn leaked(&self) -> u64 {
+        self.held
+            .saturating_sub(self.in_pools())
+            .saturating_sub(self.awaiting_fence().pages)
+    }
 }
 
 impl core::fmt::Display for DeviceReport {
@@ -49,17 +74,36 @@ impl core::fmt::Display for DeviceReport {
             writeln!(f, "{report}")?;
         }
         let a = self.awaiting_fence();
-        writeln!(
-            f,
-            "awaiting a fence: {} of pages let go, {} of allocations kept for work in flight, {} of host buffers",
-            ReadableBytes(a.pages),
-            ReadableBytes(a.bindings),
-            ReadableBytes(a.host)
-        )?;
-        write!(f, "device pages held: {}", ReadableBytes(self.held))?;
+        write!(f, "device memory held: {}", ReadableBytes(self.held))?;
         if let Some(b) = self.budget {
             write!(f, " of a {} budget", ReadableBytes(b))?;
         }
+        write!(
+            f,
+            " = {} in the pools + {} let go, awaiting a fence",
+            ReadableBytes(self.in_pools()),
+            ReadableBytes(a.pages)
+        )?;
+        if self.leaked() > 0 {
+            write!(
+                f,
+                " + {} leaked after an inconclusive fence",
+                ReadableBytes(self.leaked())
+            )?;
+        }
+        if self.address_space() > 0 {
+            write!(
+                f,
+                "\ndevice address space reserved: {} (memory is mapped into it on demand)",
+                ReadableBytes(self.address_space())
+            )?;
+        }
+        write!(
+            f,
+            "\nalso awaiting a fence: {} of allocations kept for work in flight, {} of host buffers",
+            ReadableBytes(a.bindings),
+            ReadableBytes(a.host)
+        )?;
         write!(
             f,
             "\npinned host pages held: {}",
@@ -76,17 +120,36 @@ impl defmt::Format for DeviceReport {
             defmt::write!(f, "stream {=u32}:\n{}\n", id.0, report);
         }
         let a = self.awaiting_fence();
-        defmt::write!(
-            f,
-            "awaiting a fence: {} of pages let go, {} of allocations kept for work in flight, {} of host buffers\n",
-            ReadableBytes(a.pages),
-            ReadableBytes(a.bindings),
-            ReadableBytes(a.host)
-        );
-        defmt::write!(f, "device pages held: {}", ReadableBytes(self.held));
+        defmt::write!(f, "device memory held: {}", ReadableBytes(self.held));
         if let Some(b) = self.budget {
             defmt::write!(f, " of a {} budget", ReadableBytes(b));
         }
+        defmt::write!(
+            f,
+            " = {} in the pools + {} let go, awaiting a fence",
+            ReadableBytes(self.in_pools()),
+            ReadableBytes(a.pages)
+        );
+        if self.leaked() > 0 {
+            defmt::write!(
+                f,
+                " + {} leaked after an inconclusive fence",
+                ReadableBytes(self.leaked())
+            );
+        }
+        if self.address_space() > 0 {
+            defmt::write!(
+                f,
+                "\ndevice address space reserved: {} (memory is mapped into it on demand)",
+                ReadableBytes(self.address_space())
+            );
+        }
+        defmt::write!(
+            f,
+            "\nalso awaiting a fence: {} of allocations kept for work in flight, {} of host buffers",
+            ReadableBytes(a.bindings),
+            ReadableBytes(a.host)
+        );
         defmt::write!(
             f,
             "\npinned host pages held: {}",

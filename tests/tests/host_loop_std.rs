@@ -95,7 +95,14 @@ fn the_guides_loop_holds_near_live_memory_by_polling_alone() {
         for stream in [COPY, COMPUTE] {
             device.command(stream).unwrap().poll_drops().unwrap();
         }
-        peak = peak.max(device.memory_report().held);
+        let report = device.memory_report();
+        // The report adds up: held is what the pools hold plus what awaits a fence.
+        assert_eq!(
+            report.in_pools() + report.awaiting_fence().pages,
+            report.held,
+            "batch {batch}:\n{report}"
+        );
+        peak = peak.max(report.held);
     }
     for (x_host, read) in in_flight {
         check(&read.wait().unwrap()[0], &w_host, &x_host, bias);

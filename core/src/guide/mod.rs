@@ -122,6 +122,9 @@
 //! [`DeviceReport`]: crate::DeviceReport
 //! [`DeviceReport::held`]: crate::DeviceReport::held
 //! [`DeviceReport::awaiting_fence`]: crate::DeviceReport::awaiting_fence
+//! [`DeviceReport::in_pools`]: crate::DeviceReport::in_pools
+//! [`DeviceReport::leaked`]: crate::DeviceReport::leaked
+//! [`DeviceReport::address_space`]: crate::DeviceReport::address_space
 //! [`Command`]: crate::Command
 //! [`Command::flush_drops`]: crate::Command::flush_drops
 //! [`Command::poll_drops`]: crate::Command::poll_drops
