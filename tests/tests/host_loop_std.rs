@@ -9,7 +9,7 @@
 
 use devcmd::memory::ReadableBytes;
 use devcmd::{Device, DeviceConfig, KernelParam, Launch, LaunchDims, ReadRequest, StreamId};
-use devcmd_std::{KernelFault, StdShim, as_f32, as_f32_mut};
+use devcmd_std::StdShim;
 use std::collections::VecDeque;
 
 const COMPUTE: StreamId = StreamId(0);
@@ -33,11 +33,7 @@ fn the_guides_loop_holds_near_live_memory_by_polling_alone() {
     let shim = StdShim::new();
     let scale = shim.register_kernel("scale_add", |ctx| {
         let bias = ctx.scalar_f32(3)?;
-        let mut bufs = ctx.buffers_mut()?;
-        let [w, x, out] = bufs.as_mut_slice() else {
-            return Err(KernelFault::Failed);
-        };
-        let (w, x, out) = (as_f32(w)?, as_f32(x)?, as_f32_mut(out)?);
+        let ([w, x], [out]) = ctx.io::<f32, 2, 1>()?;
         for ((o, w), x) in out.iter_mut().zip(w).zip(x) {
             *o = w * x + bias;
         }

@@ -4,17 +4,14 @@
 use devcmd::{
     Device, DeviceConfig, KernelParam, Launch, LaunchDims, ReadRequest, StreamId, Validation,
 };
-use devcmd_std::{KernelFault, StdShim, as_f32, as_f32_mut};
+use devcmd_std::StdShim;
 
 #[test]
 fn typed_data_round_trips_through_a_kernel_in_native_order() {
     let shim = StdShim::new();
     let double = shim.register_kernel("double", |ctx| {
-        let mut bufs = ctx.buffers_mut()?;
-        let [x, y] = bufs.as_mut_slice() else {
-            return Err(KernelFault::Failed);
-        };
-        for (y, x) in as_f32_mut(y)?.iter_mut().zip(as_f32(x)?) {
+        let ([x], [y]) = ctx.io::<f32, 1, 1>()?;
+        for (y, x) in y.iter_mut().zip(x) {
             *y = 2.0 * x;
         }
         Ok(())
