@@ -147,6 +147,7 @@
 //! [`AllocationMode::Persistent`]: crate::AllocationMode::Persistent
 //! [`Shim`]: crate::Shim
 //! [`Shim::device_free`]: crate::Shim::device_free
+//! [`Shim::event_notify`]: crate::Shim::event_notify
 //! [`DropPolicy`]: crate::DropPolicy
 //! [`DropStats::items_leaked`]: crate::DropStats::items_leaked
 //! [`FenceOutcome::of`]: crate::FenceOutcome::of
