@@ -51,6 +51,11 @@ pub mod stream;
 #[cfg(test)]
 mod test_shim;
 
+/// The README's Rust snippet, compiled and run as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 /// The plain-data bound of typed host I/O ([`Command::create_typed`], [`HostBuffer::copy_from`],
 /// ...), re-exported so a host names it without depending on `bytemuck` itself.
 pub use bytemuck::Pod;
