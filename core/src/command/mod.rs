@@ -9,7 +9,7 @@
 //! Cross-stream order is the core's job, not the host's: an operation on memory another stream
 //! owns or used makes this stream wait for that stream on the device first, and keeps the memory
 //! alive until this stream's work on it passed a fence. A stream whose work failed fails fast
-//! ([`ServerError::StreamFaulted`](crate::ServerError::StreamFaulted)); the drop-queue calls
+//! ([`ServerError::StreamFaulted`]); the drop-queue calls
 //! still give back what its fences covered.
 
 // For contributors: operations only declare what they do, one file per role: `launch.rs`
