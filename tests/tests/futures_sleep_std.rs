@@ -65,6 +65,8 @@ fn await_slow_read<
 ) -> (u32, Duration, Duration) {
     let mut cmd = device.command(S0).unwrap();
     let out = cmd.empty(64).unwrap();
+    // From before the launch: the kernel may start sleeping before `launch` returns.
+    let started = Instant::now();
     cmd.launch(Launch {
         kernel: &kernel,
         name: "slow_fill",
@@ -75,7 +77,6 @@ fn await_slow_read<
     })
     .unwrap();
     let read = cmd.read_async(&[ReadRequest::whole(&out)]).unwrap();
-    let started = Instant::now();
     let (bytes, polls, cpu) = block_on(read);
     let took = started.elapsed();
     assert_eq!(bytes.unwrap()[0].as_slice(), &[7; 64][..]);
@@ -98,9 +99,10 @@ fn a_task_awaiting_a_slow_read_sleeps_until_the_worker_wakes_it() {
     let (polls, cpu, took) = await_slow_read(Device::new(shim, DeviceConfig::default()), kernel);
     eprintln!("std shim, woken: {polls} polls, {cpu:?} CPU over {took:?}");
     assert!(took >= Duration::from_millis(KERNEL_MS), "{took:?}");
-    // Woken once, when the fence passed: the first poll, and the one that finds it passed (a
-    // spurious unpark may add one).
-    assert!(polls <= 3, "{polls} polls: the task did not sleep");
+    // Woken once, when the fence passed: the first poll, and the one that finds it passed (2 in
+    // every run so far; `park` may return spuriously, so the bound leaves room for a few). A
+    // task that spins polls about a million times.
+    assert!(polls <= 10, "{polls} polls: the task did not sleep");
     assert!(
         cpu < Duration::from_millis(20),
         "{cpu:?} of CPU time awaiting a {KERNEL_MS} ms read"
