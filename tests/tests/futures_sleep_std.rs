@@ -119,7 +119,7 @@ fn a_shim_that_cannot_notify_still_completes_by_polling() {
     eprintln!("std shim, not notifying (as before): {polls} polls, {cpu:?} CPU over {took:?}");
     assert!(took >= Duration::from_millis(KERNEL_MS), "{took:?}");
     assert!(
-        polls > 3,
+        polls > 10,
         "{polls} polls: a shim without notification is polled again"
     );
 }
