@@ -8,13 +8,13 @@
 //! (`order/`), what a fence's outcome means (`fault.rs`) nor the capture rules (`capture/`).
 
 use crate::capture::CaptureState;
+pub use crate::device_report::DeviceReport;
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
 use crate::error::{IoError, NotFoundReason, ServerError, Validation};
 use crate::failure::Failures;
 use crate::fault::{FaultLedger, FenceOutcome};
 use crate::host::{ExternalBytes, HostBuffer};
-use crate::memory::ReadableBytes;
-use crate::memory::{AsBinding, Issuer, MemoryBudget, MemoryConfig, MemoryManager, MemoryReport};
+use crate::memory::{AsBinding, Issuer, MemoryBudget, MemoryConfig, MemoryManager};
 use crate::order::ForeignUses;
 use crate::pinned::{PinnedConfig, PinnedPool};
 use crate::shim::{DeviceFacts, Shim};
@@ -22,9 +22,6 @@ use crate::staging::StagingPolicy;
 use crate::stream::{Stream, StreamId};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU32, Ordering};
-
-static NEXT_DEVICE: AtomicU32 = AtomicU32::new(1);
 
 /// Everything configurable about a device, with the design's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,60 +63,6 @@ impl Default for DeviceConfig {
     }
 }
 
-/// The memory report of a whole device: one report per stream created. Device memory and
-/// pinned host memory are kept apart, in the totals as in each stream's report.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeviceReport {
-    /// Per stream: its id and the figures of its pools (its device pools, then its pinned host
-    /// pool; [`MemoryReport::device`] and [`MemoryReport::pinned_host`] total them apart).
-    pub streams: Vec<(StreamId, MemoryReport)>,
-    /// Bytes of device pages held on the device: in the pools, retired and waiting for a fence in
-    /// a drop queue, or leaked after an inconclusive fence (the budget's count). Host memory is
-    /// never counted here.
-    pub held: u64,
-    /// The device's budget, if any (it bounds `held`, not pinned host memory).
-    pub budget: Option<u64>,
-    /// Bytes of pinned host pages held by every stream's pinned pool.
-    pub pinned_host: u64,
-}
-
-impl core::fmt::Display for DeviceReport {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        for (id, report) in &self.streams {
-            writeln!(f, "stream {}:", id.0)?;
-            writeln!(f, "{report}")?;
-        }
-        write!(f, "device pages held: {}", ReadableBytes(self.held))?;
-        if let Some(b) = self.budget {
-            write!(f, " of a {} budget", ReadableBytes(b))?;
-        }
-        write!(
-            f,
-            "\npinned host pages held: {}",
-            ReadableBytes(self.pinned_host)
-        )
-    }
-}
-
-#[cfg(feature = "defmt")]
-impl defmt::Format for DeviceReport {
-    /// As `Display`, through `defmt` (no float formatting in the image).
-    fn format(&self, f: defmt::Formatter<'_>) {
-        for (id, report) in &self.streams {
-            defmt::write!(f, "stream {=u32}:\n{}\n", id.0, report);
-        }
-        defmt::write!(f, "device pages held: {}", ReadableBytes(self.held));
-        if let Some(b) = self.budget {
-            defmt::write!(f, " of a {} budget", ReadableBytes(b));
-        }
-        defmt::write!(
-            f,
-            "\npinned host pages held: {}",
-            ReadableBytes(self.pinned_host)
-        );
-    }
-}
-
 /// A device: the shim, its streams and the device-wide state. Driven by one thread at a time;
 /// wrap it in a `spin::Mutex` to share it.
 #[derive(Debug)]
@@ -153,7 +96,7 @@ impl<S: Shim> Device<S> {
         };
         Self {
             shim: Arc::new(shim),
-            id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
+            id: crate::live::register(),
             facts,
             config,
             budget: MemoryBudget::new(limit),
@@ -299,10 +242,7 @@ impl<S: Shim> Device<S> {
         let b = binding.as_binding();
         let issuer = b.issuer();
         if issuer.device != self.id {
-            return Err(IoError::ForeignHandle {
-                issued_by: issuer.device,
-                used_on: self.id,
-            });
+            return Err(IoError::foreign_handle(issuer.device, self.id));
         }
         let owner = issuer.stream as usize;
         match self.streams.get(owner) {
@@ -345,7 +285,10 @@ impl<S: Shim> Device<S> {
 
     /// The memory report of every stream; device and pinned host memory are totalled apart.
     pub fn memory_report(&mut self) -> DeviceReport {
+        // Dropped handles come back first, and the pages they emptied join the drop queues.
+        self.collect();
         let mut streams = Vec::new();
+        let mut awaiting = Vec::new();
         let mut pinned_host = 0;
         for (i, s) in self.streams.iter_mut().enumerate() {
             if let Some(s) = s {
@@ -353,10 +296,12 @@ impl<S: Shim> Device<S> {
                 report.pools.push(s.pinned.report());
                 pinned_host += report.pinned_host().reserved;
                 streams.push((StreamId(i as u32), report));
+                awaiting.push((StreamId(i as u32), s.drops.awaiting()));
             }
         }
         DeviceReport {
             streams,
+            awaiting,
             held: self.budget.held(),
             budget: self.budget.limit(),
             pinned_host,
@@ -470,6 +415,7 @@ where
 
 impl<S: Shim> Drop for Device<S> {
     fn drop(&mut self) {
+        crate::live::retire(self.id);
         // A recording still open is ended and thrown away first: nothing may wait on it.
         self.abort_capture();
         self.capture.release_dropped_graphs();

@@ -84,11 +84,25 @@ impl<S: Shim> DropItem<S> {
     }
 }
 
+/// Bytes a drop queue holds until a fence passes, by kind: the memory a host dropped that is
+/// not free yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Awaiting {
+    /// Device pages the stream's manager let go (counted in the device's `held`).
+    pub pages: u64,
+    /// Allocations the stream's own work used, kept from their owner's pools until the work is
+    /// done (another stream's memory, or memory whose handle is dropped).
+    pub bindings: u64,
+    /// Host buffers copies read or write (staging, pinned slices, the caller's uploads).
+    pub host: u64,
+}
+
 /// What the queue has done, for reports. Every counter saturates.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct DropStats {
-    /// Flushes that recorded a fence.
+    /// Fences recorded over a batch, by flushes and by polls.
     pub flushes: u64,
     /// Fences waited on (blocking).
     pub fences_waited: u64,
@@ -231,19 +245,20 @@ impl<S: Shim> DropQueue<S> {
         }
     }
 
-    /// Releases the pending batch if its fence has passed, without blocking. Returns `None` while
-    /// its fence has not passed, and otherwise the outcome of the fence that settled it (the
-    /// batch is then released or leaked as in a flush). A pending batch whose fence could not be
-    /// recorded gets one now (at `mark`), so a loop that polls until nothing is pending ends; a
-    /// refusal is returned as the fence's outcome and the batch stays pending.
+    /// Releases the pending batch if its fence has passed, without blocking, and then covers the
+    /// staged batch with a fence when nothing is pending, so a loop that only polls releases
+    /// what finished (each staged item goes at the second poll that finds its fence passed, as
+    /// at the second flush). Returns `None` while the pending batch's fence has not passed, and
+    /// otherwise the outcome of the fence that settled it (the batch is then released or leaked
+    /// as in a flush; a lost device or a wait of unknown outcome records no new fence). A
+    /// pending batch whose fence could not be recorded gets one now (at `mark`), so a loop that
+    /// polls until the queue is empty ends; a refusal is returned as the fence's outcome and the
+    /// batch stays pending.
     pub(crate) fn poll(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Option<Fenced> {
         if self.recording.is_set() {
             return None;
         }
-        if self.fence.is_none() {
-            if self.pending.is_empty() {
-                return Some(Fenced::NOTHING);
-            }
+        if self.fence.is_none() && !self.pending.is_empty() {
             match shim.record_event(stream) {
                 Ok(f) => self.fence = Some((f, mark)),
                 Err(e) => {
@@ -254,17 +269,66 @@ impl<S: Shim> DropQueue<S> {
                 }
             }
         }
-        let (fence, mark) = self.fence.as_ref()?;
-        let fenced = Fenced {
-            outcome: FenceOutcome::query(shim, fence)?,
-            mark: *mark,
-        };
-        self.fence = None;
-        if fenced.outcome == FenceOutcome::Passed {
-            self.stats.fences_polled = self.stats.fences_polled.saturating_add(1);
+        let mut settled = Fenced::NOTHING;
+        if let Some((fence, fence_mark)) = self.fence.as_ref() {
+            settled = Fenced {
+                outcome: FenceOutcome::query(shim, fence)?,
+                mark: *fence_mark,
+            };
+            self.fence = None;
+            if settled.outcome == FenceOutcome::Passed {
+                self.stats.fences_polled = self.stats.fences_polled.saturating_add(1);
+            }
+            self.release_pending(shim, settled.outcome);
+            match settled.outcome {
+                FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {}
+                FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => return Some(settled),
+            }
         }
-        self.release_pending(shim, fenced.outcome);
-        Some(fenced)
+        Some(settled.and(self.cover_staged(stream, shim, mark)))
+    }
+
+    /// Whether nothing waits in the queue: no staged item, no pending one.
+    pub fn is_empty(&self) -> bool {
+        self.staged.is_empty() && self.pending.is_empty()
+    }
+
+    /// Bytes waiting in the queue for a fence (staged and pending), by kind.
+    pub fn awaiting(&self) -> Awaiting {
+        let mut a = Awaiting::default();
+        for item in self.staged.iter().chain(&self.pending) {
+            let n = item.bytes();
+            match item {
+                DropItem::Host(_) => a.host = a.host.saturating_add(n),
+                DropItem::Binding(_) => a.bindings = a.bindings.saturating_add(n),
+                DropItem::Page(_) => a.pages = a.pages.saturating_add(n),
+                DropItem::Graph(_) => {}
+            }
+        }
+        a
+    }
+
+    /// With nothing pending, makes the staged batch pending under one new fence (at `mark`).
+    /// Returns the outcome of recording it: a refusal leaves the batch pending without a fence,
+    /// and the next poll or flush records one.
+    fn cover_staged(&mut self, stream: &S::Stream, shim: &S, mark: FenceMark) -> Fenced {
+        if !self.pending.is_empty() || self.staged.is_empty() {
+            return Fenced::NOTHING;
+        }
+        core::mem::swap(&mut self.pending, &mut self.staged);
+        self.staged_items = 0;
+        self.staged_bytes = 0;
+        self.stats.flushes = self.stats.flushes.saturating_add(1);
+        match shim.record_event(stream) {
+            Ok(f) => {
+                self.fence = Some((f, mark));
+                Fenced::NOTHING
+            }
+            Err(e) => Fenced {
+                outcome: FenceOutcome::unrecorded(e),
+                mark,
+            },
+        }
     }
 
     /// Releases everything the queue holds without a fence: only for a device that is lost, where
@@ -340,160 +404,5 @@ impl<S: Shim> Drop for DropQueue<S> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::Fault;
-    use crate::test_shim::TestShim;
-
-    fn setup() -> (TestShim, DropQueue<TestShim>) {
-        (
-            TestShim::new(1 << 30, 32, 1 << 28),
-            DropQueue::new(DropPolicy::default(), Default::default()),
-        )
-    }
-
-    fn item(len: usize) -> DropItem<TestShim> {
-        DropItem::Host(HostBuffer::zeroed(len))
-    }
-
-    #[test]
-    fn thresholds_trigger_whichever_comes_first() {
-        let mut q = DropQueue::<TestShim>::new(
-            DropPolicy {
-                max_items: 4,
-                max_bytes: 100,
-                fill_released: None,
-            },
-            Default::default(),
-        );
-        assert!(!q.should_flush());
-        for _ in 0..3 {
-            q.push(item(1));
-        }
-        assert!(!q.should_flush());
-        q.push(item(1));
-        assert!(q.should_flush(), "count");
-        let mut q = DropQueue::<TestShim>::new(
-            DropPolicy {
-                max_items: 4,
-                max_bytes: 100,
-                fill_released: None,
-            },
-            Default::default(),
-        );
-        q.push(item(101));
-        assert!(q.should_flush(), "size");
-        let mut q = DropQueue::<TestShim>::new(
-            DropPolicy {
-                max_items: 4,
-                max_bytes: 100,
-                fill_released: None,
-            },
-            Default::default(),
-        );
-        q.push(item(60));
-        q.push(item(60));
-        assert!(q.should_flush(), "both, size first");
-    }
-
-    #[test]
-    fn counters_saturate() {
-        let mut q = DropQueue::<TestShim>::new(
-            DropPolicy {
-                max_items: u64::MAX,
-                max_bytes: u64::MAX,
-                fill_released: None,
-            },
-            Default::default(),
-        );
-        q.staged_items = u64::MAX;
-        q.staged_bytes = u64::MAX - 1;
-        q.push(item(8));
-        assert_eq!((q.staged_items, q.staged_bytes), (u64::MAX, u64::MAX));
-        assert!(q.should_flush());
-    }
-
-    #[test]
-    fn the_first_flush_waits_for_nothing_and_each_later_one_for_one_fence() {
-        let (shim, mut q) = setup();
-        q.push(item(1));
-        q.flush(&shim, &(), FenceMark::default());
-        assert_eq!(shim.events_waited.get(), 0);
-        q.push(item(1));
-        q.flush(&shim, &(), FenceMark::default());
-        assert_eq!(shim.events_waited.get(), 1);
-        for _ in 0..8 {
-            q.push(item(1));
-            q.flush(&shim, &(), FenceMark::default());
-        }
-        assert_eq!(shim.events_waited.get(), 9, "n - 1 waits after n flushes");
-    }
-
-    #[test]
-    fn flushing_moves_staged_to_pending_and_replaces_pending() {
-        let (shim, mut q) = setup();
-        for _ in 0..5 {
-            q.push(item(1));
-        }
-        assert!(q.should_flush() || q.staged_len() == 5);
-        q.flush(&shim, &(), FenceMark::default());
-        assert_eq!((q.staged_len(), q.pending_len()), (0, 5));
-        assert!(!q.should_flush(), "counters reset");
-        q.push(item(1));
-        q.flush(&shim, &(), FenceMark::default());
-        assert_eq!(q.pending_len(), 1);
-        assert_eq!(q.stats().items_released, 5);
-    }
-
-    #[test]
-    fn an_empty_flush_records_no_fence() {
-        let (shim, mut q) = setup();
-        for _ in 0..3 {
-            q.flush(&shim, &(), FenceMark::default());
-        }
-        assert_eq!(shim.events_recorded.get(), 0);
-        q.push(item(1));
-        q.drain(&shim, &(), FenceMark::default());
-        assert_eq!(q.pending_len(), 0);
-        q.flush(&shim, &(), FenceMark::default());
-        assert_eq!(
-            shim.events_recorded.get(),
-            1,
-            "drained queue mints nothing more"
-        );
-    }
-
-    #[test]
-    fn poll_releases_a_passed_fence_without_blocking() {
-        let (shim, mut q) = setup();
-        q.push(item(10));
-        q.flush(&shim, &(), FenceMark::default());
-        assert_eq!(
-            q.poll(&shim, &(), FenceMark::default()).map(|f| f.outcome),
-            Some(FenceOutcome::Passed)
-        );
-        assert_eq!(shim.events_waited.get(), 0);
-        assert_eq!(q.stats().bytes_released, 10);
-    }
-
-    #[test]
-    fn a_failed_wait_leaks_unless_the_device_is_lost() {
-        let (shim, mut q) = setup();
-        q.push(item(1));
-        q.flush(&shim, &(), FenceMark::default());
-        shim.fail_next_wait.set(Some(Fault::Failed));
-        assert_ne!(
-            q.flush(&shim, &(), FenceMark::default()).outcome,
-            FenceOutcome::Passed
-        );
-        assert_eq!((q.stats().items_leaked, q.stats().items_released), (1, 0));
-        q.push(item(1));
-        q.flush(&shim, &(), FenceMark::default());
-        shim.fail_next_wait.set(Some(Fault::DeviceLost));
-        assert_ne!(
-            q.flush(&shim, &(), FenceMark::default()).outcome,
-            FenceOutcome::Passed
-        );
-        assert_eq!(q.stats().items_released, 1, "lost: released");
-    }
-}
+#[path = "drop_queue_tests.rs"]
+mod tests;

@@ -3,7 +3,8 @@
 //! work that ran, or poison, checked after every step against a plain model of the queue's two
 //! batches: an item is released at the second flush after its push once that flush's wait
 //! succeeds (or reports failed work, or poisoning); a wait of unknown outcome leaks the batch;
-//! nothing is released by a poll that finds the device busy; whatever no fence covered is leaked
+//! nothing is released by a poll that finds the device busy, and a
+//! poll that finds nothing pending covers the staged batch with a fence; whatever no fence covered is leaked
 //! when the queue drops. Cases: `DEVCMD_PROPTEST_CASES` (default 2000, 8 under miri).
 
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue};
@@ -117,34 +118,40 @@ impl Model {
     }
 
     fn poll(&mut self, busy: bool, query: Option<Fault>) -> Option<bool> {
-        if !self.fenced {
-            if self.pending.is_empty() {
-                return Some(true);
-            }
+        if !self.fenced && !self.pending.is_empty() {
             // A pending batch whose fence could not be recorded gets one now.
             self.records += 1;
             self.fenced = true;
         }
-        match query {
-            Some(Fault::WorkFailed) => {
-                // The queue waits for the fence before it releases anything.
-                self.waits += 1;
-                self.fenced = false;
-                self.release_pending(None);
-                None
-            }
-            Some(f) => {
-                self.fenced = false;
-                self.release_pending(Some(f));
-                None
-            }
-            None if busy => Some(false),
-            None => {
-                self.fenced = false;
-                self.release_pending(None);
-                Some(true)
+        let mut ok = true;
+        if self.fenced {
+            match query {
+                Some(Fault::WorkFailed) => {
+                    // The queue waits for the fence before it releases anything.
+                    self.waits += 1;
+                    self.fenced = false;
+                    self.release_pending(None);
+                    ok = false;
+                }
+                Some(f) => {
+                    self.fenced = false;
+                    self.release_pending(Some(f));
+                    return None;
+                }
+                None if busy => return Some(false),
+                None => {
+                    self.fenced = false;
+                    self.release_pending(None);
+                }
             }
         }
+        // Nothing pending: the staged batch gets a fence, so a loop that only polls releases it.
+        if self.pending.is_empty() && !self.staged.is_empty() {
+            self.pending = core::mem::take(&mut self.staged);
+            self.records += 1;
+            self.fenced = true;
+        }
+        ok.then_some(true)
     }
 }
 

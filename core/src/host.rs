@@ -1,10 +1,16 @@
 //! Host buffers: bytes on the host side of a copy, and where they come from.
 //!
-//! Owns the ownership of those bytes until the device is done with them (they travel through the
-//! drop queue), and the heap allocation of host buffers, which is fallible: a length the heap
-//! cannot provide is [`IoError::HostAllocFailed`], never a panic ([`HostBuffer::try_zeroed`]).
-//! Does not own the pinned pool they may be carved from (`pinned.rs`): a pinned buffer holds the
-//! pool's slice token and gives the slice back when it drops.
+//! A [`HostBuffer`] holds the host side of an upload or a read until the device is done with it:
+//! an upload's buffer waits in the stream's drop queue for the fence after the copy, a read's
+//! comes back from its future. Its [`HostOrigin`] (heap, pinned, a mapped file, registered
+//! memory) decides whether a copy is staged. Typed data goes in and out with
+//! [`HostBuffer::copy_from`], [`HostBuffer::copy_to`] and [`HostBuffer::to_vec_of`]. Allocation
+//! is fallible: a length the heap cannot provide is [`IoError::HostAllocFailed`], never a panic
+//! ([`HostBuffer::try_zeroed`]).
+
+// For contributors: owns the bytes until the device is done with them, and the heap allocation
+// of host buffers. Does not own the pinned pool they may be carved from (`pinned.rs`): a pinned
+// buffer holds the pool's slice token and gives the slice back when it drops.
 
 use crate::error::IoError;
 use crate::pinned::PinnedSlice;

@@ -32,6 +32,7 @@ pub mod capture;
 pub mod command;
 pub mod copy;
 pub mod device;
+mod device_report;
 pub mod drop_queue;
 #[cfg(test)]
 mod drop_queue_model;
@@ -41,6 +42,7 @@ pub mod fault;
 pub mod guide;
 pub mod host;
 mod id;
+mod live;
 pub mod memory;
 mod order;
 pub mod pinned;
@@ -50,14 +52,22 @@ pub mod stream;
 #[cfg(test)]
 mod test_shim;
 
+/// The README's Rust snippet, compiled and run as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+/// The plain-data bound of typed host I/O ([`Command::create_typed`], [`HostBuffer::copy_from`],
+/// ...), re-exported so a host names it without depending on `bytemuck` itself.
+pub use bytemuck::Pod;
 pub use capture::{CapturePhase, Graph, Recording};
 pub use command::{
-    Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ReadFuture, ReadRequest,
-    ReadToFuture, SyncFuture,
+    Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ModeWindow, ReadFuture,
+    ReadRequest, ReadToFuture, SyncFuture,
 };
 pub use copy::{CopyLayout, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};
-pub use drop_queue::{DropPolicy, DropStats};
+pub use drop_queue::{Awaiting, DropPolicy, DropStats};
 pub use error::{
     CaptureError, DriverError, Fault, IoError, LaunchError, LibraryError, ServerError, ShimOp,
     Validation,

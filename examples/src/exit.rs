@@ -102,9 +102,9 @@ pub fn help_asked(usage: &str) -> bool {
     asked
 }
 
-/// Prints `program: e` on stderr and returns `e`'s code.
+/// Prints `program: e` and its chain of causes (`error_chain`) on stderr and returns `e`'s code.
 pub fn report(program: &str, e: &(dyn Error + 'static)) -> ExitCode {
-    eprintln!("{program}: {e}");
+    eprintln!("{program}: {}", crate::error_chain(e));
     ExitCode::from(code(e))
 }
 

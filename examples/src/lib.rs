@@ -24,3 +24,17 @@ pub mod serve;
 pub mod std_device;
 pub mod verify;
 pub mod weights;
+
+/// An error and its causes, one per line: how the hosts print a failure. Each devcmd error prints
+/// its own message once and leaves its cause to `source()`, so printing only the top would drop
+/// the device's own answer.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str("\n  caused by: ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}

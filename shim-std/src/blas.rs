@@ -220,11 +220,12 @@ mod tests {
             ),
             "{skipped:?}"
         );
+        // The library's words are the unwritten read's root cause: its error's source.
+        let unwritten = cmd.read_owned(c).unwrap_err();
+        let root = core::error::Error::source(&unwritten).map(ToString::to_string);
         assert!(
-            cmd.read_owned(c)
-                .unwrap_err()
-                .to_string()
-                .contains("no (code 3)")
+            root.as_deref().is_some_and(|r| r.contains("no (code 3)")),
+            "{unwritten}: {root:?}"
         );
         // A shape whose spans overflow is refused before the library sees it.
         let c = cmd.empty(4).unwrap();

@@ -677,6 +677,15 @@ impl Shim for StdShim {
         event.stream.query(event.seq, ShimOp::EventQuery)
     }
 
+    /// The stream's worker wakes the task when it completes the event's point.
+    fn event_notify(&self, event: &StdEvent, waker: &std::task::Waker) -> bool {
+        if event.captured {
+            return false; // stands for nothing that runs: the future answers at its next poll
+        }
+        event.stream.notify(event.seq, waker);
+        true
+    }
+
     fn event_wait(&self, event: &StdEvent) -> Result<(), DriverError> {
         self.enter(ShimOp::EventWait, 0)?;
         if event.captured || self.inner.refuse_host_wait() {

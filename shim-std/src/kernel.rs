@@ -4,8 +4,15 @@
 //! kernel reads a scalar by its parameter position with [`KernelCtx::scalar_u32`],
 //! [`KernelCtx::scalar_u64`] or [`KernelCtx::scalar_f32`] (the size must match exactly, as on a
 //! GPU), finds the buffer slot a parameter names with [`KernelCtx::slot`], and reaches the
-//! buffers by slot ([`KernelCtx::buffer`], [`KernelCtx::buffers_mut`]). The geometry is there
-//! ([`KernelCtx::dims`]) but a CPU kernel runs once, looping over its data itself.
+//! buffers: typed, inputs shared and outputs mutable, with no allocation
+//! ([`KernelCtx::io`]: `let ([w, x], [out]) = ctx.io::<f32, 2, 1>()?;`, or
+//! [`KernelCtx::io_bytes`] for buffers of different types), or by slot ([`KernelCtx::buffer`],
+//! [`KernelCtx::buffer_mut`], and [`KernelCtx::buffers_mut`], which allocates). The geometry is
+//! there ([`KernelCtx::dims`]) but a CPU kernel runs once, looping over its data itself.
+//!
+//! Owns the kernel type, a launch's copied parameters and what a running kernel sees. Does not
+//! own when a kernel runs (the stream's worker, `stream.rs`) nor the launch checks (the core's,
+//! and `device.rs`'s admission).
 
 use devcmd::{DeviceSpan, KernelParam, LaunchDims};
 use std::fmt;
@@ -240,7 +247,8 @@ impl<'a> KernelCtx<'a> {
         Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
     }
 
-    /// Every buffer, writable, in slot order (the launch's inputs, then its outputs).
+    /// Every buffer, writable, in slot order (the launch's inputs, then its outputs), in a new
+    /// vector: [`Self::io`] gives inputs shared and outputs mutable without allocating.
     /// [`KernelFault::Failed`] if two non-empty spans overlap (a kernel that reads one buffer
     /// twice uses [`KernelCtx::buffer`]).
     pub fn buffers_mut(&mut self) -> Result<Vec<&mut [u8]>, KernelFault> {
@@ -269,6 +277,118 @@ impl<'a> KernelCtx<'a> {
             })
             .collect())
     }
+}
+
+/// A kernel's buffers as [`KernelCtx::io`] hands them out: `I` inputs, shared, and `O` outputs,
+/// mutable.
+pub type Io<'a, T, const I: usize, const O: usize> = ([&'a [T]; I], [&'a mut [T]; O]);
+
+impl KernelCtx<'_> {
+    /// The launch's `I` inputs, read only, and its `O` outputs, writable, as bytes: what a kernel
+    /// of a fixed signature takes, with no allocation. [`KernelFault::Failed`] if the launch has
+    /// not exactly `I + O` buffers, or an output overlaps another buffer (inputs may share
+    /// bytes: they are only read).
+    pub fn io_bytes<const I: usize, const O: usize>(
+        &mut self,
+    ) -> Result<Io<'_, u8, I, O>, KernelFault> {
+        if self.spans.len() != I + O {
+            return Err(KernelFault::Failed);
+        }
+        for o in I..I + O {
+            let (p, len) = self.raw(o)?;
+            let (start, end) = (p.addr(), p.addr().saturating_add(len));
+            for j in (0..I + O).filter(|&j| j != o) {
+                let (q, qlen) = self.raw(j)?;
+                let (s, e) = (q.addr(), q.addr().saturating_add(qlen));
+                if len > 0 && s < e && s < end && start < e {
+                    return Err(KernelFault::Failed);
+                }
+            }
+        }
+        let mut bad = false;
+        let mut view = |i: usize| match self.raw(i) {
+            Ok((_, 0)) => (std::ptr::NonNull::<u8>::dangling().as_ptr(), 0),
+            Ok(raw) => raw,
+            Err(_) => {
+                bad = true;
+                (std::ptr::NonNull::<u8>::dangling().as_ptr(), 0)
+            }
+        };
+        let inputs: [(*mut u8, usize); I] = std::array::from_fn(&mut view);
+        let outputs: [(*mut u8, usize); O] = std::array::from_fn(|k| view(I + k));
+        if bad {
+            return Err(KernelFault::Failed);
+        }
+        // SAFETY: each span lies in live, initialised device memory nothing else touches while
+        // the context lives (`KernelCtx::new`'s contract), or is empty (a dangling, aligned
+        // pointer of length 0); the outputs were checked to overlap no other buffer, so each
+        // mutable view is the only view of its bytes, and the `&mut self` borrow keeps every
+        // other view of the context out while these live.
+        let inputs =
+            inputs.map(|(p, len)| unsafe { std::slice::from_raw_parts(p.cast_const(), len) });
+        // SAFETY: as above.
+        let outputs = outputs.map(|(p, len)| unsafe { std::slice::from_raw_parts_mut(p, len) });
+        Ok((inputs, outputs))
+    }
+
+    /// The launch's `I` inputs and `O` outputs as slices of `T` (any plain-data type: `f32`,
+    /// `u32`, `[f32; 4]` ...), inputs shared and outputs mutable, with no allocation:
+    ///
+    /// ```
+    /// # let shim = devcmd_std::StdShim::new();
+    /// // out[i] = w[i] * x[i] + bias
+    /// let scale_add = shim.register_kernel("scale_add", |ctx| {
+    ///     let bias = ctx.scalar_f32(3)?;
+    ///     let ([w, x], [out]) = ctx.io::<f32, 2, 1>()?;
+    ///     for ((o, w), x) in out.iter_mut().zip(w).zip(x) {
+    ///         *o = w * x + bias;
+    ///     }
+    ///     Ok(())
+    /// });
+    /// ```
+    ///
+    /// [`KernelFault::Failed`] as [`Self::io_bytes`], or if a buffer's length is not a multiple
+    /// of `T`'s size or its address not aligned for `T`. Kernels over buffers of different types
+    /// take [`Self::io_bytes`] and cast each with [`as_typed`] and [`as_typed_mut`].
+    pub fn io<T: devcmd::Pod, const I: usize, const O: usize>(
+        &mut self,
+    ) -> Result<Io<'_, T, I, O>, KernelFault> {
+        let (inputs, outputs) = self.io_bytes::<I, O>()?;
+        let mut bad = false;
+        let inputs = inputs.map(|b| {
+            as_typed(b).unwrap_or_else(|_| {
+                bad = true;
+                &[]
+            })
+        });
+        let outputs = outputs.map(|b| {
+            as_typed_mut(b).unwrap_or_else(|_| {
+                bad = true;
+                &mut []
+            })
+        });
+        if bad {
+            return Err(KernelFault::Failed);
+        }
+        Ok((inputs, outputs))
+    }
+}
+
+/// `bytes` as `T`s; [`KernelFault::Failed`] if misaligned for `T` or not a multiple of its size.
+pub fn as_typed<T: devcmd::Pod>(bytes: &[u8]) -> Result<&[T], KernelFault> {
+    if bytes.is_empty() {
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice(bytes).map_err(|_| KernelFault::Failed)
+}
+
+/// `bytes` as mutable `T`s; [`KernelFault::Failed`] if misaligned for `T` or not a multiple of
+/// its size.
+pub fn as_typed_mut<T: devcmd::Pod>(bytes: &mut [u8]) -> Result<&mut [T], KernelFault> {
+    if bytes.is_empty() {
+        return Ok(&mut []);
+    }
+    bytemuck::try_cast_slice_mut(bytes).map_err(|_| KernelFault::Failed)
 }
 
 /// `bytes` as `f32`s; [`KernelFault::Failed`] if misaligned or not a multiple of 4 bytes.
@@ -352,5 +472,43 @@ mod tests {
         let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), 8) };
         assert_eq!(as_f32(bytes).map(<[f32]>::len), Ok(2));
         assert!(as_f32(&bytes[1..5]).is_err());
+    }
+
+    #[test]
+    fn io_hands_out_inputs_shared_and_outputs_mutable() {
+        let mut a = [1f32, 2.0];
+        let mut b = [10f32, 20.0];
+        let mut out = [0f32; 2];
+        let span = |s: &mut [f32]| DeviceSpan {
+            addr: DeviceAddr(s.as_mut_ptr().expose_provenance() as u64),
+            len: (s.len() * 4) as u64,
+        };
+        let spans = [span(&mut a), span(&mut b), span(&mut out)];
+        let args = Params::default();
+        // SAFETY: the spans are the three local arrays, untouched while the context lives.
+        let mut ctx = unsafe { KernelCtx::new(LaunchDims::SINGLE, &spans, &args) };
+        {
+            let ([a, b], [out]) = ctx.io::<f32, 2, 1>().unwrap();
+            for ((o, a), b) in out.iter_mut().zip(a).zip(b) {
+                *o = a + b;
+            }
+        }
+        assert!(ctx.io::<f32, 1, 1>().is_err(), "three buffers, not two");
+        assert!(
+            ctx.io::<[f32; 3], 2, 1>().is_err(),
+            "8 bytes are no whole number of 12-byte elements"
+        );
+        let shared_input = [spans[0], spans[0], spans[2]];
+        // SAFETY: as above.
+        let mut ctx = unsafe { KernelCtx::new(LaunchDims::SINGLE, &shared_input, &args) };
+        assert!(ctx.io::<f32, 2, 1>().is_ok(), "an input read twice is fine");
+        let aliased = [spans[0], spans[2], spans[2]];
+        // SAFETY: as above.
+        let mut ctx = unsafe { KernelCtx::new(LaunchDims::SINGLE, &aliased, &args) };
+        assert!(
+            ctx.io::<f32, 1, 2>().is_err(),
+            "two outputs over one buffer"
+        );
+        assert_eq!(out, [11.0, 22.0]);
     }
 }

@@ -71,7 +71,9 @@ mod vm_tests;
 pub use device::{CUDA_LIMITS, LaunchLimits, StdRegistration, StdShim, StdShimBuilder};
 pub use faults::{Injection, Stats, classify, status};
 pub use graph::StdGraph;
-pub use kernel::{KernelCtx, KernelFault, KernelFn, StdKernel, as_f32, as_f32_mut};
+pub use kernel::{
+    Io, KernelCtx, KernelFault, KernelFn, StdKernel, as_f32, as_f32_mut, as_typed, as_typed_mut,
+};
 pub use memory::{POISON_BYTE, StdDevicePage, StdHostPage};
 pub use stream::{HostFn, StdEvent, StdStream};
 pub use vm::DEFAULT_VM_GRANULE;

@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::ptr;
 use std::sync::{Arc, Condvar, Mutex};
+use std::task::Waker;
 use std::thread::{self, JoinHandle};
 
 /// A copy between two address ranges, validated when it was enqueued: the device side (or both
@@ -160,6 +161,9 @@ struct StreamState {
     /// The arguments of launches the worker ran, kept for the next launches (at most
     /// `StdShimBuilder::spare_launches`): a warm launch allocates nothing.
     spare_args: Vec<LaunchArgs>,
+    /// Tasks waiting for a sequence number ([`StreamShared::notify`]): woken by the worker once
+    /// it completed that far.
+    wakers: Vec<(u64, Waker)>,
 }
 
 /// The state a stream shares with its worker and its events.
@@ -273,6 +277,27 @@ impl StreamShared {
         Self::fault_through(&lock(&self.state), seq)
     }
 
+    /// Wakes `waker` once `seq` completed: at once if it has (or the device is lost and nothing
+    /// runs), else when the worker gets there (lazy mode: drives up to it, as a query does).
+    pub(crate) fn notify(&self, seq: u64, waker: &Waker) {
+        let mut st = lock(&self.state);
+        self.drive(&mut st, seq);
+        if st.completed >= seq || (self.dev.is_lost() && !st.running) {
+            drop(st);
+            waker.wake_by_ref();
+            return;
+        }
+        // One entry per task and point: a future polled again replaces its waker.
+        match st
+            .wakers
+            .iter_mut()
+            .find(|(s, w)| *s == seq && w.will_wake(waker))
+        {
+            Some(entry) => entry.1.clone_from(waker),
+            None => st.wakers.push((seq, waker.clone())),
+        }
+    }
+
     /// Operations enqueued and not completed yet.
     fn pending(&self) -> u64 {
         let st = lock(&self.state);
@@ -294,6 +319,10 @@ fn work(shared: Arc<StreamShared>) {
                     break next;
                 }
                 if st.shutdown && st.queue.is_empty() {
+                    // Nothing will complete any more: no task may sleep on this stream.
+                    let wakers = std::mem::take(&mut st.wakers);
+                    drop(st);
+                    wakers.into_iter().for_each(|(_, w)| w.wake());
                     return;
                 }
                 st = wait(&shared.cv, st);
@@ -328,6 +357,18 @@ fn work(shared: Arc<StreamShared>) {
             st.first_fault.get_or_insert((seq, e));
         }
         shared.cv.notify_all();
+        // Tasks waiting for this point (or, the device lost, for any) are woken outside the lock.
+        let lost = shared.dev.is_lost();
+        let mut woken = Vec::new();
+        st.wakers.retain(|(s, w)| {
+            let done = *s <= seq || lost;
+            if done {
+                woken.push(w.clone());
+            }
+            !done
+        });
+        drop(st);
+        woken.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -356,6 +397,7 @@ impl StdStream {
             capture: None,
             first_fault: None,
             spare_args: Vec::new(),
+            wakers: Vec::new(),
         };
         let shared = Arc::new(StreamShared {
             id,

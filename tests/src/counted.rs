@@ -141,6 +141,8 @@ pub struct Counted<S: Shim> {
     state: Arc<Mutex<State>>,
     streams: Mutex<Vec<Weak<S::Stream>>>,
     failing: Option<S::Kernel>,
+    /// Whether `event_notify` is forwarded (off: the trait's default, a shim that cannot notify).
+    notify: bool,
     /// Held while an injected loss finishes the inner streams' queued work: a caller told the
     /// device is lost waits for it, since the core then frees everything.
     quiesce: Mutex<()>,
@@ -196,8 +198,16 @@ impl<S: Shim> Counted<S> {
             state: Arc::default(),
             streams: Mutex::default(),
             failing: None,
+            notify: true,
             quiesce: Mutex::new(()),
         }
+    }
+
+    /// Answers `event_notify` as a shim that cannot notify does (the trait's default): pending
+    /// futures are then polled again at once instead of being woken.
+    pub fn without_notify(mut self) -> Self {
+        self.notify = false;
+        self
     }
 
     /// Gives the wrapper the [`TestKernel::WriteThenFail`] kernel (loaded on the inner shim), so
@@ -361,6 +371,10 @@ impl<S: Shim> Shim for Counted<S> {
     fn event_query(&self, event: &Self::Event) -> Result<bool, DriverError> {
         self.enter(ShimOp::EventQuery)?;
         self.inner.event_query(event)
+    }
+
+    fn event_notify(&self, event: &Self::Event, waker: &core::task::Waker) -> bool {
+        self.notify && self.inner.event_notify(event, waker)
     }
 
     fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError> {

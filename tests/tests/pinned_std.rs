@@ -146,7 +146,8 @@ fn the_report_keeps_pinned_host_memory_apart_from_device_memory() {
     assert!(line("pinned host total").ends_with("32 MiB"), "{text}");
     assert!(line("pinned host pages held").ends_with("32 MiB"), "{text}");
     assert!(
-        line("device pages held").contains(&devcmd::memory::ReadableBytes(report.held).to_string()),
+        line("device memory held")
+            .contains(&devcmd::memory::ReadableBytes(report.held).to_string()),
         "{text}"
     );
     drop(host);

@@ -112,6 +112,23 @@ impl<S: Shim> Fence<S> {
         Some(outcome)
     }
 
+    /// [`Self::poll`] for a future: while the fence has not passed, the shim is asked to wake
+    /// the task when it does ([`Shim::event_notify`]); a shim that cannot, or a fence that may
+    /// not be queried now (a stream records), has the task polled again at once.
+    fn poll_task(&mut self, cx: &mut Context<'_>) -> Poll<FenceOutcome> {
+        if let Some(outcome) = self.poll() {
+            return Poll::Ready(outcome);
+        }
+        let notified = match &self.state {
+            FenceState::Recorded(e) if !self.blocked() => self.shim.event_notify(e, cx.waker()),
+            _ => false,
+        };
+        if !notified {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+
     fn fenced(&self, outcome: FenceOutcome) -> Fenced {
         Fenced {
             outcome,
@@ -239,16 +256,8 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        match this.fence.poll() {
-            Some(outcome) => Poll::Ready(this.finish(outcome)),
-            None => {
-                // Devices raise no wake-ups, so the future asks to be polled again: under an
-                // executor it spins on a non-blocking query. Hosts with nothing else to run
-                // should call `wait`; a firmware main loop polls it between other work.
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-        }
+        // Woken by the device where the shim can notify; otherwise polled again at once.
+        this.fence.poll_task(cx).map(|outcome| this.finish(outcome))
     }
 }
 
@@ -347,13 +356,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        match this.fence.poll() {
-            Some(outcome) => Poll::Ready(this.finish(outcome)),
-            None => {
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-        }
+        this.fence.poll_task(cx).map(|outcome| this.finish(outcome))
     }
 }
 
@@ -404,13 +407,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        match this.fence.poll() {
-            Some(outcome) => Poll::Ready(this.fence.answer(outcome)),
-            None => {
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-        }
+        this.fence
+            .poll_task(cx)
+            .map(|outcome| this.fence.answer(outcome))
     }
 }
 

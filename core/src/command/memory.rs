@@ -209,8 +209,35 @@ impl<S: Shim> Command<'_, S> {
         self.device.ledger.answer(self.stream, fenced)
     }
 
-    /// Releases what this stream's drop queue holds whose fence has passed, without blocking.
-    /// Returns whether nothing is left pending.
+    /// The steady loop's release, without blocking: releases what this stream's drop queue holds
+    /// whose fence has passed and, when no fence is pending then, records one for what was
+    /// queued since (dropped uploads' host buffers, other streams' memory this stream's work
+    /// used, pages let go). So a loop that calls it once per iteration gets each dropped item
+    /// back one or two iterations after the work that used it finished, with no blocking wait
+    /// and without knowing the queue's [`DropPolicy`](crate::drop_queue::DropPolicy). A stream
+    /// that used another stream's memory holds it in its own queue: poll every stream the loop
+    /// uses.
+    ///
+    /// Returns whether the queue is empty now (nothing awaits a fence): a loop that polls until
+    /// `true` (with the device running in between) has everything queued before it back.
+    ///
+    /// ```
+    /// use devcmd::{Device, DeviceConfig, StreamId};
+    /// use devcmd_std::StdShim;
+    ///
+    /// # fn main() -> Result<(), devcmd::ServerError> {
+    /// let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+    /// let mut cmd = device.command(StreamId(0))?;
+    /// let x = cmd.create(&[7; 4096])?; // the upload's staging buffer waits for a fence
+    /// drop(x);
+    /// assert!(!cmd.poll_drops()?, "a fence was recorded for the staging buffer");
+    /// while !cmd.poll_drops()? {
+    ///     std::thread::yield_now(); // a real loop does its other work here
+    /// }
+    /// assert_eq!(device.memory_report().awaiting_fence().host, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///
@@ -223,11 +250,10 @@ impl<S: Shim> Command<'_, S> {
         let mark = s.mark();
         match s.drops.poll(shim, &s.raw, mark) {
             None => Ok(false),
-            Some(fenced) => self
-                .device
-                .ledger
-                .answer(self.stream, fenced)
-                .map(|()| true),
+            Some(fenced) => {
+                self.device.ledger.answer(self.stream, fenced)?;
+                Ok(self.current().drops.is_empty())
+            }
         }
     }
 

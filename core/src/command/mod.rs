@@ -1,21 +1,28 @@
-//! One unit of work against the device: every operation that touches memory or launches goes
-//! through a [`Command`], and every operation's steps run in one engine, so every policy rule is
-//! written once.
+//! Every operation on a device: a [`Command`] borrows the [`Device`] for one stream, and every
+//! reservation, copy, launch, read and sync goes through one.
 //!
-//! A command borrows the device for one stream. Operations only declare what they do, one file
-//! per role: `launch.rs` (kernels), `library.rs` (library work), `transfer.rs` (uploads and
-//! reads), `capture.rs` (recording, sealing and replaying graphs), `memory.rs` (reservation with
-//! reclaim-and-retry, binding, holding room ahead, host buffers, cleanup, the drop queue). The
-//! engine runs their steps (`engine.rs` for device work, `host_side.rs` for the host side of
-//! copies: staging at most once, zero copy); `futures.rs` holds the fences a caller waits for.
-//! Every operation begins once (`Command::begin`: the device's bookkeeping runs, then the fault
-//! ledger and the capture state are checked) and no operation calls another public one. The
-//! drop-queue calls (`flush_drops`, `poll_drops`) and `reserve_host` check only that the device
-//! is not lost: a faulted stream still gives back what its fences covered. `lazy`,
-//! `allocation_mode` and the lookups touch no device state.
+//! A host gets one from [`Device::command`] (the stream is created on first use), runs a few
+//! operations, and lets it go; the next batch takes a new one. What each operation does is on
+//! [`Command`]; the futures a read or sync returns ([`ReadFuture`], [`ReadToFuture`],
+//! [`SyncFuture`]) resolve once the device is done, and release what they held then.
 //!
-//! Does not own the pools (`memory/`), the fault decisions (`fault.rs`), cross-stream order
-//! (`order/`) nor the capture state (`capture/`).
+//! Cross-stream order is the core's job, not the host's: an operation on memory another stream
+//! owns or used makes this stream wait for that stream on the device first, and keeps the memory
+//! alive until this stream's work on it passed a fence. A stream whose work failed fails fast
+//! ([`ServerError::StreamFaulted`]); the drop-queue calls
+//! still give back what its fences covered.
+
+// For contributors: operations only declare what they do, one file per role: `launch.rs`
+// (kernels), `library.rs` (library work), `transfer.rs` (uploads and reads), `typed.rs` (typed
+// host I/O over them), `capture.rs` (recording and replaying graphs), `memory.rs` (reservation
+// with reclaim-and-retry, binding, holding room ahead, host buffers, cleanup, the drop queue),
+// `window.rs` (scoped allocation-mode windows). The engine runs their steps (`engine.rs` for
+// device work, `host_side.rs` for the host side of copies); `futures.rs` holds the fences a
+// caller waits for. Every operation begins once (`Command::begin`: the device's bookkeeping, then
+// the fault ledger and the capture state) and no operation calls another public one. The
+// drop-queue calls and `reserve_host` check only that the device is not lost; `lazy`,
+// `allocation_mode` and the lookups touch no device state. Does not own the pools (`memory/`), the
+// fault decisions (`fault.rs`), cross-stream order (`order/`) nor the capture state (`capture/`).
 
 mod capture;
 mod engine;
@@ -25,11 +32,14 @@ mod launch;
 mod library;
 mod memory;
 mod transfer;
+mod typed;
+mod window;
 
 pub use futures::{ReadFuture, ReadToFuture, SyncFuture};
 pub use launch::Launch;
 pub use library::{Gemm, GemmType, LibraryWork};
 pub use transfer::ReadRequest;
+pub use window::ModeWindow;
 
 use crate::capture::Stance;
 use crate::device::{Device, DeviceReport};
@@ -79,7 +89,33 @@ impl ManagedResource {
     }
 }
 
-/// One unit of work on one stream of a device. See the module documentation.
+/// One unit of work on one stream of a device: every operation goes through one. Made by
+/// [`Device::command`].
+///
+/// What it does, by group (each method says what it checks and how it fails):
+///
+/// - **Memory**: [`empty`](Self::empty) and [`reserve`](Self::reserve) (an allocation; a
+///   failure that reclaim might cure makes room on every stream and retries once),
+///   [`lazy`](Self::lazy) with [`initialize`](Self::initialize) or [`bind`](Self::bind) (memory
+///   later), [`hold`](Self::hold) (room ahead of a recording), the allocation-mode windows
+///   ([`persistent`](Self::persistent), [`mode_window`](Self::mode_window),
+///   [`allocation_mode`](Self::allocation_mode)), and [`memory_report`](Self::memory_report).
+/// - **Uploads**: typed, [`create_typed`](Self::create_typed) and
+///   [`write_typed`](Self::write_typed); bytes, [`create`](Self::create),
+///   [`write_from`](Self::write_from) (borrowed), [`write`](Self::write) and
+///   [`write_layout`](Self::write_layout) (an owned [`HostBuffer`](crate::HostBuffer), staged or
+///   read in place, released after its fence); host buffers to fill, pinned where possible:
+///   [`reserve_host`](Self::reserve_host).
+/// - **Work**: [`launch`](Self::launch) (a kernel), [`library`](Self::library) (cuBLAS,
+///   TensorRT, a C library on the stream), and graphs: [`begin_capture`](Self::begin_capture),
+///   [`end_capture`](Self::end_capture), [`end_capture_update`](Self::end_capture_update),
+///   [`replay`](Self::replay).
+/// - **Reads**: [`read_async`](Self::read_async) (bytes, a [`ReadFuture`]),
+///   [`read_to`](Self::read_to) (into the caller's buffer), [`read_owned`](Self::read_owned)
+///   (in place on zero copy), [`read_typed`](Self::read_typed) (blocking, into `&mut [T]`), and
+///   [`sync`](Self::sync).
+/// - **Giving memory back**: [`poll_drops`](Self::poll_drops) (never blocks: a steady loop's
+///   call), [`flush_drops`](Self::flush_drops), [`memory_cleanup`](Self::memory_cleanup).
 #[derive(Debug)]
 pub struct Command<'a, S: Shim> {
     device: &'a mut Device<S>,
@@ -186,7 +222,8 @@ impl<'a, S: Shim> Command<'a, S> {
     }
 
     /// Opens (`Persistent`, `Dedicated`) or closes (`Auto`) an allocation-mode window on this
-    /// stream.
+    /// stream, by hand: the window stays open until closed, whatever happens in between.
+    /// [`Self::persistent`] and [`Self::mode_window`] close it themselves.
     pub fn allocation_mode(&mut self, mode: AllocationMode) {
         self.current().memory.set_mode(mode);
     }

@@ -157,10 +157,20 @@ impl fmt::Display for DriverError {
                 "the device is lost and will run nothing again",
                 "recreate the device (on CUDA, a sticky error needs a new process)",
             ),
-            Fault::WorkFailed => (
-                "work enqueued before this point failed while it ran",
-                "recreate the device; the stream's data can no longer be trusted",
-            ),
+            Fault::WorkFailed => {
+                // The call was accepted; its work failed later, reported by a fence.
+                let work = match self.op {
+                    ShimOp::Launch => "a kernel",
+                    _ => "the work of a call",
+                };
+                return write!(
+                    f,
+                    "{work} failed while it ran ({} accepted, then status {} reported by a \
+                     fence): what the stream wrote since can no longer be trusted; write the \
+                     inputs again on another stream, or recreate the device",
+                    self.op, self.status
+                );
+            }
             Fault::Failed => ("the call failed", "check the shim's status code"),
         };
         write!(

@@ -25,6 +25,10 @@ pub enum IoError {
         size: u64,
         /// The largest page the device can hold.
         max_page: u64,
+        /// The device's memory budget, when it is what bounds the page
+        /// ([`DeviceConfig::memory_budget`](crate::DeviceConfig::memory_budget), or the shim's
+        /// own): raising it makes room for larger pages.
+        budget: Option<u64>,
     },
     /// The device or the memory budget cannot hold the request right now, even after reclaim.
     OutOfMemory {
@@ -72,6 +76,8 @@ pub enum IoError {
         issued_by: u32,
         /// The id of the device it was used on.
         used_on: u32,
+        /// Whether the issuing device was dropped (its memory went with it).
+        issuer_dropped: bool,
     },
     /// The handle belongs to another stream's memory, and the operation must run on its owner.
     WrongStream {
@@ -141,6 +147,18 @@ impl IoError {
     }
 }
 
+impl IoError {
+    /// [`IoError::ForeignHandle`] for a handle of device `issued_by` used on device `used_on`,
+    /// saying whether the issuing device is gone.
+    pub(crate) fn foreign_handle(issued_by: u32, used_on: u32) -> Self {
+        Self::ForeignHandle {
+            issued_by,
+            used_on,
+            issuer_dropped: !crate::live::is_alive(issued_by),
+        }
+    }
+}
+
 impl From<DriverError> for IoError {
     fn from(e: DriverError) -> Self {
         Self::Shim(e)
@@ -150,7 +168,21 @@ impl From<DriverError> for IoError {
 impl fmt::Display for IoError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::BufferTooBig { size, max_page } => write!(
+            Self::BufferTooBig {
+                size,
+                max_page,
+                budget: Some(b),
+            } => write!(
+                f,
+                "asked for {size} bytes but the device's memory budget of {b} bytes allows no \
+                 page larger than {max_page} bytes; raise `DeviceConfig::memory_budget` or split \
+                 the buffer"
+            ),
+            Self::BufferTooBig {
+                size,
+                max_page,
+                budget: None,
+            } => write!(
                 f,
                 "asked for {size} bytes but the largest page this device holds is {max_page} bytes; \
                  split the buffer"
@@ -166,20 +198,25 @@ impl fmt::Display for IoError {
                     "asked for {size} bytes with {held} bytes of device pages held"
                 )?;
                 if let Some(b) = budget {
-                    write!(f, " under a budget of {b} bytes")?;
+                    write!(f, " under a memory budget of {b} bytes")?;
                 }
-                if let Some(e) = source {
-                    write!(f, " ({e})")?;
+                match source {
+                    // The device's own answer is the error's source.
+                    Some(_) => f.write_str(
+                        ", after reclaiming what could be reclaimed, and the device refused the \
+                         page; free buffers or lower the load",
+                    ),
+                    None => f.write_str(
+                        ", after reclaiming what could be reclaimed, and the budget has no room \
+                         left; free buffers or raise `DeviceConfig::memory_budget`",
+                    ),
                 }
-                f.write_str(
-                    " after reclaiming what could be reclaimed; free buffers or raise the budget",
-                )
             }
             Self::PageUpdateForbidden { size, room } => write!(
                 f,
                 "asked for {size} bytes while a stream of the device records a graph, and the \
-                 largest room held for it is {room} bytes; no page may be allocated or freed \
-                 while a graph records (on the recording stream this discards the recording): \
+                 largest room held for it is {room} bytes, but no page may be allocated or freed \
+                 while a graph records (on the recording stream this discards the recording); \
                  hold room ahead with `Command::hold` or a warm-up run before `begin_capture`"
             ),
             Self::UnsupportedStrides { rank, dim } => write!(
@@ -202,13 +239,28 @@ impl fmt::Display for IoError {
             }
             Self::StorageHandleNotFound { handle, page } => write!(
                 f,
-                "handle {handle} routes to page {page}, which the pool no longer holds; \
-                 this is a bug in devcmd, please report it"
+                "handle {handle} routes to page {page}, which the pool no longer holds: a bug in \
+                 devcmd; report it with the steps that led here"
             ),
-            Self::ForeignHandle { issued_by, used_on } => write!(
+            Self::ForeignHandle {
+                issued_by,
+                used_on,
+                issuer_dropped: true,
+            } => write!(
                 f,
-                "a handle issued by device {issued_by} was used on device {used_on}; \
-                 copy the data through the host"
+                "a handle issued by device {issued_by} was used on device {used_on}, and device \
+                 {issued_by} was dropped: its memory went with it; upload the data again on \
+                 device {used_on}"
+            ),
+            Self::ForeignHandle {
+                issued_by,
+                used_on,
+                issuer_dropped: false,
+            } => write!(
+                f,
+                "a handle issued by device {issued_by} was used on device {used_on}, but a handle \
+                 belongs to the device that issued it; read the data back from device \
+                 {issued_by} and upload it to device {used_on}"
             ),
             Self::WrongStream {
                 handle,
@@ -267,10 +319,12 @@ impl IoError {
 
 impl core::error::Error for IoError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        // `Shim` prints its call's text itself; `OutOfMemory` leaves the device's answer to here.
         match self {
             Self::OutOfMemory {
                 source: Some(e), ..
             } => Some(e),
+            Self::Shim(e) => e.source(),
             _ => None,
         }
     }
@@ -287,7 +341,8 @@ mod tests {
         assert!(
             !IoError::BufferTooBig {
                 size: 1,
-                max_page: 0
+                max_page: 0,
+                budget: None,
             }
             .may_succeed_after_reclaim()
         );

@@ -42,8 +42,8 @@ impl fmt::Display for LaunchError {
             }
             Self::Library { work, error } => write!(
                 f,
-                "library work `{work}` failed: {error}; its outputs carry this failure, \
-                 fix the call's arguments or the library's state and run it again"
+                "library work `{work}` failed: {error}: its outputs carry this failure; fix the \
+                 call's arguments or the library's state and run it again"
             ),
             Self::Buffer {
                 kernel,
@@ -91,10 +91,11 @@ impl core::error::Error for LibraryError {}
 
 impl core::error::Error for LaunchError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        // Each variant prints its cause's text: the cause's own source comes next.
         match self {
-            Self::Refused { cause, .. } => Some(cause),
-            Self::Buffer { cause, .. } => Some(cause),
-            Self::Library { error, .. } => Some(error),
+            Self::Refused { cause, .. } => cause.source(),
+            Self::Buffer { cause, .. } => cause.source(),
+            Self::Library { error, .. } => error.source(),
         }
     }
 }

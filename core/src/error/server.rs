@@ -122,7 +122,7 @@ impl fmt::Display for ServerError {
                 handle,
                 chain,
                 skipped_total,
-                root,
+                root: _,
             } => {
                 write!(
                     f,
@@ -134,42 +134,43 @@ impl fmt::Display for ServerError {
                         write!(f, " {k}")?;
                     }
                 }
+                // The root cause is the error's source, printed once, below this line.
                 write!(
                     f,
-                    "); root cause: {root}; rewrite the buffer or rerun the work"
+                    "); rewrite the buffer, or rerun the work once its root cause is dealt with"
                 )
             }
             Self::Skipped { kernel, failure } => write!(
                 f,
-                "`{kernel}` was skipped because an input carries failure {failure}; \
-                 its outputs now carry it too"
+                "`{kernel}` was skipped because an input carries failure {failure}, and its \
+                 outputs now carry it too; rewrite the inputs (the failure's first error says \
+                 why they are unwritten) and launch again"
             ),
-            Self::DeviceLost { cause } => {
-                write!(
-                    f,
-                    "the device is lost ({cause}); recreate it (on CUDA, a sticky error needs a \
-                     new process)"
-                )
-            }
+            // The call that found out is the source.
+            Self::DeviceLost { .. } => f.write_str(
+                "every operation on this device fails from now on; recreate the device (on \
+                 CUDA, a sticky error needs a new process)",
+            ),
             Self::Io(e) => write!(f, "{e}"),
             Self::Launch(e) => write!(f, "{e}"),
             Self::Capture(e) => write!(f, "{e}"),
-            Self::Device(e) => write!(f, "work on the stream failed: {e}"),
-            Self::StreamFaulted {
-                stream,
-                cause,
-                kernel,
-            } => {
-                write!(f, "work on stream {stream} failed while it ran")?;
+            // The call is the source.
+            Self::Device(_) => f.write_str(
+                "a device call on the stream failed, so devcmd cannot tell whether the work \
+                 before it ran: what the stream's fences covered is kept, not freed; retry the \
+                 operation, and recreate the device if it fails again",
+            ),
+            // The fence's report is the source.
+            Self::StreamFaulted { stream, kernel, .. } => {
+                write!(f, "stream {stream} is faulted")?;
                 if let Some(k) = kernel {
                     write!(f, " (the last kernel launched before the fence was `{k}`)")?;
                 }
                 write!(
                     f,
-                    ": the {} reported status {}; what the stream wrote, and work ordered after it, \
-                     can no longer be trusted while other streams keep working: write the inputs \
-                     again on another stream, or recreate the device to use stream {stream} again",
-                    cause.op, cause.status
+                    ": what it wrote, and work ordered after it, can no longer be trusted, while \
+                     other streams keep working; write the inputs again on another stream, or \
+                     recreate the device to use stream {stream} again"
                 )
             }
         }
@@ -178,14 +179,17 @@ impl fmt::Display for ServerError {
 
 impl core::error::Error for ServerError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        // A variant that prints its inner error's text passes on that error's source instead
+        // of the error itself: every message of a chain is printed once.
         match self {
-            Self::Validation(_) | Self::Skipped { .. } => None,
+            Self::Skipped { .. } => None,
+            Self::Validation(e) => e.source(),
             Self::Unwritten { root, .. } => Some(&**root),
             Self::DeviceLost { cause } | Self::Device(cause) => Some(cause),
             Self::StreamFaulted { cause, .. } => Some(cause),
-            Self::Io(e) => Some(e),
-            Self::Launch(e) => Some(e),
-            Self::Capture(e) => Some(e),
+            Self::Io(e) => e.source(),
+            Self::Launch(e) => e.source(),
+            Self::Capture(e) => e.source(),
         }
     }
 }
@@ -310,11 +314,12 @@ impl fmt::Display for CaptureError {
                 "stream {stream} holds no open recording for this `end_capture`; end a recording \
                  on the stream that began it (a recording given to another stream is abandoned)"
             ),
-            Self::Discarded { stream, reason } => write!(
+            // The failed step is the source.
+            Self::Discarded { stream, .. } => write!(
                 f,
-                "the recording on stream {stream} was discarded because a step of it failed \
-                 ({reason}); nothing of it is kept and the buffers it would have written carry \
-                 this failure; end it with `end_capture`, then record again with room held"
+                "the recording on stream {stream} was discarded because a step of it failed: \
+                 nothing of it is kept and the buffers it would have written carry the failure; \
+                 end it with `end_capture`, then record again once the step succeeds"
             ),
             Self::RecordedElsewhere {
                 stream,
@@ -328,8 +333,8 @@ impl fmt::Display for CaptureError {
             ),
             Self::Refused { stream, cause } => write!(
                 f,
-                "the device refused the recording on stream {stream} ({cause}); the stream runs \
-                 its work eagerly as before"
+                "the device refused the recording on stream {stream}, which runs its work \
+                 eagerly as before: {cause}"
             ),
             Self::ForeignGraph {
                 recorded_on,
@@ -347,7 +352,8 @@ impl core::error::Error for CaptureError {
     fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
             Self::Discarded { reason, .. } => Some(&**reason),
-            Self::Refused { cause, .. } => Some(cause),
+            // Printed in the text.
+            Self::Refused { cause, .. } => cause.source(),
             _ => None,
         }
     }

@@ -167,8 +167,9 @@ impl fmt::Display for Validation {
             ),
             Self::LaunchDims { kernel, dims } => write!(
                 f,
-                "the launch of `{kernel}` asks for grid {}x{}x{} and block {}x{}x{}: every extent \
-                 must be at least 1 (use LaunchDims::covering for a grid over n elements)",
+                "the launch of `{kernel}` asks for grid {}x{}x{} and block {}x{}x{}, but every \
+                 extent must be at least 1; give each at least 1 (LaunchDims::covering makes a \
+                 grid over n elements)",
                 dims.grid.x, dims.grid.y, dims.grid.z, dims.block.x, dims.block.y, dims.block.z
             ),
         }

@@ -293,6 +293,18 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
+    /// Opens a window of `mode` (even `Auto`) and returns the depth to close it back to.
+    pub(crate) fn open_mode(&mut self, mode: AllocationMode) -> usize {
+        let depth = self.modes.len();
+        self.modes.push(mode);
+        depth
+    }
+
+    /// Closes every window opened at `depth` or above (a scoped window's end).
+    pub(crate) fn close_modes_to(&mut self, depth: usize) {
+        self.modes.truncate(depth);
+    }
+
     /// The mode new reservations are served in.
     pub fn mode(&self) -> AllocationMode {
         self.modes.last().copied().unwrap_or(AllocationMode::Auto)

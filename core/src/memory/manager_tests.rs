@@ -305,13 +305,14 @@ fn foreign_and_out_of_range_handles_are_errors() {
         MemoryBudget::new(None),
     );
     let foreign = other.lazy_handle(10);
-    assert_eq!(
+    assert!(matches!(
         mm.resolve(&foreign).unwrap_err(),
         IoError::ForeignHandle {
             issued_by: 2,
-            used_on: 1
+            used_on: 1,
+            ..
         }
-    );
+    ));
     let h = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     let big = mm.lazy_handle(200);
     let e = mm.bind(h, &big).unwrap_err();

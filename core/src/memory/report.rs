@@ -42,7 +42,10 @@ pub struct PoolReport {
     pub in_use: u64,
     /// Alignment padding of the live allocations.
     pub padding: u64,
-    /// Bytes of pages held.
+    /// Bytes of device memory the pool holds now (the column `held` of a printed report): its
+    /// pages, or for a granule pool the granules mapped into its range. Pages and granules the pool let go that wait for a fence are not
+    /// counted here but in the drop queue's figures
+    /// ([`DeviceReport::awaiting`](crate::DeviceReport::awaiting)).
     pub reserved: u64,
 }
 
@@ -72,7 +75,8 @@ pub struct Usage {
     pub in_use: u64,
     /// Alignment padding of the live allocations.
     pub padding: u64,
-    /// Bytes of pages held.
+    /// Bytes of device (or pinned host) memory held: pages, or mapped granules (the column
+    /// `held` of a printed report).
     pub reserved: u64,
 }
 
@@ -111,6 +115,10 @@ pub struct MemoryReport {
     /// The pools, small first, then the arena (current class first), persistent, dedicated;
     /// then the pinned host pool, where the report has one.
     pub pools: alloc::vec::Vec<PoolReport>,
+    /// Bytes of device address space the stream's granule pools reserved (0 without virtual
+    /// memory): memory is mapped into it on demand, so it costs no memory and no budget; only
+    /// the granules mapped count (in the pools' `reserved`).
+    pub address_space: u64,
 }
 
 impl MemoryReport {
@@ -180,7 +188,7 @@ impl fmt::Display for MemoryReport {
         write!(
             f,
             "{:<18} {:>10} {:>6} {:>6} {:>8} {:>12} {:>10} {:>12}",
-            "pool", "page", "pages", "peak", "allocs", "in use", "padding", "reserved"
+            "pool", "page", "pages", "peak", "allocs", "in use", "padding", "held"
         )?;
         for host in [false, true] {
             let mut lines = self.pools.iter().filter(|p| p.is_host() == host).peekable();
@@ -252,7 +260,7 @@ impl defmt::Format for Usage {
     fn format(&self, f: defmt::Formatter<'_>) {
         defmt::write!(
             f,
-            "{=u64} allocs, {} in use, {} padding, {} reserved",
+            "{=u64} allocs, {} in use, {} padding, {} held",
             self.allocations,
             ReadableBytes(self.in_use),
             ReadableBytes(self.padding),
@@ -347,6 +355,7 @@ mod tests {
                 line(PoolKind::Arena, 1, 3 * MIB, 4 * MIB),
                 line(PoolKind::PinnedHost, 1, 4096, 32 * MIB),
             ],
+            address_space: 0,
         };
         assert_eq!(
             report.device(),
@@ -377,6 +386,7 @@ mod tests {
     fn a_report_without_pinned_memory_has_no_host_total() {
         let report = MemoryReport {
             pools: alloc::vec![line(PoolKind::Small, 1, 64, MIB)],
+            address_space: 0,
         };
         let text = report.to_string();
         assert!(text.contains("device total"), "{text}");

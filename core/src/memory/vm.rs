@@ -139,6 +139,24 @@ impl<P> GranulePool<P> {
         self.base + (u64::from(g) << self.shift)
     }
 
+    /// Granules the pool itself holds memory behind now: mapped ones. A retiring granule is the
+    /// drop queue's until its fence passes (the report counts it there), or mapped again once
+    /// taken back. Walks every granule: for reports, not for the hot path.
+    pub(crate) fn mapped_now(&self) -> u32 {
+        let mapped = self
+            .granules
+            .iter()
+            .filter(|g| matches!(g.backing, Backing::Mapped(_)))
+            .count();
+        u32::try_from(mapped).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes of address space the range spans (reserved once; memory is mapped into it on
+    /// demand).
+    pub(crate) fn address_space(&self) -> u64 {
+        (self.granules.len() as u64) << self.shift
+    }
+
     /// Bytes of device memory behind the range (retiring granules included).
     pub(crate) fn held(&self) -> u64 {
         u64::from(self.mapped) << self.shift

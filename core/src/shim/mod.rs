@@ -190,6 +190,20 @@ pub trait Shim {
     /// Blocks the host until `event` completes. A device fault is returned as an error.
     fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError>;
 
+    /// Arranges for `waker` to be woken once `event` completes, and returns `true`; wakes it at
+    /// once when the event has already completed (or the device is lost), so no completion
+    /// between a query and this call is missed. A shim that can notify lets a pending future
+    /// sleep: a [`ReadFuture`](crate::ReadFuture) awaited under an executor costs no CPU until
+    /// the device is done.
+    ///
+    /// The default returns `false`: the shim cannot notify, and a pending future asks to be
+    /// polled again at once (it spins on [`Self::event_query`] under an executor; a firmware
+    /// main loop polls it between other work anyway). Never blocks.
+    fn event_notify(&self, event: &Self::Event, waker: &core::task::Waker) -> bool {
+        let _ = (event, waker);
+        false
+    }
+
     // ---- device pages ----
 
     /// Allocates a device page of `size` bytes aligned to [`DeviceFacts::page_alignment`].

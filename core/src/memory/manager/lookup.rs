@@ -74,10 +74,7 @@ impl<S: Shim> MemoryManager<S> {
     fn check_issuer(&self, b: BindingRef<'_>) -> Result<(), IoError> {
         let issuer = b.issuer();
         if issuer.device != self.issuer.device {
-            return Err(IoError::ForeignHandle {
-                issued_by: issuer.device,
-                used_on: self.issuer.device,
-            });
+            return Err(IoError::foreign_handle(issuer.device, self.issuer.device));
         }
         if issuer.stream != self.issuer.stream {
             return Err(IoError::WrongStream {

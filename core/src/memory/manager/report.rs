@@ -21,7 +21,8 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// The figures of every pool (allocations dropped since the last call are freed first). A
-    /// granule pool reports its granules as pages.
+    /// granule pool reports its mapped granules as pages; granules let go and awaiting a fence
+    /// are the drop queue's, not the pool's.
     pub fn report(&mut self) -> MemoryReport {
         self.collect_returns();
         self.settle_granules();
@@ -39,21 +40,24 @@ impl<S: Shim> MemoryManager<S> {
                 reserved: usage.reserved,
             }
         };
+        let mut address_space = 0;
         for (kind, vm) in [
             (PoolKind::Small, &self.vm[0]),
             (PoolKind::Arena, &self.vm[1]),
         ] {
             if let Some(vm) = vm {
                 let usage = vm.pool.usage();
+                let mapped = vm.mapped_now();
+                address_space += vm.address_space();
                 pools.push(PoolReport {
                     kind,
                     page_size: vm.granule,
-                    pages: vm.mapped,
+                    pages: mapped,
                     pages_peak: vm.mapped_peak,
                     allocations: usage.allocations,
                     in_use: usage.in_use,
                     padding: usage.padding,
-                    reserved: vm.held(),
+                    reserved: u64::from(mapped) * vm.granule,
                 });
             }
         }
@@ -81,7 +85,10 @@ impl<S: Shim> MemoryManager<S> {
                 });
             }
         }
-        MemoryReport { pools }
+        MemoryReport {
+            pools,
+            address_space,
+        }
     }
 
     /// Device calls the granule pools made so far: (granules mapped, granules given back).

@@ -68,6 +68,7 @@ impl<S: Shim> MemoryManager<S> {
                 return Err(IoError::BufferTooBig {
                     size,
                     max_page: self.max_page,
+                    budget: self.budget_bounding_pages(),
                 });
             }
         };
@@ -272,11 +273,19 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
+    /// The budget's limit, when it is what bounds the largest page (it rounds down to it).
+    fn budget_bounding_pages(&self) -> Option<u64> {
+        self.budget
+            .limit()
+            .filter(|&b| b / self.alignment * self.alignment <= self.max_page)
+    }
+
     pub(super) fn page_error(&self, e: DriverError, asked: u64, page_size: u64) -> IoError {
         match e.fault {
             Fault::TooBig => IoError::BufferTooBig {
                 size: page_size.max(asked),
                 max_page: self.max_page,
+                budget: self.budget_bounding_pages(),
             },
             Fault::OutOfMemory => IoError::OutOfMemory {
                 size: asked,
