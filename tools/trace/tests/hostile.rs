@@ -208,3 +208,48 @@ fn help_and_readme_name_the_real_default_device() {
         "README.md's trace section must say the default device is the address-only one"
     );
 }
+
+#[test]
+fn a_header_or_a_line_of_many_commas_is_refused_before_it_costs_memory() {
+    let commas = ",".repeat(1 << 20);
+    let (header, peak) = read_measured("commas-header.csv", commas.as_bytes());
+    let e = header.expect_err("a header of a million columns");
+    assert!(e.contains("columns, at most 64"), "{e}");
+    assert!(peak < 4 << 20, "{peak} bytes for a 1 MiB header");
+    let line = format!("seq,action,id,size,stream\n{commas}\n");
+    let (line, peak) = read_measured("commas-line.csv", line.as_bytes());
+    let e = line.expect_err("a line of a million fields");
+    assert!(e.contains("fields, the header has 5"), "{e}");
+    assert!(peak < 4 << 20, "{peak} bytes for a 1 MiB line");
+}
+
+#[test]
+fn entries_of_many_keys_and_long_stream_names_are_refused() {
+    fn unicode(p: &mut Vec<u8>, s: &str) {
+        p.push(b'X'); // BINUNICODE
+        p.extend((s.len() as u32).to_le_bytes());
+        p.extend(s.as_bytes());
+    }
+    // The size's bytes, then more key/value pairs of the same entry.
+    let mut many = long1(&512u64.to_le_bytes());
+    for k in 0..100 {
+        unicode(&mut many, &format!("key{k}"));
+        unicode(&mut many, "v");
+    }
+    let wide = snapshot(&[("alloc", 0x1000, many)]);
+    let r = run(&[&write("wide-entry.pickle", &wide), "--no-search"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("an entry of 103 keys"), "{}", r.stderr);
+
+    let mut named = long1(&512u64.to_le_bytes());
+    unicode(&mut named, "stream");
+    unicode(&mut named, &"s".repeat(300));
+    let long = snapshot(&[("alloc", 0x1000, named)]);
+    let r = run(&[&write("long-stream.pickle", &long), "--no-search"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("stream") && r.stderr.contains("a name of 300 bytes"),
+        "{}",
+        r.stderr
+    );
+}

@@ -29,7 +29,22 @@ struct Columns {
     stream: Option<usize>,
 }
 
+/// The most columns a header may name: the format has five, and a header of thousands of commas
+/// would otherwise cost memory per comma.
+const MAX_COLUMNS: usize = 64;
+
 fn header(b: &Builder, line: &str, n: u64) -> Result<Columns, InputError> {
+    let columns = line.split(',').count();
+    if columns > MAX_COLUMNS {
+        return Err(b.error(
+            n,
+            None,
+            format!(
+                "the header has {columns} columns, at most {MAX_COLUMNS} are read: a trace starts \
+                 with the header `{HEADER}` (then one operation a line)"
+            ),
+        ));
+    }
     let names: Vec<String> = line
         .split(',')
         .map(|c| c.trim().to_ascii_lowercase())
@@ -108,18 +123,16 @@ pub fn read(
             columns = Some(header(&b, line, n)?);
             continue;
         };
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        if fields.len() != cols.count {
+        // Counted before they are gathered: a line of many commas costs nothing.
+        let count = line.split(',').count();
+        if count != cols.count {
             return Err(b.error(
                 n,
                 None,
-                format!(
-                    "{} fields, the header has {} (`{HEADER}`)",
-                    fields.len(),
-                    cols.count
-                ),
+                format!("{count} fields, the header has {} (`{HEADER}`)", cols.count),
             ));
         }
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
         if let Some(seq) = cols.seq.map(|i| fields[i]).filter(|s| !s.is_empty())
             && seq.parse::<u64>().is_err()
         {

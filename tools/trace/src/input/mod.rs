@@ -6,7 +6,8 @@
 //! file and picks the parser by its magic bytes (gzip `1f 8b`, pickle `80 02..05`, else CSV
 //! text), not by its extension. The formats themselves are in `csv.rs` (`seq,action,id,size,
 //! stream`) and `snapshot.rs` (PyTorch's memory snapshot pickle, read by `pickle.rs`: no recursion,
-//! memory in proportion to the file).
+//! memory in proportion to the bytes read: for a gzipped file, the inflated bytes, which a small
+//! file can make large).
 
 mod csv;
 pub mod pickle;

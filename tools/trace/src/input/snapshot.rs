@@ -72,6 +72,11 @@ fn whole(v: &Node) -> Result<u64, String> {
     }
 }
 
+/// The most keys a trace entry may have (PyTorch writes about eight).
+const MAX_ENTRY_KEYS: usize = 64;
+/// The longest stream name read (PyTorch writes an int).
+const MAX_STREAM_NAME: usize = 256;
+
 /// The value under the str (or bytes) key `key` of `dict`.
 fn get<'a>(p: &'a Pickle, dict: &[(Id, Id)], key: &str) -> Option<&'a Node> {
     dict.iter()
@@ -215,6 +220,19 @@ fn convert(
         let Node::Dict(d) = entry else {
             return Err(b.error(i, None, format!("{} is not a dict", kind(entry))));
         };
+        // Each field is looked up by a scan of the entry: a few keys, as PyTorch writes them.
+        // A dict of thousands shared by every entry would make the read quadratic.
+        if d.len() > MAX_ENTRY_KEYS {
+            return Err(b.error(
+                i,
+                None,
+                format!(
+                    "an entry of {} keys; a snapshot's trace entries hold a few (action, addr, \
+                     size, stream, frames...), at most {MAX_ENTRY_KEYS} are read",
+                    d.len()
+                ),
+            ));
+        }
         let action = match get(p, d, "action") {
             Some(v) => text(v)
                 .ok_or_else(|| b.error(i, Some("action"), format!("{} is not a str", kind(v))))?,
@@ -238,6 +256,17 @@ fn convert(
                 Node::Int(n) => n.to_string(),
                 other => text(other).unwrap_or("?").to_owned(),
             };
+            if name.len() > MAX_STREAM_NAME {
+                return Err(b.error(
+                    i,
+                    Some("stream"),
+                    format!(
+                        "a name of {} bytes; a stream is an int or a short name (at most \
+                         {MAX_STREAM_NAME} bytes)",
+                        name.len()
+                    ),
+                ));
+            }
             b.stream(&name);
         }
         if is_alloc {
