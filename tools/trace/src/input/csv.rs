@@ -29,6 +29,14 @@ struct Columns {
     stream: Option<usize>,
 }
 
+/// At most 80 characters of `line`, for a message (a long line is cut, marked with `...`).
+fn shown(line: &str) -> String {
+    match line.char_indices().nth(80) {
+        Some((at, _)) => format!("{}...", &line[..at]),
+        None => line.to_owned(),
+    }
+}
+
 /// The most columns a header may name: the format has five, and a header of thousands of commas
 /// would otherwise cost memory per comma.
 const MAX_COLUMNS: usize = 64;
@@ -56,8 +64,9 @@ fn header(b: &Builder, line: &str, n: u64) -> Result<Columns, InputError> {
                 n,
                 None,
                 format!(
-                    "the header {line:?} has no {name:?} column: a trace starts with the header \
-                     `{HEADER}` (then one operation a line)"
+                    "the header {:?} has no {name:?} column: a trace starts with the header \
+                     `{HEADER}` (then one operation a line)",
+                    shown(line)
                 ),
             )
         })
