@@ -285,7 +285,8 @@ impl<S: Shim> DropQueue<S> {
                 FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => return Some(settled),
             }
         }
-        Some(settled.and(self.cover_staged(stream, shim, mark)))
+        // The settled fence's mark goes back to the ledger unless covering the staged items failed.
+        Some(self.cover_staged(stream, shim, mark).and(settled))
     }
 
     /// Whether nothing waits in the queue: no staged item, no pending one.

@@ -184,3 +184,22 @@ fn a_failed_wait_leaks_unless_the_device_is_lost() {
     );
     assert_eq!(q.stats().items_released, 1, "lost: released");
 }
+
+#[test]
+fn a_poll_hands_back_the_mark_of_the_fence_it_settled() {
+    let (shim, mut q) = setup();
+    q.push(item(8));
+    let at = |cursor| FenceMark {
+        cursor,
+        kernel: None,
+    };
+    q.flush(&shim, &(), at(5));
+    // Something staged since: the poll settles the fence of cursor 5 and covers the new item.
+    q.push(item(8));
+    let settled = q.poll(&shim, &(), at(6)).expect("a fence was pending");
+    assert_eq!(settled.outcome, FenceOutcome::Passed);
+    assert_eq!(
+        settled.mark.cursor, 5,
+        "the ledger learns that the work up to cursor 5 completed clean"
+    );
+}

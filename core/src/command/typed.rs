@@ -84,6 +84,10 @@ impl<S: Shim> Command<'_, S> {
 
 impl HostBuffer {
     /// A heap buffer holding a copy of `data`'s bytes, in native byte order.
+    ///
+    /// Allocates as `Vec` does (the global allocator's failure aborts); where a heap can run out
+    /// (a firmware's), take a buffer from [`Command::reserve_host`], whose failure is an error,
+    /// and fill it with [`Self::copy_from`].
     pub fn copy_of<T: Pod>(data: &[T]) -> Self {
         Self::from_vec(bytemuck::cast_slice(data).to_vec())
     }
@@ -119,7 +123,9 @@ impl HostBuffer {
         Ok(())
     }
 
-    /// The buffer's bytes as a vector of `T`, in native byte order.
+    /// The buffer's bytes as a vector of `T`, in native byte order. The vector is allocated as
+    /// `Vec` allocates (a failure aborts); [`Self::copy_to`] reads into memory the caller
+    /// already holds.
     ///
     /// # Errors
     ///
