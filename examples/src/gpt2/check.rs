@@ -307,15 +307,16 @@ pub fn compare(run: &Decoded, fixture: &Fixture, dtype: DType) -> Result<Passed,
             let (got, want) = (run.tokens[row][step], fixture.tokens[row][step]);
             let base = (step * rows + row) * v;
             let reference = &fixture.logits[base..base + v];
+            let token_differs = Mismatch::Token {
+                step,
+                row,
+                position,
+                got,
+                want,
+            };
             // fp32 picks the reference's token first; fp16 is judged on its logits first.
             if got != want && dtype == DType::F32 {
-                return Err(Mismatch::Token {
-                    step,
-                    row,
-                    position,
-                    got,
-                    want,
-                });
+                return Err(token_differs);
             }
             let g = run.logits[step].get(row * v..(row + 1) * v);
             let Some(g) = g else {
@@ -348,13 +349,7 @@ pub fn compare(run: &Decoded, fixture: &Fixture, dtype: DType) -> Result<Passed,
                     .zip(reference.get(want as usize))
                     .is_some_and(|(&picked, &best)| best - picked <= tolerance);
                 if !(own_pick && near_tie) {
-                    return Err(Mismatch::Token {
-                        step,
-                        row,
-                        position,
-                        got,
-                        want,
-                    });
+                    return Err(token_differs);
                 }
                 diverged.push((row, step));
             }
