@@ -23,6 +23,11 @@ fn the_window_closes_when_its_closure_returns_an_error() {
     let mut device = Device::new(StdShim::new(), DeviceConfig::default());
     let mut cmd = device.command(S0).unwrap();
     let result: Result<devcmd::Handle, ServerError> = cmd.persistent(|c| {
+        assert_eq!(
+            c.current_allocation_mode(),
+            AllocationMode::Persistent,
+            "inside the window"
+        );
         let _w = c.create_typed(&[1f32; 256])?;
         // A write of the wrong length fails inside the window, and `?` leaves it.
         let bad = c.empty(16)?;
