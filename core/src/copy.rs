@@ -18,6 +18,18 @@ pub struct CopyRow {
     pub len: u64,
 }
 
+/// One piece of a copy cut by [`CopyLayout::pieces`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct CopyPiece {
+    /// Offset of the piece on the host side (packed), from the start of the copy.
+    pub host: u64,
+    /// Offset of the piece's first byte on the device side, from the start of the copy.
+    pub device: u64,
+    /// The piece's own layout (its host side packed).
+    pub layout: CopyLayout,
+}
+
 /// The device-side geometry of a copy, in bytes: `height` rows of `width` bytes, each row starting
 /// `pitch` bytes after the previous one. The host side of a copy is always packed
 /// (`height * width` bytes). Built only by [`CopyLayout::of`] or [`CopyLayout::linear`], so a shim
@@ -156,6 +168,70 @@ impl CopyLayout {
         })
     }
 
+    /// The copy cut into pieces of at most `max` packed bytes, in order, each a copy of its own:
+    /// where it starts on the host side (packed) and on the device side, and its layout. Whole
+    /// rows go together while they fit; a row longer than `max` is cut into linear pieces. The
+    /// pieces cover the rows exactly once (the walk of a pipelined copy, `command/pipeline.rs`).
+    /// A `max` of 0 is taken as 1.
+    ///
+    /// ```
+    /// use devcmd::copy::CopyLayout;
+    /// // Three rows of 4 bytes, 16 apart on the device, in pieces of at most 8 bytes.
+    /// let layout = CopyLayout::of(&[3, 4], &[16, 1], 1).unwrap();
+    /// let pieces: Vec<_> = layout.pieces(8).map(|p| (p.host, p.device, p.layout.height())).collect();
+    /// assert_eq!(pieces, [(0, 0, 2), (8, 32, 1)]);
+    /// ```
+    pub fn pieces(&self, max: u64) -> impl Iterator<Item = CopyPiece> + use<> {
+        let max = max.max(1);
+        let layout = *self;
+        let rows_per = if layout.is_linear() || layout.width == 0 {
+            0
+        } else {
+            max / layout.width
+        };
+        let total = layout.packed_bytes();
+        // Cursor: packed bytes done so far.
+        let mut done = 0u64;
+        core::iter::from_fn(move || {
+            if done >= total {
+                return None;
+            }
+            let piece = if layout.is_linear() || rows_per == 0 {
+                // Linear, or rows longer than a piece: a part of one row at a time.
+                let (row, within) = if layout.is_linear() {
+                    (0, done)
+                } else {
+                    (done / layout.width, done % layout.width)
+                };
+                let row_len = if layout.is_linear() {
+                    total
+                } else {
+                    layout.width
+                };
+                let len = (row_len - within).min(max);
+                CopyPiece {
+                    host: done,
+                    device: row * layout.pitch + within,
+                    layout: Self::linear(len),
+                }
+            } else {
+                let row = done / layout.width;
+                let height = rows_per.min(layout.height - row);
+                CopyPiece {
+                    host: done,
+                    device: row * layout.pitch,
+                    layout: Self {
+                        width: layout.width,
+                        height,
+                        pitch: layout.pitch,
+                    },
+                }
+            };
+            done += piece.layout.packed_bytes();
+            Some(piece)
+        })
+    }
+
     /// Bytes the device side spans, from the first byte of the first row to the last of the last.
     pub const fn device_span(&self) -> u64 {
         if self.height == 0 {
@@ -169,6 +245,7 @@ impl CopyLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec::Vec;
 
     #[test]
     fn contiguous_rows_are_linear() {
@@ -231,6 +308,40 @@ mod tests {
             bad(&[u64::MAX, 8], &[16, 1]),
             IoError::UnsupportedStrides { .. }
         ));
+    }
+
+    /// The rows a list of pieces writes, as (host, device, len) bytes, one entry per byte run.
+    fn bytes_of(pieces: impl Iterator<Item = CopyPiece>) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for p in pieces {
+            for r in p.layout.rows() {
+                for b in 0..r.len {
+                    out.push((p.host + r.host + b, p.device + r.device + b));
+                }
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// The pieces write exactly the bytes the whole copy writes, in order, each at most
+        /// `max` bytes.
+        #[test]
+        fn pieces_cover_the_rows_once(
+            width in 1u64..40, pad in 0u64..8, height in 0u64..12, max in 0u64..100,
+        ) {
+            let layout = if height <= 1 || pad == 0 {
+                CopyLayout::linear(width * height)
+            } else {
+                CopyLayout { width, height, pitch: width + pad }
+            };
+            let whole = bytes_of(core::iter::once(CopyPiece { host: 0, device: 0, layout }));
+            proptest::prop_assert_eq!(bytes_of(layout.pieces(max)), whole);
+            for p in layout.pieces(max) {
+                proptest::prop_assert!(p.layout.packed_bytes() <= max.max(1));
+                proptest::prop_assert!(p.layout.packed_bytes() > 0);
+            }
+        }
     }
 
     #[test]

@@ -228,6 +228,7 @@ impl<S: Shim> Device<S> {
                 cursor: 0,
                 synced: Vec::new(),
                 last_kernel: None,
+                ring: crate::staging::StagingRing::new(),
             }));
         }
     }
@@ -426,6 +427,8 @@ impl<S: Shim> Drop for Device<S> {
         let mut all_done = true;
         for (i, s) in self.streams.iter_mut().enumerate() {
             let Some(s) = s else { continue };
+            // The staging ring's buffers go with the queue, after the fence that covers them.
+            s.ring.retire_into(&mut s.drops);
             let fenced = s.sync(&self.shim);
             // Recorded so a lost device is known below; there is no caller to tell.
             let _ = self.ledger.defer(i, fenced);

@@ -51,6 +51,8 @@ pub mod staging;
 pub mod stream;
 #[cfg(test)]
 mod test_shim;
+#[cfg(feature = "std")]
+pub mod workers;
 
 /// The README's Rust snippet, compiled and run as a doctest so it stays true.
 #[cfg(doctest)]
@@ -65,7 +67,7 @@ pub use command::{
     Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ModeWindow, ReadFuture,
     ReadRequest, ReadToFuture, SyncFuture,
 };
-pub use copy::{CopyLayout, CopyRow};
+pub use copy::{CopyLayout, CopyPiece, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};
 pub use drop_queue::{Awaiting, DropPolicy, DropStats};
 pub use error::{

@@ -1,10 +1,29 @@
-//! Staging: whether the host side of an upload goes through pinned memory first.
+//! Staging: whether the host side of a copy goes through pinned memory first, and the ring of
+//! pinned buffers a pipelined copy cycles through.
 //!
-//! Owns the thresholds ([`StagingPolicy`]) and the decision ([`Staging::of`]), read by the
-//! engine's host side (`command/host_side.rs`), which stages an upload at most once. Does not own
-//! the pinned pools (`pinned.rs`) nor the copies.
+//! Owns the thresholds ([`StagingPolicy`]), the decision ([`Staging::of`]), read by the engine's
+//! host side (`command/host_side.rs`), which stages an upload at most once, and each stream's
+//! staging ring (`StagingRing`): its buffers and the fence after the last device copy that used
+//! each. Does not own the pinned pools the buffers come from (`pinned.rs`), the walk of a
+//! pipelined copy and its waits (`command/pipeline.rs`), nor the copies.
+//!
+//! # The pipeline
+//!
+//! An upload of ordinary memory of at least [`StagingPolicy::pipeline_from`] bytes is cut into
+//! pieces of at most [`StagingPolicy::chunk`] bytes. Each piece is copied by the host into the
+//! next buffer of the stream's ring ([`Shim::host_copy`](crate::Shim::host_copy), on the shim's
+//! worker threads where it has them), then copied to the device from there, and a fence is
+//! recorded after it. While the host copies piece *i*, the device copies piece *i − 1*. A buffer
+//! is reused only once the fence after its last device copy passed, so the ring holds at most
+//! `depth × chunk` pinned bytes per stream, whatever the size of the copy. A read into ordinary
+//! memory runs the same way backwards. The ring keeps its buffers between copies (no pinned
+//! allocation per piece, none per copy once warm) and gives them back at a memory cleanup.
 
-use crate::host::HostOrigin;
+use crate::drop_queue::{DropItem, DropQueue};
+use crate::fault::FenceMark;
+use crate::host::{HostBuffer, HostOrigin};
+use crate::shim::Shim;
+use alloc::vec::Vec;
 
 /// Thresholds of the staging decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,14 +33,41 @@ pub struct StagingPolicy {
     pub max_staged: u64,
     /// A copy larger than this flushes the drop queue right after, so its buffer goes soon.
     pub flush_after: u64,
+    /// Uploads of unpinned data, and reads into heap memory, of at least this many bytes are
+    /// pipelined through the stream's staging ring (see the module documentation), whatever
+    /// their size: `max_staged` does not apply to them. `u64::MAX` turns the pipeline off.
+    pub pipeline_from: u64,
+    /// Bytes per piece of a pipelined copy: the size of each buffer of the ring.
+    pub chunk: u64,
+    /// Buffers in a stream's staging ring (at most [`MAX_DEPTH`]; 0 turns the pipeline off).
+    /// The pinned memory the pipeline holds per stream is `depth × chunk`.
+    pub depth: u32,
 }
+
+/// The deepest staging ring: a pipelined read keeps one entry per buffer on the stack.
+pub const MAX_DEPTH: u32 = 8;
 
 impl Default for StagingPolicy {
     fn default() -> Self {
         Self {
             max_staged: 100 << 20,
             flush_after: 10 << 20,
+            pipeline_from: 256 << 10,
+            chunk: 2 << 20,
+            depth: 4,
         }
+    }
+}
+
+impl StagingPolicy {
+    /// Whether a copy of `size` bytes of unpinned memory is pipelined.
+    pub fn pipelines(&self, size: u64) -> bool {
+        size >= self.pipeline_from && self.depth > 0 && self.chunk > 0
+    }
+
+    /// Buffers in a stream's ring: `depth`, at most [`MAX_DEPTH`].
+    pub fn ring_depth(&self) -> usize {
+        self.depth.min(MAX_DEPTH) as usize
     }
 }
 
@@ -34,6 +80,9 @@ pub struct Staging {
     pub through_pinned: bool,
     /// Flush the drop queue right after the copy.
     pub flush_after: bool,
+    /// Pipeline the copy through the stream's staging ring (it then takes neither of the
+    /// paths above).
+    pub pipelined: bool,
 }
 
 impl Staging {
@@ -42,14 +91,92 @@ impl Staging {
     /// File-backed data is always staged (a mapped file may still fault while the device reads
     /// it) and always flushed after; other data is staged when smaller than
     /// [`StagingPolicy::max_staged`] and not already pinned or registered (page-locked in place),
-    /// and flushed after when larger than [`StagingPolicy::flush_after`].
+    /// and flushed after when larger than [`StagingPolicy::flush_after`]. Data that is not
+    /// page-locked and at least [`StagingPolicy::pipeline_from`] bytes long is pipelined.
     pub fn of(size: u64, origin: HostOrigin, policy: &StagingPolicy) -> Self {
         let file = origin == HostOrigin::FileMapped;
         let locked = matches!(origin, HostOrigin::Pinned | HostOrigin::Registered);
         Self {
             through_pinned: file || (size < policy.max_staged && !locked),
             flush_after: file || size > policy.flush_after,
+            pipelined: !locked && policy.pipelines(size),
         }
+    }
+}
+
+/// A buffer of a staging ring, and the fence after the last device copy that used it.
+pub(crate) struct Slot<S: Shim> {
+    pub buffer: HostBuffer,
+    pub fence: Option<(S::Event, FenceMark)>,
+}
+
+/// The staging ring of a stream (see the module documentation): pinned buffers of
+/// [`StagingPolicy::chunk`] bytes, used in turn.
+pub(crate) struct StagingRing<S: Shim> {
+    slots: Vec<Slot<S>>,
+    /// The slot whose turn comes next, once the ring is full.
+    next: usize,
+}
+
+impl<S: Shim> core::fmt::Debug for StagingRing<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("StagingRing")
+            .field("slots", &self.slots.len())
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl<S: Shim> StagingRing<S> {
+    pub const fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            next: 0,
+        }
+    }
+
+    /// Buffers held.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Adds `buffer` (pinned, `chunk` bytes) as a slot with no fence; returns its index.
+    pub fn push(&mut self, buffer: HostBuffer) -> usize {
+        self.slots.push(Slot {
+            buffer,
+            fence: None,
+        });
+        self.slots.len() - 1
+    }
+
+    /// The slot whose turn it is (the one used longest ago), or `None` when the ring is empty.
+    pub fn turn(&mut self) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let i = self.next % self.slots.len();
+        self.next = (i + 1) % self.slots.len();
+        Some(i)
+    }
+
+    pub fn slot_mut(&mut self, i: usize) -> &mut Slot<S> {
+        &mut self.slots[i]
+    }
+
+    /// Takes slot `i` out of the ring (its buffer is the caller's now).
+    pub fn take(&mut self, i: usize) -> HostBuffer {
+        let slot = self.slots.remove(i);
+        self.next = 0;
+        slot.buffer
+    }
+
+    /// Hands every buffer to `drops`, which frees each after its next fence (which covers every
+    /// copy the ring enqueued), and empties the ring: the pinned memory goes back at a cleanup.
+    pub fn retire_into(&mut self, drops: &mut DropQueue<S>) {
+        for slot in self.slots.drain(..) {
+            drops.push(DropItem::Host(slot.buffer));
+        }
+        self.next = 0;
     }
 }
 
@@ -67,7 +194,8 @@ mod tests {
                 Staging::of(size, HostOrigin::FileMapped, &p),
                 Staging {
                     through_pinned: true,
-                    flush_after: true
+                    flush_after: true,
+                    pipelined: size >= p.pipeline_from,
                 }
             );
         }
@@ -87,6 +215,24 @@ mod tests {
         let p = StagingPolicy::default();
         assert!(Staging::of(100 * MIB - 1, HostOrigin::Heap, &p).through_pinned);
         assert!(!Staging::of(100 * MIB, HostOrigin::Heap, &p).through_pinned);
+    }
+
+    #[test]
+    fn unlocked_data_from_the_threshold_on_is_pipelined_whatever_its_size() {
+        let p = StagingPolicy::default();
+        for origin in [HostOrigin::Heap, HostOrigin::FileMapped] {
+            assert!(!Staging::of(p.pipeline_from - 1, origin, &p).pipelined);
+            assert!(Staging::of(p.pipeline_from, origin, &p).pipelined);
+            assert!(Staging::of(4 << 30, origin, &p).pipelined);
+        }
+        for origin in [HostOrigin::Pinned, HostOrigin::Registered] {
+            assert!(!Staging::of(4 << 30, origin, &p).pipelined);
+        }
+        let off = StagingPolicy {
+            depth: 0,
+            ..StagingPolicy::default()
+        };
+        assert!(!Staging::of(4 << 30, HostOrigin::Heap, &off).pipelined);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::memory::{Cleanup, MemoryManager};
 use crate::pinned::PinnedPool;
 use crate::shim::Shim;
+use crate::staging::StagingRing;
 use alloc::vec::Vec;
 
 pub use crate::id::StreamId;
@@ -20,6 +21,8 @@ pub(crate) struct Stream<S: Shim> {
     pub memory: MemoryManager<S>,
     pub pinned: PinnedPool<S>,
     pub drops: DropQueue<S>,
+    /// The pinned buffers pipelined copies cycle through (`staging.rs`).
+    pub ring: StagingRing<S>,
     /// Commands issued on this stream.
     pub cursor: u64,
     /// For each other stream (by index): its cursor when this stream last waited for it.
@@ -66,9 +69,10 @@ impl<S: Shim> Stream<S> {
         self.drops.drain(shim, &self.raw, mark)
     }
 
-    /// Drains the queue, returns the stream's empty pages and its idle pinned pages to the device:
-    /// the cleanup every reclaim runs.
+    /// Drains the queue, returns the stream's empty pages and its idle pinned pages to the device
+    /// (the staging ring's too): the cleanup every reclaim runs.
     pub fn cleanup(&mut self, shim: &S) -> Fenced {
+        self.ring.retire_into(&mut self.drops);
         let drained = self.drain(shim);
         if !drained.outcome.completed() {
             return drained;

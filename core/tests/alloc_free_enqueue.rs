@@ -116,6 +116,11 @@ fn warm_enqueue_operations_do_not_allocate() {
             max_items: 16,
             ..DropPolicy::default()
         },
+        // Pieces of 256 KiB: a 1 MiB pipelined copy runs through the whole ring of four.
+        staging: devcmd::staging::StagingPolicy {
+            chunk: 256 << 10,
+            ..devcmd::staging::StagingPolicy::default()
+        },
         ..DeviceConfig::default()
     };
     let mut device = Device::new(shim, config);
@@ -192,6 +197,38 @@ fn warm_enqueue_operations_do_not_allocate() {
     });
     figures.push(("read into a kept pinned buffer (read_to + wait)", read_to));
 
+    // A pipelined upload and read of 1 MiB (pieces through the stream's staging ring, copied on
+    // the shim's worker threads): nothing allocated per piece or per copy once the ring is full.
+    let big: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    let z = cmd(&mut device).reserve(big.len() as u64).unwrap();
+    let pipelined_write = per_op(|| {
+        let mut c = cmd(&mut device);
+        c.write_from(&z, &big).unwrap();
+        c.sync().unwrap().wait().unwrap();
+    });
+    figures.push((
+        "pipelined write (write_from, 1 MiB, 4 pieces) + sync",
+        pipelined_write,
+    ));
+    let mut kept_heap = Some(HostBuffer::zeroed(big.len()));
+    let pipelined_read = per_op(|| {
+        let buffer = kept_heap.take().unwrap();
+        let back = cmd(&mut device)
+            .read_to(ReadRequest::whole(&z), buffer)
+            .unwrap()
+            .wait()
+            .unwrap();
+        kept_heap = Some(back);
+    });
+    figures.push((
+        "pipelined read into a kept heap buffer (read_to, 1 MiB)",
+        pipelined_read,
+    ));
+    assert!(
+        kept_heap.as_ref().unwrap().as_slice() == &big[..],
+        "1 MiB round trip"
+    );
+
     let reserve_drop = per_op(|| {
         let h: Handle = cmd(&mut device).reserve(256).unwrap();
         drop(h);
@@ -216,7 +253,7 @@ fn warm_enqueue_operations_do_not_allocate() {
     // The figures, pinned: every warm enqueue operation allocates nothing. `read_async` hands
     // back a new vector of buffers and keeps its bindings in another: two, by its signature
     // (`read_to` is the allocation-free read).
-    let pinned = [0.0, 0.0, 0.0, 2.0, 0.0, 0.0];
+    let pinned = [0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0];
     for ((what, n), want) in figures.iter().zip(pinned) {
         assert_eq!(*n, want, "allocations per operation of {what}");
     }

@@ -14,6 +14,7 @@ use crate::stream::{self, CudaEvent, CudaStream};
 use crate::vm;
 use cudarc::driver::sys;
 use devcmd::shim::unsupported;
+use devcmd::workers::CopyWorkers;
 use devcmd::{
     CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
     LaunchDims, Shim, ShimOp,
@@ -134,6 +135,8 @@ pub struct CudaShim {
     /// Whether freed pages are filled with [`POISON_BYTE`](crate::POISON_BYTE) first
     /// ([`CudaShim::with_poison`]).
     poison: bool,
+    /// Host threads for staging copies ([`CudaShim::with_copy_threads`]); clones share them.
+    copies: Arc<CopyWorkers>,
 }
 
 impl fmt::Debug for CudaShim {
@@ -271,6 +274,7 @@ impl CudaShim {
             host_register,
             read_only_register,
             poison: false,
+            copies: Arc::new(CopyWorkers::new(CopyWorkers::default_threads())),
         })
     }
 
@@ -289,6 +293,16 @@ impl CudaShim {
     /// round trip per free: for tests, not for serving.
     pub fn with_poison(mut self, yes: bool) -> Self {
         self.poison = yes;
+        self
+    }
+
+    /// This shim with `n` host threads helping with staging copies ([`Shim::host_copy`]: the
+    /// staging copy of a pipelined upload or read, which one thread cannot run at the DMA
+    /// engine's speed); 0 copies on the caller's thread only. Default
+    /// [`CopyWorkers::default_threads`]. Clones made after this share the new threads; the
+    /// threads start with the first copy large enough to split.
+    pub fn with_copy_threads(mut self, n: usize) -> Self {
+        self.copies = Arc::new(CopyWorkers::new(n));
         self
     }
 
@@ -556,6 +570,11 @@ impl Shim for CudaShim {
     /// `cuMemcpyHtoDAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one (row by row
     /// where the pitch passes the device's `MAX_PITCH`). The driver itself tells pageable from
     /// page-locked memory: a pageable source is staged by the driver (slower, see BENCHMARKS.md).
+    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: `host_copy`'s contract is `CopyWorkers::copy`'s.
+        unsafe { self.copies.copy(dst, src, len) }
+    }
+
     unsafe fn copy_to_device(
         &self,
         stream: &CudaStream,

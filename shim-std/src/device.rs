@@ -7,6 +7,7 @@ use crate::memory::{Block, Quarantine, StdDevicePage, StdHostPage};
 use crate::stream::{CopyOp, Op, StdEvent, StdStream};
 use crate::vm::{self, Unmap, Vm};
 use crate::{lock, wait};
+use devcmd::workers::CopyWorkers;
 use devcmd::{
     CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
     LaunchDims, Shim, ShimOp,
@@ -33,6 +34,7 @@ pub struct StdShimBuilder {
     injections: Vec<Injection>,
     spare_launches: usize,
     vm_granule: u64,
+    copy_threads: Option<usize>,
 }
 
 impl Default for StdShimBuilder {
@@ -49,6 +51,7 @@ impl Default for StdShimBuilder {
             injections: Vec::new(),
             spare_launches: 8,
             vm_granule: vm::DEFAULT_VM_GRANULE,
+            copy_threads: None,
         }
     }
 }
@@ -125,6 +128,15 @@ impl StdShimBuilder {
         self
     }
 
+    /// Host threads that help with staging copies ([`Shim::host_copy`], the staging copy of a
+    /// pipelined upload or read): 0 copies on the caller's thread only. Default
+    /// [`CopyWorkers::default_threads`](devcmd::workers::CopyWorkers::default_threads). The
+    /// threads start with the first copy large enough to split.
+    pub fn copy_threads(mut self, n: usize) -> Self {
+        self.copy_threads = Some(n);
+        self
+    }
+
     /// Injected: fail `device_alloc` with [`status::BUDGET`] past `bytes` of live device pages.
     pub fn alloc_budget(mut self, bytes: Option<u64>) -> Self {
         self.alloc_budget = bytes;
@@ -179,6 +191,10 @@ impl StdShimBuilder {
                 next_stream: AtomicU64::new(0),
                 busy: Mutex::new(0),
                 idle: Condvar::new(),
+                copies: CopyWorkers::new(
+                    self.copy_threads
+                        .unwrap_or_else(CopyWorkers::default_threads),
+                ),
             }),
         }
     }
@@ -262,6 +278,8 @@ pub(crate) struct DeviceInner {
     busy: Mutex<usize>,
     /// Signalled when `busy` drops to zero.
     idle: Condvar,
+    /// Threads for staging copies ([`StdShimBuilder::copy_threads`]).
+    copies: CopyWorkers,
 }
 
 impl DeviceInner {
@@ -911,6 +929,11 @@ impl Shim for StdShim {
         let _ = registration;
         let mut st = lock(&self.inner.state);
         st.stats.registrations_live = st.stats.registrations_live.saturating_sub(1);
+    }
+
+    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: `host_copy`'s contract is `CopyWorkers::copy`'s.
+        unsafe { self.inner.copies.copy(dst, src, len) }
     }
 
     unsafe fn copy_to_device(

@@ -81,6 +81,7 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::drop_queue(harness, mode);
         groups::layouts(harness, mode);
         groups::round_trips(harness, mode);
+        groups::pipelined(harness, mode);
         groups::cross_stream_reuse(harness, mode);
         groups::pending_frees(harness, mode);
         groups::failure_rule(harness, mode);
@@ -112,17 +113,19 @@ pub fn run_conformance<H: Harness>(harness: &H) {
 macro_rules! conformance_tests {
     ($h:expr) => {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
-            drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
+            drop_queue, layouts, round_trips, pipelined, cross_stream_reuse, pending_frees,
             failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
             capture_replay_fault, virtual_memory, library_work);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
-            drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
+            drop_queue, layouts, round_trips, pipelined, cross_stream_reuse, pending_frees,
             failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
             capture_replay_fault, virtual_memory, library_work);
         $crate::conformance_tests!(@mode lazy, LAZY, $h;
-            cross_stream_reuse, capture, capture_replay_fault, virtual_memory, library_work);
+            pipelined, cross_stream_reuse, capture, capture_replay_fault, virtual_memory,
+            library_work);
         $crate::conformance_tests!(@mode poison, POISON, $h;
-            cross_stream_reuse, capture, capture_replay_fault, virtual_memory, library_work);
+            pipelined, cross_stream_reuse, capture, capture_replay_fault, virtual_memory,
+            library_work);
     };
     (@mode $name:ident, $mode:ident, $h:expr; $($group:ident),*) => {
         #[doc = concat!("The groups in mode `", stringify!($mode), "`.")]

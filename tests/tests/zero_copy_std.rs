@@ -259,6 +259,7 @@ fn every_copy_names_its_host_memory() {
         staging: devcmd::staging::StagingPolicy {
             max_staged: 0,
             flush_after: u64::MAX,
+            ..devcmd::staging::StagingPolicy::default()
         },
         ..DeviceConfig::default()
     };

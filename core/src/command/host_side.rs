@@ -146,6 +146,14 @@ impl<S: Shim> Command<'_, S> {
             },
             &self.device.config.staging,
         );
+        // Pipelined through the staging ring: it waits for its buffers' fences, so only while
+        // nobody records (a recording keeps the bytes it sends, below).
+        if staging.pipelined
+            && stance == Stance::Run
+            && self.upload_pipelined(handle, &t, source.bytes(), layout)?
+        {
+            return Ok(());
+        }
         let sent = match source {
             Source::Owned(buffer) if !staging.through_pinned => buffer,
             Source::Owned(buffer) => match self.pinned_buffer(buffer.len(), true) {
@@ -263,6 +271,31 @@ impl<S: Shim> Command<'_, S> {
         Ok(())
     }
 
+    /// Reads `layout` of `handle` (at `t`, checked) into `dst`, once the operation has begun:
+    /// pipelined through the staging ring when `dst` is heap memory large enough for it (done
+    /// when this returns), otherwise one device copy enqueued ([`Self::enqueue_read`]).
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::enqueue_read`].
+    pub(super) unsafe fn read_rows(
+        &mut self,
+        handle: &Handle,
+        layout: CopyLayout,
+        t: &Target,
+        dst: &mut HostBuffer,
+    ) -> Result<(), ServerError> {
+        if dst.origin() == HostOrigin::Heap
+            && self.stance() == Stance::Run
+            && self.device.config.staging.pipelines(layout.packed_bytes())
+            && self.read_pipelined(handle, t, layout, dst.as_mut_slice())?
+        {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract is this one.
+        unsafe { self.enqueue_read(handle, layout, t, dst) }
+    }
+
     /// Enqueues a checked read of `layout` of `handle` (at `t`) into `dst`, once the operation
     /// has begun: this stream is ordered after other streams' work on it first.
     ///
@@ -270,7 +303,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// `dst` is as long as the layout's packed bytes and is neither dropped nor accessed until a
     /// fence recorded after this call completes.
-    pub(super) unsafe fn enqueue_read(
+    unsafe fn enqueue_read(
         &mut self,
         handle: &Handle,
         layout: CopyLayout,

@@ -153,7 +153,7 @@ impl<S: Shim> Command<'_, S> {
         };
         self.unwritten(handle, layout)?;
         // SAFETY: the caller's contract is this one; `dst` is the layout's length.
-        unsafe { self.enqueue_read(handle, layout, &t, dst) }
+        unsafe { self.read_rows(handle, layout, &t, dst) }
     }
 
     /// Reads `request` into `buffer`, the caller's own (as long as the request's packed bytes),
@@ -249,7 +249,7 @@ impl<S: Shim> Command<'_, S> {
                 // SAFETY: `buffer` moves into `buffers` (its heap address does not change) and
                 // is neither read nor dropped before the fence below passed (or the wait in
                 // the error path returned); it is the request's packed length.
-                Some(t) => unsafe { self.enqueue_read(req.handle, req.layout, t, &mut buffer) },
+                Some(t) => unsafe { self.read_rows(req.handle, req.layout, t, &mut buffer) },
             };
             match enqueued {
                 Ok(()) => {

@@ -331,6 +331,23 @@ pub trait Shim {
         drop(registration);
     }
 
+    /// Copies `len` bytes from `src` to `dst`, both host memory, and returns once they are
+    /// copied: the staging copy of a pipelined upload or read (ordinary memory into a pinned
+    /// staging buffer and back out). A shim with host worker threads may split the copy among
+    /// them (shim-std and shim-cuda use [`crate::workers::CopyWorkers`]); the core overlaps it
+    /// with the device's copy of the previous piece either way.
+    ///
+    /// Default: one `memcpy` on the caller's thread (a firmware shim, any shim without threads).
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reads and `dst` for writes of `len` bytes, the two do not overlap, and
+    /// nothing else touches either until the call returns.
+    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract is `copy_nonoverlapping`'s.
+        unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+
     // ---- copies (all asynchronous on `stream`) ----
 
     /// Enqueues a copy of `layout.packed_bytes()` host bytes at `src` (of the kind

@@ -196,9 +196,13 @@ fn config() -> DeviceConfig {
         },
         // All SRAM is reachable by the engine: heap data is never staged through the pinned
         // window (a staging copy would double the heap it takes).
+        // No pipeline either: the staging ring would hold pinned window memory per stream.
         staging: StagingPolicy {
             max_staged: 0,
             flush_after: 4096,
+            pipeline_from: u64::MAX,
+            chunk: 0,
+            depth: 0,
         },
         pinned: PinnedConfig {
             page_size: 512,

@@ -145,6 +145,15 @@ pub trait Hooks<S: Shim>: std::fmt::Debug {
         // SAFETY: the caller's contract, handed on.
         unsafe { inner.host_unregister(registration) }
     }
+    /// [`Shim::host_copy`].
+    ///
+    /// # Safety
+    ///
+    /// As [`Shim::host_copy`].
+    unsafe fn host_copy(&self, inner: &S, dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract, handed on.
+        unsafe { inner.host_copy(dst, src, len) }
+    }
     /// [`Shim::copy_to_device`].
     ///
     /// # Safety

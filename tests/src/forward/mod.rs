@@ -133,6 +133,10 @@ impl<S: Shim, H: Hooks<S>> Shim for Forward<S, H> {
         // SAFETY: the caller's contract, handed on (the hook has the same).
         unsafe { self.hooks.host_unregister(&self.inner, registration) }
     }
+    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract, handed on (the hook has the same).
+        unsafe { self.hooks.host_copy(&self.inner, dst, src, len) }
+    }
     unsafe fn copy_to_device(
         &self,
         stream: &S::Stream,

@@ -178,9 +178,13 @@ fn flushes<H: Harness>(c: &Ctx<H>, s: StreamId) -> u64 {
 pub fn layouts<H: Harness>(h: &H, mode: Mode) {
     layout_rules();
     staging_rules();
+    // The pipeline off: these cases pin the staging of whole copies (the `pipelined` group
+    // checks the pipeline).
     let policy = StagingPolicy {
         max_staged: 4096,
         flush_after: 2048,
+        pipeline_from: u64::MAX,
+        ..StagingPolicy::default()
     };
     let config = DeviceConfig {
         staging: policy,

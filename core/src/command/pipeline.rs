@@ -1,0 +1,241 @@
+//! The pipelined copy: a large upload from, or read into, ordinary memory, cut into pieces that
+//! cycle through the stream's staging ring (see [`crate::staging`] for the design).
+//!
+//! Owns the walk (piece by piece: a slot, the host copy, the device copy, a fence), the waits
+//! for a slot's last fence (each one a fence of this operation: a fault it reveals is this
+//! operation's answer), and the failure rule of a pipelined write (any failed piece fails the
+//! whole write). Does not own the decision to pipeline (`staging.rs`), the ring itself
+//! (`staging.rs`), the checks and ordering every copy makes (`host_side.rs`), nor the public
+//! operations (`transfer.rs`).
+
+use super::Command;
+use super::host_side::rows;
+use crate::copy::{CopyLayout, CopyPiece};
+use crate::error::{IoError, ServerError};
+use crate::fault::{FenceOutcome, Fenced};
+use crate::host::HostBuffer;
+use crate::memory::Handle;
+use crate::order::Target;
+use crate::shim::{HostMemory, Shim};
+use crate::staging::MAX_DEPTH;
+
+impl<S: Shim> Command<'_, S> {
+    /// The slot of the stream's staging ring for the next piece: a new pinned buffer while the
+    /// ring holds fewer than its depth and the pool can serve one, otherwise the slot whose turn
+    /// it is, once the fence after its last device copy passed. `None` when the ring is empty
+    /// and the pool cannot serve (no pinned memory: the caller takes another path).
+    ///
+    /// # Errors
+    ///
+    /// The fault the wait reveals (the stream's earlier work failed, or the device is lost). A
+    /// wait that says nothing about completion leaves the slot's buffer to the device: it is
+    /// taken out of the ring and leaked, never reused.
+    fn ring_slot(&mut self) -> Result<Option<usize>, ServerError> {
+        let policy = self.device.config.staging;
+        let (shim, s) = self.parts();
+        if s.ring.len() < policy.ring_depth() {
+            // Fits a usize: a chunk larger than the host addresses is no pinned page.
+            let chunk = usize::try_from(policy.chunk).unwrap_or(usize::MAX);
+            // Only while nobody records (the callers check), so the pool may add pages.
+            if let Some(slice) = s.pinned.reserve(shim, chunk, true) {
+                return Ok(Some(s.ring.push(HostBuffer::pinned(slice))));
+            }
+        }
+        let Some(i) = s.ring.turn() else {
+            return Ok(None);
+        };
+        let Some((event, mark)) = s.ring.slot_mut(i).fence.take() else {
+            return Ok(Some(i));
+        };
+        let outcome = FenceOutcome::wait(shim, &event);
+        if let FenceOutcome::Unknown(_) = outcome {
+            // The device may still copy from or into it: never reused, never freed.
+            core::mem::forget(s.ring.take(i));
+        }
+        self.device
+            .ledger
+            .answer(self.stream, Fenced { outcome, mark })?;
+        Ok(Some(i))
+    }
+
+    /// Records the fence after the device copy that uses slot `i`. A fence that cannot be
+    /// recorded leaves the copy uncovered: the buffer leaves the ring for the drop queue, whose
+    /// next fence covers it.
+    fn fence_slot(&mut self, i: usize) -> Result<(), ServerError> {
+        let (shim, s) = self.parts();
+        let mark = s.mark();
+        match shim.record_event(&s.raw) {
+            Ok(event) => {
+                s.ring.slot_mut(i).fence = Some((event, mark));
+                Ok(())
+            }
+            Err(e) => {
+                let buffer = s.ring.take(i);
+                s.drops.push(crate::drop_queue::DropItem::Host(buffer));
+                Err(self.device.ledger.call_failed(e).into())
+            }
+        }
+    }
+
+    /// Uploads `src` (packed rows) into `handle`'s view at `t` with `layout`, pipelined through
+    /// the staging ring; returns `false`, having done nothing, when the ring has no buffer and
+    /// the pool cannot serve one. Only while no stream records. Every piece written or none: a
+    /// failed piece marks the whole write failed (the failure rule), as does a failed wait.
+    pub(super) fn upload_pipelined(
+        &mut self,
+        handle: &Handle,
+        t: &Target,
+        src: &[u8],
+        layout: CopyLayout,
+    ) -> Result<bool, ServerError> {
+        let Some(first) = self.ring_slot()? else {
+            return Ok(false);
+        };
+        self.device.order_after(self.stream, handle, t.owner)?;
+        let chunk = self.device.config.staging.chunk;
+        let mut outcome = Ok(());
+        for (k, piece) in layout.pieces(chunk).enumerate() {
+            let slot = if k == 0 {
+                Ok(Some(first))
+            } else {
+                self.ring_slot()
+            };
+            outcome = match slot {
+                Ok(Some(i)) => self.upload_piece(i, t, src, piece),
+                // The ring lost its last buffer and the pool has none: the rest cannot be staged.
+                Ok(None) => Err(IoError::HostAllocFailed { len: chunk }.into()),
+                Err(e) => Err(e),
+            };
+            if outcome.is_err() {
+                break;
+            }
+        }
+        self.settle_writes(rows(handle, layout), &outcome);
+        outcome.map(|()| true)
+    }
+
+    /// One piece of a pipelined upload through slot `i`: the host copy, the device copy, the
+    /// fence.
+    fn upload_piece(
+        &mut self,
+        i: usize,
+        t: &Target,
+        src: &[u8],
+        piece: CopyPiece,
+    ) -> Result<(), ServerError> {
+        let (shim, s) = self.parts();
+        let buffer = &mut s.ring.slot_mut(i).buffer;
+        // Fit a usize: the piece lies in `src` (its length was checked against the layout) and
+        // in the buffer (pieces are at most a chunk, the buffer's length).
+        let (host, len) = (piece.host as usize, piece.layout.packed_bytes() as usize);
+        // SAFETY: `src[host .. host + len]` lies in `src`; the buffer holds at least `len`
+        // bytes, and the device is done with it (its last fence passed, or it is new); the two
+        // are separate allocations.
+        unsafe { shim.host_copy(buffer.as_mut_ptr(), src.as_ptr().add(host), len) };
+        let ptr = buffer.as_ptr();
+        // SAFETY: the buffer stays in the ring, unchanged, until the fence recorded next passed
+        // (or, if that fence cannot be recorded, in the drop queue until a later one did); the
+        // piece lies in the view at `t` (its rows are rows of the checked layout).
+        let copied = unsafe {
+            shim.copy_to_device(
+                &s.raw,
+                ptr,
+                HostMemory::Pinned,
+                t.resolved.addr.offset(piece.device),
+                piece.layout,
+            )
+        };
+        copied.map_err(|e| ServerError::from(self.device.ledger.call_failed(e)))?;
+        self.fence_slot(i)
+    }
+
+    /// Reads `handle`'s view at `t` with `layout` into `dst` (packed), pipelined through the
+    /// staging ring: the device copies piece *i* into a ring buffer while the host copies piece
+    /// *i − 1* out. Returns once every byte is in `dst`; `false`, having done nothing, when the
+    /// ring has no buffer and the pool cannot serve one. Only while no stream records.
+    ///
+    /// # Errors
+    ///
+    /// The fault a wait reveals, the shim's refusal of a copy or a fence. `dst` then holds some
+    /// of the bytes; the ring's buffers the device may still write stay fenced in the ring.
+    pub(super) fn read_pipelined(
+        &mut self,
+        handle: &Handle,
+        t: &Target,
+        layout: CopyLayout,
+        dst: &mut [u8],
+    ) -> Result<bool, ServerError> {
+        let Some(first) = self.ring_slot()? else {
+            return Ok(false);
+        };
+        self.device.order_after(self.stream, handle, t.owner)?;
+        let chunk = self.device.config.staging.chunk;
+        // The piece on its way into each ring buffer, by slot.
+        let mut pending: [Option<CopyPiece>; MAX_DEPTH as usize] = [None; MAX_DEPTH as usize];
+        for (k, piece) in layout.pieces(chunk).enumerate() {
+            let i = if k == 0 {
+                first
+            } else {
+                // Once the ring is full the slot in turn holds an earlier piece: its fence was
+                // waited for in `ring_slot`, and the piece is copied out before the slot is
+                // reused.
+                self.ring_slot()?
+                    .ok_or(IoError::HostAllocFailed { len: chunk })?
+            };
+            let Some(entry) = pending.get_mut(i) else {
+                // Unreachable: the ring holds at most `MAX_DEPTH` buffers.
+                return Err(IoError::HostAllocFailed { len: chunk }.into());
+            };
+            if let Some(done) = entry.take() {
+                self.copy_out(i, done, dst);
+            }
+            let (shim, s) = self.parts();
+            let ptr = s.ring.slot_mut(i).buffer.as_mut_ptr();
+            // SAFETY: the buffer stays in the ring and is not read until the fence recorded next
+            // passed; it holds a chunk, at least the piece's bytes; the piece lies in the view
+            // at `t`.
+            let copied = unsafe {
+                shim.copy_to_host(
+                    &s.raw,
+                    t.resolved.addr.offset(piece.device),
+                    ptr,
+                    HostMemory::Pinned,
+                    piece.layout,
+                )
+            };
+            copied.map_err(|e| ServerError::from(self.device.ledger.call_failed(e)))?;
+            self.fence_slot(i)?;
+            pending[i] = Some(piece);
+        }
+        for i in 0..pending.len() {
+            let Some(piece) = pending[i].take() else {
+                continue;
+            };
+            let (shim, s) = self.parts();
+            if let Some((event, mark)) = s.ring.slot_mut(i).fence.take() {
+                let outcome = FenceOutcome::wait(shim, &event);
+                if let FenceOutcome::Unknown(_) = outcome {
+                    // The device may still write it: never reused, never freed.
+                    core::mem::forget(s.ring.take(i));
+                }
+                self.device
+                    .ledger
+                    .answer(self.stream, Fenced { outcome, mark })?;
+            }
+            self.copy_out(i, piece, dst);
+        }
+        Ok(true)
+    }
+
+    /// Copies `piece` out of slot `i` (whose last fence passed) into `dst`.
+    fn copy_out(&mut self, i: usize, piece: CopyPiece, dst: &mut [u8]) {
+        let (shim, s) = self.parts();
+        let src = s.ring.slot_mut(i).buffer.as_ptr();
+        // Fit a usize: the piece lies in `dst` (checked against the layout by the caller).
+        let (host, len) = (piece.host as usize, piece.layout.packed_bytes() as usize);
+        let dst = &mut dst[host..host + len];
+        // SAFETY: the slot holds at least `len` bytes the device finished writing (its fence
+        // passed); `dst` is `len` bytes of a separate buffer.
+        unsafe { shim.host_copy(dst.as_mut_ptr(), src, len) };
+    }
+}
