@@ -74,7 +74,9 @@ enum Backing {
     /// A slice of a stream's pinned pool; dropping the token returns it.
     Pinned(PinnedSlice),
     External(Box<dyn ExternalBytes>),
-    Registered(Registered),
+    /// Shared by every buffer [`HostBuffer::share`] made: the registration is undone when the
+    /// last of them drops.
+    Registered(alloc::sync::Arc<Registered>),
     /// A device allocation on a mapped page, handed over to the host (zero copy).
     Mapped(Lent),
 }
@@ -121,7 +123,9 @@ pub struct HostBuffer {
 }
 
 // SAFETY: the buffer owns its bytes exclusively (heap vector, pinned slice held by its token,
-// or an `ExternalBytes` that is `Send`); the raw pointer only caches their address.
+// or an `ExternalBytes` that is `Send`), or shares registered bytes that nobody writes (the
+// `ExternalBytes` contract: unchanged until dropped) and that only the last holder touches, to
+// drop them; the raw pointer only caches their address.
 unsafe impl Send for HostBuffer {}
 
 impl fmt::Debug for HostBuffer {
@@ -227,10 +231,51 @@ impl HostBuffer {
             ptr,
             len,
             origin: HostOrigin::Registered,
-            backing: Backing::Registered(Registered {
+            backing: Backing::Registered(alloc::sync::Arc::new(Registered {
                 unregister: Some(unregister),
                 bytes,
+            })),
+        }
+    }
+
+    /// Another buffer over the same registered bytes, for another upload: a registration kept
+    /// across writes. Register once ([`Device::register_host`](crate::Device::register_host)),
+    /// write a share of it as many times as needed (each [`Command::write`](crate::Command::write)
+    /// takes one, and the drop queue keeps it until that copy's fence passed), and the
+    /// registration is undone once the last share and the original are dropped: after the last
+    /// fence. Every write runs by DMA from the bytes in place, with no staging copy and no
+    /// registration of its own.
+    ///
+    /// `None` for any other buffer (heap, pinned, external: a pinned or heap buffer is written
+    /// by the host and cannot be shared with a copy in flight; write those by
+    /// [`Command::write_from`](crate::Command::write_from)).
+    ///
+    /// ```
+    /// # use devcmd::{Device, DeviceConfig, ExternalBytes, HostOrigin, StreamId};
+    /// # struct Frame(Vec<u8>);
+    /// # // SAFETY: the vector is owned and never changed while the value lives.
+    /// # unsafe impl ExternalBytes for Frame {
+    /// #     fn bytes(&self) -> &[u8] { &self.0 }
+    /// #     fn origin(&self) -> HostOrigin { HostOrigin::Heap }
+    /// # }
+    /// let mut device = Device::new(devcmd_std::StdShim::new(), DeviceConfig::default());
+    /// let input = device.register_host(Box::new(Frame(vec![7; 4096])));
+    /// assert_eq!(input.origin(), HostOrigin::Registered);
+    /// let mut cmd = device.command(StreamId(0)).unwrap();
+    /// let (a, b) = (cmd.empty(4096).unwrap(), cmd.empty(4096).unwrap());
+    /// // Both writes run from the one registration; it is undone after the second's fence.
+    /// cmd.write(&a, input.share().unwrap()).unwrap();
+    /// cmd.write(&b, input).unwrap();
+    /// ```
+    pub fn share(&self) -> Option<Self> {
+        match &self.backing {
+            Backing::Registered(r) => Some(Self {
+                ptr: self.ptr,
+                len: self.len,
+                origin: HostOrigin::Registered,
+                backing: Backing::Registered(alloc::sync::Arc::clone(r)),
             }),
+            _ => None,
         }
     }
 

@@ -6,10 +6,10 @@
 //!   `cuLaunchKernel`;
 //! - fence: `Shim::record_event` (and `Command::sync`'s enqueue) against `cuEventRecord` on a
 //!   `CU_EVENT_DISABLE_TIMING` event;
-//! - bandwidth, 4 KiB to 256 MiB: `Command::write_from` (pageable bytes staged through pinned
-//!   memory) and `Command::read_async` against `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` from and
-//!   to pinned memory, with the pageable driver path and the registered path
-//!   (`Device::register_host`, then `Command::write`) beside them;
+//! - bandwidth, 4 KiB to 1 GiB (`bandwidth.rs`): `Command::write_from` of pageable bytes and
+//!   `Command::read_to` into a heap buffer (the pipeline) against `cuMemcpyHtoDAsync` /
+//!   `cuMemcpyDtoHAsync` from and to pinned memory and the driver's pageable path, a kept
+//!   registration, and a sweep of the pipeline's settings;
 //! - reserve + drop: `Command::empty` then drop, in steady state, against `cuMemAllocAsync` +
 //!   `cuMemFreeAsync` on a stream and `cuMemAlloc` + `cuMemFree`;
 //! - the edge host's serving loop ([`devcmd_examples::serve`]) against a plain driver program
@@ -33,10 +33,9 @@
 //! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 3
 //! ([`devcmd_examples::exit`]'s codes, which `--help` lists).
 
-use devcmd::pinned::PinnedConfig;
 use devcmd::{
-    Device, DeviceConfig, ExternalBytes, Gemm, GemmType, HostOrigin, KernelParam, Launch,
-    LaunchDims, LibraryWork, ReadRequest, Shim, StreamId,
+    Device, DeviceConfig, Gemm, GemmType, KernelParam, Launch, LaunchDims, LibraryWork,
+    ReadRequest, Shim, StreamId,
 };
 use devcmd_cuda::{Cublas, CudaKernel, CudaShim, CudaStream, cublas_sys, sys};
 use devcmd_examples::cuda_device;
@@ -53,8 +52,11 @@ use std::ffi::c_void;
 use std::hint::black_box;
 use std::process::ExitCode;
 use std::ptr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod bandwidth;
+
+use bandwidth::bandwidth;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -186,20 +188,6 @@ unsafe fn launch_raw(
             ptr::null_mut(),
         )
     })
-}
-
-/// Caller's bytes shared with the benchmark, for `Device::register_host`.
-struct SharedBytes(Arc<Vec<u8>>);
-
-// SAFETY: the vector is never modified while any clone of the `Arc` lives (the benchmark only
-// reads it), so every call returns the same slice, alive until the value drops.
-unsafe impl ExternalBytes for SharedBytes {
-    fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-    fn origin(&self) -> HostOrigin {
-        HostOrigin::Heap
-    }
 }
 
 /// The sections to run: `--only a,b` names them (launch, bandwidth, reserve, edge, library);
@@ -785,233 +773,6 @@ fn library_on(
 
 fn met(yes: bool) -> &'static str {
     if yes { "met" } else { "**missed**" }
-}
-
-/// Staged upload and readback bandwidth.
-fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
-    let sizes: &[usize] = if quick {
-        &[4 << 10, 1 << 20, 16 << 20, 64 << 20]
-    } else {
-        &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
-    };
-    // The pinned pool may hold two staging buffers and a readback of 256 MiB at once.
-    let config = DeviceConfig {
-        pinned: PinnedConfig {
-            max_bytes: 2 << 30,
-            ..PinnedConfig::default()
-        },
-        ..DeviceConfig::default()
-    };
-    let mut device = Device::new(shim.clone(), config);
-    let stream = shim.create_stream()?;
-    println!(
-        "## Upload and readback bandwidth, GB/s (median of {} rounds after {})\n",
-        rounds.timed, rounds.warm
-    );
-    println!(
-        "Upload: `Command::write_from` of pageable bytes (copied into a pinned staging buffer, \
-         then DMA) against raw `cuMemcpyHtoDAsync` from pinned memory, synchronised once after \
-         the loop; beside them the driver's pageable path (raw `cuMemcpyHtoDAsync` from pageable \
-         memory) and the registered path (`Device::register_host` of the same pageable bytes, \
-         `Command::write`, the registration undone once the copy is done, every time). \
-         Readback: `Command::read_async` + wait against raw `cuMemcpyDtoHAsync` into pinned \
-         memory + `cuStreamSynchronize`, per copy; beside them the raw pageable readback. \
-         \"devcmd from pinned\": `Command::reserve_host` (pinned, not filled) + `Command::write`, \
-         the layer's cost without the staging copy. \"host memcpy into pinned\": one thread \
-         copying the same pageable bytes into a pinned page, the staging copy alone. The devcmd \
-         device's pinned pool may hold \
-         2 GiB (default 256 MiB) so 256 MiB copies stage.\n"
-    );
-    println!(
-        "| size | upload: devcmd staged | devcmd from pinned | raw pinned | staged / raw | from pinned / raw | host memcpy into pinned | raw pageable | registered | readback: devcmd | raw pinned | devcmd / raw | raw pageable |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let mut missed = Vec::new();
-    for &size in sizes {
-        let reps = ((1usize << 30) / size).clamp(4, 2000);
-        let data = Arc::new(
-            (0..size)
-                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(7))
-                .collect::<Vec<u8>>(),
-        );
-        let mut back = vec![0u8; size];
-        let pinned = shim.host_alloc_pinned(size)?;
-        // SAFETY: the page holds `size` bytes, written here only.
-        unsafe {
-            ptr::copy_nonoverlapping(data.as_ptr(), shim.host_page_ptr(&pinned).as_ptr(), size)
-        };
-        let page = shim.device_alloc(size as u64)?;
-        let dev = shim.device_page_addr(&page).0;
-        let pin = shim.host_page_ptr(&pinned).as_ptr();
-        let h = device.command(S)?.empty(size as u64)?;
-        let mut cols: [Vec<f64>; 9] = Default::default();
-        let mut not_registered = 0usize;
-        let mut not_pinned = 0usize;
-        for round in 0..rounds.all() {
-            let mut row = [0.0f64; 9];
-            // Raw pinned upload.
-            bind(shim)?;
-            let t = Instant::now();
-            for _ in 0..reps {
-                // SAFETY: both ranges hold `size` bytes and stay alive past the sync below.
-                cu("cuMemcpyHtoDAsync", unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(dev, pin.cast(), size, stream.cu_stream())
-                })?;
-            }
-            sync(&stream)?;
-            row[1] = gbps(size * reps, t.elapsed());
-            // devcmd upload, staged.
-            let mut cmd = device.command(S)?;
-            let t = Instant::now();
-            for _ in 0..reps {
-                cmd.write_from(&h, &data)?;
-            }
-            cmd.sync()?.wait()?;
-            row[0] = gbps(size * reps, t.elapsed());
-            // Raw pageable upload.
-            bind(shim)?;
-            let t = Instant::now();
-            for _ in 0..reps {
-                // SAFETY: as above; `data` outlives the sync below.
-                cu("cuMemcpyHtoDAsync", unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(dev, data.as_ptr().cast(), size, stream.cu_stream())
-                })?;
-            }
-            sync(&stream)?;
-            row[2] = gbps(size * reps, t.elapsed());
-            // devcmd upload from pinned memory the layer hands out (`reserve_host`, not filled:
-            // the layer's own cost without the staging copy).
-            let mut cmd = device.command(S)?;
-            let t = Instant::now();
-            for _ in 0..reps {
-                let b = cmd.reserve_host(size, true)?;
-                if b.origin() != HostOrigin::Pinned {
-                    not_pinned += 1;
-                }
-                cmd.write(&h, b)?;
-            }
-            cmd.sync()?.wait()?;
-            row[7] = gbps(size * reps, t.elapsed());
-            // Registered: register, write, wait, release (two flushes pass the buffer's fence).
-            let reg_reps = reps.min(64);
-            let t = Instant::now();
-            for _ in 0..reg_reps {
-                let buf = device.register_host(Box::new(SharedBytes(Arc::clone(&data))));
-                if buf.origin() != HostOrigin::Registered {
-                    not_registered += 1;
-                }
-                let mut cmd = device.command(S)?;
-                cmd.write(&h, buf)?;
-                cmd.sync()?.wait()?;
-                cmd.flush_drops()?;
-                cmd.flush_drops()?;
-            }
-            row[3] = gbps(size * reg_reps, t.elapsed());
-            // Raw pinned readback.
-            bind(shim)?;
-            let t = Instant::now();
-            for _ in 0..reps {
-                // SAFETY: both ranges hold `size` bytes; synchronised before the next copy.
-                cu("cuMemcpyDtoHAsync", unsafe {
-                    sys::cuMemcpyDtoHAsync_v2(pin.cast(), dev, size, stream.cu_stream())
-                })?;
-                sync(&stream)?;
-            }
-            row[5] = gbps(size * reps, t.elapsed());
-            // devcmd readback.
-            let mut cmd = device.command(S)?;
-            let t = Instant::now();
-            for _ in 0..reps {
-                let got = cmd.read_async(&[ReadRequest::whole(&h)])?.wait()?;
-                black_box(got);
-            }
-            row[4] = gbps(size * reps, t.elapsed());
-            // The staging copy alone: one thread copying the pageable bytes into pinned memory.
-            let t = Instant::now();
-            for _ in 0..reps {
-                // SAFETY: the pinned page holds `size` bytes and no copy uses it now (the
-                // stream was synchronised above); `data` holds `size` bytes.
-                unsafe { ptr::copy_nonoverlapping(data.as_ptr(), black_box(pin), size) };
-            }
-            row[8] = gbps(size * reps, t.elapsed());
-            // Raw pageable readback.
-            bind(shim)?;
-            let t = Instant::now();
-            for _ in 0..reps {
-                // SAFETY: as above; `back` holds `size` bytes.
-                cu("cuMemcpyDtoHAsync", unsafe {
-                    sys::cuMemcpyDtoHAsync_v2(
-                        back.as_mut_ptr().cast(),
-                        dev,
-                        size,
-                        stream.cu_stream(),
-                    )
-                })?;
-                sync(&stream)?;
-            }
-            row[6] = gbps(size * reps, t.elapsed());
-            if round >= rounds.warm {
-                for (c, v) in cols.iter_mut().zip(row) {
-                    c.push(v);
-                }
-            }
-        }
-        // The bytes made it both ways.
-        let got = device
-            .command(S)?
-            .read_async(&[ReadRequest::whole(&h)])?
-            .wait()?;
-        if got[0].as_slice() != data.as_slice() || back != *data {
-            return Err(format!(
-                "{}: the bytes read back differ from those written",
-                human(size)
-            )
-            .into());
-        }
-        sync(&stream)?;
-        // SAFETY: the stream was synchronised after the last copy that used them.
-        unsafe {
-            shim.device_free(page);
-            shim.host_free_pinned(pinned);
-        }
-        let m: Vec<f64> = cols.iter().map(|c| median(c)).collect();
-        let (up, down) = (m[0] / m[1], m[4] / m[5]);
-        if size >= 16 << 20 && (up < 0.9 || down < 0.9) {
-            missed.push(human(size));
-        }
-        let from_pinned = if not_pinned == 0 {
-            format!("{:.2}", m[7])
-        } else {
-            format!("{:.2} (heap {not_pinned}×)", m[7])
-        };
-        let registered = if not_registered == 0 {
-            format!("{:.2}", m[3])
-        } else {
-            format!("{:.2} (not registered {not_registered}×)", m[3])
-        };
-        println!(
-            "| {} | {:.2} | {from_pinned} | {:.2} | {up:.2} | {:.2} | {:.2} | {:.2} | {registered} | {:.2} | {:.2} | {down:.2} | {:.2} |",
-            human(size),
-            m[0],
-            m[1],
-            m[7] / m[1],
-            m[8],
-            m[2],
-            m[4],
-            m[5],
-            m[6]
-        );
-    }
-    println!(
-        "\nTarget: devcmd ≥ 0.90× raw pinned at ≥ 16 MiB, both ways: {}{}\n",
-        met(missed.is_empty()),
-        if missed.is_empty() {
-            String::new()
-        } else {
-            format!(" (at {})", missed.join(", "))
-        }
-    );
-    Ok(())
 }
 
 /// Reserve + drop against the driver's allocators.

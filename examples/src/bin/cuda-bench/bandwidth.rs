@@ -1,0 +1,355 @@
+//! The bandwidth section: uploads from and readbacks into ordinary (pageable) memory through
+//! devcmd (the pipeline of `devcmd::staging` from 256 KiB on, one staging copy below) against
+//! raw DMA from and into pinned memory and against the driver's own pageable path, a
+//! registration kept across writes, and a sweep of the pipeline's settings (host copy threads,
+//! piece size, ring depth).
+
+use super::{Res, Rounds, S, bind, cu, gbps, human, median, met, sync};
+use devcmd::staging::StagingPolicy;
+use devcmd::{Device, DeviceConfig, ExternalBytes, HostBuffer, HostOrigin, ReadRequest, Shim};
+use devcmd_cuda::{CudaShim, CudaStream, sys};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Caller's bytes shared with the benchmark, for `Device::register_host`.
+struct SharedBytes(Arc<Vec<u8>>);
+
+// SAFETY: the vector is never modified while any clone of the `Arc` lives (the benchmark only
+// reads it), so every call returns the same slice, alive until the value drops.
+unsafe impl ExternalBytes for SharedBytes {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn origin(&self) -> HostOrigin {
+        HostOrigin::Heap
+    }
+}
+
+/// Raw memory of one size: a device page, a pinned page and pageable bytes, freed on drop.
+struct Raw<'a> {
+    shim: &'a CudaShim,
+    stream: &'a CudaStream,
+    size: usize,
+    dev: sys::CUdeviceptr,
+    pin: *mut u8,
+    page: Option<<CudaShim as Shim>::DevicePage>,
+    pinned: Option<<CudaShim as Shim>::HostPage>,
+}
+
+impl<'a> Raw<'a> {
+    fn new(shim: &'a CudaShim, stream: &'a CudaStream, data: &[u8]) -> Res<Self> {
+        let size = data.len();
+        let pinned = shim.host_alloc_pinned(size)?;
+        let pin = shim.host_page_ptr(&pinned).as_ptr();
+        // SAFETY: the page holds `size` bytes, written here only.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), pin, size) };
+        let page = shim.device_alloc(size as u64)?;
+        let dev = shim.device_page_addr(&page).0;
+        Ok(Self {
+            shim,
+            stream,
+            size,
+            dev,
+            pin,
+            page: Some(page),
+            pinned: Some(pinned),
+        })
+    }
+
+    /// `reps` uploads from `src` (pinned or pageable), one synchronisation after them: GB/s.
+    fn upload(&self, src: *const u8, reps: usize) -> Res<f64> {
+        bind(self.shim)?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            // SAFETY: both ranges hold `size` bytes and stay alive past the sync below.
+            cu("cuMemcpyHtoDAsync", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(self.dev, src.cast(), self.size, self.stream.cu_stream())
+            })?;
+        }
+        sync(self.stream)?;
+        Ok(gbps(self.size * reps, t.elapsed()))
+    }
+
+    /// `reps` readbacks into `dst` (pinned or pageable), each synchronised: GB/s.
+    fn readback(&self, dst: *mut u8, reps: usize) -> Res<f64> {
+        bind(self.shim)?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            // SAFETY: both ranges hold `size` bytes; synchronised before the next copy.
+            cu("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst.cast(), self.dev, self.size, self.stream.cu_stream())
+            })?;
+            sync(self.stream)?;
+        }
+        Ok(gbps(self.size * reps, t.elapsed()))
+    }
+}
+
+impl Drop for Raw<'_> {
+    fn drop(&mut self) {
+        let _ = sync(self.stream);
+        // SAFETY: the stream was synchronised after the last copy that used them.
+        unsafe {
+            if let Some(p) = self.page.take() {
+                self.shim.device_free(p);
+            }
+            if let Some(p) = self.pinned.take() {
+                self.shim.host_free_pinned(p);
+            }
+        }
+    }
+}
+
+/// Copies of `size` bytes that move about 1 GiB, at least 4 and at most 2000.
+fn reps_for(size: usize) -> usize {
+    ((1usize << 30) / size).clamp(4, 2000)
+}
+
+fn pattern(size: usize) -> Vec<u8> {
+    (0..size)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(7))
+        .collect()
+}
+
+/// devcmd's rates on `device` for `size` bytes: (upload by `write_from`, readback by `read_to`
+/// into a kept heap buffer), GB/s, checking the bytes once.
+fn devcmd_rates(
+    device: &mut Device<CudaShim>,
+    h: &devcmd::Handle,
+    data: &[u8],
+    back: &mut Option<HostBuffer>,
+    reps: usize,
+) -> Res<(f64, f64)> {
+    let size = data.len();
+    let mut cmd = device.command(S)?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        cmd.write_from(h, data)?;
+    }
+    cmd.sync()?.wait()?;
+    let up = gbps(size * reps, t.elapsed());
+    let t = Instant::now();
+    for _ in 0..reps {
+        let buffer = back.take().ok_or("the readback buffer is kept")?;
+        *back = Some(cmd.read_to(ReadRequest::whole(h), buffer)?.wait()?);
+    }
+    let down = gbps(size * reps, t.elapsed());
+    Ok((up, down))
+}
+
+/// Upload and readback bandwidth (see the module documentation).
+pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
+    let sizes: &[usize] = if quick {
+        &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+    } else {
+        &[
+            4 << 10,
+            64 << 10,
+            256 << 10,
+            1 << 20,
+            4 << 20,
+            16 << 20,
+            64 << 20,
+            256 << 20,
+            1 << 30,
+        ]
+    };
+    let policy = StagingPolicy::default();
+    let threads = devcmd::workers::CopyWorkers::default_threads();
+    let mut device = Device::new(shim.clone(), DeviceConfig::default());
+    let stream = shim.create_stream()?;
+    println!(
+        "## Upload and readback bandwidth, GB/s (median of {} rounds after {})\n",
+        rounds.timed, rounds.warm
+    );
+    println!(
+        "Upload: `Command::write_from` of pageable bytes, then one sync, against raw \
+         `cuMemcpyHtoDAsync` from pinned memory (\"raw pinned\") and from the same pageable \
+         bytes (\"raw pageable\", the driver's own staging), each synchronised once after the \
+         loop. \"kept registration\": the bytes registered once (`Device::register_host`), \
+         then `Command::write` of a `HostBuffer::share` of them per copy. Readback: \
+         `Command::read_to` into a kept heap buffer, waited for, against raw \
+         `cuMemcpyDtoHAsync` into pinned and into pageable memory + `cuStreamSynchronize`, per \
+         copy. devcmd runs its defaults: copies of at least {} are pipelined in pieces of {} \
+         through a ring of {} pinned buffers per stream, the host copies on {} helper threads \
+         (`CopyWorkers::default_threads` on this host) besides the caller's.\n",
+        human(policy.pipeline_from as usize),
+        human(policy.chunk as usize),
+        policy.depth,
+        threads
+    );
+    println!(
+        "| size | upload: devcmd | raw pinned | raw pageable | devcmd / pinned | devcmd / pageable | kept registration | kept / pinned | readback: devcmd | raw pinned | raw pageable | devcmd / pinned | devcmd / pageable |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut missed = Vec::new();
+    let mut pinned_peak = 0u64;
+    for &size in sizes {
+        let reps = reps_for(size);
+        let data = pattern(size);
+        // The registered copy is its own allocation: registering `data` would make the raw
+        // pageable rows pinned ones.
+        let kept_bytes = Arc::new(data.clone());
+        let kept = device.register_host(Box::new(SharedBytes(Arc::clone(&kept_bytes))));
+        if kept.origin() != HostOrigin::Registered {
+            return Err(format!("{}: the bytes could not be registered", human(size)).into());
+        }
+        let mut back_raw = vec![0u8; size];
+        let raw = Raw::new(shim, &stream, &data)?;
+        let h = device.command(S)?.empty(size as u64)?;
+        let mut back = Some(HostBuffer::try_zeroed(size)?);
+        let mut cols: [Vec<f64>; 7] = Default::default();
+        for round in 0..rounds.all() {
+            let pinned_up = raw.upload(raw.pin, reps)?;
+            let (up, down) = devcmd_rates(&mut device, &h, &data, &mut back, reps)?;
+            let pageable_up = raw.upload(data.as_ptr(), reps)?;
+            let mut cmd = device.command(S)?;
+            let t = Instant::now();
+            for _ in 0..reps {
+                cmd.write(&h, kept.share().ok_or("a registered buffer shares")?)?;
+            }
+            cmd.sync()?.wait()?;
+            let kept_up = gbps(size * reps, t.elapsed());
+            let pinned_down = raw.readback(raw.pin, reps)?;
+            let pageable_down = raw.readback(back_raw.as_mut_ptr(), reps)?;
+            if round >= rounds.warm {
+                for (c, v) in cols.iter_mut().zip([
+                    up,
+                    pinned_up,
+                    pageable_up,
+                    kept_up,
+                    down,
+                    pinned_down,
+                    pageable_down,
+                ]) {
+                    c.push(v);
+                }
+            }
+        }
+        // The bytes made it both ways.
+        device.command(S)?.write_from(&h, &data)?;
+        let got = device
+            .command(S)?
+            .read_to(ReadRequest::whole(&h), back.take().ok_or("kept")?)?
+            .wait()?;
+        if got.as_slice() != data.as_slice() || back_raw != data {
+            return Err(format!(
+                "{}: the bytes read back differ from those written",
+                human(size)
+            )
+            .into());
+        }
+        pinned_peak = pinned_peak.max(device.memory_report().pinned_host);
+        drop((kept, h, raw));
+        let m: Vec<f64> = cols.iter().map(|c| median(c)).collect();
+        let (up_p, up_pg, kept_p) = (m[0] / m[1], m[0] / m[2], m[3] / m[1]);
+        let (down_p, down_pg) = (m[4] / m[5], m[4] / m[6]);
+        let big = size >= 16 << 20;
+        let small = (64 << 10..=1 << 20).contains(&size);
+        if (big && (up_p < 0.9 || down_p < 0.9 || up_pg < 3.0 || down_pg < 3.0))
+            || (small && (up_p < 0.8 || down_p < 0.8))
+            || (size >= 64 << 10 && kept_p < 0.95)
+        {
+            missed.push(human(size));
+        }
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {up_p:.2} | {up_pg:.2} | {:.2} | {kept_p:.2} | {:.2} | {:.2} | {:.2} | {down_p:.2} | {down_pg:.2} |",
+            human(size),
+            m[0],
+            m[1],
+            m[2],
+            m[3],
+            m[4],
+            m[5],
+            m[6]
+        );
+    }
+    println!(
+        "\nPinned host memory held by stream 0's pool at most (the ring and the staging of small \
+         copies): {}.\n",
+        human(pinned_peak as usize)
+    );
+    println!(
+        "Targets: ≥ 0.90× raw pinned and ≥ 3× raw pageable at ≥ 16 MiB both ways, ≥ 0.80× raw \
+         pinned at 64 KiB–1 MiB both ways, kept registration ≥ 0.95× raw pinned from 64 KiB: {}{}\n",
+        met(missed.is_empty()),
+        if missed.is_empty() {
+            String::new()
+        } else {
+            format!(" (missed at {})", missed.join(", "))
+        }
+    );
+    sweep(shim, &stream, quick)
+}
+
+/// The pipeline's settings swept at a few sizes: which host copy threads, piece size and ring
+/// depth reach the DMA engine's rate.
+fn sweep(shim: &CudaShim, stream: &CudaStream, quick: bool) -> Res<()> {
+    let sizes: &[usize] = if quick {
+        &[64 << 20]
+    } else {
+        &[1 << 20, 64 << 20]
+    };
+    let threads: &[usize] = &[0, 2, 4, 7];
+    let chunks: &[u64] = &[256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20];
+    let depths: &[u32] = &[2, 4];
+    const ROUNDS: usize = 3;
+    println!(
+        "### The pipeline's settings (median of {ROUNDS} rounds; ratios to raw pinned DMA measured beside)\n"
+    );
+    println!(
+        "| size | host copy threads | piece | ring depth | pinned held | upload GB/s | / pinned | readback GB/s | / pinned |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &size in sizes {
+        let reps = reps_for(size).min(256);
+        let data = pattern(size);
+        let raw = Raw::new(shim, stream, &data)?;
+        let mut pin_up = Vec::new();
+        let mut pin_down = Vec::new();
+        for _ in 0..ROUNDS {
+            pin_up.push(raw.upload(raw.pin, reps)?);
+            pin_down.push(raw.readback(raw.pin, reps)?);
+        }
+        let (pin_up, pin_down) = (median(&pin_up), median(&pin_down));
+        drop(raw);
+        for &t in threads {
+            let shim_t = shim.clone().with_copy_threads(t);
+            for &chunk in chunks {
+                for &depth in depths {
+                    let config = DeviceConfig {
+                        staging: StagingPolicy {
+                            chunk,
+                            depth,
+                            ..StagingPolicy::default()
+                        },
+                        ..DeviceConfig::default()
+                    };
+                    let mut device = Device::new(shim_t.clone(), config);
+                    let h = device.command(S)?.empty(size as u64)?;
+                    let mut back = Some(HostBuffer::try_zeroed(size)?);
+                    let (mut ups, mut downs) = (Vec::new(), Vec::new());
+                    // One warm-up round fills the ring.
+                    devcmd_rates(&mut device, &h, &data, &mut back, reps.min(8))?;
+                    for _ in 0..ROUNDS {
+                        let (u, d) = devcmd_rates(&mut device, &h, &data, &mut back, reps)?;
+                        ups.push(u);
+                        downs.push(d);
+                    }
+                    let (u, d) = (median(&ups), median(&downs));
+                    let held = chunk * u64::from(depth);
+                    println!(
+                        "| {} | {t} | {} | {depth} | {} | {u:.2} | {:.2} | {d:.2} | {:.2} |",
+                        human(size),
+                        human(chunk as usize),
+                        human(held as usize),
+                        u / pin_up,
+                        d / pin_down
+                    );
+                }
+            }
+        }
+    }
+    println!();
+    Ok(())
+}
