@@ -78,6 +78,6 @@ pub use fault::FenceOutcome;
 pub use host::{ExternalBytes, HostBuffer, HostOrigin};
 pub use memory::{AllocationMode, Handle};
 pub use shim::{
-    DeviceAddr, DeviceFacts, DeviceSpan, Dim3, HostMemory, KernelParam, LaunchDims, Shim,
+    DeviceAddr, DeviceFacts, DeviceSpan, Dim3, HostCopy, HostMemory, KernelParam, LaunchDims, Shim,
 };
 pub use stream::StreamId;

@@ -37,7 +37,9 @@ pub struct StagingPolicy {
     /// pipelined through the stream's staging ring (see the module documentation), whatever
     /// their size: `max_staged` does not apply to them. `u64::MAX` turns the pipeline off.
     pub pipeline_from: u64,
-    /// Bytes per piece of a pipelined copy: the size of each buffer of the ring.
+    /// Bytes per piece of a pipelined copy: the size of each buffer of the ring. Each piece
+    /// costs a device copy and a fence; on the H200's host pieces of 1–2 MiB ran at a third to
+    /// two thirds of the DMA rate where pieces of 4–8 MiB reached it (BENCHMARKS.md).
     pub chunk: u64,
     /// Buffers in a stream's staging ring (at most [`MAX_DEPTH`]; 0 turns the pipeline off).
     /// The pinned memory the pipeline holds per stream is `depth × chunk`.
@@ -52,9 +54,9 @@ impl Default for StagingPolicy {
         Self {
             max_staged: 100 << 20,
             flush_after: 10 << 20,
-            pipeline_from: 256 << 10,
-            chunk: 2 << 20,
-            depth: 4,
+            pipeline_from: 128 << 10,
+            chunk: 4 << 20,
+            depth: 8,
         }
     }
 }
@@ -150,13 +152,15 @@ impl<S: Shim> StagingRing<S> {
     }
 
     /// The slot whose turn it is (the one used longest ago), or `None` when the ring is empty.
-    pub fn turn(&mut self) -> Option<usize> {
-        if self.slots.is_empty() {
-            return None;
+    pub fn peek(&self) -> Option<usize> {
+        (!self.slots.is_empty()).then(|| self.next % self.slots.len())
+    }
+
+    /// Passes the turn to the next slot.
+    pub fn advance(&mut self) {
+        if !self.slots.is_empty() {
+            self.next = (self.next % self.slots.len() + 1) % self.slots.len();
         }
-        let i = self.next % self.slots.len();
-        self.next = (i + 1) % self.slots.len();
-        Some(i)
     }
 
     pub fn slot_mut(&mut self, i: usize) -> &mut Slot<S> {

@@ -16,8 +16,8 @@ use cudarc::driver::sys;
 use devcmd::shim::unsupported;
 use devcmd::workers::CopyWorkers;
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostCopy, HostMemory,
+    KernelParam, LaunchDims, Shim, ShimOp,
 };
 use std::ffi::CStr;
 use std::fmt;
@@ -306,6 +306,13 @@ impl CudaShim {
         self
     }
 
+    /// This shim with `workers` for its staging copies (a pool set up beyond its thread count,
+    /// [`CopyWorkers::streaming_from`]).
+    pub fn with_copy_workers(mut self, workers: CopyWorkers) -> Self {
+        self.copies = Arc::new(workers);
+        self
+    }
+
     /// Whether freed pages are poisoned ([`Self::with_poison`]).
     pub fn poisons(&self) -> bool {
         self.poison
@@ -570,9 +577,9 @@ impl Shim for CudaShim {
     /// `cuMemcpyHtoDAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one (row by row
     /// where the pitch passes the device's `MAX_PITCH`). The driver itself tells pageable from
     /// page-locked memory: a pageable source is staged by the driver (slower, see BENCHMARKS.md).
-    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize, kind: HostCopy) {
         // SAFETY: `host_copy`'s contract is `CopyWorkers::copy`'s.
-        unsafe { self.copies.copy(dst, src, len) }
+        unsafe { self.copies.copy(dst, src, len, kind) }
     }
 
     unsafe fn copy_to_device(

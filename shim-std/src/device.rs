@@ -9,8 +9,8 @@ use crate::vm::{self, Unmap, Vm};
 use crate::{lock, wait};
 use devcmd::workers::CopyWorkers;
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostCopy, HostMemory,
+    KernelParam, LaunchDims, Shim, ShimOp,
 };
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap};
@@ -931,9 +931,9 @@ impl Shim for StdShim {
         st.stats.registrations_live = st.stats.registrations_live.saturating_sub(1);
     }
 
-    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize, kind: HostCopy) {
         // SAFETY: `host_copy`'s contract is `CopyWorkers::copy`'s.
-        unsafe { self.inner.copies.copy(dst, src, len) }
+        unsafe { self.inner.copies.copy(dst, src, len, kind) }
     }
 
     unsafe fn copy_to_device(

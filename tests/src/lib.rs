@@ -82,6 +82,7 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::layouts(harness, mode);
         groups::round_trips(harness, mode);
         groups::pipelined(harness, mode);
+        groups::pipelined_work_fault(harness, mode);
         groups::cross_stream_reuse(harness, mode);
         groups::pending_frees(harness, mode);
         groups::failure_rule(harness, mode);
@@ -113,12 +114,12 @@ pub fn run_conformance<H: Harness>(harness: &H) {
 macro_rules! conformance_tests {
     ($h:expr) => {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
-            drop_queue, layouts, round_trips, pipelined, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
+            drop_queue, layouts, round_trips, pipelined, pipelined_work_fault, cross_stream_reuse,
+            pending_frees, failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
             capture_replay_fault, virtual_memory, library_work);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
-            drop_queue, layouts, round_trips, pipelined, cross_stream_reuse, pending_frees,
-            failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
+            drop_queue, layouts, round_trips, pipelined, pipelined_work_fault, cross_stream_reuse,
+            pending_frees, failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
             capture_replay_fault, virtual_memory, library_work);
         $crate::conformance_tests!(@mode lazy, LAZY, $h;
             pipelined, cross_stream_reuse, capture, capture_replay_fault, virtual_memory,

@@ -26,7 +26,8 @@
 //! back: `CudaShim::with_poison`). The lazy modes are not offered: the hardware runs work as soon
 //! as it is enqueued (`lazy_modes_are_not_offered`).
 //!
-//! Every group in both modes: `drop_queue`, `layouts`, `round_trips`, `cross_stream_reuse`,
+//! Every group in both modes: `drop_queue`, `layouts`, `round_trips`, `pipelined`,
+//! `cross_stream_reuse`,
 //! `pending_frees`, `failure_rule`, `fault_injection` (every injected refusal and loss of every
 //! shim call, by [`devcmd_tests::Counted`]), `bad_input`, `host_release`, `capture` (graphs by
 //! stream capture; its replay fault, which traps, is `capture_fault::normal`), `virtual_memory`
@@ -201,10 +202,24 @@ macro_rules! groups_in {
     };
 }
 
-groups_in!(normal, NORMAL: drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-    failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory, library_work);
-groups_in!(poison, POISON: drop_queue, layouts, round_trips, cross_stream_reuse, pending_frees,
-    failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory, library_work);
+groups_in!(normal, NORMAL: drop_queue, layouts, round_trips, pipelined, cross_stream_reuse,
+    pending_frees, failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory,
+    library_work);
+groups_in!(poison, POISON: drop_queue, layouts, round_trips, pipelined, cross_stream_reuse,
+    pending_frees, failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory,
+    library_work);
+
+/// A pipelined upload whose piece fails while it runs (it traps: a process of its own).
+mod pipelined_fault {
+    use super::*;
+
+    #[test]
+    fn normal() {
+        trapping(concat!(module_path!(), "::normal"), |h| {
+            groups::pipelined_work_fault(h, Mode::NORMAL)
+        });
+    }
+}
 
 /// The capture group's fault while a replay runs (it traps: a process of its own).
 mod capture_fault {

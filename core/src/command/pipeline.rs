@@ -16,46 +16,83 @@ use crate::fault::{FenceOutcome, Fenced};
 use crate::host::HostBuffer;
 use crate::memory::Handle;
 use crate::order::Target;
-use crate::shim::{HostMemory, Shim};
+use crate::shim::{HostCopy, HostMemory, Shim};
 use crate::staging::MAX_DEPTH;
 
 impl<S: Shim> Command<'_, S> {
-    /// The slot of the stream's staging ring for the next piece: a new pinned buffer while the
-    /// ring holds fewer than its depth and the pool can serve one, otherwise the slot whose turn
-    /// it is, once the fence after its last device copy passed. `None` when the ring is empty
-    /// and the pool cannot serve (no pinned memory: the caller takes another path).
+    /// The slot of the stream's staging ring for the next piece: the slot whose turn it is when
+    /// the device is done with it (its last fence passed); otherwise a new pinned buffer while
+    /// the ring holds fewer than its depth and the pool can serve one (so a stream of small
+    /// copies keeps one or two buffers, and only copies that outrun the device grow the ring);
+    /// otherwise the slot in turn, once its fence passed. `None` when the ring is empty and the
+    /// pool cannot serve (no pinned memory: the caller takes another path).
     ///
     /// # Errors
     ///
-    /// The fault the wait reveals (the stream's earlier work failed, or the device is lost). A
+    /// The fault a wait reveals (the stream's earlier work failed, or the device is lost). A
     /// wait that says nothing about completion leaves the slot's buffer to the device: it is
     /// taken out of the ring and leaked, never reused.
     fn ring_slot(&mut self) -> Result<Option<usize>, ServerError> {
         let policy = self.device.config.staging;
         let (shim, s) = self.parts();
-        if s.ring.len() < policy.ring_depth() {
-            // Fits a usize: a chunk larger than the host addresses is no pinned page.
-            let chunk = usize::try_from(policy.chunk).unwrap_or(usize::MAX);
-            // Only while nobody records (the callers check), so the pool may add pages.
-            if let Some(slice) = s.pinned.reserve(shim, chunk, true) {
-                return Ok(Some(s.ring.push(HostBuffer::pinned(slice))));
+        let turn = s.ring.peek();
+        // The slot in turn, if the device is done with it already.
+        let done = match turn.map(|i| (i, s.ring.slot_mut(i).fence.as_ref())) {
+            Some((i, None)) => Some((i, None)),
+            Some((i, Some((event, _)))) => {
+                FenceOutcome::query(shim, event).map(|outcome| (i, Some(outcome)))
             }
+            None => None,
+        };
+        let i = match done {
+            Some((i, outcome)) => {
+                s.ring.advance();
+                let fence = s.ring.slot_mut(i).fence.take();
+                if let (Some(outcome), Some((_, mark))) = (outcome, fence) {
+                    self.settle_slot(i, outcome, mark)?;
+                }
+                return Ok(Some(i));
+            }
+            None if s.ring.len() < policy.ring_depth() => {
+                // Fits a usize: a chunk larger than the host addresses is no pinned page.
+                let chunk = usize::try_from(policy.chunk).unwrap_or(usize::MAX);
+                // Only while nobody records (the callers check), so the pool may add pages.
+                if let Some(slice) = s.pinned.reserve(shim, chunk, true) {
+                    return Ok(Some(s.ring.push(HostBuffer::pinned(slice))));
+                }
+                match turn {
+                    Some(i) => i,
+                    None => return Ok(None),
+                }
+            }
+            None => match turn {
+                Some(i) => i,
+                None => return Ok(None),
+            },
+        };
+        s.ring.advance();
+        if let Some((event, mark)) = s.ring.slot_mut(i).fence.take() {
+            let outcome = FenceOutcome::wait(shim, &event);
+            self.settle_slot(i, outcome, mark)?;
         }
-        let Some(i) = s.ring.turn() else {
-            return Ok(None);
-        };
-        let Some((event, mark)) = s.ring.slot_mut(i).fence.take() else {
-            return Ok(Some(i));
-        };
-        let outcome = FenceOutcome::wait(shim, &event);
+        Ok(Some(i))
+    }
+
+    /// What the fence after slot `i`'s last copy said: told to the ledger as this operation's
+    /// fence. A fence that says nothing about completion leaves the buffer to the device: it
+    /// leaves the ring and is leaked, never reused.
+    fn settle_slot(
+        &mut self,
+        i: usize,
+        outcome: FenceOutcome,
+        mark: crate::fault::FenceMark,
+    ) -> Result<(), ServerError> {
         if let FenceOutcome::Unknown(_) = outcome {
-            // The device may still copy from or into it: never reused, never freed.
-            core::mem::forget(s.ring.take(i));
+            core::mem::forget(self.current().ring.take(i));
         }
         self.device
             .ledger
-            .answer(self.stream, Fenced { outcome, mark })?;
-        Ok(Some(i))
+            .answer(self.stream, Fenced { outcome, mark })
     }
 
     /// Records the fence after the device copy that uses slot `i`. A fence that cannot be
@@ -131,7 +168,14 @@ impl<S: Shim> Command<'_, S> {
         // SAFETY: `src[host .. host + len]` lies in `src`; the buffer holds at least `len`
         // bytes, and the device is done with it (its last fence passed, or it is new); the two
         // are separate allocations.
-        unsafe { shim.host_copy(buffer.as_mut_ptr(), src.as_ptr().add(host), len) };
+        unsafe {
+            shim.host_copy(
+                buffer.as_mut_ptr(),
+                src.as_ptr().add(host),
+                len,
+                HostCopy::Stage,
+            )
+        };
         let ptr = buffer.as_ptr();
         // SAFETY: the buffer stays in the ring, unchanged, until the fence recorded next passed
         // (or, if that fence cannot be recorded, in the drop queue until a later one did); the
@@ -214,13 +258,7 @@ impl<S: Shim> Command<'_, S> {
             let (shim, s) = self.parts();
             if let Some((event, mark)) = s.ring.slot_mut(i).fence.take() {
                 let outcome = FenceOutcome::wait(shim, &event);
-                if let FenceOutcome::Unknown(_) = outcome {
-                    // The device may still write it: never reused, never freed.
-                    core::mem::forget(s.ring.take(i));
-                }
-                self.device
-                    .ledger
-                    .answer(self.stream, Fenced { outcome, mark })?;
+                self.settle_slot(i, outcome, mark)?;
             }
             self.copy_out(i, piece, dst);
         }
@@ -236,6 +274,6 @@ impl<S: Shim> Command<'_, S> {
         let dst = &mut dst[host..host + len];
         // SAFETY: the slot holds at least `len` bytes the device finished writing (its fence
         // passed); `dst` is `len` bytes of a separate buffer.
-        unsafe { shim.host_copy(dst.as_mut_ptr(), src, len) };
+        unsafe { shim.host_copy(dst.as_mut_ptr(), src, len, HostCopy::Unstage) };
     }
 }

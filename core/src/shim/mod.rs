@@ -89,7 +89,9 @@
 
 mod types;
 
-pub use types::{DeviceAddr, DeviceFacts, DeviceSpan, Dim3, HostMemory, KernelParam, LaunchDims};
+pub use types::{
+    DeviceAddr, DeviceFacts, DeviceSpan, Dim3, HostCopy, HostMemory, KernelParam, LaunchDims,
+};
 
 use crate::copy::CopyLayout;
 use crate::error::{DriverError, Fault, ShimOp};
@@ -333,9 +335,10 @@ pub trait Shim {
 
     /// Copies `len` bytes from `src` to `dst`, both host memory, and returns once they are
     /// copied: the staging copy of a pipelined upload or read (ordinary memory into a pinned
-    /// staging buffer and back out). A shim with host worker threads may split the copy among
-    /// them (shim-std and shim-cuda use [`crate::workers::CopyWorkers`]); the core overlaps it
-    /// with the device's copy of the previous piece either way.
+    /// staging buffer, `kind` [`HostCopy::Stage`], and back out, [`HostCopy::Unstage`]). A shim
+    /// with host worker threads may split the copy among them (shim-std and shim-cuda use
+    /// `devcmd::workers::CopyWorkers`, with the `std` feature); the core overlaps it with the
+    /// device's copy of the previous piece either way.
     ///
     /// Default: one `memcpy` on the caller's thread (a firmware shim, any shim without threads).
     ///
@@ -343,7 +346,8 @@ pub trait Shim {
     ///
     /// `src` is valid for reads and `dst` for writes of `len` bytes, the two do not overlap, and
     /// nothing else touches either until the call returns.
-    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize, kind: HostCopy) {
+        let _ = kind;
         // SAFETY: the caller's contract is `copy_nonoverlapping`'s.
         unsafe { core::ptr::copy_nonoverlapping(src, dst, len) }
     }

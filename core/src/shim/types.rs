@@ -138,6 +138,19 @@ pub enum HostMemory {
     Registered,
 }
 
+/// Which way a host copy of a pipelined copy goes ([`Shim::host_copy`](crate::Shim::host_copy)):
+/// it decides how the bytes are best written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum HostCopy {
+    /// Into a staging buffer the device reads next (an upload): written through the cache,
+    /// where the device's read finds them.
+    Stage,
+    /// Out of a staging buffer into the caller's memory (a read): the destination is not read
+    /// again soon, so a large copy may bypass the cache.
+    Unstage,
+}
+
 /// What the core needs to know of a device before it allocates anything.
 ///
 /// A shim builds it with [`DeviceFacts::new`] and the `with_*` methods, never field by field: it

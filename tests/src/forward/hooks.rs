@@ -2,8 +2,8 @@
 //! shim unless the wrapper overrides it.
 
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostCopy, HostMemory,
+    KernelParam, LaunchDims, Shim, ShimOp,
 };
 use std::ptr::NonNull;
 
@@ -150,9 +150,16 @@ pub trait Hooks<S: Shim>: std::fmt::Debug {
     /// # Safety
     ///
     /// As [`Shim::host_copy`].
-    unsafe fn host_copy(&self, inner: &S, dst: *mut u8, src: *const u8, len: usize) {
+    unsafe fn host_copy(
+        &self,
+        inner: &S,
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+        kind: HostCopy,
+    ) {
         // SAFETY: the caller's contract, handed on.
-        unsafe { inner.host_copy(dst, src, len) }
+        unsafe { inner.host_copy(dst, src, len, kind) }
     }
     /// [`Shim::copy_to_device`].
     ///

@@ -37,8 +37,8 @@ mod hooks;
 pub use hooks::Hooks;
 
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, HostCopy, HostMemory,
+    KernelParam, LaunchDims, Shim, ShimOp,
 };
 use std::ptr::NonNull;
 
@@ -133,9 +133,9 @@ impl<S: Shim, H: Hooks<S>> Shim for Forward<S, H> {
         // SAFETY: the caller's contract, handed on (the hook has the same).
         unsafe { self.hooks.host_unregister(&self.inner, registration) }
     }
-    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+    unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize, kind: HostCopy) {
         // SAFETY: the caller's contract, handed on (the hook has the same).
-        unsafe { self.hooks.host_copy(&self.inner, dst, src, len) }
+        unsafe { self.hooks.host_copy(&self.inner, dst, src, len, kind) }
     }
     unsafe fn copy_to_device(
         &self,

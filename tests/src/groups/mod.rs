@@ -23,7 +23,7 @@ pub use faults::fault_injection;
 pub use host_release::{RELEASED_BYTE, host_release};
 pub use layout::layouts;
 pub use library::library_work;
-pub use pipelined::pipelined;
+pub use pipelined::{pipelined, pipelined_work_fault};
 pub use reuse::{cross_stream_reuse, pending_frees};
 pub use round_trip::round_trips;
 pub use virtual_memory::virtual_memory;

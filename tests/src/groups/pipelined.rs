@@ -51,9 +51,10 @@ fn read_heap<H: Harness>(
 /// - more copies in a row than the ring has buffers, across two streams (uploads on one,
 ///   pipelined reads on the other);
 /// - with a probe: a device copy refused in the middle of an upload fails the whole write (a
-///   read of any of its bytes is refused) and leaves the ring usable; an upload whose piece
-///   fails while it runs is reported at a fence, never read back as data;
+///   read of any of its bytes is refused) and leaves the ring usable;
 /// - nothing leaked once every handle is dropped and the device cleaned up.
+///
+/// A piece that fails while it runs is [`pipelined_work_fault`] (it traps on a GPU).
 pub fn pipelined<H: Harness>(h: &H, mode: Mode) {
     let Some(mut c) = Ctx::new(h, mode, config(), "pipelined") else {
         return;
@@ -203,17 +204,20 @@ pub fn pipelined<H: Harness>(h: &H, mode: Mode) {
         c.probe = Some(probe);
     }
     c.assert_no_leak("pipelined copies");
+}
 
-    // A piece that fails while it runs, on a device of its own (the stream stays faulted): a
-    // fence says so (the wait for a ring buffer, the read, or the sync), and no read returns
-    // its bytes as data.
-    let Some(mut c) = Ctx::new(h, mode, config(), "pipelined") else {
+/// A pipelined upload whose second piece fails while it runs (with a probe:
+/// [`FaultRule::WorkFails`]; the stream stays faulted, and on a GPU the process too): a fence
+/// says so (the wait for a ring buffer, the read, or the sync), and no read returns its bytes as
+/// data. Skipped without a probe.
+pub fn pipelined_work_fault<H: Harness>(h: &H, mode: Mode) {
+    let Some(mut c) = Ctx::new(h, mode, config(), "pipelined_work_fault") else {
         return;
     };
     let Some(probe) = c.probe.take() else {
         return;
     };
-    let size = 6 * chunk;
+    let size = 6 * CHUNK as usize;
     let s2 = StreamId(2);
     let h = must(c.empty(s2, size as u64), "empty");
     probe.inject(FaultRule::WorkFails {

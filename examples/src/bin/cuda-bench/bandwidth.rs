@@ -170,12 +170,12 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
          then `Command::write` of a `HostBuffer::share` of them per copy. Readback: \
          `Command::read_to` into a kept heap buffer, waited for, against raw \
          `cuMemcpyDtoHAsync` into pinned and into pageable memory + `cuStreamSynchronize`, per \
-         copy. devcmd runs its defaults: copies of at least {} are pipelined in pieces of {} \
-         through a ring of {} pinned buffers per stream, the host copies on {} helper threads \
-         (`CopyWorkers::default_threads` on this host) besides the caller's.\n",
+         copy. devcmd runs its defaults: copies of at least {} are pipelined through a ring of {} \
+         pinned buffers of {} per stream (pieces of that size), the host copies on {} helper threads (`CopyWorkers::default_threads` on this \
+         host) besides the caller's.\n",
         human(policy.pipeline_from as usize),
-        human(policy.chunk as usize),
         policy.depth,
+        human(policy.chunk as usize),
         threads
     );
     println!(
@@ -279,28 +279,139 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
             format!(" (missed at {})", missed.join(", "))
         }
     );
+    host_copies(shim, quick)?;
     sweep(shim, &stream, quick)
 }
 
+/// The host copy alone (`CopyWorkers::copy`) from pageable memory into pinned memory: threads,
+/// streaming stores or not, into one pinned buffer or four in turn (as the ring does).
+fn host_copies(shim: &CudaShim, quick: bool) -> Res<()> {
+    use devcmd::HostCopy;
+    use devcmd::workers::CopyWorkers;
+    const ROUNDS: usize = 3;
+    let sizes: &[usize] = if quick {
+        &[1 << 20, 8 << 20]
+    } else {
+        &[1 << 20, 8 << 20, 64 << 20]
+    };
+    println!(
+        "### The staging copy alone, pageable into pinned memory, GB/s (median of {ROUNDS})\n"
+    );
+    println!("| bytes | helper threads | streaming stores | into | GB/s |");
+    println!("|---:|---:|---|---|---:|");
+    let biggest = *sizes.last().unwrap_or(&0);
+    let src = pattern(biggest);
+    let pages = (0..4)
+        .map(|_| shim.host_alloc_pinned(biggest))
+        .collect::<Result<Vec<_>, _>>()?;
+    for &size in sizes {
+        let reps = reps_for(size).min(512);
+        for threads in [0, 7, 11] {
+            for stream in [false, true] {
+                let w = CopyWorkers::new(threads).streaming(if stream { 0 } else { usize::MAX }, 0);
+                for rotate in [1usize, 4] {
+                    let mut rates = Vec::new();
+                    for _ in 0..ROUNDS {
+                        let t = Instant::now();
+                        for r in 0..reps {
+                            let dst = shim.host_page_ptr(&pages[r % rotate]).as_ptr();
+                            // SAFETY: the page holds `biggest >= size` bytes, used by nothing
+                            // else; `src` holds as many.
+                            unsafe { w.copy(dst, src.as_ptr(), size, HostCopy::Unstage) };
+                        }
+                        rates.push(gbps(size * reps, t.elapsed()));
+                    }
+                    println!(
+                        "| {} | {threads} | {} | {} | {:.2} |",
+                        human(size),
+                        if stream { "yes" } else { "no" },
+                        if rotate == 1 {
+                            "one buffer"
+                        } else {
+                            "four in turn"
+                        },
+                        median(&rates)
+                    );
+                }
+            }
+        }
+    }
+    for p in pages {
+        // SAFETY: no copy uses the pages any more (the host copies above returned).
+        unsafe { shim.host_free_pinned(p) };
+    }
+    println!();
+    Ok(())
+}
+
+/// One setting of the sweep: host copy threads, and the staging policy.
+struct Setting {
+    threads: usize,
+    policy: StagingPolicy,
+}
+
+/// The settings swept at `size`: below 2 MiB, the pipeline against one staging copy (the path
+/// below `pipeline_from`), with and without helper threads; from 2 MiB, threads, piece size and
+/// ring depth.
+fn settings(size: usize, quick: bool) -> Vec<Setting> {
+    let base = StagingPolicy::default();
+    let mut out = Vec::new();
+    if size < 2 << 20 {
+        for pipeline_from in [1, u64::MAX] {
+            for threads in [0, devcmd::workers::CopyWorkers::default_threads()] {
+                out.push(Setting {
+                    threads,
+                    policy: StagingPolicy {
+                        pipeline_from,
+                        ..base
+                    },
+                });
+            }
+        }
+        return out;
+    }
+    let threads: &[usize] = if quick {
+        &[11]
+    } else {
+        &[7, devcmd::workers::CopyWorkers::default_threads()]
+    };
+    for &threads in threads {
+        for (chunk, depth) in [
+            (1u64 << 20, 8),
+            (2 << 20, 8),
+            (4 << 20, 4),
+            (4 << 20, 8),
+            (8 << 20, 8),
+        ] {
+            out.push(Setting {
+                threads,
+                policy: StagingPolicy {
+                    chunk,
+                    depth,
+                    ..base
+                },
+            });
+        }
+    }
+    out
+}
+
 /// The pipeline's settings swept at a few sizes: which host copy threads, piece size and ring
-/// depth reach the DMA engine's rate.
+/// depth reach the DMA engine's rate, and whether small copies gain from the pipeline.
 fn sweep(shim: &CudaShim, stream: &CudaStream, quick: bool) -> Res<()> {
     let sizes: &[usize] = if quick {
-        &[64 << 20]
-    } else {
         &[1 << 20, 64 << 20]
+    } else {
+        &[64 << 10, 1 << 20, 16 << 20, 256 << 20]
     };
-    let threads: &[usize] = &[0, 2, 4, 7];
-    let chunks: &[u64] = &[256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20];
-    let depths: &[u32] = &[2, 4];
     const ROUNDS: usize = 3;
     println!(
         "### The pipeline's settings (median of {ROUNDS} rounds; ratios to raw pinned DMA measured beside)\n"
     );
     println!(
-        "| size | host copy threads | piece | ring depth | pinned held | upload GB/s | / pinned | readback GB/s | / pinned |"
+        "| size | pipelined | host copy threads | piece | ring depth | ring holds | upload GB/s | / pinned | readback GB/s | / pinned |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &size in sizes {
         let reps = reps_for(size).min(256);
         let data = pattern(size);
@@ -313,41 +424,38 @@ fn sweep(shim: &CudaShim, stream: &CudaStream, quick: bool) -> Res<()> {
         }
         let (pin_up, pin_down) = (median(&pin_up), median(&pin_down));
         drop(raw);
-        for &t in threads {
-            let shim_t = shim.clone().with_copy_threads(t);
-            for &chunk in chunks {
-                for &depth in depths {
-                    let config = DeviceConfig {
-                        staging: StagingPolicy {
-                            chunk,
-                            depth,
-                            ..StagingPolicy::default()
-                        },
-                        ..DeviceConfig::default()
-                    };
-                    let mut device = Device::new(shim_t.clone(), config);
-                    let h = device.command(S)?.empty(size as u64)?;
-                    let mut back = Some(HostBuffer::try_zeroed(size)?);
-                    let (mut ups, mut downs) = (Vec::new(), Vec::new());
-                    // One warm-up round fills the ring.
-                    devcmd_rates(&mut device, &h, &data, &mut back, reps.min(8))?;
-                    for _ in 0..ROUNDS {
-                        let (u, d) = devcmd_rates(&mut device, &h, &data, &mut back, reps)?;
-                        ups.push(u);
-                        downs.push(d);
-                    }
-                    let (u, d) = (median(&ups), median(&downs));
-                    let held = chunk * u64::from(depth);
-                    println!(
-                        "| {} | {t} | {} | {depth} | {} | {u:.2} | {:.2} | {d:.2} | {:.2} |",
-                        human(size),
-                        human(chunk as usize),
-                        human(held as usize),
-                        u / pin_up,
-                        d / pin_down
-                    );
-                }
+        for Setting { threads, policy } in settings(size, quick) {
+            let config = DeviceConfig {
+                staging: policy,
+                ..DeviceConfig::default()
+            };
+            let mut device = Device::new(shim.clone().with_copy_threads(threads), config);
+            let h = device.command(S)?.empty(size as u64)?;
+            let mut back = Some(HostBuffer::try_zeroed(size)?);
+            let (mut ups, mut downs) = (Vec::new(), Vec::new());
+            // One warm-up round fills the ring and the pools.
+            devcmd_rates(&mut device, &h, &data, &mut back, reps.min(8))?;
+            for _ in 0..ROUNDS {
+                let (u, d) = devcmd_rates(&mut device, &h, &data, &mut back, reps)?;
+                ups.push(u);
+                downs.push(d);
             }
+            let (u, d) = (median(&ups), median(&downs));
+            let pipelined = policy.pipelines(size as u64);
+            let held = if pipelined {
+                human((policy.chunk * u64::from(policy.depth)) as usize)
+            } else {
+                "-".into()
+            };
+            println!(
+                "| {} | {} | {threads} | {} | {} | {held} | {u:.2} | {:.2} | {d:.2} | {:.2} |",
+                human(size),
+                if pipelined { "yes" } else { "no" },
+                human(policy.chunk as usize),
+                policy.depth,
+                u / pin_up,
+                d / pin_down
+            );
         }
     }
     println!();
