@@ -2,7 +2,7 @@
 //! nothing the design does not leak on purpose, and frees nothing early.
 
 use crate::harness::{FaultRule, Harness, Mode, TestKernel};
-use crate::util::{Ctx, first_diff, must, pattern, plus, small_pages};
+use crate::util::{Ctx, expect_same, first_diff, must, pattern, plus, small_pages};
 use devcmd::{Handle, ServerError, ShimOp, StreamId};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -112,14 +112,9 @@ fn expect_read<H: Harness>(
     scenario: &str,
     suspects: &str,
 ) {
-    let mode = c.mode;
-    let got = must(c.read(stream, x), format!("[{mode}] {scenario}: read"));
-    assert!(
-        got == want,
-        "[{mode}] {scenario}: the read gave wrong bytes ({}); the shim call most likely at \
-         fault: {suspects}",
-        first_diff(&got, want)
-    );
+    let what = format!("[{}] {scenario}", c.mode);
+    let got = must(c.read(stream, x), format!("{what}: read"));
+    expect_same(&got, want, &what, &[suspects]);
 }
 
 fn scenario<H: Harness>(h: &H, mode: Mode, call: ShimOp, op: Op, loses_device: bool) {
@@ -207,11 +202,11 @@ fn scenario<H: Harness>(h: &H, mode: Mode, call: ShimOp, op: Op, loses_device: b
         format!("{what}: create after the fault"),
     );
     let back = must(c.read(s0, &x), format!("{what}: read after the fault"));
-    assert!(
-        back == data,
-        "{what}: the round trip after the fault gave wrong bytes ({}); the shim call most \
-         likely at fault: {READ_SUSPECTS}",
-        first_diff(&back, &data)
+    expect_same(
+        &back,
+        &data,
+        &format!("{what}: the round trip after the fault"),
+        &[READ_SUSPECTS],
     );
     drop((e, f, r, x));
     if leaks_on_purpose(call) {
