@@ -28,6 +28,8 @@ compile_error!("the `log` and `defmt` features are mutually exclusive: enable on
 #[macro_use]
 mod fmt;
 
+#[cfg(any(test, feature = "address-shim"))]
+pub mod address_shim;
 pub mod capture;
 pub mod command;
 pub mod copy;

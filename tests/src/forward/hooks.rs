@@ -63,6 +63,10 @@ pub trait Hooks<S: Shim>: std::fmt::Debug {
     fn event_wait(&self, inner: &S, event: &S::Event) -> Result<(), DriverError> {
         inner.event_wait(event)
     }
+    /// [`Shim::event_notify`].
+    fn event_notify(&self, inner: &S, event: &S::Event, waker: &core::task::Waker) -> bool {
+        inner.event_notify(event, waker)
+    }
     /// [`Shim::device_alloc`].
     fn device_alloc(&self, inner: &S, size: u64) -> Result<S::DevicePage, DriverError> {
         inner.device_alloc(size)
