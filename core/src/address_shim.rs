@@ -5,7 +5,8 @@
 //! handed out in order (aligned, never reused, a gap between two pages so they never touch),
 //! limited by the device's memory, its largest page and a limit you can lower
 //! ([`AddressShim::device_limit`]). It has streams whose work is always done: copies and launches
-//! succeed and do nothing (so no byte moves: read nothing back from it). Virtual memory works
+//! succeed and do nothing (so no byte moves: read nothing back from it; a kernel is just its
+//! name). Virtual memory works
 //! when the facts give a granule ([`AddressShim::with_vm`]); pinned host memory and graphs are
 //! refused as `Unsupported` (the contract's defaults). Every counter and knob is a public
 //! [`Cell`]: read what the core did (pages and bytes live, fences recorded and waited, granules
@@ -177,13 +178,18 @@ impl Shim for AddressShim {
     type Event = ();
     type DevicePage = AddressPage;
     type HostPage = Infallible;
-    type Kernel = ();
+    /// A kernel is its name: launching it does nothing.
+    type Kernel = &'static str;
     type Registration = Infallible;
     type Graph = Infallible;
     type NativeStream = ();
 
     fn native_stream<'a>(&self, stream: &'a ()) -> &'a () {
         stream
+    }
+
+    fn kernel_name(&self, kernel: &&'static str) -> &'static str {
+        kernel
     }
 
     fn facts(&self) -> DeviceFacts {
@@ -348,7 +354,7 @@ impl Shim for AddressShim {
     unsafe fn launch(
         &self,
         _: &(),
-        _: &(),
+        _: &&'static str,
         _: LaunchDims,
         _: &[DeviceSpan],
         _: &[KernelParam<'_>],

@@ -54,7 +54,8 @@ pub mod stream;
 #[cfg(test)]
 mod test_shim;
 
-/// The README's Rust snippet, compiled and run as a doctest so it stays true.
+// The README's Rust snippet, compiled and run as a doctest so it stays true. Its whole
+// documentation is the include (no `///` line), so a failure is reported at README.md's line.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;

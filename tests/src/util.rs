@@ -96,7 +96,6 @@ impl<H: Harness> Ctx<H> {
         let args = TestArgs::new(kernel, value, &lens(inputs), &lens(outputs));
         self.dev.command(stream)?.launch(Launch {
             kernel: &self.kernels[slot],
-            name: kernel.name(),
             dims: args.dims(),
             inputs,
             outputs,
@@ -116,7 +115,6 @@ impl<H: Harness> Ctx<H> {
     ) -> Result<(), ServerError> {
         self.dev.command(stream)?.launch(Launch {
             kernel: &self.kernels[kernel_slot(kernel)],
-            name: kernel.name(),
             dims,
             inputs,
             outputs,

@@ -83,7 +83,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         KernelParam::Buffer(0),
         KernelParam::Scalar(&n),
     ];
-    let kernel = ();
+    let kernel = "tiny";
     let raw = null_shim();
     let bare = per_op(iters, || {
         // SAFETY: the null shim touches nothing. `black_box` keeps the call and its arguments
@@ -102,7 +102,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let launch = per_op(iters, || {
         cmd.launch(Launch {
             kernel: &kernel,
-            name: "tiny",
             dims: LaunchDims::SINGLE,
             inputs: &[&a],
             outputs: &[&b],

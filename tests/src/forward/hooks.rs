@@ -25,6 +25,10 @@ pub trait Hooks<S: Shim>: std::fmt::Debug {
     fn create_stream(&self, inner: &S) -> Result<S::Stream, DriverError> {
         inner.create_stream()
     }
+    /// [`Shim::kernel_name`].
+    fn kernel_name(&self, inner: &S, kernel: &S::Kernel) -> &'static str {
+        inner.kernel_name(kernel)
+    }
     /// [`Shim::native_stream`].
     fn native_stream<'a>(&self, inner: &S, stream: &'a S::Stream) -> &'a S::NativeStream {
         inner.native_stream(stream)

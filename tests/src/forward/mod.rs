@@ -70,6 +70,9 @@ impl<S: Shim, H: Hooks<S>> Shim for Forward<S, H> {
     fn create_stream(&self) -> Result<S::Stream, DriverError> {
         self.hooks.create_stream(&self.inner)
     }
+    fn kernel_name(&self, kernel: &S::Kernel) -> &'static str {
+        self.hooks.kernel_name(&self.inner, kernel)
+    }
     fn native_stream<'a>(&self, stream: &'a S::Stream) -> &'a S::NativeStream {
         self.hooks.native_stream(&self.inner, stream)
     }
