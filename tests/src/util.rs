@@ -149,6 +149,21 @@ impl<H: Harness> Ctx<H> {
         Ok(buffers.pop().map(HostBuffer::into_vec).unwrap_or_default())
     }
 
+    /// Reads `handle` on `stream` and checks it holds `want`; a failure names `what` (the mode
+    /// and the scenario), where the bytes first differ and `suspects` ([`expect_same`]).
+    #[track_caller]
+    pub fn expect_read(
+        &mut self,
+        stream: StreamId,
+        handle: &Handle,
+        want: &[u8],
+        what: &str,
+        suspects: &[&str],
+    ) {
+        let got = must(self.read(stream, handle), format!("{what}: read"));
+        expect_same(&got, want, what, suspects);
+    }
+
     /// Waits for everything enqueued on `stream`.
     pub fn sync(&mut self, stream: StreamId) -> Result<(), ServerError> {
         self.dev.command(stream)?.sync()?.wait()

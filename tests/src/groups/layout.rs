@@ -334,9 +334,9 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
             "[{mode}] layouts: an upload of {what} ({} bytes)",
             bytes.len()
         );
-        let back = must(c.read(s, &view), &read);
-        expect_same(
-            &back,
+        c.expect_read(
+            s,
+            &view,
             &bytes,
             &read,
             &[suspect::COPIES, suspect::EARLY_WAIT],
@@ -359,9 +359,9 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
              the core staged it again (the staging rule as Command::write applies it)"
         );
         let what = format!("[{mode}] layouts: an upload of 512 bytes of pinned data");
-        let back = must(c.read(s, &view), &what);
-        expect_same(
-            &back,
+        c.expect_read(
+            s,
+            &view,
             &pattern(512, 6),
             &what,
             &[

@@ -12,7 +12,7 @@
 //! and another.
 
 use crate::harness::{Harness, Mode, TestKernel};
-use crate::util::{Ctx, expect_same, must, pattern, small_pages, suspect};
+use crate::util::{Ctx, must, pattern, small_pages, suspect};
 use devcmd::{
     Command, DeviceConfig, Handle, LaunchError, LibraryError, LibraryWork, ServerError, Shim,
     StreamId,
@@ -95,9 +95,9 @@ pub fn library_work<H: Harness>(h: &H, mode: Mode) {
     }
     let what =
         format!("[{mode}] library_work: library work on stream 0 after an upload on stream 1");
-    let back = must(c.read(S0, &y), &what);
-    expect_same(
-        &back,
+    c.expect_read(
+        S0,
+        &y,
         &data,
         &what,
         &[LIBRARY, suspect::STREAM_WAIT, NATIVE],
@@ -123,9 +123,9 @@ pub fn library_work<H: Harness>(h: &H, mode: Mode) {
         "[{mode}] library_work: an input dropped right after library work was enqueued, its \
          room reserved again and written on the same stream"
     );
-    let back = must(c.read(S1, &w), &what);
-    expect_same(
-        &back,
+    c.expect_read(
+        S1,
+        &w,
         &fresh,
         &what,
         &[NATIVE, suspect::EARLY_FENCE, LIBRARY],
@@ -154,9 +154,9 @@ pub fn library_work<H: Harness>(h: &H, mode: Mode) {
         "[{mode}] library_work: stream 0's input read by library work on stream 1, dropped \
          at once, its room reserved again on stream 0"
     );
-    let back = must(c.read(S1, &out), &what);
-    expect_same(
-        &back,
+    c.expect_read(
+        S1,
+        &out,
         &owned,
         &what,
         &[suspect::STREAM_WAIT, suspect::EARLY_FENCE, NATIVE],
@@ -248,8 +248,7 @@ fn failure_rule<H: Harness>(h: &H, c: &mut Ctx<H>, mode: Mode) {
         "library work after the input was rewritten",
     );
     let what = format!("[{mode}] library_work: library work after its failed input was rewritten");
-    let back = must(c.read(S0, &out2), &what);
-    expect_same(&back, &again, &what, &[LIBRARY, suspect::COPIES]);
+    c.expect_read(S0, &out2, &again, &what, &[LIBRARY, suspect::COPIES]);
 }
 
 /// Library work recorded into a graph, replayed with new inputs on its stream and on another.
@@ -301,9 +300,9 @@ fn captured<H: Harness>(h: &H, mode: Mode) {
              new inputs written on stream 0",
             stream.0
         );
-        let back = must(c.read(S0, &y), &what);
-        expect_same(
-            &back,
+        c.expect_read(
+            S0,
+            &y,
             &input,
             &what,
             &[suspect::GRAPH, NATIVE, suspect::STREAM_WAIT],

@@ -25,15 +25,25 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         let data = pattern(size, i as u8);
         let what = format!("[{mode}] round_trips: create -> read of {size} bytes");
         let a = must(c.create(s0, &data), &what);
-        let back = must(c.read(s0, &a), &what);
-        expect_same(&back, &data, &what, &[suspect::COPIES, suspect::EARLY_WAIT]);
+        c.expect_read(
+            s0,
+            &a,
+            &data,
+            &what,
+            &[suspect::COPIES, suspect::EARLY_WAIT],
+        );
 
         let what = format!("[{mode}] round_trips: empty -> write -> read of {size} bytes");
         let b = must(c.empty(s0, size as u64), &what);
         let data = pattern(size, 100 + i as u8);
         must(c.write(s0, &b, &data), &what);
-        let back = must(c.read(s0, &b), &what);
-        expect_same(&back, &data, &what, &[suspect::COPIES, suspect::EARLY_WAIT]);
+        c.expect_read(
+            s0,
+            &b,
+            &data,
+            &what,
+            &[suspect::COPIES, suspect::EARLY_WAIT],
+        );
         if size >= 16 {
             let what = format!(
                 "[{mode}] round_trips: a write through a view at offset 5 of {size} bytes, then \
@@ -50,8 +60,7 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
             expect_same(&back, &expected, &what, &[AT_OFFSET, suspect::EARLY_WAIT]);
             let what =
                 format!("[{mode}] round_trips: a read through a view at offset 5 of {size} bytes");
-            let back = must(c.read(s0, &v), &what);
-            expect_same(&back, &part, &what, &[AT_OFFSET]);
+            c.expect_read(s0, &v, &part, &what, &[AT_OFFSET]);
         }
 
         let what =
@@ -59,8 +68,13 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         let l = must(c.dev.command(s1), &what).lazy(size as u64);
         must(c.dev.command(s1).and_then(|mut k| k.initialize(&l)), &what);
         must(c.write(s1, &l, &data), &what);
-        let back = must(c.read(s1, &l), &what);
-        expect_same(&back, &data, &what, &[suspect::COPIES, suspect::EARLY_WAIT]);
+        c.expect_read(
+            s1,
+            &l,
+            &data,
+            &what,
+            &[suspect::COPIES, suspect::EARLY_WAIT],
+        );
     }
 
     // Upload on stream 1, kernel on stream 0, read on stream 0: no host sync in between.
@@ -73,9 +87,9 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         let x = must(c.create(s1, &data), &what);
         let y = must(c.empty(s0, size as u64), &what);
         must(c.launch(s0, TestKernel::AddByte, 3, &[&x], &[&y]), &what);
-        let back = must(c.read(s0, &y), &what);
-        expect_same(
-            &back,
+        c.expect_read(
+            s0,
+            &y,
             &plus(&data, 3),
             &what,
             &[suspect::STREAM_WAIT, suspect::LAUNCH],
@@ -87,9 +101,9 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         );
         let z = must(c.empty(s1, size as u64), &what);
         must(c.launch(s1, TestKernel::AddByte, 4, &[&y], &[&z]), &what);
-        let back = must(c.read(s0, &z), &what);
-        expect_same(
-            &back,
+        c.expect_read(
+            s0,
+            &z,
             &plus(&data, 7),
             &what,
             &[suspect::STREAM_WAIT, suspect::LAUNCH],
@@ -112,9 +126,9 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         );
         cur = next;
     }
-    let back = must(c.read(s1, &cur), &what);
-    expect_same(
-        &back,
+    c.expect_read(
+        s1,
+        &cur,
         &plus(&data, 10),
         &what,
         &[suspect::STREAM_WAIT, suspect::LAUNCH],

@@ -4,7 +4,7 @@
 
 use super::{S0, S1, SMALL, begin, ctx, end, replay};
 use crate::harness::{Harness, Mode, TestKernel};
-use crate::util::{expect_same, must, pattern, plus, suspect};
+use crate::util::{must, pattern, plus, suspect};
 use devcmd::{CaptureError, ServerError};
 
 /// A graph reads `inp`. A recording that writes `inp` and is then discarded (it needs a page)
@@ -25,9 +25,9 @@ pub(crate) fn a_replay_whose_input_failed_is_skipped<H: Harness>(h: &H, mode: Mo
     );
     let graph = end(&mut c, S0, rec);
     must(replay(&mut c, S0, &graph), &what);
-    let got = must(c.read(S0, &out), &what);
-    expect_same(
-        &got,
+    c.expect_read(
+        S0,
+        &out,
         &plus(&p, 1),
         &format!("{what}: the first replay, before the input failed"),
         &[suspect::GRAPH],
@@ -70,9 +70,9 @@ pub(crate) fn a_replay_whose_input_failed_is_skipped<H: Harness>(h: &H, mode: Mo
         replay(&mut c, S0, &graph),
         format!("{what}: replay after the rewrite"),
     );
-    let got = must(c.read(S0, &out), &what);
-    expect_same(
-        &got,
+    c.expect_read(
+        S0,
+        &out,
         &plus(&q, 1),
         &format!("{what}: the replay after the rewrite computed other bytes"),
         &[suspect::GRAPH, suspect::COPIES],
@@ -113,9 +113,9 @@ pub(crate) fn a_fault_while_a_replay_runs_is_the_streams<H: Harness>(h: &H, mode
             );
             let p = pattern(SMALL, 71);
             let o = must(c.create(S1, &p), format!("{what}: S1 after S0's fault"));
-            let got = must(c.read(S1, &o), &what);
-            expect_same(
-                &got,
+            c.expect_read(
+                S1,
+                &o,
                 &p,
                 &format!("{what}: S1's own round trip after S0's fault"),
                 &[suspect::COPIES, suspect::EARLY_WAIT],

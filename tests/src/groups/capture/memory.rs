@@ -5,7 +5,7 @@
 
 use super::{LARGE, S0, SMALL, begin, ctx, end, expect_filled, expect_phase, pages_live, replay};
 use crate::harness::{Harness, Mode, TestKernel};
-use crate::util::{Ctx, expect_same, must, pattern, plus, suspect};
+use crate::util::{Ctx, must, pattern, plus, suspect};
 use devcmd::{CaptureError, CapturePhase, Handle, IoError, ServerError, StreamId};
 
 /// More than any page of [`crate::util::small_pages`] holds: a reservation of it needs a page.
@@ -76,9 +76,9 @@ pub(crate) fn memory_stays_under_a_live_graph<H: Harness>(h: &H, mode: Mode) {
     }
     for round in 0..3 {
         must(replay(&mut c, S0, &graph), &what);
-        let got = must(c.read(S0, &out), &what);
-        expect_same(
-            &got,
+        c.expect_read(
+            S0,
+            &out,
             &plus(&p, 2),
             &format!("{what}: replay {round} beside new reservations computed other bytes"),
             &[suspect::GRAPH, suspect::EARLY_FENCE],
@@ -90,9 +90,9 @@ pub(crate) fn memory_stays_under_a_live_graph<H: Harness>(h: &H, mode: Mode) {
         must(replay(&mut c, S0, &graph), &what);
     }
     drop(graph);
-    let got = must(c.read(S0, &out), &what);
-    expect_same(
-        &got,
+    c.expect_read(
+        S0,
+        &out,
         &plus(&p, 2),
         &format!(
             "{what}: replays in flight when the graph was dropped computed other bytes: \
@@ -177,9 +177,9 @@ pub(crate) fn a_recording_that_needs_a_page_is_discarded_cleanly<H: Harness>(h: 
         c.write(S0, &y, &q),
         format!("{what}: the stream works after"),
     );
-    let got = must(c.read(S0, &y), &what);
-    expect_same(
-        &got,
+    c.expect_read(
+        S0,
+        &y,
         &q,
         &format!("{what}: a write after the discarded recording"),
         &[

@@ -16,7 +16,7 @@ mod refusals;
 mod replay;
 
 use crate::harness::{Harness, Mode};
-use crate::util::{Ctx, expect_same, must, small_pages, suspect};
+use crate::util::{Ctx, must, small_pages, suspect};
 use devcmd::{CaptureError, CapturePhase, Fault, Graph, Recording, ServerError, StreamId};
 
 /// The recording stream of every check.
@@ -45,8 +45,13 @@ pub(super) fn expect_filled<H: Harness>(
     byte: u8,
     what: &str,
 ) {
-    let got = must(c.read(stream, buffer), what);
-    expect_same(&got, &vec![byte; got.len()], what, &[suspect::GRAPH]);
+    c.expect_read(
+        stream,
+        buffer,
+        &vec![byte; buffer.len() as usize],
+        what,
+        &[suspect::GRAPH],
+    );
 }
 
 /// Checks the stream's capture phase is `want` (the core's capture state); a failure names

@@ -6,7 +6,7 @@
 
 use super::{S0, S1, SMALL, begin, ctx, end, expect_filled, expect_phase, pages_live, replay};
 use crate::harness::{Harness, Mode, TestKernel};
-use crate::util::{Ctx, expect_same, must, pattern, plus, suspect};
+use crate::util::{Ctx, must, pattern, plus, suspect};
 use devcmd::{CaptureError, CapturePhase, IoError, ReadRequest, ServerError, StreamId, Validation};
 use std::fmt::Debug;
 
@@ -86,9 +86,9 @@ pub(crate) fn what_waits_on_the_recording_is_refused<H: Harness>(h: &H, mode: Mo
     );
     let graph = end(&mut c, S0, rec);
     must(replay(&mut c, S0, &graph), &what);
-    let got = must(c.read(S0, &y), &what);
-    expect_same(
-        &got,
+    c.expect_read(
+        S0,
+        &y,
         &plus(&p, 1),
         &format!("{what}: the graph recorded around refusals computed other bytes"),
         &[suspect::GRAPH],
@@ -183,9 +183,9 @@ pub(crate) fn other_streams_keep_working_apart_from_its_memory<H: Harness>(h: &H
         ),
         (&y, plus(&p, 1), "the replay's output"),
     ] {
-        let got = must(c.read(S1, buffer), format!("{what}: {step}"));
-        expect_same(
-            &got,
+        c.expect_read(
+            S1,
+            buffer,
             &expected,
             &format!("{what}: {step} reads other bytes"),
             &[suspect::STREAM_WAIT, suspect::GRAPH],
@@ -213,8 +213,7 @@ pub(crate) fn an_abandoned_recording_ends_cleanly<H: Harness>(h: &H, mode: Mode)
         &what,
         "after the Recording was dropped",
     );
-    let got = must(c.read(S0, &y), format!("{what}: read after abandoning"));
-    expect_same(&got, &p, &what, &[suspect::GRAPH]);
+    c.expect_read(S0, &y, &p, &what, &[suspect::GRAPH]);
     must(c.launch(S0, TestKernel::Fill, 7, &[], &[&y]), &what);
     expect_filled(
         &mut c,

@@ -40,9 +40,9 @@ pub(crate) fn replays_compute_the_recorded_work<H: Harness>(h: &H, mode: Mode) {
             "plus_three",
             "{what}: the graph must keep the name begin_capture was given (the core's Graph)"
         );
-        let untouched = must(c.read(S0, &marker), format!("{what}: read before a replay"));
-        expect_same(
-            &untouched,
+        c.expect_read(
+            S0,
+            &marker,
             &p,
             &format!(
                 "{what}: a buffer the recording fills changed before any replay: recorded work \
@@ -145,9 +145,9 @@ pub(crate) fn host_bytes_belong_to_the_graph<H: Harness>(h: &H, mode: Mode) {
             replay(&mut c, S0, &graph),
             format!("{what}: replay {round}"),
         );
-        let got = must(c.read(S0, &y), &what);
-        expect_same(
-            &got,
+        c.expect_read(
+            S0,
+            &y,
             &plus(&p1, 1),
             &format!(
                 "{what}: replay {round} did not re-send the recorded bytes: the graph's host \
@@ -155,9 +155,9 @@ pub(crate) fn host_bytes_belong_to_the_graph<H: Harness>(h: &H, mode: Mode) {
             ),
             &[suspect::GRAPH, HOST_NODES],
         );
-        let got = must(c.read(S0, &small), &what);
-        expect_same(
-            &got,
+        c.expect_read(
+            S0,
+            &small,
             &p2,
             &format!("{what}: replay {round}: the borrowed upload was not re-sent"),
             &[suspect::GRAPH, HOST_NODES],
@@ -189,22 +189,13 @@ pub(crate) fn other_streams_replay_in_order<H: Harness>(h: &H, mode: Mode) {
         c.write(S0, &inp, &q),
         format!("{what}: overwrite the input on S0 right after"),
     );
-    let got = must(c.read(S1, &out), format!("{what}: read on S1"));
-    expect_same(
-        &got,
-        &plus(&p, 1),
-        &format!(
+    c.expect_read(S1, &out, &plus(&p, 1), &format!(
             "{what}: the replay on S1 read other bytes than the input had when it was enqueued: S0's write overtook it"
-        ),
-        &[suspect::STREAM_WAIT, suspect::GRAPH],
-    );
+        ), &[suspect::STREAM_WAIT, suspect::GRAPH]);
     must(replay(&mut c, S0, &graph), format!("{what}: replay on S0"));
-    let got = must(
-        c.read(S1, &out),
-        format!("{what}: read the S0 replay on S1"),
-    );
-    expect_same(
-        &got,
+    c.expect_read(
+        S1,
+        &out,
         &plus(&q, 1),
         &format!("{what}: S1 read the output before S0's replay wrote it"),
         &[suspect::STREAM_WAIT, suspect::GRAPH],
@@ -225,10 +216,10 @@ pub(crate) fn a_graph_updates_in_place_or_anew<H: Harness>(h: &H, mode: Mode) {
     must(c.launch(S0, TestKernel::Fill, 1, &[], &[&y]), &what);
     let mut graph = end(&mut c, S0, rec);
     let check = |c: &mut crate::util::Ctx<H>, expected: &[u8], step: &str| {
-        let got = must(c.read(S0, &y), format!("{what}: {step}"));
-        expect_same(
-            &got,
-            &expected,
+        c.expect_read(
+            S0,
+            &y,
+            expected,
             &format!("{what}: {step}"),
             &[suspect::GRAPH],
         );

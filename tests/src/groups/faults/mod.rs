@@ -2,7 +2,7 @@
 //! nothing the design does not leak on purpose, and frees nothing early.
 
 use crate::harness::{FaultRule, Harness, Mode, TestKernel};
-use crate::util::{Ctx, expect_same, first_diff, must, pattern, plus, small_pages};
+use crate::util::{Ctx, first_diff, must, pattern, plus, small_pages};
 use devcmd::{Handle, ServerError, ShimOp, StreamId};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -113,8 +113,7 @@ fn expect_read<H: Harness>(
     suspects: &str,
 ) {
     let what = format!("[{}] {scenario}", c.mode);
-    let got = must(c.read(stream, x), format!("{what}: read"));
-    expect_same(&got, want, &what, &[suspects]);
+    c.expect_read(stream, x, want, &what, &[suspects]);
 }
 
 fn scenario<H: Harness>(h: &H, mode: Mode, call: ShimOp, op: Op, loses_device: bool) {
@@ -201,9 +200,9 @@ fn scenario<H: Harness>(h: &H, mode: Mode, call: ShimOp, op: Op, loses_device: b
         c.create(s1, &data),
         format!("{what}: create after the fault"),
     );
-    let back = must(c.read(s0, &x), format!("{what}: read after the fault"));
-    expect_same(
-        &back,
+    c.expect_read(
+        s0,
+        &x,
         &data,
         &format!("{what}: the round trip after the fault"),
         &[READ_SUSPECTS],
