@@ -28,6 +28,8 @@ compile_error!("the `log` and `defmt` features are mutually exclusive: enable on
 #[macro_use]
 mod fmt;
 
+#[cfg(any(test, feature = "address-shim"))]
+pub mod address_shim;
 pub mod capture;
 pub mod command;
 pub mod copy;
@@ -54,7 +56,8 @@ mod test_shim;
 #[cfg(feature = "std")]
 pub mod workers;
 
-/// The README's Rust snippet, compiled and run as a doctest so it stays true.
+// The README's Rust snippet, compiled and run as a doctest so it stays true. Its whole
+// documentation is the include (no `///` line), so a failure is reported at README.md's line.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;

@@ -137,7 +137,6 @@ fn warm_enqueue_operations_do_not_allocate() {
         cmd(&mut device)
             .launch(Launch {
                 kernel: &kernel,
-                name: "scale",
                 dims: LaunchDims::linear(1, 1),
                 inputs: &[&x],
                 outputs: &[&y],
@@ -298,7 +297,6 @@ fn deeper_queues_and_wider_launches_stay_allocation_free_with_their_bounds_raise
             cmd(&mut device)
                 .launch(Launch {
                     kernel: &noop,
-                    name: "noop",
                     dims: LaunchDims::SINGLE,
                     inputs: &in_refs,
                     outputs: &[&out],

@@ -38,7 +38,6 @@ fn an_upload_that_fails_mid_job_is_reported_as_on_the_bare_metal_hosts() {
     let y = cmd.empty(64).unwrap();
     cmd.launch(Launch {
         kernel: &kernel,
-        name: "layer",
         dims: LaunchDims::linear(1, 1),
         inputs: &[&x],
         outputs: &[&y],

@@ -235,7 +235,6 @@ pub fn enqueue_layers<S: Shim>(
         let shape = [m as u32, kin as u32, kout as u32].map(u32::to_ne_bytes);
         cmd.launch(Launch {
             kernel: &k.matmul,
-            name: "matmul",
             dims: matmul_dims(m, kout),
             inputs: &[&act, &w.tensors[2 * l]],
             outputs: &[&pre],
@@ -246,7 +245,6 @@ pub fn enqueue_layers<S: Shim>(
         let shape = [m as u32, kout as u32].map(u32::to_ne_bytes);
         cmd.launch(Launch {
             kernel: if last { &k.bias_softmax } else { &k.bias_relu },
-            name: if last { "bias_softmax" } else { "bias_relu" },
             dims: if last {
                 bias_softmax_dims(m)
             } else {

@@ -393,6 +393,10 @@ impl Shim for CudaShim {
     /// The `CUstream` under a stream: cuBLAS, TensorRT and any CUDA library enqueue on it.
     type NativeStream = sys::CUstream;
 
+    fn kernel_name(&self, kernel: &CudaKernel) -> &'static str {
+        kernel.name()
+    }
+
     /// The stream's `CUstream`, with the shim's context made current on the calling thread
     /// first (libraries built on the CUDA runtime, cuBLAS among them, act on the current
     /// context). A failed bind is not reported here: the library's call then fails and says so.

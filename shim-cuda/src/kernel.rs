@@ -475,7 +475,7 @@ impl CudaModule {
     fn kernel_of(&self, raw: sys::CUfunction, name: &str, params: Arc<[usize]>) -> CudaKernel {
         CudaKernel {
             raw,
-            name: name.into(),
+            name: intern(name),
             params,
             module: Arc::clone(&self.inner),
         }
@@ -543,7 +543,8 @@ impl CudaModule {
 #[derive(Clone)]
 pub struct CudaKernel {
     raw: sys::CUfunction,
-    name: Box<str>,
+    /// Interned ([`intern`]): failure reports carry it as `&'static str`.
+    name: &'static str,
     /// The parameter sizes in bytes: read from the driver, or declared.
     params: Arc<[usize]>,
     module: Arc<Module>,
@@ -566,9 +567,10 @@ impl fmt::Debug for CudaKernel {
 }
 
 impl CudaKernel {
-    /// The kernel's name, as asked for.
-    pub fn name(&self) -> &str {
-        &self.name
+    /// The kernel's name, as asked for: the name of its launches in every failure report
+    /// ([`devcmd::Shim::kernel_name`]).
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
     /// The sizes in bytes of the kernel's parameters, in order: read by `cuFuncGetParamInfo`,
@@ -1025,6 +1027,23 @@ unsafe fn enqueue(
         )
     };
     crate::faults::check(OP, r)
+}
+
+/// `name` as a `&'static str`: each distinct kernel name is leaked once for the process (a
+/// failure report outlives the kernel it names), so the memory is bounded by the names a host
+/// loads, however often it loads them.
+fn intern(name: &str) -> &'static str {
+    static NAMES: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = names.get(name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.into());
+    names.insert(leaked);
+    leaked
 }
 
 #[cfg(test)]

@@ -356,7 +356,6 @@ fn cublas_on_stream_1_is_ordered_after_an_upload_on_stream_0() {
         .unwrap()
         .launch(devcmd::Launch {
             kernel: &spin,
-            name: "spin",
             dims: LaunchDims::SINGLE,
             inputs: &[],
             outputs: &[&scratch],

@@ -411,10 +411,11 @@ impl StdShim {
         StdShimBuilder::default()
     }
 
-    /// Registers (or replaces) the kernel `name` and returns it.
+    /// Registers (or replaces) the kernel `name` and returns it. The name is the kernel's in
+    /// every failure report ([`Shim::kernel_name`]): a launch does not name it again.
     pub fn register_kernel(
         &self,
-        name: &str,
+        name: &'static str,
         body: impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelFault> + Send + Sync + 'static,
     ) -> StdKernel {
         let kernel = StdKernel::new(name, body);
@@ -627,6 +628,10 @@ impl Shim for StdShim {
     /// ([`StdStream::enqueue_host`]).
     type NativeStream = StdStream;
 
+    fn kernel_name(&self, kernel: &StdKernel) -> &'static str {
+        kernel.name()
+    }
+
     fn native_stream<'a>(&self, stream: &'a StdStream) -> &'a StdStream {
         stream
     }
@@ -680,11 +685,7 @@ impl Shim for StdShim {
     fn record_event(&self, stream: &StdStream) -> Result<StdEvent, DriverError> {
         self.enter(ShimOp::EventRecord, 0)?;
         let (seq, captured) = stream.shared.tail();
-        Ok(StdEvent {
-            stream: Arc::clone(&stream.shared),
-            seq,
-            captured,
-        })
+        Ok(StdEvent::new(Arc::clone(&stream.shared), seq, captured))
     }
 
     fn event_query(&self, event: &StdEvent) -> Result<bool, DriverError> {
@@ -700,7 +701,7 @@ impl Shim for StdShim {
         if event.captured {
             return false; // stands for nothing that runs: the future answers at its next poll
         }
-        event.stream.notify(event.seq, waker);
+        event.stream.notify(event.seq, event.waiter, waker);
         true
     }
 

@@ -35,7 +35,7 @@ pub type KernelFn = dyn Fn(&mut KernelCtx<'_>) -> Result<(), KernelFault> + Send
 /// A loaded kernel: a name and a Rust function. Cheap to clone.
 #[derive(Clone)]
 pub struct StdKernel {
-    name: Arc<str>,
+    name: &'static str,
     body: Arc<KernelFn>,
 }
 
@@ -43,18 +43,18 @@ impl StdKernel {
     /// A kernel named `name` running `body`. Usually made by
     /// [`StdShim::register_kernel`](crate::StdShim::register_kernel).
     pub fn new(
-        name: &str,
+        name: &'static str,
         body: impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelFault> + Send + Sync + 'static,
     ) -> Self {
         Self {
-            name: name.into(),
+            name,
             body: Arc::new(body),
         }
     }
 
-    /// The kernel's name.
-    pub fn name(&self) -> &str {
-        &self.name
+    /// The kernel's name, in every failure report of its launches ([`devcmd::Shim::kernel_name`]).
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
     /// Runs the kernel; a panic is caught and reported as `Err(None)`.

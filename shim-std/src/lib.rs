@@ -61,6 +61,8 @@ mod faults;
 mod graph;
 mod kernel;
 mod memory;
+#[cfg(test)]
+mod notify_tests;
 mod stream;
 #[cfg(test)]
 mod tests;

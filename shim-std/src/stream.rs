@@ -162,8 +162,17 @@ struct StreamState {
     /// `StdShimBuilder::spare_launches`): a warm launch allocates nothing.
     spare_args: Vec<LaunchArgs>,
     /// Tasks waiting for a sequence number ([`StreamShared::notify`]): woken by the worker once
-    /// it completed that far.
-    wakers: Vec<(u64, Waker)>,
+    /// it completed that far. One entry per event value waited on (by [`StdEvent::waiter`]): a
+    /// task polled again replaces its entry's waker, whether or not its executor made a new one.
+    wakers: Vec<Waiting>,
+}
+
+/// A task waiting for a point of the stream: the point, the event value it waits with, its
+/// latest waker.
+struct Waiting {
+    seq: u64,
+    waiter: u64,
+    waker: Waker,
 }
 
 /// The state a stream shares with its worker and its events.
@@ -278,8 +287,9 @@ impl StreamShared {
     }
 
     /// Wakes `waker` once `seq` completed: at once if it has (or the device is lost and nothing
-    /// runs), else when the worker gets there (lazy mode: drives up to it, as a query does).
-    pub(crate) fn notify(&self, seq: u64, waker: &Waker) {
+    /// runs), else when the worker gets there (lazy mode: drives up to it, as a query does). A
+    /// later call for the same event value (`waiter`) replaces the waker instead of adding one.
+    pub(crate) fn notify(&self, seq: u64, waiter: u64, waker: &Waker) {
         let mut st = lock(&self.state);
         self.drive(&mut st, seq);
         if st.completed >= seq || (self.dev.is_lost() && !st.running) {
@@ -287,15 +297,27 @@ impl StreamShared {
             waker.wake_by_ref();
             return;
         }
-        // One entry per task and point: a future polled again replaces its waker.
-        match st
-            .wakers
-            .iter_mut()
-            .find(|(s, w)| *s == seq && w.will_wake(waker))
-        {
-            Some(entry) => entry.1.clone_from(waker),
-            None => st.wakers.push((seq, waker.clone())),
+        // One entry per event value: a future polled again replaces its waker, also when its
+        // executor made a new one for this poll (`will_wake` tells only the same one apart, so
+        // keying on it alone let such an executor add an entry per poll).
+        match st.wakers.iter_mut().find(|w| w.waiter == waiter) {
+            Some(entry) => {
+                if !entry.waker.will_wake(waker) {
+                    entry.waker.clone_from(waker);
+                }
+            }
+            None => st.wakers.push(Waiting {
+                seq,
+                waiter,
+                waker: waker.clone(),
+            }),
         }
+    }
+
+    /// Tasks waiting on this stream now.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        lock(&self.state).wakers.len()
     }
 
     /// Operations enqueued and not completed yet.
@@ -322,7 +344,7 @@ fn work(shared: Arc<StreamShared>) {
                     // Nothing will complete any more: no task may sleep on this stream.
                     let wakers = std::mem::take(&mut st.wakers);
                     drop(st);
-                    wakers.into_iter().for_each(|(_, w)| w.wake());
+                    wakers.into_iter().for_each(|w| w.waker.wake());
                     return;
                 }
                 st = wait(&shared.cv, st);
@@ -360,10 +382,10 @@ fn work(shared: Arc<StreamShared>) {
         // Tasks waiting for this point (or, the device lost, for any) are woken outside the lock.
         let lost = shared.dev.is_lost();
         let mut woken = Vec::new();
-        st.wakers.retain(|(s, w)| {
-            let done = *s <= seq || lost;
+        st.wakers.retain(|w| {
+            let done = w.seq <= seq || lost;
             if done {
-                woken.push(w.clone());
+                woken.push(w.waker.clone());
             }
             !done
         });
@@ -480,13 +502,37 @@ impl fmt::Debug for StdStream {
 
 /// An event: a point (sequence number) in a stream's queue. Cheap to clone; stays valid after its
 /// stream is dropped.
-#[derive(Clone)]
+///
+/// One task waits on an event value at a time ([`devcmd::Shim::event_notify`] keeps one waker
+/// per value, the latest); a clone is another value, which another task may wait on.
 pub struct StdEvent {
     pub(crate) stream: Arc<StreamShared>,
     pub(crate) seq: u64,
     /// Recorded while the stream recorded: it stands for nothing that runs, so it may be neither
     /// queried nor waited on.
     pub(crate) captured: bool,
+    /// This value's own number: the key of its task's entry among the stream's wakers.
+    pub(crate) waiter: u64,
+}
+
+impl StdEvent {
+    /// The event of `stream` at `seq`, a value of its own.
+    pub(crate) fn new(stream: Arc<StreamShared>, seq: u64, captured: bool) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Self {
+            stream,
+            seq,
+            captured,
+            waiter: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+impl Clone for StdEvent {
+    /// The same point, as a value of its own (its task, if any, waits apart).
+    fn clone(&self) -> Self {
+        Self::new(Arc::clone(&self.stream), self.seq, self.captured)
+    }
 }
 
 impl StdEvent {

@@ -1,6 +1,7 @@
 //! A counting, fault-injecting wrapper around any shim, so a shim author gets a [`Probe`] without
-//! writing one (nor copying the std shim's): [`Counted`] (the shim), [`CountedProbe`] (its probe)
-//! and [`CountedHarness`] (any harness, run through them).
+//! writing one (nor copying the std shim's): [`Counted`] (the shim: a [`Forward`] with the
+//! [`Counting`] hooks), [`CountedProbe`] (its probe) and [`CountedHarness`] (any harness, run
+//! through them).
 //!
 //! Owns the counting of calls per [`ShimOp`], the live-page counts, and the injection of
 //! [`FaultRule`]s at the shim boundary, classified as the harness contract asks (see
@@ -15,14 +16,16 @@
 //! devcmd_tests::conformance_tests!(devcmd_tests::CountedHarness(MyHarness));
 //! ```
 
+use crate::forward::{Forward, Hooks};
 use crate::harness::{Counters, FaultRule, Harness, Mode, Probe, TestArgs, TestKernel};
 use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
+    CopyLayout, DeviceAddr, DeviceSpan, DriverError, Fault, HostMemory, KernelParam, LaunchDims,
+    Shim, ShimOp,
 };
+use std::collections::HashMap;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// The status of a call refused by an injected [`FaultRule::Once`] or [`FaultRule::Always`].
 /// Negative, so it is never mistaken for a device's own code.
@@ -115,8 +118,9 @@ enum Verdict {
     GoThenFail,
 }
 
-/// Any shim, counted and open to injected faults. Implements [`Shim`] by forwarding each call to
-/// the inner shim, after:
+/// Any shim, counted and open to injected faults: the shim `S` with [`Counting`] hooks
+/// ([`Forward`]), so every call the hooks do not bend reaches `S` unchanged. Each call is
+/// forwarded after:
 ///
 /// - counting it (per [`ShimOp`], failed and refused calls included), the live pages, the bytes
 ///   mapped by [`Shim::vm_map`] (with the pages' bytes) and the address space reserved by
@@ -132,89 +136,77 @@ enum Verdict {
 ///   inner shim reports a fault of work that ran at the later fences, by its own rules (needs
 ///   [`Counted::failing_with`]).
 ///
-/// Streams are wrapped ([`CountedStream`]) so the wrapper can reach them when it loses the device;
-/// pages are wrapped ([`CountedPage`]) to remember their sizes. The device's facts are the inner
+/// Streams and pages are the inner shim's. To finish the inner streams' queued work when it
+/// loses the device, the wrapper records a fence of its own on the inner stream after each call
+/// that enqueues work there (not while a stream records a graph) and keeps the latest per
+/// stream; it remembers each page's size by its address. The device's facts are the inner
 /// shim's, its virtual-memory granule included: the four virtual-memory calls are forwarded
 /// (the unmap and release, which cannot fail, uncounted and never refused, as the frees).
-pub struct Counted<S: Shim> {
-    inner: S,
+pub type Counted<S> = Forward<S, Counting<S>>;
+
+/// The hooks of a [`Counted`] shim: the counting, the rules and the loss (see [`Counted`]).
+pub struct Counting<S: Shim> {
     state: Arc<Mutex<State>>,
-    streams: Mutex<Vec<Weak<S::Stream>>>,
     failing: Option<S::Kernel>,
     /// Whether `event_notify` is forwarded (off: the trait's default, a shim that cannot notify).
     notify: bool,
     /// Held while an injected loss finishes the inner streams' queued work: a caller told the
     /// device is lost waits for it, since the core then frees everything.
     quiesce: Mutex<()>,
+    /// Per inner stream (by its address while the call runs): the wrapper's own fence after its
+    /// latest work.
+    fences: Mutex<HashMap<usize, S::Event>>,
+    /// Recordings open now (begun and not ended): no fence of the wrapper's is recorded then,
+    /// since a host wait on it, or the fence itself on the recording stream, is refused or
+    /// captured while any stream records (CUDA's global capture mode).
+    recordings: Mutex<usize>,
+    /// The size of each live device page, by its address.
+    page_sizes: Mutex<HashMap<u64, u64>>,
 }
 
-impl<S: Shim> fmt::Debug for Counted<S>
-where
-    S: fmt::Debug,
-{
+impl<S: Shim> fmt::Debug for Counting<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Counted")
-            .field("inner", &self.inner)
+        f.debug_struct("Counting")
             .field("state", &*lock(&self.state))
+            .field("notify", &self.notify)
             .finish_non_exhaustive()
     }
 }
 
-/// A stream of a [`Counted`] shim: the inner stream, shared with the wrapper's list of streams.
-#[derive(Debug)]
-pub struct CountedStream<T>(Arc<T>);
-
-impl<T> CountedStream<T> {
-    /// The inner shim's stream.
-    pub fn inner(&self) -> &T {
-        &self.0
-    }
+/// The key of an inner stream in [`Counting::fences`].
+fn stream_key<T>(stream: &T) -> usize {
+    std::ptr::from_ref(stream) as usize
 }
 
-/// A page of a [`Counted`] shim: the inner shim's page and its size as asked.
-#[derive(Debug)]
-pub struct CountedPage<P> {
-    page: P,
-    size: u64,
-}
-
-impl<P> CountedPage<P> {
-    /// The inner shim's page.
-    pub fn inner(&self) -> &P {
-        &self.page
-    }
-
-    /// Its size as asked.
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-}
-
-impl<S: Shim> Counted<S> {
+impl<S: Shim> Forward<S, Counting<S>> {
     /// `inner`, counted, with no rule installed.
     pub fn new(inner: S) -> Self {
-        Self {
+        Forward {
             inner,
-            state: Arc::default(),
-            streams: Mutex::default(),
-            failing: None,
-            notify: true,
-            quiesce: Mutex::new(()),
+            hooks: Counting {
+                state: Arc::default(),
+                failing: None,
+                notify: true,
+                quiesce: Mutex::new(()),
+                fences: Mutex::default(),
+                recordings: Mutex::new(0),
+                page_sizes: Mutex::default(),
+            },
         }
     }
 
     /// Answers `event_notify` as a shim that cannot notify does (the trait's default): pending
     /// futures are then polled again at once instead of being woken.
     pub fn without_notify(mut self) -> Self {
-        self.notify = false;
+        self.hooks.notify = false;
         self
     }
 
     /// Gives the wrapper the [`TestKernel::WriteThenFail`] kernel (loaded on the inner shim), so
     /// that it can inject [`FaultRule::WorkFails`].
     pub fn failing_with(mut self, kernel: S::Kernel) -> Self {
-        self.failing = Some(kernel);
-        lock(&self.state).can_fail_work = true;
+        self.hooks.failing = Some(kernel);
+        lock(&self.hooks.state).can_fail_work = true;
         self
     }
 
@@ -225,11 +217,13 @@ impl<S: Shim> Counted<S> {
 
     /// The probe of this shim: counters and fault injection, usable after the shim is dropped.
     pub fn probe(&self) -> CountedProbe {
-        CountedProbe(Arc::clone(&self.state))
+        CountedProbe(Arc::clone(&self.hooks.state))
     }
+}
 
+impl<S: Shim> Counting<S> {
     /// Counts a call of `op` and decides what it may do.
-    fn enter(&self, op: ShimOp) -> Result<Verdict, DriverError> {
+    fn enter(&self, inner: &S, op: ShimOp) -> Result<Verdict, DriverError> {
         let mut st = lock(&self.state);
         let i = op_index(op);
         st.calls[i] += 1;
@@ -251,7 +245,7 @@ impl<S: Shim> Counted<S> {
                 let quiesced = lock(&self.quiesce);
                 st.lost = Some(e);
                 drop(st);
-                self.finish_queued_work();
+                self.finish_queued_work(inner);
                 drop(quiesced);
                 Err(e)
             }
@@ -265,330 +259,308 @@ impl<S: Shim> Counted<S> {
         }
     }
 
-    /// Waits, on the inner shim, for the work queued on every live stream: after an injected
-    /// loss the core frees every page at once, and the inner device must not touch them then.
-    fn finish_queued_work(&self) {
-        let streams: Vec<Arc<S::Stream>> = lock(&self.streams)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for s in streams {
+    /// Waits, on the inner shim, for the fence recorded after each stream's latest work: after
+    /// an injected loss the core frees every page at once, and the inner device must not touch
+    /// them then.
+    fn finish_queued_work(&self, inner: &S) {
+        let fences: Vec<S::Event> = lock(&self.fences).drain().map(|(_, f)| f).collect();
+        for fence in fences {
             // Errors do not matter here: a fault of work that ran still completed the fence, and
             // an inner device that is really lost runs nothing more.
-            if let Ok(fence) = self.inner.record_event(&s) {
-                let _ = self.inner.event_wait(&fence);
-            }
+            let _ = inner.event_wait(&fence);
         }
     }
 
-    /// After an accepted call of a [`Verdict::GoThenFail`], makes the work enqueued on `stream`
-    /// fail while it runs.
-    fn then_fail(&self, verdict: Verdict, stream: &S::Stream) {
-        let Verdict::GoThenFail = verdict else {
-            return;
-        };
-        let kernel = self
-            .failing
-            .as_ref()
-            .expect("checked by CountedProbe::inject: WorkFails needs Counted::failing_with");
-        let args = TestArgs::new(TestKernel::WriteThenFail, 0, &[], &[]);
-        // SAFETY: no buffers: the harness contract has WriteThenFail write only its outputs, so
-        // it touches no memory at all.
-        let launched = unsafe {
-            self.inner
-                .launch(stream, kernel, args.dims(), &[], &args.params())
-        };
-        if let Err(e) = launched {
-            panic!(
-                "Counted: the inner shim refused the WriteThenFail launch that injects a fault \
-                 of work that ran ({e}); the harness's WriteThenFail kernel must launch with no \
-                 buffers"
-            );
+    /// After a call that enqueued work on `stream` was accepted: makes that work fail while it
+    /// runs for a [`Verdict::GoThenFail`], then records the wrapper's fence after it (unless a
+    /// stream records a graph).
+    fn enqueued(&self, inner: &S, verdict: Verdict, stream: &S::Stream) {
+        if let Verdict::GoThenFail = verdict {
+            let kernel = self
+                .failing
+                .as_ref()
+                .expect("checked by CountedProbe::inject: WorkFails needs Counted::failing_with");
+            let args = TestArgs::new(TestKernel::WriteThenFail, 0, &[], &[]);
+            // SAFETY: no buffers: the harness contract has WriteThenFail write only its outputs,
+            // so it touches no memory at all.
+            let launched =
+                unsafe { inner.launch(stream, kernel, args.dims(), &[], &args.params()) };
+            if let Err(e) = launched {
+                panic!(
+                    "Counted: the inner shim refused the WriteThenFail launch that injects a \
+                     fault of work that ran ({e}); the harness's WriteThenFail kernel must \
+                     launch with no buffers"
+                );
+            }
         }
+        if *lock(&self.recordings) > 0 {
+            return;
+        }
+        // A fence the wrapper fails to record leaves the previous one: the loss then waits for
+        // less, as the inner shim could not say more.
+        if let Ok(fence) = inner.record_event(stream) {
+            lock(&self.fences).insert(stream_key(stream), fence);
+        }
+    }
+
+    /// Notes a recording begun (`true`) or ended.
+    fn recording(&self, begun: bool) {
+        let mut open = lock(&self.recordings);
+        *open = if begun {
+            *open + 1
+        } else {
+            open.saturating_sub(1)
+        };
     }
 }
 
-impl<S: Shim> Shim for Counted<S> {
-    type Stream = CountedStream<S::Stream>;
-    type Event = S::Event;
-    type DevicePage = CountedPage<S::DevicePage>;
-    type HostPage = CountedPage<S::HostPage>;
-    type Kernel = S::Kernel;
-    type Registration = S::Registration;
-    type Graph = S::Graph;
-    type NativeStream = S::NativeStream;
-
-    fn native_stream<'a>(&self, stream: &'a Self::Stream) -> &'a Self::NativeStream {
-        self.inner.native_stream(&stream.0)
-    }
-
+impl<S: Shim> Hooks<S> for Counting<S> {
     unsafe fn borrow_stream(
         &self,
-        native: &Self::NativeStream,
-    ) -> Result<Self::Stream, DriverError> {
-        self.enter(ShimOp::StreamCreate)?;
+        inner: &S,
+        native: &S::NativeStream,
+    ) -> Result<S::Stream, DriverError> {
+        self.enter(inner, ShimOp::StreamCreate)?;
         // SAFETY: the caller's contract is the inner shim's.
-        let stream = Arc::new(unsafe { self.inner.borrow_stream(native) }?);
-        let mut streams = lock(&self.streams);
-        streams.retain(|w| w.strong_count() > 0);
-        streams.push(Arc::downgrade(&stream));
-        Ok(CountedStream(stream))
+        unsafe { inner.borrow_stream(native) }
     }
 
-    fn facts(&self) -> DeviceFacts {
-        self.inner.facts()
-    }
-
-    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
-        self.inner.classify(op, status)
-    }
-
-    fn create_stream(&self) -> Result<Self::Stream, DriverError> {
-        self.enter(ShimOp::StreamCreate)?;
-        let stream = Arc::new(self.inner.create_stream()?);
-        let mut streams = lock(&self.streams);
-        streams.retain(|w| w.strong_count() > 0);
-        streams.push(Arc::downgrade(&stream));
-        Ok(CountedStream(stream))
+    fn create_stream(&self, inner: &S) -> Result<S::Stream, DriverError> {
+        self.enter(inner, ShimOp::StreamCreate)?;
+        inner.create_stream()
     }
 
     fn stream_wait_event(
         &self,
-        stream: &Self::Stream,
-        event: &Self::Event,
+        inner: &S,
+        stream: &S::Stream,
+        event: &S::Event,
     ) -> Result<(), DriverError> {
-        let verdict = self.enter(ShimOp::StreamWaitEvent)?;
-        self.inner.stream_wait_event(&stream.0, event)?;
-        self.then_fail(verdict, &stream.0);
+        let verdict = self.enter(inner, ShimOp::StreamWaitEvent)?;
+        inner.stream_wait_event(stream, event)?;
+        self.enqueued(inner, verdict, stream);
         Ok(())
     }
 
-    fn record_event(&self, stream: &Self::Stream) -> Result<Self::Event, DriverError> {
-        self.enter(ShimOp::EventRecord)?;
-        self.inner.record_event(&stream.0)
+    fn record_event(&self, inner: &S, stream: &S::Stream) -> Result<S::Event, DriverError> {
+        self.enter(inner, ShimOp::EventRecord)?;
+        inner.record_event(stream)
     }
 
-    fn event_query(&self, event: &Self::Event) -> Result<bool, DriverError> {
-        self.enter(ShimOp::EventQuery)?;
-        self.inner.event_query(event)
+    fn event_query(&self, inner: &S, event: &S::Event) -> Result<bool, DriverError> {
+        self.enter(inner, ShimOp::EventQuery)?;
+        inner.event_query(event)
     }
 
-    fn event_notify(&self, event: &Self::Event, waker: &core::task::Waker) -> bool {
-        self.notify && self.inner.event_notify(event, waker)
+    fn event_notify(&self, inner: &S, event: &S::Event, waker: &core::task::Waker) -> bool {
+        self.notify && inner.event_notify(event, waker)
     }
 
-    fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError> {
-        self.enter(ShimOp::EventWait)?;
-        self.inner.event_wait(event)
+    fn event_wait(&self, inner: &S, event: &S::Event) -> Result<(), DriverError> {
+        self.enter(inner, ShimOp::EventWait)?;
+        inner.event_wait(event)
     }
 
-    fn device_alloc(&self, size: u64) -> Result<Self::DevicePage, DriverError> {
-        self.enter(ShimOp::DeviceAlloc)?;
-        let page = self.inner.device_alloc(size)?;
+    fn device_alloc(&self, inner: &S, size: u64) -> Result<S::DevicePage, DriverError> {
+        self.enter(inner, ShimOp::DeviceAlloc)?;
+        let page = inner.device_alloc(size)?;
+        lock(&self.page_sizes).insert(inner.device_page_addr(&page).0, size);
         let mut st = lock(&self.state);
         st.device_pages_live += 1;
         st.device_bytes_live += size;
-        Ok(CountedPage { page, size })
+        Ok(page)
     }
 
-    fn device_page_addr(&self, page: &Self::DevicePage) -> DeviceAddr {
-        self.inner.device_page_addr(&page.page)
+    unsafe fn device_free(&self, inner: &S, page: S::DevicePage) {
+        let size = lock(&self.page_sizes).remove(&inner.device_page_addr(&page).0);
+        {
+            let mut st = lock(&self.state);
+            st.device_pages_live = st.device_pages_live.saturating_sub(1);
+            st.device_bytes_live = st.device_bytes_live.saturating_sub(size.unwrap_or(0));
+        }
+        // SAFETY: the caller keeps `device_free`'s contract for the page; after an injected loss
+        // the inner streams' queued work was finished when the loss fired, and no call reached
+        // the inner shim since.
+        unsafe { inner.device_free(page) }
     }
 
-    fn vm_reserve(&self, size: u64) -> Result<DeviceAddr, DriverError> {
-        self.enter(ShimOp::VmReserve)?;
-        let addr = self.inner.vm_reserve(size)?;
+    fn vm_reserve(&self, inner: &S, size: u64) -> Result<DeviceAddr, DriverError> {
+        self.enter(inner, ShimOp::VmReserve)?;
+        let addr = inner.vm_reserve(size)?;
         lock(&self.state).vm_reserved_live += size;
         Ok(addr)
     }
 
-    unsafe fn vm_release(&self, addr: DeviceAddr, size: u64) {
+    unsafe fn vm_release(&self, inner: &S, addr: DeviceAddr, size: u64) {
         {
             let mut st = lock(&self.state);
             st.vm_reserved_live = st.vm_reserved_live.saturating_sub(size);
         }
         // SAFETY: forwarded with the caller's contract unchanged (after an injected loss, as in
         // `device_free`: no inner work runs any more).
-        unsafe { self.inner.vm_release(addr, size) }
+        unsafe { inner.vm_release(addr, size) }
     }
 
-    fn vm_map(&self, addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
-        self.enter(ShimOp::VmMap)?;
-        let memory = self.inner.vm_map(addr, size)?;
+    fn vm_map(&self, inner: &S, addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
+        self.enter(inner, ShimOp::VmMap)?;
+        let memory = inner.vm_map(addr, size)?;
         lock(&self.state).device_bytes_live += size;
         Ok(memory)
     }
 
-    unsafe fn vm_unmap(&self, addr: DeviceAddr, size: u64, memory: u64) {
+    unsafe fn vm_unmap(&self, inner: &S, addr: DeviceAddr, size: u64, memory: u64) {
         {
             let mut st = lock(&self.state);
             st.device_bytes_live = st.device_bytes_live.saturating_sub(size);
         }
         // SAFETY: forwarded with the caller's contract unchanged, as in `device_free`.
-        unsafe { self.inner.vm_unmap(addr, size, memory) }
+        unsafe { inner.vm_unmap(addr, size, memory) }
     }
 
-    unsafe fn device_free(&self, page: Self::DevicePage) {
-        {
-            let mut st = lock(&self.state);
-            st.device_pages_live = st.device_pages_live.saturating_sub(1);
-            st.device_bytes_live = st.device_bytes_live.saturating_sub(page.size);
-        }
-        // SAFETY: the caller keeps `device_free`'s contract for the page; after an injected loss
-        // the inner streams' queued work was finished when the loss fired, and no call reached
-        // the inner shim since.
-        unsafe { self.inner.device_free(page.page) }
-    }
-
-    fn host_alloc_pinned(&self, size: usize) -> Result<Self::HostPage, DriverError> {
-        self.enter(ShimOp::HostAlloc)?;
-        let page = self.inner.host_alloc_pinned(size)?;
+    fn host_alloc_pinned(&self, inner: &S, size: usize) -> Result<S::HostPage, DriverError> {
+        self.enter(inner, ShimOp::HostAlloc)?;
+        let page = inner.host_alloc_pinned(size)?;
         lock(&self.state).host_pages_live += 1;
-        Ok(CountedPage {
-            page,
-            size: size as u64,
-        })
+        Ok(page)
     }
 
-    fn host_page_ptr(&self, page: &Self::HostPage) -> NonNull<u8> {
-        self.inner.host_page_ptr(&page.page)
-    }
-
-    fn host_page_device_addr(&self, page: &Self::HostPage) -> Option<DeviceAddr> {
-        self.inner.host_page_device_addr(&page.page)
-    }
-
-    unsafe fn host_free_pinned(&self, page: Self::HostPage) {
+    unsafe fn host_free_pinned(&self, inner: &S, page: S::HostPage) {
         {
             let mut st = lock(&self.state);
             st.host_pages_live = st.host_pages_live.saturating_sub(1);
         }
         // SAFETY: as in `device_free`: the caller's contract, and no inner work after a loss.
-        unsafe { self.inner.host_free_pinned(page.page) }
+        unsafe { inner.host_free_pinned(page) }
     }
 
     fn host_register(
         &self,
+        inner: &S,
         ptr: NonNull<u8>,
         len: usize,
-    ) -> Result<Self::Registration, DriverError> {
-        self.enter(ShimOp::HostRegister)?;
-        self.inner.host_register(ptr, len)
-    }
-
-    unsafe fn host_unregister(&self, registration: Self::Registration) {
-        // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe { self.inner.host_unregister(registration) }
+    ) -> Result<S::Registration, DriverError> {
+        self.enter(inner, ShimOp::HostRegister)?;
+        inner.host_register(ptr, len)
     }
 
     unsafe fn copy_to_device(
         &self,
-        stream: &Self::Stream,
+        inner: &S,
+        stream: &S::Stream,
         src: *const u8,
         src_memory: HostMemory,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
-        let verdict = self.enter(ShimOp::CopyHostToDevice)?;
+        let verdict = self.enter(inner, ShimOp::CopyHostToDevice)?;
         // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe {
-            self.inner
-                .copy_to_device(&stream.0, src, src_memory, dst, layout)
-        }?;
-        self.then_fail(verdict, &stream.0);
+        unsafe { inner.copy_to_device(stream, src, src_memory, dst, layout) }?;
+        self.enqueued(inner, verdict, stream);
         Ok(())
     }
 
     unsafe fn copy_to_host(
         &self,
-        stream: &Self::Stream,
+        inner: &S,
+        stream: &S::Stream,
         src: DeviceAddr,
         dst: *mut u8,
         dst_memory: HostMemory,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
-        let verdict = self.enter(ShimOp::CopyDeviceToHost)?;
+        let verdict = self.enter(inner, ShimOp::CopyDeviceToHost)?;
         // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe {
-            self.inner
-                .copy_to_host(&stream.0, src, dst, dst_memory, layout)
-        }?;
-        self.then_fail(verdict, &stream.0);
+        unsafe { inner.copy_to_host(stream, src, dst, dst_memory, layout) }?;
+        self.enqueued(inner, verdict, stream);
         Ok(())
     }
 
     unsafe fn copy_on_device(
         &self,
-        stream: &Self::Stream,
+        inner: &S,
+        stream: &S::Stream,
         src: DeviceAddr,
         dst: DeviceAddr,
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
-        let verdict = self.enter(ShimOp::CopyDeviceToDevice)?;
+        let verdict = self.enter(inner, ShimOp::CopyDeviceToDevice)?;
         // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe { self.inner.copy_on_device(&stream.0, src, dst, layout) }?;
-        self.then_fail(verdict, &stream.0);
+        unsafe { inner.copy_on_device(stream, src, dst, layout) }?;
+        self.enqueued(inner, verdict, stream);
         Ok(())
     }
 
     unsafe fn launch(
         &self,
-        stream: &Self::Stream,
-        kernel: &Self::Kernel,
+        inner: &S,
+        stream: &S::Stream,
+        kernel: &S::Kernel,
         dims: LaunchDims,
         buffers: &[DeviceSpan],
         params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
-        let verdict = self.enter(ShimOp::Launch)?;
+        let verdict = self.enter(inner, ShimOp::Launch)?;
         // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe { self.inner.launch(&stream.0, kernel, dims, buffers, params) }?;
-        self.then_fail(verdict, &stream.0);
+        unsafe { inner.launch(stream, kernel, dims, buffers, params) }?;
+        self.enqueued(inner, verdict, stream);
         Ok(())
     }
 
-    fn begin_capture(&self, stream: &Self::Stream) -> Result<(), DriverError> {
-        self.enter(ShimOp::GraphBegin)?;
-        self.inner.begin_capture(&stream.0)
+    fn begin_capture(&self, inner: &S, stream: &S::Stream) -> Result<(), DriverError> {
+        self.enter(inner, ShimOp::GraphBegin)?;
+        inner.begin_capture(stream)?;
+        self.recording(true);
+        Ok(())
     }
 
-    fn end_capture(&self, stream: &Self::Stream, doomed: bool) -> Result<Self::Graph, DriverError> {
+    fn end_capture(
+        &self,
+        inner: &S,
+        stream: &S::Stream,
+        doomed: bool,
+    ) -> Result<S::Graph, DriverError> {
         // An injected refusal still ends the recording, as every end must.
-        let verdict = self.enter(ShimOp::GraphEnd);
-        let ended = self
-            .inner
-            .end_capture(&stream.0, doomed || verdict.is_err());
+        let verdict = self.enter(inner, ShimOp::GraphEnd);
+        let ended = inner.end_capture(stream, doomed || verdict.is_err());
+        self.recording(false);
         verdict?;
         ended
     }
 
     fn end_capture_update(
         &self,
-        stream: &Self::Stream,
+        inner: &S,
+        stream: &S::Stream,
         doomed: bool,
-        graph: &Self::Graph,
-    ) -> Result<Option<Self::Graph>, DriverError> {
-        let verdict = self.enter(ShimOp::GraphEnd);
-        let ended = self
-            .inner
-            .end_capture_update(&stream.0, doomed || verdict.is_err(), graph);
+        graph: &S::Graph,
+    ) -> Result<Option<S::Graph>, DriverError> {
+        let verdict = self.enter(inner, ShimOp::GraphEnd);
+        let ended = inner.end_capture_update(stream, doomed || verdict.is_err(), graph);
+        self.recording(false);
         verdict?;
         ended
     }
 
-    fn graph_upload(&self, graph: &Self::Graph, stream: &Self::Stream) -> Result<(), DriverError> {
-        self.enter(ShimOp::GraphUpload)?;
-        self.inner.graph_upload(graph, &stream.0)
+    fn graph_upload(
+        &self,
+        inner: &S,
+        graph: &S::Graph,
+        stream: &S::Stream,
+    ) -> Result<(), DriverError> {
+        self.enter(inner, ShimOp::GraphUpload)?;
+        inner.graph_upload(graph, stream)
     }
 
     unsafe fn graph_launch(
         &self,
-        graph: &Self::Graph,
-        stream: &Self::Stream,
+        inner: &S,
+        graph: &S::Graph,
+        stream: &S::Stream,
     ) -> Result<(), DriverError> {
-        let verdict = self.enter(ShimOp::GraphLaunch)?;
+        let verdict = self.enter(inner, ShimOp::GraphLaunch)?;
         // SAFETY: forwarded with the caller's contract unchanged.
-        unsafe { self.inner.graph_launch(graph, &stream.0) }?;
-        self.then_fail(verdict, &stream.0);
+        unsafe { inner.graph_launch(graph, stream) }?;
+        self.enqueued(inner, verdict, stream);
         Ok(())
     }
 }

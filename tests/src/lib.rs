@@ -52,8 +52,7 @@ mod std_harness;
 mod util;
 
 pub use counted::{
-    Counted, CountedHarness, CountedPage, CountedProbe, CountedStream, INJECTED_LOSS_STATUS,
-    INJECTED_STATUS,
+    Counted, CountedHarness, CountedProbe, Counting, INJECTED_LOSS_STATUS, INJECTED_STATUS,
 };
 pub use cuda_harness::{CUDA_TEST_KERNELS, CudaHarness, CudaHarnessError, TRAP_DELAY_MS};
 pub use harness::{

@@ -96,7 +96,6 @@ impl<H: Harness> Ctx<H> {
         let args = TestArgs::new(kernel, value, &lens(inputs), &lens(outputs));
         self.dev.command(stream)?.launch(Launch {
             kernel: &self.kernels[slot],
-            name: kernel.name(),
             dims: args.dims(),
             inputs,
             outputs,
@@ -116,7 +115,6 @@ impl<H: Harness> Ctx<H> {
     ) -> Result<(), ServerError> {
         self.dev.command(stream)?.launch(Launch {
             kernel: &self.kernels[kernel_slot(kernel)],
-            name: kernel.name(),
             dims,
             inputs,
             outputs,
@@ -149,6 +147,21 @@ impl<H: Harness> Ctx<H> {
             .read_async(&[ReadRequest::whole(handle)])?;
         let mut buffers = future.wait()?;
         Ok(buffers.pop().map(HostBuffer::into_vec).unwrap_or_default())
+    }
+
+    /// Reads `handle` on `stream` and checks it holds `want`; a failure names `what` (the mode
+    /// and the scenario), where the bytes first differ and `suspects` ([`expect_same`]).
+    #[track_caller]
+    pub fn expect_read(
+        &mut self,
+        stream: StreamId,
+        handle: &Handle,
+        want: &[u8],
+        what: &str,
+        suspects: &[&str],
+    ) {
+        let got = must(self.read(stream, handle), format!("{what}: read"));
+        expect_same(&got, want, what, suspects);
     }
 
     /// Waits for everything enqueued on `stream`.
@@ -319,16 +332,67 @@ pub(crate) fn plus(data: &[u8], value: u8) -> Vec<u8> {
     data.iter().map(|b| b.wrapping_add(value)).collect()
 }
 
-/// The first differing index of two byte strings, for messages.
-pub(crate) fn first_diff(a: &[u8], b: &[u8]) -> String {
-    if a.len() != b.len() {
-        return format!("lengths differ: {} vs {}", a.len(), b.len());
+/// Where `got` first differs from `want`, for messages: the byte's index, what was read and
+/// what was expected (and, when every byte read is the same, that byte: a fill or a poison
+/// pattern says more than one position).
+pub(crate) fn first_diff(got: &[u8], want: &[u8]) -> String {
+    if got.len() != want.len() {
+        return format!("got {} bytes, expected {}", got.len(), want.len());
     }
-    match a.iter().zip(b).position(|(x, y)| x != y) {
-        Some(i) => format!(
-            "first difference at byte {i}: {:#04x} vs {:#04x}",
-            a[i], b[i]
-        ),
+    match got.iter().zip(want).position(|(x, y)| x != y) {
+        Some(i) => {
+            let uniform = got.len() > 1 && got.iter().all(|&b| b == got[0]);
+            format!(
+                "first difference at byte {i} of {}: got {:#04x}, expected {:#04x}{}",
+                got.len(),
+                got[i],
+                want[i],
+                if uniform {
+                    format!("; every byte read is {:#04x}", got[0])
+                } else {
+                    String::new()
+                }
+            )
+        }
         None => "equal".into(),
     }
+}
+
+/// The shim calls most likely at fault when a read gives wrong bytes, by what the scenario did.
+/// Failure messages name the ones that fit ([`expect_same`]).
+pub(crate) mod suspect {
+    /// The copies themselves moved the bytes wrong.
+    pub const COPIES: &str = "copy_to_device / copy_to_host (the bytes moved wrong)";
+    /// A host wait returned before what it covers landed (the read's copy, or the work it reads).
+    pub const EARLY_WAIT: &str =
+        "event_wait (it returned before the work it covers landed, so the read saw older bytes)";
+    /// A fence reported complete too early, so the core released or reused memory under work
+    /// still running.
+    pub const EARLY_FENCE: &str = "event_query / event_wait (a fence reported complete before \
+                                   the work it covers finished, so the core released or reused \
+                                   memory that work still used)";
+    /// A stream did not wait, on the device, for another stream's work.
+    pub const STREAM_WAIT: &str = "stream_wait_event (the reading stream did not wait, on the \
+                                   device, for the event the writing stream recorded)";
+    /// The kernel ran on other spans or with other parameters than it was given.
+    pub const LAUNCH: &str =
+        "launch (the kernel read or wrote other spans, or other parameters, than it was given)";
+    /// A replay ran other work than was recorded, or none.
+    pub const GRAPH: &str = "begin_capture / end_capture (the recording kept other work than \
+                             was enqueued) or graph_launch (the replay ran other work, or none)";
+}
+
+/// Checks that `got` is `want`; a failure names `what` (the mode and the scenario), where the
+/// bytes first differ, and the shim calls most likely at fault (`suspects`, from [`suspect`]),
+/// never a bare dump of bytes.
+#[track_caller]
+pub(crate) fn expect_same(got: &[u8], want: &[u8], what: &str, suspects: &[&str]) {
+    if got == want {
+        return;
+    }
+    panic!(
+        "{what}: the read gave wrong bytes ({}); the shim call most likely at fault: {}",
+        first_diff(got, want),
+        suspects.join(", or ")
+    );
 }

@@ -138,7 +138,6 @@ fn launch_failing(
     let mut cmd = device.command(stream).unwrap();
     let launch = Launch {
         kernel,
-        name: "write_then_fail",
         dims: LaunchDims::SINGLE,
         inputs: &[input],
         outputs: &[output],

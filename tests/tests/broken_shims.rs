@@ -1,11 +1,13 @@
-//! The suite catches shims that break the rules of faults of work that ran, and says which rule.
+//! The suite catches shims that break its rules (faults of work that ran, host waits, cross-stream
+//! order, pitched copies), and says which rule and which shim call.
 //!
 //! Wrappers around the std shim each break one promise of `devcmd::shim` and keep every other:
 //! [`Forgetful`] reports a fault of work that ran once, then answers clean (not sticky);
 //! [`NoCarry`] orders streams by waiting on the host, so the fault stays behind (it does not
 //! travel with `stream_wait_event`); [`EarlyWait`] returns from `event_wait` at once, before its
 //! fence completed; [`EarlyQuery`] answers "complete" to every query; [`IgnoresWaits`] answers
-//! `stream_wait_event` and orders nothing. The checks must fail
+//! `stream_wait_event` and orders nothing; [`FlatCopies`] copies every layout as one linear run,
+//! ignoring the pitch. The checks must fail
 //! against each, with a message that names the broken rule and the shim call at fault (a
 //! forgotten fault and an early wait must not get the same message), and pass the rules each
 //! wrapper keeps. The early ones are run only through checks on the shim itself, whose pages are
@@ -14,7 +16,7 @@
 //! Each wrapper is a [`Forward`] of the std shim with a few [`Hooks`] bent: every other call,
 //! the optional ones included (graphs, virtual memory, registration), reaches the std shim.
 
-use devcmd::{DriverError, Fault, Shim};
+use devcmd::{CopyLayout, DeviceAddr, DriverError, Fault, HostMemory, Shim};
 use devcmd_std::StdShim;
 use devcmd_tests::forward::{Forward, Hooks};
 use devcmd_tests::groups::work_faults::{
@@ -327,5 +329,87 @@ fn ignored_cross_stream_waits_fail_cross_stream_reuse_naming_the_call() {
             &[],
             || groups::cross_stream_reuse(&h, mode),
         );
+    }
+}
+
+/// Copies every layout as one linear run of its packed bytes: breaks pitched copies (rows of
+/// `width` bytes, `pitch` apart on the device) and keeps every linear one.
+#[derive(Debug, Default)]
+struct FlatCopies;
+
+impl Hooks<StdShim> for FlatCopies {
+    unsafe fn copy_to_device(
+        &self,
+        inner: &StdShim,
+        stream: &<StdShim as Shim>::Stream,
+        src: *const u8,
+        src_memory: HostMemory,
+        dst: DeviceAddr,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        let flat = CopyLayout::linear(layout.packed_bytes());
+        // SAFETY: the caller's contract, handed on: `src` holds the packed bytes, and the packed
+        // run starting at `dst` lies inside the layout's device span (the pitch is at least the
+        // width).
+        unsafe { inner.copy_to_device(stream, src, src_memory, dst, flat) }
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        inner: &StdShim,
+        stream: &<StdShim as Shim>::Stream,
+        src: DeviceAddr,
+        dst: *mut u8,
+        dst_memory: HostMemory,
+        layout: CopyLayout,
+    ) -> Result<(), DriverError> {
+        let flat = CopyLayout::linear(layout.packed_bytes());
+        // SAFETY: as above: `dst` has room for the packed bytes, and the packed run starting at
+        // `src` lies inside the layout's device span.
+        unsafe { inner.copy_to_host(stream, src, dst, dst_memory, flat) }
+    }
+}
+
+/// The std harness, through a shim whose copies ignore the pitch.
+#[derive(Debug, Default)]
+struct FlatHarness;
+
+impl Harness for FlatHarness {
+    type S = Forward<StdShim, FlatCopies>;
+
+    fn shim(&self, mode: Mode) -> Option<Self::S> {
+        Some(Forward {
+            inner: StdHarness.shim(mode)?,
+            hooks: FlatCopies,
+        })
+    }
+
+    fn kernel(&self, shim: &Self::S, kernel: TestKernel) -> <StdShim as Shim>::Kernel {
+        StdHarness.kernel(&shim.inner, kernel)
+    }
+
+    fn probe(&self, shim: &Self::S) -> Option<Box<dyn Probe>> {
+        Some(Box::new(StdProbe(shim.inner.clone())))
+    }
+}
+
+#[test]
+fn copies_that_ignore_the_pitch_fail_layouts_naming_the_call() {
+    let h = FlatHarness;
+    for mode in [Mode::NORMAL, Mode::LAZY_POISON] {
+        let tag = format!("[{mode}] layouts: a pitched upload");
+        fails_saying(
+            "layouts",
+            &[
+                &tag,
+                "first difference at byte",
+                "expected 0xee",
+                "copy_to_device / copy_to_host with a pitched CopyLayout",
+            ],
+            &[],
+            || groups::layouts(&h, mode),
+        );
+        // Linear copies it keeps: the round trips pass.
+        groups::round_trips(&h, mode);
     }
 }

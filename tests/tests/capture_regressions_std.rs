@@ -25,7 +25,7 @@ fn the_memory_of_a_live_graph_cannot_be_bound_away() {
     let fill = fill_kernel(&shim, 7);
     let x = d.command(S0).unwrap().create(&[1u8; 256]).unwrap();
     let rec = d.command(S0).unwrap().begin_capture("g").unwrap();
-    launch(&mut d, S0, &fill, "fill", &[], &[&x]).unwrap();
+    launch(&mut d, S0, &fill, &[], &[&x]).unwrap();
     let g = d.command(S0).unwrap().end_capture(rec).unwrap();
     let target = d.command(S0).unwrap().lazy(256);
     let r = d.command(S0).unwrap().bind(x.clone(), &target);
@@ -50,7 +50,7 @@ fn the_memory_of_the_open_recording_cannot_be_bound_away() {
     let x = d.command(S0).unwrap().create(&[1u8; 256]).unwrap();
     let target = d.command(S0).unwrap().lazy(256);
     let rec = d.command(S0).unwrap().begin_capture("g").unwrap();
-    launch(&mut d, S0, &fill, "fill", &[], &[&x]).unwrap();
+    launch(&mut d, S0, &fill, &[], &[&x]).unwrap();
     let r = d.command(S0).unwrap().bind(x.clone(), &target);
     assert!(kept_by_graph(r.clone()), "{r:?}");
     let g = d.command(S0).unwrap().end_capture(rec).unwrap();
@@ -74,7 +74,7 @@ fn a_read_to_waited_while_recording_is_refused_and_the_recording_survives() {
         .read_to(devcmd::ReadRequest::whole(&y), buffer)
         .unwrap();
     let rec = d.command(S0).unwrap().begin_capture("g").unwrap();
-    launch(&mut d, S0, &fill, "fill", &[], &[&x]).unwrap();
+    launch(&mut d, S0, &fill, &[], &[&x]).unwrap();
     let r = pending.wait();
     assert!(
         matches!(

@@ -972,9 +972,9 @@ impl World {
                 let in_refs: Vec<&Handle> = inputs.iter().map(|v| &v.0).collect();
                 let out_refs: Vec<&Handle> = outputs.iter().map(|v| &v.0).collect();
                 let r = {
-                    let (k, name, test) = match kernel {
-                        Kernel::Fill => (&self.fill, "fill", TestKernel::Fill),
-                        Kernel::Add => (&self.add, "add", TestKernel::AddByte),
+                    let (k, test) = match kernel {
+                        Kernel::Fill => (&self.fill, TestKernel::Fill),
+                        Kernel::Add => (&self.add, TestKernel::AddByte),
                     };
                     let lens = |hs: &[&Handle]| hs.iter().map(|h| h.len()).collect::<Vec<_>>();
                     let args = TestArgs::new(test, value, &lens(&in_refs), &lens(&out_refs));
@@ -984,7 +984,6 @@ impl World {
                         .map_err(|e| TestCaseError::fail(format!("{what}: command: {e}")))?;
                     cmd.launch(Launch {
                         kernel: k,
-                        name,
                         dims: args.dims(),
                         inputs: &in_refs,
                         outputs: &out_refs,
@@ -1194,7 +1193,6 @@ fn bind_of_room_another_stream_reads(mode: Mode) {
         .unwrap()
         .launch(Launch {
             kernel,
-            name: "add",
             dims: LaunchDims::SINGLE,
             inputs: &[&a],
             outputs: &[&o],
@@ -1233,7 +1231,6 @@ fn bind_of_room_another_stream_writes(mode: Mode) {
         .unwrap()
         .launch(Launch {
             kernel: &r.fill,
-            name: "fill",
             dims: LaunchDims::SINGLE,
             inputs: &[],
             outputs: &[&room],

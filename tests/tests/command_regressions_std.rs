@@ -73,7 +73,7 @@ fn a_stream_fault_names_the_kernel_and_leaves_other_streams_working() {
         Err(KernelFault::Failed)
     });
     let x = device.command(S0).unwrap().empty(64).unwrap();
-    launch(&mut device, S0, &failing, "write_then_fail", &[], &[&x]).unwrap();
+    launch(&mut device, S0, &failing, &[], &[&x]).unwrap();
     let err = device
         .command(S0)
         .unwrap()

@@ -136,7 +136,7 @@ fn an_injected_loss_is_sticky_and_finishes_queued_work_first() {
         (INJECTED_LOSS_STATUS, Fault::DeviceLost)
     );
     assert_eq!(
-        s.inner().pending(),
+        s.pending(),
         0,
         "the loss finished the inner stream's queued work before answering"
     );

@@ -24,7 +24,7 @@ fn a_stream_that_waited_on_a_healthy_stream_survives_that_streams_later_failure(
     let b = device.command(S1).unwrap().create(&[2; 64]).unwrap();
     assert_eq!(read(&mut device, S0, &b).unwrap(), vec![2; 64]);
     let c = device.command(S1).unwrap().empty(64).unwrap();
-    launch(&mut device, S1, &fail, "fail", &[], &[&c]).unwrap();
+    launch(&mut device, S1, &fail, &[], &[&c]).unwrap();
     let e = device.command(S1).unwrap().sync().unwrap().wait();
     assert!(
         matches!(e, Err(ServerError::StreamFaulted { stream: 1, .. })),
@@ -46,10 +46,10 @@ fn an_owner_keeps_its_memory_after_a_past_reader_fails_later() {
     let fail = failing_kernel(&shim);
     let a = device.command(S0).unwrap().create(&[2; 64]).unwrap();
     let out = device.command(S1).unwrap().empty(64).unwrap();
-    launch(&mut device, S1, &copy, "copy", &[&a], &[&out]).unwrap();
+    launch(&mut device, S1, &copy, &[&a], &[&out]).unwrap();
     device.command(S1).unwrap().sync().unwrap().wait().unwrap();
     let c = device.command(S1).unwrap().empty(64).unwrap();
-    launch(&mut device, S1, &fail, "fail", &[], &[&c]).unwrap();
+    launch(&mut device, S1, &fail, &[], &[&c]).unwrap();
     let _ = device.command(S1).unwrap().sync().unwrap().wait();
     assert_eq!(
         read(&mut device, S0, &a).ok(),
@@ -162,7 +162,6 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
     cmd.flush_drops().unwrap();
     cmd.launch(Launch {
         kernel: &bad,
-        name: "bad",
         dims: LaunchDims::SINGLE,
         inputs: &[],
         outputs: &[&x],
@@ -174,7 +173,6 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
     cmd.flush_drops().unwrap();
     cmd.launch(Launch {
         kernel: &good,
-        name: "good",
         dims: LaunchDims::SINGLE,
         inputs: &[&y],
         outputs: &[&z],
@@ -186,7 +184,7 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
         matches!(
             e,
             ServerError::StreamFaulted {
-                kernel: Some("bad"),
+                kernel: Some("fail"),
                 ..
             }
         ),

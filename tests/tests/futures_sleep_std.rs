@@ -69,7 +69,6 @@ fn await_slow_read<
     let started = Instant::now();
     cmd.launch(Launch {
         kernel: &kernel,
-        name: "slow_fill",
         dims: LaunchDims::SINGLE,
         inputs: &[],
         outputs: &[&out],

@@ -69,7 +69,6 @@ fn the_guides_loop_holds_near_live_memory_by_polling_alone() {
         let out = cmd.empty((N * 4) as u64).unwrap();
         cmd.launch(Launch {
             kernel: &scale,
-            name: "scale_add",
             dims: LaunchDims::covering(N as u64, 256),
             inputs: &[&weights, &x],
             outputs: &[&out],

@@ -65,7 +65,6 @@ fn cross_stream(mode: Mode) {
         .unwrap()
         .launch(Launch {
             kernel: &add,
-            name: "add",
             dims: one.dims(),
             inputs: &[&a],
             outputs: &[&o],
@@ -88,7 +87,6 @@ fn cross_stream(mode: Mode) {
         .unwrap()
         .launch(Launch {
             kernel: &fill,
-            name: "fill",
             dims: nine.dims(),
             inputs: &[],
             outputs: &[&half],

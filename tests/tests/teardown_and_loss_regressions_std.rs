@@ -34,14 +34,14 @@ fn teardown_keeps_pages_when_failed_work_precedes_an_unrecorded_final_fence() {
     let input = device.command(S0).unwrap().create(&[7; 4096]).unwrap();
     device.command(S0).unwrap().sync().unwrap().wait().unwrap();
     let out = device.command(S0).unwrap().empty(64).unwrap();
-    launch(&mut device, S0, &fail, "fail", &[], &[&out]).unwrap();
+    launch(&mut device, S0, &fail, &[], &[&out]).unwrap();
     // An upload staged, then flushed: a drop-queue fence recorded after the failed kernel and
     // not waited yet (nobody has heard of the failure).
     let staged = device.command(S0).unwrap().create(&[5; 64]).unwrap();
     device.command(S0).unwrap().flush_drops().unwrap();
     // Work after that fence: only the final sync of teardown covers it.
     let out2 = device.command(S0).unwrap().empty(64).unwrap();
-    launch(&mut device, S0, &late, "late", &[&input], &[&out2]).unwrap();
+    launch(&mut device, S0, &late, &[&input], &[&out2]).unwrap();
     // Teardown's own fence cannot be recorded (a refusal, not a lost device).
     let armed = Arc::new(AtomicBool::new(false));
     let arm = Arc::clone(&armed);
@@ -78,7 +78,7 @@ fn std_shim_answers_an_injected_device_loss_only_once_no_kernel_runs() {
         Ok(())
     });
     let y = device.command(S1).unwrap().empty(64).unwrap();
-    launch(&mut device, S1, &slow, "slow", &[], &[&y]).unwrap();
+    launch(&mut device, S1, &slow, &[], &[&y]).unwrap();
     let t = Instant::now();
     while !started.load(Ordering::SeqCst) {
         assert!(
@@ -91,7 +91,7 @@ fn std_shim_answers_an_injected_device_loss_only_once_no_kernel_runs() {
     shim.inject(
         Injection::nth(ShimOp::Launch, shim.stats().calls(ShimOp::Launch) + 1).losing_device(),
     );
-    let e = launch(&mut device, S0, &slow, "slow", &[], &[&z]);
+    let e = launch(&mut device, S0, &slow, &[], &[&z]);
     let kernel_done = done.load(Ordering::SeqCst);
     assert!(e.as_ref().is_err_and(ServerError::is_device_lost), "{e:?}");
     assert!(

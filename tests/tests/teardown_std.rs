@@ -43,7 +43,6 @@ fn dropping_a_device_runs_queued_work_before_freeing_its_pages() {
         for _ in 0..4 {
             cmd.launch(Launch {
                 kernel: &kernel,
-                name: "copy_checked",
                 dims: LaunchDims::SINGLE,
                 inputs: &[&input],
                 outputs: &[&output],

@@ -25,7 +25,6 @@ fn typed_data_round_trips_through_a_kernel_in_native_order() {
     let y = cmd.empty(64 * 16).unwrap();
     cmd.launch(Launch {
         kernel: &double,
-        name: "double",
         dims: LaunchDims::covering(256, 256),
         inputs: &[&x],
         outputs: &[&y],

@@ -57,7 +57,7 @@ fn uploads_and_owned_reads_make_no_device_copy() {
         let data: Vec<u8> = (0..=255).collect();
         let a = dev.command(S0).unwrap().create(&data).unwrap();
         let b = dev.command(S0).unwrap().empty(256).unwrap();
-        launch(&mut dev, S0, &copy, "copy", &[&a], &[&b]).unwrap();
+        launch(&mut dev, S0, &copy, &[&a], &[&b]).unwrap();
         let got = dev
             .command(S0)
             .unwrap()
@@ -113,7 +113,7 @@ fn a_zero_copy_write_waits_for_earlier_readers() {
     let copy = copy_kernel(&shim);
     let a = dev.command(S0).unwrap().create(&[1; 64]).unwrap();
     let out = dev.command(S1).unwrap().empty(64).unwrap();
-    launch(&mut dev, S1, &copy, "copy", &[&a], &[&out]).unwrap();
+    launch(&mut dev, S1, &copy, &[&a], &[&out]).unwrap();
     dev.command(S0).unwrap().write_from(&a, &[2; 64]).unwrap();
     let got = dev
         .command(S1)

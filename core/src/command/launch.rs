@@ -11,9 +11,10 @@ use crate::error::{ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{KernelParam, LaunchDims, Shim};
 
-/// A kernel launch: the kernel, a name for failure reports, its geometry, the buffers it reads
-/// and writes, and its parameters in the kernel's own order. Buffer slots count the inputs first,
-/// then the outputs.
+/// A kernel launch: the kernel, its geometry, the buffers it reads and writes, and its
+/// parameters in the kernel's own order. Buffer slots count the inputs first, then the outputs.
+/// Failure reports name the kernel as the shim does ([`Shim::kernel_name`]: the name it was
+/// loaded or registered under).
 ///
 /// A kernel `axpy(float *y, const float *x, float a, unsigned n)` that reads `x` and writes `y`:
 ///
@@ -21,7 +22,6 @@ use crate::shim::{KernelParam, LaunchDims, Shim};
 /// let (a, n) = (2.0f32.to_ne_bytes(), (len as u32).to_ne_bytes());
 /// cmd.launch(Launch {
 ///     kernel: &axpy,
-///     name: "axpy",
 ///     dims: LaunchDims::covering(len as u64, 256),
 ///     inputs: &[&x],
 ///     outputs: &[&y],
@@ -31,10 +31,8 @@ use crate::shim::{KernelParam, LaunchDims, Shim};
 /// ```
 #[derive(Debug)]
 pub struct Launch<'a, S: Shim> {
-    /// The loaded kernel.
+    /// The loaded kernel (named in failure reports by [`Shim::kernel_name`]).
     pub kernel: &'a S::Kernel,
-    /// Its name, carried in failure chains and named by a stream fault its launch may have caused.
-    pub name: &'static str,
     /// Grid, block and dynamic shared memory.
     pub dims: LaunchDims,
     /// Buffers it reads.
@@ -91,12 +89,12 @@ impl<S: Shim> Command<'_, S> {
     pub fn launch(&mut self, launch: Launch<'_, S>) -> Result<(), ServerError> {
         let Launch {
             kernel,
-            name,
             dims,
             inputs,
             outputs,
             params,
         } = launch;
+        let name = self.device.shim.kernel_name(kernel);
         if let Some(refusal) = refused(name, dims, params, inputs.len() + outputs.len()) {
             // The device's bookkeeping and the ledger come first, as for every operation.
             self.begin()?;

@@ -19,110 +19,30 @@
 //! an allocation (or a view of one) and may be dropped from any thread; a [`HostBuffer`] holds the
 //! host side of a copy until the device is done with it.
 //!
-#![doc = include_str!("host_loop.md")]
+#![cfg_attr(not(doctest), doc = include_str!("host_loop.md"))]
 //!
-#![doc = include_str!("failures.md")]
+#![cfg_attr(not(doctest), doc = include_str!("failures.md"))]
 //!
-//! # 3. Writing a shim
-//!
-//! A shim implements [`Shim`]: the device's own objects as associated types (`Stream`, `Event`,
-//! `DevicePage`, `HostPage`, `Kernel`, `Registration`, `Graph`, `NativeStream`) and these calls,
-//! each a thin wrapper over one driver call:
-//!
-//! | group | methods |
-//! |---|---|
-//! | facts and errors | [`facts`](crate::Shim::facts), [`classify`](crate::Shim::classify) |
-//! | streams and events | [`create_stream`](crate::Shim::create_stream), [`native_stream`](crate::Shim::native_stream), [`borrow_stream`](crate::Shim::borrow_stream), [`stream_wait_event`](crate::Shim::stream_wait_event), [`record_event`](crate::Shim::record_event), [`event_query`](crate::Shim::event_query) (never blocks), [`event_wait`](crate::Shim::event_wait) |
-//! | device pages | [`device_alloc`](crate::Shim::device_alloc), [`device_page_addr`](crate::Shim::device_page_addr), [`device_free`](crate::Shim::device_free) |
-//! | virtual memory | [`vm_reserve`](crate::Shim::vm_reserve), [`vm_map`](crate::Shim::vm_map), [`vm_unmap`](crate::Shim::vm_unmap), [`vm_release`](crate::Shim::vm_release) |
-//! | pinned host pages | [`host_alloc_pinned`](crate::Shim::host_alloc_pinned), [`host_page_ptr`](crate::Shim::host_page_ptr), [`host_page_device_addr`](crate::Shim::host_page_device_addr), [`host_free_pinned`](crate::Shim::host_free_pinned) |
-//! | registered host memory | [`host_register`](crate::Shim::host_register), [`host_unregister`](crate::Shim::host_unregister) |
-//! | copies (asynchronous) | [`copy_to_device`](crate::Shim::copy_to_device), [`copy_to_host`](crate::Shim::copy_to_host), [`copy_on_device`](crate::Shim::copy_on_device) |
-//! | launch | [`launch`](crate::Shim::launch) |
-//! | graphs | [`begin_capture`](crate::Shim::begin_capture), [`end_capture`](crate::Shim::end_capture), [`end_capture_update`](crate::Shim::end_capture_update), [`graph_upload`](crate::Shim::graph_upload), [`graph_launch`](crate::Shim::graph_launch) |
-//!
-//! [`facts`](crate::Shim::facts) returns a [`DeviceFacts`](crate::DeviceFacts) built with
-//! [`DeviceFacts::new`](crate::DeviceFacts::new) and its `with_*` methods (the struct is
-//! `#[non_exhaustive]`: a fact added later comes with a default and breaks no shim). Every call
-//! a device may lack has a default, listed in the [`shim`](crate::shim) module's "What a shim
-//! may leave out"; a shim without pinned memory or graphs names an uninhabited `HostPage` or
-//! `Graph`.
-//!
-//! The [`shim`](crate::shim) module states what each side promises: the core drives the shim from
-//! one thread at a time, frees nothing before a fence after its last use completed, and passes
-//! only addresses inside pages it got from this shim; the shim runs each stream in order,
-//! completes an event only after everything before it, and reports a fault of work that ran at
-//! completed fences only, stickily, and through
-//! [`stream_wait_event`](crate::Shim::stream_wait_event) too.
-//!
-//! **The rule of thumb: a shim is thin.** One device call per method; every error built by
-//! [`classify`](crate::Shim::classify) from the device's status, so the classification (lost
-//! device, out of memory, too big, work that failed, anything else) is written once; and no
-//! policy: no pooling, no caching of pages, no ordering between streams, no staging, no retry.
-//! The core owns all of that and is tested for it; a shim that adds its own hides it from the
-//! core. A call the device cannot make answers [`Fault::Unsupported`] (from `classify`, or with
-//! the [`shim::unsupported`](crate::shim::unsupported) helper);
-//! [section 6](#6-which-shim-calls-the-core-makes-today) says which calls the core makes today.
-//!
-//! The smallest complete shim is `devcmd_tests::example_shim`: a *synchronous* device over host
-//! memory, with no pinned memory and no graphs. Its source file (`tests/src/example_shim.rs`)
-//! follows in full, head comment first, which says what it does and leaves out, and ends with
-//! the harness that runs the conformance suite on it ([section 5](#5-the-conformance-suite)). The
-//! block is marked `ignore` only because this very file is a module of `devcmd-tests`, where rustc
-//! and clippy check it and `tests/tests/conformance_example_shim.rs` runs the whole suite on it.
+#![cfg_attr(not(doctest), doc = include_str!("writing_a_shim.md"))]
 //!
 // The listing is `core/src/guide/example_shim.rs`, a byte-for-byte copy of
 // `tests/src/example_shim.rs` (each packaged crate must hold the files it includes);
 // `tests/tests/example_shim_copy.rs` fails when the two differ.
 // Four backticks: the included source may hold a fence of its own in its documentation.
-#![doc = concat!("````rust,ignore\n", include_str!("example_shim.rs"), "````")]
+#![cfg_attr(
+    not(doctest),
+    doc = concat!("````rust,ignore\n", include_str!("example_shim.rs"), "````")
+)]
 //!
-//! The core on top of it: every policy comes for free. Two streams, one reading what the other
-//! wrote, ordered by the core:
+#![cfg_attr(not(doctest), doc = include_str!("on_the_example_shim.md"))]
 //!
-//! ```
-//! use devcmd::{
-//!     Device, DeviceConfig, KernelParam, Launch, LaunchDims, ReadRequest, ServerError, StreamId,
-//! };
-//! use devcmd_tests::example_shim::{self, HostKernel, HostShim};
+#![cfg_attr(not(doctest), doc = include_str!("features.md"))]
 //!
-//! # fn main() -> Result<(), ServerError> {
-//! let mut device = Device::new(HostShim::default(), DeviceConfig::default());
-//! let a = device.command(StreamId(0))?.create(&[1, 2, 3])?;
-//! let mut cmd = device.command(StreamId(1))?; // another stream reads `a`: ordered by the core
-//! let b = cmd.empty(3)?;
-//! let add: HostKernel = example_shim::add; // out[i] = in[i] + value, `value` last
-//! cmd.launch(Launch {
-//!     kernel: &add,
-//!     name: "add",
-//!     dims: LaunchDims::SINGLE,
-//!     inputs: &[&a],
-//!     outputs: &[&b],
-//!     params: &[KernelParam::Scalar(&1u32.to_ne_bytes())],
-//! })?;
-//! assert_eq!(
-//!     cmd.read_async(&[ReadRequest::whole(&b)])?.wait()?[0].as_slice(),
-//!     [2, 3, 4]
-//! );
-//! drop((a, b));
-//! cmd.memory_cleanup()?;
-//! device.command(StreamId(0))?.memory_cleanup()?;
-//! assert_eq!(
-//!     device.shim().live_bytes(),
-//!     0,
-//!     "every page went back to the shim"
-//! );
-//! # Ok(())
-//! # }
-//! ```
+#![cfg_attr(not(doctest), doc = include_str!("conformance.md"))]
 //!
-#![doc = include_str!("features.md")]
+#![cfg_attr(not(doctest), doc = include_str!("shim_calls.md"))]
 //!
-#![doc = include_str!("conformance.md")]
-//!
-#![doc = include_str!("shim_calls.md")]
-//!
-#![doc = include_str!("library.md")]
+#![cfg_attr(not(doctest), doc = include_str!("library.md"))]
 //!
 //! [`Device`]: crate::Device
 //! [`Device::new`]: crate::Device::new
@@ -165,3 +85,6 @@
 //! [`ServerError::StreamFaulted`]: crate::ServerError::StreamFaulted
 //! [`ServerError::Device`]: crate::ServerError::Device
 //! [`Fault::Unsupported`]: crate::Fault::Unsupported
+
+#[cfg(doctest)]
+pub mod doctests;

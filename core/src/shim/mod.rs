@@ -75,6 +75,8 @@
 //! | [`Shim::begin_capture`], [`Shim::end_capture`], [`Shim::graph_upload`], [`Shim::graph_launch`] | `Err(unsupported)` | [`Command::begin_capture`](crate::Command::begin_capture) reports the refusal ([`CaptureError::Refused`](crate::error::CaptureError::Refused)) and every other operation works |
 //! | [`Shim::borrow_stream`] | `Err(unsupported)` | [`Device::borrow_stream`](crate::Device::borrow_stream) reports the refusal; streams the core creates work as before |
 //! | [`Shim::end_capture_update`] | [`Shim::end_capture`], always a new graph | instantiates anew every time a graph is recorded again |
+//! | [`Shim::kernel_name`] | the kernel type's name | names every kernel of the shim alike in failure reports |
+//! | [`Shim::event_notify`] | `false` | a pending future asks to be polled again at once instead of sleeping |
 //!
 //! A shim without pinned memory still names a [`Shim::HostPage`] type; an uninhabited one says
 //! that no page ever exists, and the two page calls that remain become one-liners:
@@ -197,6 +199,11 @@ pub trait Shim {
     /// between a query and this call is missed. A shim that can notify lets a pending future
     /// sleep: a [`ReadFuture`](crate::ReadFuture) awaited under an executor costs no CPU until
     /// the device is done.
+    ///
+    /// The core calls it again at each poll of a pending future, with that poll's waker and the
+    /// future's own event value: only the latest waker of an event value needs waking, so a shim
+    /// keeps one per value and replaces it (an executor may make a new waker every poll; keying
+    /// on [`Waker::will_wake`](core::task::Waker::will_wake) alone would keep them all).
     ///
     /// The default returns `false`: the shim cannot notify, and a pending future asks to be
     /// polled again at once (it spins on [`Self::event_query`] under an executor; a firmware
@@ -410,6 +417,17 @@ pub trait Shim {
     }
 
     // ---- launch ----
+
+    /// The name `kernel` was loaded or registered under, carried in failure chains and named by
+    /// a stream fault its launch may have caused ([`Launch`](crate::Launch) takes no name of its
+    /// own: a kernel is named once, where the shim makes it).
+    ///
+    /// The default names the kernel type (`core::any::type_name`): a shim whose kernels carry a
+    /// name overrides it, so reports tell its kernels apart.
+    fn kernel_name(&self, kernel: &Self::Kernel) -> &'static str {
+        let _ = kernel;
+        core::any::type_name::<Self::Kernel>()
+    }
 
     /// Enqueues `kernel` with the geometry `dims` and the parameters `params` in the kernel's own
     /// order; a [`KernelParam::Buffer`] names a slot of `buffers` (the launch's inputs, then its

@@ -243,7 +243,6 @@ fn launch_layer(
     let (rows, cols) = (&DIMS.0, &DIMS.1);
     device.command(S0)?.launch(Launch {
         kernel: &MATVEC,
-        name: MATVEC.name,
         dims: LaunchDims::linear(ROWS as u32, 1),
         inputs: &[&layer.w, &layer.b, x],
         outputs: &[y],

@@ -499,7 +499,7 @@ pub type KernelFn = fn(&mut KernelCtx<'_>) -> Result<(), KernelFault>;
 /// ones) it writes.
 #[derive(Clone, Copy)]
 pub struct FwKernel {
-    /// Its name.
+    /// Its name, in every failure report of its launches (`Shim::kernel_name`).
     pub name: &'static str,
     /// The number of output buffers (they come after the inputs).
     pub outputs: usize,
@@ -703,6 +703,10 @@ impl Shim for FwShim {
 
     fn native_stream<'a>(&self, _stream: &'a Self::Stream) -> &'a () {
         &()
+    }
+
+    fn kernel_name(&self, kernel: &FwKernel) -> &'static str {
+        kernel.name
     }
 
     fn facts(&self) -> DeviceFacts {

@@ -160,7 +160,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         || {
             let launch = Launch {
                 kernel: &noop,
-                name: "noop",
                 dims: LaunchDims::SINGLE,
                 inputs: &[&a],
                 outputs: &[&b],

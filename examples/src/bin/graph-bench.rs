@@ -144,7 +144,6 @@ fn replays(shim: &CudaShim, warm: usize, timed: usize) -> Res<()> {
             let (from, to) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
             cmd.launch(Launch {
                 kernel: &tiny,
-                name: "tiny",
                 dims: LaunchDims::linear(1, 32),
                 inputs: &[from],
                 outputs: &[to],

@@ -179,7 +179,6 @@ impl Backend<CudaShim> for CudaBackend {
         launch(
             cmd,
             &self.gemm,
-            name,
             elem_dims(m * n),
             &[a, b],
             &[c],
@@ -208,7 +207,6 @@ impl Backend<CudaShim> for CudaBackend {
             launch(
                 cmd,
                 &self.cast,
-                "cast_f16",
                 elem_dims(elements),
                 &[from],
                 &[&out],

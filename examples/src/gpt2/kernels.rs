@@ -110,7 +110,7 @@ pub fn params(inputs: usize, outputs: usize, scalars: &[[u8; 4]]) -> Vec<KernelP
         .collect()
 }
 
-/// Launches kernel `k` (named `name`) over `inputs` and `outputs` with `scalars`.
+/// Launches kernel `k` over `inputs` and `outputs` with `scalars`.
 ///
 /// # Errors
 ///
@@ -118,7 +118,6 @@ pub fn params(inputs: usize, outputs: usize, scalars: &[[u8; 4]]) -> Vec<KernelP
 pub fn launch<S: Shim>(
     cmd: &mut Command<'_, S>,
     k: &S::Kernel,
-    name: &'static str,
     dims: LaunchDims,
     inputs: &[&Handle],
     outputs: &[&Handle],
@@ -126,7 +125,6 @@ pub fn launch<S: Shim>(
 ) -> Result<(), ServerError> {
     cmd.launch(Launch {
         kernel: k,
-        name,
         dims,
         inputs,
         outputs,

@@ -143,7 +143,6 @@ pub fn grow<S: Shim, B: Backend<S>>(
         launch(
             cmd,
             &be.kernels().copy_cache,
-            "copy_cache",
             elem_dims(blocks * ws.cap * hd),
             &[old],
             &[&new],
@@ -180,7 +179,6 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
     launch(
         cmd,
         &k.embed,
-        "embed",
         rows_dims(rows),
         &[&ws.next, &ws.prompt, &t.wte, &t.wpe, &ws.state],
         &[&ws.x],
@@ -196,7 +194,6 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
     launch(
         cmd,
         &k.layer_norm,
-        "ln_1",
         rows_dims(rows),
         &[&ws.x, &first.ln1_g, &first.ln1_b],
         &[&ws.h],
@@ -208,7 +205,6 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         launch(
             cmd,
             &k.attention,
-            "attention",
             attention_dims(rows, c.heads, c.head_dim(), ws.cap),
             &[&ws.qkv, &layer.attn_b, &ws.state],
             &[&ws.attn, &ws.k[l], &ws.v[l]],
@@ -225,7 +221,6 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         launch(
             cmd,
             &k.residual_ln,
-            "residual_ln_2",
             rows_dims(rows),
             &[&ws.y, &layer.proj_b, &layer.ln2_g, &layer.ln2_b],
             &[&ws.x, &ws.h],
@@ -236,7 +231,6 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         launch(
             cmd,
             &k.bias_gelu,
-            "bias_gelu",
             elem_dims(rows * c.inner),
             &[&layer.fc_b],
             &[&ws.f],
@@ -252,7 +246,6 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         launch(
             cmd,
             &k.residual_ln,
-            "residual_ln_1",
             rows_dims(rows),
             &[&ws.y, &layer.out_b, g, b],
             &[&ws.x, &ws.h],
@@ -264,19 +257,10 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
     launch(
         cmd,
         &k.argmax,
-        "argmax",
         argmax_dims(rows),
         &[&ws.logits, &ws.state],
         &[&ws.next, &ws.history],
         &[u32s(rows), u32s(c.vocab), u32s(ws.history_cap)],
     )?;
-    launch(
-        cmd,
-        &k.advance,
-        "advance",
-        LaunchDims::SINGLE,
-        &[],
-        &[&ws.state],
-        &[],
-    )
+    launch(cmd, &k.advance, LaunchDims::SINGLE, &[], &[&ws.state], &[])
 }

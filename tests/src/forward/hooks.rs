@@ -25,6 +25,10 @@ pub trait Hooks<S: Shim>: std::fmt::Debug {
     fn create_stream(&self, inner: &S) -> Result<S::Stream, DriverError> {
         inner.create_stream()
     }
+    /// [`Shim::kernel_name`].
+    fn kernel_name(&self, inner: &S, kernel: &S::Kernel) -> &'static str {
+        inner.kernel_name(kernel)
+    }
     /// [`Shim::native_stream`].
     fn native_stream<'a>(&self, inner: &S, stream: &'a S::Stream) -> &'a S::NativeStream {
         inner.native_stream(stream)
@@ -62,6 +66,10 @@ pub trait Hooks<S: Shim>: std::fmt::Debug {
     /// [`Shim::event_wait`].
     fn event_wait(&self, inner: &S, event: &S::Event) -> Result<(), DriverError> {
         inner.event_wait(event)
+    }
+    /// [`Shim::event_notify`].
+    fn event_notify(&self, inner: &S, event: &S::Event, waker: &core::task::Waker) -> bool {
+        inner.event_notify(event, waker)
     }
     /// [`Shim::device_alloc`].
     fn device_alloc(&self, inner: &S, size: u64) -> Result<S::DevicePage, DriverError> {

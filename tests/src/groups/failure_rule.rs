@@ -2,7 +2,7 @@
 //! returns was last written by work that succeeded, checked against a plain model.
 
 use crate::harness::{FaultRule, Harness, Mode, TestKernel};
-use crate::util::{Ctx, Rng, must, small_pages};
+use crate::util::{Ctx, Rng, must, small_pages, suspect};
 use devcmd::{Handle, LaunchError, ServerError, ShimOp, StreamId};
 
 const STREAMS: u32 = 4;
@@ -47,7 +47,7 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
         let t = trace.borrow();
         let from = t.len().saturating_sub(40);
         format!(
-            "[{mode}] seed {seed} step {step}: {what}\nlast operations:\n  {}",
+            "[{mode}] failure_rule seed {seed} step {step}: {what}\nlast operations:\n  {}",
             t[from..].join("\n  ")
         )
     };
@@ -140,8 +140,11 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                         if cause.op == ShimOp::Launch => {}
                     (Ok(()), false, false) => {}
                     _ => panic!(
-                        "{}: launch (fill {fill}, input failed {carried}, refused {fail}) \
-                         returned {result:?}",
+                        "{}: launch (fill {fill}, input failed {carried}, refused by an \
+                         injected fault {fail}) returned {result:?}; expected Skipped when the \
+                         input failed, a Launch refusal naming the shim's launch when refused, \
+                         Ok otherwise: the failure rule in the core, or the shim's launch \
+                         answered other than it was made to",
                         ctx(step, "launch")
                     ),
                 }
@@ -173,12 +176,20 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                 match c.read(s, &view) {
                     Err(ServerError::Unwritten { .. }) if failed => {}
                     Err(e) => panic!(
-                        "{}: read of {n} bytes at {off} (model says failed: {failed}): {e}",
-                        ctx(step, "read")
+                        "{}: read of {n} bytes at {off} failed (model says some were left \
+                         unwritten by failed work: {failed}): {e}; expected {}",
+                        ctx(step, "read"),
+                        if failed {
+                            "Unwritten"
+                        } else {
+                            "the bytes: the failure rule in the core marked a range that \
+                             successful work wrote last, or a shim call the error names failed"
+                        }
                     ),
                     Ok(_) if failed => panic!(
                         "{}: read of {n} bytes at {off} returned bytes, but some were left \
-                         unwritten by failed work",
+                         unwritten by failed work: expected Unwritten (the failure rule, in the \
+                         core)",
                         ctx(step, "read")
                     ),
                     Ok(got) => {
@@ -187,12 +198,21 @@ fn run<H: Harness>(h: &H, mode: Mode, seed: u64, ops: usize) -> bool {
                             .zip(&got)
                             .position(|(m, g)| matches!(m, Byte::Known(v) if v != g));
                         if let Some(k) = bad {
+                            let Byte::Known(want) = model[k] else {
+                                unreachable!("only a known byte differs")
+                            };
                             panic!(
-                                "{}: byte {} of a read at {off}: got {:#04x}, model {:?}",
+                                "{}: the read gave wrong bytes (first difference at byte {} of \
+                                 the buffer, {k} of a read of {n} at {off}: got {:#04x}, \
+                                 expected {want:#04x}); the shim call most likely at fault: {}, or \
+                                 {}, or {}, or {}",
                                 ctx(step, "read"),
                                 off + k,
                                 got[k],
-                                model[k]
+                                suspect::STREAM_WAIT,
+                                suspect::LAUNCH,
+                                suspect::COPIES,
+                                suspect::EARLY_FENCE
                             );
                         }
                     }

@@ -8,7 +8,7 @@
 //! every time; in the other modes it is seen when the copy has not run yet.
 
 use crate::harness::{Harness, Mode};
-use crate::util::{Ctx, first_diff, must, pattern, small_pages};
+use crate::util::{Ctx, first_diff, must, pattern, small_pages, suspect};
 use devcmd::{DeviceConfig, DropPolicy, ExternalBytes, HostBuffer, HostOrigin, ReadRequest};
 use devcmd::{Handle, StreamId};
 use std::ptr::NonNull;
@@ -115,9 +115,13 @@ fn expect_bytes(got: &[u8], want: &[u8], what: &str, released: &str) {
         ""
     };
     panic!(
-        "{what}: the device read or wrote {released} after the core released it, before the fence \
-         after its last use completed{why}: {}",
-        first_diff(got, want)
+        "{what}: the read gave wrong bytes ({}): the device read or wrote {released} after the \
+         core released it, before the fence after its last use completed{why}; the shim call \
+         most likely at fault: {} (the core releases a host buffer only once such a fence \
+         reports complete), or copy_to_device / copy_to_host (the copy read or wrote the host \
+         buffer after the work the fence covers had finished)",
+        first_diff(got, want),
+        suspect::EARLY_FENCE
     );
 }
 
@@ -131,7 +135,8 @@ fn callers_bytes<H: Harness>(h: &H, mode: Mode, config: DeviceConfig, tag: &str)
     let mut holds = Vec::new();
     let mut kept = Vec::new();
     for (i, then) in THENS.into_iter().enumerate() {
-        let what = format!("[{mode}] {tag}: the caller's upload buffer, then {then:?}");
+        let what =
+            format!("[{mode}] host_release ({tag}): the caller's upload buffer, then {then:?}");
         let data = pattern(4096, 40 + i as u8);
         let x = must(c.empty(s, 4096), format!("{what}: empty"));
         let (witness, hold) = Witness::new(&data);
@@ -176,12 +181,17 @@ fn callers_bytes<H: Harness>(h: &H, mode: Mode, config: DeviceConfig, tag: &str)
         kept.push(x);
     }
     drop(kept);
-    must(c.cleanup_all(), format!("[{mode}] {tag}: cleanup"));
+    must(
+        c.cleanup_all(),
+        format!("[{mode}] host_release ({tag}): cleanup"),
+    );
     for (i, hold) in holds.iter().enumerate() {
         assert!(
             hold.released.load(Ordering::SeqCst),
-            "[{mode}] {tag}: the caller's buffer #{i} was never released, though every fence \
-             after its copy passed and the queues were drained"
+            "[{mode}] host_release ({tag}): the caller's buffer #{i} was never released, though \
+             every fence after its copy passed and the queues were drained: the core's drop queue \
+             kept it (a leak in the core; a shim whose event_query never reports complete \
+             would show this too)"
         );
     }
     c.assert_no_leak(&format!("host_release ({tag})"));
@@ -197,7 +207,7 @@ fn staged_uploads<H: Harness>(h: &H, mode: Mode) {
     let s = StreamId(0);
     // A slice of a carved pinned page, and (past the 1 MiB pinned page) a pinned page of its own.
     for size in [4096usize, (3 << 20) / 2] {
-        let what = format!("[{mode}] a staged upload of {size} bytes");
+        let what = format!("[{mode}] host_release: a staged upload of {size} bytes");
         let p1 = pattern(size, 7);
         let x = must(c.create(s, &p1), format!("{what}: create"));
         // The cleanup drains the queue and gives empty pinned pages back to the shim.
@@ -237,7 +247,7 @@ fn dropped_read<H: Harness>(h: &H, mode: Mode) {
         return;
     };
     let s = StreamId(0);
-    let what = format!("[{mode}] a read dropped before it was waited on");
+    let what = format!("[{mode}] host_release: a read dropped before it was waited on");
     let p1 = pattern(4096, 11);
     let x = must(c.create(s, &p1), format!("{what}: create"));
     must(c.flush(s), format!("{what}: flush"));

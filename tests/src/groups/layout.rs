@@ -1,7 +1,7 @@
 //! Copy layouts and staging: the pure rules, and pitched copies through a real device.
 
 use crate::harness::{Harness, Mode};
-use crate::util::{Ctx, first_diff, must, pattern};
+use crate::util::{Ctx, expect_same, must, pattern, suspect};
 use devcmd::memory::PoolKind;
 use devcmd::staging::{Staging, StagingPolicy};
 use devcmd::{
@@ -25,61 +25,112 @@ unsafe impl ExternalBytes for MappedFile {
     }
 }
 
+/// What a failure of the pure rules says: they are the core's, not the shim's.
+const CORE_RULE: &str = "a rule of the core (devcmd::CopyLayout), no shim call is involved";
+
 fn layout_rules() {
     // Contiguous: linear.
     let l = CopyLayout::of(&[4, 8], &[8, 1], 4).expect("packed rows");
-    assert!(l.is_linear(), "packed rows must be one linear copy");
-    assert_eq!(l, CopyLayout::linear(128));
+    assert!(
+        l.is_linear() && l == CopyLayout::linear(128),
+        "layouts: CopyLayout::of shape (4, 8) strides (8, 1) f32 (packed rows) gave {l:?}, \
+         expected one linear copy of 128 bytes; {CORE_RULE}"
+    );
+    let l = CopyLayout::of(&[8], &[1], 4).unwrap();
     assert_eq!(
-        CopyLayout::of(&[8], &[1], 4).unwrap(),
-        CopyLayout::linear(32)
+        l,
+        CopyLayout::linear(32),
+        "layouts: CopyLayout::of shape (8,) strides (1,) f32 gave {l:?}, expected one linear \
+         copy of 32 bytes; {CORE_RULE}"
     );
     // (4, 8) with strides (12, 1), f32: 4 rows of 32 bytes, 48 apart.
     let l = CopyLayout::of(&[4, 8], &[12, 1], 4).expect("pitched rows");
-    assert_eq!((l.width(), l.pitch(), l.height()), (32, 48, 4));
-    assert!(!l.is_linear());
-    assert_eq!((l.packed_bytes(), l.device_span()), (128, 3 * 48 + 32));
+    let got = (l.width(), l.pitch(), l.height(), l.is_linear());
+    assert_eq!(
+        got,
+        (32, 48, 4, false),
+        "layouts: CopyLayout::of shape (4, 8) strides (12, 1) f32: (width, pitch, height, \
+         linear) is {got:?}, expected 4 rows of 32 bytes 48 apart; {CORE_RULE}"
+    );
+    let got = (l.packed_bytes(), l.device_span());
+    assert_eq!(
+        got,
+        (128, 3 * 48 + 32),
+        "layouts: CopyLayout::of shape (4, 8) strides (12, 1) f32: (packed bytes, device span) \
+         is {got:?}, expected 128 packed and 3 pitches plus one row on the device; {CORE_RULE}"
+    );
     // (2, 3, 8) with strides (36, 12, 1): every row counts.
     let l = CopyLayout::of(&[2, 3, 8], &[36, 12, 1], 4).expect("3-d pitched");
-    assert_eq!((l.width(), l.pitch(), l.height()), (32, 48, 6));
+    let got = (l.width(), l.pitch(), l.height());
+    assert_eq!(
+        got,
+        (32, 48, 6),
+        "layouts: CopyLayout::of shape (2, 3, 8) strides (36, 12, 1) f32: (width, pitch, \
+         height) is {got:?}, expected 6 rows (every row of both planes); {CORE_RULE}"
+    );
     // The element size scales bytes, not rows.
     for elem in [1, 2, 8] {
         let l = CopyLayout::of(&[4, 8], &[12, 1], elem).unwrap();
+        let got = (l.width(), l.pitch(), l.height());
         assert_eq!(
-            (l.width(), l.pitch(), l.height()),
+            got,
             (8 * elem, 12 * elem, 4),
-            "element size {elem}"
+            "layouts: CopyLayout::of shape (4, 8) strides (12, 1), element size {elem}: \
+             (width, pitch, height) is {got:?}; the element size must scale bytes, not rows; \
+             {CORE_RULE}"
         );
     }
     // Empty data is checked for nothing.
+    let l = CopyLayout::of(&[0, 8], &[0, 3], 4).unwrap();
     assert_eq!(
-        CopyLayout::of(&[0, 8], &[0, 3], 4).unwrap(),
-        CopyLayout::linear(0)
+        l,
+        CopyLayout::linear(0),
+        "layouts: CopyLayout::of an empty shape (0, 8) gave {l:?}, expected an empty linear \
+         copy; {CORE_RULE}"
     );
 }
 
 fn staging_rules() {
+    const STAGING_RULE: &str = "a rule of the core (devcmd::staging::Staging::of under the \
+                                default StagingPolicy), no shim call is involved";
     let p = StagingPolicy::default();
     for size in [1, 10 * MIB, 100 * MIB, 400 * MIB] {
         let s = Staging::of(size, HostOrigin::FileMapped, &p);
         assert!(
             s.through_pinned && s.flush_after,
-            "file-backed data of {size} bytes must always be staged and flushed after"
+            "layouts: file-backed data of {size} bytes must always be staged and flushed after, \
+             got {s:?}; {STAGING_RULE}"
         );
+        let s = Staging::of(size, HostOrigin::Pinned, &p);
         assert!(
-            !Staging::of(size, HostOrigin::Pinned, &p).through_pinned,
-            "pinned data of {size} bytes must never be restaged"
+            !s.through_pinned,
+            "layouts: pinned data of {size} bytes must never be restaged, got {s:?}; \
+             {STAGING_RULE}"
         );
     }
-    assert!(Staging::of(100 * MIB - 1, HostOrigin::Heap, &p).through_pinned);
-    assert!(
-        !Staging::of(100 * MIB, HostOrigin::Heap, &p).through_pinned,
-        "heap data of exactly 100 MiB is not staged"
-    );
-    assert!(!Staging::of(10 * MIB, HostOrigin::Heap, &p).flush_after);
-    assert!(Staging::of(10 * MIB + 1, HostOrigin::Heap, &p).flush_after);
-    assert!(Staging::of(10 * MIB + 1, HostOrigin::Pinned, &p).flush_after);
+    for (size, origin, staged, flushed) in [
+        (100 * MIB - 1, HostOrigin::Heap, Some(true), None),
+        (100 * MIB, HostOrigin::Heap, Some(false), None),
+        (10 * MIB, HostOrigin::Heap, None, Some(false)),
+        (10 * MIB + 1, HostOrigin::Heap, None, Some(true)),
+        (10 * MIB + 1, HostOrigin::Pinned, None, Some(true)),
+    ] {
+        let s = Staging::of(size, origin, &p);
+        assert!(
+            staged.is_none_or(|v| s.through_pinned == v)
+                && flushed.is_none_or(|v| s.flush_after == v),
+            "layouts: {origin:?} data of {size} bytes: got {s:?}, expected staged through \
+             pinned memory {staged:?} and a flush after {flushed:?} (heap data is staged below \
+             100 MiB, any upload over 10 MiB is flushed after; None: not checked); \
+             {STAGING_RULE}"
+        );
+    }
 }
+
+/// The calls a pitched copy goes through: the layout reaches them as it is.
+const PITCHED: &str = "copy_to_device / copy_to_host with a pitched CopyLayout (height rows of \
+                       width bytes, pitch apart on the device: the copy ignored the pitch, or \
+                       wrote into the padding between rows)";
 
 /// Uploads `packed` with `layout` into a buffer pre-filled with `0xEE`, then checks the device
 /// bytes row by row (padding untouched) and the pitched read back.
@@ -87,7 +138,8 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
     let mode = c.mode;
     let span = layout.device_span();
     let total = offset + span + 16;
-    let whole = must(c.create(s, &vec![0xEE; total as usize]), "create");
+    let what = format!("[{mode}] layouts: a pitched upload {layout:?} at offset {offset}");
+    let whole = must(c.create(s, &vec![0xEE; total as usize]), &what);
     let view = whole
         .view(offset, span)
         .expect("view inside the allocation");
@@ -96,9 +148,9 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
         c.dev
             .command(s)
             .and_then(|mut k| k.write_layout(&view, HostBuffer::from_vec(packed.clone()), layout)),
-        "pitched write",
+        &what,
     );
-    let device = must(c.read(s, &whole), "read back");
+    let device = must(c.read(s, &whole), &what);
     let mut expected = vec![0xEEu8; total as usize];
     for row in 0..layout.height() {
         let (w, p) = (layout.width(), layout.pitch());
@@ -106,11 +158,13 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
         let src = (row * w) as usize;
         expected[dst..dst + w as usize].copy_from_slice(&packed[src..src + w as usize]);
     }
-    assert!(
-        device == expected,
-        "[{mode}] pitched upload {layout:?} at offset {offset}: device bytes wrong ({})",
-        first_diff(&device, &expected)
+    expect_same(
+        &device,
+        &expected,
+        &format!("{what}, then a linear read of the whole allocation (padding 0xEE)"),
+        &[PITCHED, suspect::EARLY_WAIT],
     );
+    let what = format!("[{mode}] layouts: a pitched read {layout:?} at offset {offset}");
     let fut = must(
         c.dev.command(s).and_then(|mut k| {
             k.read_async(&[ReadRequest {
@@ -118,13 +172,14 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
                 layout,
             }])
         }),
-        "pitched read",
+        &what,
     );
-    let back = must(fut.wait(), "pitched read wait").remove(0).into_vec();
-    assert!(
-        back == packed,
-        "[{mode}] pitched read {layout:?} did not pack the rows back ({})",
-        first_diff(&back, &packed)
+    let back = must(fut.wait(), &what).remove(0).into_vec();
+    expect_same(
+        &back,
+        &packed,
+        &format!("{what}: the rows packed back"),
+        &[PITCHED, suspect::EARLY_WAIT],
     );
     // A layout past the view is refused, not clipped.
     let short = whole.view(offset, span - 1).unwrap();
@@ -138,7 +193,8 @@ fn pitched_round_trip<H: Harness>(c: &mut Ctx<H>, s: StreamId, layout: CopyLayou
             err,
             ServerError::Validation(Validation::LayoutPastView { .. })
         ),
-        "[{mode}] layout past the view: {err}"
+        "[{mode}] layouts: a pitched write {layout:?} into a view one byte short must be \
+         refused by the core as LayoutPastView (before any shim call), got: {err}"
     );
 }
 
@@ -263,20 +319,31 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
         assert_eq!(
             p1 - p0,
             u64::from(staged),
-            "[{mode}] {what} ({} bytes): staged through pinned memory: expected {staged}",
-            bytes.len()
+            "[{mode}] layouts: an upload of {what} ({} bytes): pinned allocations it made, \
+             expected {} (staged through pinned memory: {staged}); the staging rule as the \
+             core applies it (Command::write), or host_alloc_pinned",
+            bytes.len(),
+            u64::from(staged)
         );
         assert_eq!(
             f1 - f0,
             u64::from(flushed),
-            "[{mode}] {what} ({} bytes): flushed right after: expected {flushed}",
+            "[{mode}] layouts: an upload of {what} ({} bytes): flushes right after it, \
+             expected {} (flushed: {flushed}); the staging rule as the core applies it \
+             (Command::write)",
+            bytes.len(),
+            u64::from(flushed)
+        );
+        let read = format!(
+            "[{mode}] layouts: an upload of {what} ({} bytes)",
             bytes.len()
         );
-        let back = must(c.read(s, &view), "read");
-        assert!(
-            back == bytes,
-            "[{mode}] {what}: {}",
-            first_diff(&back, &bytes)
+        c.expect_read(
+            s,
+            &view,
+            &bytes,
+            &read,
+            &[suspect::COPIES, suspect::EARLY_WAIT],
         );
     }
     // Pinned data is not copied again (if the shim serves pinned memory at all).
@@ -292,19 +359,28 @@ pub fn layouts<H: Harness>(h: &H, mode: Mode) {
         assert_eq!(
             pinned_allocations(&mut c, s),
             p0,
-            "[{mode}] pinned data was staged again"
+            "[{mode}] layouts: an upload of pinned data (reserve_host) made a pinned allocation: \
+             the core staged it again (the staging rule as Command::write applies it)"
         );
-        let back = must(c.read(s, &view), "read");
-        assert!(
-            back == pattern(512, 6),
-            "[{mode}] pinned upload: wrong bytes"
+        let what = format!("[{mode}] layouts: an upload of 512 bytes of pinned data");
+        c.expect_read(
+            s,
+            &view,
+            &pattern(512, 6),
+            &what,
+            &[
+                "copy_to_device from HostMemory::Pinned (the pinned page's bytes moved wrong)",
+                suspect::EARLY_WAIT,
+            ],
         );
     }
     // Bad strides never reach the device.
-    assert!(matches!(
-        CopyLayout::of(&[4, 8], &[1, 4], 4),
-        Err(IoError::UnsupportedStrides { .. })
-    ));
+    let bad = CopyLayout::of(&[4, 8], &[1, 4], 4);
+    assert!(
+        matches!(bad, Err(IoError::UnsupportedStrides { .. })),
+        "layouts: CopyLayout::of shape (4, 8) strides (1, 4) (columns, not rows) must be \
+         UnsupportedStrides, got {bad:?}; {CORE_RULE}"
+    );
     drop(dst);
     c.assert_no_leak("layouts");
 }

@@ -12,11 +12,18 @@
 //! and another.
 
 use crate::harness::{Harness, Mode, TestKernel};
-use crate::util::{Ctx, first_diff, must, pattern, small_pages};
+use crate::util::{Ctx, must, pattern, small_pages, suspect};
 use devcmd::{
     Command, DeviceConfig, Handle, LaunchError, LibraryError, LibraryWork, ServerError, Shim,
     StreamId,
 };
+
+/// The harness's library call, the suspect when its output is wrong.
+const LIBRARY: &str = "Harness::library_copy (the stand-in library copied other bytes, or to \
+                       other spans)";
+/// The stream the library enqueues on, the suspect when the work runs out of order.
+const NATIVE: &str = "native_stream (the library enqueued on a stream other than the one the \
+                      core orders and fences, so the work ran outside that order)";
 
 const S0: StreamId = StreamId(0);
 const S1: StreamId = StreamId(1);
@@ -86,11 +93,14 @@ pub fn library_work<H: Harness>(h: &H, mode: Mode) {
         crate::skip::skipped("library_work", mode, "the harness offers no library");
         return;
     }
-    let back = must(c.read(S0, &y), "read the library's output");
-    assert!(
-        back == data,
-        "[{mode}] library work on stream 0 after an upload on stream 1: {}",
-        first_diff(&back, &data)
+    let what =
+        format!("[{mode}] library_work: library work on stream 0 after an upload on stream 1");
+    c.expect_read(
+        S0,
+        &y,
+        &data,
+        &what,
+        &[LIBRARY, suspect::STREAM_WAIT, NATIVE],
     );
 
     // An input dropped right after the work was enqueued stays alive until the work ran.
@@ -109,11 +119,16 @@ pub fn library_work<H: Harness>(h: &H, mode: Mode) {
         c.create(S1, &pattern(size, 200)),
         "create over the freed room",
     );
-    let back = must(c.read(S1, &w), "read");
-    assert!(
-        back == fresh,
-        "[{mode}] an input dropped after library work was enqueued was freed before it ran: {}",
-        first_diff(&back, &fresh)
+    let what = format!(
+        "[{mode}] library_work: an input dropped right after library work was enqueued, its \
+         room reserved again and written on the same stream"
+    );
+    c.expect_read(
+        S1,
+        &w,
+        &fresh,
+        &what,
+        &[NATIVE, suspect::EARLY_FENCE, LIBRARY],
     );
     drop(reuse);
 
@@ -135,12 +150,16 @@ pub fn library_work<H: Harness>(h: &H, mode: Mode) {
         "create over the freed room",
     );
     must(c.sync(S0), "sync stream 0");
-    let back = must(c.read(S1, &out), "read on stream 1");
-    assert!(
-        back == owned,
-        "[{mode}] another stream's input dropped after library work was enqueued was reused \
-         before the work ran: {}",
-        first_diff(&back, &owned)
+    let what = format!(
+        "[{mode}] library_work: stream 0's input read by library work on stream 1, dropped \
+         at once, its room reserved again on stream 0"
+    );
+    c.expect_read(
+        S1,
+        &out,
+        &owned,
+        &what,
+        &[suspect::STREAM_WAIT, suspect::EARLY_FENCE, NATIVE],
     );
     drop((over, out));
 
@@ -159,32 +178,37 @@ fn failure_rule<H: Harness>(h: &H, c: &mut Ctx<H>, mode: Mode) {
     let refused = refuse(&mut must(c.dev.command(S0), "command"), &a, &b);
     match &refused {
         ServerError::Launch(LaunchError::Library { work, error }) => {
-            assert_eq!(
-                *work, "refusing_library",
-                "[{mode}] the refusal names the work"
-            );
-            assert_eq!(error.code, 7, "[{mode}] the library's code is kept");
             assert!(
-                error.message.contains("ldb < k"),
-                "[{mode}] the library's message is kept: {error}"
+                *work == "refusing_library" && error.code == 7 && error.message.contains("ldb < k"),
+                "[{mode}] library_work: a library call that refused with code 7 \
+                 \"LIBRARY_STATUS_INVALID_VALUE: ldb < k\" must be reported naming the work \
+                 `refusing_library` with that code and message (the core's Command::library), \
+                 got work `{work}`: {error}"
             );
         }
-        other => panic!("[{mode}] a library error must be LaunchError::Library, got {other:?}"),
+        other => panic!(
+            "[{mode}] library_work: a library error must be LaunchError::Library (the core's \
+             Command::library), got {other:?}"
+        ),
     }
     // A launch reading the failed output is skipped, and its output carries the failure.
     let out = must(c.empty(S0, size as u64), "empty");
     let skipped = c.launch(S0, TestKernel::AddByte, 1, &[&b], &[&out]);
     assert!(
         matches!(skipped, Err(ServerError::Skipped { kernel: "add", .. })),
-        "[{mode}] a launch reading what failed library work left unwritten must be skipped, got \
-         {skipped:?}"
+        "[{mode}] library_work: a launch reading what failed library work left unwritten must be \
+         skipped (the failure rule, in the core), got {skipped:?}"
     );
     match c.read(S0, &out) {
         Err(ServerError::Unwritten { root, .. }) => assert!(
             root.to_string().contains("ldb < k"),
-            "[{mode}] the root of the failure is the library's error: {root}"
+            "[{mode}] library_work: the root of the skipped launch's failure must be the \
+             library's error (ldb < k), got: {root}"
         ),
-        other => panic!("[{mode}] the skipped launch's output must be unwritten, got {other:?}"),
+        other => panic!(
+            "[{mode}] library_work: the skipped launch's output must read as Unwritten (the \
+             failure rule, in the core), got {other:?}"
+        ),
     }
     // Library work whose input failed is skipped, and its output carries the failure.
     let out2 = must(c.empty(S0, size as u64), "empty");
@@ -200,14 +224,19 @@ fn failure_rule<H: Harness>(h: &H, c: &mut Ctx<H>, mode: Mode) {
                 ..
             })
         ),
-        "[{mode}] library work whose input failed must be skipped, got {skipped:?}"
+        "[{mode}] library_work: library work whose input failed must be skipped (the failure \
+         rule, in the core), got {skipped:?}"
     );
     match c.read(S0, &out2) {
         Err(ServerError::Unwritten { chain, .. }) => assert!(
             chain.contains(&"library_copy"),
-            "[{mode}] the chain names the skipped library work: {chain:?}"
+            "[{mode}] library_work: the failure's chain must name the skipped library work \
+             `library_copy`, got {chain:?}"
         ),
-        other => panic!("[{mode}] the skipped work's output must be unwritten, got {other:?}"),
+        other => panic!(
+            "[{mode}] library_work: the skipped work's output must read as Unwritten (the \
+             failure rule, in the core), got {other:?}"
+        ),
     }
     // Rewriting the input clears the failure: the work runs again.
     let again = pattern(size, 9);
@@ -218,8 +247,8 @@ fn failure_rule<H: Harness>(h: &H, c: &mut Ctx<H>, mode: Mode) {
             .and_then(|mut cmd| copy(h, &mut cmd, "library_copy", &out, &out2)),
         "library work after the input was rewritten",
     );
-    let back = must(c.read(S0, &out2), "read");
-    assert!(back == again, "[{mode}] library work after a rewrite");
+    let what = format!("[{mode}] library_work: library work after its failed input was rewritten");
+    c.expect_read(S0, &out2, &again, &what, &[LIBRARY, suspect::COPIES]);
 }
 
 /// Library work recorded into a graph, replayed with new inputs on its stream and on another.
@@ -242,7 +271,10 @@ fn captured<H: Harness>(h: &H, mode: Mode) {
             crate::skip::skipped("library_work capture", mode, "no graphs");
             return;
         }
-        Err(e) => panic!("[{mode}] begin_capture: {e}"),
+        Err(e) => panic!(
+            "[{mode}] library_work: begin_capture refused with another fault than Unsupported \
+             (the shim call at fault: begin_capture): {e}"
+        ),
     };
     must(
         c.dev
@@ -263,12 +295,17 @@ fn captured<H: Harness>(h: &H, mode: Mode) {
             c.dev.command(stream).and_then(|mut cmd| cmd.replay(&graph)),
             "replay",
         );
-        let back = must(c.read(S0, &y), "read after the replay");
-        assert!(
-            back == input,
-            "[{mode}] replay {round} of recorded library work on stream {}: {}",
-            stream.0,
-            first_diff(&back, &input)
+        let what = format!(
+            "[{mode}] library_work: replay {round} of recorded library work on stream {}, with \
+             new inputs written on stream 0",
+            stream.0
+        );
+        c.expect_read(
+            S0,
+            &y,
+            &input,
+            &what,
+            &[suspect::GRAPH, NATIVE, suspect::STREAM_WAIT],
         );
     }
     drop(graph);

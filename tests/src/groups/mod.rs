@@ -1,5 +1,7 @@
 //! The behaviour groups. Each is a public function generic over a [`Harness`](crate::Harness)
-//! that panics with a message naming the mode, the behaviour and what was seen.
+//! that panics with a message naming the mode, the scenario, what was seen against what was
+//! expected (for bytes: where they first differ) and the shim call most likely at fault (or that
+//! the rule is the core's and no shim call is involved).
 
 mod bad_input;
 mod capture;

@@ -6,7 +6,11 @@
 //! is skipped, with a line the test runner shows ([`crate::skip`]).
 
 use crate::harness::{FaultRule, Harness, Mode, Probe, TestArgs, TestKernel};
-use crate::util::{first_diff, pattern};
+use crate::util::{expect_same, pattern, suspect};
+
+/// The suspect when bytes over two adjacent mappings come back wrong.
+const ADJACENT: &str = "vm_map (two granules mapped one after the other in a reservation are \
+                        not one span of memory at the addresses they were mapped at)";
 use devcmd::{CopyLayout, DeviceAddr, DeviceSpan, DriverError, Fault, HostMemory, Shim, ShimOp};
 
 /// The shim under test with one stream, its granule and the mode, and what the checks share.
@@ -68,14 +72,15 @@ impl<S: Shim> Vm<'_, S> {
         out
     }
 
-    /// Checks that `got` is `want`, naming the first difference.
+    /// Checks that `got` is `want`, naming the first difference and the shim calls most likely
+    /// at fault (`suspects`).
     #[track_caller]
-    fn same(&self, got: &[u8], want: &[u8], what: &str) {
-        assert!(
-            got == want,
-            "[{}] virtual_memory: {what}: {}",
-            self.mode,
-            first_diff(got, want)
+    fn same(&self, got: &[u8], want: &[u8], what: &str, suspects: &[&str]) {
+        expect_same(
+            got,
+            want,
+            &format!("[{}] virtual_memory: {what}", self.mode),
+            suspects,
         );
     }
 
@@ -184,7 +189,12 @@ fn two_mappings_are_one_span<S: Shim>(
     let data = pattern(2 * gu, 11);
     v.put(base, &data, "an upload over both mappings");
     let back = v.get(base, 2 * gu, "a read over both mappings");
-    v.same(&back, &data, "an upload then a read over two mappings");
+    v.same(
+        &back,
+        &data,
+        "an upload then a read over two mappings",
+        &[ADJACENT, suspect::COPIES],
+    );
     let at = gu - 4096.min(gu / 2);
     let window = v.get(
         base.offset(at as u64),
@@ -195,6 +205,7 @@ fn two_mappings_are_one_span<S: Shim>(
         &window,
         &data[at..2 * gu - at],
         "a read across the boundary of two mappings",
+        &[ADJACENT, suspect::COPIES],
     );
 
     // A device-to-device copy whose source crosses the boundary.
@@ -229,6 +240,11 @@ fn two_mappings_are_one_span<S: Shim>(
         &back,
         &want,
         "a device-to-device copy and a kernel across the boundary of two mappings",
+        &[
+            "copy_on_device (a copy whose source crosses the boundary of two mappings)",
+            "launch (a kernel whose output crosses the boundary of two mappings)",
+            ADJACENT,
+        ],
     );
 
     // Unmap the second, map it again at the same address: usable, and the first keeps its
@@ -250,11 +266,13 @@ fn two_mappings_are_one_span<S: Shim>(
         &back[..gu],
         &want[..gu],
         "the first granule while the second was unmapped and mapped again",
+        &["vm_unmap / vm_map (unmapping or mapping the second granule touched the first)"],
     );
     v.same(
         &back[gu..],
         &fresh,
         "the granule mapped again at the same address",
+        &["vm_map (a granule mapped again where one was unmapped is not usable memory)"],
     );
     // SAFETY: every copy was waited for; then nothing is mapped in the range.
     unsafe {
@@ -303,7 +321,12 @@ fn a_map_the_device_cannot_hold_leaves_nothing_mapped<S: Shim>(v: &Vm<'_, S>) {
     let data = pattern(2 * g as usize, 5);
     v.put(base, &data, "an upload over both granules");
     let back = v.get(base, data.len(), "a read over both granules");
-    v.same(&back, &data, "the granules mapped after a failed map");
+    v.same(
+        &back,
+        &data,
+        "the granules mapped after a failed map",
+        &["vm_map (the map that failed left something mapped, or broke the reservation)"],
+    );
     // SAFETY: every copy was waited for; then nothing is mapped in the range.
     unsafe {
         shim.vm_unmap(base, g, first);
@@ -338,6 +361,7 @@ fn an_injected_refusal_maps_nothing<S: Shim>(v: &Vm<'_, S>, p: &dyn Probe) {
         &v.get(base, 64, "a read after a refused map"),
         &[3; 64],
         "the granule mapped after a refused map",
+        &["vm_map (the refused map left something mapped, or broke the reservation)"],
     );
     p.inject(FaultRule::Once {
         op: ShimOp::VmReserve,

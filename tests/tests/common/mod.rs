@@ -33,18 +33,16 @@ pub fn failing_kernel(shim: &StdShim) -> StdKernel {
     shim.register_kernel("fail", |_ctx| Err(KernelFault::Failed))
 }
 
-/// Launches `kernel` (named `name`) over one block of one thread with no parameters.
+/// Launches `kernel` over one block of one thread with no parameters.
 pub fn launch<S: Shim>(
     device: &mut Device<S>,
     stream: StreamId,
     kernel: &S::Kernel,
-    name: &'static str,
     inputs: &[&Handle],
     outputs: &[&Handle],
 ) -> Result<(), ServerError> {
     device.command(stream)?.launch(Launch {
         kernel,
-        name,
         dims: LaunchDims::SINGLE,
         inputs,
         outputs,

@@ -1,25 +1,22 @@
 //! The device a replay runs on: its facts, and where its pages come from.
 //!
 //! Owns [`Device`] (the facts the manager is fitted to), [`Pages`] (which device: `std` or
-//! `address`), the [`ReplayShim`] trait both implement (building one from the facts, and the
-//! counters of its pages that the figures and `--verify` read), and [`AddressShim`].
+//! `address`), and the [`ReplayShim`] trait both implement (building one from the facts, and the
+//! counters of its pages that the figures and `--verify` read). The address-only device is the
+//! core's ([`devcmd::address_shim`]), shared with the core's tests and engine-bench.
 //!
 //! - `std`: devcmd-std's [`StdShim`], the CPU device. Its pages are zeroed heap blocks of the
 //!   page alignment; Rust's `alloc_zeroed` zeroes any block aligned past 16 bytes by writing it,
 //!   so a replay touches every page it holds: it needs RAM for the held peak, and a cold replay's
 //!   time is mostly that zeroing.
-//! - `address`: [`AddressShim`], address ranges and nothing behind them (no memory, no copies,
-//!   no kernels): the manager sees the same facts and the same failures past the device's memory,
-//!   so its figures are the same, in no RAM and with nothing but the manager in the time.
+//! - `address`: [`AddressShim`], address ranges and nothing behind them (no memory; copies and
+//!   kernels do nothing, and a replay makes none): the manager sees the same facts and the same
+//!   failures past the device's memory, so its figures are the same, in no RAM and with nothing
+//!   but the manager in the time.
 
-use devcmd::{
-    CopyLayout, DeviceAddr, DeviceFacts, DeviceSpan, DriverError, Fault, HostMemory, KernelParam,
-    LaunchDims, Shim, ShimOp,
-};
+pub use devcmd::address_shim::AddressShim;
+use devcmd::{DeviceFacts, Shim, ShimOp};
 use devcmd_std::StdShim;
-use std::cell::Cell;
-use std::convert::Infallible;
-use std::ptr::NonNull;
 
 /// The device facts the replay runs with, and where its pages come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,213 +126,17 @@ impl ReplayShim for StdShim {
     }
 }
 
-/// The status codes of [`AddressShim`], classified in one place.
-mod status {
-    pub const OUT_OF_MEMORY: i32 = 1;
-    pub const TOO_BIG: i32 = 2;
-    pub const UNSUPPORTED: i32 = 3;
-}
-
-/// A device of address ranges only: pages are ranges of a 64-bit address space handed out in
-/// order (aligned, never reused), limited by the device's memory and largest page like any
-/// device; it has one stream whose work is always done, and refuses copies, kernels and pinned
-/// memory (a replay makes none).
-#[derive(Debug)]
-pub struct AddressShim {
-    facts: DeviceFacts,
-    next: Cell<u64>,
-    counters: Cell<Counters>,
-}
-
-/// A page of an [`AddressShim`].
-#[derive(Debug)]
-pub struct AddressPage {
-    addr: u64,
-    size: u64,
-}
-
-impl AddressShim {
-    /// Where the first page starts (any non-zero address would do).
-    const BASE: u64 = 1 << 40;
-}
-
 impl ReplayShim for AddressShim {
     fn build(device: Device) -> Self {
-        let facts = device.facts();
-        Self {
-            facts,
-            next: Cell::new(Self::BASE),
-            counters: Cell::new(Counters::default()),
-        }
+        AddressShim::from_facts(device.facts())
     }
 
     fn counters(&self) -> Counters {
-        self.counters.get()
-    }
-}
-
-impl Shim for AddressShim {
-    type Stream = ();
-    type Event = ();
-    type DevicePage = AddressPage;
-    type HostPage = Infallible;
-    type Kernel = Infallible;
-    type Registration = Infallible;
-    type Graph = Infallible;
-    type NativeStream = ();
-
-    fn native_stream<'a>(&self, _stream: &'a Self::Stream) -> &'a () {
-        &()
-    }
-
-    fn facts(&self) -> DeviceFacts {
-        self.facts
-    }
-
-    fn classify(&self, op: ShimOp, status: i32) -> DriverError {
-        let fault = match status {
-            status::OUT_OF_MEMORY => Fault::OutOfMemory,
-            status::TOO_BIG => Fault::TooBig,
-            status::UNSUPPORTED => Fault::Unsupported,
-            _ => Fault::Failed,
-        };
-        DriverError::new(op, status, fault)
-    }
-
-    fn create_stream(&self) -> Result<(), DriverError> {
-        Ok(())
-    }
-
-    fn stream_wait_event(&self, _stream: &(), _event: &()) -> Result<(), DriverError> {
-        Ok(())
-    }
-
-    fn record_event(&self, _stream: &()) -> Result<(), DriverError> {
-        Ok(())
-    }
-
-    fn event_query(&self, _event: &()) -> Result<bool, DriverError> {
-        Ok(true)
-    }
-
-    fn event_wait(&self, _event: &()) -> Result<(), DriverError> {
-        Ok(())
-    }
-
-    fn device_alloc(&self, size: u64) -> Result<AddressPage, DriverError> {
-        const OP: ShimOp = ShimOp::DeviceAlloc;
-        let mut c = self.counters.get();
-        if size > self.facts.max_page_size {
-            return Err(self.classify(OP, status::TOO_BIG));
+        Counters {
+            allocated: self.pages_made.get(),
+            freed: self.pages_freed.get(),
+            bytes_live: self.live_bytes.get(),
+            calls: self.memory_calls.get(),
         }
-        if c.bytes_live.saturating_add(size) > self.facts.total_memory {
-            return Err(self.classify(OP, status::OUT_OF_MEMORY));
-        }
-        let addr = self.next.get();
-        let end = addr
-            .checked_add(size.max(1))
-            .and_then(|e| e.checked_next_multiple_of(self.facts.page_alignment))
-            .ok_or_else(|| self.classify(OP, status::OUT_OF_MEMORY))?;
-        self.next.set(end);
-        c.allocated += 1;
-        c.calls += 1;
-        c.bytes_live += size;
-        self.counters.set(c);
-        Ok(AddressPage { addr, size })
-    }
-
-    fn device_page_addr(&self, page: &AddressPage) -> DeviceAddr {
-        DeviceAddr(page.addr)
-    }
-
-    unsafe fn device_free(&self, page: AddressPage) {
-        let mut c = self.counters.get();
-        c.freed += 1;
-        c.calls += 1;
-        c.bytes_live -= page.size;
-        self.counters.set(c);
-    }
-
-    fn vm_reserve(&self, size: u64) -> Result<DeviceAddr, DriverError> {
-        const OP: ShimOp = ShimOp::VmReserve;
-        let granule = self.facts.vm_granule.max(1);
-        let start = self
-            .next
-            .get()
-            .checked_next_multiple_of(granule)
-            .ok_or_else(|| self.classify(OP, status::OUT_OF_MEMORY))?;
-        let end = start
-            .checked_add(size)
-            .ok_or_else(|| self.classify(OP, status::OUT_OF_MEMORY))?;
-        self.next.set(end);
-        let mut c = self.counters.get();
-        c.calls += 1;
-        self.counters.set(c);
-        Ok(DeviceAddr(start))
-    }
-
-    unsafe fn vm_release(&self, _addr: DeviceAddr, _size: u64) {
-        let mut c = self.counters.get();
-        c.calls += 1;
-        self.counters.set(c);
-    }
-
-    fn vm_map(&self, _addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {
-        let mut c = self.counters.get();
-        if c.bytes_live.saturating_add(size) > self.facts.total_memory {
-            return Err(self.classify(ShimOp::VmMap, status::OUT_OF_MEMORY));
-        }
-        c.bytes_live += size;
-        c.calls += 1;
-        self.counters.set(c);
-        Ok(0)
-    }
-
-    unsafe fn vm_unmap(&self, _addr: DeviceAddr, size: u64, _memory: u64) {
-        let mut c = self.counters.get();
-        c.bytes_live -= size;
-        c.calls += 1;
-        self.counters.set(c);
-    }
-
-    fn host_page_ptr(&self, page: &Infallible) -> NonNull<u8> {
-        match *page {}
-    }
-
-    unsafe fn host_free_pinned(&self, page: Infallible) {
-        match page {}
-    }
-
-    unsafe fn copy_to_device(
-        &self,
-        _stream: &(),
-        _src: *const u8,
-        _src_memory: HostMemory,
-        _dst: DeviceAddr,
-        _layout: CopyLayout,
-    ) -> Result<(), DriverError> {
-        Err(self.classify(ShimOp::CopyHostToDevice, status::UNSUPPORTED))
-    }
-
-    unsafe fn copy_to_host(
-        &self,
-        _stream: &(),
-        _src: DeviceAddr,
-        _dst: *mut u8,
-        _dst_memory: HostMemory,
-        _layout: CopyLayout,
-    ) -> Result<(), DriverError> {
-        Err(self.classify(ShimOp::CopyDeviceToHost, status::UNSUPPORTED))
-    }
-
-    unsafe fn launch(
-        &self,
-        _stream: &(),
-        kernel: &Infallible,
-        _dims: LaunchDims,
-        _buffers: &[DeviceSpan],
-        _params: &[KernelParam<'_>],
-    ) -> Result<(), DriverError> {
-        match *kernel {}
     }
 }

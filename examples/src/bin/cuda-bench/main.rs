@@ -372,7 +372,6 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
         for _ in 0..BATCH {
             cmd.launch(Launch {
                 kernel: &tiny,
-                name: "tiny",
                 dims,
                 inputs: &[&a],
                 outputs: &[&b],

@@ -3,9 +3,9 @@
 //! under a live graph, everything back after the graph drops and a fence passes; and a recording
 //! that needs a page, discarded cleanly.
 
-use super::{LARGE, S0, SMALL, begin, ctx, end, pages_live, replay};
+use super::{LARGE, S0, SMALL, begin, ctx, end, expect_filled, expect_phase, pages_live, replay};
 use crate::harness::{Harness, Mode, TestKernel};
-use crate::util::{Ctx, first_diff, must, pattern, plus};
+use crate::util::{Ctx, must, pattern, plus, suspect};
 use devcmd::{CaptureError, CapturePhase, Handle, IoError, ServerError, StreamId};
 
 /// More than any page of [`crate::util::small_pages`] holds: a reservation of it needs a page.
@@ -19,10 +19,6 @@ fn range<H: Harness>(c: &mut Ctx<H>, s: StreamId, h: &Handle) -> (u64, u64) {
         "resource",
     );
     (r.addr.0, r.addr.0 + r.len)
-}
-
-fn phase<H: Harness>(c: &mut Ctx<H>, s: StreamId) -> CapturePhase {
-    must(c.dev.command(s).map(|k| k.capture_phase()), "capture_phase")
 }
 
 /// Room held with `hold` serves a reservation inside the recording, which then drops its handle
@@ -80,11 +76,12 @@ pub(crate) fn memory_stays_under_a_live_graph<H: Harness>(h: &H, mode: Mode) {
     }
     for round in 0..3 {
         must(replay(&mut c, S0, &graph), &what);
-        let got = must(c.read(S0, &out), &what);
-        assert!(
-            got == plus(&p, 2),
-            "{what}: replay {round} beside new reservations computed other bytes ({})",
-            first_diff(&got, &plus(&p, 2))
+        c.expect_read(
+            S0,
+            &out,
+            &plus(&p, 2),
+            &format!("{what}: replay {round} beside new reservations computed other bytes"),
+            &[suspect::GRAPH, suspect::EARLY_FENCE],
         );
     }
     drop(kept);
@@ -93,12 +90,15 @@ pub(crate) fn memory_stays_under_a_live_graph<H: Harness>(h: &H, mode: Mode) {
         must(replay(&mut c, S0, &graph), &what);
     }
     drop(graph);
-    let got = must(c.read(S0, &out), &what);
-    assert!(
-        got == plus(&p, 2),
-        "{what}: replays in flight when the graph was dropped computed other bytes ({}): \
-         what they use went too early",
-        first_diff(&got, &plus(&p, 2))
+    c.expect_read(
+        S0,
+        &out,
+        &plus(&p, 2),
+        &format!(
+            "{what}: replays in flight when the graph was dropped computed other bytes: \
+         what they use went too early"
+        ),
+        &[suspect::EARLY_FENCE, suspect::GRAPH],
     );
     // The first flush covers the replays with a fence, the second waits for it.
     for _ in 0..2 {
@@ -133,7 +133,13 @@ pub(crate) fn a_recording_that_needs_a_page_is_discarded_cleanly<H: Harness>(h: 
         }
         other => panic!("{what}: expected PageUpdateForbidden, got {other:?}"),
     }
-    assert_eq!(phase(&mut c, S0), CapturePhase::Discarded, "{what}");
+    expect_phase(
+        &mut c,
+        S0,
+        CapturePhase::Discarded,
+        &what,
+        "after a reservation that needed a page",
+    );
     match c.write(S0, &y, &[0; SMALL]) {
         Err(ServerError::Capture(CaptureError::Discarded { stream: 0, .. })) => {}
         other => panic!("{what}: an operation after the discard answered {other:?}"),
@@ -148,7 +154,13 @@ pub(crate) fn a_recording_that_needs_a_page_is_discarded_cleanly<H: Harness>(h: 
         ),
         other => panic!("{what}: end_capture of a discarded recording answered {other:?}"),
     }
-    assert_eq!(phase(&mut c, S0), CapturePhase::Idle, "{what}");
+    expect_phase(
+        &mut c,
+        S0,
+        CapturePhase::Idle,
+        &what,
+        "after end_capture reported the discard",
+    );
     assert_eq!(
         pages_live(&c),
         pages,
@@ -165,7 +177,16 @@ pub(crate) fn a_recording_that_needs_a_page_is_discarded_cleanly<H: Harness>(h: 
         c.write(S0, &y, &q),
         format!("{what}: the stream works after"),
     );
-    assert_eq!(must(c.read(S0, &y), &what), q, "{what}");
+    c.expect_read(
+        S0,
+        &y,
+        &q,
+        &format!("{what}: a write after the discarded recording"),
+        &[
+            suspect::COPIES,
+            "end_capture (the stream was left recording after the discard)",
+        ],
+    );
     must(
         c.dev.command(S0).and_then(|mut k| k.hold(&[NEEDS_A_PAGE])),
         format!("{what}: hold the room"),
@@ -178,8 +199,13 @@ pub(crate) fn a_recording_that_needs_a_page_is_discarded_cleanly<H: Harness>(h: 
     must(c.launch(S0, TestKernel::Fill, 4, &[], &[&z]), &what);
     let graph = end(&mut c, S0, rec);
     must(replay(&mut c, S0, &graph), &what);
-    let got = must(c.read(S0, &z), &what);
-    assert!(got.iter().all(|&b| b == 4), "{what}: the second recording");
+    expect_filled(
+        &mut c,
+        S0,
+        &z,
+        4,
+        &format!("{what}: a recording with the room held, replayed"),
+    );
     drop((graph, y, z));
     c.assert_no_leak(&what);
 }

@@ -16,8 +16,8 @@ mod refusals;
 mod replay;
 
 use crate::harness::{Harness, Mode};
-use crate::util::{Ctx, must, small_pages};
-use devcmd::{CaptureError, Fault, Graph, Recording, ServerError, StreamId};
+use crate::util::{Ctx, must, small_pages, suspect};
+use devcmd::{CaptureError, CapturePhase, Fault, Graph, Recording, ServerError, StreamId};
 
 /// The recording stream of every check.
 pub(super) const S0: StreamId = StreamId(0);
@@ -27,6 +27,53 @@ pub(super) const S1: StreamId = StreamId(1);
 pub(super) const SMALL: usize = 3000;
 /// A buffer size the arena serves (pages of 512 KiB with [`small_pages`]).
 pub(super) const LARGE: usize = 200_000;
+
+/// The suspect when a buffer a recording writes changed before any replay.
+pub(super) const RAN_WHEN_RECORDED: &str =
+    "begin_capture (the stream ran the work it should only have recorded)";
+/// The suspect when a replay's uploads send other bytes than were recorded.
+pub(super) const HOST_NODES: &str = "end_capture / graph_launch (the graph's uploads read the \
+                                     caller's buffer, not the bytes the graph owns)";
+
+/// Reads `buffer` on `stream` and checks every byte is `byte` (what a recorded fill leaves); a
+/// failure names `what` and the graph calls.
+#[track_caller]
+pub(super) fn expect_filled<H: Harness>(
+    c: &mut Ctx<H>,
+    stream: StreamId,
+    buffer: &devcmd::Handle,
+    byte: u8,
+    what: &str,
+) {
+    c.expect_read(
+        stream,
+        buffer,
+        &vec![byte; buffer.len() as usize],
+        what,
+        &[suspect::GRAPH],
+    );
+}
+
+/// Checks the stream's capture phase is `want` (the core's capture state); a failure names
+/// `what` and `step`.
+#[track_caller]
+pub(super) fn expect_phase<H: Harness>(
+    c: &mut Ctx<H>,
+    stream: StreamId,
+    want: CapturePhase,
+    what: &str,
+    step: &str,
+) {
+    let got = must(
+        c.dev.command(stream).map(|k| k.capture_phase()),
+        "capture_phase",
+    );
+    assert_eq!(
+        got, want,
+        "{what}: {step}: the stream's capture phase is {got:?}, expected {want:?} (the core's \
+         capture state, not a shim call)"
+    );
+}
 
 /// The capture group: every check in `mode` but the fault of a replay
 /// ([`capture_replay_fault`]), or the line `capture: skipped (no graphs)` ([`crate::skip`]) when

@@ -4,9 +4,9 @@
 //! (no stream waits for the device meanwhile); a recording whose token is dropped (or whose
 //! device is dropped) ends cleanly.
 
-use super::{S0, S1, SMALL, begin, ctx, end, pages_live, replay};
+use super::{S0, S1, SMALL, begin, ctx, end, expect_filled, expect_phase, pages_live, replay};
 use crate::harness::{Harness, Mode, TestKernel};
-use crate::util::{Ctx, first_diff, must, pattern, plus};
+use crate::util::{Ctx, must, pattern, plus, suspect};
 use devcmd::{CaptureError, CapturePhase, IoError, ReadRequest, ServerError, StreamId, Validation};
 use std::fmt::Debug;
 
@@ -86,11 +86,12 @@ pub(crate) fn what_waits_on_the_recording_is_refused<H: Harness>(h: &H, mode: Mo
     );
     let graph = end(&mut c, S0, rec);
     must(replay(&mut c, S0, &graph), &what);
-    let got = must(c.read(S0, &y), &what);
-    assert!(
-        got == plus(&p, 1),
-        "{what}: the graph recorded around refusals computed other bytes ({})",
-        first_diff(&got, &plus(&p, 1))
+    c.expect_read(
+        S0,
+        &y,
+        &plus(&p, 1),
+        &format!("{what}: the graph recorded around refusals computed other bytes"),
+        &[suspect::GRAPH],
     );
     drop((graph, earlier, x, y));
     c.assert_no_leak(&what);
@@ -159,7 +160,13 @@ pub(crate) fn other_streams_keep_working_apart_from_its_memory<H: Harness>(h: &H
         Err(ServerError::Io(IoError::PageUpdateForbidden { .. })) => {}
         other => panic!("{what}: a reservation on S1 needing a page answered {other:?}"),
     }
-    assert_eq!(phase(&mut c, S0), CapturePhase::Recording, "{what}");
+    expect_phase(
+        &mut c,
+        S0,
+        CapturePhase::Recording,
+        &what,
+        "after the refusals on S1",
+    );
     assert_eq!(
         pages_live(&c),
         pages,
@@ -176,11 +183,12 @@ pub(crate) fn other_streams_keep_working_apart_from_its_memory<H: Harness>(h: &H
         ),
         (&y, plus(&p, 1), "the replay's output"),
     ] {
-        let got = must(c.read(S1, buffer), format!("{what}: {step}"));
-        assert!(
-            got == expected,
-            "{what}: {step} reads other bytes ({})",
-            first_diff(&got, &expected)
+        c.expect_read(
+            S1,
+            buffer,
+            &expected,
+            &format!("{what}: {step} reads other bytes"),
+            &[suspect::STREAM_WAIT, suspect::GRAPH],
         );
     }
     drop((graph, x, y, u, u2, o, w, w2));
@@ -198,21 +206,32 @@ pub(crate) fn an_abandoned_recording_ends_cleanly<H: Harness>(h: &H, mode: Mode)
     let rec = begin(&mut c, S0, "abandoned");
     must(c.launch(S0, TestKernel::Fill, 7, &[], &[&y]), &what);
     drop(rec);
-    assert_eq!(phase(&mut c, S0), CapturePhase::Idle, "{what}");
-    let got = must(c.read(S0, &y), format!("{what}: read after abandoning"));
-    assert!(got == p, "{what}: {}", first_diff(&got, &p));
+    expect_phase(
+        &mut c,
+        S0,
+        CapturePhase::Idle,
+        &what,
+        "after the Recording was dropped",
+    );
+    c.expect_read(S0, &y, &p, &what, &[suspect::GRAPH]);
     must(c.launch(S0, TestKernel::Fill, 7, &[], &[&y]), &what);
-    assert!(
-        must(c.read(S0, &y), &what).iter().all(|&b| b == 7),
-        "{what}"
+    expect_filled(
+        &mut c,
+        S0,
+        &y,
+        7,
+        &format!("{what}: an eager fill after abandoning"),
     );
     let rec = begin(&mut c, S0, "again");
     must(c.launch(S0, TestKernel::Fill, 8, &[], &[&y]), &what);
     let graph = end(&mut c, S0, rec);
     must(replay(&mut c, S0, &graph), &what);
-    assert!(
-        must(c.read(S0, &y), &what).iter().all(|&b| b == 8),
-        "{what}"
+    expect_filled(
+        &mut c,
+        S0,
+        &y,
+        8,
+        &format!("{what}: a new recording after abandoning, replayed"),
     );
     drop(graph);
     let open = begin(&mut c, S0, "open_at_teardown");

@@ -1,9 +1,11 @@
 //! Replays compute what the recorded work computes: inputs written between replays, host bytes
 //! owned by the graph, replays on other streams ordered like any work, a graph updated in place.
 
-use super::{LARGE, S0, S1, SMALL, begin, ctx, end, replay};
+use super::{
+    HOST_NODES, LARGE, RAN_WHEN_RECORDED, S0, S1, SMALL, begin, ctx, end, expect_filled, replay,
+};
 use crate::harness::{Harness, Mode, TestKernel};
-use crate::util::{first_diff, must, pattern, plus};
+use crate::util::{expect_same, must, pattern, plus, suspect};
 use devcmd::HostBuffer;
 
 /// Record `out = (inp + 1) + 2` through an intermediate buffer, once; then, five times, write a
@@ -33,13 +35,20 @@ pub(crate) fn replays_compute_the_recorded_work<H: Harness>(h: &H, mode: Mode) {
             format!("{what}: record a fill"),
         );
         let graph = end(&mut c, S0, rec);
-        assert_eq!(graph.name(), "plus_three");
-        let untouched = must(c.read(S0, &marker), format!("{what}: read before a replay"));
-        assert!(
-            untouched == p,
-            "{what}: a buffer the recording fills changed before any replay ({}): recorded work \
-             ran when it was recorded",
-            first_diff(&untouched, &p)
+        assert_eq!(
+            graph.name(),
+            "plus_three",
+            "{what}: the graph must keep the name begin_capture was given (the core's Graph)"
+        );
+        c.expect_read(
+            S0,
+            &marker,
+            &p,
+            &format!(
+                "{what}: a buffer the recording fills changed before any replay: recorded work \
+             ran when it was recorded"
+            ),
+            &[RAN_WHEN_RECORDED],
         );
         for round in 0..5u8 {
             let data = pattern(size, 40 + round);
@@ -56,10 +65,11 @@ pub(crate) fn replays_compute_the_recorded_work<H: Harness>(h: &H, mode: Mode) {
                 format!("{what}: read after replay {round}"),
             );
             let expected = plus(&data, 3);
-            assert!(
-                got == expected,
-                "{what}: replay {round} after a new input computed other bytes ({})",
-                first_diff(&got, &expected)
+            expect_same(
+                &got,
+                &expected,
+                &format!("{what}: replay {round} after a new input computed other bytes"),
+                &[suspect::GRAPH],
             );
         }
         for _ in 0..3 {
@@ -70,15 +80,18 @@ pub(crate) fn replays_compute_the_recorded_work<H: Harness>(h: &H, mode: Mode) {
         }
         let got = must(c.read(S0, &out), &what);
         let data = pattern(size, 44);
-        assert!(
-            got == plus(&data, 3),
-            "{what}: three replays back to back left other bytes ({})",
-            first_diff(&got, &plus(&data, 3))
+        expect_same(
+            &got,
+            &plus(&data, 3),
+            &format!("{what}: three replays back to back left other bytes"),
+            &[suspect::GRAPH],
         );
-        let filled = must(c.read(S0, &marker), &what);
-        assert!(
-            filled.iter().all(|&b| b == 0xEE),
-            "{what}: the recorded fill did not run"
+        expect_filled(
+            &mut c,
+            S0,
+            &marker,
+            0xEE,
+            &format!("{what}: the recorded fill, after the replays"),
         );
         drop((graph, inp, mid, out, marker));
         c.assert_no_leak(&what);
@@ -132,18 +145,22 @@ pub(crate) fn host_bytes_belong_to_the_graph<H: Harness>(h: &H, mode: Mode) {
             replay(&mut c, S0, &graph),
             format!("{what}: replay {round}"),
         );
-        let got = must(c.read(S0, &y), &what);
-        assert!(
-            got == plus(&p1, 1),
-            "{what}: replay {round} did not re-send the recorded bytes ({}): the graph's host \
-             bytes were released or changed",
-            first_diff(&got, &plus(&p1, 1))
+        c.expect_read(
+            S0,
+            &y,
+            &plus(&p1, 1),
+            &format!(
+                "{what}: replay {round} did not re-send the recorded bytes: the graph's host \
+             bytes were released or changed"
+            ),
+            &[suspect::GRAPH, HOST_NODES],
         );
-        let got = must(c.read(S0, &small), &what);
-        assert!(
-            got == p2,
-            "{what}: replay {round}: the borrowed upload was not re-sent ({})",
-            first_diff(&got, &p2)
+        c.expect_read(
+            S0,
+            &small,
+            &p2,
+            &format!("{what}: replay {round}: the borrowed upload was not re-sent"),
+            &[suspect::GRAPH, HOST_NODES],
         );
     }
     drop((graph, x, y, small));
@@ -172,22 +189,16 @@ pub(crate) fn other_streams_replay_in_order<H: Harness>(h: &H, mode: Mode) {
         c.write(S0, &inp, &q),
         format!("{what}: overwrite the input on S0 right after"),
     );
-    let got = must(c.read(S1, &out), format!("{what}: read on S1"));
-    assert!(
-        got == plus(&p, 1),
-        "{what}: the replay on S1 read other bytes than the input had when it was enqueued \
-         ({}): S0's write overtook it",
-        first_diff(&got, &plus(&p, 1))
-    );
+    c.expect_read(S1, &out, &plus(&p, 1), &format!(
+            "{what}: the replay on S1 read other bytes than the input had when it was enqueued: S0's write overtook it"
+        ), &[suspect::STREAM_WAIT, suspect::GRAPH]);
     must(replay(&mut c, S0, &graph), format!("{what}: replay on S0"));
-    let got = must(
-        c.read(S1, &out),
-        format!("{what}: read the S0 replay on S1"),
-    );
-    assert!(
-        got == plus(&q, 1),
-        "{what}: S1 read the output before S0's replay wrote it ({})",
-        first_diff(&got, &plus(&q, 1))
+    c.expect_read(
+        S1,
+        &out,
+        &plus(&q, 1),
+        &format!("{what}: S1 read the output before S0's replay wrote it"),
+        &[suspect::STREAM_WAIT, suspect::GRAPH],
     );
     drop((graph, inp, out));
     c.assert_no_leak(&what);
@@ -205,11 +216,12 @@ pub(crate) fn a_graph_updates_in_place_or_anew<H: Harness>(h: &H, mode: Mode) {
     must(c.launch(S0, TestKernel::Fill, 1, &[], &[&y]), &what);
     let mut graph = end(&mut c, S0, rec);
     let check = |c: &mut crate::util::Ctx<H>, expected: &[u8], step: &str| {
-        let got = must(c.read(S0, &y), format!("{what}: {step}"));
-        assert!(
-            got == expected,
-            "{what}: {step}: {}",
-            first_diff(&got, expected)
+        c.expect_read(
+            S0,
+            &y,
+            expected,
+            &format!("{what}: {step}"),
+            &[suspect::GRAPH],
         );
     };
     must(replay(&mut c, S0, &graph), &what);

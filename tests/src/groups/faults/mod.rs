@@ -112,14 +112,8 @@ fn expect_read<H: Harness>(
     scenario: &str,
     suspects: &str,
 ) {
-    let mode = c.mode;
-    let got = must(c.read(stream, x), format!("[{mode}] {scenario}: read"));
-    assert!(
-        got == want,
-        "[{mode}] {scenario}: the read gave wrong bytes ({}); the shim call most likely at \
-         fault: {suspects}",
-        first_diff(&got, want)
-    );
+    let what = format!("[{}] {scenario}", c.mode);
+    c.expect_read(stream, x, want, &what, &[suspects]);
 }
 
 fn scenario<H: Harness>(h: &H, mode: Mode, call: ShimOp, op: Op, loses_device: bool) {
@@ -206,12 +200,12 @@ fn scenario<H: Harness>(h: &H, mode: Mode, call: ShimOp, op: Op, loses_device: b
         c.create(s1, &data),
         format!("{what}: create after the fault"),
     );
-    let back = must(c.read(s0, &x), format!("{what}: read after the fault"));
-    assert!(
-        back == data,
-        "{what}: the round trip after the fault gave wrong bytes ({}); the shim call most \
-         likely at fault: {READ_SUSPECTS}",
-        first_diff(&back, &data)
+    c.expect_read(
+        s0,
+        &x,
+        &data,
+        &format!("{what}: the round trip after the fault"),
+        &[READ_SUSPECTS],
     );
     drop((e, f, r, x));
     if leaks_on_purpose(call) {
