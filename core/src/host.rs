@@ -105,6 +105,12 @@ struct Registered {
     bytes: Box<dyn ExternalBytes>,
 }
 
+// SAFETY: nothing reads or writes a `Registered` through a shared reference (the buffers that
+// share it read the bytes through their cached pointer, which the `ExternalBytes` contract keeps
+// valid and unchanged); only its `Drop`, which has it exclusively, touches the fields. So sharing
+// it between threads (an `Arc` of it in buffers on several threads) shares nothing.
+unsafe impl Sync for Registered {}
+
 impl Drop for Registered {
     fn drop(&mut self) {
         if let Some(unregister) = self.unregister.take() {

@@ -11,7 +11,7 @@
 //!
 //! An upload of ordinary memory of at least [`StagingPolicy::pipeline_from`] bytes is cut into
 //! pieces of at most [`StagingPolicy::chunk`] bytes. Each piece is copied by the host into the
-//! next buffer of the stream's ring ([`Shim::host_copy`](crate::Shim::host_copy), on the shim's
+//! next buffer of the stream's ring ([`crate::Shim::host_copy`], on the shim's
 //! worker threads where it has them), then copied to the device from there, and a fence is
 //! recorded after it. While the host copies piece *i*, the device copies piece *i − 1*. A buffer
 //! is reused only once the fence after its last device copy passed, so the ring holds at most
@@ -35,7 +35,8 @@ pub struct StagingPolicy {
     pub flush_after: u64,
     /// Uploads of unpinned data, and reads into heap memory, of at least this many bytes are
     /// pipelined through the stream's staging ring (see the module documentation), whatever
-    /// their size: `max_staged` does not apply to them. `u64::MAX` turns the pipeline off.
+    /// their size: `max_staged` does not apply to them. `u64::MAX` turns the pipeline off; so
+    /// does a build without the `pipeline` feature (on with `std`).
     pub pipeline_from: u64,
     /// Bytes per piece of a pipelined copy: the size of each buffer of the ring. Each piece
     /// costs a device copy and a fence; on the H200's host pieces of 1–2 MiB ran at a third to
@@ -107,6 +108,7 @@ impl Staging {
 }
 
 /// A buffer of a staging ring, and the fence after the last device copy that used it.
+#[cfg_attr(not(feature = "pipeline"), allow(dead_code))]
 pub(crate) struct Slot<S: Shim> {
     pub buffer: HostBuffer,
     pub fence: Option<(S::Event, FenceMark)>,
@@ -129,6 +131,8 @@ impl<S: Shim> core::fmt::Debug for StagingRing<S> {
     }
 }
 
+// Without the `pipeline` feature only `new` and `retire_into` are called (the ring stays empty).
+#[cfg_attr(not(feature = "pipeline"), allow(dead_code))]
 impl<S: Shim> StagingRing<S> {
     pub const fn new() -> Self {
         Self {

@@ -109,7 +109,7 @@ unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize, stream: bool) {
 unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
     use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     let head = dst.align_offset(16).min(len);
-    // SAFETY (whole function): every access below lies in `src .. src + len` and
+    // SAFETY: every access below lies in `src .. src + len` and
     // `dst .. dst + len` (the caller's contract); the streamed stores are to 16-byte aligned
     // addresses (`head` aligns `dst`); SSE2 is part of every x86-64 target.
     unsafe {
@@ -308,7 +308,7 @@ impl CopyWorkers {
         let mut spins = 0u32;
         while shared.left.load(Ordering::Acquire) > 0 {
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 std::thread::yield_now();
             } else {
                 core::hint::spin_loop();

@@ -307,7 +307,7 @@ impl CudaShim {
     }
 
     /// This shim with `workers` for its staging copies (a pool set up beyond its thread count,
-    /// [`CopyWorkers::streaming_from`]).
+    /// [`CopyWorkers::streaming`]).
     pub fn with_copy_workers(mut self, workers: CopyWorkers) -> Self {
         self.copies = Arc::new(workers);
         self

@@ -148,6 +148,7 @@ impl<S: Shim> Command<'_, S> {
         );
         // Pipelined through the staging ring: it waits for its buffers' fences, so only while
         // nobody records (a recording keeps the bytes it sends, below).
+        #[cfg(feature = "pipeline")]
         if staging.pipelined
             && stance == Stance::Run
             && self.upload_pipelined(handle, &t, source.bytes(), layout)?
@@ -285,6 +286,7 @@ impl<S: Shim> Command<'_, S> {
         t: &Target,
         dst: &mut HostBuffer,
     ) -> Result<(), ServerError> {
+        #[cfg(feature = "pipeline")]
         if dst.origin() == HostOrigin::Heap
             && self.stance() == Stance::Run
             && self.device.config.staging.pipelines(layout.packed_bytes())

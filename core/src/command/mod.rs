@@ -31,6 +31,7 @@ mod host_side;
 mod launch;
 mod library;
 mod memory;
+#[cfg(feature = "pipeline")]
 mod pipeline;
 mod transfer;
 mod typed;

@@ -251,8 +251,8 @@ impl<S: Shim> Command<'_, S> {
             self.fence_slot(i)?;
             pending[i] = Some(piece);
         }
-        for i in 0..pending.len() {
-            let Some(piece) = pending[i].take() else {
+        for (i, entry) in pending.iter_mut().enumerate() {
+            let Some(piece) = entry.take() else {
                 continue;
             };
             let (shim, s) = self.parts();
