@@ -108,7 +108,9 @@ struct Registered {
 // SAFETY: nothing reads or writes a `Registered` through a shared reference (the buffers that
 // share it read the bytes through their cached pointer, which the `ExternalBytes` contract keeps
 // valid and unchanged); only its `Drop`, which has it exclusively, touches the fields. So sharing
-// it between threads (an `Arc` of it in buffers on several threads) shares nothing.
+// it between threads (an `Arc` of it in buffers on several threads) shares nothing. Keep it so:
+// `bytes` is `Send` but not `Sync`, so an accessor that reached it through the `Arc` would be
+// unsound.
 unsafe impl Sync for Registered {}
 
 impl Drop for Registered {

@@ -48,6 +48,9 @@ pub const STAGE_STREAM_BELOW: usize = 4 << 20;
 /// wake.
 const SPIN: Duration = Duration::from_micros(300);
 
+/// The most helper threads a pool starts, whatever it is asked for.
+pub const MAX_THREADS: usize = 64;
+
 /// Bits of [`Shared::cursor`] that count parts; the bits above hold the job's generation.
 const PART_BITS: u32 = 16;
 
@@ -211,11 +214,12 @@ impl core::fmt::Debug for CopyWorkers {
 }
 
 impl CopyWorkers {
-    /// A pool of `threads` helper threads (the caller's thread copies a part too, so a copy runs
-    /// on up to `threads + 1` threads). 0 copies on the caller's thread only.
+    /// A pool of `threads` helper threads, at most [`MAX_THREADS`] (the caller's thread copies a
+    /// part too, so a copy runs on up to `threads + 1` threads). 0 copies on the caller's thread
+    /// only.
     pub fn new(threads: usize) -> Self {
         Self {
-            threads: threads.min((1 << PART_BITS) - 2),
+            threads: threads.min(MAX_THREADS),
             stream_from: STREAM_FROM,
             stage_stream_below: STAGE_STREAM_BELOW,
             shared: Arc::new(Shared {

@@ -116,7 +116,7 @@ fn warm_enqueue_operations_do_not_allocate() {
             max_items: 16,
             ..DropPolicy::default()
         },
-        // Pieces of 256 KiB: a 1 MiB pipelined copy runs through the whole ring of four.
+        // Pieces of 256 KiB: a 1 MiB pipelined copy runs in four of them.
         staging: devcmd::staging::StagingPolicy {
             chunk: 256 << 10,
             ..devcmd::staging::StagingPolicy::default()
@@ -227,6 +227,28 @@ fn warm_enqueue_operations_do_not_allocate() {
         kept_heap.as_ref().unwrap().as_slice() == &big[..],
         "1 MiB round trip"
     );
+    // The figures above are the pipeline's: one more of each makes four copies from and four
+    // into pinned memory (the ring's buffers), none from or into the caller's memory.
+    let copies = |d: &Device<StdShim>| d.shim().stats().copies_by_host_memory;
+    let before = copies(&device);
+    let mut c = cmd(&mut device);
+    c.write_from(&z, &big).unwrap();
+    c.sync().unwrap().wait().unwrap();
+    let buffer = kept_heap.take().unwrap();
+    kept_heap = Some(
+        cmd(&mut device)
+            .read_to(ReadRequest::whole(&z), buffer)
+            .unwrap()
+            .wait()
+            .unwrap(),
+    );
+    let after = copies(&device);
+    assert_eq!(
+        (after[0] - before[0], after[1] - before[1]),
+        (0, 8),
+        "copies by host memory (pageable, pinned) of one pipelined write and one pipelined read"
+    );
+    drop(kept_heap);
 
     let reserve_drop = per_op(|| {
         let h: Handle = cmd(&mut device).reserve(256).unwrap();

@@ -578,14 +578,15 @@ impl Shim for CudaShim {
         unsafe { memory::host_unregister(registration) }
     }
 
-    /// `cuMemcpyHtoDAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one (row by row
-    /// where the pitch passes the device's `MAX_PITCH`). The driver itself tells pageable from
-    /// page-locked memory: a pageable source is staged by the driver (slower, see BENCHMARKS.md).
+    /// Split among the shim's copy threads ([`CudaShim::with_copy_threads`]).
     unsafe fn host_copy(&self, dst: *mut u8, src: *const u8, len: usize, kind: HostCopy) {
         // SAFETY: `host_copy`'s contract is `CopyWorkers::copy`'s.
         unsafe { self.copies.copy(dst, src, len, kind) }
     }
 
+    /// `cuMemcpyHtoDAsync` for a linear layout, `cuMemcpy2DAsync` for a pitched one (row by row
+    /// where the pitch passes the device's `MAX_PITCH`). The driver itself tells pageable from
+    /// page-locked memory: a pageable source is staged by the driver (slower, see BENCHMARKS.md).
     unsafe fn copy_to_device(
         &self,
         stream: &CudaStream,

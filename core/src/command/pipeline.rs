@@ -116,8 +116,9 @@ impl<S: Shim> Command<'_, S> {
 
     /// Uploads `src` (packed rows) into `handle`'s view at `t` with `layout`, pipelined through
     /// the staging ring; returns `false`, having done nothing, when the ring has no buffer and
-    /// the pool cannot serve one. Only while no stream records. Every piece written or none: a
-    /// failed piece marks the whole write failed (the failure rule), as does a failed wait.
+    /// the pool cannot serve one. Only while no stream records. A failed piece (or a failed
+    /// wait for a buffer) fails the whole write: the pieces enqueued before it still land, but
+    /// every row of the write is marked failed (the failure rule), so none is read as data.
     pub(super) fn upload_pipelined(
         &mut self,
         handle: &Handle,

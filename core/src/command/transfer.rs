@@ -114,6 +114,12 @@ impl<S: Shim> Command<'_, S> {
     /// [`Self::read_async`]. The caller must keep `dst` until a fence after this passes
     /// ([`Self::sync`]): the drop queue cannot, because the caller reads it afterwards.
     ///
+    /// **Pipelined** (a heap `dst` of at least
+    /// [`StagingPolicy::pipeline_from`](crate::staging::StagingPolicy::pipeline_from) bytes,
+    /// the `pipeline` feature): the copy runs through the stream's staging ring and this
+    /// returns once every byte is in `dst`; it waits for the stream's earlier work, so a fault
+    /// of that work is this call's error.
+    ///
     /// # Errors
     ///
     /// [`Validation::Recording`] while a stream of the device records; a read of failed bytes
@@ -159,7 +165,10 @@ impl<S: Shim> Command<'_, S> {
     /// Reads `request` into `buffer`, the caller's own (as long as the request's packed bytes),
     /// and gives it back filled: the read of a host loop that keeps one buffer (a pinned one from
     /// [`Self::reserve_host`], say) and reuses it, with no allocation on warm pools. The checks
-    /// and the order are those of [`Self::read_async`].
+    /// and the order are those of [`Self::read_async`]. A heap buffer of at least
+    /// [`StagingPolicy::pipeline_from`](crate::staging::StagingPolicy::pipeline_from) bytes is
+    /// filled through the stream's staging ring before this returns (the future is then ready
+    /// at once), at DMA speed rather than the driver's pageable path; see [`Self::read_into`].
     ///
     /// # Errors
     ///

@@ -142,6 +142,7 @@ pub enum HostMemory {
 /// it decides how the bytes are best written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum HostCopy {
     /// Into a staging buffer the device reads next (an upload): written through the cache,
     /// where the device's read finds them.

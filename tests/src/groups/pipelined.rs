@@ -50,8 +50,11 @@ fn read_heap<H: Harness>(
 ///   (rows cut across pieces), with the padding between rows left as it was;
 /// - more copies in a row than the ring has buffers, across two streams (uploads on one,
 ///   pipelined reads on the other);
+/// - a read into heap memory runs through the ring (a fresh stream's pinned pool holds its
+///   buffer after it, where the shim serves pinned memory);
 /// - with a probe: a device copy refused in the middle of an upload fails the whole write (a
-///   read of any of its bytes is refused) and leaves the ring usable;
+///   read of any of its bytes is refused) and leaves the ring usable; one refused in the middle
+///   of a read fails the read, and the next read returns every byte;
 /// - nothing leaked once every handle is dropped and the device cleaned up.
 ///
 /// A piece that fails while it runs is [`pipelined_work_fault`] (it traps on a GPU).
@@ -135,6 +138,35 @@ pub fn pipelined<H: Harness>(h: &H, mode: Mode) {
         );
     }
 
+    // The reads above ran through the ring, not around it: a fresh stream's pipelined read
+    // leaves the ring's buffer in its pinned pool (where the shim serves pinned memory at all).
+    let s3 = StreamId(3);
+    let serves_pinned = must(
+        must(c.dev.command(s3), "command").reserve_host(64, true),
+        "reserve_host",
+    )
+    .origin()
+        == devcmd::HostOrigin::Pinned;
+    let h = must(c.create(s0, &pattern(3 * chunk, 5)), "create");
+    must(
+        read_heap(&mut c, s3, &h, CopyLayout::linear(3 * CHUNK)),
+        "pipelined read on a fresh stream",
+    );
+    let ring = c
+        .dev
+        .memory_report()
+        .streams
+        .iter()
+        .find(|(id, _)| *id == s3)
+        .map_or(0, |(_, r)| r.pinned_host().in_use);
+    assert!(
+        !serves_pinned || ring >= CHUNK,
+        "[{mode}] a read of 3 pieces into heap memory left {ring} bytes of pinned buffers in \
+         use on its stream: it did not run through the staging ring (expected at least one \
+         {CHUNK}-byte buffer)"
+    );
+    drop(h);
+
     // More copies than the ring has buffers, uploads on one stream, reads on the other.
     let size = 2 * chunk + 11;
     let handles: Vec<(Handle, Vec<u8>)> = (0..7u8)
@@ -197,6 +229,28 @@ pub fn pipelined<H: Harness>(h: &H, mode: Mode) {
         assert!(
             back == data,
             "[{mode}] the write after a refused pipelined write: {}",
+            first_diff(&back, &data)
+        );
+
+        // A device copy refused mid-read: the read fails, returns no bytes, and the next one
+        // reads them all.
+        probe.inject(FaultRule::Once {
+            op: ShimOp::CopyDeviceToHost,
+            skip: 2,
+        });
+        let read = read_heap(&mut c, s0, &h, CopyLayout::linear(size as u64));
+        probe.clear();
+        assert!(
+            read.is_err(),
+            "[{mode}] a pipelined read whose third piece's copy_to_host was refused returned Ok"
+        );
+        let back = must(
+            read_heap(&mut c, s0, &h, CopyLayout::linear(size as u64)),
+            "read after a refused read",
+        );
+        assert!(
+            back == data,
+            "[{mode}] the read after a refused pipelined read: {}",
             first_diff(&back, &data)
         );
         drop(h);
