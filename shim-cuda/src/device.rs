@@ -38,6 +38,8 @@ pub(crate) struct Context {
     /// Streams of this context recording now (begun by the shim, not yet ended): a library
     /// that allocates (cuBLAS creating a handle) would invalidate their global-mode captures.
     pub(crate) capturing: std::sync::atomic::AtomicUsize,
+    /// The stream that wakes waiting futures (`notify.rs`), made on first use.
+    pub(crate) notifier: Mutex<Option<sys::CUstream>>,
 }
 
 // SAFETY: a `CUcontext` is a handle the driver API accepts from any thread (the driver is
@@ -78,6 +80,16 @@ impl Drop for Context {
         for event in events {
             // SAFETY: a pooled event is owned by the pool alone (no `CudaEvent` holds it).
             let _ = unsafe { sys::cuEventDestroy_v2(event) };
+        }
+        if let Some(notifier) = self
+            .notifier
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            // SAFETY: the notifier is owned by the context and destroyed once, here (a callback
+            // still queued on it runs or is dropped with it; it holds only its waker slot).
+            let _ = unsafe { sys::cuStreamDestroy_v2(notifier) };
         }
         let mut current = ptr::null_mut();
         // SAFETY: the pointer is valid for one write.
@@ -248,6 +260,7 @@ impl CudaShim {
             device: dev,
             events: Mutex::new(Vec::new()),
             capturing: std::sync::atomic::AtomicUsize::new(0),
+            notifier: Mutex::new(None),
         });
         ctx.bind(ShimOp::StreamCreate)
             .map_err(|e| CudaInitError::Call {
@@ -447,6 +460,15 @@ impl Shim for CudaShim {
     fn event_wait(&self, event: &CudaEvent) -> Result<(), DriverError> {
         self.bound(ShimOp::EventWait)?;
         stream::synchronize(event)
+    }
+
+    /// `cuStreamWaitEvent` on the context's notifier stream, then `cuStreamAddCallback` behind
+    /// it, which wakes the latest waker once the event completed (`notify.rs`).
+    fn event_notify(&self, event: &CudaEvent, waker: &std::task::Waker) -> bool {
+        if self.bound(ShimOp::EventQuery).is_err() {
+            return false;
+        }
+        crate::notify::notify(&self.ctx, event, waker)
     }
 
     /// `cuMemAlloc`. A zero size allocates one aligned unit (every page has its own address); a

@@ -67,6 +67,8 @@ pub const SYMBOLS: &[&str] = &[
     // Borrowed streams: the context they belong to.
     "cuStreamGetCtx",
     "cuStreamWaitEvent",
+    // Futures that sleep (notify.rs).
+    "cuStreamAddCallback",
     "cuStreamSynchronize",
     "cuEventCreate",
     "cuEventDestroy_v2",

@@ -14,6 +14,7 @@
 //! | [`Shim::stream_wait_event`] | `cuStreamWaitEvent` |
 //! | [`Shim::event_query`] | `cuEventQuery` (`CUDA_ERROR_NOT_READY` is `Ok(false)`) |
 //! | [`Shim::event_wait`] | `cuEventSynchronize` |
+//! | [`Shim::event_notify`] | `cuStreamWaitEvent` on a notifier stream, then `cuStreamAddCallback`, which wakes the future's latest waker |
 //! | [`Shim::device_alloc`], [`Shim::device_free`] | `cuMemAlloc`, `cuMemFree` |
 //! | [`Shim::vm_reserve`], [`Shim::vm_release`] | `cuMemAddressReserve` (aligned to the granule), `cuMemAddressFree` |
 //! | [`Shim::vm_map`], [`Shim::vm_unmap`] | `cuMemCreate` (pinned, on this device) + `cuMemMap` + `cuMemSetAccess` (read and write, this device), undoing what succeeded on a failure; the handle is the `CUmemGenericAllocationHandle`. `cuMemUnmap` + `cuMemRelease` |
@@ -153,6 +154,7 @@ pub mod faults;
 mod graph;
 mod kernel;
 mod memory;
+mod notify;
 mod nvrtc;
 mod stream;
 mod vm;

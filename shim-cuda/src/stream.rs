@@ -103,6 +103,8 @@ impl Drop for CudaStream {
 pub struct CudaEvent {
     raw: sys::CUevent,
     ctx: Arc<Context>,
+    /// The waker slot of a future waiting on this record, once one asked (`notify.rs`).
+    pub(crate) notify: std::sync::OnceLock<Arc<crate::notify::Slot>>,
 }
 
 // SAFETY: a `CUevent` is a driver handle usable from any thread; see `CudaStream`.
@@ -218,6 +220,7 @@ pub(crate) fn record(ctx: &Arc<Context>, stream: &CudaStream) -> Result<CudaEven
     let event = CudaEvent {
         raw: ctx.take_event(OP)?,
         ctx: Arc::clone(ctx),
+        notify: std::sync::OnceLock::new(),
     };
     // SAFETY: both handles are alive (held by `event` and `stream`).
     check(OP, unsafe { sys::cuEventRecord(event.raw, stream.raw) })?;

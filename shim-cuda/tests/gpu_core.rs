@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::{gpu, pattern};
+use common::{gpu, pattern, say};
 use devcmd::{Device, DeviceConfig, ExternalBytes, HostOrigin, ReadRequest, StreamId};
+use std::future::Future;
 
 const S0: StreamId = StreamId(0);
 const S1: StreamId = StreamId(1);
@@ -189,4 +190,167 @@ fn host_buffers_outlive_their_device() {
         .unwrap();
     assert_eq!(pinned[0].as_slice(), &data[..], "the pinned read's bytes");
     assert_eq!(lent[0].as_slice(), &data[..], "the lent buffer's bytes");
+}
+
+/// Spins for `ns` nanoseconds of the GPU's clock, then writes one byte.
+const SPIN: &str = r#"
+extern "C" __global__ void spin(unsigned char *out, unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+    out[0] = 1;
+}
+"#;
+
+/// A waker that counts its wakes and unparks the thread that polls.
+struct Unpark {
+    thread: std::thread::Thread,
+    wakes: std::sync::atomic::AtomicUsize,
+}
+
+impl std::task::Wake for Unpark {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.wakes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+/// Issue 22: a read future awaited under an executor sleeps until the GPU is done. A read of
+/// 256 bytes queued behind 200 ms of spinning is polled a handful of times (each poll after a
+/// wake from the shim's callback, or a spurious unpark), not spun on; and a second notify of the
+/// same event replaces the waker (only the latest is woken).
+#[test]
+fn a_read_future_sleeps_until_the_gpu_is_done() {
+    let test = "a_read_future_sleeps_until_the_gpu_is_done";
+    let Some(shim) = gpu(test) else {
+        return;
+    };
+    let Some(module) = common::compile(&shim, SPIN, &[], test) else {
+        return;
+    };
+    let spin = module.kernel_with_sizes("spin", &[8, 8]).unwrap();
+    let mut dev = Device::new(shim.clone(), DeviceConfig::default());
+    let out = dev.command(S0).unwrap().create(&[0u8; 256]).unwrap();
+    let launch = |dev: &mut Device<devcmd_cuda::CudaShim>, ms: u64| {
+        let ns = (ms * 1_000_000).to_ne_bytes();
+        dev.command(S0)
+            .unwrap()
+            .launch(devcmd::Launch {
+                kernel: &spin,
+                dims: devcmd::LaunchDims::SINGLE,
+                inputs: &[],
+                outputs: &[&out],
+                params: &[
+                    devcmd::KernelParam::Buffer(0),
+                    devcmd::KernelParam::Scalar(&ns),
+                ],
+            })
+            .unwrap();
+    };
+    // Warm: the module is loaded and the notifier stream made before the timed part.
+    launch(&mut dev, 1);
+    dev.command(S0).unwrap().sync().unwrap().wait().unwrap();
+
+    launch(&mut dev, 200);
+    let started = std::time::Instant::now();
+    let mut future = dev
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&out)])
+        .unwrap();
+    let waker = std::sync::Arc::new(Unpark {
+        thread: std::thread::current(),
+        wakes: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let w = std::task::Waker::from(std::sync::Arc::clone(&waker));
+    let mut cx = std::task::Context::from_waker(&w);
+    let mut polls = 0;
+    let got = loop {
+        polls += 1;
+        match std::pin::Pin::new(&mut future).poll(&mut cx) {
+            std::task::Poll::Ready(r) => break r.unwrap(),
+            std::task::Poll::Pending => {
+                std::thread::park_timeout(std::time::Duration::from_secs(5))
+            }
+        }
+        assert!(started.elapsed().as_secs() < 10, "{test}: never woken");
+    };
+    let elapsed = started.elapsed();
+    assert_eq!(got[0].as_slice()[0], 1, "the kernel's byte");
+    assert!(
+        elapsed.as_millis() >= 150,
+        "{test}: resolved after {elapsed:?}, before the 200 ms kernel could finish"
+    );
+    assert!(
+        polls <= 5,
+        "{test}: {polls} polls for a read behind a 200 ms kernel: the future spun instead of \
+         sleeping until the shim's callback woke it"
+    );
+    assert!(
+        waker.wakes.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "{test}: resolved without a wake"
+    );
+    say(&format!(
+        "{test}: {polls} polls, {} wakes, {elapsed:?}",
+        waker.wakes.load(std::sync::atomic::Ordering::SeqCst)
+    ));
+
+    // The shim alone: a second notify of the same event value replaces the waker.
+    use devcmd::Shim;
+    let stream = shim.create_stream().unwrap();
+    let (page, addr) = common::page(&shim, 256);
+    let ns = 150_000_000u64.to_ne_bytes();
+    // SAFETY: the page holds 256 bytes and outlives the wait below.
+    unsafe {
+        shim.launch(
+            &stream,
+            &spin,
+            devcmd::LaunchDims::SINGLE,
+            &[devcmd::DeviceSpan { addr, len: 256 }],
+            &[
+                devcmd::KernelParam::Buffer(0),
+                devcmd::KernelParam::Scalar(&ns),
+            ],
+        )
+    }
+    .unwrap();
+    let event = shim.record_event(&stream).unwrap();
+    let first = std::sync::Arc::new(Unpark {
+        thread: std::thread::current(),
+        wakes: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let second = std::sync::Arc::new(Unpark {
+        thread: std::thread::current(),
+        wakes: std::sync::atomic::AtomicUsize::new(0),
+    });
+    assert!(shim.event_notify(
+        &event,
+        &std::task::Waker::from(std::sync::Arc::clone(&first))
+    ));
+    assert!(shim.event_notify(
+        &event,
+        &std::task::Waker::from(std::sync::Arc::clone(&second))
+    ));
+    shim.event_wait(&event).unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while second.wakes.load(std::sync::atomic::Ordering::SeqCst) == 0
+        && std::time::Instant::now() < until
+    {
+        std::thread::park_timeout(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        (
+            first.wakes.load(std::sync::atomic::Ordering::SeqCst),
+            second.wakes.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (0, 1),
+        "{test}: wakes of the replaced waker and of the latest one"
+    );
+    // SAFETY: the stream passed the event after the only launch that used the page.
+    unsafe { shim.device_free(page) };
 }
