@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes devcmd-trace's readers with cargo-fuzz (libFuzzer): the targets csv, snapshot and gzip,
+# Fuzzes devcmd-trace's readers and the command layer with cargo-fuzz (libFuzzer): the targets
+# csv, snapshot and gzip (devcmd-trace), and commands (Command operations on shim-std against a
+# model; its failures are a panic of src/commands.rs),
 # each for SECONDS (default 60), from the seeds in corpus/TARGET (read only: what the run finds is
 # kept in a scratch folder and dropped). A target fails on a panic, an abort, a read holding more
 # than 10 bytes of memory per byte of input (src/lib.rs), more than 1 GiB of RSS, or 10 s on one
@@ -14,7 +16,7 @@ cd "$(dirname "$0")"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(csv snapshot gzip)
+[ ${#targets[@]} -gt 0 ] || targets=(csv snapshot gzip commands)
 toolchain="${DEVCMD_FUZZ_TOOLCHAIN:-nightly-2026-10-30}"
 
 rustup toolchain list | grep -q "^$toolchain" || rustup toolchain install "$toolchain" --profile minimal

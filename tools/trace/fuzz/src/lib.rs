@@ -4,7 +4,9 @@
 //! overflow).
 //!
 //! Owns the counting allocator the targets run under (the peak of live bytes while a trace is
-//! read) and [`check`].
+//! read) and [`check`]. The `commands` target's model is [`commands`].
+
+pub mod commands;
 
 use devcmd_trace::input::{Action, ReadOptions, read_bytes};
 use std::alloc::{GlobalAlloc, Layout, System};
