@@ -96,12 +96,22 @@ pub struct Counters {
     /// Calls that may have changed the device's memory (every counted call and every free): a
     /// check reads the manager's pages again when this moves.
     pub calls: u64,
+    /// Granules mapped (`vm_map` calls that succeeded).
+    pub maps: u64,
+    /// Granules unmapped (`vm_unmap` calls).
+    pub unmaps: u64,
 }
 
 impl Counters {
     /// Pages live.
     pub fn live(&self) -> u64 {
         self.allocated - self.freed
+    }
+
+    /// Calls that put memory behind an address or took it away: pages allocated and freed,
+    /// granules mapped and unmapped (each costs about a `cuMemAlloc` on a GPU).
+    pub fn map_calls(&self) -> u64 {
+        self.allocated + self.freed + self.maps + self.unmaps
     }
 }
 
@@ -125,6 +135,8 @@ impl ReplayShim for StdShim {
             freed: st.device_frees,
             bytes_live: st.device_bytes_live,
             calls: ShimOp::ALL.iter().map(|op| st.calls(*op)).sum::<u64>() + st.device_frees,
+            maps: st.vm_maps,
+            unmaps: st.vm_unmaps,
         }
     }
 }
@@ -287,6 +299,7 @@ impl Shim for AddressShim {
         }
         c.bytes_live += size;
         c.calls += 1;
+        c.maps += 1;
         self.counters.set(c);
         Ok(0)
     }
@@ -295,6 +308,7 @@ impl Shim for AddressShim {
         let mut c = self.counters.get();
         c.bytes_live -= size;
         c.calls += 1;
+        c.unmaps += 1;
         self.counters.set(c);
     }
 

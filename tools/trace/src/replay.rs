@@ -135,6 +135,13 @@ pub struct Measured {
     pub pages_allocated: u64,
     /// Device pages freed during the replay, before the final teardown (`device_free` calls).
     pub pages_freed: u64,
+    /// Held bytes summed over every operation (after each), over live bytes summed at the same
+    /// points: how much is held for what is live over the run, not only at the peak (`None`
+    /// when nothing was ever live).
+    pub held_over_live_time: Option<f64>,
+    /// Pages allocated and freed, granules mapped and unmapped during the replay (before the
+    /// final teardown): see [`Counters::map_calls`](crate::device::Counters::map_calls).
+    pub map_calls: u64,
     /// Reservations that failed.
     pub failed: u64,
     /// The first failure: where, and the manager's error.
@@ -175,6 +182,7 @@ pub fn measure<S: ReplayShim>(
     let mut timeline = Timeline::default();
     let (mut live, mut live_peak, mut held_peak, mut pages_at_peak) = (0u64, 0u64, 0u64, 0u64);
     let (mut bucket_live, mut bucket_held) = (0u64, 0u64);
+    let (mut live_sum, mut held_sum) = (0u128, 0u128);
     let (mut failed, mut first_failure) = (0u64, None);
     for (i, op) in ops.iter().enumerate() {
         let slot = op.slot as usize;
@@ -215,6 +223,8 @@ pub fn measure<S: ReplayShim>(
             pages_at_peak = pages_held(&mut bench.mm);
         }
         live_peak = live_peak.max(live);
+        live_sum += u128::from(live);
+        held_sum += u128::from(held);
         bucket_live = bucket_live.max(live);
         bucket_held = bucket_held.max(held);
         if let Some(v) = &mut verifier {
@@ -233,6 +243,7 @@ pub fn measure<S: ReplayShim>(
     }
     let counters = bench.shim.counters();
     let (pages_allocated, pages_freed) = (counters.allocated, counters.freed);
+    let held_over_live_time = (live_sum > 0).then(|| held_sum as f64 / live_sum as f64);
     let config = bench.mm.config();
     drop(handles);
     if let Some(v) = verifier {
@@ -245,6 +256,8 @@ pub fn measure<S: ReplayShim>(
         pages_at_peak,
         pages_allocated,
         pages_freed,
+        held_over_live_time,
+        map_calls: counters.map_calls(),
         failed,
         first_failure,
         timeline,
@@ -265,6 +278,10 @@ pub struct Timing {
     pub failed: (u64, u64),
     /// Pages the device allocated per replay, cold and warm (the last replay of each).
     pub page_allocs: (u64, u64),
+    /// Device calls that map or unmap memory per replay, cold and warm (the last replay of
+    /// each, which also collects what the replay before it dropped at its end: see
+    /// [`Counters::map_calls`](crate::device::Counters::map_calls)).
+    pub map_calls: (u64, u64),
 }
 
 /// Times replays of `trace` (see the module documentation): cold replays, each on a fresh
@@ -283,7 +300,7 @@ pub fn time<S: ReplayShim>(
     let n = trace.ops.len().max(1) as f64;
     let total = trace.ops.len() as u64;
     let (mut cold, mut cold_reps) = (0.0, 0u32);
-    let (mut cold_failed, mut cold_pages);
+    let (mut cold_failed, mut cold_pages, mut cold_calls);
     // Progress: by operations within the first replay (a long trace), then by time spent (drawn
     // between replays, never inside the timed loop of a short one).
     let ms = |secs: f64| (secs * 1000.0) as u64;
@@ -298,23 +315,29 @@ pub fn time<S: ReplayShim>(
         let (t, failed) = replay_timed(trace, &mut bench, &mut handles, first, total);
         handles.iter_mut().for_each(|h| *h = None);
         (cold, cold_reps) = (cold + t, cold_reps + 1);
-        (cold_failed, cold_pages) = (failed, bench.shim.counters().allocated);
+        let c = bench.shim.counters();
+        (cold_failed, cold_pages, cold_calls) = (failed, c.allocated, c.map_calls());
         progress.update(ms(cold), ms(2.0 * min_seconds));
         if enough(cold, wall) {
             break bench;
         }
     };
     let (mut warm, mut warm_reps) = (0.0, 0u32);
-    let (mut warm_failed, mut warm_pages) = (0, 0);
+    let (mut warm_failed, mut warm_pages, mut warm_calls) = (0, 0, 0);
     let wall = Instant::now();
     while warm_reps == 0 || !enough(warm, wall) {
-        let before = bench.shim.counters().allocated;
+        let before = bench.shim.counters();
         let first = (warm_reps == 0).then_some(&mut *progress);
         let (t, failed) = replay_timed(trace, &mut bench, &mut handles, first, total);
         handles.iter_mut().for_each(|h| *h = None);
         (warm, warm_reps) = (warm + t, warm_reps + 1);
         progress.update(ms(min_seconds + warm), ms(2.0 * min_seconds));
-        (warm_failed, warm_pages) = (failed, bench.shim.counters().allocated - before);
+        let c = bench.shim.counters();
+        (warm_failed, warm_pages, warm_calls) = (
+            failed,
+            c.allocated - before.allocated,
+            c.map_calls() - before.map_calls(),
+        );
     }
     drop(handles);
     Timing {
@@ -323,6 +346,7 @@ pub fn time<S: ReplayShim>(
         replays: (cold_reps, warm_reps),
         failed: (cold_failed, warm_failed),
         page_allocs: (cold_pages, warm_pages),
+        map_calls: (cold_calls, warm_calls),
     }
 }
 
