@@ -33,7 +33,9 @@
 //! them. Either way, memory no allocation uses is kept for reuse, and goes back first when the
 //! pools would otherwise grow past the most they ever held (idle granules) or when the arena needs
 //! a page none of its empty ones can serve (empty arena pages): the peak of memory held grows only
-//! by what live allocations need. An explicit cleanup gives back everything unused.
+//! by what live allocations need. Under [`IdleGranules::Slack`](super::IdleGranules::Slack) the
+//! granule pools also give back, at every reservation, the idle granules past a slack above the
+//! granules in use. An explicit cleanup gives back everything unused.
 
 mod granules;
 mod lookup;
@@ -136,7 +138,7 @@ impl<S: Shim> MemoryManager<S> {
             arena_min_page: config.arena_min_page.min(memory / 4),
             arena_granule: config.arena_granule.min(memory / 8).max(1),
             virtual_memory: config.virtual_memory,
-            spare_identities: config.spare_identities,
+            ..config
         };
         // Granule pools need a power-of-two granule no larger than the memory.
         let g = facts.vm_granule;

@@ -18,7 +18,7 @@ mod vm;
 pub(crate) mod whole;
 
 pub use budget::MemoryBudget;
-pub use config::{MemoryConfig, PageRelease};
+pub use config::{IdleGranules, MemoryConfig, PageRelease};
 pub(crate) use handle::ReturnQueue;
 pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
 #[cfg(test)]

@@ -7,9 +7,11 @@
 //! and the state of each granule: unmapped, mapped (with how many allocations touch it and how
 //! many guards hold it), or retiring (handed to the device to unmap once its fence passes, and
 //! taken back if needed before that). Keeps the mapped granules no allocation touches in a cache
-//! and says which ones to give back. Does not own the device calls nor the budget (the manager
-//! maps, unmaps and counts: `manager/granules.rs`), nor when the cache is given back (the
-//! manager's policy: before growing, and at an explicit cleanup).
+//! and says which ones to give back, with exact counts of the granules in use (touched or
+//! guarded) and idle. Does not own the device calls nor the budget (the manager maps, unmaps and
+//! counts: `manager/granules.rs`), nor when the cache is given back (the manager's policy, from
+//! [`IdleGranules`](crate::memory::IdleGranules): before growing past the peak, past the slack
+//! at a reservation, and at an explicit cleanup).
 //!
 //! Why: memory held is the granules touched by live allocations, never a page sized for a
 //! request long gone; a freed granule goes back without moving any allocation.
@@ -88,6 +90,10 @@ pub(crate) struct GranulePool<P> {
     retiring: Vec<u32>,
     /// Granules with memory behind them (mapped or retiring).
     pub mapped: u32,
+    /// Granules touched by a live allocation or held by a guard (whatever is behind them).
+    pub busy: u32,
+    /// Mapped granules neither touched nor guarded: what the cache holds, counted exactly.
+    pub idle: u32,
     pub mapped_peak: u32,
     /// Map and unmap calls made, for the report and benchmarks.
     pub maps: u64,
@@ -121,6 +127,8 @@ impl<P> GranulePool<P> {
             cache: Vec::new(),
             retiring: Vec::new(),
             mapped: 0,
+            busy: 0,
+            idle: 0,
             mapped_peak: 0,
             maps: 0,
             unmaps: 0,
@@ -179,6 +187,10 @@ impl<P> GranulePool<P> {
                 ) {
                     Ok(_) => {
                         gr.backing = Backing::Mapped(memory);
+                        if gr.users == 0 && gr.guards == 0 {
+                            self.idle += 1;
+                            self.cache.push(g);
+                        }
                         Need::TakenBack
                     }
                     Err(_) => {
@@ -194,7 +206,12 @@ impl<P> GranulePool<P> {
 
     /// Records that granule `g` was mapped with the shim's `memory`.
     pub(crate) fn set_mapped(&mut self, g: u32, memory: u64) {
-        self.granules[g as usize].backing = Backing::Mapped(memory);
+        let gr = &mut self.granules[g as usize];
+        gr.backing = Backing::Mapped(memory);
+        if gr.users == 0 && gr.guards == 0 {
+            self.idle += 1;
+            self.cache.push(g);
+        }
         self.mapped += 1;
         self.mapped_peak = self.mapped_peak.max(self.mapped);
         self.maps += 1;
@@ -203,6 +220,10 @@ impl<P> GranulePool<P> {
     /// Counts a new allocation over `[first, last]`.
     pub(crate) fn touch(&mut self, first: u32, last: u32) {
         for g in &mut self.granules[first as usize..=last as usize] {
+            if g.users == 0 && g.guards == 0 {
+                self.busy += 1;
+                self.idle -= u32::from(matches!(g.backing, Backing::Mapped(_)));
+            }
             g.users += 1;
         }
     }
@@ -214,7 +235,11 @@ impl<P> GranulePool<P> {
             let gr = &mut self.granules[g as usize];
             gr.users -= 1;
             if gr.users == 0 && gr.guards == 0 {
-                self.cache.push(g);
+                self.busy -= 1;
+                if matches!(gr.backing, Backing::Mapped(_)) {
+                    self.idle += 1;
+                    self.cache.push(g);
+                }
             }
         }
     }
@@ -239,6 +264,7 @@ impl<P> GranulePool<P> {
                 continue;
             };
             self.mapped -= 1;
+            self.idle -= 1;
             self.unmaps += 1;
             return Some((g, memory));
         }
@@ -283,12 +309,21 @@ impl<P> GranulePool<P> {
         let Some(gr) = self.granules.get_mut(g as usize) else {
             return;
         };
+        let mapped = matches!(gr.backing, Backing::Mapped(_));
         if add {
+            if gr.users == 0 && gr.guards == 0 {
+                self.busy += 1;
+                self.idle -= u32::from(mapped);
+            }
             gr.guards += 1;
-        } else {
-            gr.guards = gr.guards.saturating_sub(1);
+        } else if gr.guards > 0 {
+            gr.guards -= 1;
             if gr.guards == 0 && gr.users == 0 {
-                self.cache.push(g);
+                self.busy -= 1;
+                if mapped {
+                    self.idle += 1;
+                    self.cache.push(g);
+                }
             }
         }
     }
@@ -370,6 +405,7 @@ impl<P> GranulePool<P> {
             }
         }
         self.mapped = 0;
+        self.idle = 0;
         self.cache.clear();
         self.retiring.clear();
         out

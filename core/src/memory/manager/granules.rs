@@ -6,12 +6,13 @@
 //! give idle granules back when mapping the missing ones would take the pools past the most they
 //! ever held, map what is missing, undo all of it on a refusal) and
 //! how a granule goes back (unmapped at once under [`PageRelease::Immediate`], else retired to
-//! the drop queue with a token the pool can take it back through). Does not own the bookkeeping
+//! the drop queue with a token the pool can take it back through), and the give-back policy of
+//! [`IdleGranules`] (at every reservation, the idle granules past the slack go back). Does not own the bookkeeping
 //! of blocks and granules (`memory/vm.rs`) nor the routing of a request (`reserve.rs`).
 
 use super::MemoryManager;
 use crate::error::IoError;
-use crate::memory::config::PageRelease;
+use crate::memory::config::{IdleGranules, PageRelease};
 use crate::memory::handle::{Location, POOL_VM_LARGE, POOL_VM_SMALL};
 use crate::memory::sliced::Used;
 use crate::memory::types::{PageUpdate, RawPage, RetiredPage};
@@ -159,6 +160,24 @@ impl<S: Shim> MemoryManager<S> {
             self.give_back_idle(shim, usize::try_from(granules).unwrap_or(usize::MAX));
         }
         self.budget.held().saturating_add(bytes) <= limit
+    }
+
+    /// Under [`IdleGranules::Slack`], gives back the idle granules past the slack above the
+    /// granules in use (most recently idle first, as at growth). Run at every reservation that
+    /// may change pages, after the returns are collected; free of device calls when within it.
+    pub(super) fn trim_idle(&mut self, shim: &S) {
+        let IdleGranules::Slack { per_64, floor } = self.config.idle_granules else {
+            return;
+        };
+        let (mut busy, mut idle) = (0u64, 0u64);
+        for pool in self.vm.iter().flatten() {
+            busy += u64::from(pool.busy);
+            idle += u64::from(pool.idle);
+        }
+        let keep = (floor / self.vm_granule).max(busy * u64::from(per_64) / 64);
+        if idle > keep {
+            self.give_back_idle(shim, usize::try_from(idle - keep).unwrap_or(usize::MAX));
+        }
     }
 
     /// Bytes of device memory behind the granule pools (retiring granules included; those the

@@ -56,6 +56,9 @@ impl<S: Shim> MemoryManager<S> {
     ) -> Result<Handle, IoError> {
         if update == PageUpdate::Allow {
             self.cleanup(shim, Cleanup::Periodic); // collects the returns first
+            if self.vm_granule != 0 {
+                self.trim_idle(shim);
+            }
         } else {
             self.collect_returns();
         }
