@@ -32,6 +32,9 @@ pub struct Device {
     pub max_page: Option<u64>,
     /// Which device makes the pages.
     pub pages: Pages,
+    /// Memory the manager lets go waits for a fence, as on a device (`--fenced`: see
+    /// `replay::Fences`); otherwise it goes back at once.
+    pub fenced: bool,
 }
 
 impl Default for Device {
@@ -44,6 +47,7 @@ impl Default for Device {
             alignment: 256,
             max_page: None,
             pages: Pages::Address,
+            fenced: false,
         }
     }
 }

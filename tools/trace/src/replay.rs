@@ -17,7 +17,10 @@ use crate::device::{Device, ReplayShim};
 use crate::input::{Action, Trace};
 use crate::progress::Progress;
 use crate::verify::Verifier;
-use devcmd::memory::{Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageUpdate};
+use devcmd::DropPolicy;
+use devcmd::memory::{
+    Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageUpdate, RawPage, RetiredPage,
+};
 use std::time::Instant;
 
 /// A manager over its own device.
@@ -26,8 +29,56 @@ pub struct Bench<S: ReplayShim> {
     // Declared before the shim: the manager's pages go back before the shim does.
     /// The manager.
     pub mm: MemoryManager<S>,
+    /// Memory the manager let go, waiting for a fence (`--fenced`).
+    fences: Option<Fences<S>>,
     /// Its device.
     pub shim: S,
+}
+
+/// Retired pages and granules on their way back, as a device's drop queue holds them: staged,
+/// then pending behind a fence recorded when the staged ones reach the drop policy's thresholds
+/// (64 items or 64 MiB by default), freed at the next such point (the fence has passed by then:
+/// the replay's device runs no work). A retiring granule the manager takes back before then is
+/// left mapped when its turn comes.
+#[derive(Debug)]
+struct Fences<S: ReplayShim> {
+    policy: DropPolicy,
+    staged: Vec<RetiredPage<RawPage<S>>>,
+    staged_bytes: u64,
+    pending: Vec<RetiredPage<RawPage<S>>>,
+}
+
+impl<S: ReplayShim> Fences<S> {
+    /// Takes what the manager retired since the last call; at the thresholds, frees the pending
+    /// batch and makes the staged one pending.
+    fn settle(&mut self, mm: &mut MemoryManager<S>, shim: &S) {
+        for page in mm.take_retired() {
+            self.staged_bytes += page.size();
+            self.staged.push(page);
+        }
+        let p = &self.policy;
+        if self.staged.len() as u64 >= p.max_items || self.staged_bytes >= p.max_bytes {
+            self.free_pending(shim);
+            self.pending = std::mem::take(&mut self.staged);
+            self.staged_bytes = 0;
+        }
+    }
+
+    fn free_pending(&mut self, shim: &S) {
+        for page in self.pending.drain(..) {
+            // SAFETY: the replay's device runs no work: no fence is ever still pending.
+            unsafe { page.free(shim) };
+        }
+    }
+
+    /// Takes what the manager retired and frees everything waiting (a flush and a wait).
+    fn drain(&mut self, mm: &mut MemoryManager<S>, shim: &S) {
+        self.free_pending(shim);
+        self.pending = mm.take_retired();
+        self.pending.append(&mut self.staged);
+        self.staged_bytes = 0;
+        self.free_pending(shim);
+    }
 }
 
 impl<S: ReplayShim> Bench<S> {
@@ -43,15 +94,40 @@ impl<S: ReplayShim> Bench<S> {
             },
             MemoryBudget::new(limit),
         );
-        // SAFETY: no device work is ever enqueued on this shim: a page may go back as soon as
-        // the manager lets it go.
-        unsafe { mm.release_pages_immediately() };
-        Self { mm, shim }
+        let fences = device.fenced.then(|| Fences {
+            policy: DropPolicy::default(),
+            staged: Vec::new(),
+            staged_bytes: 0,
+            pending: Vec::new(),
+        });
+        if fences.is_none() {
+            // SAFETY: no device work is ever enqueued on this shim: a page may go back as soon
+            // as the manager lets it go.
+            unsafe { mm.release_pages_immediately() };
+        }
+        Self { mm, fences, shim }
+    }
+
+    /// With `--fenced`, frees everything retired and waiting, as a device's flush and wait
+    /// would.
+    pub fn drain(&mut self) {
+        if let Some(f) = &mut self.fences {
+            f.drain(&mut self.mm, &self.shim);
+        }
+    }
+
+    /// After an operation: with `--fenced`, moves what the manager retired along the fences.
+    #[inline]
+    pub fn settle(&mut self) {
+        if let Some(f) = &mut self.fences {
+            f.settle(&mut self.mm, &self.shim);
+        }
     }
 }
 
 impl<S: ReplayShim> Drop for Bench<S> {
     fn drop(&mut self) {
+        self.drain();
         // SAFETY: no work was ever enqueued on the shim: nothing is pending on any stream.
         unsafe { self.mm.release_all(&self.shim) };
     }
@@ -217,6 +293,7 @@ pub fn measure<S: ReplayShim>(
                 }
             }
         }
+        bench.settle();
         let held = bench.mm.budget().held();
         if held > held_peak {
             held_peak = held;
@@ -375,6 +452,7 @@ fn replay_timed<S: ReplayShim>(
                 },
                 Action::Free => None,
             };
+            bench.settle();
         }
         done += chunk.len() as u64;
         if let Some(p) = progress.as_deref_mut() {
@@ -405,6 +483,7 @@ pub fn replays_within<S: ReplayShim>(
             },
             Action::Free => *slot = None,
         }
+        bench.settle();
         if i % 4096 == 0 {
             progress.update(i as u64, total);
         }

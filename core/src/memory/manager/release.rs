@@ -139,8 +139,10 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Takes the pages retired since the last call; each must be freed (see
-    /// [`RetiredPage::free`]) once no device work can use it.
-    pub(crate) fn take_retired(&mut self) -> Vec<RetiredPage<RawPage<S>>> {
+    /// [`RetiredPage::free`]) once no device work can use it. The device does this for its
+    /// streams; a manager used on its own under [`PageRelease::Fenced`] does it with fences of
+    /// its own (or keeps them until [`Self::release_all`]).
+    pub fn take_retired(&mut self) -> Vec<RetiredPage<RawPage<S>>> {
         core::mem::take(&mut self.retired)
     }
 
