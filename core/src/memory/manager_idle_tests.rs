@@ -21,6 +21,18 @@ fn vm_device(idle: IdleGranules) -> (TestShim, MemoryManager<TestShim>) {
     (shim, mm)
 }
 
+/// `IdleGranules::Slack`: `per_64` 64ths of the granules in use kept idle, at least `floor`
+/// bytes.
+fn keep(per_64: u32, floor: u64) -> IdleGranules {
+    IdleGranules::Slack { per_64, floor }
+}
+
+/// Granules the device maps, and those the pools count as in use and as idle.
+fn granules(shim: &TestShim, mm: &MemoryManager<TestShim>) -> (u64, u64, u64) {
+    let (busy, idle) = counts(mm);
+    (shim.mapped.get(), busy, idle)
+}
+
 /// The granules the pools count as in use (touched or guarded) and as idle.
 fn counts(mm: &MemoryManager<TestShim>) -> (u64, u64) {
     mm.vm.iter().flatten().fold((0, 0), |(b, i), p| {
@@ -36,20 +48,12 @@ fn by_default_idle_granules_stay_until_the_pools_grow() {
     let _small = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
     drop(a);
     let _again = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
-    assert_eq!(
-        shim.mapped.get(),
-        5,
-        "four idle arena granules kept, one small"
-    );
-    assert_eq!(counts(&mm), (1, 4));
+    assert_eq!(granules(&shim, &mm), (5, 1, 4), "four idle granules kept");
 }
 
 #[test]
 fn a_slack_of_zero_gives_every_idle_granule_back_at_the_next_reservation() {
-    let (shim, mut mm) = vm_device(IdleGranules::Slack {
-        per_64: 0,
-        floor: 0,
-    });
+    let (shim, mut mm) = vm_device(keep(0, 0));
     drop(mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap());
     assert_eq!(
         shim.mapped.get(),
@@ -58,20 +62,16 @@ fn a_slack_of_zero_gives_every_idle_granule_back_at_the_next_reservation() {
     );
     let _small = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
     assert_eq!(
-        shim.mapped.get(),
-        1,
-        "only the small allocation's granule is held"
+        granules(&shim, &mm),
+        (1, 1, 0),
+        "only the small one's granule"
     );
-    assert_eq!(counts(&mm), (1, 0));
 }
 
 #[test]
 fn the_slack_keeps_a_share_of_the_granules_in_use_and_a_floor() {
     // 32/64 of the granules in use: 8 in use keep 4 idle.
-    let (shim, mut mm) = vm_device(IdleGranules::Slack {
-        per_64: 32,
-        floor: 0,
-    });
+    let (shim, mut mm) = vm_device(keep(32, 0));
     let _live = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
     drop(mm.reserve(&shim, 20 * MIB, PageUpdate::Allow).unwrap());
     let _next = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
@@ -82,10 +82,7 @@ fn the_slack_keeps_a_share_of_the_granules_in_use_and_a_floor() {
     );
     assert_eq!(shim.mapped.get(), 13);
     // A floor of 6 granules keeps more than the share when little is in use.
-    let (shim, mut mm) = vm_device(IdleGranules::Slack {
-        per_64: 32,
-        floor: 6 * G,
-    });
+    let (shim, mut mm) = vm_device(keep(32, 6 * G));
     drop(mm.reserve(&shim, 20 * MIB, PageUpdate::Allow).unwrap());
     let _next = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
     assert_eq!(counts(&mm), (1, 6));
@@ -93,10 +90,7 @@ fn the_slack_keeps_a_share_of_the_granules_in_use_and_a_floor() {
 
 #[test]
 fn a_kept_idle_granule_serves_the_next_allocation_without_a_map() {
-    let (shim, mut mm) = vm_device(IdleGranules::Slack {
-        per_64: 0,
-        floor: 4 * G,
-    });
+    let (shim, mut mm) = vm_device(keep(0, 4 * G));
     drop(mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap());
     let maps = shim.maps.get();
     let _again = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
@@ -105,10 +99,7 @@ fn a_kept_idle_granule_serves_the_next_allocation_without_a_map() {
 
 #[test]
 fn guarded_granules_are_in_use_not_idle() {
-    let (shim, mut mm) = vm_device(IdleGranules::Slack {
-        per_64: 0,
-        floor: 0,
-    });
+    let (shim, mut mm) = vm_device(keep(0, 0));
     let a = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
     let guard = mm.guard(&a).unwrap();
     drop(a);
@@ -187,7 +178,7 @@ proptest! {
             }
             let in_use = touched(&mm, &live).len() as u64;
             let (busy, idle_count) = counts(&mm);
-            let mapped = shim.mapped.get() as u64;
+            let mapped = shim.mapped.get();
             prop_assert_eq!(busy, in_use, "granules in use: the pools against the model");
             prop_assert_eq!(idle_count, mapped - in_use, "idle: what is mapped and not in use");
             if let IdleGranules::Slack { per_64, floor } = idle {

@@ -11,12 +11,17 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
 }
 
+/// The `--json` object of a quick replay of the tiny fixture with presets `a` and `b`.
+fn tiny_json(a: &str, b: &str) -> Value {
+    let trace = data("tiny.csv.gz");
+    let mut args = vec![trace.as_str(), "--json", "-c", a, "-c", b];
+    args.extend(QUICK);
+    run(&args).json()
+}
+
 #[test]
 fn json_has_the_keys_and_they_agree() {
-    let trace = data("tiny.csv.gz");
-    let mut args = vec![trace.as_str(), "--json", "-c", "default", "-c", "pages"];
-    args.extend(QUICK);
-    let j = run(&args).json();
+    let j = tiny_json("default", "pages");
     for key in [
         "trace",
         "ops",
@@ -85,10 +90,7 @@ fn json_has_the_keys_and_they_agree() {
 
 #[test]
 fn giving_idle_granules_back_holds_less_over_time() {
-    let trace = data("tiny.csv.gz");
-    let mut args = vec![trace.as_str(), "--json", "-c", "default", "-c", "give-back"];
-    args.extend(QUICK);
-    let j = run(&args).json();
+    let j = tiny_json("default", "give-back");
     let c = j["configs"].as_array().unwrap();
     let time = |i: usize| f(&c[i]["held_over_live_time"]);
     assert!(
