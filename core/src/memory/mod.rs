@@ -11,6 +11,7 @@ mod config;
 mod free_index;
 pub(crate) mod handle;
 mod manager;
+pub(crate) mod pool;
 mod report;
 pub(crate) mod sliced;
 mod types;

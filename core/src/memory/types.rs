@@ -9,7 +9,7 @@
 //! visible to the `memory` module only.
 
 use super::budget::MemoryBudget;
-use super::handle::PoolId;
+use super::pool::Pool;
 use super::report::PoolKind;
 use super::vm::{RETIRE_DONE, RETIRE_PENDING};
 use crate::shim::{DeviceAddr, Shim};
@@ -68,7 +68,7 @@ pub struct Resolved {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct PageRef {
-    pub(super) pool: PoolId,
+    pub(super) pool: Pool,
     pub(super) page: u32,
 }
 

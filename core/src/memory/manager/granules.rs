@@ -13,7 +13,8 @@
 use super::MemoryManager;
 use crate::error::IoError;
 use crate::memory::config::{IdleGranules, PageRelease};
-use crate::memory::handle::{Location, POOL_VM_LARGE, POOL_VM_SMALL};
+use crate::memory::handle::Location;
+use crate::memory::pool::{Pool, Size};
 use crate::memory::sliced::Used;
 use crate::memory::types::{PageUpdate, RawPage, RetiredPage};
 use crate::memory::vm::{GranulePool, Need, RETIRE_PENDING};
@@ -23,16 +24,7 @@ use alloc::sync::Arc;
 use core::sync::atomic::AtomicU8;
 
 impl<S: Shim> MemoryManager<S> {
-    /// The pool id of granule pool `which` (0 small, 1 large).
-    pub(super) const fn vm_pool_id(which: usize) -> u8 {
-        if which == 0 {
-            POOL_VM_SMALL
-        } else {
-            POOL_VM_LARGE
-        }
-    }
-
-    /// Places `aligned` bytes in granule pool `which`, mapping the granules it touches that have
+    /// Places `aligned` bytes in the granule pool serving `size`, mapping the granules it touches that have
     /// no memory behind them. `Ok(None)` when the pool cannot serve it (no granule pools, a full
     /// range, or, when `update` forbids mapping, no mapped room large enough): the caller falls
     /// back to pages.
@@ -44,11 +36,12 @@ impl<S: Shim> MemoryManager<S> {
     pub(super) fn reserve_granules(
         &mut self,
         shim: &S,
-        which: usize,
+        size: Size,
         aligned: u64,
         used: Used,
         update: PageUpdate,
     ) -> Result<Option<Location>, IoError> {
+        let which = size.slot();
         if self.vm_granule == 0 {
             return Ok(None);
         }
@@ -56,7 +49,7 @@ impl<S: Shim> MemoryManager<S> {
             if update == PageUpdate::Forbidden {
                 return Ok(None);
             }
-            self.reserve_range(shim, which);
+            self.reserve_range(shim, size);
         }
         let alignment = self.alignment;
         let Some(pool) = self.vm[which].as_deref_mut() else {
@@ -76,7 +69,7 @@ impl<S: Shim> MemoryManager<S> {
         // page below, they stay on their way out.
         let missing = (first..=last).filter(|&g| !pool.usable(g)).count();
         let location = Location {
-            pool: Self::vm_pool_id(which),
+            pool: Pool::Granules(size),
             block: c.block,
         };
         let granule = self.vm_granule;
@@ -194,25 +187,28 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    /// Reserves the address range of granule pool `which`: twice the memory the manager may
+    /// Reserves the address range of the granule pool serving `size`: twice the memory the manager may
     /// hold for the large pool (room to place around holes), a quarter of it for the small one.
     /// A refusal turns the granule pools off.
-    fn reserve_range(&mut self, shim: &S, which: usize) {
+    fn reserve_range(&mut self, shim: &S, size: Size) {
         let granule = self.vm_granule;
-        let want = if which == 0 {
-            self.memory / 4
-        } else {
-            self.memory.saturating_mul(2)
+        let want = match size {
+            Size::Small => self.memory / 4,
+            Size::Arena => self.memory.saturating_mul(2),
         };
-        let size = want / granule * granule;
-        if size == 0 {
+        let bytes = want / granule * granule;
+        if bytes == 0 {
             self.vm_granule = 0;
             return;
         }
-        match shim.vm_reserve(size) {
+        match shim.vm_reserve(bytes) {
             Ok(addr) if addr.0.is_multiple_of(granule) => {
-                let raw = RawPage::Range { addr: addr.0, size };
-                self.vm[which] = Some(Box::new(GranulePool::new(raw, addr.0, size, granule)));
+                let raw = RawPage::Range {
+                    addr: addr.0,
+                    size: bytes,
+                };
+                self.vm[size.slot()] =
+                    Some(Box::new(GranulePool::new(raw, addr.0, bytes, granule)));
             }
             Ok(addr) => {
                 warn!(
@@ -220,13 +216,13 @@ impl<S: Shim> MemoryManager<S> {
                     addr.0, granule
                 );
                 // SAFETY: nothing was mapped in the range.
-                unsafe { shim.vm_release(addr, size) };
+                unsafe { shim.vm_release(addr, bytes) };
                 self.vm_granule = 0;
             }
             Err(e) => {
                 debug!(
                     "reserving {} bytes of address space failed (status {}): using pages",
-                    size, e.status
+                    bytes, e.status
                 );
                 self.vm_granule = 0;
             }
@@ -275,11 +271,10 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    /// Counts the allocation at `block` of granule pool `pool_id`, bound to `owner`, gone from
-    /// the granules it touched; returns whether it was there to free.
-    pub(super) fn free_granules(&mut self, pool_id: u8, block: u32, owner: u64) -> bool {
-        let which = usize::from(pool_id == POOL_VM_LARGE);
-        let Some(pool) = self.vm[which].as_deref_mut() else {
+    /// Counts the allocation at `block` of the granule pool serving `size`, bound to `owner`,
+    /// gone from the granules it touched; returns whether it was there to free.
+    pub(super) fn free_granules(&mut self, size: Size, block: u32, owner: u64) -> bool {
+        let Some(pool) = self.granule_pool_mut(size) else {
             return false;
         };
         let Some((offset, span)) = pool.pool.used_span(block, owner) else {

@@ -9,9 +9,8 @@
 
 use super::MemoryManager;
 use crate::memory::config::PageRelease;
-use crate::memory::handle::{
-    Location, POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT, POOL_VM_LARGE, POOL_VM_SMALL,
-};
+use crate::memory::handle::Location;
+use crate::memory::pool::{Pool, Size, Whole};
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{Cleanup, RawPage, RetiredPage};
 use crate::shim::{DeviceAddr, Shim};
@@ -40,26 +39,24 @@ impl<S: Shim> MemoryManager<S> {
             freed.push(owner);
         }
         match location.pool {
-            POOL_PERSISTENT => {
+            Pool::Whole(Whole::Persistent) => {
                 self.persistent.free(location.block, owner);
             }
-            POOL_DEDICATED => {
+            Pool::Whole(Whole::Dedicated) => {
                 self.dedicated_freed |= self.dedicated.free(location.block, owner);
             }
-            POOL_VM_SMALL | POOL_VM_LARGE => {
-                self.free_granules(location.pool, location.block, owner);
+            Pool::Granules(size) => {
+                self.free_granules(size, location.block, owner);
             }
-            POOL_ARENA => {
+            Pool::Pages(Size::Arena) => {
                 if let Some(page) = self.arena.free(location.block, owner)
                     && self.arena.page(page).is_some_and(|p| p.live == 0)
                 {
                     self.arena_empty.push(page);
                 }
             }
-            pool => {
-                if let Some(sliced) = self.sliced_mut(pool) {
-                    sliced.free(location.block, owner);
-                }
+            Pool::Pages(Size::Small) => {
+                self.small.free(location.block, owner);
             }
         }
     }
