@@ -46,6 +46,7 @@ mod reserve;
 use super::budget::MemoryBudget;
 use super::config::{MemoryConfig, PageRelease};
 use super::handle::{Handle, Issuer, ReturnQueue, Returned, SpareIdentity};
+use super::retire::Released;
 use super::sliced::SlicedPool;
 use super::types::Resolved;
 use super::types::{AllocationMode, PageRef, RawPage, RetiredPage};
@@ -75,7 +76,7 @@ pub struct MemoryManager<S: Shim> {
     arena_empty: Vec<u32>,
     /// The granule pools, once their ranges are reserved (small, large); boxed so a manager
     /// without them carries a pointer each.
-    vm: [Option<alloc::boxed::Box<GranulePool<RawPage<S>>>>; 2],
+    vm: [Option<alloc::boxed::Box<GranulePool>>; 2],
     /// The device's granule where the granule pools may be used; 0 where they may not (no
     /// virtual memory, turned off, zero copy, or a range could not be reserved).
     vm_granule: u64,
@@ -87,7 +88,7 @@ pub struct MemoryManager<S: Shim> {
     modes: Vec<AllocationMode>,
     dedicated_freed: bool,
     guards: Vec<Arc<PageRef>>,
-    retired: Vec<RetiredPage<RawPage<S>>>,
+    retired: Vec<RetiredPage<Released<S>>>,
     /// Ids of allocations released or rebound, when the owner tracks them (failure marks).
     freed: Option<Vec<u64>>,
     release: PageRelease,

@@ -13,6 +13,7 @@ pub(crate) mod handle;
 mod manager;
 pub(crate) mod pool;
 mod report;
+mod retire;
 pub(crate) mod sliced;
 mod types;
 mod vm;
@@ -26,6 +27,7 @@ pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
 pub(crate) use handle::{Location, Returned};
 pub use manager::MemoryManager;
 pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};
+pub use retire::{Released, RetiringGranule};
 pub use types::{
     AllocationInfo, AllocationMode, Cleanup, PageGuard, PageInfo, PageRef, PageUpdate, RawPage,
     Resolved, RetiredPage,

@@ -16,17 +16,10 @@
 //! Why: memory held is the granules touched by live allocations, never a page sized for a
 //! request long gone; a freed granule goes back without moving any allocation.
 
+use super::retire::{Retire, RetireToken};
 use super::sliced::{Carved, SlicedPool, Used};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU8, Ordering};
-
-/// A retiring granule waits for its fence (the drop queue unmaps it then).
-pub(crate) const RETIRE_PENDING: u8 = 0;
-/// The manager took a retiring granule back before its fence: the drop queue leaves it mapped.
-pub(crate) const RETIRE_CANCELLED: u8 = 1;
-/// The drop queue unmapped it: the address range is free to map again.
-pub(crate) const RETIRE_DONE: u8 = 2;
 
 /// What is behind one granule of the range.
 #[derive(Debug)]
@@ -35,9 +28,9 @@ pub(crate) enum Backing {
     Unmapped,
     /// Device memory (the shim's handle of it).
     Mapped(u64),
-    /// Device memory handed to the drop queue to unmap after a fence; `token` says whether it
-    /// did ([`RETIRE_DONE`]), or the manager took it back ([`RETIRE_CANCELLED`]).
-    Retiring(u64, Arc<AtomicU8>),
+    /// Device memory handed to the drop queue to unmap after a fence; the token says whether it
+    /// did, or the manager took it back first.
+    Retiring(u64, Arc<RetireToken>),
 }
 
 #[derive(Debug)]
@@ -58,7 +51,7 @@ const CANDIDATES: usize = 8;
 fn usable(g: &Granule) -> bool {
     match &g.backing {
         Backing::Mapped(_) => true,
-        Backing::Retiring(_, token) => token.load(Ordering::Acquire) == RETIRE_PENDING,
+        Backing::Retiring(_, token) => token.state() == Retire::Pending,
         Backing::Unmapped => false,
     }
 }
@@ -76,9 +69,9 @@ pub(crate) enum Need {
 
 /// One reserved address range and the state of its granules.
 #[derive(Debug)]
-pub(crate) struct GranulePool<P> {
-    /// The blocks: one page, the whole range.
-    pub pool: SlicedPool<P>,
+pub(crate) struct GranulePool {
+    /// The blocks: one page, the whole range (the range itself is released by the manager).
+    pub pool: SlicedPool<()>,
     pub base: u64,
     pub granule: u64,
     shift: u32,
@@ -100,17 +93,17 @@ pub(crate) struct GranulePool<P> {
     pub unmaps: u64,
 }
 
-impl<P> GranulePool<P> {
-    /// A pool over the range `[base, base + size)` reserved as `raw`; `granule` is a power of two
-    /// dividing `base` and `size`.
-    pub(crate) fn new(raw: P, base: u64, size: u64, granule: u64) -> Self {
+impl GranulePool {
+    /// A pool over the range `[base, base + size)`; `granule` is a power of two dividing `base`
+    /// and `size`.
+    pub(crate) fn new(base: u64, size: u64, granule: u64) -> Self {
         debug_assert!(
             granule.is_power_of_two()
                 && base.is_multiple_of(granule)
                 && size.is_multiple_of(granule)
         );
         let mut pool = SlicedPool::new(granule);
-        pool.add_page(raw, base, size);
+        pool.add_page((), base, size);
         let count = size >> granule.trailing_zeros();
         let mut granules = Vec::new();
         granules.resize_with(count as usize, || Granule {
@@ -179,26 +172,18 @@ impl<P> GranulePool<P> {
             Backing::Unmapped => Need::Map,
             Backing::Retiring(memory, token) => {
                 let memory = *memory;
-                match token.compare_exchange(
-                    RETIRE_PENDING,
-                    RETIRE_CANCELLED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => {
-                        gr.backing = Backing::Mapped(memory);
-                        if gr.users == 0 && gr.guards == 0 {
-                            self.idle += 1;
-                            self.cache.push(g);
-                        }
-                        Need::TakenBack
+                if token.settle(Retire::Cancelled) {
+                    gr.backing = Backing::Mapped(memory);
+                    if gr.users == 0 && gr.guards == 0 {
+                        self.idle += 1;
+                        self.cache.push(g);
                     }
-                    Err(_) => {
-                        // Unmapped by the drop queue: its memory and budget are gone.
-                        gr.backing = Backing::Unmapped;
-                        self.mapped -= 1;
-                        Need::Map
-                    }
+                    Need::TakenBack
+                } else {
+                    // Unmapped by the drop queue: its memory and budget are gone.
+                    gr.backing = Backing::Unmapped;
+                    self.mapped -= 1;
+                    Need::Map
                 }
             }
         }
@@ -273,7 +258,7 @@ impl<P> GranulePool<P> {
 
     /// Marks granule `g` (just taken from the cache) as retiring with `memory` until `token`
     /// says its fence passed: it still counts as held.
-    pub(crate) fn retire(&mut self, g: u32, memory: u64, token: Arc<AtomicU8>) {
+    pub(crate) fn retire(&mut self, g: u32, memory: u64, token: Arc<RetireToken>) {
         self.granules[g as usize].backing = Backing::Retiring(memory, token);
         self.mapped += 1;
         self.retiring.push(g);
@@ -290,14 +275,14 @@ impl<P> GranulePool<P> {
             let Backing::Retiring(_, token) = &gr.backing else {
                 return false; // taken back (`need`) or drained since
             };
-            match token.load(Ordering::Acquire) {
-                RETIRE_PENDING => true,
-                RETIRE_DONE => {
+            match token.state() {
+                Retire::Pending => true,
+                Retire::Done => {
                     gr.backing = Backing::Unmapped;
                     gone += 1;
                     false
                 }
-                _ => false,
+                Retire::Cancelled => false,
             }
         });
         self.mapped -= gone;
@@ -395,7 +380,7 @@ impl<P> GranulePool<P> {
 
     /// Every granule with memory behind it, as (index, shim memory, retire token if retiring),
     /// for teardown: the pool forgets them.
-    pub(crate) fn drain_backed(&mut self) -> Vec<(u32, u64, Option<Arc<AtomicU8>>)> {
+    pub(crate) fn drain_backed(&mut self) -> Vec<(u32, u64, Option<Arc<RetireToken>>)> {
         let mut out = Vec::new();
         for (i, gr) in self.granules.iter_mut().enumerate() {
             match core::mem::replace(&mut gr.backing, Backing::Unmapped) {

@@ -19,7 +19,7 @@ use crate::progress::Progress;
 use crate::verify::Verifier;
 use devcmd::DropPolicy;
 use devcmd::memory::{
-    Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageUpdate, RawPage, RetiredPage,
+    Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageUpdate, Released, RetiredPage,
 };
 use std::time::Instant;
 
@@ -43,9 +43,9 @@ pub struct Bench<S: ReplayShim> {
 #[derive(Debug)]
 struct Fences<S: ReplayShim> {
     policy: DropPolicy,
-    staged: Vec<RetiredPage<RawPage<S>>>,
+    staged: Vec<RetiredPage<Released<S>>>,
     staged_bytes: u64,
-    pending: Vec<RetiredPage<RawPage<S>>>,
+    pending: Vec<RetiredPage<Released<S>>>,
 }
 
 impl<S: ReplayShim> Fences<S> {

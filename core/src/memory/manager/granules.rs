@@ -15,13 +15,13 @@ use crate::error::IoError;
 use crate::memory::config::{IdleGranules, PageRelease};
 use crate::memory::handle::Location;
 use crate::memory::pool::{Pool, Size};
+use crate::memory::retire::{Released, RetireToken, RetiringGranule};
 use crate::memory::sliced::Used;
-use crate::memory::types::{PageUpdate, RawPage, RetiredPage};
-use crate::memory::vm::{GranulePool, Need, RETIRE_PENDING};
+use crate::memory::types::{PageUpdate, RetiredPage};
+use crate::memory::vm::{GranulePool, Need};
 use crate::shim::{DeviceAddr, Shim};
 use alloc::boxed::Box;
 use alloc::sync::Arc;
-use core::sync::atomic::AtomicU8;
 
 impl<S: Shim> MemoryManager<S> {
     /// Places `aligned` bytes in the granule pool serving `size`, mapping the granules it touches that have
@@ -203,12 +203,7 @@ impl<S: Shim> MemoryManager<S> {
         }
         match shim.vm_reserve(bytes) {
             Ok(addr) if addr.0.is_multiple_of(granule) => {
-                let raw = RawPage::Range {
-                    addr: addr.0,
-                    size: bytes,
-                };
-                self.vm[size.slot()] =
-                    Some(Box::new(GranulePool::new(raw, addr.0, bytes, granule)));
+                self.vm[size.slot()] = Some(Box::new(GranulePool::new(addr.0, bytes, granule)));
             }
             Ok(addr) => {
                 warn!(
@@ -252,15 +247,10 @@ impl<S: Shim> MemoryManager<S> {
                         self.budget.give_back(size);
                     }
                     PageRelease::Fenced => {
-                        let token = Arc::new(AtomicU8::new(RETIRE_PENDING));
+                        let token = Arc::new(RetireToken::pending());
                         pool.retire(g, memory, Arc::clone(&token));
                         self.retired.push(RetiredPage {
-                            raw: RawPage::Granule {
-                                addr,
-                                size,
-                                memory,
-                                token,
-                            },
+                            raw: Released::Granule(RetiringGranule::new(addr, size, memory, token)),
                             size,
                             budget: self.budget.clone(),
                         });

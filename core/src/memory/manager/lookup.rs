@@ -163,11 +163,11 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// The granule pool serving `size`, once its range is reserved.
-    pub(super) fn granule_pool(&self, size: Size) -> Option<&GranulePool<RawPage<S>>> {
+    pub(super) fn granule_pool(&self, size: Size) -> Option<&GranulePool> {
         self.vm[size.slot()].as_deref()
     }
 
-    pub(super) fn granule_pool_mut(&mut self, size: Size) -> Option<&mut GranulePool<RawPage<S>>> {
+    pub(super) fn granule_pool_mut(&mut self, size: Size) -> Option<&mut GranulePool> {
         self.vm[size.slot()].as_deref_mut()
     }
 

@@ -11,6 +11,7 @@ use super::MemoryManager;
 use crate::memory::config::PageRelease;
 use crate::memory::handle::Location;
 use crate::memory::pool::{Pool, Size, Whole};
+use crate::memory::retire::Released;
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{Cleanup, RawPage, RetiredPage};
 use crate::shim::{DeviceAddr, Shim};
@@ -122,7 +123,7 @@ impl<S: Shim> MemoryManager<S> {
 
     fn release(&mut self, shim: &S, raw: RawPage<S>, size: u64) {
         let page = RetiredPage {
-            raw,
+            raw: Released::Page(raw),
             size,
             budget: self.budget.clone(),
         };
@@ -139,7 +140,7 @@ impl<S: Shim> MemoryManager<S> {
     /// [`RetiredPage::free`]) once no device work can use it. The device does this for its
     /// streams; a manager used on its own under [`PageRelease::Fenced`] does it with fences of
     /// its own (or keeps them until [`Self::release_all`]).
-    pub fn take_retired(&mut self) -> Vec<RetiredPage<RawPage<S>>> {
+    pub fn take_retired(&mut self) -> Vec<RetiredPage<Released<S>>> {
         core::mem::take(&mut self.retired)
     }
 
@@ -175,14 +176,13 @@ impl<S: Shim> MemoryManager<S> {
     /// No work that may use any memory of this manager is pending on any stream of the device.
     pub unsafe fn release_all(&mut self, shim: &S) {
         let mut pages: Vec<(RawPage<S>, u64)> = Vec::new();
-        let mut sliced: Vec<SlicedPool<RawPage<S>>> = Vec::new();
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
         // Granules first: their memory is unmapped before the ranges go.
         for slot in &mut self.vm {
-            let Some(pool) = slot.take() else {
+            let Some(mut pool) = slot.take() else {
                 continue;
             };
             let granule = pool.granule;
-            let mut pool = *pool;
             for (g, memory, token) in pool.drain_backed() {
                 if token.is_some() {
                     // Retiring: its retired page (below, or already in the device's drop queue,
@@ -193,20 +193,22 @@ impl<S: Shim> MemoryManager<S> {
                 unsafe { shim.vm_unmap(DeviceAddr(pool.addr_of(g)), granule, memory) };
                 self.budget.give_back(granule);
             }
-            sliced.push(pool.pool);
+            ranges.push((pool.base, pool.address_space()));
         }
         // SAFETY: as above; retired granules are unmapped before their ranges are released.
         unsafe { self.free_retired(shim) };
+        for (addr, size) in ranges {
+            // SAFETY: every granule of the range is unmapped (above, or by its retired page), and
+            // the caller guarantees no pending work uses it. A range counts nothing against the
+            // budget; its granules did.
+            unsafe { shim.vm_release(DeviceAddr(addr), size) };
+        }
         let small_page = self.small.page_size;
-        sliced.push(core::mem::replace(
-            &mut self.small,
-            SlicedPool::new(small_page),
-        ));
         let arena_page = self.arena.page_size;
-        sliced.push(core::mem::replace(
-            &mut self.arena,
-            SlicedPool::new(arena_page),
-        ));
+        let sliced = [
+            core::mem::replace(&mut self.small, SlicedPool::new(small_page)),
+            core::mem::replace(&mut self.arena, SlicedPool::new(arena_page)),
+        ];
         self.arena_empty.clear();
         for pool in sliced {
             pages.extend(pool.into_pages().map(|p| (p.raw, p.size)));
@@ -215,14 +217,8 @@ impl<S: Shim> MemoryManager<S> {
             pages.extend(core::mem::take(whole).into_pages().map(|p| (p.raw, p.size)));
         }
         for (raw, size) in pages {
-            // A range counts nothing against the budget; its granules did.
-            let size = if matches!(raw, RawPage::Range { .. }) {
-                0
-            } else {
-                size
-            };
             let page = RetiredPage {
-                raw,
+                raw: Released::Page(raw),
                 size,
                 budget: self.budget.clone(),
             };

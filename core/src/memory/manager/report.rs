@@ -201,7 +201,7 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    fn each_granule_pool(&self, mut f: impl FnMut(PoolKind, Pool, &GranulePool<RawPage<S>>)) {
+    fn each_granule_pool(&self, mut f: impl FnMut(PoolKind, Pool, &GranulePool)) {
         for size in [Size::Small, Size::Arena] {
             if let Some(vm) = self.granule_pool(size) {
                 let pool = Pool::Granules(size);
@@ -212,13 +212,7 @@ impl<S: Shim> MemoryManager<S> {
 }
 
 /// A run of `count` backed granules from `first`, as a page.
-fn run_info<P>(
-    kind: PoolKind,
-    pool: Pool,
-    vm: &GranulePool<P>,
-    first: u32,
-    count: u32,
-) -> PageInfo {
+fn run_info(kind: PoolKind, pool: Pool, vm: &GranulePool, first: u32, count: u32) -> PageInfo {
     PageInfo {
         kind,
         page: PageRef { pool, page: first },
