@@ -142,7 +142,11 @@ impl<S: Shim> MemoryManager<S> {
             ..config
         };
         // Granule pools need a power-of-two granule no larger than the memory.
-        let g = facts.vm_granule;
+        let g = if S::VIRTUAL_MEMORY {
+            facts.vm_granule
+        } else {
+            0
+        };
         let vm_granule = if config.virtual_memory && g.is_power_of_two() && g <= memory / 4 {
             g.max(alignment)
         } else {

@@ -461,6 +461,14 @@ impl<P> SlicedPool<P> {
         self.pages.into_iter().flatten()
     }
 
+    /// Every page, for teardown, leaving the pool empty as new. Not inlined: the pool it swaps
+    /// out (its free index is a kilobyte) lives in this frame only, not in the caller's.
+    #[inline(never)]
+    pub(crate) fn take_pages(&mut self) -> impl Iterator<Item = Page<P>> + use<P> {
+        let page_size = self.page_size;
+        core::mem::replace(self, Self::new(page_size)).into_pages()
+    }
+
     /// Totals over the pool.
     pub(crate) fn usage(&self) -> Usage {
         self.pages()

@@ -42,7 +42,7 @@ impl<S: Shim> MemoryManager<S> {
         update: PageUpdate,
     ) -> Result<Option<Location>, IoError> {
         let which = size.slot();
-        if self.vm_granule == 0 {
+        if !S::VIRTUAL_MEMORY || self.vm_granule == 0 {
             return Ok(None);
         }
         if self.vm[which].is_none() {
@@ -162,6 +162,9 @@ impl<S: Shim> MemoryManager<S> {
         let IdleGranules::Slack { per_64, floor } = self.config.idle_granules else {
             return;
         };
+        if !S::VIRTUAL_MEMORY {
+            return;
+        }
         let (mut busy, mut idle) = (0u64, 0u64);
         for pool in self.vm.iter().flatten() {
             busy += u64::from(pool.busy);
@@ -182,6 +185,9 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Forgets the granules the drop queue unmapped since the last look ([`GranulePool::settle`]).
     pub(super) fn settle_granules(&mut self) {
+        if !S::VIRTUAL_MEMORY {
+            return;
+        }
         for pool in self.vm.iter_mut().flatten() {
             pool.settle();
         }
@@ -227,6 +233,9 @@ impl<S: Shim> MemoryManager<S> {
     /// Gives back up to `count` idle granules (all of them for `usize::MAX`), most recently
     /// idle first, from both granule pools.
     pub(super) fn give_back_idle(&mut self, shim: &S, count: usize) {
+        if !S::VIRTUAL_MEMORY {
+            return;
+        }
         let mut left = count;
         for which in 0..2 {
             while left > 0 {

@@ -164,10 +164,16 @@ impl<S: Shim> MemoryManager<S> {
 
     /// The granule pool serving `size`, once its range is reserved.
     pub(super) fn granule_pool(&self, size: Size) -> Option<&GranulePool> {
+        if !S::VIRTUAL_MEMORY {
+            return None; // compiled out: see `Shim::VIRTUAL_MEMORY`
+        }
         self.vm[size.slot()].as_deref()
     }
 
     pub(super) fn granule_pool_mut(&mut self, size: Size) -> Option<&mut GranulePool> {
+        if !S::VIRTUAL_MEMORY {
+            return None;
+        }
         self.vm[size.slot()].as_deref_mut()
     }
 

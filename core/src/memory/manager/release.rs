@@ -175,55 +175,45 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// No work that may use any memory of this manager is pending on any stream of the device.
     pub unsafe fn release_all(&mut self, shim: &S) {
-        let mut pages: Vec<(RawPage<S>, u64)> = Vec::new();
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        // Granules first: their memory is unmapped before the ranges go.
+        // Retired pages first: a retired granule is unmapped before its range is released.
+        // SAFETY: the caller guarantees no pending work uses any memory of this manager.
+        unsafe { self.free_retired(shim) };
         for slot in &mut self.vm {
-            let Some(mut pool) = slot.take() else {
+            let Some(mut pool) = slot.take().filter(|_| S::VIRTUAL_MEMORY) else {
                 continue;
             };
             let granule = pool.granule;
             for (g, memory, token) in pool.drain_backed() {
                 if token.is_some() {
-                    // Retiring: its retired page (below, or already in the device's drop queue,
-                    // freed before this call) unmaps it.
+                    // Retiring: its retired page (above, or already in the device's drop queue,
+                    // freed before this call) unmapped it.
                     continue;
                 }
-                // SAFETY: the caller guarantees no pending work uses any memory of this manager.
+                // SAFETY: as above.
                 unsafe { shim.vm_unmap(DeviceAddr(pool.addr_of(g)), granule, memory) };
                 self.budget.give_back(granule);
             }
-            ranges.push((pool.base, pool.address_space()));
+            // SAFETY: every granule of the range is unmapped now, and no pending work uses it. A
+            // range counts nothing against the budget; its granules did.
+            unsafe { shim.vm_release(DeviceAddr(pool.base), pool.address_space()) };
         }
-        // SAFETY: as above; retired granules are unmapped before their ranges are released.
-        unsafe { self.free_retired(shim) };
-        for (addr, size) in ranges {
-            // SAFETY: every granule of the range is unmapped (above, or by its retired page), and
-            // the caller guarantees no pending work uses it. A range counts nothing against the
-            // budget; its granules did.
-            unsafe { shim.vm_release(DeviceAddr(addr), size) };
-        }
-        let small_page = self.small.page_size;
-        let arena_page = self.arena.page_size;
-        let sliced = [
-            core::mem::replace(&mut self.small, SlicedPool::new(small_page)),
-            core::mem::replace(&mut self.arena, SlicedPool::new(arena_page)),
-        ];
         self.arena_empty.clear();
-        for pool in sliced {
-            pages.extend(pool.into_pages().map(|p| (p.raw, p.size)));
-        }
-        for whole in [&mut self.persistent, &mut self.dedicated] {
-            pages.extend(core::mem::take(whole).into_pages().map(|p| (p.raw, p.size)));
-        }
-        for (raw, size) in pages {
+        let budget = self.budget.clone();
+        let free = |raw, size| {
             let page = RetiredPage {
                 raw: Released::Page(raw),
                 size,
-                budget: self.budget.clone(),
+                budget: budget.clone(),
             };
             // SAFETY: the caller guarantees no pending work uses any page of this manager.
             unsafe { page.free(shim) };
+        };
+        self.small.take_pages().for_each(|p| free(p.raw, p.size));
+        self.arena.take_pages().for_each(|p| free(p.raw, p.size));
+        for whole in [&mut self.persistent, &mut self.dedicated] {
+            core::mem::take(whole)
+                .into_pages()
+                .for_each(|p| free(p.raw, p.size));
         }
     }
 

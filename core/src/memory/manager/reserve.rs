@@ -55,7 +55,7 @@ impl<S: Shim> MemoryManager<S> {
     ) -> Result<Handle, IoError> {
         if update == PageUpdate::Allow {
             self.cleanup(shim, Cleanup::Periodic); // collects the returns first
-            if self.vm_granule != 0 {
+            if S::VIRTUAL_MEMORY && self.vm_granule != 0 {
                 self.trim_idle(shim);
             }
         } else {
