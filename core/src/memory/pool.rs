@@ -52,6 +52,16 @@ impl Size {
     }
 }
 
+impl Whole {
+    /// Its slot among the manager's pools of whole pages.
+    pub(crate) const fn slot(self) -> usize {
+        match self {
+            Self::Persistent => 0,
+            Self::Dedicated => 1,
+        }
+    }
+}
+
 impl Pool {
     /// Every pool, in the order of their codes.
     const ALL: [Self; 6] = [

@@ -179,16 +179,14 @@ impl<S: Shim> MemoryManager<S> {
 
     /// The pool of whole pages `w` names.
     pub(super) fn whole(&self, w: Whole) -> &WholePagePool<RawPage<S>> {
-        match w {
-            Whole::Persistent => &self.persistent,
-            Whole::Dedicated => &self.dedicated,
-        }
+        [&self.persistent, &self.dedicated][w.slot()]
     }
 
     pub(super) fn whole_mut(&mut self, w: Whole) -> &mut WholePagePool<RawPage<S>> {
-        match w {
-            Whole::Persistent => &mut self.persistent,
-            Whole::Dedicated => &mut self.dedicated,
+        if w == Whole::Persistent {
+            &mut self.persistent
+        } else {
+            &mut self.dedicated
         }
     }
 
