@@ -36,7 +36,7 @@ fn granules(shim: &TestShim, mm: &MemoryManager<TestShim>) -> (u64, u64, u64) {
 /// The granules the pools count as in use (touched or guarded) and as idle.
 fn counts(mm: &MemoryManager<TestShim>) -> (u64, u64) {
     mm.vm.iter().flatten().fold((0, 0), |(b, i), p| {
-        (b + u64::from(p.busy), i + u64::from(p.idle))
+        (b + u64::from(p.busy), i + u64::from(p.idle_count()))
     })
 }
 

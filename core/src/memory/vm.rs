@@ -85,8 +85,8 @@ pub(crate) struct GranulePool {
     pub mapped: u32,
     /// Granules touched by a live allocation or held by a guard (whatever is behind them).
     pub busy: u32,
-    /// Mapped granules neither touched nor guarded: what the cache holds, counted exactly.
-    pub idle: u32,
+    /// Granules retiring now (counted in `mapped` until their fence).
+    retiring_now: u32,
     pub mapped_peak: u32,
     /// Map and unmap calls made, for the report and benchmarks.
     pub maps: u64,
@@ -121,7 +121,7 @@ impl GranulePool {
             retiring: Vec::new(),
             mapped: 0,
             busy: 0,
-            idle: 0,
+            retiring_now: 0,
             mapped_peak: 0,
             maps: 0,
             unmaps: 0,
@@ -158,6 +158,15 @@ impl GranulePool {
         (self.granules.len() as u64) << self.shift
     }
 
+    /// Mapped granules neither touched nor guarded (what the cache holds). Exact between
+    /// placements, when every granule in use is mapped: what is behind the range, less what is
+    /// retiring, less what is in use.
+    pub(crate) fn idle_count(&self) -> u32 {
+        self.mapped
+            .saturating_sub(self.retiring_now)
+            .saturating_sub(self.busy)
+    }
+
     /// Bytes of device memory behind the range (retiring granules included).
     pub(crate) fn held(&self) -> u64 {
         u64::from(self.mapped) << self.shift
@@ -172,12 +181,9 @@ impl GranulePool {
             Backing::Unmapped => Need::Map,
             Backing::Retiring(memory, token) => {
                 let memory = *memory;
+                self.retiring_now -= 1;
                 if token.settle(Retire::Cancelled) {
                     gr.backing = Backing::Mapped(memory);
-                    if gr.users == 0 && gr.guards == 0 {
-                        self.idle += 1;
-                        self.cache.push(g);
-                    }
                     Need::TakenBack
                 } else {
                     // Unmapped by the drop queue: its memory and budget are gone.
@@ -191,12 +197,7 @@ impl GranulePool {
 
     /// Records that granule `g` was mapped with the shim's `memory`.
     pub(crate) fn set_mapped(&mut self, g: u32, memory: u64) {
-        let gr = &mut self.granules[g as usize];
-        gr.backing = Backing::Mapped(memory);
-        if gr.users == 0 && gr.guards == 0 {
-            self.idle += 1;
-            self.cache.push(g);
-        }
+        self.granules[g as usize].backing = Backing::Mapped(memory);
         self.mapped += 1;
         self.mapped_peak = self.mapped_peak.max(self.mapped);
         self.maps += 1;
@@ -207,7 +208,6 @@ impl GranulePool {
         for g in &mut self.granules[first as usize..=last as usize] {
             if g.users == 0 && g.guards == 0 {
                 self.busy += 1;
-                self.idle -= u32::from(matches!(g.backing, Backing::Mapped(_)));
             }
             g.users += 1;
         }
@@ -221,10 +221,7 @@ impl GranulePool {
             gr.users -= 1;
             if gr.users == 0 && gr.guards == 0 {
                 self.busy -= 1;
-                if matches!(gr.backing, Backing::Mapped(_)) {
-                    self.idle += 1;
-                    self.cache.push(g);
-                }
+                self.cache.push(g);
             }
         }
     }
@@ -249,7 +246,6 @@ impl GranulePool {
                 continue;
             };
             self.mapped -= 1;
-            self.idle -= 1;
             self.unmaps += 1;
             return Some((g, memory));
         }
@@ -261,6 +257,7 @@ impl GranulePool {
     pub(crate) fn retire(&mut self, g: u32, memory: u64, token: Arc<RetireToken>) {
         self.granules[g as usize].backing = Backing::Retiring(memory, token);
         self.mapped += 1;
+        self.retiring_now += 1;
         self.retiring.push(g);
     }
 
@@ -286,6 +283,7 @@ impl GranulePool {
             }
         });
         self.mapped -= gone;
+        self.retiring_now -= gone;
         gone
     }
 
@@ -294,21 +292,16 @@ impl GranulePool {
         let Some(gr) = self.granules.get_mut(g as usize) else {
             return;
         };
-        let mapped = matches!(gr.backing, Backing::Mapped(_));
         if add {
             if gr.users == 0 && gr.guards == 0 {
                 self.busy += 1;
-                self.idle -= u32::from(mapped);
             }
             gr.guards += 1;
         } else if gr.guards > 0 {
             gr.guards -= 1;
             if gr.guards == 0 && gr.users == 0 {
                 self.busy -= 1;
-                if mapped {
-                    self.idle += 1;
-                    self.cache.push(g);
-                }
+                self.cache.push(g);
             }
         }
     }
@@ -390,7 +383,7 @@ impl GranulePool {
             }
         }
         self.mapped = 0;
-        self.idle = 0;
+        self.retiring_now = 0;
         self.cache.clear();
         self.retiring.clear();
         out

@@ -168,7 +168,7 @@ impl<S: Shim> MemoryManager<S> {
         let (mut busy, mut idle) = (0u64, 0u64);
         for pool in self.vm.iter().flatten() {
             busy += u64::from(pool.busy);
-            idle += u64::from(pool.idle);
+            idle += u64::from(pool.idle_count());
         }
         let keep = (floor / self.vm_granule).max(busy * u64::from(per_64) / 64);
         if idle > keep {
