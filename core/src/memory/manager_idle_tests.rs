@@ -115,6 +115,41 @@ fn guarded_granules_are_in_use_not_idle() {
     assert_eq!((counts(&mm), shim.mapped.get()), ((1, 0), 1));
 }
 
+#[test]
+fn fenced_a_retiring_granule_is_neither_idle_nor_given_back_twice() {
+    let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G);
+    let config = MemoryConfig {
+        idle_granules: keep(0, 0),
+        ..MemoryConfig::default()
+    };
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let mut mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    drop(mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap());
+    let _small = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    // The four idle granules retire: still mapped until their fence, but not idle.
+    assert_eq!(granules(&shim, &mm), (5, 1, 0), "(mapped, in use, idle)");
+    let retired = mm.take_retired();
+    assert_eq!(retired.len(), 4);
+    // The next reservation runs the slack again: nothing idle, nothing more retires.
+    let _again = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert!(mm.take_retired().is_empty());
+    // Taken back before the fence: in use again, no map call, left mapped by the fence.
+    let maps = shim.maps.get();
+    let _big = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!((granules(&shim, &mm), shim.maps.get()), ((5, 5, 0), maps));
+    for page in retired {
+        // SAFETY: no device work exists in this test.
+        unsafe { page.free(&shim) };
+    }
+    assert_eq!(granules(&shim, &mm), (5, 5, 0));
+    // SAFETY: as above.
+    unsafe { mm.release_all(&shim) };
+    assert_eq!((shim.mapped.get(), shim.ranges.get()), (0, 0));
+}
+
 /// One step of the property test.
 #[derive(Debug, Clone)]
 enum Op {
