@@ -1,12 +1,12 @@
 //! `--svg`: a timeline plot of live and held bytes, per pool and in total, written as SVG text.
 //!
 //! Owns the drawing: axes with ticks (MiB on the left, the operation index below), a line per
-//! series (the trace's live bytes and the pages held in total, the most within each sample's
-//! span of operations; per pool, the bytes of pages it holds (solid) and the bytes its live
-//! allocations asked for (dashed), in one colour a pool), the smallest budget as a dotted line,
-//! a legend, and under it the run's figures (held/live at the peak and over time, device map
-//! and unmap calls per operation). No dependency: the SVG is written by hand. Pool colours come from one palette,
-//! in the order pools first appear, so a new pool kind needs no change here.
+//! series (the trace's live bytes and the pages held in total, the most within each sample's span
+//! of operations; per pool, the bytes of pages it holds (solid) and the bytes its live allocations
+//! asked for (dashed), in one colour a pool), the smallest budget as a dotted line, a legend, and
+//! under it the run's figures (held/live at the peak and over time, device map and unmap calls per
+//! operation). No dependency: the SVG is written by hand. Pool colours come from one palette, in
+//! the order pools first appear, so a new pool kind needs no change here.
 
 use crate::replay::Timeline;
 use crate::units::MIB;

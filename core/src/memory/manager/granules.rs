@@ -2,13 +2,13 @@
 //! allocation touches, and giving idle granules back.
 //!
 //! Owns when a range is reserved (at the pool's first request; a refusal turns the granule pools
-//! off and the pools fall back to pages), the order of a placement (carve, count the granules,
-//! give idle granules back when mapping the missing ones would take the pools past the most they
-//! ever held, map what is missing, undo all of it on a refusal) and
-//! how a granule goes back (unmapped at once under [`PageRelease::Immediate`], else retired to
-//! the drop queue with a token the pool can take it back through), and the give-back policy of
-//! [`IdleGranules`] (at every reservation, the idle granules past the slack go back). Does not own the bookkeeping
-//! of blocks and granules (`memory/vm.rs`) nor the routing of a request (`reserve.rs`).
+//! off and the pools fall back to pages), the order of a placement (carve, count the granules, give
+//! idle granules back when mapping the missing ones would take the pools past the most they ever
+//! held, map what is missing, undo all of it on a refusal) and how a granule goes back (unmapped at
+//! once under [`PageRelease::Immediate`], else retired to the drop queue with a token the pool can
+//! take it back through), and the give-back policy of [`IdleGranules`] (at every reservation, the
+//! idle granules past the slack go back). Does not own the bookkeeping of blocks and granules
+//! (`memory/vm.rs`) nor the routing of a request (`reserve.rs`).
 
 use super::MemoryManager;
 use crate::error::IoError;
@@ -24,10 +24,10 @@ use alloc::boxed::Box;
 use alloc::sync::Arc;
 
 impl<S: Shim> MemoryManager<S> {
-    /// Places `aligned` bytes in the granule pool serving `size`, mapping the granules it touches that have
-    /// no memory behind them. `Ok(None)` when the pool cannot serve it (no granule pools, a full
-    /// range, or, when `update` forbids mapping, no mapped room large enough): the caller falls
-    /// back to pages.
+    /// Places `aligned` bytes in the granule pool serving `size`, mapping the granules it touches
+    /// that have no memory behind them. `Ok(None)` when the pool cannot serve it (no granule pools,
+    /// a full range, or, when `update` forbids mapping, no mapped room large enough): the caller
+    /// falls back to pages.
     ///
     /// # Errors
     ///
@@ -193,8 +193,8 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    /// Reserves the address range of the granule pool serving `size`: twice the memory the manager may
-    /// hold for the large pool (room to place around holes), a quarter of it for the small one.
+    /// Reserves the address range of the granule pool serving `size`: twice the memory the manager
+    /// may hold for the large pool (room to place around holes), a quarter of it for the small one.
     /// A refusal turns the granule pools off.
     fn reserve_range(&mut self, shim: &S, size: Size) {
         let granule = self.vm_granule;

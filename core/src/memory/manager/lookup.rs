@@ -1,10 +1,10 @@
 //! Lookup and binding: from a handle to the memory bound to it.
 //!
-//! Owns [`MemoryManager::bind`], [`MemoryManager::resolve`] and
-//! [`MemoryManager::guard`], the check that a handle was issued by this manager's device and
-//! stream, the rule that a handle resolves only to memory bound to it, and the routing of a
-//! [`Pool`] to the manager's field that holds it. Does not own placement (`reserve.rs`), nor freeing what a handle let go or
-//! noticing dropped guards (`release.rs`).
+//! Owns [`MemoryManager::bind`], [`MemoryManager::resolve`] and [`MemoryManager::guard`], the check
+//! that a handle was issued by this manager's device and stream, the rule that a handle resolves
+//! only to memory bound to it, and the routing of a [`Pool`] to the manager's field that holds it.
+//! Does not own placement (`reserve.rs`), nor freeing what a handle let go or noticing dropped
+//! guards (`release.rs`).
 
 use super::MemoryManager;
 use crate::error::IoError;
