@@ -9,7 +9,9 @@ use crate::shim::{
 use core::cell::Cell;
 use core::ptr::NonNull;
 
-pub(crate) struct TestShim {
+/// `VM`: [`Shim::VIRTUAL_MEMORY`] (false: a shim whose granule pools compile out, whatever its
+/// facts say).
+pub(crate) struct TestShim<const VM: bool = true> {
     pub facts: DeviceFacts,
     next_addr: Cell<u64>,
     pub live_bytes: Cell<u64>,
@@ -76,9 +78,32 @@ impl TestShim {
         shim.facts.vm_granule = granule;
         shim
     }
+
+    /// The same device as a shim that says it never maps ([`Shim::VIRTUAL_MEMORY`] false).
+    pub fn without_virtual_memory(self) -> TestShim<false> {
+        TestShim {
+            facts: self.facts,
+            next_addr: self.next_addr,
+            live_bytes: self.live_bytes,
+            live_pages: self.live_pages,
+            device_limit: self.device_limit,
+            events_recorded: self.events_recorded,
+            events_waited: self.events_waited,
+            fail_next_wait: self.fail_next_wait,
+            fail_next_record: self.fail_next_record,
+            fail_next_query: self.fail_next_query,
+            busy: self.busy,
+            mapped: self.mapped,
+            ranges: self.ranges,
+            maps: self.maps,
+            mappings: self.mappings,
+        }
+    }
 }
 
-impl Shim for TestShim {
+impl<const VM: bool> Shim for TestShim<VM> {
+    const VIRTUAL_MEMORY: bool = VM;
+
     type Stream = ();
     type Event = ();
     type DevicePage = TestPage;

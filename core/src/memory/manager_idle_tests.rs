@@ -150,6 +150,27 @@ fn fenced_a_retiring_granule_is_neither_idle_nor_given_back_twice() {
     assert_eq!((shim.mapped.get(), shim.ranges.get()), (0, 0));
 }
 
+#[test]
+fn a_shim_without_virtual_memory_keeps_pages_whatever_its_facts_say() {
+    let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G).without_virtual_memory();
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let config = MemoryConfig::default();
+    let mut mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    assert_eq!(mm.vm_granule(), 0);
+    let _a = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    let _b = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        (shim.ranges.get(), shim.maps.get(), shim.live_pages.get()),
+        (0, 0, 2),
+        "(ranges reserved, granules mapped, pages): an arena page and a small one"
+    );
+    // SAFETY: no device work exists in this test.
+    unsafe { mm.release_all(&shim) };
+}
+
 /// One step of the property test.
 #[derive(Debug, Clone)]
 enum Op {
