@@ -49,8 +49,11 @@ pub mod status {
 }
 
 /// A device of address ranges only (see the module documentation).
+///
+/// `VM` is [`Shim::VIRTUAL_MEMORY`]: `false` makes a device whose granule pools compile out,
+/// whatever its facts say ([`AddressShim::without_virtual_memory`]).
 #[derive(Debug)]
-pub struct AddressShim {
+pub struct AddressShim<const VM: bool = true> {
     /// What the device reports ([`Shim::facts`]).
     pub facts: DeviceFacts,
     next_addr: Cell<u64>,
@@ -85,6 +88,8 @@ pub struct AddressShim {
     pub ranges: Cell<u64>,
     /// Map calls that succeeded so far.
     pub maps: Cell<u64>,
+    /// Unmap calls so far.
+    pub unmaps: Cell<u64>,
     /// The memory handle of each granule mapped now, by address: an unmap must name what was
     /// mapped there (the shim panics otherwise: the core broke the contract).
     pub mappings: RefCell<BTreeMap<u64, u64>>,
@@ -136,10 +141,38 @@ impl AddressShim {
             mapped: Cell::new(0),
             ranges: Cell::new(0),
             maps: Cell::new(0),
+            unmaps: Cell::new(0),
             mappings: RefCell::default(),
         }
     }
 
+    /// The same device as a shim that says it never maps ([`Shim::VIRTUAL_MEMORY`] false).
+    pub fn without_virtual_memory(self) -> AddressShim<false> {
+        AddressShim {
+            facts: self.facts,
+            next_addr: self.next_addr,
+            live_bytes: self.live_bytes,
+            live_pages: self.live_pages,
+            pages_made: self.pages_made,
+            pages_freed: self.pages_freed,
+            memory_calls: self.memory_calls,
+            device_limit: self.device_limit,
+            events_recorded: self.events_recorded,
+            events_waited: self.events_waited,
+            fail_next_wait: self.fail_next_wait,
+            fail_next_record: self.fail_next_record,
+            fail_next_query: self.fail_next_query,
+            busy: self.busy,
+            mapped: self.mapped,
+            ranges: self.ranges,
+            maps: self.maps,
+            unmaps: self.unmaps,
+            mappings: self.mappings,
+        }
+    }
+}
+
+impl<const VM: bool> AddressShim<VM> {
     /// Takes `size` bytes of address space aligned to `align` (and a gap of `align` after them,
     /// so two ranges never touch); `None` past the end of the 64-bit space.
     fn take_range(&self, size: u64, align: u64) -> Option<u64> {
@@ -173,7 +206,9 @@ impl AddressShim {
     }
 }
 
-impl Shim for AddressShim {
+impl<const VM: bool> Shim for AddressShim<VM> {
+    const VIRTUAL_MEMORY: bool = VM;
+
     type Stream = ();
     type Event = ();
     type DevicePage = AddressPage;
@@ -308,6 +343,7 @@ impl Shim for AddressShim {
         );
         self.live_bytes.set(self.live_bytes.get() - size);
         self.mapped.set(self.mapped.get() - 1);
+        self.unmaps.set(self.unmaps.get() + 1);
         self.count_call();
     }
 

@@ -13,7 +13,7 @@
 use crate::capture::{Recorded, RecordingFlag};
 use crate::fault::{FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
-use crate::memory::{Binding, RawPage, RetiredPage};
+use crate::memory::{Binding, Released, RetiredPage};
 use crate::shim::Shim;
 use alloc::vec::Vec;
 
@@ -48,8 +48,8 @@ pub enum DropItem<S: Shim> {
     Host(HostBuffer),
     /// Device memory another stream's work uses: the owner must not reuse it before then.
     Binding(Binding),
-    /// A device page the manager let go.
-    Page(RetiredPage<RawPage<S>>),
+    /// A device page, or a granule's memory, the manager let go.
+    Page(RetiredPage<Released<S>>),
     /// A graph replayed on the stream: what it touches must outlive the replay.
     Graph(alloc::sync::Arc<Recorded<S>>),
 }

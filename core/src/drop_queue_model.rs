@@ -10,6 +10,7 @@
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue};
 use crate::error::Fault;
 use crate::fault::{FenceMark, FenceOutcome};
+use crate::memory::pool::{Pool, Size};
 use crate::memory::{Handle, Issuer, Location, ReturnQueue, Returned};
 use crate::test_shim::TestShim;
 use alloc::sync::Arc;
@@ -168,7 +169,7 @@ fn tracked(id: u64, returns: &Arc<ReturnQueue>) -> DropItem<TestShim> {
     );
     h.set_location(
         Some(Location {
-            pool: 0,
+            pool: Pool::Pages(Size::Small),
             block: id as u32,
         }),
         false,

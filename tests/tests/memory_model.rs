@@ -15,8 +15,8 @@
 //! error.
 
 use devcmd::memory::{
-    AllocationMode, Cleanup, Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageGuard,
-    PageUpdate, PoolKind,
+    AllocationMode, Cleanup, Handle, IdleGranules, Issuer, MemoryBudget, MemoryConfig,
+    MemoryManager, PageGuard, PageUpdate, PoolKind,
 };
 use devcmd::{Device, DeviceConfig, IoError, ServerError, Shim, StreamId};
 use devcmd_std::StdShim;
@@ -118,8 +118,8 @@ fn padded(size: u64) -> u64 {
 
 impl World {
     /// With `vm`, the device has virtual memory (64 KiB granules) and the small pool and the
-    /// arena are granule pools; without, they hold pages.
-    fn new(vm: bool) -> Self {
+    /// arena are granule pools, keeping `idle` of their idle granules; without, they hold pages.
+    fn new(vm: bool, idle: IdleGranules) -> Self {
         let shim = StdShim::builder()
             .total_memory(64 * MIB)
             .page_alignment(ALIGN)
@@ -133,6 +133,7 @@ impl World {
             arena_granule: 16 * KIB,
             virtual_memory: vm,
             spare_identities: 8,
+            idle_granules: idle,
         };
         let budget = MemoryBudget::new(Some(BUDGET));
         let mut mm = MemoryManager::new(
@@ -452,18 +453,26 @@ proptest! {
 
     #[test]
     fn the_manager_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
-        check_model(false, &ops)?;
+        check_model(false, IdleGranules::UpToPeak, &ops)?;
     }
 
     #[test]
     fn the_manager_with_granule_pools_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
-        check_model(true, &ops)?;
+        check_model(true, IdleGranules::UpToPeak, &ops)?;
+    }
+
+    #[test]
+    fn the_manager_giving_idle_granules_back_matches_the_model(
+        ops in proptest::collection::vec(op(), 1..60),
+        per_64 in 0u32..=64,
+    ) {
+        check_model(true, IdleGranules::Slack { per_64, floor: 0 }, &ops)?;
     }
 }
 
-fn check_model(vm: bool, ops: &[Op]) -> Result<(), TestCaseError> {
+fn check_model(vm: bool, idle: IdleGranules, ops: &[Op]) -> Result<(), TestCaseError> {
     {
-        let mut world = World::new(vm);
+        let mut world = World::new(vm, idle);
         for op in ops {
             world.apply(op)?;
         }

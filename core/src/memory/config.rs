@@ -34,6 +34,10 @@ pub struct MemoryConfig {
     /// one is kept allocates nothing on the heap. Raise it to the most handles a step drops
     /// before the next reserves (8 by default); returns past it free their identities.
     pub spare_identities: usize,
+    /// What the granule pools do with idle granules (mapped, touched by no live allocation, held
+    /// by no guard): keep them up to the most the pools ever held (the default), or give back
+    /// what passes a slack above the granules in use. See [`IdleGranules`].
+    pub idle_granules: IdleGranules,
 }
 
 impl Default for MemoryConfig {
@@ -45,8 +49,35 @@ impl Default for MemoryConfig {
             arena_granule: 2 * MIB,
             virtual_memory: true,
             spare_identities: 256,
+            idle_granules: IdleGranules::UpToPeak,
         }
     }
+}
+
+/// What the granule pools keep of their idle granules (mapped, touched by no live allocation,
+/// held by no guard). Each granule given back and mapped again is a device call (on CUDA an
+/// unmap or a map costs about a `cuMemAlloc`, 26-43 µs on an H200), so keeping fewer idle
+/// granules trades device calls for memory held (BENCHMARKS.md, "Giving back idle granules").
+/// Either way, growing past the most the pools ever held gives idle granules back first, and
+/// an explicit cleanup gives back all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum IdleGranules {
+    /// Kept for reuse while the pools hold no more than the most they ever held (since the last
+    /// explicit cleanup): the fewest device calls; after a load spike the pools keep its memory
+    /// until a cleanup.
+    UpToPeak,
+    /// At most `per_64` 64ths of the granules in use kept idle, and at least `floor` bytes'
+    /// worth: at every reservation the rest go back, longest-held last (under
+    /// [`PageRelease::Fenced`] they retire and go at the next fence, and a placement that
+    /// needs one first takes it back without a device call). Memory held tracks what is live;
+    /// each load swing past the slack costs a map and an unmap per granule.
+    Slack {
+        /// Idle granules kept per 64 granules in use.
+        per_64: u32,
+        /// Bytes of idle granules kept however few are in use.
+        floor: u64,
+    },
 }
 
 /// When a page the manager no longer needs goes back to the device. `Fenced` unless the owner

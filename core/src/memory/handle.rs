@@ -9,34 +9,19 @@
 //! its manager with the allocation, and the manager keeps it ([`SpareIdentity`]) for its next
 //! handle: a reserve and drop cycle on warm pools allocates nothing.
 
+use super::pool::Pool;
 use crate::error::{IoError, NotFoundReason};
 use alloc::sync::{Arc, Weak};
 use alloc::vec::Vec;
 use core::mem::ManuallyDrop;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
-/// Which pool of a manager a location points into.
-pub(crate) type PoolId = u8;
-/// The small pool.
-pub(crate) const POOL_SMALL: PoolId = 0;
-/// The arena (pages of any size).
-pub(crate) const POOL_ARENA: PoolId = 1;
-/// The small granule pool (a reserved address range, small requests).
-pub(crate) const POOL_VM_SMALL: PoolId = 2;
-/// The large granule pool (a reserved address range, the arena's requests).
-pub(crate) const POOL_VM_LARGE: PoolId = 3;
-/// The persistent pool.
-pub(crate) const POOL_PERSISTENT: PoolId = 253;
-/// The dedicated pool.
-pub(crate) const POOL_DEDICATED: PoolId = 254;
-/// No location: never bound, or handed over.
-const POOL_NONE: PoolId = 255;
 const HANDED_OVER: u32 = u32::MAX;
 
 /// Where an allocation lives: a pool of the manager and a block of that pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Location {
-    pub pool: PoolId,
+    pub pool: Pool,
     pub block: u32,
 }
 
@@ -120,7 +105,8 @@ pub(crate) struct Identity {
     /// Live graphs that keep the allocation (their replays use it): while any does, its memory
     /// may not be given to another handle.
     graphs: AtomicU32,
-    /// Packed location: pool in the low 8 bits of `pool`, block in `block`. Written on the device
+    /// Packed location: the pool's [`Pool::code`] in `pool` ([`Pool::NO_CODE`]: none), the
+    /// block in `block`. Written on the device
     /// thread only; read there and by the last reference's [`release`], which `refs` orders after
     /// every write.
     pool: AtomicU32,
@@ -132,22 +118,22 @@ pub(crate) struct Identity {
 
 impl Identity {
     fn location(&self) -> Result<Location, NotFoundReason> {
-        let pool = self.pool.load(Ordering::Relaxed) as PoolId;
+        let pool = Pool::from_code(self.pool.load(Ordering::Relaxed));
         let block = self.block.load(Ordering::Relaxed);
         match (pool, block) {
-            (POOL_NONE, HANDED_OVER) => Err(NotFoundReason::HandedOver),
-            (POOL_NONE, _) => Err(NotFoundReason::NeverBound),
-            _ => Ok(Location { pool, block }),
+            (Some(pool), _) => Ok(Location { pool, block }),
+            (None, HANDED_OVER) => Err(NotFoundReason::HandedOver),
+            (None, _) => Err(NotFoundReason::NeverBound),
         }
     }
 
     fn set_location(&self, location: Option<Location>, handed_over: bool) {
         let (pool, block) = match location {
-            Some(l) => (l.pool, l.block),
-            None if handed_over => (POOL_NONE, HANDED_OVER),
-            None => (POOL_NONE, 0),
+            Some(l) => (l.pool.code(), l.block),
+            None if handed_over => (Pool::NO_CODE, HANDED_OVER),
+            None => (Pool::NO_CODE, 0),
         };
-        self.pool.store(u32::from(pool), Ordering::Relaxed);
+        self.pool.store(pool, Ordering::Relaxed);
         self.block.store(block, Ordering::Relaxed);
     }
 }
@@ -211,7 +197,7 @@ impl Handle {
             refs: AtomicU32::new(1),
             exposed: AtomicBool::new(false),
             graphs: AtomicU32::new(0),
-            pool: AtomicU32::new(u32::from(POOL_NONE)),
+            pool: AtomicU32::new(Pool::NO_CODE),
             block: AtomicU32::new(0),
             returns,
         };

@@ -1,6 +1,10 @@
 //! Tests of handles, bindings and the return queue.
 
 use super::*;
+use crate::memory::pool::Size;
+
+const SMALL: Pool = Pool::Pages(Size::Small);
+const ARENA: Pool = Pool::Pages(Size::Arena);
 
 fn issuer() -> Issuer {
     Issuer {
@@ -29,7 +33,13 @@ fn clones_share_and_only_a_single_owner_may_mutate() {
 fn the_last_drop_returns_a_bound_allocation_from_any_thread() {
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(7, issuer(), 64, &q);
-    h.set_location(Some(Location { pool: 1, block: 3 }), false);
+    h.set_location(
+        Some(Location {
+            pool: ARENA,
+            block: 3,
+        }),
+        false,
+    );
     let b = h.binding();
     drop(h);
     let mut out = Vec::new();
@@ -40,7 +50,13 @@ fn the_last_drop_returns_a_bound_allocation_from_any_thread() {
     assert_eq!(out.len(), 1);
     assert_eq!(
         (out[0].id, out[0].location),
-        (7, Location { pool: 1, block: 3 })
+        (
+            7,
+            Location {
+                pool: ARENA,
+                block: 3
+            }
+        )
     );
 }
 
@@ -74,7 +90,13 @@ fn an_unbound_or_handed_over_handle_returns_nothing_and_says_why() {
 fn a_returned_identity_is_reused_unless_a_reference_is_left() {
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(7, issuer(), 64, &q);
-    h.set_location(Some(Location { pool: 1, block: 3 }), false);
+    h.set_location(
+        Some(Location {
+            pool: ARENA,
+            block: 3,
+        }),
+        false,
+    );
     let block = Arc::as_ptr(&h.identity);
     let b = h.binding();
     drop(h);
@@ -94,7 +116,13 @@ fn a_returned_identity_is_reused_unless_a_reference_is_left() {
         })
     );
     // A reference still on its way out (another thread's drop): a new block, nothing shared.
-    reused.set_location(Some(Location { pool: 1, block: 4 }), false);
+    reused.set_location(
+        Some(Location {
+            pool: ARENA,
+            block: 4,
+        }),
+        false,
+    );
     let held = Arc::clone(&reused.identity);
     drop(reused);
     q.drain_into(&mut out);
@@ -110,13 +138,25 @@ fn a_queue_dropped_with_returns_in_it_frees_them() {
     // leak check sees it).
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(1, issuer(), 8, &q);
-    h.set_location(Some(Location { pool: 0, block: 0 }), false);
+    h.set_location(
+        Some(Location {
+            pool: SMALL,
+            block: 0,
+        }),
+        false,
+    );
     drop(h);
     drop(q);
     // A handle outliving its queue drops without returning anything.
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(2, issuer(), 8, &q);
-    h.set_location(Some(Location { pool: 0, block: 1 }), false);
+    h.set_location(
+        Some(Location {
+            pool: SMALL,
+            block: 1,
+        }),
+        false,
+    );
     drop(q);
     drop(h);
 }

@@ -33,7 +33,9 @@
 //! them. Either way, memory no allocation uses is kept for reuse, and goes back first when the
 //! pools would otherwise grow past the most they ever held (idle granules) or when the arena needs
 //! a page none of its empty ones can serve (empty arena pages): the peak of memory held grows only
-//! by what live allocations need. An explicit cleanup gives back everything unused.
+//! by what live allocations need. Under [`IdleGranules::Slack`](super::IdleGranules::Slack) the
+//! granule pools also give back, at every reservation, the idle granules past a slack above the
+//! granules in use. An explicit cleanup gives back everything unused.
 
 mod granules;
 mod lookup;
@@ -44,6 +46,7 @@ mod reserve;
 use super::budget::MemoryBudget;
 use super::config::{MemoryConfig, PageRelease};
 use super::handle::{Handle, Issuer, ReturnQueue, Returned, SpareIdentity};
+use super::retire::Released;
 use super::sliced::SlicedPool;
 use super::types::Resolved;
 use super::types::{AllocationMode, PageRef, RawPage, RetiredPage};
@@ -73,7 +76,7 @@ pub struct MemoryManager<S: Shim> {
     arena_empty: Vec<u32>,
     /// The granule pools, once their ranges are reserved (small, large); boxed so a manager
     /// without them carries a pointer each.
-    vm: [Option<alloc::boxed::Box<GranulePool<RawPage<S>>>>; 2],
+    vm: [Option<alloc::boxed::Box<GranulePool>>; 2],
     /// The device's granule where the granule pools may be used; 0 where they may not (no
     /// virtual memory, turned off, zero copy, or a range could not be reserved).
     vm_granule: u64,
@@ -85,7 +88,7 @@ pub struct MemoryManager<S: Shim> {
     modes: Vec<AllocationMode>,
     dedicated_freed: bool,
     guards: Vec<Arc<PageRef>>,
-    retired: Vec<RetiredPage<RawPage<S>>>,
+    retired: Vec<RetiredPage<Released<S>>>,
     /// Ids of allocations released or rebound, when the owner tracks them (failure marks).
     freed: Option<Vec<u64>>,
     release: PageRelease,
@@ -136,10 +139,14 @@ impl<S: Shim> MemoryManager<S> {
             arena_min_page: config.arena_min_page.min(memory / 4),
             arena_granule: config.arena_granule.min(memory / 8).max(1),
             virtual_memory: config.virtual_memory,
-            spare_identities: config.spare_identities,
+            ..config
         };
         // Granule pools need a power-of-two granule no larger than the memory.
-        let g = facts.vm_granule;
+        let g = if S::VIRTUAL_MEMORY {
+            facts.vm_granule
+        } else {
+            0
+        };
         let vm_granule = if config.virtual_memory && g.is_power_of_two() && g <= memory / 4 {
             g.max(alignment)
         } else {

@@ -1,6 +1,7 @@
 //! The manager's page sizes under a budget, degenerate configurations.
 
 use super::*;
+use crate::memory::IdleGranules;
 
 #[test]
 fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
@@ -12,6 +13,7 @@ fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
         arena_granule: 0,
         virtual_memory: false,
         spare_identities: 8,
+        idle_granules: IdleGranules::UpToPeak,
     };
     let mut mm = manager(&shim, config, MemoryBudget::new(None));
     for size in [0, 1, 31, 32, 33, 4096, MIB, 256 * MIB] {

@@ -411,3 +411,6 @@ mod budget;
 
 #[path = "manager_vm_tests.rs"]
 mod vm;
+
+#[path = "manager_idle_tests.rs"]
+mod idle;

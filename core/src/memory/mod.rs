@@ -11,20 +11,23 @@ mod config;
 mod free_index;
 pub(crate) mod handle;
 mod manager;
+pub(crate) mod pool;
 mod report;
+mod retire;
 pub(crate) mod sliced;
 mod types;
 mod vm;
 pub(crate) mod whole;
 
 pub use budget::MemoryBudget;
-pub use config::{MemoryConfig, PageRelease};
+pub use config::{IdleGranules, MemoryConfig, PageRelease};
 pub(crate) use handle::ReturnQueue;
 pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
 #[cfg(test)]
 pub(crate) use handle::{Location, Returned};
 pub use manager::MemoryManager;
 pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};
+pub use retire::{Released, RetiringGranule};
 pub use types::{
     AllocationInfo, AllocationMode, Cleanup, PageGuard, PageInfo, PageRef, PageUpdate, RawPage,
     Resolved, RetiredPage,

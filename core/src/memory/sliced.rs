@@ -456,9 +456,13 @@ impl<P> SlicedPool<P> {
         }
     }
 
-    /// Every page, for teardown.
-    pub(crate) fn into_pages(self) -> impl Iterator<Item = Page<P>> {
-        self.pages.into_iter().flatten()
+    /// Every page, for teardown, leaving the pool empty as new. Not inlined: the pool it swaps
+    /// out (its free index is a kilobyte) lives in this frame only, not in the caller's.
+    #[inline(never)]
+    pub(crate) fn take_pages(&mut self) -> impl Iterator<Item = Page<P>> + use<P> {
+        let page_size = self.page_size;
+        let pool = core::mem::replace(self, Self::new(page_size));
+        pool.pages.into_iter().flatten()
     }
 
     /// Totals over the pool.

@@ -3,18 +3,17 @@
 //!
 //! Owns the modes and cleanup kinds a caller picks ([`AllocationMode`], [`PageUpdate`],
 //! [`Cleanup`]), what a lookup answers ([`Resolved`], [`PageRef`], [`PageGuard`]), the diagnostics
-//! of checks ([`AllocationInfo`], [`PageInfo`]) and the page the manager lets go before the device
-//! is done with it ([`RetiredPage`]). Does not own the rules that make or consume them: those are
-//! the manager's (`manager.rs` and the files under `manager/`). Fields the manager fills in are
-//! visible to the `memory` module only.
+//! of checks ([`AllocationInfo`], [`PageInfo`]), the pages it holds ([`RawPage`]) and what it lets
+//! go before the device is done with it ([`RetiredPage`]; what that holds is `retire.rs`'s). Does
+//! not own the rules that make or consume them: those are the manager's (`manager.rs` and the files
+//! under `manager/`). Fields the manager fills in are visible to the `memory` module only.
 
 use super::budget::MemoryBudget;
-use super::handle::PoolId;
+use super::pool::Pool;
 use super::report::PoolKind;
-use super::vm::{RETIRE_DONE, RETIRE_PENDING};
 use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
-use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 /// How new reservations are served. Modes nest: see [`MemoryManager::set_mode`].
 ///
@@ -68,7 +67,7 @@ pub struct Resolved {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct PageRef {
-    pub(super) pool: PoolId,
+    pub(super) pool: Pool,
     pub(super) page: u32,
 }
 
@@ -130,27 +129,6 @@ pub enum RawPage<S: Shim> {
     /// ([`Command::read_owned`](crate::Command::read_owned)): a page with lent buffers is never
     /// freed, even at teardown or after a loss (it is leaked instead).
     Mapped(S::HostPage, Arc<AtomicU32>),
-    /// Device memory behind one granule of a reserved address range ([`Shim::vm_map`]'s
-    /// `memory`, at `addr`, `size` bytes), retired: `token` tells the manager whether the drop
-    /// queue unmapped it or the manager took it back first.
-    Granule {
-        /// First device address of the granule.
-        addr: u64,
-        /// Bytes of the granule.
-        size: u64,
-        /// The shim's handle of the memory.
-        memory: u64,
-        /// Pending until the drop queue unmaps it, or the manager takes it back first.
-        token: Arc<AtomicU8>,
-    },
-    /// A reserved device address range ([`Shim::vm_reserve`]); its granules are unmapped by the
-    /// time it is freed. Counts nothing against the budget.
-    Range {
-        /// First device address.
-        addr: u64,
-        /// Bytes reserved.
-        size: u64,
-    },
 }
 
 impl<S: Shim> core::fmt::Debug for RawPage<S> {
@@ -162,19 +140,6 @@ impl<S: Shim> core::fmt::Debug for RawPage<S> {
                 .field(p)
                 .field(&lent.load(Ordering::Relaxed))
                 .finish(),
-            Self::Granule {
-                addr, size, memory, ..
-            } => f
-                .debug_struct("Granule")
-                .field("addr", addr)
-                .field("size", size)
-                .field("memory", memory)
-                .finish(),
-            Self::Range { addr, size } => f
-                .debug_struct("Range")
-                .field("addr", addr)
-                .field("size", size)
-                .finish(),
         }
     }
 }
@@ -184,7 +149,7 @@ impl<S: Shim> RawPage<S> {
     pub(crate) fn host_ptr(&self, shim: &S) -> Option<core::ptr::NonNull<u8>> {
         match self {
             Self::Mapped(p, _) => Some(shim.host_page_ptr(p)),
-            _ => None,
+            Self::Device(_) => None,
         }
     }
 
@@ -192,13 +157,14 @@ impl<S: Shim> RawPage<S> {
     pub(crate) fn lent(&self) -> Option<&Arc<AtomicU32>> {
         match self {
             Self::Mapped(_, lent) => Some(lent),
-            _ => None,
+            Self::Device(_) => None,
         }
     }
 }
 
-/// A page the manager let go that must wait for the device before it is freed. The device takes
-/// them from its streams' managers into their drop queues (hence public: a drop-queue item).
+/// What the manager let go that must wait for the device before it goes back: a page, or a
+/// granule's memory ([`Released`](super::Released)). The device takes them from its streams'
+/// managers into their drop queues (hence public: a drop-queue item).
 #[derive(Debug)]
 pub struct RetiredPage<P> {
     pub(super) raw: P,
@@ -207,25 +173,25 @@ pub struct RetiredPage<P> {
 }
 
 impl<P> RetiredPage<P> {
-    /// Bytes of the page.
+    /// Bytes it holds against the budget.
     pub fn size(&self) -> u64 {
         self.size
     }
 }
 
-impl<S: Shim> RetiredPage<RawPage<S>> {
-    /// Frees the page on the device (or the host, for a mapped page) and gives its bytes back to
-    /// the device's budget.
+impl<S: Shim> RawPage<S> {
+    /// Frees the page on the device, or on the host for a mapped page (leaked instead while
+    /// host buffers lent out of it live).
     ///
     /// # Safety
     ///
     /// No work that may use the page is pending on any stream of the device (or the device is
     /// poisoned).
-    pub unsafe fn free(self, shim: &S) {
-        match self.raw {
+    pub(super) unsafe fn free(self, shim: &S) {
+        match self {
             // SAFETY: the caller guarantees no pending work uses the page.
-            RawPage::Device(p) => unsafe { shim.device_free(p) },
-            RawPage::Mapped(p, lent) => {
+            Self::Device(p) => unsafe { shim.device_free(p) },
+            Self::Mapped(p, lent) => {
                 if lent.load(Ordering::Acquire) > 0 {
                     // The host still reads buffers lent out of it: leaked, never freed under them.
                     warn!(
@@ -238,32 +204,6 @@ impl<S: Shim> RetiredPage<RawPage<S>> {
                     unsafe { shim.host_free_pinned(p) }
                 }
             }
-            RawPage::Granule {
-                addr,
-                size,
-                memory,
-                token,
-            } => {
-                let unmapped = token
-                    .compare_exchange(
-                        RETIRE_PENDING,
-                        RETIRE_DONE,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok();
-                if !unmapped {
-                    // Taken back by the manager before its fence: it stays mapped, and counted.
-                    return;
-                }
-                // SAFETY: the caller guarantees no pending work uses the granule; the manager
-                // places nothing over it until it sees the token done.
-                unsafe { shim.vm_unmap(DeviceAddr(addr), size, memory) };
-            }
-            // SAFETY: every granule of the range was unmapped before the range is freed (the
-            // manager frees its retired granules first), and the caller guarantees no pending work.
-            RawPage::Range { addr, size } => unsafe { shim.vm_release(DeviceAddr(addr), size) },
         }
-        self.budget.give_back(self.size);
     }
 }

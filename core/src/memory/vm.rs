@@ -7,24 +7,19 @@
 //! and the state of each granule: unmapped, mapped (with how many allocations touch it and how
 //! many guards hold it), or retiring (handed to the device to unmap once its fence passes, and
 //! taken back if needed before that). Keeps the mapped granules no allocation touches in a cache
-//! and says which ones to give back. Does not own the device calls nor the budget (the manager
-//! maps, unmaps and counts: `manager/granules.rs`), nor when the cache is given back (the
-//! manager's policy: before growing, and at an explicit cleanup).
+//! and says which ones to give back, with exact counts of the granules in use (touched or
+//! guarded) and idle. Does not own the device calls nor the budget (the manager maps, unmaps and
+//! counts: `manager/granules.rs`), nor when the cache is given back (the manager's policy, from
+//! [`IdleGranules`](crate::memory::IdleGranules): before growing past the peak, past the slack
+//! at a reservation, and at an explicit cleanup).
 //!
 //! Why: memory held is the granules touched by live allocations, never a page sized for a
 //! request long gone; a freed granule goes back without moving any allocation.
 
+use super::retire::{Retire, RetireToken};
 use super::sliced::{Carved, SlicedPool, Used};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU8, Ordering};
-
-/// A retiring granule waits for its fence (the drop queue unmaps it then).
-pub(crate) const RETIRE_PENDING: u8 = 0;
-/// The manager took a retiring granule back before its fence: the drop queue leaves it mapped.
-pub(crate) const RETIRE_CANCELLED: u8 = 1;
-/// The drop queue unmapped it: the address range is free to map again.
-pub(crate) const RETIRE_DONE: u8 = 2;
 
 /// What is behind one granule of the range.
 #[derive(Debug)]
@@ -33,9 +28,9 @@ pub(crate) enum Backing {
     Unmapped,
     /// Device memory (the shim's handle of it).
     Mapped(u64),
-    /// Device memory handed to the drop queue to unmap after a fence; `token` says whether it
-    /// did ([`RETIRE_DONE`]), or the manager took it back ([`RETIRE_CANCELLED`]).
-    Retiring(u64, Arc<AtomicU8>),
+    /// Device memory handed to the drop queue to unmap after a fence; the token says whether it
+    /// did, or the manager took it back first.
+    Retiring(u64, Arc<RetireToken>),
 }
 
 #[derive(Debug)]
@@ -56,7 +51,7 @@ const CANDIDATES: usize = 8;
 fn usable(g: &Granule) -> bool {
     match &g.backing {
         Backing::Mapped(_) => true,
-        Backing::Retiring(_, token) => token.load(Ordering::Acquire) == RETIRE_PENDING,
+        Backing::Retiring(_, token) => token.state() == Retire::Pending,
         Backing::Unmapped => false,
     }
 }
@@ -74,9 +69,9 @@ pub(crate) enum Need {
 
 /// One reserved address range and the state of its granules.
 #[derive(Debug)]
-pub(crate) struct GranulePool<P> {
-    /// The blocks: one page, the whole range.
-    pub pool: SlicedPool<P>,
+pub(crate) struct GranulePool {
+    /// The blocks: one page, the whole range (the range itself is released by the manager).
+    pub pool: SlicedPool<()>,
     pub base: u64,
     pub granule: u64,
     shift: u32,
@@ -88,23 +83,27 @@ pub(crate) struct GranulePool<P> {
     retiring: Vec<u32>,
     /// Granules with memory behind them (mapped or retiring).
     pub mapped: u32,
+    /// Granules touched by a live allocation or held by a guard (whatever is behind them).
+    pub busy: u32,
+    /// Granules retiring now (counted in `mapped` until their fence).
+    retiring_now: u32,
     pub mapped_peak: u32,
     /// Map and unmap calls made, for the report and benchmarks.
     pub maps: u64,
     pub unmaps: u64,
 }
 
-impl<P> GranulePool<P> {
-    /// A pool over the range `[base, base + size)` reserved as `raw`; `granule` is a power of two
-    /// dividing `base` and `size`.
-    pub(crate) fn new(raw: P, base: u64, size: u64, granule: u64) -> Self {
+impl GranulePool {
+    /// A pool over the range `[base, base + size)`; `granule` is a power of two dividing `base`
+    /// and `size`.
+    pub(crate) fn new(base: u64, size: u64, granule: u64) -> Self {
         debug_assert!(
             granule.is_power_of_two()
                 && base.is_multiple_of(granule)
                 && size.is_multiple_of(granule)
         );
         let mut pool = SlicedPool::new(granule);
-        pool.add_page(raw, base, size);
+        pool.add_page((), base, size);
         let count = size >> granule.trailing_zeros();
         let mut granules = Vec::new();
         granules.resize_with(count as usize, || Granule {
@@ -121,6 +120,8 @@ impl<P> GranulePool<P> {
             cache: Vec::new(),
             retiring: Vec::new(),
             mapped: 0,
+            busy: 0,
+            retiring_now: 0,
             mapped_peak: 0,
             maps: 0,
             unmaps: 0,
@@ -157,6 +158,15 @@ impl<P> GranulePool<P> {
         (self.granules.len() as u64) << self.shift
     }
 
+    /// Mapped granules neither touched nor guarded (what the cache holds). Exact between
+    /// placements, when every granule in use is mapped: what is behind the range, less what is
+    /// retiring, less what is in use.
+    pub(crate) fn idle_count(&self) -> u32 {
+        self.mapped
+            .saturating_sub(self.retiring_now)
+            .saturating_sub(self.busy)
+    }
+
     /// Bytes of device memory behind the range (retiring granules included).
     pub(crate) fn held(&self) -> u64 {
         u64::from(self.mapped) << self.shift
@@ -171,22 +181,15 @@ impl<P> GranulePool<P> {
             Backing::Unmapped => Need::Map,
             Backing::Retiring(memory, token) => {
                 let memory = *memory;
-                match token.compare_exchange(
-                    RETIRE_PENDING,
-                    RETIRE_CANCELLED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => {
-                        gr.backing = Backing::Mapped(memory);
-                        Need::TakenBack
-                    }
-                    Err(_) => {
-                        // Unmapped by the drop queue: its memory and budget are gone.
-                        gr.backing = Backing::Unmapped;
-                        self.mapped -= 1;
-                        Need::Map
-                    }
+                self.retiring_now -= 1;
+                if token.settle(Retire::Cancelled) {
+                    gr.backing = Backing::Mapped(memory);
+                    Need::TakenBack
+                } else {
+                    // Unmapped by the drop queue: its memory and budget are gone.
+                    gr.backing = Backing::Unmapped;
+                    self.mapped -= 1;
+                    Need::Map
                 }
             }
         }
@@ -203,6 +206,9 @@ impl<P> GranulePool<P> {
     /// Counts a new allocation over `[first, last]`.
     pub(crate) fn touch(&mut self, first: u32, last: u32) {
         for g in &mut self.granules[first as usize..=last as usize] {
+            if g.users == 0 && g.guards == 0 {
+                self.busy += 1;
+            }
             g.users += 1;
         }
     }
@@ -214,6 +220,7 @@ impl<P> GranulePool<P> {
             let gr = &mut self.granules[g as usize];
             gr.users -= 1;
             if gr.users == 0 && gr.guards == 0 {
+                self.busy -= 1;
                 self.cache.push(g);
             }
         }
@@ -247,9 +254,10 @@ impl<P> GranulePool<P> {
 
     /// Marks granule `g` (just taken from the cache) as retiring with `memory` until `token`
     /// says its fence passed: it still counts as held.
-    pub(crate) fn retire(&mut self, g: u32, memory: u64, token: Arc<AtomicU8>) {
+    pub(crate) fn retire(&mut self, g: u32, memory: u64, token: Arc<RetireToken>) {
         self.granules[g as usize].backing = Backing::Retiring(memory, token);
         self.mapped += 1;
+        self.retiring_now += 1;
         self.retiring.push(g);
     }
 
@@ -264,17 +272,18 @@ impl<P> GranulePool<P> {
             let Backing::Retiring(_, token) = &gr.backing else {
                 return false; // taken back (`need`) or drained since
             };
-            match token.load(Ordering::Acquire) {
-                RETIRE_PENDING => true,
-                RETIRE_DONE => {
+            match token.state() {
+                Retire::Pending => true,
+                Retire::Done => {
                     gr.backing = Backing::Unmapped;
                     gone += 1;
                     false
                 }
-                _ => false,
+                Retire::Cancelled => false,
             }
         });
         self.mapped -= gone;
+        self.retiring_now -= gone;
         gone
     }
 
@@ -284,10 +293,14 @@ impl<P> GranulePool<P> {
             return;
         };
         if add {
+            if gr.users == 0 && gr.guards == 0 {
+                self.busy += 1;
+            }
             gr.guards += 1;
-        } else {
-            gr.guards = gr.guards.saturating_sub(1);
+        } else if gr.guards > 0 {
+            gr.guards -= 1;
             if gr.guards == 0 && gr.users == 0 {
+                self.busy -= 1;
                 self.cache.push(g);
             }
         }
@@ -360,7 +373,7 @@ impl<P> GranulePool<P> {
 
     /// Every granule with memory behind it, as (index, shim memory, retire token if retiring),
     /// for teardown: the pool forgets them.
-    pub(crate) fn drain_backed(&mut self) -> Vec<(u32, u64, Option<Arc<AtomicU8>>)> {
+    pub(crate) fn drain_backed(&mut self) -> Vec<(u32, u64, Option<Arc<RetireToken>>)> {
         let mut out = Vec::new();
         for (i, gr) in self.granules.iter_mut().enumerate() {
             match core::mem::replace(&mut gr.backing, Backing::Unmapped) {
@@ -370,6 +383,7 @@ impl<P> GranulePool<P> {
             }
         }
         self.mapped = 0;
+        self.retiring_now = 0;
         self.cache.clear();
         self.retiring.clear();
         out

@@ -234,6 +234,13 @@ pub trait Shim {
 
     // ---- virtual memory (optional: where `DeviceFacts::vm_granule` is not 0) ----
 
+    /// Whether the virtual-memory calls below may ever succeed on this shim. `false` (a shim that
+    /// never implements them, a firmware's) compiles the core's granule pools out of its build:
+    /// the manager keeps whole pages whatever [`DeviceFacts::vm_granule`] says.
+    ///
+    /// Default: `true` (the facts decide, at run time).
+    const VIRTUAL_MEMORY: bool = true;
+
     /// Reserves `size` bytes of device address space with no memory behind it (CUDA's
     /// `cuMemAddressReserve`), aligned to [`DeviceFacts::vm_granule`]. `size` is a multiple of
     /// the granule. Called only where the granule is not 0.

@@ -14,7 +14,7 @@ use crate::shim::{self, FwKernel, FwShim, KernelCtx, KernelFault};
 use crate::{board, stack};
 use alloc::vec;
 use alloc::vec::Vec;
-use devcmd::memory::MemoryConfig;
+use devcmd::memory::{IdleGranules, MemoryConfig};
 use devcmd::pinned::PinnedConfig;
 use devcmd::staging::StagingPolicy;
 use devcmd::{
@@ -188,6 +188,7 @@ fn config() -> DeviceConfig {
             arena_granule: 512,
             virtual_memory: false,
             spare_identities: 8,
+            idle_granules: IdleGranules::UpToPeak,
         },
         drops: DropPolicy {
             max_items: 8,

@@ -692,6 +692,9 @@ impl FwShim {
 }
 
 impl Shim for FwShim {
+    // No virtual memory: the core's granule pools compile out of the image.
+    const VIRTUAL_MEMORY: bool = false;
+
     type Stream = FwStream;
     type Event = FwEvent;
     type DevicePage = FwPage;

@@ -134,6 +134,11 @@ REPLAY:
                            times; std is devcmd-std's CPU device, whose pages are zeroed heap
                            blocks: the same figures, but a replay needs RAM for the held peak
                            and a cold replay's time is mostly zeroing pages
+        --fenced           memory the manager lets go waits for a fence, as on a device: a
+                           fence is recorded when 64 items or 64 MiB wait (DropPolicy's
+                           defaults) and passes at the next one; a placement may take a waiting
+                           granule back first, with no device call (default: memory goes back
+                           at once)
 
 FIGURES:
     live peak    the most bytes live at once, as asked for
@@ -144,6 +149,13 @@ FIGURES:
                  a fresh manager (cold: page allocations included), repeated for at least a
                  second, then over the last one's warm pools for another second (warm); build
                  with --release for meaningful times
+    held / live over time
+                 held bytes summed after every operation over live bytes summed at the same
+                 points (JSON: held_over_live_time)
+    map+unmap calls / op
+                 device calls that put memory behind an address or take it away (pages
+                 allocated and freed, granules mapped and unmapped) per operation, in the
+                 measured replay and in the last warm one (JSON: map_calls_per_op, _warm)
     min budget   the smallest MemoryBudget limit under which no reservation fails, by bisection
                  between the live peak and the held peak, to the precision shown
 
@@ -266,6 +278,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, Failure>
                 }
             }
             "--max-page" => o.device.max_page = Some(bytes(value("a byte count")?)?.max(1)),
+            "--fenced" => o.device.fenced = true,
             _ => return Err(usage(format!("unknown option {arg:?}"))),
         }
     }

@@ -29,6 +29,9 @@ pub struct Device {
     pub max_page: Option<u64>,
     /// Which device makes the pages.
     pub pages: Pages,
+    /// Memory the manager lets go waits for a fence, as on a device (`--fenced`: see
+    /// `replay::Fences`); otherwise it goes back at once.
+    pub fenced: bool,
 }
 
 impl Default for Device {
@@ -41,6 +44,7 @@ impl Default for Device {
             alignment: 256,
             max_page: None,
             pages: Pages::Address,
+            fenced: false,
         }
     }
 }
@@ -93,12 +97,22 @@ pub struct Counters {
     /// Calls that may have changed the device's memory (every counted call and every free): a
     /// check reads the manager's pages again when this moves.
     pub calls: u64,
+    /// Granules mapped (`vm_map` calls that succeeded).
+    pub maps: u64,
+    /// Granules unmapped (`vm_unmap` calls).
+    pub unmaps: u64,
 }
 
 impl Counters {
     /// Pages live.
     pub fn live(&self) -> u64 {
         self.allocated - self.freed
+    }
+
+    /// Calls that put memory behind an address or took it away: pages allocated and freed,
+    /// granules mapped and unmapped (each costs about a `cuMemAlloc` on a GPU).
+    pub fn map_calls(&self) -> u64 {
+        self.allocated + self.freed + self.maps + self.unmaps
     }
 }
 
@@ -122,6 +136,8 @@ impl ReplayShim for StdShim {
             freed: st.device_frees,
             bytes_live: st.device_bytes_live,
             calls: ShimOp::ALL.iter().map(|op| st.calls(*op)).sum::<u64>() + st.device_frees,
+            maps: st.vm_maps,
+            unmaps: st.vm_unmaps,
         }
     }
 }
@@ -137,6 +153,8 @@ impl ReplayShim for AddressShim {
             freed: self.pages_freed.get(),
             bytes_live: self.live_bytes.get(),
             calls: self.memory_calls.get(),
+            maps: self.maps.get(),
+            unmaps: self.unmaps.get(),
         }
     }
 }

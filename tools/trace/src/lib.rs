@@ -174,10 +174,12 @@ fn run_config<S: ReplayShim>(
         Some(file) => {
             let path = svg_path(file, name, o.configs.len() > 1);
             let title = format!("{}: {name}", trace.path);
+            let figures = ConfigResult::figures(&measured, trace.ops.len());
             let plot = svg::Plot {
                 title: &title,
                 ops: trace.ops.len() as u64,
                 min_budget: search.as_ref().and_then(|s| s.min_budget),
+                figures: &figures,
             };
             std::fs::write(&path, svg::render(&measured.timeline, &plot))
                 .map_err(|e| Failure::Input(format!("{path}: cannot write the SVG: {e}")))?;

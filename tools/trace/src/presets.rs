@@ -7,7 +7,7 @@
 //! does that when it is built.
 
 use crate::units::{parse_bytes, parse_count};
-use devcmd::memory::MemoryConfig;
+use devcmd::memory::{IdleGranules, MemoryConfig};
 
 /// A named configuration.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +24,7 @@ pub struct Preset {
 #[rustfmt::skip]
 pub const PRESETS: &[Preset] = &[
     Preset { name: "default", about: "MemoryConfig::default()", config: MemoryConfig::default },
+    Preset { name: "give-back", about: "default, idle granules past as many as are in use given back at every reservation", config: || MemoryConfig { idle_granules: IdleGranules::Slack { per_64: 64, floor: 0 }, ..MemoryConfig::default() } },
     Preset { name: "pages", about: "default, without virtual memory: whole pages (devices without it)", config: || MemoryConfig { virtual_memory: false, ..MemoryConfig::default() } },
 ];
 
@@ -60,6 +61,18 @@ pub struct Field {
     pub set: fn(&mut MemoryConfig, u64),
 }
 
+/// `IdleGranules::Slack` with `per_64` or `floor` changed (from `UpToPeak`: the other 0).
+fn slack(c: &MemoryConfig, per_64: Option<u64>, floor: Option<u64>) -> IdleGranules {
+    let (p, f) = match c.idle_granules {
+        IdleGranules::Slack { per_64, floor } => (per_64, floor),
+        IdleGranules::UpToPeak => (0, 0),
+    };
+    IdleGranules::Slack {
+        per_64: per_64.map_or(p, |v| u32::try_from(v).unwrap_or(u32::MAX)),
+        floor: floor.unwrap_or(f),
+    }
+}
+
 fn count(v: u64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
@@ -73,6 +86,8 @@ pub const FIELDS: &[Field] = &[
     Field { key: "arena_granule", kind: Kind::Bytes, set: |c, v| c.arena_granule = v },
     Field { key: "virtual_memory", kind: Kind::Flag, set: |c, v| c.virtual_memory = v != 0 },
     Field { key: "spare_identities", kind: Kind::Count, set: |c, v| c.spare_identities = count(v) },
+    Field { key: "idle_slack_per_64", kind: Kind::Count, set: |c, v| c.idle_granules = slack(c, Some(v), None) },
+    Field { key: "idle_slack_floor", kind: Kind::Bytes, set: |c, v| c.idle_granules = slack(c, None, Some(v)) },
 ];
 
 fn parse_flag(text: &str) -> Result<u64, String> {
@@ -146,7 +161,9 @@ mod tests {
             for ((c, v), text) in configs.iter_mut().zip(values).zip(shown) {
                 (f.set)(c, v);
                 let debug = format!("{c:?}");
-                let needle = format!("{}: {text}", f.key);
+                // The slack's keys set the fields of `IdleGranules::Slack`.
+                let name = f.key.strip_prefix("idle_slack_").unwrap_or(f.key);
+                let needle = format!("{name}: {text}");
                 assert!(
                     debug.contains(&needle),
                     "{} set another field: {debug}",

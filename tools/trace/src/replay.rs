@@ -17,7 +17,10 @@ use crate::device::{Device, ReplayShim};
 use crate::input::{Action, Trace};
 use crate::progress::Progress;
 use crate::verify::Verifier;
-use devcmd::memory::{Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageUpdate};
+use devcmd::DropPolicy;
+use devcmd::memory::{
+    Handle, Issuer, MemoryBudget, MemoryConfig, MemoryManager, PageUpdate, Released, RetiredPage,
+};
 use std::time::Instant;
 
 /// A manager over its own device.
@@ -26,8 +29,56 @@ pub struct Bench<S: ReplayShim> {
     // Declared before the shim: the manager's pages go back before the shim does.
     /// The manager.
     pub mm: MemoryManager<S>,
+    /// Memory the manager let go, waiting for a fence (`--fenced`).
+    fences: Option<Fences<S>>,
     /// Its device.
     pub shim: S,
+}
+
+/// Retired pages and granules on their way back, as a device's drop queue holds them: staged,
+/// then pending behind a fence recorded when the staged ones reach the drop policy's thresholds
+/// (64 items or 64 MiB by default), freed at the next such point (the fence has passed by then:
+/// the replay's device runs no work). A retiring granule the manager takes back before then is
+/// left mapped when its turn comes.
+#[derive(Debug)]
+struct Fences<S: ReplayShim> {
+    policy: DropPolicy,
+    staged: Vec<RetiredPage<Released<S>>>,
+    staged_bytes: u64,
+    pending: Vec<RetiredPage<Released<S>>>,
+}
+
+impl<S: ReplayShim> Fences<S> {
+    /// Takes what the manager retired since the last call; at the thresholds, frees the pending
+    /// batch and makes the staged one pending.
+    fn settle(&mut self, mm: &mut MemoryManager<S>, shim: &S) {
+        for page in mm.take_retired() {
+            self.staged_bytes += page.size();
+            self.staged.push(page);
+        }
+        let p = &self.policy;
+        if self.staged.len() as u64 >= p.max_items || self.staged_bytes >= p.max_bytes {
+            self.free_pending(shim);
+            self.pending = std::mem::take(&mut self.staged);
+            self.staged_bytes = 0;
+        }
+    }
+
+    fn free_pending(&mut self, shim: &S) {
+        for page in self.pending.drain(..) {
+            // SAFETY: the replay's device runs no work: no fence is ever still pending.
+            unsafe { page.free(shim) };
+        }
+    }
+
+    /// Takes what the manager retired and frees everything waiting (a flush and a wait).
+    fn drain(&mut self, mm: &mut MemoryManager<S>, shim: &S) {
+        self.free_pending(shim);
+        self.pending = mm.take_retired();
+        self.pending.append(&mut self.staged);
+        self.staged_bytes = 0;
+        self.free_pending(shim);
+    }
 }
 
 impl<S: ReplayShim> Bench<S> {
@@ -43,15 +94,40 @@ impl<S: ReplayShim> Bench<S> {
             },
             MemoryBudget::new(limit),
         );
-        // SAFETY: no device work is ever enqueued on this shim: a page may go back as soon as
-        // the manager lets it go.
-        unsafe { mm.release_pages_immediately() };
-        Self { mm, shim }
+        let fences = device.fenced.then(|| Fences {
+            policy: DropPolicy::default(),
+            staged: Vec::new(),
+            staged_bytes: 0,
+            pending: Vec::new(),
+        });
+        if fences.is_none() {
+            // SAFETY: no device work is ever enqueued on this shim: a page may go back as soon
+            // as the manager lets it go.
+            unsafe { mm.release_pages_immediately() };
+        }
+        Self { mm, fences, shim }
+    }
+
+    /// With `--fenced`, frees everything retired and waiting, as a device's flush and wait
+    /// would.
+    pub fn drain(&mut self) {
+        if let Some(f) = &mut self.fences {
+            f.drain(&mut self.mm, &self.shim);
+        }
+    }
+
+    /// After an operation: with `--fenced`, moves what the manager retired along the fences.
+    #[inline]
+    pub fn settle(&mut self) {
+        if let Some(f) = &mut self.fences {
+            f.settle(&mut self.mm, &self.shim);
+        }
     }
 }
 
 impl<S: ReplayShim> Drop for Bench<S> {
     fn drop(&mut self) {
+        self.drain();
         // SAFETY: no work was ever enqueued on the shim: nothing is pending on any stream.
         unsafe { self.mm.release_all(&self.shim) };
     }
@@ -135,6 +211,13 @@ pub struct Measured {
     pub pages_allocated: u64,
     /// Device pages freed during the replay, before the final teardown (`device_free` calls).
     pub pages_freed: u64,
+    /// Held bytes summed over every operation (after each), over live bytes summed at the same
+    /// points: how much is held for what is live over the run, not only at the peak (`None`
+    /// when nothing was ever live).
+    pub held_over_live_time: Option<f64>,
+    /// Pages allocated and freed, granules mapped and unmapped during the replay (before the
+    /// final teardown): see [`Counters::map_calls`](crate::device::Counters::map_calls).
+    pub map_calls: u64,
     /// Reservations that failed.
     pub failed: u64,
     /// The first failure: where, and the manager's error.
@@ -175,6 +258,7 @@ pub fn measure<S: ReplayShim>(
     let mut timeline = Timeline::default();
     let (mut live, mut live_peak, mut held_peak, mut pages_at_peak) = (0u64, 0u64, 0u64, 0u64);
     let (mut bucket_live, mut bucket_held) = (0u64, 0u64);
+    let (mut live_sum, mut held_sum) = (0u128, 0u128);
     let (mut failed, mut first_failure) = (0u64, None);
     for (i, op) in ops.iter().enumerate() {
         let slot = op.slot as usize;
@@ -209,12 +293,15 @@ pub fn measure<S: ReplayShim>(
                 }
             }
         }
+        bench.settle();
         let held = bench.mm.budget().held();
         if held > held_peak {
             held_peak = held;
             pages_at_peak = pages_held(&mut bench.mm);
         }
         live_peak = live_peak.max(live);
+        live_sum += u128::from(live);
+        held_sum += u128::from(held);
         bucket_live = bucket_live.max(live);
         bucket_held = bucket_held.max(held);
         if let Some(v) = &mut verifier {
@@ -233,6 +320,7 @@ pub fn measure<S: ReplayShim>(
     }
     let counters = bench.shim.counters();
     let (pages_allocated, pages_freed) = (counters.allocated, counters.freed);
+    let held_over_live_time = (live_sum > 0).then(|| held_sum as f64 / live_sum as f64);
     let config = bench.mm.config();
     drop(handles);
     if let Some(v) = verifier {
@@ -245,6 +333,8 @@ pub fn measure<S: ReplayShim>(
         pages_at_peak,
         pages_allocated,
         pages_freed,
+        held_over_live_time,
+        map_calls: counters.map_calls(),
         failed,
         first_failure,
         timeline,
@@ -265,6 +355,10 @@ pub struct Timing {
     pub failed: (u64, u64),
     /// Pages the device allocated per replay, cold and warm (the last replay of each).
     pub page_allocs: (u64, u64),
+    /// Device calls that map or unmap memory per replay, cold and warm (the last replay of
+    /// each, which also collects what the replay before it dropped at its end: see
+    /// [`Counters::map_calls`](crate::device::Counters::map_calls)).
+    pub map_calls: (u64, u64),
 }
 
 /// Times replays of `trace` (see the module documentation): cold replays, each on a fresh
@@ -283,7 +377,7 @@ pub fn time<S: ReplayShim>(
     let n = trace.ops.len().max(1) as f64;
     let total = trace.ops.len() as u64;
     let (mut cold, mut cold_reps) = (0.0, 0u32);
-    let (mut cold_failed, mut cold_pages);
+    let (mut cold_failed, mut cold_pages, mut cold_calls);
     // Progress: by operations within the first replay (a long trace), then by time spent (drawn
     // between replays, never inside the timed loop of a short one).
     let ms = |secs: f64| (secs * 1000.0) as u64;
@@ -298,23 +392,29 @@ pub fn time<S: ReplayShim>(
         let (t, failed) = replay_timed(trace, &mut bench, &mut handles, first, total);
         handles.iter_mut().for_each(|h| *h = None);
         (cold, cold_reps) = (cold + t, cold_reps + 1);
-        (cold_failed, cold_pages) = (failed, bench.shim.counters().allocated);
+        let c = bench.shim.counters();
+        (cold_failed, cold_pages, cold_calls) = (failed, c.allocated, c.map_calls());
         progress.update(ms(cold), ms(2.0 * min_seconds));
         if enough(cold, wall) {
             break bench;
         }
     };
     let (mut warm, mut warm_reps) = (0.0, 0u32);
-    let (mut warm_failed, mut warm_pages) = (0, 0);
+    let (mut warm_failed, mut warm_pages, mut warm_calls) = (0, 0, 0);
     let wall = Instant::now();
     while warm_reps == 0 || !enough(warm, wall) {
-        let before = bench.shim.counters().allocated;
+        let before = bench.shim.counters();
         let first = (warm_reps == 0).then_some(&mut *progress);
         let (t, failed) = replay_timed(trace, &mut bench, &mut handles, first, total);
         handles.iter_mut().for_each(|h| *h = None);
         (warm, warm_reps) = (warm + t, warm_reps + 1);
         progress.update(ms(min_seconds + warm), ms(2.0 * min_seconds));
-        (warm_failed, warm_pages) = (failed, bench.shim.counters().allocated - before);
+        let c = bench.shim.counters();
+        (warm_failed, warm_pages, warm_calls) = (
+            failed,
+            c.allocated - before.allocated,
+            c.map_calls() - before.map_calls(),
+        );
     }
     drop(handles);
     Timing {
@@ -323,6 +423,7 @@ pub fn time<S: ReplayShim>(
         replays: (cold_reps, warm_reps),
         failed: (cold_failed, warm_failed),
         page_allocs: (cold_pages, warm_pages),
+        map_calls: (cold_calls, warm_calls),
     }
 }
 
@@ -351,6 +452,7 @@ fn replay_timed<S: ReplayShim>(
                 },
                 Action::Free => None,
             };
+            bench.settle();
         }
         done += chunk.len() as u64;
         if let Some(p) = progress.as_deref_mut() {
@@ -381,6 +483,7 @@ pub fn replays_within<S: ReplayShim>(
             },
             Action::Free => *slot = None,
         }
+        bench.settle();
         if i % 4096 == 0 {
             progress.update(i as u64, total);
         }

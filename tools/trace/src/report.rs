@@ -33,6 +33,36 @@ impl ConfigResult {
     pub fn held_over_live(&self) -> Option<f64> {
         ratio(self.measured.held_peak, self.measured.live_peak)
     }
+
+    /// Device calls that map or unmap memory per operation in the measured replay (a fresh
+    /// manager: its first maps included).
+    pub fn map_calls_per_op(&self, ops: usize) -> f64 {
+        self.measured.map_calls as f64 / ops.max(1) as f64
+    }
+
+    /// The same in the last warm timed replay, when timed.
+    pub fn map_calls_per_op_warm(&self, ops: usize) -> Option<f64> {
+        self.timing
+            .map(|t| t.map_calls.1 as f64 / ops.max(1) as f64)
+    }
+
+    /// The lines of figures the SVG prints under its legend.
+    pub fn figures(measured: &Measured, ops: usize) -> Vec<String> {
+        vec![
+            format!(
+                "held / live at the peak: {}",
+                f2(ratio(measured.held_peak, measured.live_peak))
+            ),
+            format!(
+                "held / live over time: {}",
+                f2(measured.held_over_live_time)
+            ),
+            format!(
+                "map + unmap calls / op: {:.3}",
+                measured.map_calls as f64 / ops.max(1) as f64
+            ),
+        ]
+    }
 }
 
 /// What a run found.
@@ -106,6 +136,20 @@ pub fn human(o: &Outcome) -> String {
     let row = |f: &dyn Fn(&ConfigResult) -> String| o.configs.iter().map(f).collect::<Vec<_>>();
     rows.push(("held peak", row(&|c| bytes(c.measured.held_peak))));
     rows.push(("held / live", row(&|c| f2(c.held_over_live()))));
+    rows.push((
+        "held / live over time",
+        row(&|c| f2(c.measured.held_over_live_time)),
+    ));
+    let ops = t.ops.len();
+    rows.push((
+        "map+unmap calls / op",
+        row(&|c| {
+            let warm = c
+                .map_calls_per_op_warm(ops)
+                .map_or(String::new(), |w| format!(" ({w:.3} warm)"));
+            format!("{:.3}{warm}", c.map_calls_per_op(ops))
+        }),
+    ));
     rows.push((
         "pages at held peak",
         row(&|c| c.measured.pages_at_peak.to_string()),
@@ -214,6 +258,9 @@ pub fn human(o: &Outcome) -> String {
     for n in &t.notes {
         s += &format!("note: {n}\n");
     }
+    s += "held / live over time: held bytes summed after every operation over live bytes summed \
+          at the same points. map+unmap calls: pages allocated and freed, granules mapped and \
+          unmapped, in the measured replay (a fresh manager) and in the last warm timed one.\n";
     s += &format!(
         "ns per op: {TIMING}; a {} build.\nmin budget: the smallest MemoryBudget limit under \
          which the replay has no failed reservation, by bisection between the live peak and the \
@@ -247,6 +294,10 @@ fn config_json(c: &ConfigResult, o: &Outcome) -> Value {
         "live_peak": m.live_peak,
         "held_peak": m.held_peak,
         "held_over_live": c.held_over_live(),
+        "held_over_live_time": m.held_over_live_time,
+        "map_calls": m.map_calls,
+        "map_calls_per_op": c.map_calls_per_op(o.trace.ops.len()),
+        "map_calls_per_op_warm": c.map_calls_per_op_warm(o.trace.ops.len()),
         "ns_per_op": c.timing.map(|t| t.cold_ns_per_op),
         "ns_per_op_warm": c.timing.map(|t| t.warm_ns_per_op),
         "timed_replays": c.timing.map(|t| [t.replays.0, t.replays.1]),
@@ -285,6 +336,8 @@ pub fn json(o: &Outcome) -> String {
         "live_peak": first["live_peak"],
         "held_peak": first["held_peak"],
         "held_over_live": first["held_over_live"],
+        "held_over_live_time": first["held_over_live_time"],
+        "map_calls_per_op": first["map_calls_per_op"],
         "ns_per_op": first["ns_per_op"],
         "pages": first["pages"],
         "timing": TIMING,

@@ -1,11 +1,12 @@
 //! `--svg`: a timeline plot of live and held bytes, per pool and in total, written as SVG text.
 //!
 //! Owns the drawing: axes with ticks (MiB on the left, the operation index below), a line per
-//! series (the trace's live bytes and the pages held in total, the most within each sample's
-//! span of operations; per pool, the bytes of pages it holds (solid) and the bytes its live
-//! allocations asked for (dashed), in one colour a pool), the smallest budget as a dotted line,
-//! and a legend. No dependency: the SVG is written by hand. Pool colours come from one palette,
-//! in the order pools first appear, so a new pool kind needs no change here.
+//! series (the trace's live bytes and the pages held in total, the most within each sample's span
+//! of operations; per pool, the bytes of pages it holds (solid) and the bytes its live allocations
+//! asked for (dashed), in one colour a pool), the smallest budget as a dotted line, a legend, and
+//! under it the run's figures (held/live at the peak and over time, device map and unmap calls per
+//! operation). No dependency: the SVG is written by hand. Pool colours come from one palette, in
+//! the order pools first appear, so a new pool kind needs no change here.
 
 use crate::replay::Timeline;
 use crate::units::MIB;
@@ -33,6 +34,8 @@ pub struct Plot<'a> {
     pub ops: u64,
     /// The smallest budget found, drawn as a line.
     pub min_budget: Option<u64>,
+    /// Lines of figures printed under the legend.
+    pub figures: &'a [String],
 }
 
 fn escape(text: &str) -> String {
@@ -244,6 +247,14 @@ pub fn render(timeline: &Timeline, plot: &Plot<'_>) -> String {
         s,
         r##"<text x="{lx}" y="{note_y:.1}" font-size="10" fill="#555">totals: the most within each sample</text>"##
     );
+    for (i, line) in plot.figures.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            r#"<text class="figure" x="{lx}" y="{:.1}">{}</text>"#,
+            note_y + 22.0 + 16.0 * i as f64,
+            escape(line)
+        );
+    }
     let _ = writeln!(s, "</g>\n</svg>");
     s
 }

@@ -287,6 +287,8 @@ impl Verifier {
     /// The final check: every handle was dropped; after an explicit cleanup nothing is held.
     pub fn finish(self, bench: &mut Bench<impl ReplayShim>) -> Result<(), String> {
         bench.mm.cleanup(&bench.shim, Cleanup::Explicit);
+        // As a device's cleanup: what the cleanup retired goes once its fence passes.
+        bench.drain();
         let held = bench.mm.bytes_held();
         let budget = bench.mm.budget().held();
         let device = bench.shim.counters().bytes_live;

@@ -11,18 +11,25 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
 }
 
+/// The `--json` object of a quick replay of the tiny fixture with presets `a` and `b`.
+fn tiny_json(a: &str, b: &str) -> Value {
+    let trace = data("tiny.csv.gz");
+    let mut args = vec![trace.as_str(), "--json", "-c", a, "-c", b];
+    args.extend(QUICK);
+    run(&args).json()
+}
+
 #[test]
 fn json_has_the_keys_and_they_agree() {
-    let trace = data("tiny.csv.gz");
-    let mut args = vec![trace.as_str(), "--json", "-c", "default", "-c", "pages"];
-    args.extend(QUICK);
-    let j = run(&args).json();
+    let j = tiny_json("default", "pages");
     for key in [
         "trace",
         "ops",
         "live_peak",
         "held_peak",
         "held_over_live",
+        "held_over_live_time",
+        "map_calls_per_op",
         "ns_per_op",
         "pages",
     ] {
@@ -38,6 +45,8 @@ fn json_has_the_keys_and_they_agree() {
         "live_peak",
         "held_peak",
         "held_over_live",
+        "held_over_live_time",
+        "map_calls_per_op",
         "ns_per_op",
         "pages",
     ] {
@@ -47,10 +56,22 @@ fn json_has_the_keys_and_they_agree() {
         );
     }
     assert_eq!(j["live_peak"], j["trace_live_peak"]);
+    // Pages: every device call that maps or unmaps is a page allocated or freed.
+    let pages = &configs[1];
+    assert_eq!(
+        f(&pages["map_calls"]),
+        f(&pages["pages_allocated"]) + f(&pages["pages_freed"]),
+        "{pages}"
+    );
     for c in configs {
         let (live, held) = (f(&c["live_peak"]), f(&c["held_peak"]));
         assert!(held >= live && live > 0.0, "{c}");
         assert!((f(&c["held_over_live"]) - held / live).abs() < 1e-9, "{c}");
+        // Held covers what is live after every operation, so over time too.
+        assert!(f(&c["held_over_live_time"]) >= 1.0, "{c}");
+        let ops = f(&j["ops"]);
+        assert!((f(&c["map_calls_per_op"]) - f(&c["map_calls"]) / ops).abs() < 1e-9);
+        assert!(f(&c["map_calls_per_op_warm"]) >= 0.0, "{c}");
         assert!(f(&c["ns_per_op"]) > 0.0 && f(&c["ns_per_op_warm"]) > 0.0);
         let min = f(&c["min_budget"]);
         assert!(min >= live && min <= held * 2.0, "{c}");
@@ -65,6 +86,24 @@ fn json_has_the_keys_and_they_agree() {
             "pools' maxima add up to at least the held peak: {c}"
         );
     }
+}
+
+#[test]
+fn giving_idle_granules_back_holds_less_over_time() {
+    let j = tiny_json("default", "give-back");
+    let c = j["configs"].as_array().unwrap();
+    let time = |i: usize| f(&c[i]["held_over_live_time"]);
+    assert!(
+        time(1) < time(0),
+        "give-back {} against default {}",
+        time(1),
+        time(0)
+    );
+    let config = c[1]["config"].as_str().unwrap();
+    assert!(
+        config.contains("Slack { per_64: 64, floor: 0 }"),
+        "{config}"
+    );
 }
 
 #[test]
@@ -86,6 +125,8 @@ fn the_human_report_has_the_figures_side_by_side() {
         "live peak",
         "held peak",
         "held / live",
+        "held / live over time",
+        "map+unmap calls / op",
         "pages at held peak",
         "pages allocated / freed",
         "ns per op (cold)",
@@ -140,6 +181,8 @@ fn svg_is_written_per_config_with_a_path_per_pool() {
             r#"class="total-held""#,
             r#"class="total-live""#,
             r#"class="min-budget""#,
+            "held / live over time: ",
+            "map + unmap calls / op: ",
             ">MiB<",
             "operation",
         ] {

@@ -2,39 +2,32 @@
 //! allocation touches, and giving idle granules back.
 //!
 //! Owns when a range is reserved (at the pool's first request; a refusal turns the granule pools
-//! off and the pools fall back to pages), the order of a placement (carve, count the granules,
-//! give idle granules back when mapping the missing ones would take the pools past the most they
-//! ever held, map what is missing, undo all of it on a refusal) and
-//! how a granule goes back (unmapped at once under [`PageRelease::Immediate`], else retired to
-//! the drop queue with a token the pool can take it back through). Does not own the bookkeeping
-//! of blocks and granules (`memory/vm.rs`) nor the routing of a request (`reserve.rs`).
+//! off and the pools fall back to pages), the order of a placement (carve, count the granules, give
+//! idle granules back when mapping the missing ones would take the pools past the most they ever
+//! held, map what is missing, undo all of it on a refusal) and how a granule goes back (unmapped at
+//! once under [`PageRelease::Immediate`], else retired to the drop queue with a token the pool can
+//! take it back through), and the give-back policy of [`IdleGranules`] (at every reservation, the
+//! idle granules past the slack go back). Does not own the bookkeeping of blocks and granules
+//! (`memory/vm.rs`) nor the routing of a request (`reserve.rs`).
 
 use super::MemoryManager;
 use crate::error::IoError;
-use crate::memory::config::PageRelease;
-use crate::memory::handle::{Location, POOL_VM_LARGE, POOL_VM_SMALL};
+use crate::memory::config::{IdleGranules, PageRelease};
+use crate::memory::handle::Location;
+use crate::memory::pool::{Pool, Size};
+use crate::memory::retire::{Released, RetireToken, RetiringGranule};
 use crate::memory::sliced::Used;
-use crate::memory::types::{PageUpdate, RawPage, RetiredPage};
-use crate::memory::vm::{GranulePool, Need, RETIRE_PENDING};
+use crate::memory::types::{PageUpdate, RetiredPage};
+use crate::memory::vm::{GranulePool, Need};
 use crate::shim::{DeviceAddr, Shim};
 use alloc::boxed::Box;
 use alloc::sync::Arc;
-use core::sync::atomic::AtomicU8;
 
 impl<S: Shim> MemoryManager<S> {
-    /// The pool id of granule pool `which` (0 small, 1 large).
-    pub(super) const fn vm_pool_id(which: usize) -> u8 {
-        if which == 0 {
-            POOL_VM_SMALL
-        } else {
-            POOL_VM_LARGE
-        }
-    }
-
-    /// Places `aligned` bytes in granule pool `which`, mapping the granules it touches that have
-    /// no memory behind them. `Ok(None)` when the pool cannot serve it (no granule pools, a full
-    /// range, or, when `update` forbids mapping, no mapped room large enough): the caller falls
-    /// back to pages.
+    /// Places `aligned` bytes in the granule pool serving `size`, mapping the granules it touches
+    /// that have no memory behind them. `Ok(None)` when the pool cannot serve it (no granule pools,
+    /// a full range, or, when `update` forbids mapping, no mapped room large enough): the caller
+    /// falls back to pages.
     ///
     /// # Errors
     ///
@@ -43,19 +36,20 @@ impl<S: Shim> MemoryManager<S> {
     pub(super) fn reserve_granules(
         &mut self,
         shim: &S,
-        which: usize,
+        size: Size,
         aligned: u64,
         used: Used,
         update: PageUpdate,
     ) -> Result<Option<Location>, IoError> {
-        if self.vm_granule == 0 {
+        let which = size.slot();
+        if !S::VIRTUAL_MEMORY || self.vm_granule == 0 {
             return Ok(None);
         }
         if self.vm[which].is_none() {
             if update == PageUpdate::Forbidden {
                 return Ok(None);
             }
-            self.reserve_range(shim, which);
+            self.reserve_range(shim, size);
         }
         let alignment = self.alignment;
         let Some(pool) = self.vm[which].as_deref_mut() else {
@@ -75,7 +69,7 @@ impl<S: Shim> MemoryManager<S> {
         // page below, they stay on their way out.
         let missing = (first..=last).filter(|&g| !pool.usable(g)).count();
         let location = Location {
-            pool: Self::vm_pool_id(which),
+            pool: Pool::Granules(size),
             block: c.block,
         };
         let granule = self.vm_granule;
@@ -161,6 +155,27 @@ impl<S: Shim> MemoryManager<S> {
         self.budget.held().saturating_add(bytes) <= limit
     }
 
+    /// Under [`IdleGranules::Slack`], gives back the idle granules past the slack above the
+    /// granules in use (most recently idle first, as at growth). Run at every reservation that
+    /// may change pages, after the returns are collected; free of device calls when within it.
+    pub(super) fn trim_idle(&mut self, shim: &S) {
+        let IdleGranules::Slack { per_64, floor } = self.config.idle_granules else {
+            return;
+        };
+        if !S::VIRTUAL_MEMORY {
+            return;
+        }
+        let (mut busy, mut idle) = (0u64, 0u64);
+        for pool in self.vm.iter().flatten() {
+            busy += u64::from(pool.busy);
+            idle += u64::from(pool.idle_count());
+        }
+        let keep = (floor / self.vm_granule).max(busy * u64::from(per_64) / 64);
+        if idle > keep {
+            self.give_back_idle(shim, usize::try_from(idle - keep).unwrap_or(usize::MAX));
+        }
+    }
+
     /// Bytes of device memory behind the granule pools (retiring granules included; those the
     /// drop queue unmapped since are forgotten first).
     pub(super) fn granules_held(&mut self) -> u64 {
@@ -170,30 +185,31 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Forgets the granules the drop queue unmapped since the last look ([`GranulePool::settle`]).
     pub(super) fn settle_granules(&mut self) {
+        if !S::VIRTUAL_MEMORY {
+            return;
+        }
         for pool in self.vm.iter_mut().flatten() {
             pool.settle();
         }
     }
 
-    /// Reserves the address range of granule pool `which`: twice the memory the manager may
-    /// hold for the large pool (room to place around holes), a quarter of it for the small one.
+    /// Reserves the address range of the granule pool serving `size`: twice the memory the manager
+    /// may hold for the large pool (room to place around holes), a quarter of it for the small one.
     /// A refusal turns the granule pools off.
-    fn reserve_range(&mut self, shim: &S, which: usize) {
+    fn reserve_range(&mut self, shim: &S, size: Size) {
         let granule = self.vm_granule;
-        let want = if which == 0 {
-            self.memory / 4
-        } else {
-            self.memory.saturating_mul(2)
+        let want = match size {
+            Size::Small => self.memory / 4,
+            Size::Arena => self.memory.saturating_mul(2),
         };
-        let size = want / granule * granule;
-        if size == 0 {
+        let bytes = want / granule * granule;
+        if bytes == 0 {
             self.vm_granule = 0;
             return;
         }
-        match shim.vm_reserve(size) {
+        match shim.vm_reserve(bytes) {
             Ok(addr) if addr.0.is_multiple_of(granule) => {
-                let raw = RawPage::Range { addr: addr.0, size };
-                self.vm[which] = Some(Box::new(GranulePool::new(raw, addr.0, size, granule)));
+                self.vm[size.slot()] = Some(Box::new(GranulePool::new(addr.0, bytes, granule)));
             }
             Ok(addr) => {
                 warn!(
@@ -201,13 +217,13 @@ impl<S: Shim> MemoryManager<S> {
                     addr.0, granule
                 );
                 // SAFETY: nothing was mapped in the range.
-                unsafe { shim.vm_release(addr, size) };
+                unsafe { shim.vm_release(addr, bytes) };
                 self.vm_granule = 0;
             }
             Err(e) => {
                 debug!(
                     "reserving {} bytes of address space failed (status {}): using pages",
-                    size, e.status
+                    bytes, e.status
                 );
                 self.vm_granule = 0;
             }
@@ -217,6 +233,9 @@ impl<S: Shim> MemoryManager<S> {
     /// Gives back up to `count` idle granules (all of them for `usize::MAX`), most recently
     /// idle first, from both granule pools.
     pub(super) fn give_back_idle(&mut self, shim: &S, count: usize) {
+        if !S::VIRTUAL_MEMORY {
+            return;
+        }
         let mut left = count;
         for which in 0..2 {
             while left > 0 {
@@ -237,15 +256,10 @@ impl<S: Shim> MemoryManager<S> {
                         self.budget.give_back(size);
                     }
                     PageRelease::Fenced => {
-                        let token = Arc::new(AtomicU8::new(RETIRE_PENDING));
+                        let token = Arc::new(RetireToken::pending());
                         pool.retire(g, memory, Arc::clone(&token));
                         self.retired.push(RetiredPage {
-                            raw: RawPage::Granule {
-                                addr,
-                                size,
-                                memory,
-                                token,
-                            },
+                            raw: Released::Granule(RetiringGranule::new(addr, size, memory, token)),
                             size,
                             budget: self.budget.clone(),
                         });
@@ -256,11 +270,10 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    /// Counts the allocation at `block` of granule pool `pool_id`, bound to `owner`, gone from
-    /// the granules it touched; returns whether it was there to free.
-    pub(super) fn free_granules(&mut self, pool_id: u8, block: u32, owner: u64) -> bool {
-        let which = usize::from(pool_id == POOL_VM_LARGE);
-        let Some(pool) = self.vm[which].as_deref_mut() else {
+    /// Counts the allocation at `block` of the granule pool serving `size`, bound to `owner`,
+    /// gone from the granules it touched; returns whether it was there to free.
+    pub(super) fn free_granules(&mut self, size: Size, block: u32, owner: u64) -> bool {
+        let Some(pool) = self.granule_pool_mut(size) else {
             return false;
         };
         let Some((offset, span)) = pool.pool.used_span(block, owner) else {

@@ -1,20 +1,19 @@
 //! Lookup and binding: from a handle to the memory bound to it.
 //!
-//! Owns [`MemoryManager::bind`], [`MemoryManager::resolve`] and
-//! [`MemoryManager::guard`], the check that a handle was issued by this manager's device and
-//! stream, the rule that a handle resolves only to memory bound to it, and the routing of a pool
-//! id to its pool. Does not own placement (`reserve.rs`), nor freeing what a handle let go or
-//! noticing dropped guards (`release.rs`).
+//! Owns [`MemoryManager::bind`], [`MemoryManager::resolve`] and [`MemoryManager::guard`], the check
+//! that a handle was issued by this manager's device and stream, the rule that a handle resolves
+//! only to memory bound to it, and the routing of a [`Pool`] to the manager's field that holds it.
+//! Does not own placement (`reserve.rs`), nor freeing what a handle let go or noticing dropped
+//! guards (`release.rs`).
 
 use super::MemoryManager;
 use crate::error::IoError;
-use crate::memory::handle::{
-    AsBinding, BindingRef, Handle, Location, POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT,
-    POOL_SMALL, POOL_VM_LARGE, POOL_VM_SMALL, PoolId, check_range,
-};
+use crate::memory::handle::{AsBinding, BindingRef, Handle, Location, check_range};
+use crate::memory::pool::{Pool, Size, Whole};
 use crate::memory::sliced::{SlicedPool, Used};
 use crate::memory::types::{PageGuard, PageRef, RawPage, Resolved};
 use crate::memory::vm::GranulePool;
+use crate::memory::whole::WholePagePool;
 use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
 
@@ -95,33 +94,25 @@ impl<S: Shim> MemoryManager<S> {
             reason: crate::error::NotFoundReason::Stale,
         };
         let (used, page, addr) = match location.pool {
-            POOL_PERSISTENT | POOL_DEDICATED => {
-                let whole = if location.pool == POOL_PERSISTENT {
-                    &self.persistent
-                } else {
-                    &self.dedicated
-                };
-                let (used, addr) = whole.used(location.block, b.id()).ok_or(stale)?;
+            Pool::Whole(w) => {
+                let (used, addr) = self.whole(w).used(location.block, b.id()).ok_or(stale)?;
                 (used, location.block, addr)
             }
-            POOL_VM_SMALL | POOL_VM_LARGE => {
-                let vm =
-                    self.granule_pool(location.pool)
-                        .ok_or(IoError::StorageHandleNotFound {
-                            handle: b.id(),
-                            page: location.block,
-                        })?;
+            Pool::Granules(size) => {
+                let vm = self
+                    .granule_pool(size)
+                    .ok_or(IoError::StorageHandleNotFound {
+                        handle: b.id(),
+                        page: location.block,
+                    })?;
                 let (used, _, addr) = vm.pool.used(location.block, b.id()).ok_or(stale)?;
                 // Named by the first granule it touches.
                 (used, vm.span(addr, 1).0, addr)
             }
-            pool => {
-                let sliced = self.sliced(pool).ok_or(IoError::StorageHandleNotFound {
-                    handle: b.id(),
-                    page: location.block,
-                })?;
-                sliced.used(location.block, b.id()).ok_or(stale)?
-            }
+            Pool::Pages(size) => self
+                .sliced(size)
+                .used(location.block, b.id())
+                .ok_or(stale)?,
         };
         check_range(b.offset(), b.len(), b.allocation_size())?;
         let resolved = Resolved {
@@ -149,47 +140,62 @@ impl<S: Shim> MemoryManager<S> {
     /// The raw page `page` names and its first device address.
     pub(super) fn raw_page(&self, page: PageRef) -> Option<(&RawPage<S>, u64)> {
         match page.pool {
-            POOL_PERSISTENT => self.persistent.page(page.page).map(|p| (&p.raw, p.addr)),
-            POOL_DEDICATED => self.dedicated.page(page.page).map(|p| (&p.raw, p.addr)),
+            Pool::Whole(w) => self.whole(w).page(page.page).map(|p| (&p.raw, p.addr)),
             // Granule pools hold device memory only: no host page behind them.
-            POOL_VM_SMALL | POOL_VM_LARGE => None,
-            pool => self.sliced(pool)?.page(page.page).map(|p| (&p.raw, p.addr)),
+            Pool::Granules(_) => None,
+            Pool::Pages(size) => self.sliced(size).page(page.page).map(|p| (&p.raw, p.addr)),
         }
     }
 
-    /// The pool of pages `pool` names (granule pools are reached through [`Self::granule_pool`]).
-    fn sliced(&self, pool: PoolId) -> Option<&SlicedPool<RawPage<S>>> {
-        match pool {
-            POOL_SMALL => Some(&self.small),
-            POOL_ARENA => Some(&self.arena),
-            _ => None,
+    /// The pool of pages serving `size`.
+    pub(super) fn sliced(&self, size: Size) -> &SlicedPool<RawPage<S>> {
+        match size {
+            Size::Small => &self.small,
+            Size::Arena => &self.arena,
         }
     }
 
-    pub(super) fn sliced_mut(&mut self, pool: PoolId) -> Option<&mut SlicedPool<RawPage<S>>> {
-        match pool {
-            POOL_SMALL => Some(&mut self.small),
-            POOL_ARENA => Some(&mut self.arena),
-            _ => None,
+    pub(super) fn sliced_mut(&mut self, size: Size) -> &mut SlicedPool<RawPage<S>> {
+        match size {
+            Size::Small => &mut self.small,
+            Size::Arena => &mut self.arena,
         }
     }
 
-    /// The granule pool `pool` names, once its range is reserved.
-    pub(super) fn granule_pool(&self, pool: PoolId) -> Option<&GranulePool<RawPage<S>>> {
-        match pool {
-            POOL_VM_SMALL => self.vm[0].as_deref(),
-            POOL_VM_LARGE => self.vm[1].as_deref(),
-            _ => None,
+    /// The granule pool serving `size`, once its range is reserved.
+    pub(super) fn granule_pool(&self, size: Size) -> Option<&GranulePool> {
+        if !S::VIRTUAL_MEMORY {
+            return None; // compiled out: see `Shim::VIRTUAL_MEMORY`
+        }
+        self.vm[size.slot()].as_deref()
+    }
+
+    pub(super) fn granule_pool_mut(&mut self, size: Size) -> Option<&mut GranulePool> {
+        if !S::VIRTUAL_MEMORY {
+            return None;
+        }
+        self.vm[size.slot()].as_deref_mut()
+    }
+
+    /// The pool of whole pages `w` names.
+    pub(super) fn whole(&self, w: Whole) -> &WholePagePool<RawPage<S>> {
+        [&self.persistent, &self.dedicated][w.slot()]
+    }
+
+    pub(super) fn whole_mut(&mut self, w: Whole) -> &mut WholePagePool<RawPage<S>> {
+        if w == Whole::Persistent {
+            &mut self.persistent
+        } else {
+            &mut self.dedicated
         }
     }
 
     fn used_mut(&mut self, location: Location, owner: u64) -> Option<&mut Used> {
+        let block = location.block;
         match location.pool {
-            POOL_PERSISTENT => self.persistent.used_mut(location.block, owner),
-            POOL_DEDICATED => self.dedicated.used_mut(location.block, owner),
-            POOL_VM_SMALL => self.vm[0].as_mut()?.pool.used_mut(location.block, owner),
-            POOL_VM_LARGE => self.vm[1].as_mut()?.pool.used_mut(location.block, owner),
-            pool => self.sliced_mut(pool)?.used_mut(location.block, owner),
+            Pool::Whole(w) => self.whole_mut(w).used_mut(block, owner),
+            Pool::Granules(size) => self.granule_pool_mut(size)?.pool.used_mut(block, owner),
+            Pool::Pages(size) => self.sliced_mut(size).used_mut(block, owner),
         }
     }
 
@@ -208,27 +214,19 @@ impl<S: Shim> MemoryManager<S> {
 
     pub(super) fn set_guard(&mut self, page: PageRef, add: bool) {
         match page.pool {
-            POOL_PERSISTENT => self.persistent.guard(page.page, add),
-            POOL_DEDICATED => self.dedicated.guard(page.page, add),
+            Pool::Whole(w) => self.whole_mut(w).guard(page.page, add),
             // A guard keeps the granule mapped; new allocations may still share its free bytes
             // (nothing on it moves either way).
-            POOL_VM_SMALL => {
-                if let Some(p) = self.vm[0].as_mut() {
+            Pool::Granules(size) => {
+                if let Some(p) = self.granule_pool_mut(size) {
                     p.guard(page.page, add);
                 }
             }
-            POOL_VM_LARGE => {
-                if let Some(p) = self.vm[1].as_mut() {
-                    p.guard(page.page, add);
-                }
-            }
-            pool => {
-                if let Some(p) = self.sliced_mut(pool) {
-                    p.guard(page.page, add);
-                    if !add && pool == POOL_ARENA && p.page(page.page).is_some_and(|p| p.live == 0)
-                    {
-                        self.arena_empty.push(page.page);
-                    }
+            Pool::Pages(size) => {
+                let p = self.sliced_mut(size);
+                p.guard(page.page, add);
+                if !add && size == Size::Arena && p.page(page.page).is_some_and(|p| p.live == 0) {
+                    self.arena_empty.push(page.page);
                 }
             }
         }

@@ -9,9 +9,9 @@
 
 use super::MemoryManager;
 use crate::memory::config::PageRelease;
-use crate::memory::handle::{
-    Location, POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT, POOL_VM_LARGE, POOL_VM_SMALL,
-};
+use crate::memory::handle::Location;
+use crate::memory::pool::{Pool, Size, Whole};
+use crate::memory::retire::Released;
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{Cleanup, RawPage, RetiredPage};
 use crate::shim::{DeviceAddr, Shim};
@@ -40,26 +40,24 @@ impl<S: Shim> MemoryManager<S> {
             freed.push(owner);
         }
         match location.pool {
-            POOL_PERSISTENT => {
+            Pool::Whole(Whole::Persistent) => {
                 self.persistent.free(location.block, owner);
             }
-            POOL_DEDICATED => {
+            Pool::Whole(Whole::Dedicated) => {
                 self.dedicated_freed |= self.dedicated.free(location.block, owner);
             }
-            POOL_VM_SMALL | POOL_VM_LARGE => {
-                self.free_granules(location.pool, location.block, owner);
+            Pool::Granules(size) => {
+                self.free_granules(size, location.block, owner);
             }
-            POOL_ARENA => {
+            Pool::Pages(Size::Arena) => {
                 if let Some(page) = self.arena.free(location.block, owner)
                     && self.arena.page(page).is_some_and(|p| p.live == 0)
                 {
                     self.arena_empty.push(page);
                 }
             }
-            pool => {
-                if let Some(sliced) = self.sliced_mut(pool) {
-                    sliced.free(location.block, owner);
-                }
+            Pool::Pages(Size::Small) => {
+                self.small.free(location.block, owner);
             }
         }
     }
@@ -125,7 +123,7 @@ impl<S: Shim> MemoryManager<S> {
 
     fn release(&mut self, shim: &S, raw: RawPage<S>, size: u64) {
         let page = RetiredPage {
-            raw,
+            raw: Released::Page(raw),
             size,
             budget: self.budget.clone(),
         };
@@ -139,8 +137,10 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Takes the pages retired since the last call; each must be freed (see
-    /// [`RetiredPage::free`]) once no device work can use it.
-    pub(crate) fn take_retired(&mut self) -> Vec<RetiredPage<RawPage<S>>> {
+    /// [`RetiredPage::free`]) once no device work can use it. The device does this for its
+    /// streams; a manager used on its own under [`PageRelease::Fenced`] does it with fences of
+    /// its own (or keeps them until [`Self::release_all`]).
+    pub fn take_retired(&mut self) -> Vec<RetiredPage<Released<S>>> {
         core::mem::take(&mut self.retired)
     }
 
@@ -175,60 +175,45 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// No work that may use any memory of this manager is pending on any stream of the device.
     pub unsafe fn release_all(&mut self, shim: &S) {
-        let mut pages: Vec<(RawPage<S>, u64)> = Vec::new();
-        let mut sliced: Vec<SlicedPool<RawPage<S>>> = Vec::new();
-        // Granules first: their memory is unmapped before the ranges go.
+        // Retired pages first: a retired granule is unmapped before its range is released.
+        // SAFETY: the caller guarantees no pending work uses any memory of this manager.
+        unsafe { self.free_retired(shim) };
         for slot in &mut self.vm {
-            let Some(pool) = slot.take() else {
+            let Some(mut pool) = slot.take().filter(|_| S::VIRTUAL_MEMORY) else {
                 continue;
             };
             let granule = pool.granule;
-            let mut pool = *pool;
             for (g, memory, token) in pool.drain_backed() {
                 if token.is_some() {
-                    // Retiring: its retired page (below, or already in the device's drop queue,
-                    // freed before this call) unmaps it.
+                    // Retiring: its retired page (above, or already in the device's drop queue,
+                    // freed before this call) unmapped it.
                     continue;
                 }
-                // SAFETY: the caller guarantees no pending work uses any memory of this manager.
+                // SAFETY: as above.
                 unsafe { shim.vm_unmap(DeviceAddr(pool.addr_of(g)), granule, memory) };
                 self.budget.give_back(granule);
             }
-            sliced.push(pool.pool);
+            // SAFETY: every granule of the range is unmapped now, and no pending work uses it. A
+            // range counts nothing against the budget; its granules did.
+            unsafe { shim.vm_release(DeviceAddr(pool.base), pool.address_space()) };
         }
-        // SAFETY: as above; retired granules are unmapped before their ranges are released.
-        unsafe { self.free_retired(shim) };
-        let small_page = self.small.page_size;
-        sliced.push(core::mem::replace(
-            &mut self.small,
-            SlicedPool::new(small_page),
-        ));
-        let arena_page = self.arena.page_size;
-        sliced.push(core::mem::replace(
-            &mut self.arena,
-            SlicedPool::new(arena_page),
-        ));
         self.arena_empty.clear();
-        for pool in sliced {
-            pages.extend(pool.into_pages().map(|p| (p.raw, p.size)));
-        }
-        for whole in [&mut self.persistent, &mut self.dedicated] {
-            pages.extend(core::mem::take(whole).into_pages().map(|p| (p.raw, p.size)));
-        }
-        for (raw, size) in pages {
-            // A range counts nothing against the budget; its granules did.
-            let size = if matches!(raw, RawPage::Range { .. }) {
-                0
-            } else {
-                size
-            };
+        let budget = self.budget.clone();
+        let free = |raw, size| {
             let page = RetiredPage {
-                raw,
+                raw: Released::Page(raw),
                 size,
-                budget: self.budget.clone(),
+                budget: budget.clone(),
             };
             // SAFETY: the caller guarantees no pending work uses any page of this manager.
             unsafe { page.free(shim) };
+        };
+        self.small.take_pages().for_each(|p| free(p.raw, p.size));
+        self.arena.take_pages().for_each(|p| free(p.raw, p.size));
+        for whole in [&mut self.persistent, &mut self.dedicated] {
+            core::mem::take(whole)
+                .into_pages()
+                .for_each(|p| free(p.raw, p.size));
         }
     }
 

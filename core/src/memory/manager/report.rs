@@ -6,7 +6,7 @@
 //! change anything but freeing what dropped handles returned, which every call does first.
 
 use super::MemoryManager;
-use crate::memory::handle::{POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId};
+use crate::memory::pool::{Pool, Size, Whole};
 use crate::memory::report::{MemoryReport, PoolKind, PoolReport};
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{AllocationInfo, PageInfo, PageRef, RawPage};
@@ -41,11 +41,9 @@ impl<S: Shim> MemoryManager<S> {
             }
         };
         let mut address_space = 0;
-        for (kind, vm) in [
-            (PoolKind::Small, &self.vm[0]),
-            (PoolKind::Arena, &self.vm[1]),
-        ] {
-            if let Some(vm) = vm {
+        for size in [Size::Small, Size::Arena] {
+            let kind = Pool::Granules(size).kind();
+            if let Some(vm) = self.granule_pool(size) {
                 let usage = vm.pool.usage();
                 let mapped = vm.mapped_now();
                 address_space += vm.address_space();
@@ -61,20 +59,18 @@ impl<S: Shim> MemoryManager<S> {
                 });
             }
         }
-        if self.small.pages_peak > 0 {
-            pools.push(sliced(PoolKind::Small, &self.small));
+        for size in [Size::Small, Size::Arena] {
+            let p = self.sliced(size);
+            if p.pages_peak > 0 {
+                pools.push(sliced(Pool::Pages(size).kind(), p));
+            }
         }
-        if self.arena.pages_peak > 0 {
-            pools.push(sliced(PoolKind::Arena, &self.arena));
-        }
-        for (kind, w) in [
-            (PoolKind::Persistent, &self.persistent),
-            (PoolKind::Dedicated, &self.dedicated),
-        ] {
+        for id in [Whole::Persistent, Whole::Dedicated] {
+            let w = self.whole(id);
             if w.pages_peak > 0 {
                 let usage = w.usage();
                 pools.push(PoolReport {
-                    kind,
+                    kind: Pool::Whole(id).kind(),
                     page_size: w.largest_page(),
                     pages: w.pages_live,
                     pages_peak: w.pages_peak,
@@ -120,10 +116,9 @@ impl<S: Shim> MemoryManager<S> {
                 out.push(run_info(kind, id, vm, first, count));
             }
         });
-        for (kind, id, w) in [
-            (PoolKind::Persistent, POOL_PERSISTENT, &self.persistent),
-            (PoolKind::Dedicated, POOL_DEDICATED, &self.dedicated),
-        ] {
+        for id in [Whole::Persistent, Whole::Dedicated] {
+            let (id, w) = (Pool::Whole(id), self.whole(id));
+            let kind = id.kind();
             for (i, p) in w.pages() {
                 out.push(PageInfo {
                     kind,
@@ -174,10 +169,9 @@ impl<S: Shim> MemoryManager<S> {
                 });
             }
         });
-        for (kind, id, w) in [
-            (PoolKind::Persistent, POOL_PERSISTENT, &self.persistent),
-            (PoolKind::Dedicated, POOL_DEDICATED, &self.dedicated),
-        ] {
+        for id in [Whole::Persistent, Whole::Dedicated] {
+            let (id, w) = (Pool::Whole(id), self.whole(id));
+            let kind = id.kind();
             for (i, p) in w.pages() {
                 if let Some(used) = p.used {
                     let info = PageInfo {
@@ -200,28 +194,25 @@ impl<S: Shim> MemoryManager<S> {
         out
     }
 
-    fn each_sliced(&self, mut f: impl FnMut(PoolKind, PoolId, &SlicedPool<RawPage<S>>)) {
-        f(PoolKind::Small, POOL_SMALL, &self.small);
-        f(PoolKind::Arena, POOL_ARENA, &self.arena);
+    fn each_sliced(&self, mut f: impl FnMut(PoolKind, Pool, &SlicedPool<RawPage<S>>)) {
+        for size in [Size::Small, Size::Arena] {
+            let pool = Pool::Pages(size);
+            f(pool.kind(), pool, self.sliced(size));
+        }
     }
 
-    fn each_granule_pool(&self, mut f: impl FnMut(PoolKind, PoolId, &GranulePool<RawPage<S>>)) {
-        for (which, kind) in [(0, PoolKind::Small), (1, PoolKind::Arena)] {
-            if let Some(vm) = self.vm[which].as_deref() {
-                f(kind, Self::vm_pool_id(which), vm);
+    fn each_granule_pool(&self, mut f: impl FnMut(PoolKind, Pool, &GranulePool)) {
+        for size in [Size::Small, Size::Arena] {
+            if let Some(vm) = self.granule_pool(size) {
+                let pool = Pool::Granules(size);
+                f(pool.kind(), pool, vm);
             }
         }
     }
 }
 
 /// A run of `count` backed granules from `first`, as a page.
-fn run_info<P>(
-    kind: PoolKind,
-    pool: PoolId,
-    vm: &GranulePool<P>,
-    first: u32,
-    count: u32,
-) -> PageInfo {
+fn run_info(kind: PoolKind, pool: Pool, vm: &GranulePool, first: u32, count: u32) -> PageInfo {
     PageInfo {
         kind,
         page: PageRef { pool, page: first },

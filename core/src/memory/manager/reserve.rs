@@ -8,9 +8,8 @@
 
 use super::{MemoryManager, round_up};
 use crate::error::{DriverError, Fault, IoError};
-use crate::memory::handle::{
-    Handle, Location, POOL_ARENA, POOL_DEDICATED, POOL_PERSISTENT, POOL_SMALL, PoolId,
-};
+use crate::memory::handle::{Handle, Location};
+use crate::memory::pool::{Pool, Size, Whole};
 use crate::memory::sliced::Used;
 use crate::memory::types::{AllocationMode, Cleanup, PageUpdate, RawPage};
 use crate::shim::Shim;
@@ -56,6 +55,9 @@ impl<S: Shim> MemoryManager<S> {
     ) -> Result<Handle, IoError> {
         if update == PageUpdate::Allow {
             self.cleanup(shim, Cleanup::Periodic); // collects the returns first
+            if S::VIRTUAL_MEMORY && self.vm_granule != 0 {
+                self.trim_idle(shim);
+            }
         } else {
             self.collect_returns();
         }
@@ -76,10 +78,10 @@ impl<S: Shim> MemoryManager<S> {
         let used = Used { owner: id, size };
         let location = match self.mode() {
             AllocationMode::Persistent => {
-                self.reserve_whole(shim, POOL_PERSISTENT, aligned, used, update)?
+                self.reserve_whole(shim, Whole::Persistent, aligned, used, update)?
             }
             AllocationMode::Dedicated => {
-                self.reserve_whole(shim, POOL_DEDICATED, aligned, used, update)?
+                self.reserve_whole(shim, Whole::Dedicated, aligned, used, update)?
             }
             AllocationMode::Auto if aligned <= self.config.small_max_slice => {
                 self.reserve_small(shim, aligned, used, update)?
@@ -95,16 +97,13 @@ impl<S: Shim> MemoryManager<S> {
     fn reserve_whole(
         &mut self,
         shim: &S,
-        pool: PoolId,
+        w: Whole,
         aligned: u64,
         used: Used,
         update: PageUpdate,
     ) -> Result<Location, IoError> {
-        let whole = if pool == POOL_PERSISTENT {
-            &mut self.persistent
-        } else {
-            &mut self.dedicated
-        };
+        let pool = Pool::Whole(w);
+        let whole = self.whole_mut(w);
         if let Some((block, _)) = whole.try_reuse(aligned, used) {
             return Ok(Location { pool, block });
         }
@@ -115,14 +114,9 @@ impl<S: Shim> MemoryManager<S> {
             });
         }
         let (raw, addr) = self.alloc_page(shim, aligned, used.size)?;
-        let whole = if pool == POOL_PERSISTENT {
-            &mut self.persistent
-        } else {
-            &mut self.dedicated
-        };
         Ok(Location {
             pool,
-            block: whole.add(raw, addr, aligned, used),
+            block: self.whole_mut(w).add(raw, addr, aligned, used),
         })
     }
 
@@ -133,12 +127,12 @@ impl<S: Shim> MemoryManager<S> {
         used: Used,
         update: PageUpdate,
     ) -> Result<Location, IoError> {
-        if let Some(location) = self.reserve_granules(shim, 0, aligned, used, update)? {
+        if let Some(location) = self.reserve_granules(shim, Size::Small, aligned, used, update)? {
             return Ok(location);
         }
         if let Some(c) = self.small.try_carve(used.size, aligned, used) {
             return Ok(Location {
-                pool: POOL_SMALL,
+                pool: Pool::Pages(Size::Small),
                 block: c.block,
             });
         }
@@ -155,7 +149,7 @@ impl<S: Shim> MemoryManager<S> {
             .try_carve(used.size, aligned, used)
             .expect("a fresh page fits a small slice");
         Ok(Location {
-            pool: POOL_SMALL,
+            pool: Pool::Pages(Size::Small),
             block: c.block,
         })
     }
@@ -194,12 +188,12 @@ impl<S: Shim> MemoryManager<S> {
         used: Used,
         update: PageUpdate,
     ) -> Result<Location, IoError> {
-        if let Some(location) = self.reserve_granules(shim, 1, aligned, used, update)? {
+        if let Some(location) = self.reserve_granules(shim, Size::Arena, aligned, used, update)? {
             return Ok(location);
         }
         if let Some(c) = self.arena.try_carve(used.size, aligned, used) {
             return Ok(Location {
-                pool: POOL_ARENA,
+                pool: Pool::Pages(Size::Arena),
                 block: c.block,
             });
         }
@@ -222,7 +216,7 @@ impl<S: Shim> MemoryManager<S> {
             .try_carve(used.size, aligned, used)
             .expect("a page sized for the request fits it");
         Ok(Location {
-            pool: POOL_ARENA,
+            pool: Pool::Pages(Size::Arena),
             block: c.block,
         })
     }

@@ -1,0 +1,252 @@
+//! Giving idle granules back ([`IdleGranules`]): the rule, one test each, and a property test
+//! that compares the granule pools' counts and the memory the device maps with a plain model
+//! of the granules live allocations touch, after every reservation.
+
+use super::*;
+use crate::memory::config::IdleGranules;
+use alloc::collections::BTreeSet;
+use proptest::prelude::*;
+
+const G: u64 = 2 * MIB;
+const ALIGN: u64 = 256;
+
+/// A device with 2 MiB granules of virtual memory, pages freed at once, under `idle`.
+fn vm_device(idle: IdleGranules) -> (TestShim, MemoryManager<TestShim>) {
+    let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G);
+    let config = MemoryConfig {
+        idle_granules: idle,
+        ..MemoryConfig::default()
+    };
+    let mm = manager(&shim, config, MemoryBudget::new(None));
+    (shim, mm)
+}
+
+/// `IdleGranules::Slack`: `per_64` 64ths of the granules in use kept idle, at least `floor`
+/// bytes.
+fn keep(per_64: u32, floor: u64) -> IdleGranules {
+    IdleGranules::Slack { per_64, floor }
+}
+
+/// Granules the device maps, and those the pools count as in use and as idle.
+fn granules(shim: &TestShim, mm: &MemoryManager<TestShim>) -> (u64, u64, u64) {
+    let (busy, idle) = counts(mm);
+    (shim.mapped.get(), busy, idle)
+}
+
+/// The granules the pools count as in use (touched or guarded) and as idle.
+fn counts(mm: &MemoryManager<TestShim>) -> (u64, u64) {
+    mm.vm.iter().flatten().fold((0, 0), |(b, i), p| {
+        (b + u64::from(p.busy), i + u64::from(p.idle_count()))
+    })
+}
+
+#[test]
+fn by_default_idle_granules_stay_until_the_pools_grow() {
+    let (shim, mut mm) = vm_device(IdleGranules::UpToPeak);
+    assert_eq!(mm.config().idle_granules, IdleGranules::UpToPeak);
+    let a = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    let _small = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
+    drop(a);
+    let _again = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
+    assert_eq!(granules(&shim, &mm), (5, 1, 4), "four idle granules kept");
+}
+
+#[test]
+fn a_slack_of_zero_gives_every_idle_granule_back_at_the_next_reservation() {
+    let (shim, mut mm) = vm_device(keep(0, 0));
+    drop(mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap());
+    assert_eq!(
+        shim.mapped.get(),
+        4,
+        "nothing goes back until the manager runs"
+    );
+    let _small = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        granules(&shim, &mm),
+        (1, 1, 0),
+        "only the small one's granule"
+    );
+}
+
+#[test]
+fn the_slack_keeps_a_share_of_the_granules_in_use_and_a_floor() {
+    // 32/64 of the granules in use: 8 in use keep 4 idle.
+    let (shim, mut mm) = vm_device(keep(32, 0));
+    let _live = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
+    drop(mm.reserve(&shim, 20 * MIB, PageUpdate::Allow).unwrap());
+    let _next = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        counts(&mm),
+        (9, 4),
+        "8 arena granules and 1 small in use, 4 idle kept"
+    );
+    assert_eq!(shim.mapped.get(), 13);
+    // A floor of 6 granules keeps more than the share when little is in use.
+    let (shim, mut mm) = vm_device(keep(32, 6 * G));
+    drop(mm.reserve(&shim, 20 * MIB, PageUpdate::Allow).unwrap());
+    let _next = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert_eq!(counts(&mm), (1, 6));
+}
+
+#[test]
+fn a_kept_idle_granule_serves_the_next_allocation_without_a_map() {
+    let (shim, mut mm) = vm_device(keep(0, 4 * G));
+    drop(mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap());
+    let maps = shim.maps.get();
+    let _again = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.maps.get(), maps, "the four kept granules served it");
+}
+
+#[test]
+fn guarded_granules_are_in_use_not_idle() {
+    let (shim, mut mm) = vm_device(keep(0, 0));
+    let a = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
+    let guard = mm.guard(&a).unwrap();
+    drop(a);
+    let _next = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        counts(&mm).0,
+        2,
+        "the guarded granule and the small one are in use"
+    );
+    drop(guard);
+    mm.cleanup(&shim, Cleanup::Periodic);
+    let _again = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert_eq!((counts(&mm), shim.mapped.get()), ((1, 0), 1));
+}
+
+#[test]
+fn fenced_a_retiring_granule_is_neither_idle_nor_given_back_twice() {
+    let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G);
+    let config = MemoryConfig {
+        idle_granules: keep(0, 0),
+        ..MemoryConfig::default()
+    };
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let mut mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    drop(mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap());
+    let _small = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    // The four idle granules retire: still mapped until their fence, but not idle.
+    assert_eq!(granules(&shim, &mm), (5, 1, 0), "(mapped, in use, idle)");
+    let retired = mm.take_retired();
+    assert_eq!(retired.len(), 4);
+    // The next reservation runs the slack again: nothing idle, nothing more retires.
+    let _again = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert!(mm.take_retired().is_empty());
+    // Taken back before the fence: in use again, no map call, left mapped by the fence.
+    let maps = shim.maps.get();
+    let _big = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!((granules(&shim, &mm), shim.maps.get()), ((5, 5, 0), maps));
+    for page in retired {
+        // SAFETY: no device work exists in this test.
+        unsafe { page.free(&shim) };
+    }
+    assert_eq!(granules(&shim, &mm), (5, 5, 0));
+    // SAFETY: as above.
+    unsafe { mm.release_all(&shim) };
+    assert_eq!((shim.mapped.get(), shim.ranges.get()), (0, 0));
+}
+
+#[test]
+fn a_shim_without_virtual_memory_keeps_pages_whatever_its_facts_say() {
+    let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G).without_virtual_memory();
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let config = MemoryConfig::default();
+    let mut mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    assert_eq!(mm.vm_granule(), 0);
+    let _a = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    let _b = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        (shim.ranges.get(), shim.maps.get(), shim.live_pages.get()),
+        (0, 0, 2),
+        "(ranges reserved, granules mapped, pages): an arena page and a small one"
+    );
+    // SAFETY: no device work exists in this test.
+    unsafe { mm.release_all(&shim) };
+}
+
+/// One step of the property test.
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve(u64),
+    Drop(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => prop_oneof![1u64..=64 * 1024, 64 * 1024 + 1..=8 * MIB, 8 * MIB..=40 * MIB]
+            .prop_map(Op::Reserve),
+        2 => any::<usize>().prop_map(Op::Drop),
+    ]
+}
+
+/// The model: the granules the live allocations touch, from their addresses and sizes alone.
+fn touched(mm: &MemoryManager<TestShim>, live: &[(Handle, u64)]) -> BTreeSet<u64> {
+    let mut set = BTreeSet::new();
+    for (h, size) in live {
+        let r = mm.resolve(h).expect("a live handle resolves");
+        let aligned = (*size).max(1).next_multiple_of(ALIGN);
+        set.extend(r.addr.0 / G..=(r.addr.0 + aligned - 1) / G);
+    }
+    set
+}
+
+fn slack() -> impl Strategy<Value = IdleGranules> {
+    prop_oneof![
+        Just(IdleGranules::UpToPeak),
+        (0u32..=128, 0u64..=8).prop_map(|(per_64, floor)| IdleGranules::Slack {
+            per_64,
+            floor: floor * G
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// After every reservation: the pools count as in use exactly the granules the model says
+    /// live allocations touch, as idle exactly the rest of what the device maps, and under a
+    /// slack the device maps no more than the granules in use plus the slack.
+    #[test]
+    fn held_stays_within_the_slack_above_what_is_in_use(
+        idle in slack(),
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let (shim, mut mm) = vm_device(idle);
+        let mut live: Vec<(Handle, u64)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Reserve(size) => {
+                    let h = mm.reserve(&shim, size, PageUpdate::Allow).unwrap();
+                    live.push((h, size));
+                }
+                Op::Drop(i) if !live.is_empty() => {
+                    live.swap_remove(i % live.len());
+                    continue; // settled at the next reservation
+                }
+                Op::Drop(_) => continue,
+            }
+            let in_use = touched(&mm, &live).len() as u64;
+            let (busy, idle_count) = counts(&mm);
+            let mapped = shim.mapped.get();
+            prop_assert_eq!(busy, in_use, "granules in use: the pools against the model");
+            prop_assert_eq!(idle_count, mapped - in_use, "idle: what is mapped and not in use");
+            if let IdleGranules::Slack { per_64, floor } = idle {
+                let keep = (floor / G).max(in_use * u64::from(per_64) / 64);
+                prop_assert!(
+                    mapped <= in_use + keep,
+                    "{} granules mapped for {} in use and a slack of {}", mapped, in_use, keep
+                );
+            }
+        }
+        drop(live);
+        mm.cleanup(&shim, Cleanup::Explicit);
+        prop_assert_eq!((counts(&mm), shim.mapped.get()), ((0, 0), 0));
+    }
+}

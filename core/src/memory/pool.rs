@@ -1,0 +1,119 @@
+//! Which pool of a manager an allocation lives in.
+//!
+//! Owns [`Pool`], the one list of a manager's pools: what each is made of (pages carved in
+//! slices, a granule pool over a reserved range, or whole pages) and which requests it serves.
+//! Every dispatch on a pool is a `match` on it, so a new pool kind is a variant here and the
+//! compiler names each place that must serve it. Does not own the pools themselves (the
+//! manager's fields, reached through its accessors in `manager/lookup.rs`) nor the compact form a
+//! handle stores (`handle.rs` packs a pool into its atomic with [`Pool::code`] and
+//! [`Pool::from_code`]).
+
+use super::report::PoolKind;
+
+/// A pool of a manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub(crate) enum Pool {
+    /// Pages carved in slices (`sliced.rs`).
+    Pages(Size),
+    /// A reserved address range with memory mapped granule by granule (`vm.rs`).
+    Granules(Size),
+    /// A page per allocation (`whole.rs`).
+    Whole(Whole),
+}
+
+/// The requests a pool of pages or granules serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub(crate) enum Size {
+    /// Up to `MemoryConfig::small_max_slice`.
+    Small,
+    /// Larger ones.
+    Arena,
+}
+
+/// What a pool of whole pages does with them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub(crate) enum Whole {
+    /// Reused by exact size (`AllocationMode::Persistent`).
+    Persistent,
+    /// Released soon after it is freed (`AllocationMode::Dedicated`).
+    Dedicated,
+}
+
+impl Size {
+    /// Its slot in the manager's pair of granule pools.
+    pub(crate) const fn slot(self) -> usize {
+        match self {
+            Self::Small => 0,
+            Self::Arena => 1,
+        }
+    }
+}
+
+impl Whole {
+    /// Its slot among the manager's pools of whole pages.
+    pub(crate) const fn slot(self) -> usize {
+        match self {
+            Self::Persistent => 0,
+            Self::Dedicated => 1,
+        }
+    }
+}
+
+impl Pool {
+    /// Every pool, in the order of their codes.
+    const ALL: [Self; 6] = [
+        Self::Pages(Size::Small),
+        Self::Pages(Size::Arena),
+        Self::Granules(Size::Small),
+        Self::Granules(Size::Arena),
+        Self::Whole(Whole::Persistent),
+        Self::Whole(Whole::Dedicated),
+    ];
+
+    /// A code no pool has: a handle with no location.
+    pub(crate) const NO_CODE: u32 = Self::ALL.len() as u32;
+
+    /// Its line in the report (a granule pool reports as the pool of pages it replaces).
+    pub(crate) const fn kind(self) -> PoolKind {
+        match self {
+            Self::Pages(Size::Small) | Self::Granules(Size::Small) => PoolKind::Small,
+            Self::Pages(Size::Arena) | Self::Granules(Size::Arena) => PoolKind::Arena,
+            Self::Whole(Whole::Persistent) => PoolKind::Persistent,
+            Self::Whole(Whole::Dedicated) => PoolKind::Dedicated,
+        }
+    }
+
+    /// A small number naming the pool, for a handle's atomic (below [`Self::NO_CODE`]).
+    pub(crate) const fn code(self) -> u32 {
+        match self {
+            Self::Pages(Size::Small) => 0,
+            Self::Pages(Size::Arena) => 1,
+            Self::Granules(Size::Small) => 2,
+            Self::Granules(Size::Arena) => 3,
+            Self::Whole(Whole::Persistent) => 4,
+            Self::Whole(Whole::Dedicated) => 5,
+        }
+    }
+
+    /// The pool of `code`, if any.
+    pub(crate) fn from_code(code: u32) -> Option<Self> {
+        Self::ALL.get(code as usize).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_name_each_pool_once_and_none_is_no_pool() {
+        for (i, p) in Pool::ALL.iter().enumerate() {
+            assert_eq!(p.code(), i as u32, "{p:?}: codes follow the list");
+            assert_eq!(Pool::from_code(p.code()), Some(*p));
+        }
+        assert_eq!(Pool::from_code(Pool::NO_CODE), None);
+    }
+}

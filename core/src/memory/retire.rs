@@ -1,0 +1,124 @@
+//! What a manager lets go before the device is done with it, and how it goes back.
+//!
+//! Owns [`Released`] (a page, or the mapping of one granule of a granule pool), the retire
+//! token a retiring granule shares between its pool and the drop queue ([`RetireToken`], with
+//! its states in [`Retire`]: whichever side moves it off `Pending` first wins), and
+//! [`RetiredPage::free`], which frees a page or unmaps a granule that was not taken back. Does
+//! not own when things are let go (the manager) nor the fences they wait for (the device's drop
+//! queue).
+
+use super::types::{RawPage, RetiredPage};
+use crate::shim::{DeviceAddr, Shim};
+use alloc::sync::Arc;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// What a manager lets go: a page, or the memory behind one granule of a granule pool.
+pub enum Released<S: Shim> {
+    /// A page of a pool of pages or of whole pages.
+    Page(RawPage<S>),
+    /// Device memory behind one granule of a reserved address range, on its way out.
+    Granule(RetiringGranule),
+}
+
+impl<S: Shim> core::fmt::Debug for Released<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Page(p) => f.debug_tuple("Page").field(p).finish(),
+            Self::Granule(g) => f.debug_tuple("Granule").field(g).finish(),
+        }
+    }
+}
+
+/// The memory behind one granule ([`Shim::vm_map`]'s `memory`, at `addr`, `size` bytes), and
+/// the token that says whether the drop queue unmapped it or the manager took it back first.
+#[derive(Debug)]
+pub struct RetiringGranule {
+    addr: u64,
+    size: u64,
+    memory: u64,
+    token: Arc<RetireToken>,
+}
+
+impl RetiringGranule {
+    /// The granule at `addr` of `size` bytes with the shim's `memory`, sharing `token` with its
+    /// pool.
+    pub(crate) fn new(addr: u64, size: u64, memory: u64, token: Arc<RetireToken>) -> Self {
+        Self {
+            addr,
+            size,
+            memory,
+            token,
+        }
+    }
+}
+
+/// Where a retiring granule stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Retire {
+    /// Waiting for its fence: still mapped, and the pool may take it back.
+    Pending = 0,
+    /// The manager took it back before its fence: the drop queue leaves it mapped.
+    Cancelled = 1,
+    /// The drop queue unmapped it: the address range is free to map again.
+    Done = 2,
+}
+
+/// A [`Retire`] shared by a granule's pool and its retired page (an atomic: the drop queue may
+/// run on another thread).
+#[derive(Debug)]
+pub(crate) struct RetireToken(AtomicU8);
+
+impl RetireToken {
+    /// A token of a granule just retired.
+    pub(crate) fn pending() -> Self {
+        Self(AtomicU8::new(Retire::Pending as u8))
+    }
+
+    /// Where the granule stands now.
+    pub(crate) fn state(&self) -> Retire {
+        match self.0.load(Ordering::Acquire) {
+            0 => Retire::Pending,
+            1 => Retire::Cancelled,
+            _ => Retire::Done,
+        }
+    }
+
+    /// Moves the granule from `Pending` to `to`; whether this side won (it was still pending).
+    pub(crate) fn settle(&self, to: Retire) -> bool {
+        self.0
+            .compare_exchange(
+                Retire::Pending as u8,
+                to as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+}
+
+impl<S: Shim> RetiredPage<Released<S>> {
+    /// Frees the page on the device (or the host, for a mapped page), or unmaps the granule
+    /// unless its manager took it back first, and gives its bytes back to the device's budget.
+    ///
+    /// # Safety
+    ///
+    /// No work that may use the page is pending on any stream of the device (or the device is
+    /// poisoned).
+    pub unsafe fn free(self, shim: &S) {
+        match self.raw {
+            // SAFETY: the caller's guarantee.
+            Released::Page(page) => unsafe { page.free(shim) },
+            Released::Granule(g) => {
+                if !g.token.settle(Retire::Done) {
+                    // Taken back by the manager before its fence: it stays mapped, and counted.
+                    return;
+                }
+                // SAFETY: the caller guarantees no pending work uses the granule; the manager
+                // places nothing over it until it sees the token done.
+                unsafe { shim.vm_unmap(DeviceAddr(g.addr), g.size, g.memory) };
+            }
+        }
+        self.budget.give_back(self.size);
+    }
+}
