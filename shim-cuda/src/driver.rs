@@ -528,6 +528,7 @@ mod tests {
         let sources = [
             include_str!("device.rs"),
             include_str!("stream.rs"),
+            include_str!("notify.rs"),
             include_str!("memory.rs"),
             include_str!("driver.rs"),
             include_str!("kernel.rs"),
