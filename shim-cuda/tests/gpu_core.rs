@@ -354,3 +354,48 @@ fn a_read_future_sleeps_until_the_gpu_is_done() {
     // SAFETY: the stream passed the event after the only launch that used the page.
     unsafe { shim.device_free(page) };
 }
+
+/// Issue 22 on the GPU: typed uploads and reads (f32 and u16, through the pipeline at 1 MiB and
+/// the single staging copy below it) and a scoped persistent window whose allocations land on
+/// pages of their exact size, the mode restored after.
+#[test]
+fn typed_io_and_the_persistent_window_on_the_gpu() {
+    let Some(shim) = gpu("typed_io_and_the_persistent_window_on_the_gpu") else {
+        return;
+    };
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    let mut cmd = dev.command(S0).unwrap();
+    for n in [3usize, 1000, 1 << 18] {
+        let floats: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+        let h = cmd.create_typed(&floats).unwrap();
+        let mut back = vec![0f32; n];
+        cmd.read_typed(&h, &mut back).unwrap();
+        assert_eq!(back, floats, "{n} f32 through create_typed / read_typed");
+        let halves: Vec<u16> = (0..2 * n).map(|i| (i * 7) as u16).collect();
+        cmd.write_typed(&h, &halves).unwrap();
+        let mut back = vec![0u16; 2 * n];
+        cmd.read_typed(&h, &mut back).unwrap();
+        assert_eq!(back, halves, "{} u16 written over them", 2 * n);
+    }
+    let weights = cmd.persistent(|c| c.create_typed(&[1.5f32; 4096])).unwrap();
+    assert_eq!(
+        cmd.current_allocation_mode(),
+        devcmd::AllocationMode::Auto,
+        "the window closed after the closure"
+    );
+    let mut back = vec![0f32; 4096];
+    cmd.read_typed(&weights, &mut back).unwrap();
+    assert!(back.iter().all(|&v| v == 1.5));
+    let report = dev.memory_report();
+    let persistent = report
+        .streams
+        .iter()
+        .flat_map(|(_, r)| r.pools.iter())
+        .find(|p| p.kind == devcmd::memory::PoolKind::Persistent)
+        .map_or(0, |p| p.in_use);
+    assert_eq!(
+        persistent,
+        4096 * 4,
+        "the weights live in the persistent pool:\n{report}"
+    );
+}
