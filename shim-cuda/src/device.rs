@@ -38,8 +38,9 @@ pub(crate) struct Context {
     /// Streams of this context recording now (begun by the shim, not yet ended): a library
     /// that allocates (cuBLAS creating a handle) would invalidate their global-mode captures.
     pub(crate) capturing: std::sync::atomic::AtomicUsize,
-    /// The stream that wakes waiting futures (`notify.rs`), made on first use.
-    pub(crate) notifier: Mutex<Option<sys::CUstream>>,
+    /// The streams that wake waiting futures, by the stream their fences are recorded on
+    /// (`notify.rs`), made on first use.
+    pub(crate) notifiers: Mutex<Vec<(sys::CUstream, sys::CUstream)>>,
 }
 
 // SAFETY: a `CUcontext` is a handle the driver API accepts from any thread (the driver is
@@ -81,14 +82,10 @@ impl Drop for Context {
             // SAFETY: a pooled event is owned by the pool alone (no `CudaEvent` holds it).
             let _ = unsafe { sys::cuEventDestroy_v2(event) };
         }
-        if let Some(notifier) = self
-            .notifier
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            // SAFETY: the notifier is owned by the context and destroyed once, here (a callback
-            // still queued on it runs or is dropped with it; it holds only its waker slot).
+        let notifiers = std::mem::take(self.notifiers.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for (_, notifier) in notifiers {
+            // SAFETY: the notifiers are owned by the context and destroyed once, here (a callback
+            // still queued on one runs or is dropped with it; it holds only its waker slot).
             let _ = unsafe { sys::cuStreamDestroy_v2(notifier) };
         }
         let mut current = ptr::null_mut();
@@ -260,7 +257,7 @@ impl CudaShim {
             device: dev,
             events: Mutex::new(Vec::new()),
             capturing: std::sync::atomic::AtomicUsize::new(0),
-            notifier: Mutex::new(None),
+            notifiers: Mutex::new(Vec::new()),
         });
         ctx.bind(ShimOp::StreamCreate)
             .map_err(|e| CudaInitError::Call {
@@ -462,10 +459,12 @@ impl Shim for CudaShim {
         stream::synchronize(event)
     }
 
-    /// `cuStreamWaitEvent` on the context's notifier stream, then `cuStreamAddCallback` behind
-    /// it, which wakes the latest waker once the event completed (`notify.rs`).
+    /// `cuStreamWaitEvent` on the notifier stream of the event's stream, then
+    /// `cuStreamAddCallback` behind it, which wakes the latest waker once the event completed
+    /// (`notify.rs`); `false` (the core polls) while a stream of the context records.
     fn event_notify(&self, event: &CudaEvent, waker: &std::task::Waker) -> bool {
-        if self.bound(ShimOp::EventQuery).is_err() {
+        // While a stream of the context records (global capture mode), no call beside it.
+        if self.is_any_stream_capturing() || self.bound(ShimOp::EventQuery).is_err() {
             return false;
         }
         crate::notify::notify(&self.ctx, event, waker)

@@ -1,13 +1,16 @@
 //! Futures that sleep: [`Shim::event_notify`](devcmd::Shim::event_notify) on CUDA.
 //!
-//! Owns the one notifier stream of a context and the wake-up of a waiting future: the first
-//! notify of an event makes the notifier stream wait for it (`cuStreamWaitEvent`) and adds a
-//! callback behind the wait (`cuStreamAddCallback`, which the driver calls on one of its own
-//! threads once the event completed, and also when the context failed, with the error, unlike
-//! `cuLaunchHostFunc`), holding the event's waker slot. Later notifies of the same event value
-//! only replace the waker in the slot (an executor may make a new waker at every poll). The
-//! callback takes the waker and wakes it; it makes no driver call. Does not own the events
-//! (`stream.rs`) nor what a future does once woken (the core's `futures.rs`).
+//! Owns the notifier streams of a context (one per stream fences are recorded on, so a future
+//! never waits behind another stream's work: events of one stream complete in order anyway)
+//! and the wake-up of a waiting future: the first notify of an event makes its stream's notifier
+//! wait for it (`cuStreamWaitEvent`) and adds a callback behind the wait (`cuStreamAddCallback`,
+//! which the driver calls on one of its own threads once the event completed, and also when the
+//! context failed, with the error, unlike `cuLaunchHostFunc`), holding the event's waker slot.
+//! Later notifies of the same event value only replace the waker in the slot (an executor may
+//! make a new waker at every poll). The callback takes the waker and wakes it; it makes no
+//! driver call itself (the executor's wake runs on that thread). Nothing is armed while a stream
+//! of the context records a graph (the core then polls). Does not own the events (`stream.rs`)
+//! nor what a future does once woken (the core's `futures.rs`).
 
 use crate::device::Context;
 use crate::faults::check;
@@ -62,13 +65,22 @@ unsafe extern "C" fn fired(_stream: sys::CUstream, _status: sys::CUresult, data:
     }
 }
 
+/// Most notifier streams a context makes; fences of further streams share the last one.
+const NOTIFIERS: usize = 64;
+
 impl Context {
-    /// The context's notifier stream, made on first use (non-blocking: it never waits for the
-    /// legacy stream); `None` if it cannot be made.
-    fn notifier(&self) -> Option<sys::CUstream> {
-        let mut notifier = self.notifier.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(s) = *notifier {
-            return Some(s);
+    /// The notifier stream for fences recorded on `source`, made on first use (non-blocking:
+    /// it never waits for the legacy stream); `None` if it cannot be made.
+    fn notifier(&self, source: sys::CUstream) -> Option<sys::CUstream> {
+        let mut notifiers = self
+            .notifiers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(&(_, n)) = notifiers.iter().find(|(s, _)| *s == source) {
+            return Some(n);
+        }
+        if notifiers.len() >= NOTIFIERS {
+            return notifiers.last().map(|&(_, n)| n);
         }
         let mut raw = ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
@@ -77,7 +89,7 @@ impl Context {
             sys::cuStreamCreate(&mut raw, flags)
         })
         .ok()?;
-        *notifier = Some(raw);
+        notifiers.push((source, raw));
         Some(raw)
     }
 }
@@ -92,7 +104,7 @@ pub(crate) fn notify(ctx: &Arc<Context>, event: &CudaEvent, waker: &Waker) -> bo
     }
     let slot = Arc::new(Slot::default());
     slot.set(waker);
-    let Some(stream) = ctx.notifier() else {
+    let Some(stream) = ctx.notifier(event.source) else {
         return false;
     };
     // SAFETY: both handles are alive (the notifier lives as long as the context; the event is

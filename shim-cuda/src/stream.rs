@@ -105,6 +105,8 @@ pub struct CudaEvent {
     ctx: Arc<Context>,
     /// The waker slot of a future waiting on this record, once one asked (`notify.rs`).
     pub(crate) notify: std::sync::OnceLock<Arc<crate::notify::Slot>>,
+    /// The stream it was recorded on (only compared: it picks the notifier stream).
+    pub(crate) source: sys::CUstream,
 }
 
 // SAFETY: a `CUevent` is a driver handle usable from any thread; see `CudaStream`.
@@ -221,6 +223,7 @@ pub(crate) fn record(ctx: &Arc<Context>, stream: &CudaStream) -> Result<CudaEven
         raw: ctx.take_event(OP)?,
         ctx: Arc::clone(ctx),
         notify: std::sync::OnceLock::new(),
+        source: stream.raw,
     };
     // SAFETY: both handles are alive (held by `event` and `stream`).
     check(OP, unsafe { sys::cuEventRecord(event.raw, stream.raw) })?;

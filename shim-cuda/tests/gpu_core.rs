@@ -236,23 +236,25 @@ fn a_read_future_sleeps_until_the_gpu_is_done() {
     let spin = module.kernel_with_sizes("spin", &[8, 8]).unwrap();
     let mut dev = Device::new(shim.clone(), DeviceConfig::default());
     let out = dev.command(S0).unwrap().create(&[0u8; 256]).unwrap();
-    let launch = |dev: &mut Device<devcmd_cuda::CudaShim>, ms: u64| {
-        let ns = (ms * 1_000_000).to_ne_bytes();
-        dev.command(S0)
-            .unwrap()
-            .launch(devcmd::Launch {
-                kernel: &spin,
-                dims: devcmd::LaunchDims::SINGLE,
-                inputs: &[],
-                outputs: &[&out],
-                params: &[
-                    devcmd::KernelParam::Buffer(0),
-                    devcmd::KernelParam::Scalar(&ns),
-                ],
-            })
-            .unwrap();
-    };
-    // Warm: the module is loaded and the notifier stream made before the timed part.
+    let launch_on =
+        |dev: &mut Device<devcmd_cuda::CudaShim>, s: StreamId, out: &devcmd::Handle, ms: u64| {
+            let ns = (ms * 1_000_000).to_ne_bytes();
+            dev.command(s)
+                .unwrap()
+                .launch(devcmd::Launch {
+                    kernel: &spin,
+                    dims: devcmd::LaunchDims::SINGLE,
+                    inputs: &[],
+                    outputs: &[out],
+                    params: &[
+                        devcmd::KernelParam::Buffer(0),
+                        devcmd::KernelParam::Scalar(&ns),
+                    ],
+                })
+                .unwrap();
+        };
+    let launch = |dev: &mut Device<devcmd_cuda::CudaShim>, ms: u64| launch_on(dev, S0, &out, ms);
+    // Warm: the module is loaded before the timed part.
     launch(&mut dev, 1);
     dev.command(S0).unwrap().sync().unwrap().wait().unwrap();
 
@@ -298,6 +300,63 @@ fn a_read_future_sleeps_until_the_gpu_is_done() {
     say(&format!(
         "{test}: {polls} polls, {} wakes, {elapsed:?}",
         waker.wakes.load(std::sync::atomic::Ordering::SeqCst)
+    ));
+
+    // Two streams: a future on stream 1 with nothing ahead of it resolves at once, although a
+    // future on stream 0 (armed first) waits behind a 300 ms kernel.
+    let other = dev.command(S1).unwrap().create(&[7u8; 256]).unwrap();
+    dev.command(S1).unwrap().sync().unwrap().wait().unwrap();
+    launch(&mut dev, 300);
+    let slow_started = std::time::Instant::now();
+    let mut slow = dev
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&out)])
+        .unwrap();
+    assert!(
+        std::pin::Pin::new(&mut slow).poll(&mut cx).is_pending(),
+        "{test}: the read behind a 300 ms kernel is ready at once"
+    );
+    // Behind 20 ms of its own, so its first poll is pending and it must be woken.
+    launch_on(&mut dev, S1, &other, 20);
+    let mut quick = dev
+        .command(S1)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&other)])
+        .unwrap();
+    let quick_started = std::time::Instant::now();
+    let mut expected = [7u8; 256];
+    expected[0] = 1;
+    loop {
+        match std::pin::Pin::new(&mut quick).poll(&mut cx) {
+            std::task::Poll::Ready(r) => {
+                assert_eq!(r.unwrap()[0].as_slice(), &expected[..]);
+                break;
+            }
+            std::task::Poll::Pending => {
+                std::thread::park_timeout(std::time::Duration::from_secs(5))
+            }
+        }
+        assert!(
+            quick_started.elapsed().as_secs() < 10,
+            "{test}: never woken"
+        );
+    }
+    let quick_took = quick_started.elapsed();
+    assert!(
+        quick_took.as_millis() < 150 && slow_started.elapsed().as_millis() < 290,
+        "{test}: the read on stream 1 took {quick_took:?}: it waited behind stream 0's kernel \
+         (one notifier for both streams)"
+    );
+    while std::pin::Pin::new(&mut slow).poll(&mut cx).is_pending() {
+        std::thread::park_timeout(std::time::Duration::from_secs(5));
+        assert!(
+            slow_started.elapsed().as_secs() < 10,
+            "{test}: the slow read never woke"
+        );
+    }
+    say(&format!(
+        "{test}: stream 1's read took {quick_took:?} beside stream 0's kernel"
     ));
 
     // The shim alone: a second notify of the same event value replaces the waker.

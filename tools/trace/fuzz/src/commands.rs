@@ -19,10 +19,11 @@ const LIVE: usize = 24;
 /// Largest allocation (two bytes of the input, modulo this).
 const MAX_LEN: usize = 24_000;
 
-/// Bytes `len` long from `seed` (every byte depends on both).
+/// Bytes `len` long from `seed` (every byte depends on both, and on its offset's high bits: a
+/// copy misplaced by a multiple of 256 bytes shows).
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .map(|i| (i as u8).wrapping_mul(31) ^ ((i >> 8) as u8).wrapping_mul(7) ^ seed)
         .collect()
 }
 
