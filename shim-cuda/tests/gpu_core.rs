@@ -192,18 +192,6 @@ fn host_buffers_outlive_their_device() {
     assert_eq!(lent[0].as_slice(), &data[..], "the lent buffer's bytes");
 }
 
-/// Spins for `ns` nanoseconds of the GPU's clock, then writes one byte.
-const SPIN: &str = r#"
-extern "C" __global__ void spin(unsigned char *out, unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-    out[0] = 1;
-}
-"#;
-
 /// A waker that counts its wakes and unparks the thread that polls.
 struct Unpark {
     thread: std::thread::Thread,
@@ -230,7 +218,7 @@ fn a_read_future_sleeps_until_the_gpu_is_done() {
     let Some(shim) = gpu(test) else {
         return;
     };
-    let Some(module) = common::compile(&shim, SPIN, &[], test) else {
+    let Some(module) = common::compile(&shim, common::SPIN, &[], test) else {
         return;
     };
     let spin = module.kernel_with_sizes("spin", &[8, 8]).unwrap();

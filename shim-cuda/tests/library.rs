@@ -292,25 +292,13 @@ fn a_gemm_through_library_work_matches_a_cpu_reference_f16() {
     }
 }
 
-/// Spins for `ns` nanoseconds of the GPU's clock, then writes one byte.
-const SPIN: &str = r#"
-extern "C" __global__ void spin(unsigned char *out, unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < ns);
-    out[0] = 1;
-}
-"#;
-
 #[test]
 fn cublas_on_stream_1_is_ordered_after_an_upload_on_stream_0() {
     let test = "cublas_on_stream_1_is_ordered_after_an_upload_on_stream_0";
     let Some((shim, blas)) = blas(test) else {
         return;
     };
-    let Some(module) = compile(&shim, SPIN, &[], test) else {
+    let Some(module) = compile(&shim, common::SPIN, &[], test) else {
         return;
     };
     let spin = module.kernel_with_sizes("spin", &[8, 8]).unwrap();

@@ -116,3 +116,15 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
         .collect()
 }
+
+/// Spins for `ns` nanoseconds of the GPU's clock, then writes one byte.
+pub const SPIN: &str = r#"
+extern "C" __global__ void spin(unsigned char *out, unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+    out[0] = 1;
+}
+"#;
