@@ -207,8 +207,18 @@ fn slack() -> impl Strategy<Value = IdleGranules> {
     ]
 }
 
+/// Cases: `DEVCMD_PROPTEST_CASES`, or 64 (2 under miri, where one case takes minutes).
+fn cases() -> u32 {
+    std::env::var("DEVCMD_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(if cfg!(miri) { 2 } else { 64 }, |n: u32| {
+            if cfg!(miri) { n.min(2) } else { n }
+        })
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     /// After every reservation: the pools count as in use exactly the granules the model says
     /// live allocations touch, as idle exactly the rest of what the device maps, and under a
