@@ -108,12 +108,10 @@ impl CudaBackend {
         };
         let kernels = Kernels {
             embed: kernel("embed")?,
-            layer_norm: kernel("layer_norm")?,
             attention: kernel("attention")?,
             residual_ln: kernel("residual_ln")?,
             bias_gelu: kernel("bias_gelu")?,
             argmax: kernel("argmax")?,
-            advance: kernel("advance")?,
             copy_cache: kernel("copy_cache")?,
         };
         let cast = kernel("cast_f16")?;

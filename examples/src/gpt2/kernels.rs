@@ -10,20 +10,27 @@
 //!
 //! | kernel | outputs | inputs | scalars |
 //! |---|---|---|---|
-//! | `embed` | x | next, prompt, wte, wpe, state | rows, embd, prompt_len, vocab, positions |
-//! | `layer_norm` | out | x, g, b | rows, n, eps |
+//! | `embed` | x, h | next, prompt, wte, wpe, state, g, b | rows, embd, prompt_len, vocab, positions, eps |
 //! | `attention` | out, k cache, v cache | qkv, qkv bias, state | rows, heads, head_dim, cap, scale |
 //! | `residual_ln` | x, h | y, bias, g, b | rows, n, eps |
 //! | `bias_gelu` | f | bias | rows, n |
-//! | `argmax` | next, history | logits, state | rows, vocab, cap |
-//! | `advance` | state | | |
+//! | `argmax` | next, history, state, partials, count | logits | rows, vocab, cap |
 //! | `copy_cache` | new cache | old cache | blocks, old_cap, new_cap, head_dim |
 //! | `gemm` (CUDA, without cuBLAS) | c | a, b | m, n, k, trans_a, trans_b, lda, ldb, ldc, alpha, beta |
 //! | `cast_f16` (CUDA) | out (f16) | in (f32) | n |
 //!
 //! `state[0]` is the position the step works on (the cache length before it): read by `embed`,
-//! `attention` and `argmax`, incremented by `advance` at the end of the step, so a recorded step
-//! replays unchanged. GEMMs are library work ([`devcmd::Gemm`]: `devcmd_std::blas` on std,
+//! `attention` and `argmax`, incremented by `argmax` at the end of the step, so a recorded step
+//! replays unchanged. `embed` also norms the row for the first layer (`h`).
+//!
+//! At batch 1 a step is latency-bound: what counts is launches and dependent memory round trips,
+//! not bandwidth. So the embedding carries the first norm, the argmax the position's advance,
+//! and the argmax runs over [`ARGMAX_SPLIT`] blocks per row (each leaves its winner in a
+//! scratch buffer; the grid's last block to finish, counted with an atomic, picks each row's
+//! token and sets the count back to 0: [`argmax_partials`]). Splitting the attention the same
+//! way (flash-decoding) was measured and lost: 12.8 against 7.7 µs a layer on the H200 at 160
+//! positions, its extra round trips (publish, count, combine) costing more than the parallelism
+//! gains. GEMMs are library work ([`devcmd::Gemm`]: `devcmd_std::blas` on std,
 //! cuBLAS on a GPU); the CUDA `gemm` kernel runs only where cuBLAS does not load. Token buffers
 //! are `u32`; `prompt` is `[prompt_len][rows]`, `history` `[positions][rows]` (row `p` holds the
 //! tokens predicted at position `p`); a cache is `[rows · heads][cap][head_dim]`.
@@ -33,13 +40,13 @@ use devcmd::{Command, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, S
 /// Threads per block of the row kernels (layer norms, embedding).
 pub const ROW_BLOCK: u32 = 256;
 /// Threads per block of the attention kernel (one block per row and head): a thread per
-/// position for the scores (one pass up to 512 positions), 8 groups of a 64-wide head for the
-/// weighted values.
-pub const ATTN_BLOCK: u32 = 512;
-/// Threads per block of the argmax (one block per row of a vocabulary of 50,257). Neither kernel
-/// declares `__launch_bounds__`: on the H200 declaring 512 and 1024 slowed a GPT-2 small step
-/// from 439 to 463 µs (two runs each, alternating).
-pub const ARGMAX_BLOCK: u32 = 1024;
+/// position for the scores (one pass up to 1024 positions), 16 groups of a 64-wide head for
+/// the weighted values.
+pub const ATTN_BLOCK: u32 = 1024;
+/// Threads per block of the argmax.
+pub const ARGMAX_BLOCK: u32 = 256;
+/// Blocks per row of the argmax, each over a slice of the vocabulary.
+pub const ARGMAX_SPLIT: usize = 16;
 /// Threads per block of the element-wise kernels.
 pub const ELEM_BLOCK: u32 = 256;
 
@@ -47,12 +54,10 @@ pub const ELEM_BLOCK: u32 = 256;
 #[derive(Debug, Clone)]
 pub struct Kernels<K> {
     pub embed: K,
-    pub layer_norm: K,
     pub attention: K,
     pub residual_ln: K,
     pub bias_gelu: K,
     pub argmax: K,
-    pub advance: K,
     pub copy_cache: K,
 }
 
@@ -132,9 +137,17 @@ pub fn launch<S: Shim>(
     })
 }
 
-/// One block per row.
-pub fn rows_dims(rows: usize) -> LaunchDims {
-    LaunchDims::linear(rows as u32, ROW_BLOCK)
+/// 16-byte vectors a lane of a one-warp row kernel keeps (`ROW_VECS` in the source).
+pub const ROW_VECS: usize = 4;
+
+/// One block per row of `n` elements of `elem_bytes` each: one warp where the row is a whole
+/// number of 16-byte vectors per lane, at most [`ROW_VECS`] (the kernels then norm it from
+/// registers with shuffles alone: at batch 1 a row kernel is latency-bound), else
+/// [`ROW_BLOCK`] threads.
+pub fn rows_dims(rows: usize, n: usize, elem_bytes: usize) -> LaunchDims {
+    let per_warp = 32 * (16 / elem_bytes.max(1));
+    let warp = n.is_multiple_of(per_warp) && n / per_warp <= ROW_VECS;
+    LaunchDims::linear(rows as u32, if warp { 32 } else { ROW_BLOCK })
 }
 
 /// One block per row and head, with its dynamic shared memory ([`attention_shared_bytes`]).
@@ -153,12 +166,17 @@ pub fn attention_shared_bytes(head_dim: usize, cap: usize) -> usize {
     (head_dim + cap + 32 + groups * head_dim) * 4
 }
 
+/// Elements (u32) of the argmax's partials: per row and block a value's bits and its index.
+pub fn argmax_partials(rows: usize) -> usize {
+    rows * ARGMAX_SPLIT * 2
+}
+
 /// The most shared memory a kernel may use without opting in, on every CUDA device.
 pub const SHARED_LIMIT: usize = 48 << 10;
 
-/// One block of [`ARGMAX_BLOCK`] threads per row.
+/// [`ARGMAX_SPLIT`] blocks of [`ARGMAX_BLOCK`] threads per row.
 pub fn argmax_dims(rows: usize) -> LaunchDims {
-    LaunchDims::linear(rows as u32, ARGMAX_BLOCK)
+    LaunchDims::linear((rows * ARGMAX_SPLIT) as u32, ARGMAX_BLOCK)
 }
 
 /// One thread per element.
@@ -169,13 +187,11 @@ pub fn elem_dims(elements: usize) -> LaunchDims {
 /// The signatures of the kernels (name, parameter sizes in bytes) for bindings that cannot read
 /// them from the driver.
 pub const SIGNATURES: &[(&str, &[usize])] = &[
-    ("embed", &[8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4]),
-    ("layer_norm", &[8, 8, 8, 8, 4, 4, 4]),
+    ("embed", &[8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4]),
     ("attention", &[8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4]),
     ("residual_ln", &[8, 8, 8, 8, 8, 8, 4, 4, 4]),
     ("bias_gelu", &[8, 8, 4, 4]),
-    ("argmax", &[8, 8, 8, 8, 4, 4, 4]),
-    ("advance", &[8]),
+    ("argmax", &[8, 8, 8, 8, 8, 8, 4, 4, 4]),
     ("copy_cache", &[8, 8, 4, 4, 4, 4]),
     ("gemm", &[8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]),
     ("cast_f16", &[8, 8, 4]),
@@ -183,337 +199,7 @@ pub const SIGNATURES: &[(&str, &[usize])] = &[
 
 /// The kernels in CUDA C. `T` is `float`, or IEEE half bits (`unsigned short`) with
 /// `-DGPT2_HALF`, converted with PTX's `cvt` (no header needed).
-pub const CUDA_SOURCE: &str = r#"
-__device__ __forceinline__ float h2f(unsigned short v) {
-    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v)); return f;
-}
-__device__ __forceinline__ unsigned short f2h(float f) {
-    unsigned short v; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v) : "f"(f)); return v;
-}
-#ifdef GPT2_HALF
-typedef unsigned short T;
-__device__ __forceinline__ float ld(T v) { return h2f(v); }
-__device__ __forceinline__ T st(float f) { return f2h(f); }
-#else
-typedef float T;
-__device__ __forceinline__ float ld(T v) { return v; }
-__device__ __forceinline__ T st(float f) { return f; }
-#endif
-#define NEG_INF __int_as_float(0xff800000)
-
-/* Block-wide sum and max over a block of whole warps; every thread gets the result. */
-__device__ float block_sum(float v, float *red) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    unsigned warps = (blockDim.x + 31u) >> 5;
-    v = lane < warps ? red[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ float block_max(float v, float *red) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    unsigned warps = (blockDim.x + 31u) >> 5;
-    v = lane < warps ? red[lane] : NEG_INF;
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* out = layer norm of x (already in T) with g, b: mean, then the biased variance around it. */
-__device__ void norm_row(T *out, const T *x, const T *g, const T *b, unsigned n, float eps,
-                         float *red) {
-    float s = 0.0f;
-    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) s += ld(x[j]);
-    float mean = block_sum(s, red) / (float)n;
-    float q = 0.0f;
-    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) { float d = ld(x[j]) - mean; q += d * d; }
-    float rstd = rsqrtf(block_sum(q, red) / (float)n + eps);
-    for (unsigned j = threadIdx.x; j < n; j += blockDim.x)
-        out[j] = st((ld(x[j]) - mean) * rstd * ld(g[j]) + ld(b[j]));
-}
-
-extern "C" __global__ void embed(T *x, const unsigned *next, const unsigned *prompt,
-                                 const T *wte, const T *wpe, const unsigned *state,
-                                 unsigned rows, unsigned embd, unsigned prompt_len,
-                                 unsigned vocab, unsigned positions) {
-    unsigned r = blockIdx.x;
-    if (r >= rows) return;
-    unsigned pos = state[0];
-    unsigned tok = pos < prompt_len ? prompt[(size_t)pos * rows + r] : next[r];
-    if (tok >= vocab) tok = vocab - 1;
-    if (pos >= positions) pos = positions - 1;
-    for (unsigned j = threadIdx.x; j < embd; j += blockDim.x)
-        x[(size_t)r * embd + j] = st(ld(wte[(size_t)tok * embd + j]) + ld(wpe[(size_t)pos * embd + j]));
-}
-
-/* Elements of a row a thread keeps in registers: rows up to NORM_PER * blockDim.x wide are
-   normed from registers (one read of the row), wider ones by norm_row. */
-#define NORM_PER 8u
-
-/* norm_row over a row kept in registers: v[i] is element threadIdx.x + i * blockDim.x (in T's
-   precision), 0 past n. The scale and shift are read before the reductions, beside the row. */
-__device__ __forceinline__ void norm_kept(T *out, const float *v, const T *g, const T *b,
-                                          unsigned n, float eps, float *red) {
-    float gk[NORM_PER], bk[NORM_PER];
-#pragma unroll
-    for (unsigned i = 0; i < NORM_PER; ++i) {
-        unsigned j = threadIdx.x + i * blockDim.x;
-        gk[i] = j < n ? ld(g[j]) : 0.0f;
-        bk[i] = j < n ? ld(b[j]) : 0.0f;
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (unsigned i = 0; i < NORM_PER; ++i) s += v[i];
-    float mean = block_sum(s, red) / (float)n;
-    float q = 0.0f;
-#pragma unroll
-    for (unsigned i = 0; i < NORM_PER; ++i) {
-        unsigned j = threadIdx.x + i * blockDim.x;
-        float d = j < n ? v[i] - mean : 0.0f;
-        q += d * d;
-    }
-    float rstd = rsqrtf(block_sum(q, red) / (float)n + eps);
-#pragma unroll
-    for (unsigned i = 0; i < NORM_PER; ++i) {
-        unsigned j = threadIdx.x + i * blockDim.x;
-        if (j < n) out[j] = st((v[i] - mean) * rstd * gk[i] + bk[i]);
-    }
-}
-
-extern "C" __global__ void layer_norm(T *out, const T *x, const T *g, const T *b,
-                                      unsigned rows, unsigned n, float eps) {
-    __shared__ float red[32];
-    unsigned r = blockIdx.x;
-    if (r >= rows) return;
-    const T *xr = x + (size_t)r * n;
-    if (n > NORM_PER * blockDim.x) {
-        norm_row(out + (size_t)r * n, xr, g, b, n, eps, red);
-        return;
-    }
-    float v[NORM_PER];
-#pragma unroll
-    for (unsigned i = 0; i < NORM_PER; ++i) {
-        unsigned j = threadIdx.x + i * blockDim.x;
-        v[i] = j < n ? ld(xr[j]) : 0.0f;
-    }
-    norm_kept(out + (size_t)r * n, v, g, b, n, eps, red);
-}
-
-extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, const T *g,
-                                       const T *b, unsigned rows, unsigned n, float eps) {
-    __shared__ float red[32];
-    unsigned r = blockIdx.x;
-    if (r >= rows) return;
-    T *xr = x + (size_t)r * n;
-    const T *yr = y + (size_t)r * n;
-    if (n > NORM_PER * blockDim.x) {
-        /* Each thread reads back only the elements it wrote. */
-        for (unsigned j = threadIdx.x; j < n; j += blockDim.x)
-            xr[j] = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
-        norm_row(h + (size_t)r * n, xr, g, b, n, eps, red);
-        return;
-    }
-    float v[NORM_PER];
-#pragma unroll
-    for (unsigned i = 0; i < NORM_PER; ++i) {
-        unsigned j = threadIdx.x + i * blockDim.x;
-        v[i] = 0.0f;
-        if (j < n) {
-            T sum = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
-            xr[j] = sum;
-            v[i] = ld(sum);
-        }
-    }
-    norm_kept(h + (size_t)r * n, v, g, b, n, eps, red);
-}
-
-/* q · k over a head: 16-byte loads where a cached row is a whole number of them (the cache's
-   rows start 16-byte aligned then), else one element at a time. */
-__device__ __forceinline__ float dot_head(const float *q, const T *k, unsigned hd) {
-    float acc = 0.0f;
-    const unsigned per = 16u / sizeof(T);
-    if (hd % per == 0u) {
-        const uint4 *k4 = (const uint4 *)k;
-        for (unsigned i = 0; i < hd / per; ++i) {
-            uint4 w = k4[i];
-            const T *e = (const T *)&w;
-#pragma unroll
-            for (unsigned j = 0; j < per; ++j) acc += q[i * per + j] * ld(e[j]);
-        }
-    } else {
-        for (unsigned d = 0; d < hd; ++d) acc += q[d] * ld(k[d]);
-    }
-    return acc;
-}
-
-/* One block per row and head. The scores: a thread per cached position (one pass up to
-   blockDim.x positions). The weighted values: the block splits into `groups` of `hd` threads,
-   group g summing positions g, g + groups, ... with four accumulators; the groups' partial sums
-   meet in shared memory. */
-extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T *bias,
-                                     const unsigned *state, unsigned rows, unsigned heads,
-                                     unsigned hd, unsigned cap, float scale) {
-    extern __shared__ float sm[];
-    float *q = sm, *s = sm + hd, *red = sm + hd + cap, *part = red + 32;
-    unsigned bh = blockIdx.x;
-    if (bh >= rows * heads) return;
-    unsigned r = bh / heads, h = bh - r * heads, e = heads * hd;
-    unsigned pos = state[0];
-    if (pos >= cap) pos = cap - 1;
-    const T *row = qkv + (size_t)r * 3 * e;
-    size_t base = ((size_t)r * heads + h) * cap;
-    for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) {
-        unsigned c = h * hd + d;
-        q[d] = ld(st(ld(row[c]) + ld(bias[c])));
-        kc[(base + pos) * hd + d] = st(ld(row[e + c]) + ld(bias[e + c]));
-        vc[(base + pos) * hd + d] = st(ld(row[2 * e + c]) + ld(bias[2 * e + c]));
-    }
-    __syncthreads();
-    float mx = NEG_INF;
-    for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) {
-        float acc = dot_head(q, kc + (base + t) * hd, hd) * scale;
-        s[t] = acc;
-        mx = fmaxf(mx, acc);
-    }
-    mx = block_max(mx, red);
-    float sum = 0.0f;
-    for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) {
-        float p = expf(s[t] - mx);
-        s[t] = p;
-        sum += p;
-    }
-    sum = block_sum(sum, red);
-    __syncthreads();
-    unsigned width = hd < blockDim.x ? hd : blockDim.x;
-    unsigned groups = blockDim.x / width, g = threadIdx.x / width;
-    if (g < groups) {
-        for (unsigned d = threadIdx.x - g * width; d < hd; d += width) {
-            const T *v = vc + base * hd + d;
-            float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            unsigned t = g;
-            for (; t + 3u * groups <= pos; t += 4u * groups) {
-#pragma unroll
-                for (unsigned c = 0; c < 4u; ++c)
-                    a[c] += s[t + c * groups] * ld(v[(size_t)(t + c * groups) * hd]);
-            }
-            for (; t <= pos; t += groups) a[0] += s[t] * ld(v[(size_t)t * hd]);
-            part[g * hd + d] = (a[0] + a[1]) + (a[2] + a[3]);
-        }
-    }
-    __syncthreads();
-    for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (unsigned i = 0; i < groups; ++i) acc += part[i * hd + d];
-        out[(size_t)r * e + h * hd + d] = st(acc / sum);
-    }
-}
-
-extern "C" __global__ void bias_gelu(T *f, const T *bias, unsigned rows, unsigned n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows * n) return;
-    float v = ld(st(ld(f[i]) + ld(bias[i % n])));
-    f[i] = st(0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))));
-}
-
-extern "C" __global__ void argmax(unsigned *next, unsigned *history, const T *logits,
-                                  const unsigned *state, unsigned rows, unsigned vocab,
-                                  unsigned cap) {
-    __shared__ float bv[32];
-    __shared__ unsigned bi[32];
-    unsigned r = blockIdx.x;
-    if (r >= rows) return;
-    const T *l = logits + (size_t)r * vocab;
-    /* Four lanes of candidates per thread, so four loads are in flight; each keeps its first
-       maximum (its indices only grow), and the smaller index wins a tie between them. */
-    float bb[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF};
-    unsigned ii[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
-    unsigned j = threadIdx.x, bd = blockDim.x;
-    for (; j + 3u * bd < vocab; j += 4u * bd) {
-#pragma unroll
-        for (unsigned c = 0; c < 4u; ++c) {
-            float v = ld(l[j + c * bd]);
-            if (v > bb[c]) { bb[c] = v; ii[c] = j + c * bd; }
-        }
-    }
-    for (; j < vocab; j += bd) {
-        float v = ld(l[j]);
-        if (v > bb[0]) { bb[0] = v; ii[0] = j; }
-    }
-    float best = bb[0];
-    unsigned idx = ii[0];
-#pragma unroll
-    for (unsigned c = 1; c < 4u; ++c)
-        if (bb[c] > best || (bb[c] == best && ii[c] < idx)) { best = bb[c]; idx = ii[c]; }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        unsigned oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
-    }
-    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    if (lane == 0) { bv[warp] = best; bi[warp] = idx; }
-    __syncthreads();
-    if (warp == 0) {
-        unsigned warps = (blockDim.x + 31u) >> 5;
-        best = lane < warps ? bv[lane] : NEG_INF;
-        idx = lane < warps ? bi[lane] : 0xffffffffu;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            unsigned oi = __shfl_xor_sync(0xffffffffu, idx, o);
-            if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
-        }
-        if (lane == 0) {
-            if (idx >= vocab) idx = 0;
-            next[r] = idx;
-            unsigned pos = state[0];
-            if (pos < cap) history[(size_t)pos * rows + r] = idx;
-        }
-    }
-}
-
-extern "C" __global__ void advance(unsigned *state) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) state[0] += 1u;
-}
-
-/* A cache moved to room for new_cap positions: every cached position of every row and head. */
-extern "C" __global__ void copy_cache(T *dst, const T *src, unsigned blocks, unsigned old_cap,
-                                      unsigned new_cap, unsigned hd) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t per = (size_t)old_cap * hd;
-    if (i >= (size_t)blocks * per || old_cap > new_cap) return;
-    size_t b = i / per, rest = i - b * per;
-    dst[b * new_cap * hd + rest] = src[i];
-}
-
-/* The fallback GEMM where cuBLAS does not load (one thread per element of C), column-major as cuBLAS. */
-extern "C" __global__ void gemm(T *c, const T *a, const T *b, unsigned m, unsigned n, unsigned k,
-                                unsigned ta, unsigned tb, unsigned lda, unsigned ldb,
-                                unsigned ldc, float alpha, float beta) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)m * n) return;
-    unsigned i = (unsigned)(idx % m), j = (unsigned)(idx / m);
-    float acc = 0.0f;
-    for (unsigned kk = 0; kk < k; ++kk) {
-        float av = ld(ta ? a[(size_t)i * lda + kk] : a[i + (size_t)kk * lda]);
-        float bv = ld(tb ? b[j + (size_t)kk * ldb] : b[kk + (size_t)j * ldb]);
-        acc += av * bv;
-    }
-    T *cp = c + i + (size_t)j * ldc;
-    float v = alpha * acc;
-    if (beta != 0.0f) v += beta * ld(*cp);
-    *cp = st(v);
-}
-
-extern "C" __global__ void cast_f16(unsigned short *out, const float *in, unsigned n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = f2h(in[i]);
-}
-"#;
+pub const CUDA_SOURCE: &str = include_str!("kernels.cu");
 
 #[cfg(test)]
 mod tests {
@@ -539,6 +225,23 @@ mod tests {
                 sizes.iter().filter(|&&s| s == 8).count()
             );
         }
+    }
+
+    #[test]
+    fn rows_take_one_warp_where_they_are_whole_vectors_per_lane() {
+        // GPT-2 small in f16: 768 = 3 vectors of 8 per lane.
+        assert_eq!(rows_dims(1, 768, 2).block.x, 32);
+        // In f32 the same row is 6 vectors per lane: past ROW_VECS, the block-wide path.
+        assert_eq!(rows_dims(1, 768, 4).block.x, ROW_BLOCK);
+        // Not a whole number of vectors per lane.
+        assert_eq!(rows_dims(8, 64, 2).block.x, ROW_BLOCK);
+        assert_eq!(rows_dims(8, 512, 4).grid.x, 8);
+    }
+
+    #[test]
+    fn the_argmax_splits_every_row_and_keeps_a_pair_per_block() {
+        assert_eq!(argmax_dims(3).grid.x, 3 * ARGMAX_SPLIT as u32);
+        assert_eq!(argmax_partials(3), 3 * ARGMAX_SPLIT * 2);
     }
 
     #[test]

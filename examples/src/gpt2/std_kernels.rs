@@ -13,12 +13,10 @@ use devcmd_std::{KernelCtx, KernelFault, StdKernel, StdShim, as_f32, as_f32_mut}
 pub fn kernels(shim: &StdShim) -> Kernels<StdKernel> {
     Kernels {
         embed: shim.register_kernel("embed", embed),
-        layer_norm: shim.register_kernel("layer_norm", layer_norm),
         attention: shim.register_kernel("attention", attention),
         residual_ln: shim.register_kernel("residual_ln", residual_ln),
         bias_gelu: shim.register_kernel("bias_gelu", bias_gelu),
         argmax: shim.register_kernel("argmax", argmax),
-        advance: shim.register_kernel("advance", advance),
         copy_cache: shim.register_kernel("copy_cache", copy_cache),
     }
 }
@@ -63,17 +61,25 @@ fn norm_row(out: &mut [f32], x: &[f32], g: &[f32], b: &[f32], eps: f32) {
     }
 }
 
-/// `embed(x | next, prompt, wte, wpe, state | rows, embd, prompt_len, vocab, positions)`.
+/// `embed(x, h | next, prompt, wte, wpe, state, g, b | rows, embd, prompt_len, vocab,
+/// positions, eps)`: the embedding into `x`, its norm for the first layer into `h`.
 fn embed(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let (rows, embd, plen, vocab, npos) =
-        (u(ctx, 6)?, u(ctx, 7)?, u(ctx, 8)?, u(ctx, 9)?, u(ctx, 10)?);
-    let mut b = ctx.buffers_mut()?;
-    let [next, prompt, wte, wpe, state, x] = b.as_mut_slice() else {
+    let (rows, embd, plen, vocab, npos) = (
+        u(ctx, 9)?,
+        u(ctx, 10)?,
+        u(ctx, 11)?,
+        u(ctx, 12)?,
+        u(ctx, 13)?,
+    );
+    let eps = ctx.scalar_f32(14)?;
+    let mut bufs = ctx.buffers_mut()?;
+    let [next, prompt, wte, wpe, state, g, b, x, h] = bufs.as_mut_slice() else {
         return Err(F);
     };
     let (next, prompt, wte, wpe) = (as_f32(next)?, as_f32(prompt)?, as_f32(wte)?, as_f32(wpe)?);
+    let (g, b) = (sub(as_f32(g)?, 0, embd)?, sub(as_f32(b)?, 0, embd)?);
     let pos = position(as_f32(state)?)?;
-    let x = as_f32_mut(x)?;
+    let (x, h) = (as_f32_mut(x)?, as_f32_mut(h)?);
     if pos >= npos {
         return Err(F);
     }
@@ -88,24 +94,11 @@ fn embed(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
             return Err(F);
         }
         let te = sub(wte, tok * embd, embd)?;
-        for ((o, &t), &p) in sub_mut(x, r * embd, embd)?.iter_mut().zip(te).zip(pe) {
+        let xr = sub_mut(x, r * embd, embd)?;
+        for ((o, &t), &p) in xr.iter_mut().zip(te).zip(pe) {
             *o = t + p;
         }
-    }
-    Ok(())
-}
-
-/// `layer_norm(out | x, g, b | rows, n, eps)`.
-fn layer_norm(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let (rows, n, eps) = (u(ctx, 4)?, u(ctx, 5)?, ctx.scalar_f32(6)?);
-    let mut bufs = ctx.buffers_mut()?;
-    let [x, g, b, out] = bufs.as_mut_slice() else {
-        return Err(F);
-    };
-    let (x, g, b, out) = (as_f32(x)?, as_f32(g)?, as_f32(b)?, as_f32_mut(out)?);
-    let (g, b) = (sub(g, 0, n)?, sub(b, 0, n)?);
-    for r in 0..rows {
-        norm_row(sub_mut(out, r * n, n)?, sub(x, r * n, n)?, g, b, eps);
+        norm_row(sub_mut(h, r * embd, embd)?, xr, g, b, eps);
     }
     Ok(())
 }
@@ -223,15 +216,18 @@ pub fn argmax_of(l: &[f32]) -> usize {
     best.0
 }
 
-/// `argmax(next, history | logits, state | rows, vocab, cap)`.
+/// `argmax(next, history, state, partials, count | logits | rows, vocab, cap)`: each row's
+/// token into `next` and `history`, then the next step works on the next position (the
+/// partials and count are the CUDA kernel's scratch: untouched here).
 fn argmax(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let (rows, vocab, cap) = (u(ctx, 4)?, u(ctx, 5)?, u(ctx, 6)?);
+    let (rows, vocab, cap) = (u(ctx, 6)?, u(ctx, 7)?, u(ctx, 8)?);
     let mut bufs = ctx.buffers_mut()?;
-    let [logits, state, next, history] = bufs.as_mut_slice() else {
+    let [logits, next, history, state, _, _] = bufs.as_mut_slice() else {
         return Err(F);
     };
-    let (logits, pos) = (as_f32(logits)?, position(as_f32(state)?)?);
-    let (next, history) = (as_f32_mut(next)?, as_f32_mut(history)?);
+    let logits = as_f32(logits)?;
+    let (next, history, state) = (as_f32_mut(next)?, as_f32_mut(history)?, as_f32_mut(state)?);
+    let pos = position(state)?;
     if pos >= cap {
         return Err(F);
     }
@@ -240,14 +236,8 @@ fn argmax(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
         *next.get_mut(r).ok_or(F)? = tok;
         *history.get_mut(pos * rows + r).ok_or(F)? = tok;
     }
-    Ok(())
-}
-
-/// `advance(state)`: the next step works on the next position.
-fn advance(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let state = as_f32_mut(ctx.buffer_mut(0)?)?;
-    let pos = state.first_mut().ok_or(F)?;
-    *pos = f32::from_bits(pos.to_bits().wrapping_add(1));
+    let at = state.first_mut().ok_or(F)?;
+    *at = f32::from_bits(at.to_bits().wrapping_add(1));
     Ok(())
 }
 

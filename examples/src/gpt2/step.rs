@@ -9,9 +9,10 @@
 
 use super::decode::{Backend, DeviceModel};
 use super::kernels::{
-    argmax_dims, attention_dims, elem_dims, f32s, head, launch, linear, rows_dims, u32s,
+    argmax_dims, argmax_partials, attention_dims, elem_dims, f32s, head, launch, linear, rows_dims,
+    u32s,
 };
-use devcmd::{Command, Handle, LaunchDims, ServerError, Shim};
+use devcmd::{Command, Handle, ServerError, Shim};
 
 /// The step's buffers and the KV cache, reserved once for a run.
 #[derive(Debug)]
@@ -46,6 +47,10 @@ pub struct Workspace {
     pub prompt: Handle,
     /// `[position, 0, 0, 0]` (u32).
     pub state: Handle,
+    /// The argmax's partials (u32 pairs, scratch).
+    pub argmax_part: Handle,
+    /// The argmax's count (u32, 0 between launches).
+    pub argmax_count: Handle,
     /// Each layer's keys `[rows][heads][cap][head_dim]`.
     pub k: Vec<Handle>,
     /// Each layer's values.
@@ -101,6 +106,8 @@ pub fn workspace<S: Shim>(
     let next = cmd.create(&u32_bytes(vec![0; rows]))?;
     let history = cmd.create(&u32_bytes(vec![0; rows * passes]))?;
     let state = cmd.create(&u32_bytes([0; 4]))?;
+    let argmax_part = cmd.empty((argmax_partials(rows) * 4) as u64)?;
+    let argmax_count = cmd.create(&u32_bytes([0]))?;
     Ok(Workspace {
         rows,
         prompt_len,
@@ -117,6 +124,8 @@ pub fn workspace<S: Shim>(
         history,
         prompt,
         state,
+        argmax_part,
+        argmax_count,
         k,
         v,
     })
@@ -156,8 +165,9 @@ pub fn grow<S: Shim, B: Backend<S>>(
 
 /// Kernel launches and GEMMs of one step for a model of `layers` layers.
 pub fn launches_per_step(layers: usize) -> usize {
-    // embed, ln; per layer 4 GEMMs, attention, 2 residual norms, GELU; head GEMM, argmax, advance.
-    2 + 8 * layers + 3
+    // embed (and the first norm); per layer 4 GEMMs, attention, 2 residual norms, GELU; head
+    // GEMM, argmax (which advances the position).
+    1 + 8 * layers + 2
 }
 
 /// Enqueues one decoding step on `cmd` (eagerly, or into a recording).
@@ -176,28 +186,29 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
     let k = be.kernels();
     let (rows, e, gt) = (ws.rows, c.embd, m.dtype.gemm());
     let eps = f32s(c.eps);
+    let first = &t.layers[0];
     launch(
         cmd,
         &k.embed,
-        rows_dims(rows),
-        &[&ws.next, &ws.prompt, &t.wte, &t.wpe, &ws.state],
-        &[&ws.x],
+        rows_dims(rows, e, m.dtype.bytes()),
+        &[
+            &ws.next,
+            &ws.prompt,
+            &t.wte,
+            &t.wpe,
+            &ws.state,
+            &first.ln1_g,
+            &first.ln1_b,
+        ],
+        &[&ws.x, &ws.h],
         &[
             u32s(rows),
             u32s(e),
             u32s(ws.prompt_len),
             u32s(c.vocab),
             u32s(c.positions),
+            eps,
         ],
-    )?;
-    let first = &t.layers[0];
-    launch(
-        cmd,
-        &k.layer_norm,
-        rows_dims(rows),
-        &[&ws.x, &first.ln1_g, &first.ln1_b],
-        &[&ws.h],
-        &[u32s(rows), u32s(e), eps],
     )?;
     for (l, layer) in t.layers.iter().enumerate() {
         let qkv = linear(gt, rows, e, 3 * e);
@@ -221,7 +232,7 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         launch(
             cmd,
             &k.residual_ln,
-            rows_dims(rows),
+            rows_dims(rows, e, m.dtype.bytes()),
             &[&ws.y, &layer.proj_b, &layer.ln2_g, &layer.ln2_b],
             &[&ws.x, &ws.h],
             &[u32s(rows), u32s(e), eps],
@@ -246,7 +257,7 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         launch(
             cmd,
             &k.residual_ln,
-            rows_dims(rows),
+            rows_dims(rows, e, m.dtype.bytes()),
             &[&ws.y, &layer.out_b, g, b],
             &[&ws.x, &ws.h],
             &[u32s(rows), u32s(e), eps],
@@ -258,9 +269,14 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
         cmd,
         &k.argmax,
         argmax_dims(rows),
-        &[&ws.logits, &ws.state],
-        &[&ws.next, &ws.history],
+        &[&ws.logits],
+        &[
+            &ws.next,
+            &ws.history,
+            &ws.state,
+            &ws.argmax_part,
+            &ws.argmax_count,
+        ],
         &[u32s(rows), u32s(c.vocab), u32s(ws.history_cap)],
-    )?;
-    launch(cmd, &k.advance, LaunchDims::SINGLE, &[], &[&ws.state], &[])
+    )
 }

@@ -1,0 +1,470 @@
+/* The decoding step's kernels in CUDA C: see kernels.rs, which includes this file. */
+__device__ __forceinline__ float h2f(unsigned short v) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v)); return f;
+}
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short v; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v) : "f"(f)); return v;
+}
+#ifdef GPT2_HALF
+typedef unsigned short T;
+__device__ __forceinline__ float ld(T v) { return h2f(v); }
+__device__ __forceinline__ T st(float f) { return f2h(f); }
+#else
+typedef float T;
+__device__ __forceinline__ float ld(T v) { return v; }
+__device__ __forceinline__ T st(float f) { return f; }
+#endif
+#define NEG_INF __int_as_float(0xff800000)
+
+/* Block-wide sum and max over a block of whole warps; every thread gets the result. */
+__device__ float block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    unsigned warps = (blockDim.x + 31u) >> 5;
+    v = lane < warps ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ float block_max(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    unsigned warps = (blockDim.x + 31u) >> 5;
+    v = lane < warps ? red[lane] : NEG_INF;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* out = layer norm of x (already in T) with g, b: mean, then the biased variance around it. */
+__device__ void norm_row(T *out, const T *x, const T *g, const T *b, unsigned n, float eps,
+                         float *red) {
+    float s = 0.0f;
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) s += ld(x[j]);
+    float mean = block_sum(s, red) / (float)n;
+    float q = 0.0f;
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x) { float d = ld(x[j]) - mean; q += d * d; }
+    float rstd = rsqrtf(block_sum(q, red) / (float)n + eps);
+    for (unsigned j = threadIdx.x; j < n; j += blockDim.x)
+        out[j] = st((ld(x[j]) - mean) * rstd * ld(g[j]) + ld(b[j]));
+}
+
+/* Elements of a row a thread keeps in registers: rows up to NORM_PER * blockDim.x wide are
+   normed from registers (one read of the row), wider ones by norm_row. */
+#define NORM_PER 8u
+
+/* norm_row over a row kept in registers: v[i] is element threadIdx.x + i * blockDim.x (in T's
+   precision), 0 past n. The scale and shift are read before the reductions, beside the row. */
+__device__ __forceinline__ void norm_kept(T *out, const float *v, const T *g, const T *b,
+                                          unsigned n, float eps, float *red) {
+    float gk[NORM_PER], bk[NORM_PER];
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        gk[i] = j < n ? ld(g[j]) : 0.0f;
+        bk[i] = j < n ? ld(b[j]) : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) s += v[i];
+    float mean = block_sum(s, red) / (float)n;
+    float q = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        float d = j < n ? v[i] - mean : 0.0f;
+        q += d * d;
+    }
+    float rstd = rsqrtf(block_sum(q, red) / (float)n + eps);
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        if (j < n) out[j] = st((v[i] - mean) * rstd * gk[i] + bk[i]);
+    }
+}
+
+/* One-warp rows: a block of 32 threads holds a row of n elements in registers, lane l keeping
+   16-byte vectors l, l + 32, ... (ROW_VECS at most); loads and stores are 16 bytes and the
+   reductions shuffles alone, so the row costs one round trip to memory. Taken where the host
+   launched 32 threads, n is a whole number of vectors per lane and every row is 16-byte aligned
+   (else the kernels fall back to the block-wide path). */
+#define ROW_VECS 4u
+#define VEC (16u / (unsigned)sizeof(T))
+union V16 { uint4 u; T e[16u / sizeof(T)]; };
+
+__device__ __forceinline__ bool al16(const void *p) { return ((size_t)p & 15u) == 0u; }
+
+__device__ __forceinline__ bool warp_row(unsigned n) {
+    return blockDim.x == 32u && n % (32u * VEC) == 0u && n / (32u * VEC) <= ROW_VECS;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* out = layer norm of the row the warp holds in v (0 past the row's vectors) with g, b. */
+__device__ __forceinline__ void warp_norm(T *out, const float *v, const T *g, const T *b,
+                                          unsigned n, float eps) {
+    unsigned lane = threadIdx.x, nv = n / (32u * VEC);
+    const uint4 *g4 = (const uint4 *)g, *b4 = (const uint4 *)b;
+    V16 gk[ROW_VECS], bk[ROW_VECS];
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS; ++i)
+        if (i < nv) { gk[i].u = g4[i * 32u + lane]; bk[i].u = b4[i * 32u + lane]; }
+    float s = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS * VEC; ++i) s += v[i];
+    float mean = warp_sum(s) / (float)n;
+    float q = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS * VEC; ++i) {
+        float d = i / VEC < nv ? v[i] - mean : 0.0f;
+        q += d * d;
+    }
+    float rstd = rsqrtf(warp_sum(q) / (float)n + eps);
+    uint4 *o4 = (uint4 *)out;
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS; ++i) {
+        if (i < nv) {
+            V16 o;
+#pragma unroll
+            for (unsigned j = 0; j < VEC; ++j)
+                o.e[j] = st((v[i * VEC + j] - mean) * rstd * ld(gk[i].e[j]) + ld(bk[i].e[j]));
+            o4[i * 32u + lane] = o.u;
+        }
+    }
+}
+
+/* The row's embedding (token plus position) into x, and its norm for the first layer into h. */
+extern "C" __global__ void embed(T *x, T *h, const unsigned *next, const unsigned *prompt,
+                                 const T *wte, const T *wpe, const unsigned *state, const T *g,
+                                 const T *b, unsigned rows, unsigned embd, unsigned prompt_len,
+                                 unsigned vocab, unsigned positions, float eps) {
+    __shared__ float red[32];
+    unsigned r = blockIdx.x;
+    if (r >= rows) return;
+    unsigned pos = state[0];
+    unsigned tok = pos < prompt_len ? prompt[(size_t)pos * rows + r] : next[r];
+    if (tok >= vocab) tok = vocab - 1;
+    if (pos >= positions) pos = positions - 1;
+    T *xr = x + (size_t)r * embd;
+    const T *te = wte + (size_t)tok * embd, *pe = wpe + (size_t)pos * embd;
+    if (warp_row(embd) && al16(xr) && al16(te) && al16(pe) && al16(h) && al16(g) && al16(b)) {
+        unsigned lane = threadIdx.x, nv = embd / (32u * VEC);
+        const uint4 *t4 = (const uint4 *)te, *p4 = (const uint4 *)pe;
+        uint4 *x4 = (uint4 *)xr;
+        float v[ROW_VECS * VEC];
+#pragma unroll
+        for (unsigned i = 0; i < ROW_VECS; ++i) {
+            if (i < nv) {
+                V16 a, c, o;
+                a.u = t4[i * 32u + lane];
+                c.u = p4[i * 32u + lane];
+#pragma unroll
+                for (unsigned j = 0; j < VEC; ++j) {
+                    o.e[j] = st(ld(a.e[j]) + ld(c.e[j]));
+                    v[i * VEC + j] = ld(o.e[j]);
+                }
+                x4[i * 32u + lane] = o.u;
+            } else {
+#pragma unroll
+                for (unsigned j = 0; j < VEC; ++j) v[i * VEC + j] = 0.0f;
+            }
+        }
+        warp_norm(h + (size_t)r * embd, v, g, b, embd, eps);
+        return;
+    }
+    if (embd > NORM_PER * blockDim.x) {
+        /* Each thread reads back only the elements it wrote. */
+        for (unsigned j = threadIdx.x; j < embd; j += blockDim.x) xr[j] = st(ld(te[j]) + ld(pe[j]));
+        norm_row(h + (size_t)r * embd, xr, g, b, embd, eps, red);
+        return;
+    }
+    float v[NORM_PER];
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        v[i] = 0.0f;
+        if (j < embd) {
+            T sum = st(ld(te[j]) + ld(pe[j]));
+            xr[j] = sum;
+            v[i] = ld(sum);
+        }
+    }
+    norm_kept(h + (size_t)r * embd, v, g, b, embd, eps, red);
+}
+
+extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, const T *g,
+                                       const T *b, unsigned rows, unsigned n, float eps) {
+    __shared__ float red[32];
+    unsigned r = blockIdx.x;
+    if (r >= rows) return;
+    T *xr = x + (size_t)r * n;
+    const T *yr = y + (size_t)r * n;
+    if (warp_row(n) && al16(xr) && al16(yr) && al16(bias) && al16(h) && al16(g) && al16(b)) {
+        unsigned lane = threadIdx.x, nv = n / (32u * VEC);
+        const uint4 *y4 = (const uint4 *)yr, *c4 = (const uint4 *)bias;
+        uint4 *x4 = (uint4 *)xr;
+        float v[ROW_VECS * VEC];
+#pragma unroll
+        for (unsigned i = 0; i < ROW_VECS; ++i) {
+            if (i < nv) {
+                V16 a, yy, c, o;
+                a.u = x4[i * 32u + lane];
+                yy.u = y4[i * 32u + lane];
+                c.u = c4[i * 32u + lane];
+#pragma unroll
+                for (unsigned j = 0; j < VEC; ++j) {
+                    o.e[j] = st(ld(a.e[j]) + (ld(yy.e[j]) + ld(c.e[j])));
+                    v[i * VEC + j] = ld(o.e[j]);
+                }
+                x4[i * 32u + lane] = o.u;
+            } else {
+#pragma unroll
+                for (unsigned j = 0; j < VEC; ++j) v[i * VEC + j] = 0.0f;
+            }
+        }
+        warp_norm(h + (size_t)r * n, v, g, b, n, eps);
+        return;
+    }
+    if (n > NORM_PER * blockDim.x) {
+        /* Each thread reads back only the elements it wrote. */
+        for (unsigned j = threadIdx.x; j < n; j += blockDim.x)
+            xr[j] = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
+        norm_row(h + (size_t)r * n, xr, g, b, n, eps, red);
+        return;
+    }
+    float v[NORM_PER];
+#pragma unroll
+    for (unsigned i = 0; i < NORM_PER; ++i) {
+        unsigned j = threadIdx.x + i * blockDim.x;
+        v[i] = 0.0f;
+        if (j < n) {
+            T sum = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
+            xr[j] = sum;
+            v[i] = ld(sum);
+        }
+    }
+    norm_kept(h + (size_t)r * n, v, g, b, n, eps, red);
+}
+
+/* q · k over a head: 16-byte loads where a cached row is a whole number of them (the cache's
+   rows start 16-byte aligned then), else one element at a time. */
+__device__ __forceinline__ float dot_head(const float *q, const T *k, unsigned hd) {
+    float acc = 0.0f;
+    const unsigned per = 16u / sizeof(T);
+    if (hd % per == 0u) {
+        const uint4 *k4 = (const uint4 *)k;
+        for (unsigned i = 0; i < hd / per; ++i) {
+            uint4 w = k4[i];
+            const T *e = (const T *)&w;
+#pragma unroll
+            for (unsigned j = 0; j < per; ++j) acc += q[i * per + j] * ld(e[j]);
+        }
+    } else {
+        for (unsigned d = 0; d < hd; ++d) acc += q[d] * ld(k[d]);
+    }
+    return acc;
+}
+
+/* One block per row and head. The scores: a thread per cached position (one pass up to
+   blockDim.x positions). The weighted values: the block splits into `groups` of `hd` threads,
+   group g summing positions g, g + groups, ... with eight accumulators (eight loads in flight:
+   a step is latency-bound); the groups' partial sums
+   meet in shared memory. */
+extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T *bias,
+                                     const unsigned *state, unsigned rows, unsigned heads,
+                                     unsigned hd, unsigned cap, float scale) {
+    extern __shared__ float sm[];
+    float *q = sm, *s = sm + hd, *red = sm + hd + cap, *part = red + 32;
+    unsigned bh = blockIdx.x;
+    if (bh >= rows * heads) return;
+    unsigned r = bh / heads, h = bh - r * heads, e = heads * hd;
+    unsigned pos = state[0];
+    if (pos >= cap) pos = cap - 1;
+    const T *row = qkv + (size_t)r * 3 * e;
+    size_t base = ((size_t)r * heads + h) * cap;
+    for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) {
+        unsigned c = h * hd + d;
+        q[d] = ld(st(ld(row[c]) + ld(bias[c])));
+        kc[(base + pos) * hd + d] = st(ld(row[e + c]) + ld(bias[e + c]));
+        vc[(base + pos) * hd + d] = st(ld(row[2 * e + c]) + ld(bias[2 * e + c]));
+    }
+    __syncthreads();
+    float mx = NEG_INF;
+    for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) {
+        float acc = dot_head(q, kc + (base + t) * hd, hd) * scale;
+        s[t] = acc;
+        mx = fmaxf(mx, acc);
+    }
+    mx = block_max(mx, red);
+    float sum = 0.0f;
+    for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) {
+        float p = expf(s[t] - mx);
+        s[t] = p;
+        sum += p;
+    }
+    sum = block_sum(sum, red);
+    __syncthreads();
+    unsigned width = hd < blockDim.x ? hd : blockDim.x;
+    unsigned groups = blockDim.x / width, g = threadIdx.x / width;
+    if (g < groups) {
+        for (unsigned d = threadIdx.x - g * width; d < hd; d += width) {
+            const T *v = vc + base * hd + d;
+            float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            unsigned t = g;
+            for (; t + 7u * groups <= pos; t += 8u * groups) {
+#pragma unroll
+                for (unsigned c = 0; c < 8u; ++c)
+                    a[c] += s[t + c * groups] * ld(v[(size_t)(t + c * groups) * hd]);
+            }
+            for (; t <= pos; t += groups) a[0] += s[t] * ld(v[(size_t)t * hd]);
+            part[g * hd + d] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        }
+    }
+    __syncthreads();
+    for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned i = 0; i < groups; ++i) acc += part[i * hd + d];
+        out[(size_t)r * e + h * hd + d] = st(acc / sum);
+    }
+}
+
+extern "C" __global__ void bias_gelu(T *f, const T *bias, unsigned rows, unsigned n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * n) return;
+    float v = ld(st(ld(f[i]) + ld(bias[i % n])));
+    f[i] = st(0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))));
+}
+
+/* ARGMAX_SPLIT blocks per row (gridDim.x / rows), each over a slice of the vocabulary, leave
+   their first largest value and its index in `part`; the grid's last block to count picks each
+   row's winner (the smaller index wins a tie), writes next and history, advances the position
+   and sets the count back to 0. NaNs never win; a row of nothing but NaNs gives token 0. */
+extern "C" __global__ void argmax(unsigned *next, unsigned *history, unsigned *state,
+                                  unsigned *part, unsigned *count, const T *logits,
+                                  unsigned rows, unsigned vocab, unsigned cap) {
+    __shared__ float bv[32];
+    __shared__ unsigned bi[32];
+    __shared__ unsigned last;
+    unsigned per = gridDim.x / rows;
+    unsigned r = blockIdx.x / per, sb = blockIdx.x - r * per;
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = (blockDim.x + 31u) >> 5;
+    float best = NEG_INF;
+    unsigned idx = 0xffffffffu;
+    if (r < rows) {
+        unsigned slice = (vocab + per - 1u) / per, lo = sb * slice;
+        unsigned hi = lo + slice < vocab ? lo + slice : vocab;
+        const T *l = logits + (size_t)r * vocab;
+        /* Four lanes of candidates per thread, so four loads are in flight; each keeps its
+           first maximum (its indices only grow). */
+        float bb[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF};
+        unsigned ii[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
+        unsigned j = lo + threadIdx.x, bd = blockDim.x;
+        for (; j + 3u * bd < hi; j += 4u * bd) {
+#pragma unroll
+            for (unsigned c = 0; c < 4u; ++c) {
+                float v = ld(l[j + c * bd]);
+                if (v > bb[c]) { bb[c] = v; ii[c] = j + c * bd; }
+            }
+        }
+        for (; j < hi; j += bd) {
+            float v = ld(l[j]);
+            if (v > bb[0]) { bb[0] = v; ii[0] = j; }
+        }
+        best = bb[0];
+        idx = ii[0];
+#pragma unroll
+        for (unsigned c = 1; c < 4u; ++c)
+            if (bb[c] > best || (bb[c] == best && ii[c] < idx)) { best = bb[c]; idx = ii[c]; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        unsigned oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+    }
+    if (lane == 0) { bv[warp] = best; bi[warp] = idx; }
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < warps ? bv[lane] : NEG_INF;
+        idx = lane < warps ? bi[lane] : 0xffffffffu;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            unsigned oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+        }
+        if (lane == 0 && r < rows) {
+            part[2u * blockIdx.x] = __float_as_uint(best);
+            part[2u * blockIdx.x + 1u] = idx;
+        }
+    }
+    /* Publish the partial, then count; the last block sees every other block's. */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(count, 1u) == gridDim.x - 1u;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    unsigned pos = state[0];
+    for (unsigned rr = warp; rr < rows; rr += warps) {
+        best = NEG_INF;
+        idx = 0xffffffffu;
+        for (unsigned k = lane; k < per; k += 32u) {
+            unsigned at = 2u * (rr * per + k);
+            float v = __uint_as_float(__ldcg(part + at));
+            unsigned i = __ldcg(part + at + 1u);
+            if (v > best || (v == best && i < idx)) { best = v; idx = i; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            unsigned oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+        }
+        if (lane == 0) {
+            if (idx >= vocab) idx = 0;
+            next[rr] = idx;
+            if (pos < cap) history[(size_t)pos * rows + rr] = idx;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { state[0] = pos + 1u; *count = 0u; }
+}
+
+/* A cache moved to room for new_cap positions: every cached position of every row and head. */
+extern "C" __global__ void copy_cache(T *dst, const T *src, unsigned blocks, unsigned old_cap,
+                                      unsigned new_cap, unsigned hd) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t per = (size_t)old_cap * hd;
+    if (i >= (size_t)blocks * per || old_cap > new_cap) return;
+    size_t b = i / per, rest = i - b * per;
+    dst[b * new_cap * hd + rest] = src[i];
+}
+
+/* The fallback GEMM where cuBLAS does not load (one thread per element of C), column-major as cuBLAS. */
+extern "C" __global__ void gemm(T *c, const T *a, const T *b, unsigned m, unsigned n, unsigned k,
+                                unsigned ta, unsigned tb, unsigned lda, unsigned ldb,
+                                unsigned ldc, float alpha, float beta) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)m * n) return;
+    unsigned i = (unsigned)(idx % m), j = (unsigned)(idx / m);
+    float acc = 0.0f;
+    for (unsigned kk = 0; kk < k; ++kk) {
+        float av = ld(ta ? a[(size_t)i * lda + kk] : a[i + (size_t)kk * lda]);
+        float bv = ld(tb ? b[j + (size_t)kk * ldb] : b[kk + (size_t)j * ldb]);
+        acc += av * bv;
+    }
+    T *cp = c + i + (size_t)j * ldc;
+    float v = alpha * acc;
+    if (beta != 0.0f) v += beta * ld(*cp);
+    *cp = st(v);
+}
+
+extern "C" __global__ void cast_f16(unsigned short *out, const float *in, unsigned n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(in[i]);
+}
