@@ -189,12 +189,12 @@ fn load() -> Result<String, CublasInitError> {
 }
 
 /// The status's name (`CUBLAS_STATUS_INVALID_VALUE`): the bindings' variant names are cuBLAS's.
-fn status_name(status: cb::cublasStatus_t) -> String {
+pub(crate) fn status_name(status: cb::cublasStatus_t) -> String {
     format!("{status:?}")
 }
 
 /// `Ok` for `CUBLAS_STATUS_SUCCESS`, else the library error naming the status and the call.
-fn library_result(call: &str, status: cb::cublasStatus_t) -> Result<(), LibraryError> {
+pub(crate) fn library_result(call: &str, status: cb::cublasStatus_t) -> Result<(), LibraryError> {
     if status == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         return Ok(());
     }
@@ -269,6 +269,8 @@ struct Lane {
 pub struct Cublas {
     shim: CudaShim,
     library: String,
+    /// cuBLASLt's library name, or why it did not load ([`Cublas::lt`]).
+    pub(crate) lt_library: Result<String, String>,
     version: i32,
     workspace_bytes: u64,
     /// One entry per devcmd stream that made a call; a handle made by `new` waits in `spare`.
@@ -278,6 +280,19 @@ pub struct Cublas {
 struct Lanes {
     lanes: Vec<Lane>,
     spare: Option<BlasHandle>,
+    /// cuBLASLt's handle and plans, made by the first cuBLASLt call (`cublas_lt.rs`).
+    lt: Option<LtPlans>,
+}
+
+/// cuBLASLt's state: its handle and plans, or why it could not be set up.
+pub(crate) type LtPlans = Result<crate::cublas_lt::Lt, String>;
+
+/// What a cuBLASLt call gets inside its library work: the device ranges of its operands (reads,
+/// then writes), the stream's workspace and its native stream (cuBLASLt takes both per call).
+pub(crate) struct LtCall<'s> {
+    pub(crate) spans: &'s [DeviceSpan],
+    pub(crate) workspace: &'s DeviceSpan,
+    pub(crate) native: sys::CUstream,
 }
 
 // SAFETY: the cuBLAS handles are only used under the mutex, one call at a time, with the shim's
@@ -304,6 +319,7 @@ impl Drop for Cublas {
         // Handles first (each destroy synchronises the device), then the workspaces go back to
         // their devices' drop queues.
         lanes.spare = None;
+        lanes.lt = None;
         for lane in lanes.lanes.drain(..) {
             drop(lane.handle);
             drop(lane.workspace);
@@ -350,11 +366,13 @@ impl Cublas {
         Ok(Self {
             shim: shim.clone(),
             library,
+            lt_library: crate::cublas_lt::load_lt(),
             version,
             workspace_bytes,
             lanes: Mutex::new(Lanes {
                 lanes: Vec::new(),
                 spare: Some(handle),
+                lt: None,
             }),
         })
     }
@@ -584,6 +602,63 @@ impl Cublas {
                 library_result(name, call(handle, spans))
             })
         }
+    }
+}
+
+impl Cublas {
+    /// A cuBLASLt call as library work on `cmd`'s stream, through the stream's lane (its
+    /// workspace declared among the writes, as for [`Cublas::call`]): `f` gets the cuBLASLt
+    /// state and the [`LtCall`]; an error it returns fails the written ranges.
+    ///
+    /// # Safety
+    ///
+    /// As [`Cublas::call`]: `f` enqueues only on the stream it is given, touches only the ranges
+    /// and the workspace it is given, and returns without waiting.
+    pub(crate) unsafe fn with_lt<F>(
+        &self,
+        cmd: &mut Command<'_, CudaShim>,
+        name: &'static str,
+        reads: &[&Handle],
+        writes: &[&Handle],
+        f: F,
+    ) -> Result<(), ServerError>
+    where
+        F: FnOnce(&mut LtPlans, LtCall<'_>) -> Result<(), LibraryError>,
+    {
+        let device = reads.iter().chain(writes).next().map(|h| h.issuer().device);
+        let mut guard = self.lock();
+        let lanes = &mut *guard;
+        let mut state = match lanes.lt.take() {
+            Some(state) => state,
+            None => match &self.lt_library {
+                Ok(_) => crate::cublas_lt::Lt::new(),
+                Err(why) => Err(why.clone()),
+            },
+        };
+        let result = (|| {
+            let lane = self.lane(lanes, cmd, device)?;
+            let mut all: Vec<&Handle> = Vec::with_capacity(writes.len() + 1);
+            all.extend_from_slice(writes);
+            all.push(&lane.workspace);
+            let work = LibraryWork::new(name, reads, &all);
+            // SAFETY: the caller's promise for `f`; the workspace is declared among the writes
+            // and cuBLASLt gets it per call, inside the span the core resolved for it.
+            unsafe {
+                cmd.library(work, |native, spans| {
+                    let (ws, spans) = spans.split_last().expect("the workspace is declared");
+                    f(
+                        &mut state,
+                        LtCall {
+                            spans,
+                            workspace: ws,
+                            native: *native,
+                        },
+                    )
+                })
+            }
+        })();
+        lanes.lt = Some(state);
+        result
     }
 }
 

@@ -148,6 +148,7 @@
 #![deny(missing_docs)]
 
 pub mod cublas;
+pub mod cublas_lt;
 mod device;
 mod driver;
 pub mod faults;
@@ -160,6 +161,7 @@ mod stream;
 mod vm;
 
 pub use cublas::{CUBLAS_SYMBOLS, Cublas, CublasInitError, cublas_library};
+pub use cublas_lt::LT_SYMBOLS;
 pub use device::{CudaShim, PAGE_ALIGNMENT};
 pub use driver::{
     BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, OPTIONAL_SYMBOLS, SYMBOLS,

@@ -27,7 +27,7 @@
 //! GEMM (library work).
 
 use super::config::Config;
-use super::kernels::{Kernels, SHARED_LIMIT, attention_shared_bytes};
+use super::kernels::{Kernels, SHARED_LIMIT, attention_shared_bytes, elem_dims, launch, u32s};
 use super::step::{enqueue_step, grow, workspace};
 use super::weights::{DType, ModelFile, Tensors, to_f32};
 use crate::exit::{self, BadInput};
@@ -82,6 +82,32 @@ pub trait Backend<S: Shim> {
         b: &Handle,
         c: &Handle,
     ) -> Result<(), ServerError>;
+
+    /// Enqueues `C = gelu(op(A) · op(B) + bias)` (the MLP's first layer; `bias` one value per
+    /// output feature): by default the GEMM, then the `bias_gelu` kernel over `C`; a device whose
+    /// library fuses the two (cuBLASLt's epilogue) does it in one launch.
+    ///
+    /// # Errors
+    ///
+    /// The device's refusal.
+    fn gemm_bias_gelu(
+        &self,
+        cmd: &mut Command<'_, S>,
+        g: Gemm,
+        [a, b, bias]: [&Handle; 3],
+        c: &Handle,
+    ) -> Result<(), ServerError> {
+        let (outputs, rows) = (g.m as usize, g.n as usize);
+        self.gemm(cmd, "c_fc", g, a, b, c)?;
+        launch(
+            cmd,
+            &self.kernels().bias_gelu,
+            elem_dims(rows * outputs),
+            &[bias],
+            &[c],
+            &[u32s(rows), u32s(outputs)],
+        )
+    }
 
     /// Sets up what the GEMMs need on `cmd`'s stream before a recording (cuBLAS's handle and
     /// workspace, which cannot be made while a stream records).

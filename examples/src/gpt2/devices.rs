@@ -77,6 +77,10 @@ pub struct CudaBackend {
     pub gemm: CudaKernel,
     /// The element type the kernels were compiled for.
     pub dtype: DType,
+    /// Whether the MLP's first GEMM takes its bias and GELU in cuBLASLt's epilogue (where
+    /// cuBLASLt loaded); `GPT2_SEPARATE_GELU=1` in the environment runs them as a separate
+    /// kernel instead, to measure the difference.
+    pub fused: bool,
     /// How long NVRTC and the load took.
     pub compile_time: Duration,
 }
@@ -125,6 +129,7 @@ impl CudaBackend {
             cublas,
             gemm,
             dtype,
+            fused: std::env::var_os("GPT2_SEPARATE_GELU").is_none(),
             compile_time: started.elapsed(),
         })
     }
@@ -134,10 +139,16 @@ impl CudaBackend {
         let (major, minor) = self.shim.compute_capability();
         let gemms = match &self.cublas {
             Ok(c) => format!(
-                "GEMMs: cuBLAS {} ({}) as library work, {} bytes of workspace per stream",
+                "GEMMs: cuBLAS {} ({}) as library work, {} bytes of workspace per stream; \
+                 the MLP's bias and GELU {}",
                 c.version(),
                 c.library(),
-                c.workspace_bytes()
+                c.workspace_bytes(),
+                match c.lt() {
+                    Ok(lt) if self.fused => format!("in cuBLASLt's epilogue ({lt})"),
+                    Ok(_) => "in a separate kernel (GPT2_SEPARATE_GELU)".to_owned(),
+                    Err(why) => format!("in a separate kernel ({why})"),
+                }
             ),
             Err(why) => format!("GEMMs: a plain kernel, NOT cuBLAS ({why})"),
         };
@@ -182,6 +193,33 @@ impl Backend<CudaShim> for CudaBackend {
             &[c],
             &gemm_scalars(&g),
         )
+    }
+
+    fn gemm_bias_gelu(
+        &self,
+        cmd: &mut Command<'_, CudaShim>,
+        g: Gemm,
+        [a, b, bias]: [&Handle; 3],
+        c: &Handle,
+    ) -> Result<(), ServerError> {
+        match &self.cublas {
+            // cuBLASLt's GELU-and-bias epilogue: one launch instead of two.
+            Ok(cublas) if self.fused && cublas.lt().is_ok() => {
+                cublas.gemm_bias_gelu(cmd, g, a, b, bias, c)
+            }
+            _ => {
+                self.gemm(cmd, "c_fc", g, a, b, c)?;
+                let (outputs, rows) = (g.m as usize, g.n as usize);
+                launch(
+                    cmd,
+                    &self.kernels.bias_gelu,
+                    elem_dims(rows * outputs),
+                    &[bias],
+                    &[c],
+                    &[u32s(rows), u32s(outputs)],
+                )
+            }
+        }
     }
 
     fn prepare(&self, cmd: &mut Command<'_, CudaShim>) -> Result<(), ServerError> {

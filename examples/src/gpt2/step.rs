@@ -238,15 +238,7 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
             &[u32s(rows), u32s(e), eps],
         )?;
         let fc = linear(gt, rows, e, c.inner);
-        be.gemm(cmd, "c_fc", fc, &layer.fc_w, &ws.h, &ws.f)?;
-        launch(
-            cmd,
-            &k.bias_gelu,
-            elem_dims(rows * c.inner),
-            &[&layer.fc_b],
-            &[&ws.f],
-            &[u32s(rows), u32s(c.inner)],
-        )?;
+        be.gemm_bias_gelu(cmd, fc, [&layer.fc_w, &ws.h, &layer.fc_b], &ws.f)?;
         let out = linear(gt, rows, c.inner, e);
         be.gemm(cmd, "mlp.c_proj", out, &layer.out_w, &ws.f, &ws.y)?;
         // The residual, then the next layer's first norm (or the final one).

@@ -2,6 +2,8 @@
 //! compiles that skip without NVRTC, and small page helpers.
 #![allow(dead_code)]
 
+pub mod blas;
+
 use devcmd::{CopyLayout, DeviceAddr, HostMemory, Shim};
 use devcmd_cuda::{CudaDevicePage, CudaModule, CudaShim, CudaStream};
 use std::io::Write;
