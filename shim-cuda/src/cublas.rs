@@ -231,14 +231,14 @@ impl Drop for BlasHandle {
 }
 
 /// The handle of one devcmd stream with its workspace, and what was last set on it.
-struct Lane {
+pub(crate) struct Lane {
     /// `Issuer::device` of the device the stream belongs to.
     device: u32,
     /// The devcmd stream's index.
     stream: u32,
     handle: BlasHandle,
     /// A devcmd allocation on that stream, declared as a write of every call.
-    workspace: Handle,
+    pub(crate) workspace: Handle,
     /// The `CUstream` last given to `cublasSetStream` (null: none yet).
     native: sys::CUstream,
     /// The workspace address last given to `cublasSetWorkspace` (0: none since the last
@@ -267,7 +267,7 @@ struct Lane {
 /// # }
 /// ```
 pub struct Cublas {
-    shim: CudaShim,
+    pub(crate) shim: CudaShim,
     library: String,
     /// cuBLASLt's library name, or why it did not load ([`Cublas::lt`]).
     pub(crate) lt_library: Result<String, String>,
@@ -277,22 +277,12 @@ pub struct Cublas {
     lanes: Mutex<Lanes>,
 }
 
-struct Lanes {
+pub(crate) struct Lanes {
     lanes: Vec<Lane>,
     spare: Option<BlasHandle>,
-    /// cuBLASLt's handle and plans, made by the first cuBLASLt call (`cublas_lt.rs`).
-    lt: Option<LtPlans>,
-}
-
-/// cuBLASLt's state: its handle and plans, or why it could not be set up.
-pub(crate) type LtPlans = Result<crate::cublas_lt::Lt, String>;
-
-/// What a cuBLASLt call gets inside its library work: the device ranges of its operands (reads,
-/// then writes), the stream's workspace and its native stream (cuBLASLt takes both per call).
-pub(crate) struct LtCall<'s> {
-    pub(crate) spans: &'s [DeviceSpan],
-    pub(crate) workspace: &'s DeviceSpan,
-    pub(crate) native: sys::CUstream,
+    /// cuBLASLt's handle and plans, made by [`Cublas::prepare`] or the first cuBLASLt call
+    /// (`cublas_lt.rs`).
+    pub(crate) lt: Option<crate::cublas_lt::Lt>,
 }
 
 // SAFETY: the cuBLAS handles are only used under the mutex, one call at a time, with the shim's
@@ -402,7 +392,8 @@ impl Cublas {
 
     /// Creates the cuBLAS handle and workspace of `cmd`'s stream now, where the first call would
     /// otherwise: before a stream records (creating them is refused while any stream of the
-    /// device records). Does nothing on a stream already set up.
+    /// device records), and cuBLASLt's handle where cuBLASLt loaded. Does nothing on a stream
+    /// already set up.
     ///
     /// # Errors
     ///
@@ -411,16 +402,21 @@ impl Cublas {
     /// `"cuBLAS set-up"`, the status's name).
     pub fn prepare(&self, cmd: &mut Command<'_, CudaShim>) -> Result<(), ServerError> {
         let mut lanes = self.lock();
-        self.lane(&mut lanes, cmd, None).map(|_| ())
+        self.lane(&mut lanes, cmd, None)?;
+        // cuBLASLt's handle too, where it loaded (it may allocate on the device).
+        if self.lt_library.is_ok() {
+            self.ensure_lt(&mut lanes, cmd)?;
+        }
+        Ok(())
     }
 
-    fn lock(&self) -> MutexGuard<'_, Lanes> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Lanes> {
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The lane of `cmd`'s stream on `device` (the device that issued the call's operands; when
     /// `None`, `cmd`'s), created if missing.
-    fn lane<'l>(
+    pub(crate) fn lane<'l>(
         &self,
         lanes: &'l mut Lanes,
         cmd: &mut Command<'_, CudaShim>,
@@ -602,63 +598,6 @@ impl Cublas {
                 library_result(name, call(handle, spans))
             })
         }
-    }
-}
-
-impl Cublas {
-    /// A cuBLASLt call as library work on `cmd`'s stream, through the stream's lane (its
-    /// workspace declared among the writes, as for [`Cublas::call`]): `f` gets the cuBLASLt
-    /// state and the [`LtCall`]; an error it returns fails the written ranges.
-    ///
-    /// # Safety
-    ///
-    /// As [`Cublas::call`]: `f` enqueues only on the stream it is given, touches only the ranges
-    /// and the workspace it is given, and returns without waiting.
-    pub(crate) unsafe fn with_lt<F>(
-        &self,
-        cmd: &mut Command<'_, CudaShim>,
-        name: &'static str,
-        reads: &[&Handle],
-        writes: &[&Handle],
-        f: F,
-    ) -> Result<(), ServerError>
-    where
-        F: FnOnce(&mut LtPlans, LtCall<'_>) -> Result<(), LibraryError>,
-    {
-        let device = reads.iter().chain(writes).next().map(|h| h.issuer().device);
-        let mut guard = self.lock();
-        let lanes = &mut *guard;
-        let mut state = match lanes.lt.take() {
-            Some(state) => state,
-            None => match &self.lt_library {
-                Ok(_) => crate::cublas_lt::Lt::new(),
-                Err(why) => Err(why.clone()),
-            },
-        };
-        let result = (|| {
-            let lane = self.lane(lanes, cmd, device)?;
-            let mut all: Vec<&Handle> = Vec::with_capacity(writes.len() + 1);
-            all.extend_from_slice(writes);
-            all.push(&lane.workspace);
-            let work = LibraryWork::new(name, reads, &all);
-            // SAFETY: the caller's promise for `f`; the workspace is declared among the writes
-            // and cuBLASLt gets it per call, inside the span the core resolved for it.
-            unsafe {
-                cmd.library(work, |native, spans| {
-                    let (ws, spans) = spans.split_last().expect("the workspace is declared");
-                    f(
-                        &mut state,
-                        LtCall {
-                            spans,
-                            workspace: ws,
-                            native: *native,
-                        },
-                    )
-                })
-            }
-        })();
-        lanes.lt = Some(state);
-        result
     }
 }
 

@@ -14,13 +14,24 @@
 //! ([`Cublas::lt`] says which it is). The activation is GPT-2's tanh GELU (cuBLASLt's
 //! `CUBLASLT_EPILOGUE_GELU_BIAS`), applied in fp32 before the one rounding to C's type.
 //!
-//! Every call sets the bias pointer on its plan's description (host state, read when the call
-//! enqueues), so a plan serves every bias; nothing here allocates device memory, so a first call
-//! of a shape may be recorded into a graph.
+//! **Set-up happens before anything is enqueued.** The cuBLASLt handle (made with the shim's
+//! context bound, by [`Cublas::prepare`] or the first call, never while a stream records: it may
+//! allocate on the device) and the plan of a shape (host state: the heuristic is asked with the
+//! operands' alignments and the stream's workspace) are made before the library work; when
+//! either fails, or the bias does not start on a 16-byte boundary (the epilogue reads it 16 bytes
+//! at a time), the call returns [`LaunchError::Library`] with work [`LT_SETUP`] and nothing is
+//! enqueued or marked, so a caller may run the GEMM and the activation separately instead.
+//!
+//! Every call sets the bias pointer on its plan's description under the [`Cublas`]'s mutex, just
+//! before `cublasLtMatmul`, which reads the description while it enqueues: a recorded call keeps
+//! the bias it was recorded with, whatever later calls of the shape set.
 
-use crate::cublas::{Cublas, LtPlans, library_result};
+use crate::cublas::{Cublas, Lanes, library_result};
 use cudarc::cublaslt::sys as lt;
-use devcmd::{Command, Gemm, GemmType, Handle, ServerError, Validation};
+use devcmd::{
+    CapturePhase, Command, Gemm, GemmType, Handle, LaunchError, LibraryError, LibraryWork,
+    ServerError, ShimOp, Validation,
+};
 use std::ffi::c_void;
 
 /// Every cuBLASLt function this module calls, checked in the loaded library before the first
@@ -73,12 +84,46 @@ pub(crate) fn load_lt() -> Result<String, String> {
     Ok(library)
 }
 
-/// What a plan is for: a GEMM's shape, types and transposes.
+/// The work name of a failure to set a cuBLASLt call up ([`LaunchError::Library`]): nothing
+/// was enqueued or marked.
+pub const LT_SETUP: &str = "cuBLASLt set-up";
+
+/// What a plan is for: a GEMM's shape, types, transposes and the alignment of A, B and C.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Key {
     dtype: GemmType,
     dims: [u32; 6],
     trans: (bool, bool),
+    align: [u32; 3],
+}
+
+/// The alignment of `h`'s first byte, up to 256 (a devcmd allocation starts on a 256-byte
+/// boundary; a view starts at its offset into it).
+fn alignment(h: &Handle) -> u32 {
+    match h.offset() {
+        0 => 256,
+        o => 1u32 << o.trailing_zeros().min(8),
+    }
+}
+
+/// A set-up failure as the error a call returns (nothing enqueued).
+fn setup_error(error: LibraryError) -> ServerError {
+    LaunchError::Library {
+        work: LT_SETUP,
+        error,
+    }
+    .into()
+}
+
+/// What a call needs of its plan, copied out of the cache (raw handles and the algorithm).
+#[derive(Clone, Copy)]
+struct Ready {
+    handle: lt::cublasLtHandle_t,
+    desc: lt::cublasLtMatmulDesc_t,
+    a: lt::cublasLtMatrixLayout_t,
+    b: lt::cublasLtMatrixLayout_t,
+    c: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
 }
 
 /// One shape's description, layouts and algorithm, made by the first call of that shape.
@@ -123,37 +168,42 @@ impl Drop for Lt {
 }
 
 impl Lt {
-    /// A new handle (host state only: no device memory, no context needed).
-    pub(crate) fn new() -> Result<Self, String> {
+    /// A new handle, for the device whose context the calling thread has bound.
+    fn new() -> Result<Self, LibraryError> {
         let mut handle = std::ptr::null_mut();
         // SAFETY: the library was checked (`load_lt`); the pointer is valid for one write.
         let s = unsafe { lt::cublasLtCreate(&mut handle) };
-        check("cublasLtCreate", s).map_err(|e| e.message)?;
+        check("cublasLtCreate", s)?;
         Ok(Self {
             handle,
             plans: Vec::new(),
         })
     }
 
-    /// The plan for `g` with the GELU-and-bias epilogue, made on first use: heuristic's first
-    /// algorithm that fits a workspace of `workspace` bytes.
-    fn plan(&mut self, g: &Gemm, workspace: u64) -> Result<&Plan, devcmd::LibraryError> {
-        let key = Key {
-            dtype: g.dtype,
-            dims: [g.m, g.n, g.k, g.lda, g.ldb, g.ldc],
-            trans: (g.trans_a, g.trans_b),
+    /// The plan for `key` with the GELU-and-bias epilogue, made on first use: the heuristic's
+    /// first algorithm for those alignments that fits a workspace of `workspace` bytes.
+    fn ready(&mut self, key: Key, workspace: u64) -> Result<Ready, LibraryError> {
+        let i = match self.plans.iter().position(|p| p.key == key) {
+            Some(i) => i,
+            None => {
+                self.plans.push(make_plan(self.handle, key, workspace)?);
+                self.plans.len() - 1
+            }
         };
-        if let Some(i) = self.plans.iter().position(|p| p.key == key) {
-            return Ok(&self.plans[i]);
-        }
-        let plan = make_plan(self.handle, key, workspace)?;
-        self.plans.push(plan);
-        Ok(self.plans.last().expect("just pushed"))
+        let p = &self.plans[i];
+        Ok(Ready {
+            handle: self.handle,
+            desc: p.desc,
+            a: p.a,
+            b: p.b,
+            c: p.c,
+            algo: p.algo,
+        })
     }
 }
 
 /// `Ok` for success, else the library error naming the call and the status.
-fn check(call: &str, s: lt::cublasStatus_t) -> Result<(), devcmd::LibraryError> {
+fn check(call: &str, s: lt::cublasStatus_t) -> Result<(), LibraryError> {
     // cuBLASLt's status is cuBLAS's (`cublasStatus_t`, the same values): report it the same way.
     // SAFETY: both enums are `#[repr(u32)]` bindings of the one C enum `cublasStatus_t`, and
     // every value cuBLASLt returns is one of cuBLAS's.
@@ -161,11 +211,7 @@ fn check(call: &str, s: lt::cublasStatus_t) -> Result<(), devcmd::LibraryError> 
     library_result(call, s)
 }
 
-fn make_plan(
-    handle: lt::cublasLtHandle_t,
-    key: Key,
-    workspace: u64,
-) -> Result<Plan, devcmd::LibraryError> {
+fn make_plan(handle: lt::cublasLtHandle_t, key: Key, workspace: u64) -> Result<Plan, LibraryError> {
     let [m, n, k, lda, ldb, ldc] = key.dims.map(u64::from);
     let ty = match key.dtype {
         GemmType::F32 => lt::cudaDataType::CUDA_R_32F,
@@ -252,6 +298,24 @@ fn make_plan(
             (&raw const bytes).cast(),
             std::mem::size_of::<u64>(),
         );
+        use lt::cublasLtMatmulPreferenceAttributes_t as P;
+        let aligns = [
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
+            (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
+        ];
+        let mut s = s;
+        for (attr, align) in aligns {
+            if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                s = lt::cublasLtMatmulPreferenceSetAttribute(
+                    pref,
+                    attr,
+                    (&raw const align).cast(),
+                    std::mem::size_of::<u32>(),
+                );
+            }
+        }
         let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
         let mut found = 0;
         let h = if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
@@ -273,11 +337,11 @@ fn make_plan(
         let _ = lt::cublasLtMatmulPreferenceDestroy(pref);
         check("cublasLtMatmulAlgoGetHeuristic", h)?;
         if found < 1 {
-            return Err(devcmd::LibraryError::new(
+            return Err(LibraryError::new(
                 15, // CUBLAS_STATUS_NOT_SUPPORTED
                 "CUBLAS_STATUS_NOT_SUPPORTED (cublasLtMatmulAlgoGetHeuristic: no algorithm for \
-                 this shape with the GELU-and-bias epilogue; use Cublas::gemm and a separate \
-                 activation)"
+                 this shape and these alignments with the GELU-and-bias epilogue; run \
+                 Cublas::gemm and the activation separately)"
                     .to_owned(),
             ));
         }
@@ -292,18 +356,46 @@ impl Cublas {
         self.lt_library.as_deref().map_err(String::as_str)
     }
 
-    /// `C = gelu(alpha op(A) op(B) + bias)` (GPT-2's tanh GELU, `bias` one value per row of C,
-    /// that is `g.m` values of `g.dtype`) on `cmd`'s stream in one cuBLASLt kernel, as library
-    /// work reading `a`, `b` and `bias` and writing `c` (and the stream's workspace), like
-    /// [`Cublas::gemm`]. `g.beta` must be 0.
+    /// The cuBLASLt handle, made now (the shim's context bound) if it is not yet; refused while
+    /// a stream of the device records.
+    pub(crate) fn ensure_lt<'l>(
+        &self,
+        lanes: &'l mut Lanes,
+        cmd: &mut Command<'_, crate::CudaShim>,
+    ) -> Result<&'l mut Lt, ServerError> {
+        if let Err(why) = &self.lt_library {
+            return Err(setup_error(LibraryError::new(-1, why.clone())));
+        }
+        if lanes.lt.is_none() {
+            if cmd.capture_phase() == CapturePhase::Recording || self.shim.is_any_stream_capturing()
+            {
+                return Err(Validation::Recording {
+                    op: "the first cuBLASLt call (cublasLtCreate may allocate device memory; \
+                         call Cublas::prepare on a stream before recording)",
+                }
+                .into());
+            }
+            self.shim
+                .context()
+                .bind(ShimOp::StreamCreate)
+                .map_err(|e| setup_error(LibraryError::new(-1, e.to_string())))?;
+            lanes.lt = Some(Lt::new().map_err(setup_error)?);
+        }
+        Ok(lanes.lt.as_mut().expect("just made"))
+    }
+
+    /// `C = gelu(alpha op(A) op(B) + beta C + bias)` (GPT-2's tanh GELU; `bias` one value per
+    /// row of C, that is `g.m` values of `g.dtype`, starting on a 16-byte boundary) on `cmd`'s
+    /// stream in one cuBLASLt kernel, as library work reading `a`, `b` and `bias` and writing
+    /// `c` (read too where `beta != 0`, like [`Cublas::gemm`]) and the stream's workspace.
     ///
     /// # Errors
     ///
     /// Those of [`Cublas::gemm`]; [`Validation::LibraryOperand`] for a `bias` shorter than
-    /// `g.m` values or a `beta` other than 0 (operand `"beta"`); [`devcmd::LaunchError::Library`]
-    /// when cuBLASLt did not load (its reason, before anything is enqueued); a shape cuBLASLt
-    /// has no algorithm for fails like any library error (`CUBLAS_STATUS_NOT_SUPPORTED`: `c`
-    /// carries it).
+    /// `g.m` values; [`LaunchError::Library`] with work [`LT_SETUP`], nothing enqueued or
+    /// marked, when cuBLASLt did not load, its handle or the shape's plan cannot be made
+    /// (`CUBLAS_STATUS_NOT_SUPPORTED` where it has no algorithm), or the bias is not 16-byte
+    /// aligned: the caller may run [`Cublas::gemm`] and the activation separately instead.
     pub fn gemm_bias_gelu(
         &self,
         cmd: &mut Command<'_, crate::CudaShim>,
@@ -316,78 +408,93 @@ impl Cublas {
         const NAME: &str = "cublasLtMatmul (GELU and bias epilogue)";
         g.check(NAME, a.len(), b.len(), c.len())?;
         let bias_bytes = u64::from(g.m) * g.dtype.bytes();
-        if bias.len() < bias_bytes || g.beta != 0.0 {
+        if bias.len() < bias_bytes {
             return Err(Validation::LibraryOperand {
                 work: NAME,
-                operand: if g.beta != 0.0 { "beta" } else { "bias" },
+                operand: "bias",
                 needs: bias_bytes,
                 found: bias.len(),
             }
             .into());
         }
-        if let Err(why) = self.lt() {
-            return Err(devcmd::LaunchError::Library {
-                work: NAME,
-                error: devcmd::LibraryError::new(-1, why.to_owned()),
-            }
-            .into());
+        if alignment(bias) < 16 {
+            return Err(setup_error(LibraryError::new(
+                -1,
+                format!(
+                    "the bias starts {} bytes into its allocation, not on a 16-byte boundary: \
+                     cuBLASLt's epilogue reads it 16 bytes at a time; give it a view that starts \
+                     on a 16-byte boundary, or run Cublas::gemm and the activation separately",
+                    bias.offset()
+                ),
+            )));
         }
+        let key = Key {
+            dtype: g.dtype,
+            dims: [g.m, g.n, g.k, g.lda, g.ldb, g.ldc],
+            trans: (g.trans_a, g.trans_b),
+            align: [alignment(a), alignment(b), alignment(c)],
+        };
         let workspace = self.workspace_bytes();
-        let alpha = g.alpha;
-        let beta = 0.0f32;
-        // SAFETY: `Gemm::check` showed that A, B and C lie inside `a`, `b` and `c`, and the
-        // bias check that `g.m` values lie inside `bias`; cuBLASLt touches those and the
-        // workspace it is given (the lane's, declared by `with_lt`), enqueues on the stream it
-        // is given and returns without waiting.
+        let mut guard = self.lock();
+        let lanes = &mut *guard;
+        let ready = self
+            .ensure_lt(lanes, cmd)?
+            .ready(key, workspace)
+            .map_err(setup_error)?;
+        let lane = self.lane(lanes, cmd, Some(a.issuer().device))?;
+        let ws = &lane.workspace;
+        // With `beta != 0` cuBLASLt reads C too: an update, as for `Cublas::gemm`.
+        let (only_c, c_and_ws, only_ws) = ([c], [c, ws], [ws]);
+        let (updates, writes): (&[&Handle], &[&Handle]) = if g.beta == 0.0 {
+            (&[], &c_and_ws)
+        } else {
+            (&only_c, &only_ws)
+        };
+        let reads = [a, b, bias];
+        let work = LibraryWork::new(NAME, &reads, writes).updating(updates);
+        let (alpha, beta) = (g.alpha, g.beta);
+        // SAFETY: `Gemm::check` showed that A, B and C lie inside `a`, `b` and `c`, and the bias
+        // check that `g.m` values lie inside `bias`, 16-byte aligned; cuBLASLt touches those and
+        // the workspace it is given (the lane's, declared among the writes: its span, whose
+        // length the plan's heuristic was bounded by), enqueues on the stream it is given and
+        // returns without waiting. The plan's objects live in the cache until the `Cublas` is
+        // dropped, and the mutex is held across the bias pointer's setting and the call.
         unsafe {
-            self.with_lt(
-                cmd,
-                NAME,
-                &[a, b, bias],
-                &[c],
-                |lt_state: &mut LtPlans, call| {
-                    let lt = match lt_state {
-                        Ok(lt) => lt,
-                        Err(why) => {
-                            return Err(devcmd::LibraryError::new(-1, why.clone()));
-                        }
-                    };
-                    let handle = lt.handle;
-                    let plan = lt.plan(&g, workspace)?;
-                    let [sa, sb, sbias, sc] = call.spans else {
-                        unreachable!("four spans: A, B, bias, C");
-                    };
-                    let ptr = sbias.addr.0 as *const c_void;
-                    check(
-                        "cublasLtMatmulDescSetAttribute",
-                        lt::cublasLtMatmulDescSetAttribute(
-                            plan.desc,
-                            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                            (&raw const ptr).cast(),
-                            std::mem::size_of::<*const c_void>(),
-                        ),
-                    )?;
-                    let s = lt::cublasLtMatmul(
-                        handle,
-                        plan.desc,
-                        (&raw const alpha).cast(),
-                        sa.addr.0 as *const c_void,
-                        plan.a,
-                        sb.addr.0 as *const c_void,
-                        plan.b,
-                        (&raw const beta).cast(),
-                        sc.addr.0 as *const c_void,
-                        plan.c,
-                        sc.addr.0 as *mut c_void,
-                        plan.c,
-                        &plan.algo,
-                        call.workspace.addr.0 as *mut c_void,
-                        usize::try_from(call.workspace.len).unwrap_or(usize::MAX),
-                        call.native.cast(),
-                    );
-                    check(NAME, s)
-                },
-            )
+            cmd.library(work, |native, spans| {
+                // Reads, updates, writes: A, B, bias, C, workspace whatever `beta` is.
+                let [sa, sb, sbias, sc, sws] = spans else {
+                    unreachable!("five spans: A, B, bias, C and the workspace");
+                };
+                let ptr = sbias.addr.0 as *const c_void;
+                check(
+                    "cublasLtMatmulDescSetAttribute",
+                    lt::cublasLtMatmulDescSetAttribute(
+                        ready.desc,
+                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                        (&raw const ptr).cast(),
+                        std::mem::size_of::<*const c_void>(),
+                    ),
+                )?;
+                let s = lt::cublasLtMatmul(
+                    ready.handle,
+                    ready.desc,
+                    (&raw const alpha).cast(),
+                    sa.addr.0 as *const c_void,
+                    ready.a,
+                    sb.addr.0 as *const c_void,
+                    ready.b,
+                    (&raw const beta).cast(),
+                    sc.addr.0 as *const c_void,
+                    ready.c,
+                    sc.addr.0 as *mut c_void,
+                    ready.c,
+                    &ready.algo,
+                    sws.addr.0 as *mut c_void,
+                    usize::try_from(sws.len).unwrap_or(usize::MAX),
+                    (*native).cast(),
+                );
+                check(NAME, s)
+            })
         }
     }
 }
@@ -433,7 +540,7 @@ mod tests {
             Ok(name) => {
                 let _ = writeln!(
                     std::io::stderr(),
-                    "skipped: {name} loads here; tests/library.rs covers the epilogue"
+                    "skipped: {name} loads here; tests/library_lt.rs covers the epilogue"
                 );
             }
             Err(why) => {

@@ -161,7 +161,7 @@ mod stream;
 mod vm;
 
 pub use cublas::{CUBLAS_SYMBOLS, Cublas, CublasInitError, cublas_library};
-pub use cublas_lt::LT_SYMBOLS;
+pub use cublas_lt::{LT_SETUP, LT_SYMBOLS};
 pub use device::{CudaShim, PAGE_ALIGNMENT};
 pub use driver::{
     BINDING_FEATURE, BINDING_VERSION, BINDINGS, CudaInitError, OPTIONAL_SYMBOLS, SYMBOLS,

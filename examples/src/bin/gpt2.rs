@@ -169,6 +169,7 @@ fn report_run(o: &Options, plan: &Plan, run: &Decoded, launches: usize) {
 /// The run as one JSON object (`--json FILE`): what ran, its times and its memory.
 fn summary(
     job: &Job<'_>,
+    launches: usize,
     run: &Decoded,
     model: &decode::DeviceModel,
     check: serde_json::Value,
@@ -185,7 +186,7 @@ fn summary(
         "new_tokens": plan.new_tokens,
         "graph": o.graph,
         "kv": match plan.kv { KvCache::Ahead => "ahead", KvCache::Grow => "grow" },
-        "launches_per_step": step::launches_per_step(job.config.layers),
+        "launches_per_step": launches,
         "first_token_ms": run.first_token.as_secs_f64() * 1e3,
         "decode_tokens_per_s": if decode_s > 0.0 {
             (rows * run.step_times.len()) as f64 / decode_s
@@ -255,7 +256,8 @@ where
         model.dtype.name()
     );
     let run = decode::decode(&mut device, backend, &model, plan)?;
-    report_run(o, plan, &run, step::launches_per_step(config.layers));
+    let launches = step::launches_per_step(config.layers, backend.fuses_bias_gelu());
+    report_run(o, plan, &run, launches);
     let mut passed = true;
     let mut checked = serde_json::Value::Null;
     if let Some(f) = fixture {
@@ -295,7 +297,7 @@ where
         }
     }
     if let Some(path) = &o.json {
-        let summary = summary(job, &run, &model, checked);
+        let summary = summary(job, launches, &run, &model, checked);
         std::fs::write(path, format!("{summary:#}\n"))
             .map_err(|e| format!("cannot write --json {}: {e}", path.display()))?;
     }

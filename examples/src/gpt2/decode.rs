@@ -109,6 +109,11 @@ pub trait Backend<S: Shim> {
         )
     }
 
+    /// Whether [`Self::gemm_bias_gelu`] runs as one launch.
+    fn fuses_bias_gelu(&self) -> bool {
+        false
+    }
+
     /// Sets up what the GEMMs need on `cmd`'s stream before a recording (cuBLAS's handle and
     /// workspace, which cannot be made while a stream records).
     ///

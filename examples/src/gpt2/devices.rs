@@ -10,8 +10,8 @@
 use super::decode::Backend;
 use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, gemm_scalars, launch, u32s};
 use super::weights::DType;
-use devcmd::{Command, Gemm, Handle, ServerError};
-use devcmd_cuda::{Cublas, CudaKernel, CudaModule, CudaShim};
+use devcmd::{Command, Gemm, Handle, LaunchError, ServerError};
+use devcmd_cuda::{Cublas, CudaKernel, CudaModule, CudaShim, LT_SETUP};
 use devcmd_std::{StdKernel, StdShim};
 use std::error::Error;
 use std::time::{Duration, Instant};
@@ -79,7 +79,8 @@ pub struct CudaBackend {
     pub dtype: DType,
     /// Whether the MLP's first GEMM takes its bias and GELU in cuBLASLt's epilogue (where
     /// cuBLASLt loaded); `GPT2_SEPARATE_GELU=1` in the environment runs them as a separate
-    /// kernel instead, to measure the difference.
+    /// kernel instead, to measure the difference (a shape cuBLASLt cannot set up runs them apart
+    /// too).
     pub fused: bool,
     /// How long NVRTC and the load took.
     pub compile_time: Duration,
@@ -129,7 +130,7 @@ impl CudaBackend {
             cublas,
             gemm,
             dtype,
-            fused: std::env::var_os("GPT2_SEPARATE_GELU").is_none(),
+            fused: std::env::var("GPT2_SEPARATE_GELU").map_or(true, |v| v.is_empty() || v == "0"),
             compile_time: started.elapsed(),
         })
     }
@@ -202,24 +203,31 @@ impl Backend<CudaShim> for CudaBackend {
         [a, b, bias]: [&Handle; 3],
         c: &Handle,
     ) -> Result<(), ServerError> {
-        match &self.cublas {
-            // cuBLASLt's GELU-and-bias epilogue: one launch instead of two.
-            Ok(cublas) if self.fused && cublas.lt().is_ok() => {
-                cublas.gemm_bias_gelu(cmd, g, a, b, bias, c)
-            }
-            _ => {
-                self.gemm(cmd, "c_fc", g, a, b, c)?;
-                let (outputs, rows) = (g.m as usize, g.n as usize);
-                launch(
-                    cmd,
-                    &self.kernels.bias_gelu,
-                    elem_dims(rows * outputs),
-                    &[bias],
-                    &[c],
-                    &[u32s(rows), u32s(outputs)],
-                )
+        if let Ok(cublas) = &self.cublas
+            && self.fuses_bias_gelu()
+        {
+            // cuBLASLt's GELU-and-bias epilogue: one launch instead of two. A set-up failure
+            // (an unaligned bias, no algorithm for the shape) enqueued nothing: run them apart.
+            match cublas.gemm_bias_gelu(cmd, g, a, b, bias, c) {
+                Err(ServerError::Launch(LaunchError::Library { work, .. })) if work == LT_SETUP => {
+                }
+                done => return done,
             }
         }
+        self.gemm(cmd, "c_fc", g, a, b, c)?;
+        let (outputs, rows) = (g.m as usize, g.n as usize);
+        launch(
+            cmd,
+            &self.kernels.bias_gelu,
+            elem_dims(rows * outputs),
+            &[bias],
+            &[c],
+            &[u32s(rows), u32s(outputs)],
+        )
+    }
+
+    fn fuses_bias_gelu(&self) -> bool {
+        self.fused && self.cublas.as_ref().is_ok_and(|c| c.lt().is_ok())
     }
 
     fn prepare(&self, cmd: &mut Command<'_, CudaShim>) -> Result<(), ServerError> {

@@ -344,8 +344,8 @@ extern "C" __global__ void bias_gelu(T *f, const T *bias, unsigned rows, unsigne
 
 /* ARGMAX_SPLIT blocks per row (gridDim.x / rows), each over a slice of the vocabulary, leave
    their first largest value and its index in `part`; the grid's last block to count picks each
-   row's winner (the smaller index wins a tie), writes next and history, advances the position
-   and sets the count back to 0. NaNs never win; a row of nothing but NaNs gives token 0. */
+   row's winner (the smaller index wins a tie), writes next and history and advances the
+   position; the count wraps back to 0 as it counts that block. NaNs never win; a row of nothing but NaNs gives token 0. */
 extern "C" __global__ void argmax(unsigned *next, unsigned *history, unsigned *state,
                                   unsigned *part, unsigned *count, const T *logits,
                                   unsigned rows, unsigned vocab, unsigned cap) {
@@ -406,7 +406,9 @@ extern "C" __global__ void argmax(unsigned *next, unsigned *history, unsigned *s
     /* Publish the partial, then count; the last block sees every other block's. */
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(count, 1u) == gridDim.x - 1u;
+    /* atomicInc wraps to 0 at the last block: the count is 0 for the next launch whatever
+       happens after. */
+    if (threadIdx.x == 0) last = atomicInc(count, gridDim.x - 1u) == gridDim.x - 1u;
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -432,7 +434,7 @@ extern "C" __global__ void argmax(unsigned *next, unsigned *history, unsigned *s
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) { state[0] = pos + 1u; *count = 0u; }
+    if (threadIdx.x == 0) state[0] = pos + 1u;
 }
 
 /* A cache moved to room for new_cap positions: every cached position of every row and head. */

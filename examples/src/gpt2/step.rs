@@ -163,11 +163,12 @@ pub fn grow<S: Shim, B: Backend<S>>(
     Ok(())
 }
 
-/// Kernel launches and GEMMs of one step for a model of `layers` layers.
-pub fn launches_per_step(layers: usize) -> usize {
-    // embed (and the first norm); per layer 4 GEMMs, attention, 2 residual norms, GELU; head
-    // GEMM, argmax (which advances the position).
-    1 + 8 * layers + 2
+/// Kernel launches and GEMMs of one step for a model of `layers` layers (`fused`: the MLP's
+/// bias and GELU ride its first GEMM).
+pub fn launches_per_step(layers: usize, fused: bool) -> usize {
+    // embed (and the first norm); per layer 4 GEMMs, attention, 2 residual norms, GELU (unless
+    // fused); head GEMM, argmax (which advances the position).
+    1 + (8 - usize::from(fused)) * layers + 2
 }
 
 /// Enqueues one decoding step on `cmd` (eagerly, or into a recording).
