@@ -35,6 +35,7 @@ pub mod command;
 pub mod copy;
 pub mod device;
 mod device_report;
+mod host_report;
 pub mod drop_queue;
 #[cfg(test)]
 mod drop_queue_model;
@@ -67,11 +68,12 @@ pub struct ReadmeDoctests;
 pub use bytemuck::Pod;
 pub use capture::{CapturePhase, Graph, Recording};
 pub use command::{
-    Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ModeWindow, ReadFuture,
+    Command, CopyPath, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ModeWindow, ReadFuture,
     ReadRequest, ReadToFuture, SyncFuture,
 };
 pub use copy::{CopyLayout, CopyPiece, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};
+pub use host_report::HostReport;
 pub use drop_queue::{Awaiting, DropPolicy, DropStats};
 pub use error::{
     CaptureError, DriverError, Fault, IoError, LaunchError, LibraryError, ServerError, ShimOp,
