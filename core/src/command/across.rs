@@ -18,9 +18,10 @@
 //!   bytes carry a new failure on the destination device whose root is the source's, and the
 //!   call returns [`ServerError::Skipped`].
 //! - **The drop queue.** The destination stream keeps the destination's memory as for any
-//!   write; the source stream's waits above keep the source's (and the source binding also rides
-//!   the destination's drop queue, so the allocation outlives the copy even where the source
-//!   stream's wait could not be enqueued).
+//!   write; the source stream's wait after the copy keeps the source's: what its drop queue
+//!   frees later waits for a fence recorded after that wait, and the slices it reuses at once
+//!   are written only by work enqueued after it. Where that wait cannot be enqueued, the
+//!   source's binding rides the destination's drop queue instead (and the call fails).
 //! - **Capture.** Refused while a stream of either device records: a recording cannot wait on
 //!   another device's work.
 //! - **Staged** (no peer access): a read of the source into host memory on the source device
@@ -128,9 +129,10 @@ impl<S: Shim> Command<'_, S> {
             .stream_wait_event(draw, &before)
             .map_err(|e| d.ledger.call_failed(e))?;
         // SAFETY: both ranges were resolved just now to live ranges of their allocations (the
-        // target's checks), of `src.len()` bytes each; the destination's allocation rides its
-        // stream's queue as for any write, the source's its binding below and the source
-        // stream's wait after the copy, so neither page is freed before a fence after the copy.
+        // target's checks), of `src.len()` bytes each; the destination's allocation is kept as
+        // for any write on its stream, the source's by the source stream's wait after the copy
+        // (or its binding in the destination's drop queue), so neither page is freed before a
+        // fence after the copy.
         let copied = unsafe {
             d.shim.copy_peer(
                 draw,
@@ -143,17 +145,23 @@ impl<S: Shim> Command<'_, S> {
         .map_err(|e| ServerError::from(d.ledger.call_failed(e)));
         self.settle_writes(core::iter::once(view(dst)), &copied);
         copied?;
+        // The source stream waits for the copy: its own fences cover it from now on.
         let (d, s) = (&mut *self.device, &mut *from.device);
         let dstream = d.streams[self.stream].as_mut().expect("exists");
-        dstream.drops.push(DropItem::Binding(src.binding()));
-        let after = d
-            .shim
-            .record_event(&dstream.raw)
-            .map_err(|e| d.ledger.call_failed(e))?;
         let sstream = s.streams[from.stream].as_ref().expect("exists");
-        s.shim
-            .stream_wait_event(&sstream.raw, &after)
-            .map_err(|e| s.ledger.call_failed(e))?;
+        let waited = match d.shim.record_event(&dstream.raw) {
+            Ok(after) => s
+                .shim
+                .stream_wait_event(&sstream.raw, &after)
+                .map_err(|e| s.ledger.call_failed(e)),
+            Err(e) => Err(d.ledger.call_failed(e)),
+        };
+        if let Err(e) = waited {
+            // The source's fences do not cover the copy: its allocation rides the destination's
+            // drop queue instead, released after a fence there.
+            dstream.drops.push(DropItem::Binding(src.binding()));
+            return Err(e.into());
+        }
         if self.current().drops.should_flush() {
             self.flush_after_enqueue()?;
         }
