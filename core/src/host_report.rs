@@ -60,6 +60,10 @@ impl core::fmt::Display for HostReport {
         if let Some(b) = self.budget() {
             write!(f, " of {} budgeted", ReadableBytes(b))?;
         }
-        write!(f, ", pinned host pages {}", ReadableBytes(self.pinned_host()))
+        write!(
+            f,
+            ", pinned host pages {}",
+            ReadableBytes(self.pinned_host())
+        )
     }
 }

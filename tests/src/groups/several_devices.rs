@@ -83,8 +83,14 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
             let (so, dof) = (3 + i, 11 + 2 * i);
             let src_bytes = pattern(n + so + 5, seed.wrapping_add(dir as u8));
             let dst_bytes = pattern(n + dof + 9, 200u8.wrapping_sub(seed));
-            let src = must(from.create(s0, &src_bytes), format!("{what}: create source"));
-            let dst = must(to.create(s0, &dst_bytes), format!("{what}: create destination"));
+            let src = must(
+                from.create(s0, &src_bytes),
+                format!("{what}: create source"),
+            );
+            let dst = must(
+                to.create(s0, &dst_bytes),
+                format!("{what}: create destination"),
+            );
             let sv = src.view(so as u64, n as u64).expect("source view");
             let dv = dst.view(dof as u64, n as u64).expect("destination view");
             let want_path = path(to, from);
@@ -156,7 +162,10 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
         b.launch(s0, TestKernel::SlowAdd, 1, &[&busy_in], &[&busy_out]),
         "slow kernel on B",
     );
-    must(copy(&mut b, s0, &dst, &mut a, StreamId(1), &src), "copy behind it");
+    must(
+        copy(&mut b, s0, &dst, &mut a, StreamId(1), &src),
+        "copy behind it",
+    );
     drop(src);
     must(a.cleanup_all(), "clean A up with the copy in flight");
     b.expect_read(
@@ -196,7 +205,10 @@ fn failure_across<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mode) {
     let refused = a.launch(s0, TestKernel::Fill, 1, &[], &[&x]);
     probe.clear();
     a.probe = Some(probe);
-    assert!(refused.is_err(), "[{mode}] the injected refusal did not fire");
+    assert!(
+        refused.is_err(),
+        "[{mode}] the injected refusal did not fire"
+    );
     let copied = copy(b, s0, &y, a, s0, &x);
     assert!(
         matches!(copied, Err(ServerError::Skipped { .. })),
@@ -241,7 +253,11 @@ fn budgets<H: Harness>(h: &H, mode: Mode) {
          {report}"
     );
     assert_eq!(report.held(), ha + hb, "[{mode}] HostReport::held");
-    assert_eq!(report.budget(), Some(16 * MIB), "[{mode}] HostReport::budget");
+    assert_eq!(
+        report.budget(),
+        Some(16 * MIB),
+        "[{mode}] HostReport::budget"
+    );
     drop((xa, xb, small));
     a.assert_no_leak("several_devices (budgets)");
     b.assert_no_leak("several_devices (budgets)");
@@ -277,7 +293,9 @@ fn wrong_device<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mode) {
     // The sides swapped: B's handle as the source on A, A's as the destination on B.
     match copy(b, s0, &x, a, s0, &y) {
         Err(e @ ServerError::Io(IoError::ForeignHandle { .. })) => names_both(&e, "a copy"),
-        other => panic!("[{mode}] several_devices: a copy with its sides swapped answered {other:?}"),
+        other => {
+            panic!("[{mode}] several_devices: a copy with its sides swapped answered {other:?}")
+        }
     }
     b.expect_read(s0, &y, &[2; 64], "y after the refusals", &[]);
     a.expect_read(s0, &x, &[1; 64], "x after the refusals", &[]);
@@ -306,10 +324,14 @@ pub fn several_devices_lost<H: Harness>(h: &H, mode: Mode) {
         b.launch(s0, TestKernel::SlowAdd, 1, &[&slow_in], &[&slow_out]),
         "slow kernel on B",
     );
-    must(copy(&mut b, s0, &y, &mut a, s0, &x), "copy x to y behind it");
-    b.probe.as_ref().expect("checked").inject(FaultRule::LoseDevice {
-        op: ShimOp::Launch,
-    });
+    must(
+        copy(&mut b, s0, &y, &mut a, s0, &x),
+        "copy x to y behind it",
+    );
+    b.probe
+        .as_ref()
+        .expect("checked")
+        .inject(FaultRule::LoseDevice { op: ShimOp::Launch });
     let lost = b.launch(s0, TestKernel::Fill, 1, &[], &[&slow_out]);
     assert!(
         matches!(lost, Err(ref e) if e.is_device_lost()),
@@ -358,10 +380,13 @@ pub fn several_devices_fault<H: Harness>(h: &H, mode: Mode) {
     let s0 = StreamId(0);
     let x = must(a.create(s0, &[3; 4096]), "create x on A");
     let y = must(b.create(s0, &[4; 4096]), "create y on B");
-    a.probe.as_ref().expect("checked").inject(FaultRule::WorkFails {
-        op: ShimOp::Launch,
-        skip: 0,
-    });
+    a.probe
+        .as_ref()
+        .expect("checked")
+        .inject(FaultRule::WorkFails {
+            op: ShimOp::Launch,
+            skip: 0,
+        });
     must(
         a.launch(s0, TestKernel::Fill, 1, &[], &[&x]),
         "the launch on A whose work fails",
