@@ -189,6 +189,25 @@ fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32, C
 }
 
 impl CudaShim {
+    /// How many GPUs the driver lists (`cuDeviceGetCount`), after the checks of [`Self::new`]
+    /// (the driver loads, has every function, is not older than the bindings) and `cuInit`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::new`], before a device is set up.
+    pub fn device_count() -> Result<u32, CudaInitError> {
+        driver::load()?;
+        // SAFETY: every function called below was checked to exist by `driver::load`; the
+        // pointer passed is valid for the write the call makes.
+        setup("cuInit", unsafe { sys::cuInit(0) })?;
+        let mut count = 0;
+        // SAFETY: as above.
+        setup("cuDeviceGetCount", unsafe {
+            sys::cuDeviceGetCount(&mut count)
+        })?;
+        Ok(u32::try_from(count).unwrap_or(0))
+    }
+
     /// Sets up the CUDA device `ordinal` (0 is the first GPU the driver sees).
     ///
     /// First checks, without any call that could panic, that the driver library loads, has every
