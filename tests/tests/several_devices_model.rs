@@ -146,10 +146,14 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// A buffer on a device and the bytes the model says it holds.
+type Modelled = Option<(Handle, Vec<u8>)>;
+
 struct World {
     devices: Vec<Device<StdShim>>,
     kernels: Vec<StdKernel>,
-    bufs: Vec<Vec<Option<(Handle, Vec<u8>)>>>,
+    /// Per device, per slot.
+    bufs: Vec<Vec<Modelled>>,
 }
 
 fn read(dev: &mut Device<StdShim>, stream: u32, h: &Handle) -> Vec<u8> {
