@@ -60,6 +60,18 @@
 //! The conformance suite (`devcmd-tests`) checks these rules on any shim, with a kernel that
 //! fails while it runs, and names the rule a shim breaks.
 //!
+//! # Several devices
+//!
+//! A process may drive several devices of one shim type, one [`Device`](crate::Device) each. The
+//! core never passes one device's address, stream or event to another device's shim, with one
+//! exception, made only where the destination answered [`Shim::peer_access`] for the source:
+//! a copy between the two ([`Command::copy_from`](crate::Command::copy_from)) passes the source
+//! shim and address to the destination's [`Shim::copy_peer`], and the two devices' streams wait
+//! on each other's events ([`Shim::stream_wait_event`] with an event of the other shim). Such a
+//! shim keeps the rules of faults of work that ran across that wait, and a device lost on one
+//! side completes the other side's waits on its events, without a fault, once none of its work
+//! runs. Without `peer_access` the core copies through host memory with the calls above.
+//!
 //! # What a shim may leave out
 //!
 //! Some calls are not needed from every shim; each has a default that answers
