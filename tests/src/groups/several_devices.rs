@@ -55,6 +55,7 @@ fn path<H: Harness>(to: &Ctx<H>, from: &Ctx<H>) -> CopyPath {
 /// - **order**: a slow kernel on another stream of the source device writes the source, and the
 ///   copy (issued on the owner's stream) lands what it wrote; a kernel enqueued on the source
 ///   right after the copy overwrites the source without reaching the copy's bytes;
+/// - **capture**: a copy while a stream of either device records is refused, and runs after;
 /// - **the failure rule across the pair** (with a probe): a source whose write was refused
 ///   makes the copy `Skipped` and the destination's read `Unwritten`;
 /// - **budgets per device**: each device holds up to its own budget, one full device refuses
@@ -178,11 +179,56 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
         &["stream_wait_event (across devices)", "event_wait"],
     );
     drop((busy_in, busy_out, dst));
+    refused_while_recording(&mut a, &mut b, mode);
     failure_across(&mut a, &mut b, mode);
     budgets(h, mode);
     wrong_device(&mut a, &mut b, mode);
     a.assert_no_leak(GROUP);
     b.assert_no_leak(GROUP);
+}
+
+/// While a stream of either device records, a copy between them is refused (a recording cannot
+/// wait for another device's work), and nothing is copied; after the recording, it runs.
+fn refused_while_recording<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mode) {
+    let s0 = StreamId(0);
+    let x = must(a.create(s0, &[9; 100]), "create x on A");
+    let y = must(b.create(s0, &[1; 100]), "create y on B");
+    for recording_side in 0..2 {
+        let rec = {
+            let side = if recording_side == 0 {
+                &mut *a
+            } else {
+                &mut *b
+            };
+            side.dev
+                .command(StreamId(1))
+                .and_then(|mut c| c.begin_capture("several_devices"))
+        };
+        let Ok(rec) = rec else {
+            crate::skip::skipped(
+                "several_devices (a copy while a device records)",
+                mode,
+                "the shim records no graphs",
+            );
+            return;
+        };
+        let copied = copy(b, s0, &y, a, s0, &x);
+        assert!(
+            matches!(
+                copied,
+                Err(ServerError::Validation(
+                    devcmd::Validation::Recording { .. }
+                ))
+            ),
+            "[{mode}] several_devices: a copy while device {} records answered {copied:?}, \
+             not Validation::Recording (the rule is the core's)",
+            ["A (the source)", "B (the destination)"][recording_side]
+        );
+        drop(rec);
+    }
+    b.expect_read(s0, &y, &[1; 100], "y after the refused copies", &[]);
+    must(copy(b, s0, &y, a, s0, &x), "the copy once nothing records");
+    b.expect_read(s0, &y, &[9; 100], "y after the copy", &[]);
 }
 
 /// A source whose write the shim refused: the copy is skipped and the destination carries it.
