@@ -39,6 +39,7 @@ use crate::drop_queue::DropItem;
 use crate::error::{ServerError, Validation};
 use crate::host::HostBuffer;
 use crate::memory::Handle;
+use crate::order::Target;
 use crate::shim::Shim;
 use alloc::vec;
 
@@ -68,9 +69,9 @@ impl<S: Shim> Command<'_, S> {
     /// [`Validation::LengthMismatch`] for views of different lengths;
     /// [`IoError::ForeignHandle`](crate::IoError::ForeignHandle) (naming both devices) for a
     /// handle used on the wrong side; [`Validation::Recording`] while a stream of either device
-    /// records; [`ServerError::Skipped`] when source bytes carry a failure (the destination's bytes then
-    /// carry it); a fault on record on either side; the shim's refusal (the destination's range
-    /// is then marked failed).
+    /// records; [`ServerError::Skipped`] when source bytes carry a failure (the destination's
+    /// bytes then carry it); a fault on record on either side; the shim's refusal (the
+    /// destination's range is then marked failed).
     pub fn copy_from(
         &mut self,
         dst: &Handle,
@@ -112,6 +113,19 @@ impl<S: Shim> Command<'_, S> {
         if !self.device.shim.peer_access(&from.device.shim) {
             return self.staged(dst, from, src);
         }
+        self.peer(dst, target, from, src, source)
+    }
+
+    /// The copy by the destination device ([`Shim::copy_peer`]), between the waits that order
+    /// it (see the module documentation); `target` and `source` are `dst` and `src` resolved.
+    fn peer(
+        &mut self,
+        dst: &Handle,
+        target: Target,
+        from: &mut Command<'_, S>,
+        src: &Handle,
+        source: Target,
+    ) -> Result<CopyPath, ServerError> {
         from.device.order_after(from.stream, src, source.owner)?;
         self.device.order_after(self.stream, dst, target.owner)?;
         // The destination stream waits for the source stream (which waited for every stream's
