@@ -228,8 +228,15 @@ fn refused_while_recording<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mod
         // The recording side's next command ends the dropped recording, before the other side
         // records (on CUDA a recording in global mode is the process's: two open at once on
         // one thread would meet).
-        let side = if recording_side == 0 { &mut *a } else { &mut *b };
-        must(side.dev.command(StreamId(1)).map(drop), "end the dropped recording");
+        let side = if recording_side == 0 {
+            &mut *a
+        } else {
+            &mut *b
+        };
+        must(
+            side.dev.command(StreamId(1)).map(drop),
+            "end the dropped recording",
+        );
     }
     b.expect_read(s0, &y, &[1; 100], "y after the refused copies", &[]);
     must(copy(b, s0, &y, a, s0, &x), "the copy once nothing records");
