@@ -43,6 +43,7 @@ pub mod failure;
 pub mod fault;
 pub mod guide;
 pub mod host;
+mod host_report;
 mod id;
 mod live;
 pub mod memory;
@@ -67,8 +68,8 @@ pub struct ReadmeDoctests;
 pub use bytemuck::Pod;
 pub use capture::{CapturePhase, Graph, Recording};
 pub use command::{
-    Command, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ModeWindow, ReadFuture,
-    ReadRequest, ReadToFuture, SyncFuture,
+    Command, CopyPath, Gemm, GemmType, Launch, LibraryWork, ManagedResource, ModeWindow,
+    ReadFuture, ReadRequest, ReadToFuture, SyncFuture,
 };
 pub use copy::{CopyLayout, CopyPiece, CopyRow};
 pub use device::{Device, DeviceConfig, DeviceReport};
@@ -79,6 +80,7 @@ pub use error::{
 };
 pub use fault::FenceOutcome;
 pub use host::{ExternalBytes, HostBuffer, HostOrigin};
+pub use host_report::HostReport;
 pub use memory::{AllocationMode, Handle};
 pub use shim::{
     DeviceAddr, DeviceFacts, DeviceSpan, Dim3, HostCopy, HostMemory, KernelParam, LaunchDims, Shim,

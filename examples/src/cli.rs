@@ -51,7 +51,21 @@ pub struct Options {
     pub save_weights: Option<PathBuf>,
     /// Seeds the weights (unless mapped from a file) and the inputs.
     pub seed: u64,
+    /// The devices to serve across (`--devices`).
+    pub devices: Devices,
 }
+
+/// How many devices `--devices` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Devices {
+    /// This many (1 to [`MAX_DEVICES`]).
+    Count(usize),
+    /// Every GPU the driver lists (`--device cuda` only).
+    All,
+}
+
+/// The most devices `--devices` takes.
+pub const MAX_DEVICES: usize = 64;
 
 impl Default for Options {
     fn default() -> Self {
@@ -64,6 +78,7 @@ impl Default for Options {
             weights: None,
             save_weights: None,
             seed: 7,
+            devices: Devices::Count(1),
         }
     }
 }
@@ -127,7 +142,7 @@ impl fmt::Display for UsageError {
             Self::UnknownFlag(flag) => write!(
                 f,
                 "unknown flag {flag}: expected one of --device, --batches, --batch-size, --lazy, \
-                 --graph, --weights, --save-weights, --seed, --help"
+                 --graph, --weights, --save-weights, --seed, --devices, --help"
             ),
             Self::UnexpectedArgument(arg) => write!(
                 f,
@@ -152,6 +167,8 @@ const BATCH_SIZE: &str = "a whole number of requests per batch, from 1 to 8192";
 const SEED: &str = "a whole number from 0 to 18446744073709551615";
 const FILE: &str = "a file path";
 const DEVICE: &str = "std (the CPU device) or cuda (the first NVIDIA GPU)";
+/// Ends with [`MAX_DEVICES`].
+const DEVICES: &str = "a whole number of devices from 1 to 64, or all (every GPU)";
 
 /// Parses the flags in `args` (without the program name).
 pub fn parse<I>(args: I) -> Result<Parsed, UsageError>
@@ -179,6 +196,7 @@ where
             Long("weights") => o.weights = Some(path(&mut p, "--weights")?),
             Long("save-weights") => o.save_weights = Some(path(&mut p, "--save-weights")?),
             Long("seed") => o.seed = number(&mut p, "--seed", SEED, 0, u64::MAX)?,
+            Long("devices") => o.devices = devices(&mut p)?,
             Long("help") | Short('h') => return Ok(Parsed::Help),
             Long(flag) => return Err(UsageError::UnknownFlag(format!("--{flag}"))),
             Short(flag) => return Err(UsageError::UnknownFlag(format!("-{flag}"))),
@@ -203,7 +221,46 @@ where
                   --device std",
         });
     }
+    if o.devices != Devices::Count(1) && o.graph {
+        return Err(UsageError::Conflict {
+            first: "--graph",
+            second: "--devices",
+            why: "graphs are recorded and replayed on one device for now; drop --graph or serve \
+                  on one device",
+        });
+    }
+    if o.devices == Devices::All && o.device == DeviceKind::Std {
+        return Err(UsageError::Conflict {
+            first: "--devices all",
+            second: "--device std",
+            why: "`all` counts the GPUs the driver lists; the std shim makes as many CPU devices \
+                  as asked: pass a number",
+        });
+    }
     Ok(Parsed::Run(o))
+}
+
+/// The devices `--devices` asks for: a number, or `all`.
+fn devices(p: &mut lexopt::Parser) -> Result<Devices, UsageError> {
+    let v = value(p, "--devices", DEVICES)?;
+    match v.to_str() {
+        Some("all") => Ok(Devices::All),
+        Some(s) => s
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_DEVICES).contains(n))
+            .map(Devices::Count)
+            .ok_or_else(|| UsageError::BadValue {
+                flag: "--devices".to_owned(),
+                value: lossy(&v),
+                expected: DEVICES,
+            }),
+        None => Err(UsageError::BadValue {
+            flag: "--devices".to_owned(),
+            value: lossy(&v),
+            expected: DEVICES,
+        }),
+    }
 }
 
 /// The device `--device` names.
@@ -338,6 +395,15 @@ pub fn usage(weights_bytes: usize) -> String {
             d.seed.to_string(),
         ),
         (
+            "--devices N",
+            "serve across N devices (1 to 64), or all (every GPU, with --device cuda): the \
+             weights are uploaded to the first and copied device to device to the others, \
+             batches are dealt round-robin; on std, N std shims; on cuda, GPUs 0 to N-1 (with \
+             fewer GPUs, devices share them in turn); not with --graph"
+                .to_owned(),
+            "1".to_owned(),
+        ),
+        (
             "-h, --help",
             "print this help and exit".to_owned(),
             String::new(),
@@ -347,7 +413,7 @@ pub fn usage(weights_bytes: usize) -> String {
         "edge-host: serves batches of requests through a 3-layer MLP on a devcmd device (the std\n\
          shim, or an NVIDIA GPU) and checks every result against a reference computed on the host.\n\n\
          usage: edge-host [--device std|cuda] [--batches N] [--batch-size B] [--lazy] [--graph]\n\
-         \x20                [--weights FILE | --save-weights FILE] [--seed S]\n\n",
+         \x20                [--weights FILE | --save-weights FILE] [--seed S] [--devices N|all]\n\n",
     );
     const INDENT: usize = 23;
     for (flag, about, default) in flags {
@@ -404,6 +470,7 @@ mod tests {
             weights: Some("w.bin".into()),
             save_weights: None,
             seed: u64::MAX,
+            devices: Devices::Count(1),
         };
         let split = [
             "--batches",
@@ -541,6 +608,39 @@ mod tests {
         assert!(matches!(
             parse_str(&["--lazy", "--device", "std"]),
             Ok(Parsed::Run(o)) if o.lazy
+        ));
+    }
+
+    #[test]
+    fn devices_are_a_count_or_all_and_not_with_graphs() {
+        assert!(matches!(
+            parse_str(&["--devices", "3"]),
+            Ok(Parsed::Run(o)) if o.devices == Devices::Count(3)
+        ));
+        assert!(matches!(
+            parse_str(&["--devices=all", "--device", "cuda"]),
+            Ok(Parsed::Run(o)) if o.devices == Devices::All
+        ));
+        for v in ["0", "65", "two", ""] {
+            assert_eq!(
+                parse_str(&["--devices", v]),
+                Err(bad("--devices", v, DEVICES)),
+                "{v:?}"
+            );
+        }
+        let e = refusal(&["--devices", "all"]);
+        assert!(
+            e.starts_with("--devices all and --device std cannot be used together: "),
+            "{e}"
+        );
+        let e = refusal(&["--devices", "2", "--graph"]);
+        assert!(
+            e.starts_with("--graph and --devices cannot be used together: "),
+            "{e}"
+        );
+        assert!(matches!(
+            parse_str(&["--devices", "1", "--graph"]),
+            Ok(Parsed::Run(o)) if o.graph
         ));
     }
 

@@ -21,6 +21,7 @@ pub mod gpt2;
 pub mod model;
 pub mod replay;
 pub mod serve;
+pub mod several;
 pub mod std_device;
 pub mod verify;
 pub mod weights;

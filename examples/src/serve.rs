@@ -66,6 +66,8 @@ pub enum WeightsPath {
 /// The weights on the device: one allocation, each tensor a view of it.
 #[derive(Debug)]
 pub struct DeviceWeights {
+    /// The whole allocation (the tensors are views of it).
+    pub all: Handle,
     /// The tensors in file order: W1 b1 W2 b2 W3 b3.
     pub tensors: Vec<Handle>,
     /// The host floats, for the reference.
@@ -127,6 +129,7 @@ where
         offset += len;
     }
     Ok(DeviceWeights {
+        all,
         tensors,
         reference,
         path,
@@ -259,6 +262,33 @@ pub fn enqueue_layers<S: Shim>(
     Ok(act)
 }
 
+/// Enqueues one batch of `m` requests on `device`: the input uploaded on the copy stream
+/// (through pinned staging), the layers on the compute stream ordered after it on the device
+/// (no host sync), the result read back (in place where the device runs zero copy).
+///
+/// # Errors
+///
+/// The device's refusal of a reservation, a copy or a launch.
+pub(crate) fn enqueue_batch<S: Shim>(
+    device: &mut Device<S>,
+    k: &Kernels<S::Kernel>,
+    w: &DeviceWeights,
+    m: usize,
+    input: &[f32],
+) -> Result<ReadFuture<S>, ServerError> {
+    let x = {
+        let mut cmd = device.command(COPY)?;
+        let x = cmd.empty((m * INPUT * 4) as u64)?;
+        let mut staged = cmd.reserve_host(m * INPUT * 4, true)?;
+        put_floats(staged.as_mut_slice(), input);
+        cmd.write(&x, staged)?;
+        x
+    };
+    let mut cmd = device.command(COMPUTE)?;
+    let act = enqueue_layers(&mut cmd, k, w, m, x, |cmd, bytes| cmd.empty(bytes))?;
+    cmd.read_owned(act)
+}
+
 /// Serves `plan` on `device` with its kernels `k` and the weights loaded by [`load_weights`].
 ///
 /// # Errors
@@ -278,20 +308,7 @@ pub fn serve<S: Shim>(
     let started = Instant::now();
     for batch in 0..plan.batches {
         let input = inputs.next_batch();
-        // Upload on the copy stream, through pinned staging.
-        let x = {
-            let mut cmd = device.command(COPY)?;
-            let x = cmd.empty((m * INPUT * 4) as u64)?;
-            let mut staged = cmd.reserve_host(m * INPUT * 4, true)?;
-            put_floats(staged.as_mut_slice(), &input);
-            cmd.write(&x, staged)?;
-            x
-        };
-        // Compute, ordered after the upload on the device (no host sync).
-        let mut cmd = device.command(COMPUTE)?;
-        let act = enqueue_layers(&mut cmd, k, w, m, x, |cmd, bytes| cmd.empty(bytes))?;
-        // Read back, giving the result up: read in place where the device runs zero copy.
-        let read = cmd.read_owned(act)?;
+        let read = enqueue_batch(device, k, w, m, &input)?;
         in_flight.push_back(Pending { batch, input, read });
         if in_flight.len() >= IN_FLIGHT {
             let p = in_flight.pop_front().expect("non-empty");

@@ -212,6 +212,28 @@ fn graphs_serve_and_verify_in_every_std_mode() {
 }
 
 #[test]
+fn several_std_devices_serve_and_verify_with_weights_copied_device_to_device() {
+    for lazy in [false, true] {
+        let mut args = vec!["--devices", "3", "--batches", "13", "--batch-size", "5"];
+        if lazy {
+            args.push("--lazy");
+        }
+        let (code, stdout, stderr) = outcome(&edge_host(args));
+        assert_eq!(code, Some(0), "lazy {lazy}: {stderr}");
+        for line in [
+            "copied the weights to device 1 (device to device",
+            "copied the weights to device 2 (device to device",
+            "65 requests across 3 devices",
+            "0 mismatches",
+            "3 device(s): device memory held",
+            "all results verified",
+        ] {
+            assert!(stdout.contains(line), "lazy {lazy}: {line:?} in:\n{stdout}");
+        }
+    }
+}
+
+#[test]
 fn an_unknown_device_is_refused_by_name() {
     for name in ["tpu", "gpu", "CUDA"] {
         let (code, stdout, stderr) = outcome(&edge_host(["--device", name]));

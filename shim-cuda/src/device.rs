@@ -41,6 +41,9 @@ pub(crate) struct Context {
     /// The streams that wake waiting futures, by the stream their fences are recorded on
     /// (`notify.rs`), made on first use.
     pub(crate) notifiers: Mutex<Vec<(sys::CUstream, sys::CUstream)>>,
+    /// Other contexts this one copies from (`peer.rs`), by their address: whether peer access
+    /// is enabled (`false`: the driver refused, so copies from there are staged).
+    pub(crate) peers: Mutex<Vec<(usize, bool)>>,
 }
 
 // SAFETY: a `CUcontext` is a handle the driver API accepts from any thread (the driver is
@@ -55,6 +58,11 @@ impl Context {
     /// The raw `CUcontext`.
     pub(crate) fn raw(&self) -> sys::CUcontext {
         self.raw
+    }
+
+    /// The context's `CUdevice`.
+    pub(crate) fn device(&self) -> sys::CUdevice {
+        self.device
     }
 
     /// Makes this context current on the calling thread, unless it already is. Every driver call
@@ -181,6 +189,25 @@ fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32, C
 }
 
 impl CudaShim {
+    /// How many GPUs the driver lists (`cuDeviceGetCount`), after the checks of [`Self::new`]
+    /// (the driver loads, has every function, is not older than the bindings) and `cuInit`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::new`], before a device is set up.
+    pub fn device_count() -> Result<u32, CudaInitError> {
+        driver::load()?;
+        // SAFETY: every function called below was checked to exist by `driver::load`; the
+        // pointer passed is valid for the write the call makes.
+        setup("cuInit", unsafe { sys::cuInit(0) })?;
+        let mut count = 0;
+        // SAFETY: as above.
+        setup("cuDeviceGetCount", unsafe {
+            sys::cuDeviceGetCount(&mut count)
+        })?;
+        Ok(u32::try_from(count).unwrap_or(0))
+    }
+
     /// Sets up the CUDA device `ordinal` (0 is the first GPU the driver sees).
     ///
     /// First checks, without any call that could panic, that the driver library loads, has every
@@ -258,6 +285,7 @@ impl CudaShim {
             events: Mutex::new(Vec::new()),
             capturing: std::sync::atomic::AtomicUsize::new(0),
             notifiers: Mutex::new(Vec::new()),
+            peers: Mutex::new(Vec::new()),
         });
         ctx.bind(ShimOp::StreamCreate)
             .map_err(|e| CudaInitError::Call {
@@ -680,6 +708,28 @@ impl Shim for CudaShim {
                 self.max_pitch,
             )
         }
+    }
+
+    /// Another `CudaShim` of the same GPU (the same primary context) always; of another GPU
+    /// where `cuDeviceCanAccessPeer` says yes, enabling peer access (`cuCtxEnablePeerAccess`)
+    /// the first time, remembered per pair. Events of one context are waited by streams of the
+    /// other with `cuStreamWaitEvent`, which works across contexts.
+    fn peer_access(&self, src: &CudaShim) -> bool {
+        crate::peer::access(&self.ctx, &src.ctx)
+    }
+
+    /// A plain device-to-device copy within one context (`cuMemcpyDtoDAsync`), else
+    /// `cuMemcpyPeerAsync` on `stream`.
+    unsafe fn copy_peer(
+        &self,
+        stream: &CudaStream,
+        dst: DeviceAddr,
+        src_device: &CudaShim,
+        src: DeviceAddr,
+        len: u64,
+    ) -> Result<(), DriverError> {
+        // SAFETY: `copy_peer`'s contract is `peer::copy`'s.
+        unsafe { crate::peer::copy(self, stream, dst, src_device, src, len) }
     }
 
     /// `cuLaunchKernel` with the parameters in the kernel's order: a `Buffer(slot)` passes the

@@ -85,6 +85,9 @@ pub const SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
+    "cuMemcpyPeerAsync",
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
     "cuMemcpy2DAsync_v2",
     // Poisoned frees (`CudaShim::with_poison`).
     "cuMemsetD8_v2",
@@ -534,6 +537,7 @@ mod tests {
             include_str!("kernel.rs"),
             include_str!("graph.rs"),
             include_str!("vm.rs"),
+            include_str!("peer.rs"),
         ];
         let mut called = Vec::new();
         for src in sources {

@@ -95,6 +95,8 @@ pub mod status {
     pub const ILLEGAL_ADDRESS: i32 = 700;
     /// `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`.
     pub const LAUNCH_OUT_OF_RESOURCES: i32 = 701;
+    /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` (no error for `cuCtxEnablePeerAccess`).
+    pub const PEER_ACCESS_ALREADY_ENABLED: i32 = 704;
     /// `CUDA_ERROR_LAUNCH_TIMEOUT`.
     pub const LAUNCH_TIMEOUT: i32 = 702;
     /// `CUDA_ERROR_CONTEXT_IS_DESTROYED`.

@@ -157,6 +157,7 @@ mod kernel;
 mod memory;
 mod notify;
 mod nvrtc;
+mod peer;
 mod stream;
 mod vm;
 

@@ -981,6 +981,48 @@ impl Shim for StdShim {
         )
     }
 
+    /// Every other `StdShim` of the process: each is its own address space (its pages, its
+    /// mappings), and its events are waited on like this shim's own.
+    fn peer_access(&self, _src: &StdShim) -> bool {
+        true
+    }
+
+    /// A copy between the two shims' address spaces, run on `stream`'s worker: the source must
+    /// lie in one of `src_device`'s ranges and the destination in one of this shim's, else
+    /// [`status::BAD_ADDRESS`]. Counted, refused and failed by injections as this shim's
+    /// device-to-device copies.
+    unsafe fn copy_peer(
+        &self,
+        stream: &StdStream,
+        dst: DeviceAddr,
+        src_device: &StdShim,
+        src: DeviceAddr,
+        len: u64,
+    ) -> Result<(), DriverError> {
+        const OP: ShimOp = ShimOp::CopyDeviceToDevice;
+        let fail = self.enter(OP, len)?;
+        if len == 0 {
+            then_fail(stream, fail);
+            return Ok(());
+        }
+        // One lock at a time: the two states are never held together (no order to get wrong).
+        let theirs = lock(&src_device.inner.state).holds(src.0, len);
+        let ours = lock(&self.inner.state).holds(dst.0, len);
+        if !(theirs && ours) {
+            return Err(classify(OP, status::BAD_ADDRESS));
+        }
+        let size = |v: u64| usize::try_from(v).map_err(|_| classify(OP, status::BAD_ARGUMENT));
+        stream.shared.enqueue(Op::Copy(CopyOp {
+            src: size(src.0)?,
+            dst: size(dst.0)?,
+            layout: CopyLayout::linear(len),
+            src_device: true,
+            dst_device: true,
+        }));
+        then_fail(stream, fail);
+        Ok(())
+    }
+
     /// Runs the kernel once, on the stream's worker, whatever the geometry; but refuses, as CUDA
     /// does, a geometry past CUDA's limits ([`CUDA_LIMITS`]), so code that runs here does not
     /// fail on a GPU for that reason.

@@ -24,6 +24,11 @@
 //!   (`PROT_NONE`), [`Shim::vm_map`] backs a part of it with new memory (counted like device
 //!   pages), [`Shim::vm_unmap`] gives that memory back, [`Shim::vm_release`] unmaps the range.
 //!   Copies and kernels use mapped memory as pages, across adjacent mappings too.
+//! - **Several devices**: each `StdShim` is its own address space: its calls accept only
+//!   addresses inside its own pages and mappings, so an address of another `StdShim` is refused
+//!   ([`status::BAD_ADDRESS`]). [`Shim::copy_peer`] copies from another `StdShim`'s page into
+//!   this one's, on the destination stream's worker, and streams wait on another shim's events
+//!   ([`Shim::peer_access`] is `true` for every pair).
 //!
 //! For tests it offers a **lazy** mode (a stream runs nothing until one of its events is waited
 //! on or queried), **poisoning** of freed memory (device pages and pinned host pages alike, filled
@@ -63,6 +68,8 @@ mod kernel;
 mod memory;
 #[cfg(test)]
 mod notify_tests;
+#[cfg(test)]
+mod peer_tests;
 mod stream;
 #[cfg(test)]
 mod tests;

@@ -490,6 +490,22 @@ impl<S: Shim> Hooks<S> for Counting<S> {
         Ok(())
     }
 
+    unsafe fn copy_peer(
+        &self,
+        inner: &S,
+        stream: &S::Stream,
+        dst: DeviceAddr,
+        src_device: &S,
+        src: DeviceAddr,
+        len: u64,
+    ) -> Result<(), DriverError> {
+        let verdict = self.enter(inner, ShimOp::CopyDeviceToDevice)?;
+        // SAFETY: forwarded with the caller's contract unchanged.
+        unsafe { inner.copy_peer(stream, dst, src_device, src, len) }?;
+        self.enqueued(inner, verdict, stream);
+        Ok(())
+    }
+
     unsafe fn launch(
         &self,
         inner: &S,

@@ -93,6 +93,9 @@ pub fn run_conformance<H: Harness>(harness: &H) {
         groups::capture_replay_fault(harness, mode);
         groups::virtual_memory(harness, mode);
         groups::library_work(harness, mode);
+        groups::several_devices(harness, mode);
+        groups::several_devices_lost(harness, mode);
+        groups::several_devices_fault(harness, mode);
     }
     let skipped = skipped_groups().len() - before;
     if skipped > 0 {
@@ -115,17 +118,19 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@mode normal, NORMAL, $h;
             drop_queue, layouts, round_trips, pipelined, pipelined_work_fault, cross_stream_reuse,
             pending_frees, failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
-            capture_replay_fault, virtual_memory, library_work);
+            capture_replay_fault, virtual_memory, library_work, several_devices, several_devices_lost,
+            several_devices_fault);
         $crate::conformance_tests!(@mode lazy_poison, LAZY_POISON, $h;
             drop_queue, layouts, round_trips, pipelined, pipelined_work_fault, cross_stream_reuse,
             pending_frees, failure_rule, fault_injection, bad_input, work_faults, host_release, capture,
-            capture_replay_fault, virtual_memory, library_work);
+            capture_replay_fault, virtual_memory, library_work, several_devices, several_devices_lost,
+            several_devices_fault);
         $crate::conformance_tests!(@mode lazy, LAZY, $h;
             pipelined, cross_stream_reuse, capture, capture_replay_fault, virtual_memory,
-            library_work);
+            library_work, several_devices, several_devices_lost, several_devices_fault);
         $crate::conformance_tests!(@mode poison, POISON, $h;
             pipelined, cross_stream_reuse, capture, capture_replay_fault, virtual_memory,
-            library_work);
+            library_work, several_devices, several_devices_lost, several_devices_fault);
     };
     (@mode $name:ident, $mode:ident, $h:expr; $($group:ident),*) => {
         #[doc = concat!("The groups in mode `", stringify!($mode), "`.")]

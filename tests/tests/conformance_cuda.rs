@@ -37,6 +37,17 @@
 //! launching the trapping kernel after the upload). On CUDA every fault of work that ran is
 //! `DeviceLost`, which the rules allow.
 //!
+//! `several_devices` and `several_devices_lost` run on two `CudaShim`s of the same GPU (the
+//! harness's device), which share its primary context: copies between them are the peer path's
+//! plain device-to-device copy, and the loss is `Counted`'s, of one shim only.
+//!
+//! # Left out on CUDA: `several_devices_fault`
+//!
+//! It makes work fail on one device and checks that the other goes on. Two shims of one GPU share
+//! a context, and a fault of work that ran (a trap) is sticky for the whole process: the other
+//! "device" is lost with it, so the check cannot hold there. It needs two GPUs whose faults are
+//! apart, and even then CUDA loses every context of the process on a trap.
+//!
 //! # Left out on CUDA: rule 1 checked on the shim (`Check::CompletedFence`)
 //!
 //! That check enqueues, after the failed work and before its fence, a copy into **pageable**
@@ -204,10 +215,10 @@ macro_rules! groups_in {
 
 groups_in!(normal, NORMAL: drop_queue, layouts, round_trips, pipelined, cross_stream_reuse,
     pending_frees, failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory,
-    library_work);
+    library_work, several_devices, several_devices_lost);
 groups_in!(poison, POISON: drop_queue, layouts, round_trips, pipelined, cross_stream_reuse,
     pending_frees, failure_rule, fault_injection, bad_input, host_release, capture, virtual_memory,
-    library_work);
+    library_work, several_devices, several_devices_lost);
 
 /// A pipelined upload whose piece fails while it runs (it traps: a process of its own).
 mod pipelined_fault {

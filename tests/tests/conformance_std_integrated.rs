@@ -29,9 +29,13 @@ macro_rules! zero_copy_groups {
 
 zero_copy_groups! {
     NORMAL: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input, host_release,
-        capture, capture_replay_fault, virtual_memory, library_work;
+        capture, capture_replay_fault, virtual_memory, library_work, several_devices,
+        several_devices_lost, several_devices_fault;
     LAZY_POISON: round_trips, cross_stream_reuse, pending_frees, failure_rule, bad_input,
-        host_release, capture, capture_replay_fault, virtual_memory, library_work;
-    LAZY: cross_stream_reuse, capture, capture_replay_fault, library_work;
-    POISON: cross_stream_reuse, capture, capture_replay_fault, library_work;
+        host_release, capture, capture_replay_fault, virtual_memory, library_work, several_devices,
+        several_devices_lost, several_devices_fault;
+    LAZY: cross_stream_reuse, capture, capture_replay_fault, library_work, several_devices,
+        several_devices_lost, several_devices_fault;
+    POISON: cross_stream_reuse, capture, capture_replay_fault, library_work, several_devices,
+        several_devices_lost, several_devices_fault;
 }

@@ -13,7 +13,7 @@
 //! still give back what its fences covered.
 
 // For contributors: operations only declare what they do, one file per role: `launch.rs`
-// (kernels), `library.rs` (library work), `transfer.rs` (uploads and reads), `typed.rs` (typed
+// (kernels), `across.rs` (copies between two devices), `library.rs` (library work), `transfer.rs` (uploads and reads), `typed.rs` (typed
 // host I/O over them), `capture.rs` (recording and replaying graphs), `memory.rs` (reservation
 // with reclaim-and-retry, binding, holding room ahead, host buffers, cleanup, the drop queue),
 // `window.rs` (scoped allocation-mode windows). The engine runs their steps (`engine.rs` for
@@ -24,6 +24,7 @@
 // `allocation_mode` and the lookups touch no device state. Does not own the pools (`memory/`), the
 // fault decisions (`fault.rs`), cross-stream order (`order/`) nor the capture state (`capture/`).
 
+mod across;
 mod capture;
 mod engine;
 mod futures;
@@ -37,6 +38,7 @@ mod transfer;
 mod typed;
 mod window;
 
+pub use across::CopyPath;
 pub use futures::{ReadFuture, ReadToFuture, SyncFuture};
 pub use launch::Launch;
 pub use library::{Gemm, GemmType, LibraryWork};
@@ -116,6 +118,8 @@ impl ManagedResource {
 ///   [`read_to`](Self::read_to) (into the caller's buffer), [`read_owned`](Self::read_owned)
 ///   (in place on zero copy), [`read_typed`](Self::read_typed) (blocking, into `&mut [T]`), and
 ///   [`sync`](Self::sync).
+/// - **Across devices**: [`copy_from`](Self::copy_from) (a range of another device's
+///   allocation into one of this device's, peer to peer where the shims allow it).
 /// - **Giving memory back**: [`poll_drops`](Self::poll_drops) (never blocks: a steady loop's
 ///   call), [`flush_drops`](Self::flush_drops), [`memory_cleanup`](Self::memory_cleanup).
 #[derive(Debug)]

@@ -60,6 +60,18 @@
 //! The conformance suite (`devcmd-tests`) checks these rules on any shim, with a kernel that
 //! fails while it runs, and names the rule a shim breaks.
 //!
+//! # Several devices
+//!
+//! A process may drive several devices of one shim type, one [`Device`](crate::Device) each. The
+//! core never passes one device's address, stream or event to another device's shim, with one
+//! exception, made only where the destination answered [`Shim::peer_access`] for the source:
+//! a copy between the two ([`Command::copy_from`](crate::Command::copy_from)) passes the source
+//! shim and address to the destination's [`Shim::copy_peer`], and the two devices' streams wait
+//! on each other's events ([`Shim::stream_wait_event`] with an event of the other shim). Such a
+//! shim keeps the rules of faults of work that ran across that wait, and a device lost on one
+//! side completes the other side's waits on its events, without a fault, once none of its work
+//! runs. Without `peer_access` the core copies through host memory with the calls above.
+//!
 //! # What a shim may leave out
 //!
 //! Some calls are not needed from every shim; each has a default that answers
@@ -77,6 +89,7 @@
 //! | [`Shim::end_capture_update`] | [`Shim::end_capture`], always a new graph | instantiates anew every time a graph is recorded again |
 //! | [`Shim::kernel_name`] | the kernel type's name | names every kernel of the shim alike in failure reports |
 //! | [`Shim::event_notify`] | `false` | a pending future asks to be polled again at once instead of sleeping |
+//! | [`Shim::peer_access`], [`Shim::copy_peer`] | `false`; `Err(unsupported)` | copies between two devices ([`Command::copy_from`](crate::Command::copy_from)) go through host memory: a read on one device, then an upload on the other |
 //!
 //! A shim without pinned memory still names a [`Shim::HostPage`] type; an uninhabited one says
 //! that no page ever exists, and the two page calls that remain become one-liners:
@@ -420,6 +433,53 @@ pub trait Shim {
         layout: CopyLayout,
     ) -> Result<(), DriverError> {
         let _ = (stream, src, dst, layout);
+        Err(unsupported(ShimOp::CopyDeviceToDevice))
+    }
+
+    // ---- several devices (optional: a shim with one device keeps the defaults) ----
+
+    /// Whether this device can copy from `src`'s memory with [`Shim::copy_peer`] (`src` is
+    /// another device of the same shim type in this process; CUDA: another context, on this GPU
+    /// or on one `cuDeviceCanAccessPeer` allows, with peer access enabled by this call).
+    ///
+    /// Answering `true` promises three things the core relies on for a copy between the two:
+    ///
+    /// - [`Shim::stream_wait_event`] on a stream of this device accepts an event `src` recorded
+    ///   (on CUDA `cuStreamWaitEvent` works across contexts): the core orders the copy after the
+    ///   source stream's work, and the source stream after the copy, with such waits;
+    /// - [`Shim::copy_peer`] from `src`'s pages to this device's works;
+    /// - the two rules of faults of work that ran still hold across the wait: a fault travels
+    ///   with it, and a device lost on one side completes the other side's waits on its events
+    ///   (without a fault) once no work of the lost device runs, so the other device goes on.
+    ///
+    /// The core asks before every copy between two devices, so a shim caches what is costly to
+    /// find out. Default: `false` (the core stages the copy through host memory).
+    fn peer_access(&self, src: &Self) -> bool {
+        let _ = src;
+        false
+    }
+
+    /// Enqueues on `stream` (of this device) a copy of `len` bytes at `src` in a page of
+    /// `src_device` to `dst` in a page of this device (CUDA's `cuMemcpyPeerAsync`, or a plain
+    /// device-to-device copy for two contexts of one GPU). Called only where
+    /// [`Shim::peer_access`] answered `true` for `src_device`; the core orders it (see there).
+    ///
+    /// Default: [`unsupported`].
+    ///
+    /// # Safety
+    ///
+    /// `src .. src + len` lies in one live page of `src_device`, `dst .. dst + len` in one live
+    /// page of this device, and neither page is freed before an event recorded on `stream`
+    /// after this call completes.
+    unsafe fn copy_peer(
+        &self,
+        stream: &Self::Stream,
+        dst: DeviceAddr,
+        src_device: &Self,
+        src: DeviceAddr,
+        len: u64,
+    ) -> Result<(), DriverError> {
+        let _ = (stream, dst, src_device, src, len);
         Err(unsupported(ShimOp::CopyDeviceToDevice))
     }
 

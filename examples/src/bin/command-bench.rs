@@ -1,10 +1,12 @@
 //! Benchmark of the command layer on the std shim: per-operation CPU cost of `Command`
 //! (reserve, reserve + bind, write, launch, read) against the raw shim call or the system
 //! allocator measured in the same run, and staged upload / readback bandwidth for 4 KiB to
-//! 256 MiB against a plain `memcpy` of the same bytes.
+//! 256 MiB against a plain `memcpy` of the same bytes, and copies between two std devices
+//! (`Command::copy_from`) against `memcpy`.
 //!
 //! Run: `cargo run --release -p devcmd-examples --bin command-bench` (`--quick` for fewer sizes,
-//! `--drop-mib N` for the drop queue's byte threshold).
+//! `--drop-mib N` for the drop queue's byte threshold, `--peer` for the copies between devices
+//! only).
 
 use devcmd::{
     CopyLayout, Device, DeviceConfig, HostMemory, Launch, LaunchDims, ReadRequest, Shim, StreamId,
@@ -53,6 +55,9 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--peer") {
+        return peer_copies(quick);
+    }
     let shim = StdShim::builder().total_memory(4 << 30).build();
     let noop = shim.register_kernel("noop", |_| Ok(()));
     let raw = shim.clone();
@@ -346,6 +351,62 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             upload_serial / memcpy,
             readback / memcpy,
             read_heap / memcpy
+        );
+    }
+    peer_copies(quick)
+}
+
+/// Copies between two std devices ([`devcmd::Command::copy_from`], the peer path: one memcpy
+/// between the two shims' address spaces on the destination stream's worker, ordered by a wait
+/// each way) against the best memcpy of the same bytes.
+fn peer_copies(quick: bool) -> Result<(), Box<dyn std::error::Error>> {
+    println!("\n## Copies between two std devices against memcpy\n");
+    println!(
+        "`copy_from` of a whole allocation of device A into one of device B, back to back, \
+         then a sync of both; the std shim's peer copy is one memcpy on B's stream worker.\n"
+    );
+    println!("| size | copy_from GB/s | memcpy GB/s | copy_from / memcpy |");
+    println!("|---:|---:|---:|---:|");
+    let device = || {
+        let shim = StdShim::builder().total_memory(4 << 30).build();
+        Device::new(shim, DeviceConfig::default())
+    };
+    let (mut a, mut b) = (device(), device());
+    let sizes: &[usize] = if quick {
+        &[1 << 20, 64 << 20]
+    } else {
+        &[64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+    };
+    for &size in sizes {
+        let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let src = a.command(S)?.create(&data)?;
+        let dst = b.command(S)?.empty(size as u64)?;
+        let reps = ((2usize << 30) / size).clamp(4, 2000);
+        let mut copy = || -> Result<(), devcmd::ServerError> {
+            let mut source = a.command(S)?;
+            b.command(S)?.copy_from(&dst, &mut source, &src)?;
+            Ok(())
+        };
+        for _ in 0..reps.min(8) {
+            copy()?;
+        }
+        let t = Instant::now();
+        for _ in 0..reps {
+            copy()?;
+        }
+        b.command(S)?.sync()?.wait()?;
+        let rate = (size * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        a.command(S)?.sync()?.wait()?;
+        let got = b
+            .command(S)?
+            .read_async(&[ReadRequest::whole(&dst)])?
+            .wait()?;
+        assert!(got[0].as_slice() == &data[..], "the copied bytes differ");
+        let memcpy = best_memcpy(&data, reps);
+        println!(
+            "| {} | {rate:.2} | {memcpy:.2} | {:.2} |",
+            human(size),
+            rate / memcpy
         );
     }
     Ok(())

@@ -219,6 +219,27 @@ pub trait Hooks<S: Shim>: std::fmt::Debug {
         // SAFETY: the caller's contract, handed on.
         unsafe { inner.copy_on_device(stream, src, dst, layout) }
     }
+    /// [`Shim::peer_access`] (`src` is the other device's inner shim).
+    fn peer_access(&self, inner: &S, src: &S) -> bool {
+        inner.peer_access(src)
+    }
+    /// [`Shim::copy_peer`] (`src_device` is the other device's inner shim).
+    ///
+    /// # Safety
+    ///
+    /// As [`Shim::copy_peer`].
+    unsafe fn copy_peer(
+        &self,
+        inner: &S,
+        stream: &S::Stream,
+        dst: DeviceAddr,
+        src_device: &S,
+        src: DeviceAddr,
+        len: u64,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract, handed on.
+        unsafe { inner.copy_peer(stream, dst, src_device, src, len) }
+    }
     /// [`Shim::launch`].
     ///
     /// # Safety

@@ -184,6 +184,23 @@ impl<S: Shim, H: Hooks<S>> Shim for Forward<S, H> {
                 .copy_on_device(&self.inner, stream, src, dst, layout)
         }
     }
+    fn peer_access(&self, src: &Self) -> bool {
+        self.hooks.peer_access(&self.inner, &src.inner)
+    }
+    unsafe fn copy_peer(
+        &self,
+        stream: &S::Stream,
+        dst: DeviceAddr,
+        src_device: &Self,
+        src: DeviceAddr,
+        len: u64,
+    ) -> Result<(), DriverError> {
+        // SAFETY: the caller's contract, handed on (the hook has the same).
+        unsafe {
+            self.hooks
+                .copy_peer(&self.inner, stream, dst, &src_device.inner, src, len)
+        }
+    }
     unsafe fn launch(
         &self,
         stream: &S::Stream,

@@ -14,6 +14,7 @@ mod library;
 mod pipelined;
 mod reuse;
 mod round_trip;
+mod several_devices;
 mod virtual_memory;
 pub mod work_faults;
 
@@ -28,5 +29,6 @@ pub use library::library_work;
 pub use pipelined::{pipelined, pipelined_work_fault};
 pub use reuse::{cross_stream_reuse, pending_frees};
 pub use round_trip::round_trips;
+pub use several_devices::{several_devices, several_devices_fault, several_devices_lost};
 pub use virtual_memory::virtual_memory;
 pub use work_faults::work_faults;

@@ -18,7 +18,9 @@
 //! - library work: host time of a small cuBLAS GEMM (64 x 64 x 64, f32 and f16) through
 //!   `Cublas::gemm` (and through `Command::library` with the bare cuBLAS call) against the same
 //!   cuBLAS call made directly on the same stream (a stream the benchmark created and devcmd
-//!   borrowed), with its own handle and workspace.
+//!   borrowed), with its own handle and workspace;
+//! - copies between two devices, 16 MiB to 1 GiB (`peer.rs`): `Command::copy_from` against
+//!   `cuMemcpyPeerAsync` (two GPUs) or `cuMemcpyDtoDAsync` (two shims of one GPU).
 //!
 //! Timing: host clocks around enqueue loops (the device work is synchronised outside the timed
 //! region for enqueue costs, inside it for bandwidth and serving), warm-up rounds first, then the
@@ -28,7 +30,8 @@
 //! model, its kernels and the loop itself come from the library ([`devcmd_examples`]).
 //!
 //! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds;
-//! `--only launch,library`: those sections alone, of launch, bandwidth, reserve, edge, library);
+//! `--only launch,library`: those sections alone, of launch, bandwidth, reserve, edge, library,
+//! peer);
 //! `examples/gpu-run.sh` says how it ran on the H200 (BENCHMARKS.md).
 //! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 3
 //! ([`devcmd_examples::exit`]'s codes, which `--help` lists).
@@ -55,6 +58,7 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 mod bandwidth;
+mod peer;
 
 use bandwidth::bandwidth;
 
@@ -216,7 +220,7 @@ fn sections_asked() -> Result<Option<Vec<String>>, String> {
 type Section<'a> = dyn Fn() -> Res<()> + 'a;
 
 /// The sections' keys for `--only`, in the order they run.
-const SECTIONS: [&str; 5] = ["launch", "bandwidth", "reserve", "edge", "library"];
+const SECTIONS: [&str; 6] = ["launch", "bandwidth", "reserve", "edge", "library", "peer"];
 
 /// `--help`.
 const USAGE: &str = "\
@@ -224,7 +228,7 @@ cuda-bench: devcmd on the first NVIDIA GPU against raw driver calls, as markdown
 
 usage: cuda-bench [--quick] [--only SECTIONS]
   --quick          fewer rounds
-  --only SECTIONS  a comma-separated list of launch, bandwidth, reserve, edge, library";
+  --only SECTIONS  a comma-separated list of launch, bandwidth, reserve, edge, library, peer";
 
 fn main() -> ExitCode {
     if exit::help_asked(USAGE) {
@@ -269,7 +273,7 @@ fn run(shim: CudaShim, quick: bool, only: Option<Vec<String>>) -> Res<()> {
         timed: rounds.timed.min(7),
     };
     // Each section stands alone: one that fails says so and the others still run.
-    let sections: [(&str, &str, &Section); 5] = [
+    let sections: [(&str, &str, &Section); 6] = [
         ("launch", "launch and fence", &|| {
             launch_and_fence(&gpu.shim, rounds)
         }),
@@ -280,6 +284,9 @@ fn run(shim: CudaShim, quick: bool, only: Option<Vec<String>>) -> Res<()> {
         ("edge", "edge host", &|| edge_host(&gpu, rounds, quick)),
         ("library", "library work (cuBLAS)", &|| {
             library(&gpu.shim, rounds)
+        }),
+        ("peer", "copies between two devices", &|| {
+            peer::peer(&gpu.shim, bw_rounds, quick)
         }),
     ];
     let mut failed = Vec::new();
