@@ -1012,13 +1012,16 @@ impl Shim for StdShim {
             return Err(classify(OP, status::BAD_ADDRESS));
         }
         let size = |v: u64| usize::try_from(v).map_err(|_| classify(OP, status::BAD_ARGUMENT));
-        stream.shared.enqueue(Op::Copy(CopyOp {
+        let copy = CopyOp {
             src: size(src.0)?,
             dst: size(dst.0)?,
             layout: CopyLayout::linear(len),
             src_device: true,
             dst_device: true,
-        }));
+        };
+        stream
+            .shared
+            .enqueue(Op::Peer(copy, Arc::clone(&src_device.inner)));
         then_fail(stream, fail);
         Ok(())
     }

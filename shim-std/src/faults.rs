@@ -67,6 +67,10 @@ pub mod status {
     pub const KERNEL_LOST_DEVICE: i32 = 22;
     /// The device is lost.
     pub const DEVICE_LOST: i32 = 23;
+    /// A copy from another device found that device lost when it ran: the source's work up to
+    /// the copy may not have run (a fault of the copying stream's work, not a loss of its
+    /// device).
+    pub const SOURCE_LOST: i32 = 24;
     /// An allocation past the injected byte budget.
     pub const BUDGET: i32 = 30;
     /// Base of injected failures (plus the op index).
@@ -132,7 +136,7 @@ pub fn classify(op: ShimOp, code: i32) -> DriverError {
         status::TOO_BIG => Fault::TooBig,
         status::UNSUPPORTED => Fault::Unsupported,
         status::KERNEL_LOST_DEVICE | status::DEVICE_LOST => Fault::DeviceLost,
-        status::KERNEL_FAILED | status::KERNEL_PANICKED => Fault::WorkFailed,
+        status::KERNEL_FAILED | status::KERNEL_PANICKED | status::SOURCE_LOST => Fault::WorkFailed,
         _ if injected(status::INJECTED_LOSS).is_some() => Fault::DeviceLost,
         _ if injected(status::INJECTED_AT_RUN).is_some() => Fault::WorkFailed,
         _ => match injected(status::INJECTED) {

@@ -76,7 +76,7 @@ impl fmt::Debug for StdGraph {
 fn same_shape(a: &[Op], b: &[Op]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|pair| match pair {
-            (Op::Copy(x), Op::Copy(y)) => {
+            (Op::Copy(x), Op::Copy(y)) | (Op::Peer(x, _), Op::Peer(y, _)) => {
                 (x.src_device, x.dst_device) == (y.src_device, y.dst_device)
             }
             (Op::Launch { kernel: x, .. }, Op::Launch { kernel: y, .. }) => x.name() == y.name(),

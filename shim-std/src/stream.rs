@@ -73,6 +73,10 @@ pub(crate) enum Op {
         seq: u64,
     },
     Replay(Arc<Vec<Op>>),
+    /// A copy from another device's memory ([`devcmd::Shim::copy_peer`]): refused at run time
+    /// when that device is lost, as its work up to the copy may not have run and its memory
+    /// may be gone.
+    Peer(CopyOp, Arc<DeviceInner>),
     /// A host function library work enqueued ([`StdStream::enqueue_host`]); a replay runs it
     /// again.
     Host(HostFn),
@@ -112,6 +116,15 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
                 };
                 classify(ShimOp::Launch, code)
             })
+        }
+        Op::Peer(c, source) => {
+            if source.is_lost() {
+                return Err(classify(ShimOp::CopyDeviceToDevice, status::SOURCE_LOST));
+            }
+            // SAFETY: as for `Op::Copy`; the source device is not lost, so its memory is live
+            // (its pages are freed only after a fence after this copy: the core's contract).
+            unsafe { c.run() };
+            Ok(())
         }
         Op::Wait { stream, seq } => {
             stream.reach(*seq);

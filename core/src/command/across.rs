@@ -20,8 +20,10 @@
 //! - **The drop queue.** The destination stream keeps the destination's memory as for any
 //!   write; the source stream's wait after the copy keeps the source's: what its drop queue
 //!   frees later waits for a fence recorded after that wait, and the slices it reuses at once
-//!   are written only by work enqueued after it. Where that wait cannot be enqueued, the
-//!   source's binding rides the destination's drop queue instead (and the call fails).
+//!   are written only by work enqueued after it. Where that wait cannot be enqueued, the call
+//!   marks the destination's bytes failed, waits on the host for the destination's event after
+//!   the copy, and fails; where even that event is missing or its wait inconclusive, the
+//!   source's allocation is leaked rather than freed while the copy may still read it.
 //! - **Capture.** Refused while a stream of either device records: a recording cannot wait on
 //!   another device's work.
 //! - **Staged** (no peer access): a read of the source into host memory on the source device
@@ -35,8 +37,8 @@
 use super::Command;
 use super::engine::view;
 use super::transfer::ReadRequest;
-use crate::drop_queue::DropItem;
 use crate::error::{ServerError, Validation};
+use crate::fault::FenceOutcome;
 use crate::host::HostBuffer;
 use crate::memory::Handle;
 use crate::order::Target;
@@ -161,20 +163,34 @@ impl<S: Shim> Command<'_, S> {
         copied?;
         // The source stream waits for the copy: its own fences cover it from now on.
         let (d, s) = (&mut *self.device, &mut *from.device);
-        let dstream = d.streams[self.stream].as_mut().expect("exists");
+        let dstream = d.streams[self.stream].as_ref().expect("exists");
         let sstream = s.streams[from.stream].as_ref().expect("exists");
-        let waited = match d.shim.record_event(&dstream.raw) {
+        let after = d
+            .shim
+            .record_event(&dstream.raw)
+            .map_err(|e| d.ledger.call_failed(e));
+        let waited = match &after {
             Ok(after) => s
                 .shim
-                .stream_wait_event(&sstream.raw, &after)
+                .stream_wait_event(&sstream.raw, after)
                 .map_err(|e| s.ledger.call_failed(e)),
-            Err(e) => Err(d.ledger.call_failed(e)),
+            Err(e) => Err(*e),
         };
         if let Err(e) = waited {
-            // The source's fences do not cover the copy: its allocation rides the destination's
-            // drop queue instead, released after a fence there.
-            dstream.drops.push(DropItem::Binding(src.binding()));
-            return Err(e.into());
+            // The source's fences do not cover the copy, and later source work could overtake
+            // it: the destination's bytes are not trusted, and this call waits until the
+            // destination is done with the source's memory. Where nothing says when that is
+            // (the event could not be recorded, or its wait was inconclusive), the source's
+            // memory is kept for good: leaked, never handed out while the copy may read it.
+            let error = ServerError::from(e);
+            self.settle_writes(core::iter::once(view(dst)), &Err(error.clone()));
+            let done = after
+                .as_ref()
+                .is_ok_and(|ev| FenceOutcome::wait(&*self.device.shim, ev).completed());
+            if !done {
+                core::mem::forget(src.binding());
+            }
+            return Err(error);
         }
         if self.current().drops.should_flush() {
             self.flush_after_enqueue()?;
@@ -195,7 +211,9 @@ impl<S: Shim> Command<'_, S> {
             found: src.len(),
         })?;
         let buffer = HostBuffer::from_vec(vec![0; len]);
-        let read = from.read_to(ReadRequest::whole(src), buffer)?.wait();
+        let read = from
+            .read_to(ReadRequest::whole(src), buffer)
+            .and_then(|pending| pending.wait());
         let bytes = match read {
             Ok(bytes) => bytes,
             Err(e) => {

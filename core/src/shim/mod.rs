@@ -70,7 +70,9 @@
 //! on each other's events ([`Shim::stream_wait_event`] with an event of the other shim). Such a
 //! shim keeps the rules of faults of work that ran across that wait, and a device lost on one
 //! side completes the other side's waits on its events, without a fault, once none of its work
-//! runs. Without `peer_access` the core copies through host memory with the calls above.
+//! runs; a peer copy that then runs with its source device lost fails as work that ran, so the
+//! destination never holds a silent mix. Without `peer_access` the core copies through host
+//! memory with the calls above.
 //!
 //! # What a shim may leave out
 //!
@@ -464,13 +466,19 @@ pub trait Shim {
     /// device-to-device copy for two contexts of one GPU). Called only where
     /// [`Shim::peer_access`] answered `true` for `src_device`; the core orders it (see there).
     ///
+    /// A copy that runs when `src_device` is lost fails as work that ran (a fault of `stream`'s
+    /// work, [`Fault::WorkFailed`]), never copies what is there: the source's work up to the
+    /// copy may not have run, and the destination's bytes must carry a failure, not a silent
+    /// mix (the waits before it complete without a fault, see [`Shim::peer_access`]).
+    ///
     /// Default: [`unsupported`].
     ///
     /// # Safety
     ///
-    /// `src .. src + len` lies in one live page of `src_device`, `dst .. dst + len` in one live
-    /// page of this device, and neither page is freed before an event recorded on `stream`
-    /// after this call completes.
+    /// `src .. src + len` lies in live memory of `src_device` (one page, or adjacent mappings of
+    /// its virtual memory), `dst .. dst + len` in live memory of this device, and neither is
+    /// freed before an event recorded on `stream` after this call completes (or, where a device
+    /// is lost, before it runs no work of this copy).
     unsafe fn copy_peer(
         &self,
         stream: &Self::Stream,

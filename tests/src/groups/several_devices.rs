@@ -421,6 +421,66 @@ pub fn several_devices_lost<H: Harness>(h: &H, mode: Mode) {
     drop((x, z, slow_in, slow_out, y));
     drop(b);
     a.assert_no_leak(GROUP);
+    source_lost(h, mode);
+}
+
+/// The source device lost while a copy out of it waits for its slow kernel: the destination's
+/// bytes are never a silent mix. Its read either fails or, where the copy ran before the loss,
+/// holds what the kernel wrote.
+fn source_lost<H: Harness>(h: &H, mode: Mode) {
+    const GROUP: &str = "several_devices_lost (source)";
+    let Some([mut a, mut b]) = pair(h, mode, DeviceConfig::default(), GROUP) else {
+        return;
+    };
+    if a.probe.is_none() {
+        crate::skip::skipped(GROUP, mode, "the harness has no probe");
+        return;
+    }
+    let s0 = StreamId(0);
+    let n = 300_001;
+    let p = pattern(n, 5);
+    let input = must(a.create(s0, &p), "create the input on A");
+    let x = must(a.empty(s0, n as u64), "empty x on A");
+    let y = must(b.create(s0, &vec![0xee; n]), "create y on B");
+    must(
+        a.launch(s0, TestKernel::SlowAdd, 1, &[&input], &[&x]),
+        "slow kernel writing x on A",
+    );
+    must(
+        copy(&mut b, s0, &y, &mut a, s0, &x),
+        "copy x to y behind it",
+    );
+    a.probe
+        .as_ref()
+        .expect("checked")
+        .inject(FaultRule::LoseDevice { op: ShimOp::Launch });
+    let lost = a.launch(s0, TestKernel::Fill, 1, &[], &[&input]);
+    assert!(
+        matches!(lost, Err(ref e) if e.is_device_lost()),
+        "[{mode}] {GROUP}: the injected loss answered {lost:?}"
+    );
+    match b.read(s0, &y) {
+        Err(_) => {}
+        Ok(bytes) => expect_same(
+            &bytes,
+            &plus(&p, 1),
+            &format!("[{mode}] {GROUP}: a destination read that succeeded"),
+            &["copy_peer (a source device lost before its work ran)"],
+        ),
+    }
+    // B goes on: its stream that copied is faulted (where the copy met the loss), its other
+    // streams run new work.
+    let s1 = StreamId(1);
+    let z = must(b.create(s1, &p), "new work on B");
+    b.expect_read(
+        s1,
+        &z,
+        &p,
+        &format!("[{mode}] {GROUP}: B after A was lost"),
+        &[],
+    );
+    drop((input, x, y, z));
+    drop(a);
 }
 
 /// Work that fails while it runs on A faults A's stream; B keeps working (its own work, and a
