@@ -151,7 +151,7 @@ where
             CopyPath::Empty => "nothing to copy",
         };
         println!(
-            "copied the weights to device {i} ({how}, {:.3} ms including the reservation)",
+            "copied the weights to device {i} ({how}, {:.3} ms including the reservation and the wait)",
             secs * 1e3
         );
         all.push(copy);

@@ -35,6 +35,9 @@ pub fn copy_weights<S: Shim>(
     let all = cmd.empty(w.all.len())?;
     cmd.allocation_mode(AllocationMode::Auto);
     let path = cmd.copy_from(&all, &mut source, &w.all)?;
+    // Waited for, so the time the host prints is the copy's on either path (a peer copy only
+    // enqueues).
+    cmd.sync()?.wait()?;
     let mut tensors = Vec::with_capacity(w.tensors.len());
     for t in &w.tensors {
         tensors.push(all.view(t.offset() - w.all.offset(), t.len())?);

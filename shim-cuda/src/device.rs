@@ -136,6 +136,10 @@ impl Drop for Context {
 #[derive(Clone)]
 pub struct CudaShim {
     ctx: Arc<Context>,
+    /// The GPUs that may read and write this one's virtual-memory mappings: this one, then every
+    /// other GPU `cuDeviceCanAccessPeer` allows (a peer copy on another GPU's stream reads this
+    /// one's memory; `cuCtxEnablePeerAccess` does not cover `cuMemMap`ped memory).
+    readers: Vec<sys::CUdevice>,
     ordinal: u32,
     name: String,
     driver_version: i32,
@@ -209,6 +213,10 @@ impl CudaShim {
     }
 
     /// Sets up the CUDA device `ordinal` (0 is the first GPU the driver sees).
+    ///
+    /// On a machine with several GPUs, the device's virtual-memory mappings are opened to every
+    /// GPU that can access its memory (`cuDeviceCanAccessPeer`), so copies between devices
+    /// ([`devcmd::Command::copy_from`]) read them; one GPU changes nothing.
     ///
     /// First checks, without any call that could panic, that the driver library loads, has every
     /// function the shim calls and is not older than the bindings (see the `driver` module);
@@ -295,8 +303,10 @@ impl CudaShim {
         let total_memory = total as u64;
         // With the context current: the granularity query needs an initialised driver.
         let vm_granule = vm::granule(dev, vmm);
+        let readers = vm::readers(dev, count);
         Ok(Self {
             ctx,
+            readers,
             ordinal,
             name,
             driver_version,
@@ -547,7 +557,7 @@ impl Shim for CudaShim {
             addr,
             size,
             self.facts.vm_granule,
-            self.ctx.device,
+            &self.readers,
             self.facts.total_memory,
         )
     }

@@ -33,13 +33,20 @@ pub(crate) fn access(this: &Context, src: &Context) -> bool {
     if let Some(&(_, ok)) = peers.iter().find(|(k, _)| *k == key) {
         return ok;
     }
-    let ok = enable(this, src).is_ok();
-    peers.push((key, ok));
-    ok
+    // Only the driver's definite answers are kept: a call that failed (a context that could not
+    // be bound, a device in trouble) is asked again next time.
+    match enable(this, src) {
+        Ok(ok) => {
+            peers.push((key, ok));
+            ok
+        }
+        Err(_) => false,
+    }
 }
 
-/// `cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess` with `this` current.
-fn enable(this: &Context, src: &Context) -> Result<(), DriverError> {
+/// `cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess` with `this` current: `Ok(false)` where
+/// the driver says the GPUs cannot, `Ok(true)` once enabled.
+fn enable(this: &Context, src: &Context) -> Result<bool, DriverError> {
     this.bind(OP)?;
     let mut can = 0;
     // SAFETY: both are valid device handles of a context the shims hold; `can` is written.
@@ -47,13 +54,13 @@ fn enable(this: &Context, src: &Context) -> Result<(), DriverError> {
         sys::cuDeviceCanAccessPeer(&mut can, this.device(), src.device())
     })?;
     if can == 0 {
-        return Err(crate::classify(OP, status::UNSUPPORTED));
+        return Ok(false);
     }
     // SAFETY: `this` is current on the calling thread (bound above); `src` is a live context.
     let r = unsafe { sys::cuCtxEnablePeerAccess(src.raw(), 0) };
     match code(r) {
-        status::SUCCESS | status::PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-        _ => check(OP, r),
+        status::SUCCESS | status::PEER_ACCESS_ALREADY_ENABLED => Ok(true),
+        _ => check(OP, r).map(|()| true),
     }
 }
 

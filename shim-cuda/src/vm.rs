@@ -122,17 +122,43 @@ pub(crate) unsafe fn release(addr: DeviceAddr, size: u64) {
     let _ = unsafe { sys::cuMemAddressFree(addr.0, bytes) };
 }
 
-/// `cuMemCreate` of `size` bytes of pinned memory on `device`, `cuMemMap` of it at `addr`,
-/// `cuMemSetAccess` for reading and writing from `device`; returns the allocation's handle. On a
+/// `dev`, then every other of the `count` GPUs that `cuDeviceCanAccessPeer` says may access
+/// `dev`'s memory (an answer the driver cannot give counts as no).
+pub(crate) fn readers(dev: sys::CUdevice, count: i32) -> Vec<sys::CUdevice> {
+    let mut readers = vec![dev];
+    for ordinal in 0..count {
+        let mut other = 0;
+        // SAFETY: `ordinal` is below the driver's count; the pointer is valid for one write.
+        if unsafe { sys::cuDeviceGet(&mut other, ordinal) } != sys::CUresult::CUDA_SUCCESS
+            || other == dev
+        {
+            continue;
+        }
+        let mut can = 0;
+        // SAFETY: both are device handles the driver gave; `can` is valid for one write.
+        let asked = unsafe { sys::cuDeviceCanAccessPeer(&mut can, other, dev) };
+        if asked == sys::CUresult::CUDA_SUCCESS && can != 0 {
+            readers.push(other);
+        }
+    }
+    readers
+}
+
+/// `cuMemCreate` of `size` bytes of pinned memory on `readers[0]`, `cuMemMap` of it at `addr`,
+/// `cuMemSetAccess` for reading and writing from every device of `readers` (the owner, then the
+/// GPUs that may copy from it); returns the allocation's handle. On a
 /// failure, what succeeded is undone (unmapped, released), so nothing stays mapped. A size past
 /// `total` (the device's memory) is too big without a driver call.
 pub(crate) fn map(
     addr: DeviceAddr,
     size: u64,
     granule: u64,
-    device: sys::CUdevice,
+    readers: &[sys::CUdevice],
     total: u64,
 ) -> Result<u64, DriverError> {
+    let Some(&device) = readers.first() else {
+        return Err(classify(ShimOp::VmMap, status::BAD_ARGUMENT));
+    };
     const OP: ShimOp = ShimOp::VmMap;
     let bytes = granules(OP, size, granule)?;
     if !addr.0.is_multiple_of(granule) {
@@ -156,13 +182,16 @@ pub(crate) fn map(
         let _ = unsafe { sys::cuMemRelease(handle) };
         return Err(e);
     }
-    let access = sys::CUmemAccessDesc {
-        location: on_device(device),
-        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    // SAFETY: the range was just mapped; one descriptor, living across the call.
+    let access: Vec<sys::CUmemAccessDesc> = readers
+        .iter()
+        .map(|&d| sys::CUmemAccessDesc {
+            location: on_device(d),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        })
+        .collect();
+    // SAFETY: the range was just mapped; the descriptors live across the call.
     let opened = check(OP, unsafe {
-        sys::cuMemSetAccess(addr.0, bytes, &access, 1)
+        sys::cuMemSetAccess(addr.0, bytes, access.as_ptr(), access.len())
     });
     if let Err(e) = opened {
         // SAFETY: the range was mapped just above and nothing can use it (no access was

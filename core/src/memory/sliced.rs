@@ -1,11 +1,9 @@
 //! A sliced pool: device pages (of any size) carved into blocks.
 //!
-//! Owns its pages, the blocks carved from them (physical neighbours linked so freed blocks
-//! coalesce at once) and the index of free blocks, one index across every page of the pool, so
-//! a request is placed in the best-fitting free block of any page. Placement is good-fit: the
-//! smallest size class that holds the request, first fit inside it; or at a chosen offset of a
-//! free block ([`SlicedPool::carve_at`]). Does not own the device calls (the manager passes pages
-//! in and takes them out) nor the decision of when an empty page goes back.
+//! Owns its pages, their blocks (neighbours linked: freed blocks coalesce at once) and one index
+//! of free blocks across every page, so a request lands in the best-fitting free block of any
+//! page: good-fit (the smallest class that holds it, first fit inside), or at a chosen offset
+//! ([`SlicedPool::carve_at`]). Device calls and when an empty page goes back: the manager's.
 
 use super::free_index::{FreeIndex, Links, NIL};
 use super::report::Usage;
