@@ -118,30 +118,34 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
             );
         }
     }
-    // Order: a slow write on the source's other stream, the copy from the owner's stream.
+    // Order: a slow write on the source's other stream, the copy from the owner's stream, held
+    // back on B by a slow kernel before it, and a fill of the source right after it (which must
+    // wait for the copy). The source is read first: in lazy mode that runs A's work first.
     let n = 64 * 1024 + 3;
     let p = pattern(n, 41);
     let input = must(a.create(s0, &p), "create input on A");
     let x = must(a.empty(s0, n as u64), "empty x on A");
     let y = must(b.empty(StreamId(1), n as u64), "empty y on B");
+    let held_in = must(b.create(StreamId(1), &p), "create on B");
+    let held_out = must(b.empty(StreamId(1), n as u64), "empty on B");
     must(
         a.launch(StreamId(1), TestKernel::SlowAdd, 1, &[&input], &[&x]),
         "slow kernel on A's stream 1 writing x",
+    );
+    must(
+        b.launch(
+            StreamId(1),
+            TestKernel::SlowAdd,
+            1,
+            &[&held_in],
+            &[&held_out],
+        ),
+        "slow kernel on B's stream 1 before the copy",
     );
     must(copy(&mut b, StreamId(1), &y, &mut a, s0, &x), "copy x to y");
     must(
         a.launch(s0, TestKernel::Fill, 0x5A, &[], &[&x]),
         "fill x on A right after the copy",
-    );
-    b.expect_read(
-        StreamId(1),
-        &y,
-        &plus(&p, 1),
-        &format!(
-            "[{mode}] {GROUP}: the copy of a buffer a slow kernel on another stream writes, \
-             followed by a fill of the source"
-        ),
-        &["stream_wait_event (across devices)", "copy_peer"],
     );
     a.expect_read(
         s0,
@@ -150,7 +154,17 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
         &format!("[{mode}] {GROUP}: the source filled after the copy"),
         &["stream_wait_event"],
     );
-    drop((input, x, y));
+    b.expect_read(
+        StreamId(1),
+        &y,
+        &plus(&p, 1),
+        &format!(
+            "[{mode}] {GROUP}: the copy of a buffer a slow kernel on another stream writes, \
+             followed by a fill of the source (which must wait for the copy)"
+        ),
+        &["stream_wait_event (across devices)", "copy_peer"],
+    );
+    drop((input, x, y, held_in, held_out));
     // The drop queue across the pair: the copy waits behind a slow kernel on B while its source
     // is dropped and A cleans every stream up (in poison mode an early free reads poison).
     let n = 3 * MIB as usize + 5;
@@ -174,7 +188,8 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
         &dst,
         &q,
         &format!(
-            "[{mode}] {GROUP}: a copy whose source was dropped and its device cleaned up while              the copy waited"
+            "[{mode}] {GROUP}: a copy whose source was dropped and its device cleaned up while \
+             the copy waited"
         ),
         &["stream_wait_event (across devices)", "event_wait"],
     );
