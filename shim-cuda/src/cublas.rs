@@ -728,7 +728,7 @@ fn gemm_raw(handle: cb::cublasHandle_t, g: &Gemm, a: u64, b: u64, c: u64) -> cb:
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -770,33 +770,42 @@ mod tests {
         assert!(library_result("x", cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS).is_ok());
     }
 
-    /// Every `cb::cublas*` function this file calls is checked before the first call.
-    #[test]
-    fn every_cublas_function_called_is_checked_first() {
-        let src = include_str!("cublas.rs");
+    /// The functions `src` calls through `alias::` whose names start with `prefix` (`"cublas"`
+    /// after `cb::`), each once per call site: `alias::name(`.
+    pub(crate) fn called(src: &str, alias: &str, prefix: &str) -> Vec<String> {
         let mut called = Vec::new();
-        for (i, _) in src.match_indices("cb::cublas") {
-            let name: String = src[i + 4..]
+        for (i, _) in src.match_indices(&format!("{alias}::{prefix}")) {
+            let at = i + alias.len() + 2;
+            let name: String = src[at..]
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                 .collect();
-            if src[i + 4 + name.len()..].starts_with('(') {
+            if src[at + name.len()..].starts_with('(') {
                 called.push(name);
             }
         }
-        assert!(called.len() >= 6, "{called:?}");
-        for name in &called {
-            assert!(
-                CUBLAS_SYMBOLS.contains(&name.as_str()),
-                "{name} is not in CUBLAS_SYMBOLS"
-            );
+        called
+    }
+
+    /// Every name of `called` is in `symbols` (`list` names it) and every symbol is called.
+    pub(crate) fn assert_checked(called: &[String], symbols: &[&str], list: &str) {
+        for name in called {
+            assert!(symbols.contains(&name.as_str()), "{name} is not in {list}");
         }
-        for s in CUBLAS_SYMBOLS {
+        for s in symbols {
             assert!(
                 called.iter().any(|c| c == s),
                 "{s} is checked but never called"
             );
         }
+    }
+
+    /// Every `cb::cublas*` function this file calls is checked before the first call.
+    #[test]
+    fn every_cublas_function_called_is_checked_first() {
+        let called = called(include_str!("cublas.rs"), "cb", "cublas");
+        assert!(called.len() >= 6, "{called:?}");
+        assert_checked(&called, CUBLAS_SYMBOLS, "CUBLAS_SYMBOLS");
     }
 
     /// Without the library (CI), `Cublas::new` is the clear error, never a panic.

@@ -506,30 +506,10 @@ mod tests {
     /// Every `lt::cublasLt*` function this file calls is checked before the first call.
     #[test]
     fn every_cublaslt_function_called_is_checked_first() {
-        let src = include_str!("cublas_lt.rs");
-        let mut called = Vec::new();
-        for (i, _) in src.match_indices("lt::cublasLt") {
-            let name: String = src[i + 4..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if src[i + 4 + name.len()..].starts_with('(') {
-                called.push(name);
-            }
-        }
+        use crate::cublas::tests::{assert_checked, called};
+        let called = called(include_str!("cublas_lt.rs"), "lt", "cublasLt");
         assert!(called.len() >= 10, "{called:?}");
-        for name in &called {
-            assert!(
-                LT_SYMBOLS.contains(&name.as_str()),
-                "{name} is not in LT_SYMBOLS"
-            );
-        }
-        for s in LT_SYMBOLS {
-            assert!(
-                called.iter().any(|c| c == s),
-                "{s} is checked but never called"
-            );
-        }
+        assert_checked(&called, LT_SYMBOLS, "LT_SYMBOLS");
     }
 
     /// Without the library (CI), loading is the clear error, never a panic.
