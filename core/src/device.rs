@@ -84,6 +84,9 @@ pub struct Device<S: Shim> {
     pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
     /// The capture state: whether a stream records, and the graphs callers dropped.
     pub(crate) capture: CaptureState<S>,
+    /// A copy to another device may still read this device's memory, its end unknown
+    /// (`command/across.rs`): teardown then leaks every page rather than free one under it.
+    pub(crate) read_by_peer: bool,
 }
 
 impl<S: Shim> Device<S> {
@@ -107,6 +110,7 @@ impl<S: Shim> Device<S> {
             foreign_uses: ForeignUses::default(),
             launch_spans: Vec::new(),
             capture: CaptureState::default(),
+            read_by_peer: false,
         }
     }
 
@@ -442,7 +446,7 @@ impl<S: Shim> Drop for Device<S> {
             }
         }
         let lost = self.ledger.device_lost().is_some();
-        if !(all_done || lost) {
+        if self.read_by_peer || !(all_done || lost) {
             warn!("a stream could not be drained at teardown: leaking the device's memory");
             for s in self.streams.iter_mut().flatten() {
                 s.memory.forget_all();

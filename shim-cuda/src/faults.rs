@@ -97,6 +97,10 @@ pub mod status {
     pub const LAUNCH_OUT_OF_RESOURCES: i32 = 701;
     /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` (no error for `cuCtxEnablePeerAccess`).
     pub const PEER_ACCESS_ALREADY_ENABLED: i32 = 704;
+    /// `CUDA_ERROR_TOO_MANY_PEERS`: the device has as many peers enabled as it can.
+    pub const TOO_MANY_PEERS: i32 = 711;
+    /// `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`: the two devices cannot access each other.
+    pub const PEER_ACCESS_UNSUPPORTED: i32 = 217;
     /// `CUDA_ERROR_LAUNCH_TIMEOUT`.
     pub const LAUNCH_TIMEOUT: i32 = 702;
     /// `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
@@ -308,6 +312,11 @@ mod tests {
     fn the_codes_are_the_bindings_codes() {
         let pairs = [
             (status::SUCCESS, R::CUDA_SUCCESS),
+            (status::TOO_MANY_PEERS, R::CUDA_ERROR_TOO_MANY_PEERS),
+            (
+                status::PEER_ACCESS_UNSUPPORTED,
+                R::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED,
+            ),
             (status::INVALID_VALUE, R::CUDA_ERROR_INVALID_VALUE),
             (status::OUT_OF_MEMORY, R::CUDA_ERROR_OUT_OF_MEMORY),
             (status::NOT_INITIALIZED, R::CUDA_ERROR_NOT_INITIALIZED),

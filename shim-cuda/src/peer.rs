@@ -60,7 +60,9 @@ fn enable(this: &Context, src: &Context) -> Result<bool, DriverError> {
     let r = unsafe { sys::cuCtxEnablePeerAccess(src.raw(), 0) };
     match code(r) {
         status::SUCCESS | status::PEER_ACCESS_ALREADY_ENABLED => Ok(true),
-        _ => check(OP, r).map(|()| true),
+        // The driver's definite refusals: kept, so later copies do not ask again.
+        status::TOO_MANY_PEERS | status::PEER_ACCESS_UNSUPPORTED => Ok(false),
+        other => Err(crate::classify(OP, other)),
     }
 }
 

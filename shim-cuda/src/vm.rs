@@ -190,9 +190,17 @@ pub(crate) fn map(
         })
         .collect();
     // SAFETY: the range was just mapped; the descriptors live across the call.
-    let opened = check(OP, unsafe {
+    let mut opened = check(OP, unsafe {
         sys::cuMemSetAccess(addr.0, bytes, access.as_ptr(), access.len())
     });
+    if opened.is_err() && access.len() > 1 {
+        // A peer in trouble must not stop the device's own mappings: the owner alone (a copy
+        // from this mapping on that peer then fails as its work, never reads unmapped memory).
+        // SAFETY: as above, with the owner's descriptor alone.
+        opened = check(OP, unsafe {
+            sys::cuMemSetAccess(addr.0, bytes, access.as_ptr(), 1)
+        });
+    }
     if let Err(e) = opened {
         // SAFETY: the range was mapped just above and nothing can use it (no access was
         // granted); the allocation is ours.

@@ -121,8 +121,10 @@ fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
             if source.is_lost() {
                 return Err(classify(ShimOp::CopyDeviceToDevice, status::SOURCE_LOST));
             }
-            // SAFETY: as for `Op::Copy`; the source device is not lost, so its memory is live
-            // (its pages are freed only after a fence after this copy: the core's contract).
+            // SAFETY: as for `Op::Copy`: the core frees neither side before a fence after this
+            // copy. Should the source be lost while the copy runs, its core frees its pages only
+            // after hearing of the loss, and a lost device's freed memory goes to its graveyard
+            // (kept while `source`, held here, lives), so the bytes stay readable.
             unsafe { c.run() };
             Ok(())
         }

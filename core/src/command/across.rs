@@ -23,7 +23,8 @@
 //!   are written only by work enqueued after it. Where that wait cannot be enqueued, the call
 //!   marks the destination's bytes failed, waits on the host for the destination's event after
 //!   the copy, and fails; where even that event is missing or its wait inconclusive, the
-//!   source's allocation is leaked rather than freed while the copy may still read it.
+//!   source's allocation is leaked rather than freed while the copy may still read it, and the
+//!   source device's teardown leaks all its memory.
 //! - **Capture.** Refused while a stream of either device records: a recording cannot wait on
 //!   another device's work.
 //! - **Staged** (no peer access): a read of the source into host memory on the source device
@@ -188,7 +189,11 @@ impl<S: Shim> Command<'_, S> {
                 .as_ref()
                 .is_ok_and(|ev| FenceOutcome::wait(&*self.device.shim, ev).completed());
             if !done {
+                warn!(
+                    "copy_from: the end of a copy to another device is unknown: leaking its source"
+                );
                 core::mem::forget(src.binding());
+                from.device.read_by_peer = true;
             }
             return Err(error);
         }

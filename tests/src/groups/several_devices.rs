@@ -196,10 +196,49 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
     drop((busy_in, busy_out, dst));
     refused_while_recording(&mut a, &mut b, mode);
     failure_across(&mut a, &mut b, mode);
+    wait_after_refused(&mut a, &mut b, mode);
     budgets(h, mode);
     wrong_device(&mut a, &mut b, mode);
     a.assert_no_leak(GROUP);
     b.assert_no_leak(GROUP);
+}
+
+/// The source's wait after the copy refused (with a probe on the peer path): the call fails,
+/// the destination's bytes carry the failure, and the source's bytes and device are untouched.
+fn wait_after_refused<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mode) {
+    const GROUP: &str = "several_devices (wait after the copy refused)";
+    if a.probe.is_none() || path(b, a) != CopyPath::Peer {
+        crate::skip::skipped(GROUP, mode, "needs a probe and a peer copy");
+        return;
+    }
+    let s0 = StreamId(0);
+    let n = 40_003;
+    let p = pattern(n, 23);
+    let x = must(a.create(s0, &p), "create x on A");
+    let y = must(b.create(s0, &vec![1; n]), "create y on B");
+    // x lives on the stream that copies: the source's only wait is the one after the copy.
+    a.probe.as_ref().expect("checked").inject(FaultRule::Once {
+        op: ShimOp::StreamWaitEvent,
+        skip: 0,
+    });
+    let copied = copy(b, s0, &y, a, s0, &x);
+    a.probe.as_ref().expect("checked").clear();
+    assert!(
+        copied.is_err(),
+        "[{mode}] {GROUP}: the copy answered {copied:?} though its wait after was refused"
+    );
+    assert!(
+        b.read(s0, &y).is_err(),
+        "[{mode}] {GROUP}: the destination read clean after a copy whose order was lost"
+    );
+    a.expect_read(
+        s0,
+        &x,
+        &p,
+        &format!("[{mode}] {GROUP}: the source"),
+        &["copy_peer"],
+    );
+    drop((x, y));
 }
 
 /// While a stream of either device records, a copy between them is refused (a recording cannot
