@@ -440,15 +440,7 @@ pub fn several_devices_lost<H: Harness>(h: &H, mode: Mode) {
         copy(&mut b, s0, &y, &mut a, s0, &x),
         "copy x to y behind it",
     );
-    b.probe
-        .as_ref()
-        .expect("checked")
-        .inject(FaultRule::LoseDevice { op: ShimOp::Launch });
-    let lost = b.launch(s0, TestKernel::Fill, 1, &[], &[&slow_out]);
-    assert!(
-        matches!(lost, Err(ref e) if e.is_device_lost()),
-        "[{mode}] {GROUP}: the injected loss answered {lost:?}"
-    );
+    lose(&mut b, &slow_out, mode, GROUP);
     assert!(
         b.read(s0, &y).is_err(),
         "[{mode}] {GROUP}: a read on the lost device succeeded"
@@ -504,15 +496,7 @@ fn source_lost<H: Harness>(h: &H, mode: Mode) {
         copy(&mut b, s0, &y, &mut a, s0, &x),
         "copy x to y behind it",
     );
-    a.probe
-        .as_ref()
-        .expect("checked")
-        .inject(FaultRule::LoseDevice { op: ShimOp::Launch });
-    let lost = a.launch(s0, TestKernel::Fill, 1, &[], &[&input]);
-    assert!(
-        matches!(lost, Err(ref e) if e.is_device_lost()),
-        "[{mode}] {GROUP}: the injected loss answered {lost:?}"
-    );
+    lose(&mut a, &input, mode, GROUP);
     match b.read(s0, &y) {
         Err(_) => {}
         Ok(bytes) => expect_same(
@@ -535,6 +519,20 @@ fn source_lost<H: Harness>(h: &H, mode: Mode) {
     );
     drop((input, x, y, z));
     drop(a);
+}
+
+/// Loses `ctx`'s device through its probe: the next launch (a fill of `out` on stream 0) loses
+/// it, and must say so.
+fn lose<H: Harness>(ctx: &mut Ctx<H>, out: &Handle, mode: Mode, group: &str) {
+    ctx.probe
+        .as_ref()
+        .expect("checked")
+        .inject(FaultRule::LoseDevice { op: ShimOp::Launch });
+    let lost = ctx.launch(StreamId(0), TestKernel::Fill, 1, &[], &[out]);
+    assert!(
+        matches!(lost, Err(ref e) if e.is_device_lost()),
+        "[{mode}] {group}: the injected loss answered {lost:?}"
+    );
 }
 
 /// Work that fails while it runs on A faults A's stream; B keeps working (its own work, and a
