@@ -148,8 +148,8 @@ impl<S: Shim> Command<'_, S> {
         // SAFETY: both ranges were resolved just now to live ranges of their allocations (the
         // target's checks), of `src.len()` bytes each; the destination's allocation is kept as
         // for any write on its stream, the source's by the source stream's wait after the copy
-        // (or its binding in the destination's drop queue), so neither page is freed before a
-        // fence after the copy.
+        // (or, where that wait fails, by a host wait for the copy or a leak), so neither page is
+        // freed before the copy is done.
         let copied = unsafe {
             d.shim.copy_peer(
                 draw,
