@@ -83,14 +83,74 @@ pub(super) fn view(h: &Handle) -> Span {
     }
 }
 
-/// Whether two views share a byte of the same allocation (an empty view shares none).
+/// Whether two views share a byte of the same allocation (an empty view shares none). The
+/// allocations are compared by identity first: one pointer compare for the usual pair of
+/// different allocations, nothing else read.
 fn overlap(a: &Handle, b: &Handle) -> bool {
-    a.id() == b.id()
-        && a.issuer() == b.issuer()
+    a.same_allocation(b)
         && !a.is_empty()
         && !b.is_empty()
         && a.offset() < b.offset() + b.len()
         && b.offset() < a.offset() + a.len()
+}
+
+/// The refusal of work whose written buffer `output` overlaps buffer `other`.
+#[cold]
+#[inline(never)]
+fn aliased_error(kernel: &'static str, output: usize, other: usize) -> ServerError {
+    Validation::AliasedLaunch {
+        kernel,
+        output,
+        other,
+    }
+    .into()
+}
+
+/// Buffer `index` of device work names no memory it may use.
+#[cold]
+#[inline(never)]
+fn buffer_error(kernel: &'static str, index: usize, cause: crate::error::IoError) -> ServerError {
+    LaunchError::Buffer {
+        kernel,
+        index,
+        cause,
+    }
+    .into()
+}
+
+/// The shim's refusal of device work, recorded in the ledger.
+#[cold]
+#[inline(never)]
+fn refused<S: Shim>(
+    device: &crate::device::Device<S>,
+    kernel: &'static str,
+    error: crate::error::DriverError,
+) -> ServerError {
+    LaunchError::Refused {
+        kernel,
+        cause: device.ledger.call_failed(error),
+    }
+    .into()
+}
+
+/// A library's own error, kept whole.
+#[cold]
+#[inline(never)]
+fn library_failed(work: &'static str, error: LibraryError) -> ServerError {
+    LaunchError::Library { work, error }.into()
+}
+
+/// The ranges `writes` carry a new failure whose root is `error` (a refusal).
+#[cold]
+#[inline(never)]
+fn fail_writes(
+    failures: &mut crate::failure::Failures,
+    writes: impl Iterator<Item = Span>,
+    error: &ServerError,
+) {
+    let f = failures.new_failure(error.clone());
+    writes.for_each(|w| failures.mark(w.id, w.start, w.end, f));
+    failures.prune(f);
 }
 
 /// The buffers of device work in their order (inputs, updates: read and written in place,
@@ -107,24 +167,30 @@ impl<'a> Buffers<'a> {
         self.inputs.len() + self.updates.len() + self.outputs.len()
     }
 
-    fn iter(&self) -> impl Iterator<Item = &'a Handle> + 'a {
-        let (i, u, o) = (self.inputs, self.updates, self.outputs);
-        i.iter().chain(u).chain(o).copied()
+    /// The three lists in order.
+    fn lists(&self) -> [&'a [&'a Handle]; 3] {
+        [self.inputs, self.updates, self.outputs]
     }
 
     /// The first pair (written buffer, other buffer) whose views overlap, by position: kernels
     /// may run their blocks in any order, and a library may too, so a buffer the work writes
-    /// (an update or an output) shares no byte with another buffer of the same work.
+    /// (an update or an output) shares no byte with another buffer of the same work. Plain loops
+    /// over the three lists: nothing gathered, one pointer compare per pair in the usual case.
     pub(super) fn aliased(&self) -> Option<(usize, usize)> {
-        // Plain loops over the three lists, by position: nothing gathered, one compare per pair.
-        let all = [self.inputs, self.updates, self.outputs];
-        let written = self.updates.iter().chain(self.outputs);
-        for (o, &written) in (self.inputs.len()..).zip(written) {
-            let others = all.iter().flat_map(|list| list.iter());
-            for (i, &other) in others.enumerate() {
-                if i != o && overlap(written, other) {
-                    return Some((o, i));
+        let lists = self.lists();
+        let mut o = self.inputs.len();
+        for written in [self.updates, self.outputs] {
+            for &w in written {
+                let mut i = 0;
+                for list in lists {
+                    for &other in list {
+                        if i != o && overlap(w, other) {
+                            return Some((o, i));
+                        }
+                        i += 1;
+                    }
                 }
+                o += 1;
             }
         }
         None
@@ -175,49 +241,27 @@ impl<S: Shim> Command<'_, S> {
     ) -> Result<(), ServerError> {
         // Begin.
         self.begin()?;
-        // Check.
+        // Check, resolve each handle once, then order after other streams. The usual path falls
+        // through: what is rare (a refusal, a graph, the failure rule's skip, a recording) is
+        // in functions of its own, out of the way of the hot code.
         let touches = work.touches();
-        let buffers = match touches {
-            Touches::Views(b) => Some(b),
-            Touches::Graph(_) => None,
-        };
-        if let Some((output, other)) = buffers.and_then(|b| b.aliased()) {
-            return Err(Validation::AliasedLaunch {
-                kernel: name,
-                output,
-                other,
-            }
-            .into());
-        }
         let stance = self.stance();
-        if matches!(touches, Touches::Graph(_)) && stance == Stance::Record {
-            // A graph inside a recording: not supported (CUDA would need a child-graph node).
-            return Err(Validation::Recording { op: "replay" }.into());
-        }
-        // Resolve each handle once, then order after other streams.
         let mut spans = [NO_SPAN; STACK_BUFFERS];
         let count = match touches {
-            Touches::Views(buffers) => self.resolve_views(name, buffers, &mut spans)?,
-            Touches::Graph(g) => {
-                for b in &g.touched {
-                    self.device.order_kept(self.stream, b)?;
+            Touches::Views(buffers) => {
+                if let Some((output, other)) = buffers.aliased() {
+                    return Err(aliased_error(name, output, other));
                 }
+                self.resolve_views(name, buffers, &mut spans)?
+            }
+            Touches::Graph(g) => {
+                self.order_graph(g, stance)?;
                 0
             }
         };
         // The failure rule: recorded work applies it at each replay instead.
-        if stance != Stance::Record
-            && let Some(f) = self.carried(touches.reads())
-        {
-            let failures = &mut self.device.failures;
-            failures.skipped(f, name);
-            touches
-                .writes()
-                .for_each(|w| failures.mark(w.id, w.start, w.end, f));
-            return Err(ServerError::Skipped {
-                kernel: name,
-                failure: f,
-            });
+        if stance != Stance::Record && !self.device.failures.is_empty() {
+            self.failure_rule(name, &touches)?;
         }
         // The device call.
         let device = &mut *self.device;
@@ -231,13 +275,6 @@ impl<S: Shim> Command<'_, S> {
             .expect("a command's stream exists")
             .raw;
         let shim = &*device.shim;
-        let refused = |cause| -> ServerError {
-            LaunchError::Refused {
-                kernel: name,
-                cause,
-            }
-            .into()
-        };
         let called: Result<(), ServerError> = match &mut work {
             Work::Kernel {
                 kernel,
@@ -249,28 +286,22 @@ impl<S: Shim> Command<'_, S> {
                 // no output overlaps another buffer (checked above), and the kernel touches only
                 // its buffers (the shim's contract).
                 let launched = unsafe { shim.launch(raw, kernel, *dims, spans, params) };
-                launched.map_err(|e| refused(device.ledger.call_failed(e)))
+                launched.map_err(|e| refused(device, name, e))
             }
-            Work::Library { call, .. } => call(shim.native_stream(raw), spans)
-                .map_err(|error| LaunchError::Library { work: name, error }.into()),
+            Work::Library { call, .. } => {
+                call(shim.native_stream(raw), spans).map_err(|error| library_failed(name, error))
+            }
             Work::Replay(g) => {
                 // SAFETY: the graph keeps every allocation it touches alive and every page they
                 // lie on guarded (no move, no reuse), and its host bytes are its own; the drop
                 // queue keeps all of it until a fence after this replay passes.
                 let launched = unsafe { shim.graph_launch(&g.exec, raw) };
-                launched.map_err(|e| refused(device.ledger.call_failed(e)))
+                launched.map_err(|e| refused(device, name, e))
             }
         };
         // The outcome.
         if stance == Stance::Record {
-            if let Some(w) = self.device.capture.window_mut() {
-                touches.reads().for_each(|r| w.read(r));
-                touches.writes().for_each(|r| w.write(r));
-            }
-            if let Err(e) = &called {
-                self.discard_recording(e);
-            }
-            return called;
+            return self.record_outcome(&touches, called);
         }
         self.settle_writes(touches.writes(), &called);
         called?;
@@ -284,6 +315,62 @@ impl<S: Shim> Command<'_, S> {
             self.flush_after_enqueue()?;
         }
         Ok(())
+    }
+
+    /// Orders this stream after other streams' work on everything a replayed graph touches
+    /// (its memory stays alive through the graph, which rides the drop queue). A graph inside a
+    /// recording is refused: CUDA would need a child-graph node.
+    #[inline(never)]
+    fn order_graph(&mut self, g: &Recorded<S>, stance: Stance) -> Result<(), ServerError> {
+        if stance == Stance::Record {
+            return Err(Validation::Recording { op: "replay" }.into());
+        }
+        for b in &g.touched {
+            self.device.order_kept(self.stream, b)?;
+        }
+        Ok(())
+    }
+
+    /// The failure rule, once some failure is on record: when an input carries one, the work is
+    /// skipped, the ranges it writes carry the same failure, and the skip is the answer.
+    #[cold]
+    #[inline(never)]
+    fn failure_rule(
+        &mut self,
+        name: &'static str,
+        touches: &Touches<'_, S>,
+    ) -> Result<(), ServerError> {
+        let Some(f) = self.carried(touches.reads()) else {
+            return Ok(());
+        };
+        let failures = &mut self.device.failures;
+        failures.skipped(f, name);
+        touches
+            .writes()
+            .for_each(|w| failures.mark(w.id, w.start, w.end, f));
+        Err(ServerError::Skipped {
+            kernel: name,
+            failure: f,
+        })
+    }
+
+    /// The outcome of work made while this stream records: its ranges join the recording's
+    /// window; a refusal discards the recording.
+    #[cold]
+    #[inline(never)]
+    fn record_outcome(
+        &mut self,
+        touches: &Touches<'_, S>,
+        called: Result<(), ServerError>,
+    ) -> Result<(), ServerError> {
+        if let Some(w) = self.device.capture.window_mut() {
+            touches.reads().for_each(|r| w.read(r));
+            touches.writes().for_each(|r| w.write(r));
+        }
+        if let Err(e) = &called {
+            self.discard_recording(e);
+        }
+        called
     }
 
     /// Resolves every buffer of device work once (no side effect: a handle that names no memory
@@ -302,27 +389,37 @@ impl<S: Shim> Command<'_, S> {
             self.device.launch_spans.clear();
             self.device.launch_spans.resize(count, NO_SPAN);
         }
-        for (index, h) in buffers.iter().enumerate() {
-            let t = self.device.target(h).map_err(|cause| LaunchError::Buffer {
-                kernel: name,
-                index,
-                cause,
-            })?;
-            let span = DeviceSpan {
-                addr: t.resolved.addr,
-                len: t.resolved.len,
-            };
-            if on_heap {
-                self.device.launch_spans[index] = span;
-            } else {
-                spans[index] = span;
+        let mut index = 0;
+        for list in buffers.lists() {
+            for h in list {
+                let t = self
+                    .device
+                    .target(*h)
+                    .map_err(|cause| buffer_error(name, index, cause))?;
+                let span = DeviceSpan {
+                    addr: t.resolved.addr,
+                    len: t.resolved.len,
+                };
+                if on_heap {
+                    self.device.launch_spans[index] = span;
+                } else {
+                    spans[index] = span;
+                }
+                index += 1;
             }
         }
-        for h in buffers.iter() {
-            // The owner is the stream that issued the handle, checked above by `target` (not
-            // kept: the firmware's stack is small).
-            let owner = h.issuer().stream as usize;
-            self.device.order_after(self.stream, h, owner)?;
+        // Nothing to wait for in the usual case (asked once, not per buffer): only memory
+        // another stream owns is ordered then.
+        let quiet = self.device.order_is_quiet();
+        for list in buffers.lists() {
+            for h in list {
+                // The owner is the stream that issued the handle, checked above by `target` (not
+                // kept: the firmware's stack is small).
+                let owner = h.issuer().stream as usize;
+                if !quiet || owner != self.stream {
+                    self.device.order_after(self.stream, *h, owner)?;
+                }
+            }
         }
         Ok(count)
     }
@@ -350,11 +447,7 @@ impl<S: Shim> Command<'_, S> {
                     writes.for_each(|w| failures.written(w.id, w.start, w.end));
                 }
             }
-            Err(error) => {
-                let f = failures.new_failure(error.clone());
-                writes.for_each(|w| failures.mark(w.id, w.start, w.end, f));
-                failures.prune(f);
-            }
+            Err(error) => fail_writes(failures, writes, error),
         }
     }
 

@@ -292,6 +292,12 @@ impl Handle {
         self.identity.exposed.load(Ordering::Acquire)
     }
 
+    /// Whether `other` names the same allocation (itself, a clone or a view of it): one
+    /// pointer compare.
+    pub(crate) fn same_allocation(&self, other: &Handle) -> bool {
+        Arc::ptr_eq(&self.identity, &other.identity)
+    }
+
     /// A binding for in-flight work: keeps the memory alive without counting as an owner.
     pub fn binding(&self) -> Binding {
         self.as_binding().to_binding()

@@ -50,7 +50,7 @@ impl<S: Shim> Device<S> {
             .as_ref()
             .expect("owner_of found it")
             .memory
-            .resolve(binding)?;
+            .resolve_issued(binding)?;
         Ok(Target { owner, resolved })
     }
 
@@ -84,6 +84,15 @@ impl<S: Shim> Device<S> {
         self.order(current, binding, target.owner, false)
     }
 
+    /// Whether ordering a stream after others has nothing to do for memory that stream owns: no
+    /// recording, no fault on record and no other stream's use of anything (each step
+    /// of the slow path would pass). Asked once per operation; memory another stream owns is
+    /// ordered either way.
+    #[inline]
+    pub(crate) fn order_is_quiet(&self) -> bool {
+        self.recording().is_none() && self.ledger.clean() && self.foreign_uses.is_empty()
+    }
+
     #[inline]
     fn order(
         &mut self,
@@ -92,13 +101,8 @@ impl<S: Shim> Device<S> {
         owner: usize,
         keep_alive: bool,
     ) -> Result<(), ServerError> {
-        // The usual case, with nothing to do: the stream's own memory, no recording, no fault
-        // on record and no other stream's use of anything (each step below would pass).
-        if owner == current
-            && self.recording().is_none()
-            && self.ledger.clean()
-            && self.foreign_uses.is_empty()
-        {
+        // The usual case, with nothing to do: the stream's own memory, and nothing else to do.
+        if owner == current && self.order_is_quiet() {
             return Ok(());
         }
         self.order_slow(current, binding, owner, keep_alive)

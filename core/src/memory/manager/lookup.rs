@@ -88,6 +88,14 @@ impl<S: Shim> MemoryManager<S> {
     #[inline]
     fn find(&self, b: BindingRef<'_>) -> Result<(Location, Used, Resolved), IoError> {
         self.check_issuer(b)?;
+        self.find_issued(b)
+    }
+
+    /// [`Self::find`] for a binding whose issuer was checked already (this manager's device
+    /// and stream).
+    #[inline]
+    fn find_issued(&self, b: BindingRef<'_>) -> Result<(Location, Used, Resolved), IoError> {
+        debug_assert_eq!(b.issuer(), self.issuer, "the caller checked the issuer");
         let location = b.location()?;
         let stale = IoError::NotFound {
             handle: b.id(),
@@ -135,6 +143,14 @@ impl<S: Shim> MemoryManager<S> {
     #[inline]
     pub fn resolve(&self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
         self.find(handle.as_binding()).map(|(_, _, r)| r)
+    }
+
+    /// [`Self::resolve`] for a handle the caller found to be issued by this manager's device and
+    /// stream ([`Device::owner_of`](crate::Device) does, once per handle per operation): the
+    /// issuer is not checked twice.
+    #[inline]
+    pub(crate) fn resolve_issued(&self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
+        self.find_issued(handle.as_binding()).map(|(_, _, r)| r)
     }
 
     /// The raw page `page` names and its first device address.
