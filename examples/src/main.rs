@@ -218,9 +218,9 @@ where
     let served = if o.graph {
         let served = replay::serve(&plan, &mut device, kernels, &w)?;
         println!(
-            "graphs: one batch's 6 launches recorded once per batch in flight ({}), replayed per \
-             batch",
-            serve::IN_FLIGHT
+            "graphs: one batch's 6 launches recorded {} times (one more than batches in \
+             flight), replayed per batch",
+            replay::GRAPHS
         );
         served
     } else {

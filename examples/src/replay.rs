@@ -9,7 +9,8 @@
 
 use crate::model::{INPUT, Inputs, Kernels, put_floats};
 use crate::serve::{
-    self, COMPUTE, DeviceWeights, IN_FLIGHT, Pending, Plan, Served, enqueue_layers, layer_buffers,
+    self, COMPUTE, COPY, DeviceWeights, IN_FLIGHT, Pending, Plan, Served, enqueue_layers,
+    layer_buffers,
 };
 use devcmd::{Device, Graph, Handle, ReadRequest, Shim, StreamId};
 use std::collections::VecDeque;
@@ -123,9 +124,18 @@ pub fn serve_graphs<S: Shim>(
     })
 }
 
-/// [`record`] as many graphs as batches in flight, inputs written on the compute stream (in
-/// order with the replays: no cross-stream wait; on the H200 this matched the copy stream at 32
-/// requests a batch and beat it at 256, see BENCHMARKS.md), then [`serve_graphs`].
+/// Graphs [`serve`] records: one more than batches in flight. The graph a batch writes its input
+/// into was then last replayed for a batch whose result the loop already waited for, so that
+/// replay passed a fence and the copy stream's write waits for nothing on the compute stream.
+/// With exactly [`IN_FLIGHT`] graphs that replay may still be queued, and the core orders the
+/// write after everything the compute stream was given so far (a cross-stream wait is an event
+/// recorded at that stream's tail), which puts every upload behind the replays before it: on
+/// the H200 that cost 59.7 µs a batch at 32 requests against the eager loop's 55.2, and one
+/// spare graph brought it to 51.4 (BENCHMARKS.md, `graph-bench`).
+pub const GRAPHS: usize = IN_FLIGHT + 1;
+
+/// [`record`]s [`GRAPHS`] graphs, inputs written on the copy stream (overlapping the replays),
+/// then [`serve_graphs`].
 ///
 /// # Errors
 ///
@@ -136,6 +146,6 @@ pub fn serve<S: Shim>(
     k: &Kernels<S::Kernel>,
     w: &DeviceWeights,
 ) -> Result<Served, Box<dyn Error>> {
-    let graphs = record(device, k, w, plan.batch_size, IN_FLIGHT, COMPUTE)?;
+    let graphs = record(device, k, w, plan.batch_size, GRAPHS, COPY)?;
     serve_graphs(plan, device, &graphs, w)
 }

@@ -2,7 +2,8 @@
 //! (cudarc's `sys` layer, with the shim's context current) measured in the same run, printed as
 //! markdown tables.
 //!
-//! - launch: enqueue cost of one tiny kernel through `Command::launch` and `Shim::launch` against
+//! - launch: enqueue cost of one tiny kernel through `Command::launch` (and of a kernel of no
+//!   buffer, the core's fixed part) and `Shim::launch` against
 //!   `cuLaunchKernel`;
 //! - fence: `Shim::record_event` (and `Command::sync`'s enqueue) against `cuEventRecord` on a
 //!   `CU_EVENT_DISABLE_TIMING` event;
@@ -71,6 +72,9 @@ const TINY: &str = r#"
 extern "C" __global__ void tiny(float *out, const float *in, unsigned n) {
     unsigned i = threadIdx.x;
     if (i < n) out[i] = in[i] + 1.0f;
+}
+extern "C" __global__ void bare(unsigned n) {
+    if (threadIdx.x > n) __trap();
 }
 "#;
 
@@ -315,7 +319,10 @@ const LIBRARY_ROUNDS_PER: usize = 4;
 
 fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
     const BATCH: usize = 256;
-    let tiny = shim.compile(TINY, &[])?.kernel("tiny")?;
+    let module = shim.compile(TINY, &[])?;
+    let tiny = module.kernel("tiny")?;
+    // A kernel of no buffer: `Command::launch` of it is the core's fixed cost per operation.
+    let bare = module.kernel("bare")?;
     let mut device = Device::new(shim.clone(), DeviceConfig::default());
     let floats: Vec<u8> = to_bytes(&[0.5f32; 32]);
     let mut cmd = device.command(S)?;
@@ -364,15 +371,17 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
     // Each round's ratio of the core's loop to the raw loop: paired in time, so the host's
     // drift between rounds (clocks, other tenants) cancels; the headline is their median.
     let mut ratio_l = Vec::new();
+    let (mut bare_l, mut bare_ratio) = (Vec::new(), Vec::new());
+    let bare_params = [KernelParam::Scalar(&n)];
     // The launch rows are cheap (a round is ~3 ms): LAUNCH_ROUNDS_PER times the other
     // sections' rounds of them.
     let launch_rounds = rounds.warm + rounds.timed * LAUNCH_ROUNDS_PER;
     for round in 0..launch_rounds {
         let keep = round >= rounds.warm;
-        let mut times = [0.0; 3];
-        // The three paths in a rotating order, so none always runs first after the sync.
-        for i in 0..3 {
-            let path = (round + i) % 3;
+        let mut times = [0.0; 4];
+        // The four paths in a rotating order, so none always runs first after the sync.
+        for i in 0..4 {
+            let path = (round + i) % 4;
             bind(shim)?;
             let t = Instant::now();
             match path {
@@ -392,7 +401,7 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
                         unsafe { shim.launch(&stream, &tiny, dims, &spans, &kparams)? };
                     }
                 }
-                _ => {
+                2 => {
                     for _ in 0..BATCH {
                         cmd.launch(Launch {
                             kernel: &tiny,
@@ -403,9 +412,20 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
                         })?;
                     }
                 }
+                _ => {
+                    for _ in 0..BATCH {
+                        cmd.launch(Launch {
+                            kernel: &bare,
+                            dims,
+                            inputs: &[],
+                            outputs: &[],
+                            params: &bare_params,
+                        })?;
+                    }
+                }
             }
             times[path] = micros(t, BATCH);
-            if path == 2 {
+            if path >= 2 {
                 cmd.sync()?.wait()?;
             } else {
                 sync(&stream)?;
@@ -415,7 +435,9 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
             raw_l.push(times[0]);
             shim_l.push(times[1]);
             ours_l.push(times[2]);
+            bare_l.push(times[3]);
             ratio_l.push(times[2] / times[0]);
+            bare_ratio.push(times[3] / times[0]);
         }
         // The fence rows every LAUNCH_ROUNDS_PER-th round.
         if round % LAUNCH_ROUNDS_PER != 0 {
@@ -487,6 +509,12 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
         spread(&ours_l),
         o / r,
         met(paired <= 1.03)
+    );
+    println!(
+        "| `Command::launch` (no buffer: the fixed part) | {:.3} | {} | {:.3} paired | |",
+        median(&bare_l),
+        spread(&bare_l),
+        median(&bare_ratio)
     );
     let (r, s, o) = (median(&raw_f), median(&shim_f), median(&ours_f));
     println!(
