@@ -28,6 +28,32 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpt2-tiny")
 }
 
+/// The output projections cut along k (`GPT2_SPLIT_K`, as cuBLAS runs them on the GPU; here one
+/// GEMM per part) decode the fixture as transformers does, eagerly and with graphs.
+#[test]
+fn split_projections_decode_the_fixture_as_transformers_does() {
+    for mode in [&[][..], &["--graph"]] {
+        let mut args: Vec<OsString> = vec!["--check".into(), fixture().into()];
+        args.extend(mode.iter().map(OsString::from));
+        let out = Command::new(env!("CARGO_BIN_EXE_gpt2"))
+            .args(&args)
+            .env("GPT2_SPLIT_K", "4")
+            .output()
+            .expect("run the gpt2 host");
+        let (code, stdout, stderr) = outcome(&out);
+        assert_eq!(code, Some(0), "{mode:?}: {stdout}{stderr}");
+        assert!(
+            stdout.contains("k cut into 4 (attention) and 4 (MLP) parts"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("greedy tokens identical, max abs logit difference"),
+            "{mode:?}: {stdout}"
+        );
+        assert!(stdout.contains("row 0: 47 211 38 53 204 116 152 249 | 43 43 43 43 43 43 43 43"));
+    }
+}
+
 /// A copy of the fixture in a fresh directory, for a test to change.
 fn copy_of_fixture(test: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt2-{test}"));

@@ -4,7 +4,8 @@
 //!
 //! Owns: finding and checking the cuBLAS library ([`cublas_library`], [`CUBLAS_SYMBOLS`]), one
 //! cuBLAS handle per devcmd stream with its workspace, and the mapping of a [`Gemm`] onto
-//! `cublasSgemm` / `cublasGemmEx`. Does not own: ordering, capture or the failure rule (the
+//! `cublasSgemm` / `cublasGemmEx` (a product cut along k: `cublas_split.rs`). Does not own:
+//! ordering, capture or the failure rule (the
 //! core's `library` operation), streams (`stream.rs`).
 //!
 //! # Loading: no toolkit to build, a clear error without the library
@@ -68,6 +69,7 @@ pub const CUBLAS_SYMBOLS: &[&str] = &[
     "cublasSetWorkspace_v2",
     "cublasSgemm_v2",
     "cublasGemmEx",
+    "cublasGemmStridedBatchedEx",
 ];
 
 /// Workspace of a handle on Hopper (compute capability 9.x) and newer: cuBLAS's recommendation.
@@ -800,10 +802,16 @@ pub(crate) mod tests {
         }
     }
 
-    /// Every `cb::cublas*` function this file calls is checked before the first call.
+    /// Every `cb::cublas*` function this file and `cublas_split.rs` call is checked before the
+    /// first call.
     #[test]
     fn every_cublas_function_called_is_checked_first() {
-        let called = called(include_str!("cublas.rs"), "cb", "cublas");
+        let mut called = called(include_str!("cublas.rs"), "cb", "cublas");
+        called.extend(super::tests::called(
+            include_str!("cublas_split.rs"),
+            "cb",
+            "cublas",
+        ));
         assert!(called.len() >= 6, "{called:?}");
         assert_checked(&called, CUBLAS_SYMBOLS, "CUBLAS_SYMBOLS");
     }

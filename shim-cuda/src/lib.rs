@@ -149,6 +149,7 @@
 
 pub mod cublas;
 pub mod cublas_lt;
+mod cublas_split;
 mod device;
 mod driver;
 pub mod faults;

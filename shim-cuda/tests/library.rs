@@ -97,6 +97,86 @@ fn a_gemm_through_library_work_matches_a_cpu_reference_f16() {
     }
 }
 
+/// A product cut along k (`Cublas::gemm_split_k`, one strided-batched call): the partials,
+/// summed, match the reference of the whole product; every part was written (NaN-poisoned
+/// first); parts that do not divide k, a transposed operand and a too-short output are refused
+/// before anything is enqueued.
+#[test]
+fn a_split_k_gemm_sums_to_the_whole_product() {
+    let test = "a_split_k_gemm_sums_to_the_whole_product";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    let mut rng = Rng::seeded(test);
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    for dtype in [GemmType::F32, GemmType::F16] {
+        // A decoding step's shapes (one and eight columns), and a padded ldc.
+        let mut padded = Gemm::packed(dtype, 40, 3, 96);
+        padded.ldc = 44;
+        for (g, parts) in [
+            (Gemm::packed(dtype, 96, 1, 384), 6u32),
+            (Gemm::packed(dtype, 64, 8, 256), 4),
+            (padded, 3),
+            (Gemm::packed(dtype, 32, 2, 64), 1),
+        ] {
+            let (a, b, _) = operands(&g, &mut rng);
+            let part = (g.ldc * g.n) as usize;
+            let poison = vec![f32::NAN; part * parts as usize];
+            let mut cmd = dev.command(S0).unwrap();
+            let ha = cmd.create(&encode(dtype, &a)).unwrap();
+            let hb = cmd.create(&encode(dtype, &b)).unwrap();
+            let hp = cmd.create(&encode(dtype, &poison)).unwrap();
+            blas.gemm_split_k(&mut cmd, g, parts, &ha, &hb, &hp)
+                .unwrap();
+            let out = decode(dtype, &read(&mut dev, S0, &hp).unwrap());
+            let mut sum = vec![0.0f32; part];
+            for p in 0..parts as usize {
+                for j in 0..g.n as usize {
+                    for i in 0..g.m as usize {
+                        let at = i + j * g.ldc as usize;
+                        sum[at] += out[p * part + at];
+                    }
+                }
+            }
+            let want = reference(&g, &a, &b, &vec![0.0; part]);
+            let err = relative_error(&g, &sum, &want);
+            say(&format!(
+                "split-K {dtype:?} {g:?} in {parts}: relative error {err:.3e}"
+            ));
+            assert!(err < tolerance(dtype), "{g:?} in {parts}: {err:e}");
+        }
+        // Refusals: nothing enqueued, the error names the rule.
+        let g = Gemm::packed(dtype, 16, 1, 48);
+        let mut cmd = dev.command(S0).unwrap();
+        let ha = cmd.empty(16 * 48 * dtype.bytes()).unwrap();
+        let hb = cmd.empty(48 * dtype.bytes()).unwrap();
+        let hp = cmd.empty(16 * 4 * dtype.bytes()).unwrap();
+        for parts in [0, 5] {
+            let e = blas
+                .gemm_split_k(&mut cmd, g, parts, &ha, &hb, &hp)
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    ServerError::Validation(Validation::LibrarySplit { k: 48, .. })
+                ),
+                "{e}"
+            );
+        }
+        let e = blas
+            .gemm_split_k(&mut cmd, g, 6, &ha, &hb, &hp)
+            .unwrap_err();
+        assert!(e.to_string().contains("C (every part)"), "{e}");
+        let mut t = g;
+        t.trans_a = true;
+        t.lda = 48;
+        let e = blas
+            .gemm_split_k(&mut cmd, t, 4, &ha, &hb, &hp)
+            .unwrap_err();
+        assert!(e.to_string().contains("untransposed"), "{e}");
+    }
+}
+
 #[test]
 fn cublas_on_stream_1_is_ordered_after_an_upload_on_stream_0() {
     let test = "cublas_on_stream_1_is_ordered_after_an_upload_on_stream_0";

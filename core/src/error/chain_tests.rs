@@ -67,6 +67,11 @@ fn validations() -> Vec<Validation> {
             value: 1 << 40,
             max: i32::MAX as u64,
         },
+        Validation::LibrarySplit {
+            work: "gemm",
+            k: 768,
+            parts: 5,
+        },
         Validation::LaunchDims { kernel: "k", dims },
     ]
 }

@@ -85,6 +85,15 @@ pub enum Validation {
         /// The largest the library takes.
         max: u64,
     },
+    /// A product split along k into parts (a split-K GEMM) whose part count does not divide k.
+    LibrarySplit {
+        /// The work.
+        work: &'static str,
+        /// The product's k.
+        k: u64,
+        /// The parts asked for.
+        parts: u64,
+    },
     /// A launch extent (a grid or block dimension) is zero.
     LaunchDims {
         /// The kernel.
@@ -164,6 +173,11 @@ impl fmt::Display for Validation {
                 f,
                 "dimension {dimension} of `{work}` is {value}, past the {max} the library takes; \
                  split the work into smaller products"
+            ),
+            Self::LibrarySplit { work, k, parts } => write!(
+                f,
+                "`{work}` splits k = {k} into {parts} parts, but the parts must be at least 1 and \
+                 divide k; pass a divisor of k (1 for no split)"
             ),
             Self::LaunchDims { kernel, dims } => write!(
                 f,

@@ -255,6 +255,13 @@ where
         file_dtype.name(),
         model.dtype.name()
     );
+    let (proj_parts, out_parts) = step::projection_parts(config, backend.split_k());
+    if proj_parts.max(out_parts) > 1 {
+        println!(
+            "output projections: k cut into {proj_parts} (attention) and {out_parts} (MLP) parts, \
+             the partials summed by the residual add"
+        );
+    }
     let run = decode::decode(&mut device, backend, &model, plan)?;
     let launches = step::launches_per_step(config.layers, backend.fuses_bias_gelu());
     report_run(o, plan, &run, launches);

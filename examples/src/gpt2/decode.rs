@@ -59,6 +59,56 @@ pub const COMPUTE: StreamId = StreamId(0);
 /// this many steps).
 pub const IN_FLIGHT: usize = 2;
 
+/// `GPT2_SPLIT_K`, when set to a whole number of at least 1.
+pub fn split_k_from_env() -> Option<usize> {
+    std::env::var("GPT2_SPLIT_K")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+}
+
+/// The parts a split of `k` wanting `wanted` parts gets: the largest divisor of `k` at most
+/// `wanted` (1 when nothing else divides it).
+pub fn split_parts(k: usize, wanted: usize) -> usize {
+    (1..=wanted.max(1))
+        .rev()
+        .find(|&p| k.is_multiple_of(p))
+        .unwrap_or(1)
+}
+
+/// [`Backend::gemm_split_k`] as one [`Backend::gemm`] per part, over views of A, B and
+/// `partials`.
+///
+/// # Errors
+///
+/// The device's refusal; a view past its handle when `parts` does not divide `g.k`.
+pub fn gemm_parts<S: Shim, B: Backend<S> + ?Sized>(
+    be: &B,
+    cmd: &mut Command<'_, S>,
+    name: &'static str,
+    g: Gemm,
+    parts: usize,
+    [a, b]: [&Handle; 2],
+    partials: &Handle,
+) -> Result<(), ServerError> {
+    let es = g.dtype.bytes();
+    let (m, n, k) = (u64::from(g.m), u64::from(g.n), u64::from(g.k));
+    let slice = k / parts.max(1) as u64;
+    let part = Gemm {
+        k: slice as u32,
+        ..g
+    };
+    for p in 0..parts.max(1) as u64 {
+        // Columns `p·slice ..` of A (lda = m: contiguous), rows `p·slice ..` of every column of
+        // B (ldb = k: the view runs to the last column's slice), the part's block of C.
+        let a_part = a.view(p * slice * m * es, slice * m * es)?;
+        let b_part = b.view(p * slice * es, (n.saturating_sub(1) * k + slice) * es)?;
+        let c_part = partials.view(p * m * n * es, m * n * es)?;
+        be.gemm(cmd, name, part, &a_part, &b_part, &c_part)?;
+    }
+    Ok(())
+}
+
 /// What a device brings: the step's kernels, the element type it computes in, and its GEMM.
 pub trait Backend<S: Shim> {
     /// The step's kernels.
@@ -112,6 +162,34 @@ pub trait Backend<S: Shim> {
     /// Whether [`Self::gemm_bias_gelu`] runs as one launch.
     fn fuses_bias_gelu(&self) -> bool {
         false
+    }
+
+    /// How many parts the step cuts the k of a projection that feeds its residual add into
+    /// ([`Self::gemm_split_k`]); 1: no split. `GPT2_SPLIT_K=N` sets it on every device.
+    fn split_k(&self) -> usize {
+        split_k_from_env().unwrap_or(1)
+    }
+
+    /// Enqueues the product `g` (A and B untransposed, `beta = 0`) cut along k into `parts`
+    /// equal parts: part `p`'s `m × n` result lands at element `p · m · n` of `partials`, and
+    /// the partials sum to the product (the residual add sums them). By default one
+    /// [`Self::gemm`] per part over views of A, B and `partials`; a device whose library
+    /// batches them (cuBLAS's strided-batched GEMM) makes one call.
+    ///
+    /// # Errors
+    ///
+    /// The device's refusal; a `parts` that does not divide `g.k` is the caller's bug
+    /// (`split_parts` picks a divisor) and is refused by the views.
+    fn gemm_split_k(
+        &self,
+        cmd: &mut Command<'_, S>,
+        name: &'static str,
+        g: Gemm,
+        parts: usize,
+        operands: [&Handle; 2],
+        partials: &Handle,
+    ) -> Result<(), ServerError> {
+        gemm_parts(self, cmd, name, g, parts, operands, partials)
     }
 
     /// Sets up what the GEMMs need on `cmd`'s stream before a recording (cuBLAS's handle and
@@ -383,6 +461,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
         &plan.prompt,
         cap,
         passes,
+        backend.split_k(),
     )?;
     let mut record = None;
     let mut graph = if plan.graph {

@@ -7,7 +7,7 @@
 //! (`cublasSgemm`, or `cublasGemmEx` with f16 operands and f32 compute). Where cuBLAS does not
 //! load, the GPU runs a plain `gemm` kernel instead and the host says so.
 
-use super::decode::Backend;
+use super::decode::{Backend, gemm_parts, split_k_from_env};
 use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, gemm_scalars, launch, u32s};
 use super::weights::DType;
 use devcmd::{Command, Gemm, Handle, LaunchError, ServerError};
@@ -163,6 +163,10 @@ impl CudaBackend {
     }
 }
 
+/// Parts the output projections' k is cut into with cuBLAS (`GPT2_SPLIT_K` overrides): chosen
+/// by measurement on the H200 (BENCHMARKS.md, GPT-2 small).
+pub const SPLIT_K: usize = 4;
+
 impl Backend<CudaShim> for CudaBackend {
     fn kernels(&self) -> &Kernels<CudaKernel> {
         &self.kernels
@@ -228,6 +232,29 @@ impl Backend<CudaShim> for CudaBackend {
 
     fn fuses_bias_gelu(&self) -> bool {
         self.fused && self.cublas.as_ref().is_ok_and(|c| c.lt().is_ok())
+    }
+
+    /// [`SPLIT_K`] parts with cuBLAS (one strided-batched call fills the GPU better than
+    /// cuBLAS's own choice for a decode step's thin products); none with the plain kernel.
+    fn split_k(&self) -> usize {
+        split_k_from_env().unwrap_or(if self.cublas.is_ok() { SPLIT_K } else { 1 })
+    }
+
+    fn gemm_split_k(
+        &self,
+        cmd: &mut Command<'_, CudaShim>,
+        name: &'static str,
+        g: Gemm,
+        parts: usize,
+        operands: [&Handle; 2],
+        partials: &Handle,
+    ) -> Result<(), ServerError> {
+        match (&self.cublas, u32::try_from(parts)) {
+            (Ok(cublas), Ok(p)) => {
+                cublas.gemm_split_k(cmd, g, p, operands[0], operands[1], partials)
+            }
+            _ => gemm_parts(self, cmd, name, g, parts, operands, partials),
+        }
     }
 
     fn prepare(&self, cmd: &mut Command<'_, CudaShim>) -> Result<(), ServerError> {

@@ -199,16 +199,29 @@ extern "C" __global__ void embed(T *x, T *h, const unsigned *next, const unsigne
     norm_kept(h + (size_t)r * embd, v, g, b, embd, eps, red);
 }
 
+/* The projection's output at element j of row r: its `parts` partials summed (one for a plain
+   GEMM), plus the bias: `bias + y` exactly as before when there is one part. */
+__device__ __forceinline__ float proj_out(const T *yr, const T *bias, unsigned j, unsigned parts,
+                                          size_t part) {
+    float s = ld(bias[j]);
+    for (unsigned p = 0; p < parts; ++p) s += ld(yr[p * part + j]);
+    return s;
+}
+
+/* x += (sum of y's partials) + bias, h = norm(x). y is [parts][rows][n]. */
 extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, const T *g,
-                                       const T *b, unsigned rows, unsigned n, float eps) {
+                                       const T *b, unsigned rows, unsigned n, unsigned parts,
+                                       float eps) {
     __shared__ float red[32];
     unsigned r = blockIdx.x;
     if (r >= rows) return;
+    const size_t part = (size_t)rows * n;
     T *xr = x + (size_t)r * n;
     const T *yr = y + (size_t)r * n;
-    if (warp_row(n) && al16(xr) && al16(yr) && al16(bias) && al16(h) && al16(g) && al16(b)) {
+    if (warp_row(n) && al16(xr) && al16(yr) && al16(bias) && al16(h) && al16(g) && al16(b) &&
+        (part * sizeof(T)) % 16u == 0u) {
         unsigned lane = threadIdx.x, nv = n / (32u * VEC);
-        const uint4 *y4 = (const uint4 *)yr, *c4 = (const uint4 *)bias;
+        const uint4 *c4 = (const uint4 *)bias;
         uint4 *x4 = (uint4 *)xr;
         float v[ROW_VECS * VEC];
 #pragma unroll
@@ -216,11 +229,18 @@ extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, co
             if (i < nv) {
                 V16 a, yy, c, o;
                 a.u = x4[i * 32u + lane];
-                yy.u = y4[i * 32u + lane];
                 c.u = c4[i * 32u + lane];
+                float s[VEC];
+#pragma unroll
+                for (unsigned j = 0; j < VEC; ++j) s[j] = ld(c.e[j]);
+                for (unsigned p = 0; p < parts; ++p) {
+                    yy.u = ((const uint4 *)(yr + p * part))[i * 32u + lane];
+#pragma unroll
+                    for (unsigned j = 0; j < VEC; ++j) s[j] += ld(yy.e[j]);
+                }
 #pragma unroll
                 for (unsigned j = 0; j < VEC; ++j) {
-                    o.e[j] = st(ld(a.e[j]) + (ld(yy.e[j]) + ld(c.e[j])));
+                    o.e[j] = st(ld(a.e[j]) + s[j]);
                     v[i * VEC + j] = ld(o.e[j]);
                 }
                 x4[i * 32u + lane] = o.u;
@@ -235,7 +255,7 @@ extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, co
     if (n > NORM_PER * blockDim.x) {
         /* Each thread reads back only the elements it wrote. */
         for (unsigned j = threadIdx.x; j < n; j += blockDim.x)
-            xr[j] = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
+            xr[j] = st(ld(xr[j]) + proj_out(yr, bias, j, parts, part));
         norm_row(h + (size_t)r * n, xr, g, b, n, eps, red);
         return;
     }
@@ -245,7 +265,7 @@ extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, co
         unsigned j = threadIdx.x + i * blockDim.x;
         v[i] = 0.0f;
         if (j < n) {
-            T sum = st(ld(xr[j]) + (ld(yr[j]) + ld(bias[j])));
+            T sum = st(ld(xr[j]) + proj_out(yr, bias, j, parts, part));
             xr[j] = sum;
             v[i] = ld(sum);
         }

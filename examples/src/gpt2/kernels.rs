@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | `embed` | x, h | next, prompt, wte, wpe, state, g, b | rows, embd, prompt_len, vocab, positions, eps |
 //! | `attention` | out, k cache, v cache | qkv, qkv bias, state | rows, heads, head_dim, cap, scale |
-//! | `residual_ln` | x, h | y, bias, g, b | rows, n, eps |
+//! | `residual_ln` | x, h | y (`[parts][rows][n]`), bias, g, b | rows, n, parts, eps |
 //! | `bias_gelu` | f | bias | rows, n |
 //! | `argmax` | next, history, state, partials, count | logits | rows, vocab, cap |
 //! | `copy_cache` | new cache | old cache | blocks, old_cap, new_cap, head_dim |
@@ -192,7 +192,7 @@ pub fn elem_dims(elements: usize) -> LaunchDims {
 pub const SIGNATURES: &[(&str, &[usize])] = &[
     ("embed", &[8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4]),
     ("attention", &[8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4]),
-    ("residual_ln", &[8, 8, 8, 8, 8, 8, 4, 4, 4]),
+    ("residual_ln", &[8, 8, 8, 8, 8, 8, 4, 4, 4, 4]),
     ("bias_gelu", &[8, 8, 4, 4]),
     ("argmax", &[8, 8, 8, 8, 8, 8, 4, 4, 4]),
     ("copy_cache", &[8, 8, 4, 4, 4, 4]),

@@ -103,9 +103,11 @@ fn embed(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     Ok(())
 }
 
-/// `residual_ln(x, h | y, bias, g, b | rows, n, eps)`: `x += y + bias`, `h = norm(x)`.
+/// `residual_ln(x, h | y, bias, g, b | rows, n, parts, eps)`: `x += (Σ y's parts) + bias`,
+/// `h = norm(x)`; `y` is `[parts][rows][n]`.
 fn residual_ln(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
-    let (rows, n, eps) = (u(ctx, 6)?, u(ctx, 7)?, ctx.scalar_f32(8)?);
+    let (rows, n, parts) = (u(ctx, 6)?, u(ctx, 7)?, u(ctx, 8)?);
+    let eps = ctx.scalar_f32(9)?;
     let mut bufs = ctx.buffers_mut()?;
     let [y, bias, g, b, x, h] = bufs.as_mut_slice() else {
         return Err(F);
@@ -113,10 +115,15 @@ fn residual_ln(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
     let (y, bias, g, b) = (as_f32(y)?, as_f32(bias)?, as_f32(g)?, as_f32(b)?);
     let (x, h) = (as_f32_mut(x)?, as_f32_mut(h)?);
     let (bias, g, b) = (sub(bias, 0, n)?, sub(g, 0, n)?, sub(b, 0, n)?);
+    let part = rows.checked_mul(n).ok_or(F)?;
     for r in 0..rows {
         let xr = sub_mut(x, r * n, n)?;
-        for ((xv, &yv), &bv) in xr.iter_mut().zip(sub(y, r * n, n)?).zip(bias) {
-            *xv += yv + bv;
+        for (j, (xv, &bv)) in xr.iter_mut().zip(bias).enumerate() {
+            let mut s = bv;
+            for p in 0..parts {
+                s += *y.get(p * part + r * n + j).ok_or(F)?;
+            }
+            *xv += s;
         }
         norm_row(sub_mut(h, r * n, n)?, xr, g, b, eps);
     }

@@ -7,7 +7,7 @@
 //! geometry (`kernels.rs`), the device's kernels and GEMM ([`Backend`]) nor the loop
 //! (`decode.rs`).
 
-use super::decode::{Backend, DeviceModel};
+use super::decode::{Backend, DeviceModel, split_parts};
 use super::kernels::{
     argmax_dims, argmax_partials, attention_dims, elem_dims, f32s, head, launch, linear, rows_dims,
     u32s,
@@ -33,7 +33,7 @@ pub struct Workspace {
     pub qkv: Handle,
     /// The attention's output `[rows, embd]`.
     pub attn: Handle,
-    /// A projection's output `[rows, embd]`.
+    /// A projection's output `[parts][rows, embd]`: partials the residual add sums.
     pub y: Handle,
     /// The MLP's hidden layer `[rows, inner]`.
     pub f: Handle,
@@ -69,8 +69,15 @@ fn u32_bytes(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
     v.into_iter().flat_map(u32::to_le_bytes).collect()
 }
 
+/// The parts the attention's and the MLP's output projections cut their k into, for a device
+/// that wants `split` ([`Backend::split_k`]): each the largest divisor of its k at most `split`.
+pub fn projection_parts(c: &super::config::Config, split: usize) -> (usize, usize) {
+    (split_parts(c.embd, split), split_parts(c.inner, split))
+}
+
 /// Reserves the buffers of a run of `passes` positions over `prompt` (`[rows][prompt_len]`)
-/// with `cap` cached positions, and uploads the prompt and the starting state.
+/// with `cap` cached positions, and uploads the prompt and the starting state; the projections'
+/// output holds `split` partials ([`projection_parts`]).
 ///
 /// # Errors
 ///
@@ -81,8 +88,10 @@ pub fn workspace<S: Shim>(
     prompt: &[Vec<u32>],
     cap: usize,
     passes: usize,
+    split: usize,
 ) -> Result<Workspace, ServerError> {
     let c = &model.config;
+    let (proj_parts, out_parts) = projection_parts(c, split);
     let rows = prompt.len();
     let prompt_len = prompt.first().map_or(0, Vec::len);
     let es = model.dtype.bytes();
@@ -91,7 +100,7 @@ pub fn workspace<S: Shim>(
     let h = buf(rows * c.embd)?;
     let qkv = buf(rows * 3 * c.embd)?;
     let attn = buf(rows * c.embd)?;
-    let y = buf(rows * c.embd)?;
+    let y = buf(proj_parts.max(out_parts) * rows * c.embd)?;
     let f = buf(rows * c.inner)?;
     let logits = buf(rows * c.vocab)?;
     let per_layer = rows * c.embd * cap;
@@ -171,6 +180,23 @@ pub fn launches_per_step(layers: usize, fused: bool) -> usize {
     1 + (8 - usize::from(fused)) * layers + 2
 }
 
+/// An output projection into `y`: the plain GEMM, or cut along k into `parts` partials.
+fn project<S: Shim, B: Backend<S>>(
+    cmd: &mut Command<'_, S>,
+    be: &B,
+    name: &'static str,
+    g: devcmd::Gemm,
+    parts: usize,
+    [w, x]: [&Handle; 2],
+    y: &Handle,
+) -> Result<(), ServerError> {
+    if parts <= 1 {
+        be.gemm(cmd, name, g, w, x, y)
+    } else {
+        be.gemm_split_k(cmd, name, g, parts, [w, x], y)
+    }
+}
+
 /// Enqueues one decoding step on `cmd` (eagerly, or into a recording).
 ///
 /// # Errors
@@ -187,6 +213,7 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
     let k = be.kernels();
     let (rows, e, gt) = (ws.rows, c.embd, m.dtype.gemm());
     let eps = f32s(c.eps);
+    let (proj_parts, out_parts) = projection_parts(c, be.split_k());
     let first = &t.layers[0];
     launch(
         cmd,
@@ -229,19 +256,35 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
             ],
         )?;
         let proj = linear(gt, rows, e, e);
-        be.gemm(cmd, "attn.c_proj", proj, &layer.proj_w, &ws.attn, &ws.y)?;
+        project(
+            cmd,
+            be,
+            "attn.c_proj",
+            proj,
+            proj_parts,
+            [&layer.proj_w, &ws.attn],
+            &ws.y,
+        )?;
         launch(
             cmd,
             &k.residual_ln,
             rows_dims(rows, e, m.dtype.bytes()),
             &[&ws.y, &layer.proj_b, &layer.ln2_g, &layer.ln2_b],
             &[&ws.x, &ws.h],
-            &[u32s(rows), u32s(e), eps],
+            &[u32s(rows), u32s(e), u32s(proj_parts), eps],
         )?;
         let fc = linear(gt, rows, e, c.inner);
         be.gemm_bias_gelu(cmd, fc, [&layer.fc_w, &ws.h, &layer.fc_b], &ws.f)?;
         let out = linear(gt, rows, c.inner, e);
-        be.gemm(cmd, "mlp.c_proj", out, &layer.out_w, &ws.f, &ws.y)?;
+        project(
+            cmd,
+            be,
+            "mlp.c_proj",
+            out,
+            out_parts,
+            [&layer.out_w, &ws.f],
+            &ws.y,
+        )?;
         // The residual, then the next layer's first norm (or the final one).
         let (g, b) = match t.layers.get(l + 1) {
             Some(next) => (&next.ln1_g, &next.ln1_b),
@@ -253,7 +296,7 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
             rows_dims(rows, e, m.dtype.bytes()),
             &[&ws.y, &layer.out_b, g, b],
             &[&ws.x, &ws.h],
-            &[u32s(rows), u32s(e), eps],
+            &[u32s(rows), u32s(e), u32s(out_parts), eps],
         )?;
     }
     let head = head(gt, rows, e, c.vocab);
