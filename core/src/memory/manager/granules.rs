@@ -73,6 +73,21 @@ impl<S: Shim> MemoryManager<S> {
             block: c.block,
         };
         let granule = self.vm_granule;
+        if missing > 0
+            && update == PageUpdate::Allow
+            && size == Size::Arena
+            && aligned <= granule
+            && let Some(shared) = self.place_in_mapped(Size::Small, aligned, used)
+        {
+            // Free room the small pool has memory behind serves it with no map: the arena's
+            // partial granules and the small slices share memory instead of each holding a
+            // granule of its own (a model whose small slices take a few hundred KiB holds no
+            // granule for them alone).
+            let pool = self.vm[which].as_deref_mut().expect("reserved above");
+            pool.untouch(first, last);
+            pool.pool.free(c.block, used.owner);
+            return Ok(Some(shared));
+        }
         if missing > 0 {
             debug_assert!(
                 update != PageUpdate::Forbidden,
@@ -130,6 +145,23 @@ impl<S: Shim> MemoryManager<S> {
         }
         self.vm_high_water = self.vm_high_water.max(self.granules_held());
         Ok(Some(location))
+    }
+
+    /// Places `aligned` bytes in the granule pool serving `size` where memory is already behind
+    /// every granule it touches (retiring ones taken back), or `None` with nothing changed.
+    fn place_in_mapped(&mut self, size: Size, aligned: u64, used: Used) -> Option<Location> {
+        let pool = self.vm[size.slot()].as_deref_mut()?;
+        let c = pool.carve_mapped(used.size, aligned, used)?;
+        let (first, last) = pool.span(c.addr, aligned);
+        pool.touch(first, last);
+        for g in first..=last {
+            let need = pool.need(g);
+            debug_assert!(need != Need::Map, "placed over usable granules only");
+        }
+        Some(Location {
+            pool: Pool::Granules(size),
+            block: c.block,
+        })
     }
 
     /// Whether `bytes` more fit the budget. Where they would not and `update` allows releasing,
