@@ -336,7 +336,7 @@ impl GranulePool {
 
     /// Places `aligned` bytes as [`Self::carve`] does, but only where memory is already behind
     /// every granule it touches (retiring granules count: the caller takes them back); `None`,
-    /// with the blocks as they were, when none of the blocks `carve` compares is such room.
+    /// with the room free again, when none of the blocks `carve` compares is such room.
     /// Bounded like `carve`: for the hot path.
     pub(crate) fn carve_mapped(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
         let c = self.carve(size, aligned, used)?;

@@ -2,7 +2,9 @@
 //! allocation touches, and giving idle granules back.
 //!
 //! Owns when a range is reserved (at the pool's first request; a refusal turns the granule pools
-//! off and the pools fall back to pages), the order of a placement (carve, count the granules, give
+//! off and the pools fall back to pages), the sharing of memory between the two pools (an arena
+//! request up to a granule that would map one goes to room the small pool has memory behind, where
+//! its bounded placement finds some), the order of a placement (carve, count the granules, give
 //! idle granules back when mapping the missing ones would take the pools past the most they ever
 //! held, map what is missing, undo all of it on a refusal) and how a granule goes back (unmapped at
 //! once under [`PageRelease::Immediate`], else retired to the drop queue with a token the pool can
@@ -148,15 +150,19 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Places `aligned` bytes in the granule pool serving `size` where memory is already behind
-    /// every granule it touches (retiring ones taken back), or `None` with nothing changed.
+    /// every granule it touches (retiring ones taken back), or `None` with the room free again.
     fn place_in_mapped(&mut self, size: Size, aligned: u64, used: Used) -> Option<Location> {
         let pool = self.vm[size.slot()].as_deref_mut()?;
         let c = pool.carve_mapped(used.size, aligned, used)?;
         let (first, last) = pool.span(c.addr, aligned);
         pool.touch(first, last);
-        for g in first..=last {
-            let need = pool.need(g);
-            debug_assert!(need != Need::Map, "placed over usable granules only");
+        // A retiring granule the drop queue unmapped since `carve_mapped` looked (its fence
+        // passed in between) needs a map: this placement is undone (granules taken back before
+        // it stay mapped, idle) and the caller maps in its own pool.
+        if (first..=last).any(|g| pool.need(g) == Need::Map) {
+            pool.untouch(first, last);
+            pool.pool.free(c.block, used.owner);
+            return None;
         }
         Some(Location {
             pool: Pool::Granules(size),
