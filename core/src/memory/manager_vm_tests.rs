@@ -274,7 +274,7 @@ fn a_small_live_peak_holds_the_fewest_granules_its_bytes_need() {
     let bytes: u64 = sizes.iter().sum();
     let fewest = bytes.div_ceil(2 * MIB);
     assert_eq!(
-        u64::from(shim.mapped.get()),
+        shim.mapped.get(),
         fewest,
         "{bytes} live bytes need {fewest} granules"
     );
