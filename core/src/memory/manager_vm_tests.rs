@@ -307,3 +307,18 @@ fn an_arena_slice_maps_its_own_granule_where_the_small_pool_has_no_room_for_it()
     assert_eq!(shim.mapped.get(), 4);
     assert_ne!(granule_of(&mut mm, &c), granule_of(&mut mm, &_s));
 }
+
+/// Room held ahead of a recording (a `hold` reserves and drops) that sharing placed in the small
+/// pool serves the same arena request while the stream records (conformance: capture's "a
+/// recording that needs a page", with the room held).
+#[test]
+fn room_shared_with_the_small_pool_serves_a_recording() {
+    let (shim, mut mm) = vm_device();
+    let _s = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    drop(mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap());
+    let maps = shim.maps.get();
+    assert_eq!(maps, 1, "the 1 MiB shared the small pool's granule");
+    let h = mm.reserve(&shim, MIB, PageUpdate::Forbidden).unwrap();
+    assert_eq!(shim.maps.get(), maps, "nothing mapped while recording");
+    assert_eq!(granule_of(&mut mm, &h), granule_of(&mut mm, &_s));
+}

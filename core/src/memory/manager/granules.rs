@@ -63,6 +63,12 @@ impl<S: Shim> MemoryManager<S> {
             pool.carve(used.size, aligned, used)
         };
         let Some(c) = carved else {
+            if update == PageUpdate::Forbidden && size == Size::Arena && aligned <= self.vm_granule
+            {
+                // Room held ahead for a recording (`hold`, a warm-up) may lie in the small pool,
+                // where sharing (below) placed it.
+                return Ok(self.place_in_mapped(Size::Small, aligned, used, true));
+            }
             return Ok(None);
         };
         let (first, last) = pool.span(c.addr, aligned);
@@ -79,7 +85,7 @@ impl<S: Shim> MemoryManager<S> {
             && update == PageUpdate::Allow
             && size == Size::Arena
             && aligned <= granule
-            && let Some(shared) = self.place_in_mapped(Size::Small, aligned, used)
+            && let Some(shared) = self.place_in_mapped(Size::Small, aligned, used, false)
         {
             // Free room the small pool has memory behind serves it with no map: the arena's
             // partial granules and the small slices share memory instead of each holding a
@@ -151,9 +157,22 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Places `aligned` bytes in the granule pool serving `size` where memory is already behind
     /// every granule it touches (retiring ones taken back), or `None` with the room free again.
-    fn place_in_mapped(&mut self, size: Size, aligned: u64, used: Used) -> Option<Location> {
+    /// `walk`: look at every free block (a reservation that may not map, rare), not only at the
+    /// candidates a placement compares (bounded, for the hot path).
+    fn place_in_mapped(
+        &mut self,
+        size: Size,
+        aligned: u64,
+        used: Used,
+        walk: bool,
+    ) -> Option<Location> {
+        let alignment = self.alignment;
         let pool = self.vm[size.slot()].as_deref_mut()?;
-        let c = pool.carve_mapped(used.size, aligned, used)?;
+        let c = if walk {
+            pool.carve_in_mapped(used.size, aligned, alignment, used)?
+        } else {
+            pool.carve_mapped(used.size, aligned, used)?
+        };
         let (first, last) = pool.span(c.addr, aligned);
         pool.touch(first, last);
         // A retiring granule the drop queue unmapped since `carve_mapped` looked (its fence
