@@ -59,6 +59,21 @@ fn growth_gives_idle_granules_back_first() {
     assert_eq!(mm.granule_calls(), (7, 2));
 }
 
+/// The manager's live allocations by address, after checking that no two overlap.
+fn allocations_apart(mm: &mut MemoryManager<TestShim>) -> Vec<crate::memory::AllocationInfo> {
+    let mut allocs = mm.allocations();
+    allocs.sort_by_key(|a| a.addr);
+    for w in allocs.windows(2) {
+        assert!(
+            w[0].addr + w[0].span <= w[1].addr,
+            "{:?} overlaps {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    allocs
+}
+
 #[test]
 fn every_allocation_lies_on_a_run_of_mapped_granules_and_none_overlap() {
     let (shim, mut mm) = vm_device();
@@ -71,16 +86,7 @@ fn every_allocation_lies_on_a_run_of_mapped_granules_and_none_overlap() {
         }
     }
     let pages = mm.pages();
-    let mut allocs = mm.allocations();
-    allocs.sort_by_key(|a| a.addr);
-    for w in allocs.windows(2) {
-        assert!(
-            w[0].addr + w[0].span <= w[1].addr,
-            "{:?} overlaps {:?}",
-            w[0],
-            w[1]
-        );
-    }
+    let allocs = allocations_apart(&mut mm);
     for a in &allocs {
         assert!(a.page.addr <= a.addr && a.addr + a.size <= a.page.addr + a.page.size);
         assert!(pages.contains(&a.page), "its run is listed: {:?}", a.page);
@@ -217,16 +223,7 @@ fn an_arena_slice_shares_the_small_pools_granule_instead_of_mapping_one() {
     );
     assert_eq!(granule_of(&mut mm, &tail), granule_of(&mut mm, &small[0]));
     assert_eq!(mm.resolve(&tail).unwrap().len, MIB);
-    let mut allocs = mm.allocations();
-    allocs.sort_by_key(|a| a.addr);
-    for w in allocs.windows(2) {
-        assert!(
-            w[0].addr + w[0].span <= w[1].addr,
-            "{:?} / {:?}",
-            w[0],
-            w[1]
-        );
-    }
+    allocations_apart(&mut mm);
     // Its granule stays while either side lives, and goes once both are gone.
     drop(small);
     mm.cleanup(&shim, Cleanup::Explicit);
