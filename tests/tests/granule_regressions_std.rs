@@ -1,10 +1,11 @@
 //! The granule pools' accounting against what the std shim really maps (issue 19): after a
 //! cleanup the report and the budget count what the shim holds, granules the drop queue unmapped
 //! included; a budget that lies between granules serves a request that fits it in a page, and
-//! leaves nothing mapped that nothing uses. A property test compares them after every step of a
-//! random sequence.
+//! leaves nothing mapped that nothing uses; a buffer under a granule shares the small pool's
+//! granule instead of mapping one of its own. A property test compares them after every step of
+//! a random sequence.
 
-use devcmd::{Device, DeviceConfig, StreamId};
+use devcmd::{Device, DeviceConfig, ReadRequest, StreamId};
 use devcmd_std::StdShim;
 use proptest::prelude::*;
 
@@ -80,6 +81,38 @@ fn a_request_past_the_budget_is_refused_and_leaves_nothing_mapped() {
     assert_eq!(figures(&mut device), (0, 0, 0));
 }
 
+/// Issue 19, "no granule wasted": a small slice and a 1 MiB buffer on an empty device hold one
+/// 2 MiB granule between them (two before the pools shared memory), and each keeps its bytes.
+#[test]
+fn a_small_slice_and_a_buffer_under_a_granule_share_one_granule() {
+    let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+    let mut cmd = device.command(S).unwrap();
+    let small = cmd.create(&[7u8; 4096]).unwrap();
+    let buffer = cmd.create(&vec![9u8; MIB as usize]).unwrap();
+    let back = cmd
+        .read_async(&[ReadRequest::whole(&small), ReadRequest::whole(&buffer)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(
+        back[0].as_slice().iter().all(|&b| b == 7),
+        "the small slice's bytes"
+    );
+    assert!(
+        back[1].as_slice().iter().all(|&b| b == 9),
+        "the buffer's bytes"
+    );
+    drop(back);
+    assert_eq!(
+        figures(&mut device),
+        (2 * MIB, 2 * MIB, 2 * MIB),
+        "(pools in the report, budget's count, shim's mapped bytes): one granule"
+    );
+    drop((small, buffer));
+    device.command(S).unwrap().memory_cleanup().unwrap();
+    assert_eq!(figures(&mut device), (0, 0, 0));
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Reserve(u64),
@@ -90,6 +123,9 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (1u64..12 * MIB).prop_map(Op::Reserve),
+        // Small slices and buffers under a granule, which may share granules across the pools.
+        2 => (1u64..64 * 1024).prop_map(Op::Reserve),
+        2 => (64 * 1024u64..2 * MIB).prop_map(Op::Reserve),
         3 => any::<usize>().prop_map(Op::Drop),
         1 => Just(Op::Cleanup),
     ]

@@ -23,19 +23,21 @@
 //!
 //! # The pools
 //!
-//! Requests up to [`MemoryConfig::small_max_slice`] go to a small pool, larger ones to the
-//! arena, so that small long-lived allocations do not pin the arena's memory. Where the device
-//! has virtual memory management (and [`MemoryConfig::virtual_memory`] is on), each is a
-//! *granule pool* (`memory/vm.rs`): one reserved address range, placed best-fit anywhere in it,
-//! with memory behind only the granules live allocations touch. Elsewhere (or when a range is
-//! full or cannot be reserved) each holds pages: fixed pages for the small pool, pages sized to
-//! the request rounded up to [`MemoryConfig::arena_granule`] for the arena, best fit across all of
-//! them. Either way, memory no allocation uses is kept for reuse, and goes back first when the
-//! pools would otherwise grow past the most they ever held (idle granules) or when the arena needs
-//! a page none of its empty ones can serve (empty arena pages): the peak of memory held grows only
-//! by what live allocations need. Under [`IdleGranules::Slack`](super::IdleGranules::Slack) the
-//! granule pools also give back, at every reservation, the idle granules past a slack above the
-//! granules in use. An explicit cleanup gives back everything unused.
+//! Requests up to [`MemoryConfig::small_max_slice`] go to a small pool, larger ones to the arena,
+//! so that small long-lived allocations do not pin the arena's memory. Where the device has virtual
+//! memory management (and [`MemoryConfig::virtual_memory`] is on), each is a *granule pool*
+//! (`memory/vm.rs`): one reserved address range, placed best-fit anywhere in it, with memory behind
+//! only the granules live allocations touch; an arena request up to a granule that would map one is
+//! placed in room the small pool already has memory behind, where there is some, so the two pools
+//! share granules instead of each holding a partial one. Elsewhere (or when a range is full or
+//! cannot be reserved) each holds pages: fixed pages for the small pool, pages sized to the request
+//! rounded up to [`MemoryConfig::arena_granule`] for the arena, best fit across all of them. Either
+//! way, memory no allocation uses is kept for reuse, and goes back first when the pools would
+//! otherwise grow past the most they ever held (idle granules) or when the arena needs a page none
+//! of its empty ones can serve (empty arena pages): the peak of memory held grows only by what live
+//! allocations need. Under [`IdleGranules::Slack`](super::IdleGranules::Slack) the granule pools
+//! also give back, at every reservation, the idle granules past a slack above the granules in use.
+//! An explicit cleanup gives back everything unused.
 
 mod granules;
 mod lookup;

@@ -59,6 +59,21 @@ fn growth_gives_idle_granules_back_first() {
     assert_eq!(mm.granule_calls(), (7, 2));
 }
 
+/// The manager's live allocations by address, after checking that no two overlap.
+fn allocations_apart(mm: &mut MemoryManager<TestShim>) -> Vec<crate::memory::AllocationInfo> {
+    let mut allocs = mm.allocations();
+    allocs.sort_by_key(|a| a.addr);
+    for w in allocs.windows(2) {
+        assert!(
+            w[0].addr + w[0].span <= w[1].addr,
+            "{:?} overlaps {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    allocs
+}
+
 #[test]
 fn every_allocation_lies_on_a_run_of_mapped_granules_and_none_overlap() {
     let (shim, mut mm) = vm_device();
@@ -71,16 +86,7 @@ fn every_allocation_lies_on_a_run_of_mapped_granules_and_none_overlap() {
         }
     }
     let pages = mm.pages();
-    let mut allocs = mm.allocations();
-    allocs.sort_by_key(|a| a.addr);
-    for w in allocs.windows(2) {
-        assert!(
-            w[0].addr + w[0].span <= w[1].addr,
-            "{:?} overlaps {:?}",
-            w[0],
-            w[1]
-        );
-    }
+    let allocs = allocations_apart(&mut mm);
     for a in &allocs {
         assert!(a.page.addr <= a.addr && a.addr + a.size <= a.page.addr + a.page.size);
         assert!(pages.contains(&a.page), "its run is listed: {:?}", a.page);
@@ -189,4 +195,127 @@ fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
         (shim.mapped.get(), shim.ranges.get(), budget.held()),
         (0, 0, 0)
     );
+}
+
+/// The granule of `h`'s first byte.
+fn granule_of(mm: &mut MemoryManager<TestShim>, h: &Handle) -> u64 {
+    mm.resolve(h).unwrap().addr.0 / (2 * MIB)
+}
+
+/// Issue 19, "no granule wasted": an arena request no larger than a granule that fits room the
+/// small pool already has memory behind goes there, with no map: the small slices and what
+/// would have been the arena's partial granule share one granule.
+#[test]
+fn an_arena_slice_shares_the_small_pools_granule_instead_of_mapping_one() {
+    let (shim, mut mm) = vm_device();
+    let small: Vec<Handle> = [512, 4096, 40, 32 * 1024]
+        .iter()
+        .map(|&s| mm.reserve(&shim, s, PageUpdate::Allow).unwrap())
+        .collect();
+    assert_eq!(shim.mapped.get(), 1, "the small pool's granule");
+    let big = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.mapped.get(), 3);
+    let tail = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        (shim.mapped.get(), shim.maps.get()),
+        (3, 3),
+        "1 MiB placed in the small pool's granule: nothing mapped for it"
+    );
+    assert_eq!(granule_of(&mut mm, &tail), granule_of(&mut mm, &small[0]));
+    assert_eq!(mm.resolve(&tail).unwrap().len, MIB);
+    allocations_apart(&mut mm);
+    // Its granule stays while either side lives, and goes once both are gone.
+    drop(small);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(
+        shim.mapped.get(),
+        3,
+        "the shared granule still holds `tail`"
+    );
+    drop(tail);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(
+        (shim.mapped.get(), mm.report().device().reserved),
+        (2, 4 * MIB),
+        "only `big`'s granules are left"
+    );
+    drop(big);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!((shim.mapped.get(), mm.budget().held()), (0, 0));
+}
+
+/// The shape of the fixture `snapshot-small` (issue 19), scaled down: small slices, two
+/// workspaces and a 1 MiB buffer live at once hold the granules their bytes need and no more
+/// (it held one granule more before the pools shared memory).
+#[test]
+fn a_small_live_peak_holds_the_fewest_granules_its_bytes_need() {
+    let (shim, mut mm) = vm_device();
+    let sizes = [
+        32768,
+        512,
+        5120,
+        40,
+        2048,
+        64,
+        4096,
+        8 * MIB,
+        MIB,
+        8 * MIB,
+        4096,
+        320,
+    ];
+    let live: Vec<Handle> = sizes
+        .iter()
+        .map(|&s| mm.reserve(&shim, s, PageUpdate::Allow).unwrap())
+        .collect();
+    let bytes: u64 = sizes.iter().sum();
+    let fewest = bytes.div_ceil(2 * MIB);
+    assert_eq!(
+        shim.mapped.get(),
+        fewest,
+        "{bytes} live bytes need {fewest} granules"
+    );
+    assert_eq!(mm.budget().held(), fewest * 2 * MIB);
+    drop(live);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(shim.mapped.get(), 0);
+}
+
+/// The arena maps its own granules where the small pool's room with memory behind it cannot
+/// hold the request, and for a request past a granule.
+#[test]
+fn an_arena_slice_maps_its_own_granule_where_the_small_pool_has_no_room_for_it() {
+    let (shim, mut mm) = vm_device();
+    let _s = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
+    let _a = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.mapped.get(), 3, "past a granule: the arena's own two");
+    let shared = mm.reserve(&shim, 3 * MIB / 2, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        shim.mapped.get(),
+        3,
+        "1.5 MiB fits the small pool's granule"
+    );
+    assert_eq!(granule_of(&mut mm, &shared), granule_of(&mut mm, &_s));
+    // The arena's second granule has 1 MiB free: it serves the next 1 MiB with no map.
+    let _b = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.mapped.get(), 3);
+    // Neither has room left for 1 MiB: the arena maps one.
+    let c = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.mapped.get(), 4);
+    assert_ne!(granule_of(&mut mm, &c), granule_of(&mut mm, &_s));
+}
+
+/// Room held ahead of a recording (a `hold` reserves and drops) that sharing placed in the small
+/// pool serves the same arena request while the stream records (conformance: capture's "a
+/// recording that needs a page", with the room held).
+#[test]
+fn room_shared_with_the_small_pool_serves_a_recording() {
+    let (shim, mut mm) = vm_device();
+    let _s = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    drop(mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap());
+    let maps = shim.maps.get();
+    assert_eq!(maps, 1, "the 1 MiB shared the small pool's granule");
+    let h = mm.reserve(&shim, MIB, PageUpdate::Forbidden).unwrap();
+    assert_eq!(shim.maps.get(), maps, "nothing mapped while recording");
+    assert_eq!(granule_of(&mut mm, &h), granule_of(&mut mm, &_s));
 }

@@ -334,6 +334,20 @@ impl GranulePool {
             })
     }
 
+    /// Places `aligned` bytes as [`Self::carve`] does, but only where memory is already behind
+    /// every granule it touches (retiring granules count: the caller takes them back); `None`,
+    /// with the room free again, when none of the blocks `carve` compares is such room.
+    /// Bounded like `carve`: for the hot path.
+    pub(crate) fn carve_mapped(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
+        let c = self.carve(size, aligned, used)?;
+        let (first, last) = self.span(c.addr, aligned);
+        if (first..=last).all(|g| self.usable(g)) {
+            return Some(c);
+        }
+        self.pool.free(c.block, used.owner);
+        None
+    }
+
     /// Places `aligned` bytes where memory is already behind every granule it touches (for a
     /// reservation that may not map: a recording), best fit among the free stretches; `None`
     /// when no such room is large enough. Walks every free block: for the rare reservations that

@@ -2,7 +2,9 @@
 //! allocation touches, and giving idle granules back.
 //!
 //! Owns when a range is reserved (at the pool's first request; a refusal turns the granule pools
-//! off and the pools fall back to pages), the order of a placement (carve, count the granules, give
+//! off and the pools fall back to pages), the sharing of memory between the two pools (an arena
+//! request up to a granule that would map one goes to room the small pool has memory behind, where
+//! its bounded placement finds some), the order of a placement (carve, count the granules, give
 //! idle granules back when mapping the missing ones would take the pools past the most they ever
 //! held, map what is missing, undo all of it on a refusal) and how a granule goes back (unmapped at
 //! once under [`PageRelease::Immediate`], else retired to the drop queue with a token the pool can
@@ -61,6 +63,12 @@ impl<S: Shim> MemoryManager<S> {
             pool.carve(used.size, aligned, used)
         };
         let Some(c) = carved else {
+            if update == PageUpdate::Forbidden && size == Size::Arena && aligned <= self.vm_granule
+            {
+                // Room held ahead for a recording (`hold`, a warm-up) may lie in the small pool,
+                // where sharing (below) placed it.
+                return Ok(self.place_in_mapped(Size::Small, aligned, used, true));
+            }
             return Ok(None);
         };
         let (first, last) = pool.span(c.addr, aligned);
@@ -73,6 +81,21 @@ impl<S: Shim> MemoryManager<S> {
             block: c.block,
         };
         let granule = self.vm_granule;
+        if missing > 0
+            && update == PageUpdate::Allow
+            && size == Size::Arena
+            && aligned <= granule
+            && let Some(shared) = self.place_in_mapped(Size::Small, aligned, used, false)
+        {
+            // Free room the small pool has memory behind serves it with no map: the arena's
+            // partial granules and the small slices share memory instead of each holding a
+            // granule of its own (a model whose small slices take a few hundred KiB holds no
+            // granule for them alone).
+            let pool = self.vm[which].as_deref_mut().expect("reserved above");
+            pool.untouch(first, last);
+            pool.pool.free(c.block, used.owner);
+            return Ok(Some(shared));
+        }
         if missing > 0 {
             debug_assert!(
                 update != PageUpdate::Forbidden,
@@ -130,6 +153,40 @@ impl<S: Shim> MemoryManager<S> {
         }
         self.vm_high_water = self.vm_high_water.max(self.granules_held());
         Ok(Some(location))
+    }
+
+    /// Places `aligned` bytes in the granule pool serving `size` where memory is already behind
+    /// every granule it touches (retiring ones taken back), or `None` with the room free again.
+    /// `walk`: look at every free block (a reservation that may not map, rare), not only at the
+    /// candidates a placement compares (bounded, for the hot path).
+    fn place_in_mapped(
+        &mut self,
+        size: Size,
+        aligned: u64,
+        used: Used,
+        walk: bool,
+    ) -> Option<Location> {
+        let alignment = self.alignment;
+        let pool = self.vm[size.slot()].as_deref_mut()?;
+        let c = if walk {
+            pool.carve_in_mapped(used.size, aligned, alignment, used)?
+        } else {
+            pool.carve_mapped(used.size, aligned, used)?
+        };
+        let (first, last) = pool.span(c.addr, aligned);
+        pool.touch(first, last);
+        // A retiring granule the drop queue unmapped since `carve_mapped` looked (its fence
+        // passed in between) needs a map: this placement is undone (granules taken back before
+        // it stay mapped, idle) and the caller maps in its own pool.
+        if (first..=last).any(|g| pool.need(g) == Need::Map) {
+            pool.untouch(first, last);
+            pool.pool.free(c.block, used.owner);
+            return None;
+        }
+        Some(Location {
+            pool: Pool::Granules(size),
+            block: c.block,
+        })
     }
 
     /// Whether `bytes` more fit the budget. Where they would not and `update` allows releasing,
