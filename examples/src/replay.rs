@@ -1,6 +1,7 @@
-//! The serving loop with graphs (`edge-host --graph`): one batch's work recorded once per batch
-//! in flight, then, per batch, the input written into a graph's input buffer and the graph
-//! replayed; results are read back and checked as in [`crate::serve`].
+//! The serving loop with graphs (`edge-host --graph`): one batch's work recorded into a few
+//! graphs ([`GRAPHS`]: one more than batches in flight), then, per batch, the input written into
+//! a graph's input buffer and the graph replayed; results are read back and checked as in
+//! [`crate::serve`].
 //!
 //! Owns the recording of the batch graphs (room held ahead with `Command::hold`, the six
 //! reservations made inside the recording, exactly as the eager loop makes them) and the loop
@@ -31,7 +32,7 @@ pub struct BatchGraph<S: Shim> {
 }
 
 /// Records `count` batch graphs for batches of `m` requests: for each, an input buffer on the
-/// `upload` stream ([`COPY`](crate::serve::COPY), overlapping uploads with compute at the price of a cross-stream
+/// `upload` stream ([`COPY`], overlapping uploads with compute at the price of a cross-stream
 /// wait each way per batch, or [`COMPUTE`], in order with the replays and waiting for nothing),
 /// room held on the compute stream for the six outputs, then the six launches recorded with
 /// their reservations inside the recording (the graph keeps the intermediates).
@@ -68,7 +69,7 @@ pub fn record<S: Shim>(
     Ok(graphs)
 }
 
-/// Serves `plan` with graphs recorded by [`record`], one per batch in flight: each batch writes
+/// Serves `plan` with graphs recorded by [`record`], used in turn: each batch writes
 /// its input into the next graph's input buffer on the graph's upload stream (staged through
 /// pinned memory), replays that graph on the compute stream (ordered after the write on the
 /// device), and reads the output back. The same inputs as [`serve::serve`], the same checks.
@@ -124,14 +125,17 @@ pub fn serve_graphs<S: Shim>(
     })
 }
 
-/// Graphs [`serve`] records: one more than batches in flight. The graph a batch writes its input
-/// into was then last replayed for a batch whose result the loop already waited for, so that
-/// replay passed a fence and the copy stream's write waits for nothing on the compute stream.
-/// With exactly [`IN_FLIGHT`] graphs that replay may still be queued, and the core orders the
+/// Graphs [`serve()`] records: one more than batches in flight. A batch's read is fenced in the
+/// same command as its replay, and a fence the loop waited for vouches only for the commands
+/// before the one that recorded it (`FaultLedger::answer`). When batch `b` writes its input,
+/// the loop has waited for the read of batch `b - 4` (it keeps [`IN_FLIGHT`] reads out), which
+/// vouches for the replays up to batch `b - 5`. With 5 graphs, the graph `b` writes was last
+/// replayed for batch `b - 5`: that work is known done, and the copy stream's write waits for
+/// nothing. With 4 it was replayed for batch `b - 4`, not vouched for, and the core orders the
 /// write after everything the compute stream was given so far (a cross-stream wait is an event
-/// recorded at that stream's tail), which puts every upload behind the replays before it: on
-/// the H200 that cost 59.7 µs a batch at 32 requests against the eager loop's 55.2, and one
-/// spare graph brought it to 51.4 (BENCHMARKS.md, `graph-bench`).
+/// recorded at that stream's tail), which puts every upload behind the replays before it: on the
+/// H200 that cost 59.7 µs a batch at 32 requests against the eager loop's 55.2, and the spare
+/// graph brought it to 51.4 (BENCHMARKS.md, `graph-bench`).
 pub const GRAPHS: usize = IN_FLIGHT + 1;
 
 /// [`record`]s [`GRAPHS`] graphs, inputs written on the copy stream (overlapping the replays),

@@ -31,9 +31,9 @@ impl Cublas {
     /// # Errors
     ///
     /// [`Validation::LibrarySplit`] when `parts` is 0 or does not divide `g.k`;
-    /// [`Validation::LibraryOperand`] when `g` transposes an operand or has `beta != 0`
-    /// (operand `"A/B untransposed, beta = 0"`), or when `a`, `b` or `partials` is too short
-    /// for it (every part's output included); otherwise as [`Cublas::gemm`].
+    /// [`Validation::LibraryUnsupported`] when `g` transposes an operand or has `beta != 0`;
+    /// [`Validation::LibraryOperand`] when `a`, `b` or `partials` is too short for it (every
+    /// part's output included); otherwise as [`Cublas::gemm`].
     pub fn gemm_split_k(
         &self,
         cmd: &mut Command<'_, CudaShim>,
@@ -53,24 +53,23 @@ impl Cublas {
             .into());
         }
         if g.trans_a || g.trans_b || g.beta != 0.0 {
-            return Err(Validation::LibraryOperand {
+            return Err(Validation::LibraryUnsupported {
                 work: NAME,
-                operand: "A/B untransposed, beta = 0",
-                needs: 0,
-                found: 0,
+                what: "a transposed operand or beta != 0 (the parts are summed by the caller)",
             }
             .into());
         }
-        // One part's output is one `ldc × n` block (the last column holding its m rows); the
-        // parts follow each other `ldc · n` elements apart.
-        let part_bytes = u64::from(g.ldc) * u64::from(g.n) * g.dtype.bytes();
-        let all_parts = part_bytes
-            .checked_mul(u64::from(parts - 1))
+        // The whole product's A and B lie in `a` and `b` (each part reads a block of them), and
+        // one part's C in `partials` (this also refuses sizes past cuBLAS's int).
+        g.check(NAME, a.len(), b.len(), partials.len())?;
+        // The parts' outputs follow each other `ldc · n` elements apart, the last one holding its
+        // `m × n` block.
+        let all_parts = u64::from(g.ldc)
+            .checked_mul(u64::from(g.n))
+            .and_then(|x| x.checked_mul(g.dtype.bytes()))
+            .and_then(|x| x.checked_mul(u64::from(parts - 1)))
             .and_then(|x| x.checked_add(g.bytes().2))
             .unwrap_or(u64::MAX);
-        // The whole product's A and B lie in `a` and `b` (each part reads a block of them), and
-        // one part's C in the first part's room; then every part's C in `partials`.
-        g.check(NAME, a.len(), b.len(), partials.len())?;
         if all_parts > partials.len() {
             return Err(Validation::LibraryOperand {
                 work: NAME,

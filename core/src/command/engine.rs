@@ -490,5 +490,22 @@ mod tests {
             None,
             "an empty view shares no byte"
         );
+        // Updates are written too, and count between the inputs and the outputs.
+        fn with(i: &[&Handle], u: &[&Handle], o: &[&Handle]) -> Option<(usize, usize)> {
+            Buffers {
+                inputs: i,
+                updates: u,
+                outputs: o,
+            }
+            .aliased()
+        }
+        assert_eq!(with(&[&a], &[&b], &[&b]), Some((1, 2)), "update = output");
+        assert_eq!(with(&[&a], &[&a], &[]), Some((1, 0)), "update = input");
+        assert_eq!(with(&[&low], &[&high], &[&b]), None, "disjoint");
+        assert_eq!(
+            with(&[], &[&b], &[&mid, &low]),
+            Some((1, 2)),
+            "outputs overlap: the first written buffer that overlaps another is named first"
+        );
     }
 }

@@ -72,6 +72,10 @@ fn validations() -> Vec<Validation> {
             k: 768,
             parts: 5,
         },
+        Validation::LibraryUnsupported {
+            work: "gemm",
+            what: "a transposed A",
+        },
         Validation::LaunchDims { kernel: "k", dims },
     ]
 }

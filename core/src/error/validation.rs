@@ -94,6 +94,14 @@ pub enum Validation {
         /// The parts asked for.
         parts: u64,
     },
+    /// Library work asked for a form its wrapper does not run (a transposed operand where only
+    /// untransposed ones are taken, say).
+    LibraryUnsupported {
+        /// The work.
+        work: &'static str,
+        /// What it does not take.
+        what: &'static str,
+    },
     /// A launch extent (a grid or block dimension) is zero.
     LaunchDims {
         /// The kernel.
@@ -178,6 +186,10 @@ impl fmt::Display for Validation {
                 f,
                 "`{work}` splits k = {k} into {parts} parts, but the parts must be at least 1 and \
                  divide k; pass a divisor of k (1 for no split)"
+            ),
+            Self::LibraryUnsupported { work, what } => write!(
+                f,
+                "`{work}` does not take {what}; pass the form it takes, or use the plain call"
             ),
             Self::LaunchDims { kernel, dims } => write!(
                 f,

@@ -14,8 +14,8 @@ use devcmd_examples::gpt2::cli::{self, DEFAULT_NEW_TOKENS, Options, Parsed};
 use devcmd_examples::gpt2::config::{self, Config};
 use devcmd_examples::gpt2::decode::{self, Backend, COMPUTE, Decoded, KvCache, Plan};
 use devcmd_examples::gpt2::devices::{CudaBackend, StdBackend, std_shim};
-use devcmd_examples::gpt2::step;
 use devcmd_examples::gpt2::weights::{self, ModelFile};
+use devcmd_examples::gpt2::{split, step};
 use devcmd_examples::serve::WeightsPath;
 use devcmd_examples::weights::Mapping;
 use std::error::Error;
@@ -255,7 +255,7 @@ where
         file_dtype.name(),
         model.dtype.name()
     );
-    let (proj_parts, out_parts) = step::projection_parts(config, backend.split_k());
+    let (proj_parts, out_parts) = split::projection_parts(config, backend.split_k());
     if proj_parts.max(out_parts) > 1 {
         println!(
             "output projections: k cut into {proj_parts} (attention) and {out_parts} (MLP) parts, \

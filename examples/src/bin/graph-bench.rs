@@ -329,14 +329,14 @@ fn edge_host(gpu: &cuda_device::Gpu, warm: usize, timed: usize, quick: bool) -> 
         "{batches} batches of the 3-layer MLP ({INPUT}-{}-{}-{CLASSES}), {IN_FLIGHT} batches in \
          flight, results not verified in the timed runs (every result of {warm} warm-up runs of \
          64 batches was, in every loop). Eager: the edge host's loop (upload on a copy stream, 7 \
-         reservations and 6 launches on a compute stream, `read_owned`). Graphs: `--graph` \
+         reservations and 6 launches on a compute stream, `read_owned`). Graphs \
          ({IN_FLIGHT} graphs of the 6 launches recorded once, outside the timed runs; per batch \
          the input written into a graph's input buffer, on the copy stream (a cross-stream wait \
          each way) or on the compute stream (in order with the replays), one replay on the \
          compute stream, `read_async` of its output); and {} graphs with inputs on the copy \
          stream, one more than batches in flight, as `edge-host --graph` runs: the graph a batch \
-         writes was last used by a batch the loop already waited for, so no cross-stream wait \
-         holds the upload back. Median of {timed} runs, interleaved.\n",
+         writes was last replayed for a batch that a fence the loop waited for vouches for, so \
+         no cross-stream wait holds the upload back. Median of {timed} runs, interleaved.\n",
         replay::GRAPHS,
         LAYERS[0].1,
         LAYERS[1].1,
@@ -370,9 +370,8 @@ fn edge_host(gpu: &cuda_device::Gpu, warm: usize, timed: usize, quick: bool) -> 
             verify: false,
             ..check
         };
-        // One graph more than batches in flight: the graph a batch writes into was last used by
-        // a batch whose result the loop already waited for, so the copy stream's write needs no
-        // wait for the compute stream (that work passed a fence) and overlaps the replays.
+        // One graph more than batches in flight, as `edge-host --graph` runs (`replay::GRAPHS`
+        // says why the copy stream's write then waits for nothing and overlaps the replays).
         let spare = replay::record(
             &mut device,
             &gpu.kernels,

@@ -28,6 +28,7 @@
 
 use super::config::Config;
 use super::kernels::{Kernels, SHARED_LIMIT, attention_shared_bytes, elem_dims, launch, u32s};
+use super::split::{gemm_parts, split_k_from_env};
 use super::step::{enqueue_step, grow, workspace};
 use super::weights::{DType, ModelFile, Tensors, to_f32};
 use crate::exit::{self, BadInput};
@@ -58,56 +59,6 @@ pub const COMPUTE: StreamId = StreamId(0);
 /// Token reads kept in flight before the oldest is awaited (the device runs ahead of the host by
 /// this many steps).
 pub const IN_FLIGHT: usize = 2;
-
-/// `GPT2_SPLIT_K`, when set to a whole number of at least 1.
-pub fn split_k_from_env() -> Option<usize> {
-    std::env::var("GPT2_SPLIT_K")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n >= 1)
-}
-
-/// The parts a split of `k` wanting `wanted` parts gets: the largest divisor of `k` at most
-/// `wanted` (1 when nothing else divides it).
-pub fn split_parts(k: usize, wanted: usize) -> usize {
-    (1..=wanted.max(1))
-        .rev()
-        .find(|&p| k.is_multiple_of(p))
-        .unwrap_or(1)
-}
-
-/// [`Backend::gemm_split_k`] as one [`Backend::gemm`] per part, over views of A, B and
-/// `partials`.
-///
-/// # Errors
-///
-/// The device's refusal; a view past its handle when `parts` does not divide `g.k`.
-pub fn gemm_parts<S: Shim, B: Backend<S> + ?Sized>(
-    be: &B,
-    cmd: &mut Command<'_, S>,
-    name: &'static str,
-    g: Gemm,
-    parts: usize,
-    [a, b]: [&Handle; 2],
-    partials: &Handle,
-) -> Result<(), ServerError> {
-    let es = g.dtype.bytes();
-    let (m, n, k) = (u64::from(g.m), u64::from(g.n), u64::from(g.k));
-    let slice = k / parts.max(1) as u64;
-    let part = Gemm {
-        k: slice as u32,
-        ..g
-    };
-    for p in 0..parts.max(1) as u64 {
-        // Columns `p·slice ..` of A (lda = m: contiguous), rows `p·slice ..` of every column of
-        // B (ldb = k: the view runs to the last column's slice), the part's block of C.
-        let a_part = a.view(p * slice * m * es, slice * m * es)?;
-        let b_part = b.view(p * slice * es, (n.saturating_sub(1) * k + slice) * es)?;
-        let c_part = partials.view(p * m * n * es, m * n * es)?;
-        be.gemm(cmd, name, part, &a_part, &b_part, &c_part)?;
-    }
-    Ok(())
-}
 
 /// What a device brings: the step's kernels, the element type it computes in, and its GEMM.
 pub trait Backend<S: Shim> {

@@ -7,8 +7,9 @@
 //! (`cublasSgemm`, or `cublasGemmEx` with f16 operands and f32 compute). Where cuBLAS does not
 //! load, the GPU runs a plain `gemm` kernel instead and the host says so.
 
-use super::decode::{Backend, gemm_parts, split_k_from_env};
+use super::decode::Backend;
 use super::kernels::{CUDA_SOURCE, Kernels, SIGNATURES, elem_dims, gemm_scalars, launch, u32s};
+use super::split::{gemm_parts, split_k_from_env};
 use super::weights::DType;
 use devcmd::{Command, Gemm, Handle, LaunchError, ServerError};
 use devcmd_cuda::{Cublas, CudaKernel, CudaModule, CudaShim, LT_SETUP};

@@ -12,6 +12,7 @@
 //! | [`devices`] | the std device and the GPU: their kernels and GEMM |
 //! | [`decode`] | the model on the device and the loop (eager or graph) |
 //! | [`step`] | one step's buffers, the KV cache and the step's work |
+//! | [`split`] | output projections cut along k: the parts, and one GEMM per part where the library does not batch them |
 //! | [`check`] | the fixture and the comparison with transformers |
 
 pub mod check;
@@ -20,6 +21,7 @@ pub mod config;
 pub mod decode;
 pub mod devices;
 pub mod kernels;
+pub mod split;
 pub mod std_kernels;
 pub mod step;
 pub mod weights;

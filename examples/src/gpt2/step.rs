@@ -7,11 +7,12 @@
 //! geometry (`kernels.rs`), the device's kernels and GEMM ([`Backend`]) nor the loop
 //! (`decode.rs`).
 
-use super::decode::{Backend, DeviceModel, split_parts};
+use super::decode::{Backend, DeviceModel};
 use super::kernels::{
     argmax_dims, argmax_partials, attention_dims, elem_dims, f32s, head, launch, linear, rows_dims,
     u32s,
 };
+use super::split::projection_parts;
 use devcmd::{Command, Handle, ServerError, Shim};
 
 /// The step's buffers and the KV cache, reserved once for a run.
@@ -35,6 +36,10 @@ pub struct Workspace {
     pub attn: Handle,
     /// A projection's output `[parts][rows, embd]`: partials the residual add sums.
     pub y: Handle,
+    /// Parts the attention's output projection is cut into (1: not cut).
+    pub proj_parts: usize,
+    /// Parts the MLP's output projection is cut into.
+    pub out_parts: usize,
     /// The MLP's hidden layer `[rows, inner]`.
     pub f: Handle,
     /// The logits `[rows, vocab]`.
@@ -67,12 +72,6 @@ impl Workspace {
 /// `u32`s as little-endian bytes.
 fn u32_bytes(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
     v.into_iter().flat_map(u32::to_le_bytes).collect()
-}
-
-/// The parts the attention's and the MLP's output projections cut their k into, for a device
-/// that wants `split` ([`Backend::split_k`]): each the largest divisor of its k at most `split`.
-pub fn projection_parts(c: &super::config::Config, split: usize) -> (usize, usize) {
-    (split_parts(c.embd, split), split_parts(c.inner, split))
 }
 
 /// Reserves the buffers of a run of `passes` positions over `prompt` (`[rows][prompt_len]`)
@@ -127,6 +126,8 @@ pub fn workspace<S: Shim>(
         qkv,
         attn,
         y,
+        proj_parts,
+        out_parts,
         f,
         logits,
         next,
@@ -213,7 +214,7 @@ pub fn enqueue_step<S: Shim, B: Backend<S>>(
     let k = be.kernels();
     let (rows, e, gt) = (ws.rows, c.embd, m.dtype.gemm());
     let eps = f32s(c.eps);
-    let (proj_parts, out_parts) = projection_parts(c, be.split_k());
+    let (proj_parts, out_parts) = (ws.proj_parts, ws.out_parts);
     let first = &t.layers[0];
     launch(
         cmd,

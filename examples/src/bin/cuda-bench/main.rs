@@ -310,13 +310,13 @@ fn run(shim: CudaShim, quick: bool, only: Option<Vec<String>>) -> Res<()> {
     }
 }
 
-/// Launch and fence enqueue costs.
 /// Launch rounds per round of the other rows (a launch round is cheap).
 const LAUNCH_ROUNDS_PER: usize = 8;
 
 /// Library rounds per round of the other sections (a library round is ~10 ms).
 const LIBRARY_ROUNDS_PER: usize = 4;
 
+/// Launch and fence enqueue costs.
 fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
     const BATCH: usize = 256;
     let module = shim.compile(TINY, &[])?;
@@ -439,7 +439,8 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
             ratio_l.push(times[2] / times[0]);
             bare_ratio.push(times[3] / times[0]);
         }
-        // The fence rows every LAUNCH_ROUNDS_PER-th round.
+        // The fence rows every LAUNCH_ROUNDS_PER-th round (so their warm-up is the first such
+        // round among the launch rows' warm-up rounds).
         if round % LAUNCH_ROUNDS_PER != 0 {
             continue;
         }
@@ -486,7 +487,7 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
     println!("## Launch enqueue: one tiny kernel (1 block x 32 threads, 3 parameters)\n");
     println!(
         "{BATCH} launches per round and path, host time of the enqueue loop (synchronised after \
-         it), the three paths in a rotating order; median of {} rounds after {} warm-up rounds. \
+         it), the four paths in a rotating order; median of {} rounds after {} warm-up rounds. \
          The target's ratio is the median of each round's `Command::launch` / raw (paired in \
          time: {paired:.3}, p25–p75 {}); the ratio of the medians is beside it.\n",
         raw_l.len(),
@@ -519,7 +520,10 @@ fn launch_and_fence(shim: &CudaShim, rounds: Rounds) -> Res<()> {
     let (r, s, o) = (median(&raw_f), median(&shim_f), median(&ours_f));
     println!(
         "\n## Fence: recording an event on an idle stream (median of {} rounds after {})\n",
-        rounds.timed, rounds.warm
+        raw_f.len(),
+        (0..rounds.warm)
+            .filter(|r| r % LAUNCH_ROUNDS_PER == 0)
+            .count()
     );
     println!("| path | µs per fence | p25–p75 of rounds | over raw, µs | vs raw | target |");
     println!("|---|---:|---:|---:|---:|---|");
