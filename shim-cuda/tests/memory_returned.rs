@@ -17,6 +17,7 @@
 mod common;
 
 use common::{gpu, pattern, say};
+use devcmd::memory::AllocationMode;
 use devcmd::{Device, DeviceConfig, Handle, ReadRequest, StreamId};
 use devcmd_cuda::{CudaShim, sys};
 
@@ -41,7 +42,7 @@ fn free_bytes(shim: &CudaShim) -> usize {
 /// handle dropped and a cleanup; returns what the core says it still holds.
 fn round(dev: &mut Device<CudaShim>, seed: u8) -> u64 {
     // Small slices, slices of the arena, several granules (the granule is 2 MiB on the H200),
-    // one past the dedicated threshold, and sizes just off a granule.
+    // large ones, and sizes just off a granule (a dedicated page follows, below).
     let sizes = [
         256,
         4 * KIB,
@@ -67,6 +68,14 @@ fn round(dev: &mut Device<CudaShim>, seed: u8) -> u64 {
         .unwrap()
         .persistent(|c| c.create(&weights))
         .unwrap();
+    // A page of its own, freed soon after its handle goes (`AllocationMode::Dedicated`).
+    let own = pattern(3 << 20, seed.wrapping_add(40));
+    let dedicated = {
+        let mut cmd = dev.command(S0).unwrap();
+        let mut window = cmd.mode_window(AllocationMode::Dedicated);
+        window.create(&own).unwrap()
+    };
+    live.push(dedicated);
     let back = dev
         .command(S0)
         .unwrap()

@@ -131,8 +131,19 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Case count: `DEVCMD_PROPTEST_CASES` (default `default`), as the suite's other property tests.
+fn cases(default: u32) -> u32 {
+    std::env::var("DEVCMD_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: cases(48),
+        ..ProptestConfig::default()
+    })]
 
     /// After every step and a cleanup, the report's pools, the budget and the shim agree; under
     /// a budget nothing passes it.

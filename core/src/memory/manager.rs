@@ -28,8 +28,9 @@
 //! memory management (and [`MemoryConfig::virtual_memory`] is on), each is a *granule pool*
 //! (`memory/vm.rs`): one reserved address range, placed best-fit anywhere in it, with memory behind
 //! only the granules live allocations touch; an arena request up to a granule that would map one is
-//! placed in room the small pool already has memory behind, where there is some, so the two pools
-//! share granules instead of each holding a partial one. Elsewhere (or when a range is full or
+//! placed in room the small pool already has memory behind, where the small pool's placement
+//! (its usual bounded search) finds some, so the two pools share granules instead of each holding
+//! a partial one. Elsewhere (or when a range is full or
 //! cannot be reserved) each holds pages: fixed pages for the small pool, pages sized to the request
 //! rounded up to [`MemoryConfig::arena_granule`] for the arena, best fit across all of them. Either
 //! way, memory no allocation uses is kept for reuse, and goes back first when the pools would

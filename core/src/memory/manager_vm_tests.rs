@@ -319,3 +319,30 @@ fn room_shared_with_the_small_pool_serves_a_recording() {
     assert_eq!(shim.maps.get(), maps, "nothing mapped while recording");
     assert_eq!(granule_of(&mut mm, &h), granule_of(&mut mm, &_s));
 }
+
+/// A granule used and freed over and over is pushed on the idle cache each time, and a shared
+/// placement touches and untouches the arena's granule it did not need: the cache stays within
+/// twice the pool's granules however many cycles run (it grew by one entry a cycle before).
+#[test]
+fn the_idle_cache_stays_bounded_over_many_reserve_and_drop_cycles() {
+    let (shim, mut mm) = vm_device();
+    let _small = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    let _arena = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    for _ in 0..10_000 {
+        // Shared: 1 MiB fits the small pool's mapped granule.
+        drop(mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap());
+        // Plain: the arena's own granules, mapped once, used and freed.
+        drop(mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap());
+        mm.collect_returns();
+    }
+    for (i, vm) in mm.vm.iter().enumerate() {
+        let (cached, granules) = vm.as_ref().unwrap().cache_len();
+        assert!(
+            cached <= (2 * granules).max(16),
+            "pool {i}: {cached} cache entries for {granules} granules"
+        );
+    }
+    let maps = shim.maps.get();
+    drop(mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap());
+    assert_eq!(shim.maps.get(), maps, "the idle granules are still found");
+}

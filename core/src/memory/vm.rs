@@ -221,9 +221,37 @@ impl GranulePool {
             gr.users -= 1;
             if gr.users == 0 && gr.guards == 0 {
                 self.busy -= 1;
-                self.cache.push(g);
+                self.cache_push(g);
             }
         }
+    }
+
+    /// Puts granule `g` on top of the cache. Entries go stale (a cached granule used again, or
+    /// given back) and a granule used and freed over and over is pushed each time, so past
+    /// twice the granules (at least 16 entries) the cache is compacted: stale entries go, and of
+    /// a granule's entries only the last (the one taken first) stays. What
+    /// [`Self::take_cached`] returns, and in what order, does not change; the cache stays
+    /// within twice the pool's granules.
+    fn cache_push(&mut self, g: u32) {
+        self.cache.push(g);
+        if self.cache.len() <= (2 * self.granules.len()).max(16) {
+            return;
+        }
+        let mut seen = alloc::vec![false; self.granules.len()];
+        let mut kept = Vec::with_capacity(self.granules.len());
+        for &c in self.cache.iter().rev() {
+            if !core::mem::replace(&mut seen[c as usize], true) && self.idle(c) {
+                kept.push(c);
+            }
+        }
+        kept.reverse();
+        self.cache = kept;
+    }
+
+    /// Entries in the cache, stale ones included, and the granules of the range.
+    #[cfg(test)]
+    pub(crate) fn cache_len(&self) -> (usize, usize) {
+        (self.cache.len(), self.granules.len())
     }
 
     /// Whether granule `g` is mapped, unused and unguarded (what the cache should hold).
@@ -301,7 +329,7 @@ impl GranulePool {
             gr.guards -= 1;
             if gr.guards == 0 && gr.users == 0 {
                 self.busy -= 1;
-                self.cache.push(g);
+                self.cache_push(g);
             }
         }
     }
