@@ -78,6 +78,52 @@ impl Context {
         }
         Ok(())
     }
+
+    /// [`Self::bind`], saying whether the context had to be made current (`false`: it already
+    /// was). The launches that skip the bind ask it after a refusal: only then is a second try
+    /// worth making.
+    pub(crate) fn bind_changed(&self, op: ShimOp) -> Result<bool, DriverError> {
+        let mut current = ptr::null_mut();
+        // SAFETY: as in `bind`.
+        check(op, unsafe { sys::cuCtxGetCurrent(&mut current) })?;
+        if current == self.raw {
+            return Ok(false);
+        }
+        // SAFETY: as in `bind`.
+        check(op, unsafe { sys::cuCtxSetCurrent(self.raw) })?;
+        Ok(true)
+    }
+
+    /// Runs `call` (a launch on a stream of this context) without binding the context first,
+    /// and binds and runs it again only when it was refused while another context (or none)
+    /// was current. A launch on a stream created in a context runs in that context: the driver
+    /// takes the context from the stream, not from the thread (`tests/gpu_core.rs` checks it
+    /// with another context current and with none). A bind costs a driver call per launch
+    /// (`cuCtxGetCurrent`), 2-3 % of `cuLaunchKernel` on the H200's host; the retry keeps a
+    /// driver that does want the thread's context correct.
+    pub(crate) fn launch_unbound(
+        &self,
+        op: ShimOp,
+        stream: &crate::CudaStream,
+        mut call: impl FnMut() -> Result<(), DriverError>,
+    ) -> Result<(), DriverError> {
+        // The legacy default stream (null, a borrowed stream may be it) is the current
+        // context's: bound first, always.
+        if stream.cu_stream().is_null() {
+            self.bind(op)?;
+            return call();
+        }
+        match call() {
+            Ok(()) => Ok(()),
+            Err(refused) => {
+                if self.bind_changed(op)? {
+                    call()
+                } else {
+                    Err(refused)
+                }
+            }
+        }
+    }
 }
 
 impl Drop for Context {
@@ -119,7 +165,10 @@ impl Drop for Context {
 /// The driver API acts on the context current on the calling thread. **Every call of this shim,
 /// and every drop of a stream or an event, first makes the device's primary context current on
 /// the calling thread** (`cuCtxGetCurrent`, then `cuCtxSetCurrent` only when another context is
-/// current) and leaves it current. So any thread may call the shim, one after another or at once
+/// current) and leaves it current. Two calls are the exception: a kernel launch and a graph's
+/// launch on a stream the shim created or borrowed (not the null stream) run in that stream's
+/// context whatever the thread's is, so they skip the check (a driver call per launch), and
+/// bind only when the driver refused them while another context (or none) was current. So any thread may call the shim, one after another or at once
 /// (the driver is thread-safe), and a stream or event dropped on another thread is released
 /// correctly. Code that mixes its own contexts with the shim on one thread must expect the shim's
 /// context to be current after a call.
@@ -756,10 +805,14 @@ impl Shim for CudaShim {
         buffers: &[DeviceSpan],
         params: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
-        let ctx = self.bound(ShimOp::Launch)?;
-        // SAFETY: `launch`'s contract: the spans lie in live pages and the kernel stays inside
-        // them; the context is the shim's, just bound.
-        unsafe { kernel::launch(ctx, stream, kernel, dims, buffers, params) }
+        // Not bound first: a launch runs in its stream's context (see
+        // `Context::launch_unbound`).
+        let ctx = &*self.ctx;
+        ctx.launch_unbound(ShimOp::Launch, stream, || {
+            // SAFETY: `launch`'s contract: the spans lie in live pages and the kernel stays
+            // inside them; the stream and the kernel are of the shim's context.
+            unsafe { kernel::launch(ctx, stream, kernel, dims, buffers, params) }
+        })
     }
 
     /// `cuStreamBeginCapture` in global mode: a call of any thread that is illegal while the
@@ -806,9 +859,11 @@ impl Shim for CudaShim {
         graph: &CudaGraph,
         stream: &CudaStream,
     ) -> Result<(), DriverError> {
-        self.bound(ShimOp::GraphLaunch)?;
-        // SAFETY: `graph_launch`'s contract: everything the recording touched is alive.
-        unsafe { graph::launch(graph, stream) }
+        // Not bound first, as a kernel's launch (see `Context::launch_unbound`).
+        self.ctx.launch_unbound(ShimOp::GraphLaunch, stream, || {
+            // SAFETY: `graph_launch`'s contract: everything the recording touched is alive.
+            unsafe { graph::launch(graph, stream) }
+        })
     }
 }
 

@@ -239,7 +239,7 @@ pub(crate) fn upload(graph: &CudaGraph, stream: &CudaStream) -> Result<(), Drive
     })
 }
 
-/// Enqueues one replay of `graph` on `stream`. The context is current.
+/// Enqueues one replay of `graph` on `stream`, in the stream's context (current on this thread or not).
 ///
 /// # Safety
 ///

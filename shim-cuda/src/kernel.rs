@@ -550,8 +550,8 @@ pub struct CudaKernel {
     module: Arc<Module>,
 }
 
-// SAFETY: a `CUfunction` is a driver handle usable from any thread with its context current; the
-// shim binds the context before every launch.
+// SAFETY: a `CUfunction` is a driver handle usable from any thread; a launch runs in its
+// stream's context (see `Context::launch_unbound`).
 unsafe impl Send for CudaKernel {}
 // SAFETY: the driver API is thread-safe; `&CudaKernel` only passes the handle to it.
 unsafe impl Sync for CudaKernel {}
@@ -907,7 +907,8 @@ impl CudaShim {
 /// # Safety
 ///
 /// [`Shim::launch`](devcmd::Shim::launch)'s contract: every span lies in a live device page and
-/// the kernel accesses nothing outside them. `ctx` is the shim's context, current on this thread.
+/// the kernel accesses nothing outside them. `ctx` is the shim's context, the stream's (current
+/// on this thread or not: the launch runs in the stream's context).
 pub(crate) unsafe fn launch(
     ctx: &Context,
     stream: &CudaStream,
@@ -1006,7 +1007,7 @@ unsafe fn enqueue(
         block,
         shared_bytes,
     } = dims;
-    // SAFETY: the function is alive (held by `kernel`) and of the current context (checked by
+    // SAFETY: the function is alive (held by `kernel`) and of the stream's context (checked by
     // `launch`); `kernel_params` holds one pointer per parameter, each to as many bytes as the
     // kernel reads for it (checked against the kernel's sizes where the driver tells them, the
     // caller's promise otherwise), alive across the call (the driver copies them at once); the

@@ -789,3 +789,98 @@ fn a_graph_keeps_the_modules_of_its_kernels() {
     // SAFETY: idle.
     unsafe { shim.device_free(p) };
 }
+
+/// The shim launches without making its context current first (it saves a driver call per
+/// launch): a launch on a stream of the shim runs in that stream's context whatever the calling
+/// thread has current. Checked from a thread with no context current, and from one where another
+/// context of the same GPU is current (a second library's, say); each launch's output read back.
+/// Where the driver does refuse such a launch, the shim binds and launches again: either way the
+/// launch succeeds and writes what it should.
+#[test]
+fn a_launch_runs_in_its_streams_context_whatever_context_is_current() {
+    use devcmd_cuda::sys;
+    let test = "a_launch_runs_in_its_streams_context_whatever_context_is_current";
+    let Some(shim) = gpu(test) else { return };
+    let stream = shim.create_stream().unwrap();
+    let module = shim.load_ptx(FILL_PTX).unwrap();
+    let fill = module.kernel("fill").unwrap();
+    let n = 4096usize;
+    let (_p, out) = page(&shim, n * 4);
+    let buffers = [span(out, n * 4)];
+    let n64 = (n as u64).to_ne_bytes();
+    let launch_with = |value: u32| {
+        let value = value.to_ne_bytes();
+        let params = [
+            KernelParam::Buffer(0),
+            KernelParam::Scalar(&value),
+            KernelParam::Scalar(&n64),
+        ];
+        // SAFETY: the span is a live page of `n` u32, all the kernel writes.
+        unsafe { shim.launch(&stream, &fill, linear(n), &buffers, &params) }
+    };
+    let current = || {
+        let mut c = std::ptr::null_mut();
+        // SAFETY: the pointer is valid for one write.
+        let r = unsafe { sys::cuCtxGetCurrent(&mut c) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        c
+    };
+    std::thread::scope(|scope| {
+        // A thread that never made a context current.
+        scope
+            .spawn(|| {
+                assert!(current().is_null(), "a new thread has no context current");
+                launch_with(1).unwrap();
+                say(&format!(
+                    "{test}: with no context current the launch {}",
+                    if current().is_null() {
+                        "ran without binding one"
+                    } else {
+                        "was refused, bound and ran"
+                    }
+                ));
+            })
+            .join()
+            .unwrap();
+    });
+    let got: Vec<u32> = download(&shim, &stream, out, n);
+    assert!(
+        got.iter().all(|v| *v == 1),
+        "no context current: {:?}",
+        &got[..4]
+    );
+
+    // Another context of the same GPU, current on this thread.
+    let mut device = 0;
+    // SAFETY: the shim's context is current (the download above bound it); the pointer is valid
+    // for one write.
+    let r = unsafe { sys::cuCtxGetDevice(&mut device) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    let mut other = std::ptr::null_mut();
+    // SAFETY: the pointer is valid for one write; no creation parameters, default flags.
+    let made = unsafe { sys::cuCtxCreate_v4(&mut other, std::ptr::null_mut(), 0, device) };
+    assert_eq!(made, sys::CUresult::CUDA_SUCCESS, "cuCtxCreate");
+    // `cuCtxCreate` makes the new context current on this thread.
+    assert_eq!(current(), other);
+    launch_with(2).unwrap();
+    let still_other = current() == other;
+    say(&format!(
+        "{test}: with another context current the launch {}",
+        if still_other {
+            "ran in the stream's context, the other one left current"
+        } else {
+            "was refused, bound and ran"
+        }
+    ));
+    // The result is read on the shim's context (the download binds it).
+    let got: Vec<u32> = download(&shim, &stream, out, n);
+    assert!(
+        got.iter().all(|v| *v == 2),
+        "another context current: {:?}",
+        &got[..4]
+    );
+    // SAFETY: the context was made above, nothing of it is in use; destroying it unbinds it
+    // from this thread if current.
+    let r = unsafe { sys::cuCtxDestroy_v2(other) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+}

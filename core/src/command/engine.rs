@@ -389,6 +389,9 @@ impl<S: Shim> Command<'_, S> {
             self.device.launch_spans.clear();
             self.device.launch_spans.resize(count, NO_SPAN);
         }
+        // Whether some buffer is owned by another stream (only such memory is ordered when the
+        // order is quiet: see below).
+        let mut foreign = false;
         let mut index = 0;
         for list in buffers.lists() {
             for h in list {
@@ -396,6 +399,7 @@ impl<S: Shim> Command<'_, S> {
                     .device
                     .target(*h)
                     .map_err(|cause| buffer_error(name, index, cause))?;
+                foreign |= t.owner != self.stream;
                 let span = DeviceSpan {
                     addr: t.resolved.addr,
                     len: t.resolved.len,
@@ -410,10 +414,20 @@ impl<S: Shim> Command<'_, S> {
         }
         // Nothing to wait for in the usual case (asked once, not per buffer): only memory
         // another stream owns is ordered then.
+        if foreign || !self.device.order_is_quiet() {
+            self.order_buffers(buffers)?;
+        }
+        Ok(count)
+    }
+
+    /// Orders this stream after other streams' work on each buffer (all resolved: the checks
+    /// passed, so ordering's side effects may start).
+    #[inline(never)]
+    fn order_buffers(&mut self, buffers: Buffers<'_>) -> Result<(), ServerError> {
         let quiet = self.device.order_is_quiet();
         for list in buffers.lists() {
             for h in list {
-                // The owner is the stream that issued the handle, checked above by `target` (not
+                // The owner is the stream that issued the handle, checked by `target` (not
                 // kept: the firmware's stack is small).
                 let owner = h.issuer().stream as usize;
                 if !quiet || owner != self.stream {
@@ -421,7 +435,7 @@ impl<S: Shim> Command<'_, S> {
                 }
             }
         }
-        Ok(count)
+        Ok(())
     }
 
     /// The failure an input of `reads` carries, if any (the failure rule's question).
