@@ -29,7 +29,8 @@ use alloc::vec::Vec;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct StagingPolicy {
-    /// Unpinned data smaller than this is copied into pinned memory first.
+    /// Unpinned data smaller than this is copied into pinned memory first; a read into a heap
+    /// buffer smaller than this lands in pinned memory first ([`Self::stages_read`]).
     pub max_staged: u64,
     /// A copy larger than this flushes the drop queue right after, so its buffer goes soon.
     pub flush_after: u64,
@@ -66,6 +67,16 @@ impl StagingPolicy {
     /// Whether a copy of `size` bytes of unpinned memory is pipelined.
     pub fn pipelines(&self, size: u64) -> bool {
         size >= self.pipeline_from && self.depth > 0 && self.chunk > 0
+    }
+
+    /// Whether a read of `size` bytes into a caller's buffer of `origin`
+    /// ([`Command::read_to`](crate::Command::read_to)) lands in pinned memory first, to be copied
+    /// into the caller's buffer once its fence passed: heap memory smaller than
+    /// [`Self::max_staged`] that the pipeline does not take (`pipelined`: whether it would; a
+    /// build without the `pipeline` feature never does). A DMA into pinned memory and a copy
+    /// out ran at twice the driver's own path into pageable memory on the H200 (BENCHMARKS.md).
+    pub fn stages_read(&self, size: u64, origin: HostOrigin, pipelined: bool) -> bool {
+        origin == HostOrigin::Heap && size > 0 && size < self.max_staged && !pipelined
     }
 
     /// Buffers in a stream's ring: `depth`, at most [`MAX_DEPTH`].

@@ -196,6 +196,51 @@ fn warm_enqueue_operations_do_not_allocate() {
     });
     figures.push(("read into a kept pinned buffer (read_to + wait)", read_to));
 
+    // A small read into the caller's heap buffer lands in pinned memory of the stream's pool
+    // and is copied out when the future resolves: nothing allocated, and the device copies
+    // into pinned memory, never the caller's.
+    let mut kept_small = Some(HostBuffer::zeroed(N * 4));
+    let staged_read = per_op(|| {
+        let buffer = kept_small.take().unwrap();
+        let back = cmd(&mut device)
+            .read_to(ReadRequest::whole(&y), buffer)
+            .unwrap()
+            .wait()
+            .unwrap();
+        kept_small = Some(back);
+    });
+    figures.push((
+        "staged read into a kept heap buffer (read_to + wait, 1 KiB)",
+        staged_read,
+    ));
+    let copies = |d: &Device<StdShim>| d.shim().stats().copies_by_host_memory;
+    let before = copies(&device);
+    let buffer = kept_small.take().unwrap();
+    let back = cmd(&mut device)
+        .read_to(ReadRequest::whole(&y), buffer)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        {
+            let after = copies(&device);
+            (after[0] - before[0], after[1] - before[1])
+        },
+        (0, 1),
+        "copies by host memory (pageable, pinned) of one staged read"
+    );
+    let direct = cmd(&mut device)
+        .read_async(&[ReadRequest::whole(&y)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        back.as_slice(),
+        direct[0].as_slice(),
+        "the staged read's bytes"
+    );
+    drop(back);
+
     // A pipelined upload and read of 1 MiB (pieces through the stream's staging ring, copied on
     // the shim's worker threads): nothing allocated per piece or per copy once the ring is full.
     let big: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
@@ -229,7 +274,6 @@ fn warm_enqueue_operations_do_not_allocate() {
     );
     // The figures above are the pipeline's: one more of each makes four copies from and four
     // into pinned memory (the ring's buffers), none from or into the caller's memory.
-    let copies = |d: &Device<StdShim>| d.shim().stats().copies_by_host_memory;
     let before = copies(&device);
     let mut c = cmd(&mut device);
     c.write_from(&z, &big).unwrap();
@@ -274,7 +318,7 @@ fn warm_enqueue_operations_do_not_allocate() {
     // The figures, pinned: every warm enqueue operation allocates nothing. `read_async` hands
     // back a new vector of buffers and keeps its bindings in another: two, by its signature
     // (`read_to` is the allocation-free read).
-    let pinned = [0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0];
+    let pinned = [0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0];
     for ((what, n), want) in figures.iter().zip(pinned) {
         assert_eq!(*n, want, "allocations per operation of {what}");
     }

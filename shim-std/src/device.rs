@@ -191,10 +191,14 @@ impl StdShimBuilder {
                 next_stream: AtomicU64::new(0),
                 busy: Mutex::new(0),
                 idle: Condvar::new(),
+                // Staging copies through the caches: this device's copies are the CPU's,
+                // which reads what was just staged from there (streaming stores help a DMA
+                // engine, not a memcpy on the stream's worker).
                 copies: CopyWorkers::new(
                     self.copy_threads
                         .unwrap_or_else(CopyWorkers::default_threads),
-                ),
+                )
+                .streaming(devcmd::workers::STREAM_FROM, 0),
             }),
         }
     }

@@ -277,11 +277,15 @@ impl<S: Shim> Drop for ReadFuture<S> {
 }
 
 /// The caller's buffer of a [`Command::read_to`], filled once its fence passes. Holds one buffer
-/// and one binding inline: a read through it allocates nothing.
+/// (and the pinned buffer a small read lands in first), and one binding inline: a read through
+/// it allocates nothing.
 #[derive(Debug)]
 pub struct ReadToFuture<S: Shim> {
     fence: Fence<S>,
     buffer: Option<HostBuffer>,
+    /// Where the device copies a staged read (pinned memory): copied into `buffer` once the
+    /// fence passed.
+    staged: Option<HostBuffer>,
     held: Option<Binding>,
 }
 
@@ -291,11 +295,13 @@ impl<S: Shim> ReadToFuture<S> {
     pub(super) fn new(
         fence: Fence<S>,
         buffer: HostBuffer,
+        staged: Option<HostBuffer>,
         held: Binding,
     ) -> Result<Self, ServerError> {
         let mut future = Self {
             fence,
             buffer: Some(buffer),
+            staged,
             held: Some(held),
         };
         if !future.fence.recorded() {
@@ -305,18 +311,31 @@ impl<S: Shim> ReadToFuture<S> {
         Ok(future)
     }
 
-    /// Gives the buffer back once the device is done with it; leaks it (and the binding) when the
-    /// device may not be done (`None`).
+    /// Gives the buffer back once the device is done with it (a staged read's bytes copied into
+    /// it when the fence passed); leaks both buffers (and the binding) when the device may not
+    /// be done (`None`).
     fn release(&mut self, outcome: FenceOutcome) -> Option<HostBuffer> {
-        let (buffer, held) = (self.buffer.take(), self.held.take());
-        settle(outcome, buffer, held).flatten()
+        let (buffer, staged, held) = (self.buffer.take(), self.staged.take(), self.held.take());
+        let (buffer, staged) = settle(outcome, (buffer, staged), held)?;
+        let mut buffer = buffer?;
+        if let (FenceOutcome::Passed, Some(staged)) = (outcome, staged) {
+            let (dst, src) = (buffer.as_mut_slice(), staged.as_slice());
+            let len = dst.len().min(src.len());
+            dst[..len].copy_from_slice(&src[..len]);
+        }
+        Some(buffer)
     }
 
-    /// As [`ReadFuture`]'s: the buffer and binding go to the stream's drop queue without a wait
+    /// As [`ReadFuture`]'s: the buffers and binding go to the stream's drop queue without a wait
     /// (a stream of the device records).
     fn orphan(&mut self) {
         self.fence.give_up();
-        let buffers = self.buffer.take().into_iter().collect();
+        let buffers = self
+            .buffer
+            .take()
+            .into_iter()
+            .chain(self.staged.take())
+            .collect();
         let held = self.held.take().into_iter().collect();
         self.fence.ledger.orphan((self.fence.stream, buffers, held));
     }

@@ -19,7 +19,7 @@ use crate::fault::{FenceOutcome, Fenced};
 use crate::host::{HostBuffer, HostOrigin};
 use crate::memory::{Handle, PageUpdate};
 use crate::order::Target;
-use crate::shim::Shim;
+use crate::shim::{HostCopy, Shim};
 use crate::staging::Staging;
 
 /// The host side of an upload.
@@ -66,6 +66,31 @@ impl<S: Shim> Command<'_, S> {
             Some(b) => Ok(b),
             None => Ok(HostBuffer::try_zeroed(len)?),
         }
+    }
+
+    /// Copies `bytes` into `pinned` (as long) for the device to read next: the shim's host copy
+    /// ([`Shim::host_copy`], [`HostCopy::Stage`]), which on an OS splits a large copy among
+    /// threads and writes past the caches where that lets the device read it sooner.
+    fn stage(&self, pinned: &mut HostBuffer, bytes: &[u8]) {
+        let dst = pinned.as_mut_slice();
+        debug_assert_eq!(
+            dst.len(),
+            bytes.len(),
+            "a staging buffer is the bytes' length"
+        );
+        let len = dst.len().min(bytes.len());
+        // SAFETY: both hold at least `len` bytes; the pinned buffer is a separate allocation no
+        // device work uses yet.
+        unsafe {
+            self.device
+                .shim
+                .host_copy(dst.as_mut_ptr(), bytes.as_ptr(), len, HostCopy::Stage)
+        };
+    }
+
+    /// A pinned buffer of `len` bytes for a staged read, when the pool can serve it.
+    pub(super) fn pinned_staging(&mut self, len: usize) -> Option<HostBuffer> {
+        self.pinned_buffer(len, true)
     }
 
     /// A pinned buffer of `len` bytes when `pinned` and the pool can serve it.
@@ -159,7 +184,7 @@ impl<S: Shim> Command<'_, S> {
             Source::Owned(buffer) if !staging.through_pinned => buffer,
             Source::Owned(buffer) => match self.pinned_buffer(buffer.len(), true) {
                 Some(mut pinned) => {
-                    pinned.as_mut_slice().copy_from_slice(buffer.as_slice());
+                    self.stage(&mut pinned, buffer.as_slice());
                     pinned
                 }
                 // No pinned memory: a mapped file is still copied once (it may fault while the
@@ -171,7 +196,7 @@ impl<S: Shim> Command<'_, S> {
             },
             Source::Borrowed(bytes) => match self.pinned_buffer(bytes.len(), true) {
                 Some(mut pinned) => {
-                    pinned.as_mut_slice().copy_from_slice(bytes);
+                    self.stage(&mut pinned, bytes);
                     pinned
                 }
                 None => HostBuffer::try_copy_of(bytes)?,

@@ -137,7 +137,7 @@ impl<S: Shim> Command<'_, S> {
         self.begin()?;
         self.refuse_while_recording("read_into")?;
         // SAFETY: the caller's contract is this one.
-        unsafe { self.read_one(request, dst) }
+        unsafe { self.read_one(request, dst, false) }.map(|_| ())
     }
 
     /// The checks and the copy of one read into the caller's `dst`, once begun.
@@ -145,21 +145,41 @@ impl<S: Shim> Command<'_, S> {
     /// # Safety
     ///
     /// As [`Self::read_into`].
+    ///
+    /// With `may_stage`, a small heap `dst` ([`StagingPolicy::stages_read`]) is not written:
+    /// the copy lands in a pinned buffer of the stream's pool, returned, which the caller copies
+    /// into `dst` once a fence after this passed (and keeps as it keeps `dst` until then).
+    ///
+    /// [`StagingPolicy::stages_read`]: crate::staging::StagingPolicy::stages_read
     unsafe fn read_one(
         &mut self,
         request: ReadRequest<'_>,
         dst: &mut HostBuffer,
-    ) -> Result<(), ServerError> {
+        may_stage: bool,
+    ) -> Result<Option<HostBuffer>, ServerError> {
         let ReadRequest { handle, layout } = request;
         if !dst.is_empty() && dst.as_mut_slice().is_empty() {
             return Err(Validation::ReadOnlyDestination.into());
         }
         let Some(t) = self.copy_target(handle, layout, dst.len() as u64)? else {
-            return Ok(());
+            return Ok(None);
         };
         self.unwritten(handle, layout)?;
+        let size = layout.packed_bytes();
+        let policy = self.device.config.staging;
+        let pipelined = cfg!(feature = "pipeline") && policy.pipelines(size);
+        if may_stage
+            && policy.stages_read(size, dst.origin(), pipelined)
+            && let Some(mut staging) = self.pinned_staging(dst.len())
+        {
+            // SAFETY: the staging buffer is returned to the caller, who keeps it as `dst`;
+            // it is the layout's length (the pool serves what is asked).
+            unsafe { self.read_rows(handle, layout, &t, &mut staging)? };
+            return Ok(Some(staging));
+        }
         // SAFETY: the caller's contract is this one; `dst` is the layout's length.
-        unsafe { self.read_rows(handle, layout, &t, dst) }
+        unsafe { self.read_rows(handle, layout, &t, dst) }?;
+        Ok(None)
     }
 
     /// Reads `request` into `buffer`, the caller's own (as long as the request's packed bytes),
@@ -169,6 +189,9 @@ impl<S: Shim> Command<'_, S> {
     /// [`StagingPolicy::pipeline_from`](crate::staging::StagingPolicy::pipeline_from) bytes is
     /// filled through the stream's staging ring before this returns (the future is then ready
     /// at once), at DMA speed rather than the driver's pageable path; see [`Self::read_into`].
+    /// A smaller heap buffer ([`StagingPolicy::stages_read`](crate::staging::StagingPolicy::stages_read))
+    /// is read into pinned memory of the stream's pool and copied into the buffer when the
+    /// future resolves (where the pool has no room, the device copies into it directly).
     ///
     /// # Errors
     ///
@@ -183,12 +206,13 @@ impl<S: Shim> Command<'_, S> {
         self.begin()?;
         self.device.ledger.take_deferred(self.stream)?;
         self.refuse_while_recording("read_into")?;
-        // SAFETY: `buffer` moves into the future below (its bytes do not move with it) and is
-        // neither read nor dropped before the fence recorded after the copy passed (or the wait
-        // in the error path returned). When the copy is refused nothing was enqueued.
-        unsafe { self.read_one(request, &mut buffer)? };
+        // SAFETY: `buffer` (or the staging buffer the copy lands in) moves into the future below
+        // (its bytes do not move with it) and is neither read nor dropped before the fence
+        // recorded after the copy passed (or the wait in the error path returned). When the
+        // copy is refused nothing was enqueued.
+        let staged = unsafe { self.read_one(request, &mut buffer, true)? };
         let held = request.handle.binding();
-        ReadToFuture::new(self.fence(), buffer, held)
+        ReadToFuture::new(self.fence(), buffer, staged, held)
     }
 
     /// Reads every request back to the host. Every request is checked first (handle, layout,

@@ -1,5 +1,6 @@
 //! The bandwidth section: uploads from and readbacks into ordinary (pageable) memory through
-//! devcmd (the pipeline of `devcmd::staging` from 256 KiB on, one staging copy below) against
+//! devcmd (the pipeline of `devcmd::staging` from 128 KiB on; below, one staging copy through
+//! pinned memory, for reads copied into the caller's buffer when the future resolves) against
 //! raw DMA from and into pinned memory and against the driver's own pageable path, a
 //! registration kept across writes, and a sweep of the pipeline's settings (host copy threads,
 //! piece size, ring depth).
@@ -172,7 +173,8 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
          `cuMemcpyDtoHAsync` into pinned and into pageable memory + `cuStreamSynchronize`, per \
          copy. devcmd runs its defaults: copies of at least {} are pipelined through a ring of {} \
          pinned buffers of {} per stream (pieces of that size), the host copies on {} helper threads (`CopyWorkers::default_threads` on this \
-         host) besides the caller's.\n",
+         host) besides the caller's; smaller ones go through pinned memory once (a read lands \
+         there and is copied into the caller's buffer when its future resolves).\n",
         human(policy.pipeline_from as usize),
         policy.depth,
         human(policy.chunk as usize),
