@@ -215,8 +215,12 @@ impl<S: Shim> Command<'_, S> {
         };
         self.device.order_after(self.stream, handle, t.owner)?;
         let chunk = self.device.config.staging.chunk;
-        // The piece on its way into each ring buffer, by slot.
+        // The piece on its way into each ring buffer, by slot, and those slots oldest first:
+        // the pieces are copied out in the order the device fills them, wherever the ring's
+        // turn started (waiting for a later piece first would leave the earlier ones' copies
+        // for after the last DMA).
         let mut pending: [Option<CopyPiece>; MAX_DEPTH as usize] = [None; MAX_DEPTH as usize];
+        let mut order: heapless::Vec<usize, { MAX_DEPTH as usize }> = heapless::Vec::new();
         for (k, piece) in layout.pieces(chunk).enumerate() {
             let i = if k == 0 {
                 first
@@ -232,6 +236,9 @@ impl<S: Shim> Command<'_, S> {
                 return Err(IoError::HostAllocFailed { len: chunk }.into());
             };
             if let Some(done) = entry.take() {
+                if let Some(at) = order.iter().position(|&o| o == i) {
+                    order.remove(at);
+                }
                 self.copy_out(i, done, dst);
             }
             let (shim, s) = self.parts();
@@ -251,9 +258,11 @@ impl<S: Shim> Command<'_, S> {
             copied.map_err(|e| ServerError::from(self.device.ledger.call_failed(e)))?;
             self.fence_slot(i)?;
             pending[i] = Some(piece);
+            // At most one entry per slot, and at most `MAX_DEPTH` slots: it fits.
+            let _ = order.push(i);
         }
-        for (i, entry) in pending.iter_mut().enumerate() {
-            let Some(piece) = entry.take() else {
+        for i in order {
+            let Some(piece) = pending.get_mut(i).and_then(Option::take) else {
                 continue;
             };
             let (shim, s) = self.parts();
