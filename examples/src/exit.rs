@@ -92,6 +92,19 @@ fn sort(e: &(dyn Error + 'static)) -> Option<u8> {
     None
 }
 
+/// Lets a closed output end the program quietly, as it ends `cat` or `grep`: `gpt2 ... | head`
+/// stops the program once `head` has its lines, with no panic (Rust ignores `SIGPIPE`, so a
+/// `println!` into a closed pipe would panic). Every program calls it first. A no-op off Unix.
+pub fn quiet_on_closed_output() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal, before any thread is started;
+    // nothing in the program relies on `SIGPIPE` being ignored (every other write goes to files
+    // or the device).
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// When the command line asks for help (`-h` or `--help`): prints `usage`, then [`HELP`], and
 /// says so (the program then exits [`OK`]).
 pub fn help_asked(usage: &str) -> bool {

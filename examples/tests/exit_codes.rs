@@ -47,3 +47,36 @@ fn a_bad_flag_value_is_bad_input_everywhere() {
         assert!(stderr.starts_with(&format!("{name}: ")), "{stderr}");
     }
 }
+
+/// Output into a pipe whose reader is gone (`program | head`) ends a program quietly, as it ends
+/// `cat` or `grep` (killed by `SIGPIPE`), never with a panic: every program's `--help`, and
+/// `gpt2` decoding its fixture, with the reading end closed before they write.
+#[cfg(unix)]
+#[test]
+fn a_closed_output_ends_every_program_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/gpt2-tiny");
+    let runs = PROGRAMS
+        .iter()
+        .map(|(name, path)| (*name, *path, vec!["--help"]))
+        .chain([("gpt2", PROGRAMS[1].1, vec!["--check", fixture])]);
+    for (name, path, args) in runs {
+        let mut child = Command::new(path)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("runs");
+        // The reading end goes before the program has written its first line.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("ends");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{name} {args:?}: {stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{name} {args:?}: ended with {:?}: {stderr}",
+            out.status
+        );
+    }
+}

@@ -44,6 +44,7 @@ usage: command-bench [--quick] [--drop-mib N]
   --drop-mib N   the drop queue's byte threshold in MiB [default: 64]";
 
 fn main() -> std::process::ExitCode {
+    devcmd_examples::exit::quiet_on_closed_output();
     if devcmd_examples::exit::help_asked(USAGE) {
         return std::process::ExitCode::from(devcmd_examples::exit::OK);
     }

@@ -44,6 +44,7 @@ usage: engine-bench [--iters N]
   --iters N  operations per timed round [default: 200000]";
 
 fn main() -> std::process::ExitCode {
+    devcmd_examples::exit::quiet_on_closed_output();
     if devcmd_examples::exit::help_asked(USAGE) {
         return std::process::ExitCode::from(devcmd_examples::exit::OK);
     }

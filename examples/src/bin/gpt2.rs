@@ -381,6 +381,7 @@ fn run(o: &Options) -> Result<bool, Box<dyn Error>> {
 }
 
 fn main() -> ExitCode {
+    devcmd_examples::exit::quiet_on_closed_output();
     let options = match cli::parse(std::env::args_os().skip(1)) {
         Ok(Parsed::Run(o)) => o,
         Ok(Parsed::Help) => {

@@ -158,6 +158,7 @@ usage: graph-bench [--quick]
   --quick  fewer rounds";
 
 fn main() -> ExitCode {
+    devcmd_examples::exit::quiet_on_closed_output();
     if exit::help_asked(USAGE) {
         return ExitCode::from(exit::OK);
     }

@@ -235,6 +235,7 @@ usage: cuda-bench [--quick] [--only SECTIONS]
   --only SECTIONS  a comma-separated list of launch, bandwidth, reserve, edge, library, peer";
 
 fn main() -> ExitCode {
+    devcmd_examples::exit::quiet_on_closed_output();
     if exit::help_asked(USAGE) {
         return ExitCode::from(exit::OK);
     }
