@@ -29,8 +29,8 @@ use alloc::vec::Vec;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct StagingPolicy {
-    /// Unpinned data smaller than this is copied into pinned memory first; a read into a heap
-    /// buffer smaller than this lands in pinned memory first ([`Self::stages_read`]).
+    /// Unpinned data smaller than this is copied into pinned memory first (a read into a heap
+    /// buffer, up to a [`Self::chunk`]: [`Self::stages_read`]).
     pub max_staged: u64,
     /// A copy larger than this flushes the drop queue right after, so its buffer goes soon.
     pub flush_after: u64,
@@ -71,12 +71,18 @@ impl StagingPolicy {
 
     /// Whether a read of `size` bytes into a caller's buffer of `origin`
     /// ([`Command::read_to`](crate::Command::read_to)) lands in pinned memory first, to be copied
-    /// into the caller's buffer once its fence passed: heap memory smaller than
-    /// [`Self::max_staged`] that the pipeline does not take (`pipelined`: whether it would; a
-    /// build without the `pipeline` feature never does). A DMA into pinned memory and a copy
-    /// out ran at twice the driver's own path into pageable memory on the H200 (BENCHMARKS.md).
+    /// into the caller's buffer once its fence passed: heap memory no larger than a piece of the
+    /// pipeline ([`Self::chunk`]) and smaller than [`Self::max_staged`], that the pipeline does
+    /// not take (`pipelined`: whether it would; a build without the `pipeline` feature never
+    /// does). At 4-64 KiB on the H200 such reads ran at 0.59-0.94 of raw DMA into pinned
+    /// memory, against 0.44-0.66 through the driver's path into pageable memory (BENCHMARKS.md);
+    /// a larger read is the pipeline's, or the driver's where the pipeline is off.
     pub fn stages_read(&self, size: u64, origin: HostOrigin, pipelined: bool) -> bool {
-        origin == HostOrigin::Heap && size > 0 && size < self.max_staged && !pipelined
+        origin == HostOrigin::Heap
+            && size > 0
+            && size <= self.chunk
+            && size < self.max_staged
+            && !pipelined
     }
 
     /// Buffers in a stream's ring: `depth`, at most [`MAX_DEPTH`].

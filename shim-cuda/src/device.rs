@@ -68,15 +68,7 @@ impl Context {
     /// Makes this context current on the calling thread, unless it already is. Every driver call
     /// of the shim is preceded by it (see [`CudaShim`]'s threading rule).
     pub(crate) fn bind(&self, op: ShimOp) -> Result<(), DriverError> {
-        let mut current = ptr::null_mut();
-        // SAFETY: the pointer is valid for one write; `cuCtxGetCurrent` was checked to exist by
-        // `driver::load`, like every function called below.
-        check(op, unsafe { sys::cuCtxGetCurrent(&mut current) })?;
-        if current != self.raw {
-            // SAFETY: `raw` is the primary context retained by this `Context` until it drops.
-            check(op, unsafe { sys::cuCtxSetCurrent(self.raw) })?;
-        }
-        Ok(())
+        self.bind_changed(op).map(|_| ())
     }
 
     /// [`Self::bind`], saying whether the context had to be made current (`false`: it already
@@ -84,32 +76,39 @@ impl Context {
     /// worth making.
     pub(crate) fn bind_changed(&self, op: ShimOp) -> Result<bool, DriverError> {
         let mut current = ptr::null_mut();
-        // SAFETY: as in `bind`.
+        // SAFETY: the pointer is valid for one write; `cuCtxGetCurrent` was checked to exist by
+        // `driver::load`, like every function called below.
         check(op, unsafe { sys::cuCtxGetCurrent(&mut current) })?;
-        if current == self.raw {
-            return Ok(false);
+        let changed = current != self.raw;
+        if changed {
+            // SAFETY: `raw` is the primary context retained by this `Context` until it drops.
+            check(op, unsafe { sys::cuCtxSetCurrent(self.raw) })?;
         }
-        // SAFETY: as in `bind`.
-        check(op, unsafe { sys::cuCtxSetCurrent(self.raw) })?;
-        Ok(true)
+        LAST_BOUND.with(|b| b.set(self.raw as usize));
+        Ok(changed)
     }
 
-    /// Runs `call` (a launch on a stream of this context) without binding the context first,
-    /// and binds and runs it again only when it was refused while another context (or none)
-    /// was current. A launch on a stream created in a context runs in that context: the driver
-    /// takes the context from the stream, not from the thread (`tests/gpu_core.rs` checks it
-    /// with another context current and with none). A bind costs a driver call per launch
-    /// (`cuCtxGetCurrent`), 2-3 % of `cuLaunchKernel` on the H200's host; the retry keeps a
-    /// driver that does want the thread's context correct.
+    /// Runs `call` (a launch on a stream of this context), binding the context first only when
+    /// this thread's last bind by the shim was of another context (or none), and binding and
+    /// running it again when it was refused while another context was current behind the
+    /// shim's back. A launch on a stream created in a context runs in that context: the driver
+    /// takes the context from the stream, not from the thread (`tests/kernels.rs` checks it
+    /// with another context of the GPU current and with none). The check the bind makes costs a
+    /// driver call (`cuCtxGetCurrent`), about 0.5 % of `cuLaunchKernel` on the H200's host; the
+    /// thread's last bind keeps a host that drives two GPUs from one thread from paying a
+    /// refused launch each time it switches, and the retry keeps a context made current
+    /// behind the shim's back correct.
     pub(crate) fn launch_unbound(
         &self,
         op: ShimOp,
         stream: &crate::CudaStream,
         mut call: impl FnMut() -> Result<(), DriverError>,
     ) -> Result<(), DriverError> {
-        // The legacy default stream (null, a borrowed stream may be it) is the current
-        // context's: bound first, always.
-        if stream.cu_stream().is_null() {
+        // The special streams (null and `CU_STREAM_LEGACY`, which a borrowed stream may be;
+        // `CU_STREAM_PER_THREAD`, refused when borrowed) are the current context's: bound
+        // first, always. So is a launch on a thread whose last bind was another context's.
+        let special = (stream.cu_stream() as usize) <= 2;
+        if special || LAST_BOUND.with(|b| b.get()) != self.raw as usize {
             self.bind(op)?;
             return call();
         }
@@ -124,6 +123,13 @@ impl Context {
             }
         }
     }
+}
+
+std::thread_local! {
+    /// The context the shim last made sure of on this thread (as an address; 0: none), by
+    /// [`Context::bind_changed`]: a launch of that context's skips the check. Something else
+    /// may have made another context current since; the launch's retry covers that.
+    static LAST_BOUND: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 impl Drop for Context {
@@ -147,9 +153,15 @@ impl Drop for Context {
         let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
         if r == sys::CUresult::CUDA_SUCCESS && current == self.raw {
             // SAFETY: unbinding (a null context) is always allowed; the shim binds on every
-            // call, so no later call relies on this binding.
+            // call that needs it, so no later call relies on this binding.
             let _ = unsafe { sys::cuCtxSetCurrent(ptr::null_mut()) };
         }
+        // A later context at the same address is not this one: its first launch binds.
+        let _ = LAST_BOUND.try_with(|b| {
+            if b.get() == self.raw as usize {
+                b.set(0);
+            }
+        });
         // SAFETY: the retain of `CudaShim::new` is released once, here; no stream, event or shim
         // of this context is left (each holds the `Arc` this drop ends).
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
@@ -166,12 +178,15 @@ impl Drop for Context {
 /// and every drop of a stream or an event, first makes the device's primary context current on
 /// the calling thread** (`cuCtxGetCurrent`, then `cuCtxSetCurrent` only when another context is
 /// current) and leaves it current. Two calls are the exception: a kernel launch and a graph's
-/// launch on a stream the shim created or borrowed (not the null stream) run in that stream's
-/// context whatever the thread's is, so they skip the check (a driver call per launch), and
-/// bind only when the driver refused them while another context (or none) was current. So any thread may call the shim, one after another or at once
+/// launch on a stream the shim created or borrowed (not a special stream: null,
+/// `CU_STREAM_LEGACY`) run in that stream's context whatever the thread's is, so they skip the
+/// check (a driver call per launch) on a thread whose last bind by the shim was of this
+/// context, and bind and launch again when the driver refused them because code outside the
+/// shim made another context current since; after such a launch the other context may still
+/// be current. So any thread may call the shim, one after another or at once
 /// (the driver is thread-safe), and a stream or event dropped on another thread is released
 /// correctly. Code that mixes its own contexts with the shim on one thread must expect the shim's
-/// context to be current after a call.
+/// context to be current after any call but a launch, after which either may be.
 ///
 /// # What is implemented
 ///

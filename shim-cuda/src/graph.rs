@@ -48,8 +48,8 @@ pub struct CudaGraph {
     keep: std::sync::Mutex<Vec<Kept>>,
 }
 
-// SAFETY: a `CUgraphExec` is a driver handle usable from any thread with its context current;
-// the shim binds the context on every call and in `Drop`.
+// SAFETY: a `CUgraphExec` is a driver handle usable from any thread; the shim binds the
+// context on every call that needs it and in `Drop` (a launch runs in its stream's context).
 unsafe impl Send for CudaGraph {}
 // SAFETY: the driver API is thread-safe; `&CudaGraph` only passes the handle to it (CUDA
 // serialises launches of one graph exec itself).

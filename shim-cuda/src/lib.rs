@@ -79,8 +79,9 @@
 //!
 //! # Threads
 //!
-//! Every call binds the device's primary context to the calling thread (see [`CudaShim`]), so
-//! the shim, its streams and its events may be used and dropped on any thread.
+//! Every call binds the device's primary context to the calling thread where the call depends
+//! on it (see [`CudaShim`]: a launch runs in its stream's context and binds only when needed),
+//! so the shim, its streams and its events may be used and dropped on any thread.
 //!
 //! # Building: no CUDA needed
 //!

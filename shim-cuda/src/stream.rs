@@ -37,8 +37,8 @@ pub struct CudaStream {
     pub(crate) recorded: Mutex<Option<Vec<Arc<dyn Send + Sync>>>>,
 }
 
-// SAFETY: a `CUstream` is a driver handle usable from any thread with its context current; the
-// shim binds the context on every call and in `Drop`.
+// SAFETY: a `CUstream` is a driver handle usable from any thread; the shim binds the context
+// on every call that needs it and in `Drop` (a launch runs in the stream's own context).
 unsafe impl Send for CudaStream {}
 // SAFETY: the driver API is thread-safe; `&CudaStream` only passes the handle to it.
 unsafe impl Sync for CudaStream {}

@@ -790,12 +790,13 @@ fn a_graph_keeps_the_modules_of_its_kernels() {
     unsafe { shim.device_free(p) };
 }
 
-/// The shim launches without making its context current first (it saves a driver call per
-/// launch): a launch on a stream of the shim runs in that stream's context whatever the calling
-/// thread has current. Checked from a thread with no context current, and from one where another
-/// context of the same GPU is current (a second library's, say); each launch's output read back.
-/// Where the driver does refuse such a launch, the shim binds and launches again: either way the
-/// launch succeeds and writes what it should.
+/// The shim launches without making its context current first on a thread whose last bind by
+/// the shim was of its context (it saves a driver call per launch): a launch on a stream of the
+/// shim runs in that stream's context whatever the thread has current. Checked with no context
+/// current (unbound behind the shim's back) and with another context of the same GPU current
+/// (a second library's, say); each launch's output read back. Where the driver does refuse
+/// such a launch, the shim binds and launches again: either way the launch succeeds and writes
+/// what it should. A thread that never bound binds first.
 #[test]
 fn a_launch_runs_in_its_streams_context_whatever_context_is_current() {
     use devcmd_cuda::sys;
@@ -826,10 +827,16 @@ fn a_launch_runs_in_its_streams_context_whatever_context_is_current() {
         c
     };
     std::thread::scope(|scope| {
-        // A thread that never made a context current.
         scope
             .spawn(|| {
                 assert!(current().is_null(), "a new thread has no context current");
+                // A thread that never bound: the launch binds first.
+                launch_with(3).unwrap();
+                assert!(!current().is_null(), "the first launch on a thread binds");
+                // Unbound behind the shim's back: the shim does not know, and launches as is.
+                // SAFETY: making no context current is always allowed.
+                let r = unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) };
+                assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
                 launch_with(1).unwrap();
                 say(&format!(
                     "{test}: with no context current the launch {}",
@@ -850,7 +857,24 @@ fn a_launch_runs_in_its_streams_context_whatever_context_is_current() {
         &got[..4]
     );
 
-    // Another context of the same GPU, current on this thread.
+    // Another context of the same GPU, current on this thread (`cuCtxCreate_v4`: the CUDA 13
+    // bindings).
+    #[cfg(feature = "cuda-13000")]
+    another_context_current(&shim, &stream, out, n, &launch_with, &current, test);
+}
+
+/// The second half of the test above: a launch with another context of the GPU current.
+#[cfg(feature = "cuda-13000")]
+fn another_context_current(
+    shim: &devcmd_cuda::CudaShim,
+    stream: &devcmd_cuda::CudaStream,
+    out: devcmd::DeviceAddr,
+    n: usize,
+    launch_with: &dyn Fn(u32) -> Result<(), devcmd::DriverError>,
+    current: &dyn Fn() -> devcmd_cuda::sys::CUcontext,
+    test: &str,
+) {
+    use devcmd_cuda::sys;
     let mut device = 0;
     // SAFETY: the shim's context is current (the download above bound it); the pointer is valid
     // for one write.
@@ -873,7 +897,7 @@ fn a_launch_runs_in_its_streams_context_whatever_context_is_current() {
         }
     ));
     // The result is read on the shim's context (the download binds it).
-    let got: Vec<u32> = download(&shim, &stream, out, n);
+    let got: Vec<u32> = download(shim, stream, out, n);
     assert!(
         got.iter().all(|v| *v == 2),
         "another context current: {:?}",

@@ -17,7 +17,7 @@ use crate::error::{DriverError, ServerError, Validation};
 use crate::fault::{FaultLedger, FenceMark, FenceOutcome, Fenced};
 use crate::host::HostBuffer;
 use crate::memory::Binding;
-use crate::shim::Shim;
+use crate::shim::{HostCopy, Shim};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::future::Future;
@@ -321,7 +321,13 @@ impl<S: Shim> ReadToFuture<S> {
         if let (FenceOutcome::Passed, Some(staged)) = (outcome, staged) {
             let (dst, src) = (buffer.as_mut_slice(), staged.as_slice());
             let len = dst.len().min(src.len());
-            dst[..len].copy_from_slice(&src[..len]);
+            // SAFETY: both hold at least `len` bytes and are separate buffers; the device is
+            // done with the staging buffer (its fence passed).
+            unsafe {
+                self.fence
+                    .shim
+                    .host_copy(dst.as_mut_ptr(), src.as_ptr(), len, HostCopy::Unstage)
+            };
         }
         Some(buffer)
     }
