@@ -2,12 +2,13 @@
 
 use crate::harness::{Harness, Mode, TestKernel};
 use crate::util::{Ctx, expect_same, must, pattern, plus, suspect};
-use devcmd::{DeviceConfig, StreamId};
+use devcmd::{DeviceConfig, HostBuffer, ReadRequest, StreamId};
 
 /// The round-trip group. Checks, byte-exactly, for sizes from 0 bytes to several MiB (small
 /// pool and arena):
 ///
-/// - `create` then read;
+/// - `create` then read, and then `read_to` into a heap buffer (staged through pinned memory, or
+///   pipelined);
 /// - `empty` then `write` then read, whole and through a view at an offset;
 /// - a lazy handle: `lazy` then `initialize` then `write` then read;
 /// - across streams with no host synchronisation in between: upload on stream 1, a kernel on
@@ -28,6 +29,22 @@ pub fn round_trips<H: Harness>(h: &H, mode: Mode) {
         c.expect_read(
             s0,
             &a,
+            &data,
+            &what,
+            &[suspect::COPIES, suspect::EARLY_WAIT],
+        );
+        // Into the caller's heap buffer: through pinned memory below the pipeline's threshold
+        // (copied over when the future resolves), through the staging ring above it.
+        let what = format!("[{mode}] round_trips: create -> read_to a heap buffer of {size} bytes");
+        let back = must(
+            c.dev.command(s0).and_then(|mut k| {
+                k.read_to(ReadRequest::whole(&a), HostBuffer::zeroed(size))?
+                    .wait()
+            }),
+            &what,
+        );
+        expect_same(
+            back.as_slice(),
             &data,
             &what,
             &[suspect::COPIES, suspect::EARLY_WAIT],
