@@ -327,10 +327,19 @@ fn room_shared_with_the_small_pool_serves_a_recording() {
 fn the_idle_cache_stays_bounded_over_many_reserve_and_drop_cycles() {
     let (shim, mut mm) = vm_device();
     let _small = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
-    let _arena = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
-    for _ in 0..10_000 {
+    // Two whole arena granules: a 1 MiB request would map a third, so it shares.
+    let _arena = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
+    for cycle in 0..10_000 {
         // Shared: 1 MiB fits the small pool's mapped granule.
-        drop(mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap());
+        let shared = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+        if cycle == 0 {
+            assert_eq!(
+                mm.resolve(&shared).unwrap().page.pool,
+                crate::memory::pool::Pool::Granules(crate::memory::pool::Size::Small),
+                "the 1 MiB request shares the small pool's granule"
+            );
+        }
+        drop(shared);
         // Plain: the arena's own granules, mapped once, used and freed.
         drop(mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap());
         mm.collect_returns();
@@ -345,4 +354,63 @@ fn the_idle_cache_stays_bounded_over_many_reserve_and_drop_cycles() {
     let maps = shim.maps.get();
     drop(mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap());
     assert_eq!(shim.maps.get(), maps, "the idle granules are still found");
+}
+
+/// Under `IdleGranules::Slack` and fenced release, a reservation's trim retires
+/// the small pool's idle granule and the shared placement (an arena request under a granule)
+/// takes it straight back and returns before `granules_held` runs `settle`: the pool's
+/// `retiring` list gains a stale entry every reserve-and-drop cycle, without bound.
+#[test]
+fn the_retiring_list_stays_bounded_over_many_shared_reserve_and_drop_cycles() {
+    use crate::memory::IdleGranules;
+    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
+    let config = MemoryConfig {
+        idle_granules: IdleGranules::Slack {
+            per_64: 0,
+            floor: 0,
+        },
+        ..MemoryConfig::default()
+    };
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let mut mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    // The small pool's first granule full of live slices, its second one idle.
+    let full: Vec<_> = (0..32)
+        .map(|_| mm.reserve(&shim, 64 * 1024, PageUpdate::Allow).unwrap())
+        .collect();
+    let second: Vec<_> = (0..4)
+        .map(|_| mm.reserve(&shim, 64 * 1024, PageUpdate::Allow).unwrap())
+        .collect();
+    drop(second);
+    mm.collect_returns();
+    let maps = shim.maps.get();
+    let mut in_flight = Vec::new();
+    for cycle in 0..10_000 {
+        // 1 MiB: shared into the small pool's idle (just retired) granule.
+        drop(mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap());
+        mm.collect_returns();
+        // The device's drop queue takes what retired; its fences pass every 100 cycles.
+        in_flight.extend(mm.take_retired());
+        if cycle % 100 == 99 {
+            for p in in_flight.drain(..) {
+                // SAFETY: no device work in this test.
+                unsafe { p.free(&shim) };
+            }
+        }
+    }
+    assert_eq!(
+        shim.maps.get(),
+        maps,
+        "taken back every cycle, nothing mapped"
+    );
+    let vm = mm.vm[0].as_ref().unwrap();
+    let (_, granules) = vm.cache_len();
+    assert!(
+        vm.retiring_len() <= (2 * granules).max(16),
+        "{} retiring entries for {granules} granules",
+        vm.retiring_len()
+    );
+    drop(full);
 }

@@ -254,6 +254,12 @@ impl GranulePool {
         self.cache = kept;
     }
 
+    /// Entries in the retiring list, stale ones included.
+    #[cfg(test)]
+    pub(crate) fn retiring_len(&self) -> usize {
+        self.retiring.len()
+    }
+
     /// Entries in the cache, stale ones included, and the granules of the range.
     #[cfg(test)]
     pub(crate) fn cache_len(&self) -> (usize, usize) {
@@ -293,6 +299,18 @@ impl GranulePool {
         self.mapped += 1;
         self.retiring_now += 1;
         self.retiring.push(g);
+        // Entries go stale when a retiring granule is taken back before `settle` runs (a
+        // reservation that trims idle granules and then places into one of them, over and
+        // over): past twice the granules (at least 16 entries) the list is compacted to the
+        // granules still retiring, one entry each (`settle` reads only the granule).
+        if self.retiring.len() > (2 * self.granules.len()).max(16) {
+            let mut seen = alloc::vec![false; self.granules.len()];
+            let granules = &self.granules;
+            self.retiring.retain(|&r| {
+                matches!(granules[r as usize].backing, Backing::Retiring(..))
+                    && !core::mem::replace(&mut seen[r as usize], true)
+            });
+        }
     }
 
     /// Forgets the retiring granules the drop queue has unmapped since (their fence passed):
