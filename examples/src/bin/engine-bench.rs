@@ -122,6 +122,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         .expect("library");
     });
+    // A reservation and its drop (issue 19's `Command::empty` + drop): the handle's identity
+    // comes back through the return queue at the next reservation.
+    let reserve_drop = per_op(iters, || {
+        drop(black_box(cmd.empty(4096).expect("empty")));
+    });
     println!("## The engine's own cost per operation (a shim whose calls do nothing)\n");
     println!("{iters} operations per batch, median of 15 batches.\n");
     println!("| operation | ns/op | over the bare shim call, ns |");
@@ -135,5 +140,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "| `Command::library`, 3 buffers | {library:.1} | {:.1} |",
         library - bare
     );
+    println!("| `Command::empty` (4 KiB) + drop | {reserve_drop:.1} | — |");
     Ok(())
 }

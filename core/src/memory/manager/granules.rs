@@ -127,6 +127,15 @@ impl<S: Shim> MemoryManager<S> {
             if pool.need(g) != Need::Map {
                 continue;
             }
+            if update == PageUpdate::Forbidden {
+                // A retiring granule counted usable above was unmapped since (its fence passed
+                // between the count and here): no map may be made now, so the placement is
+                // undone (the granules taken back join the cache) and the caller looks
+                // elsewhere, as for any placement that does not fit.
+                pool.untouch(first, last);
+                pool.pool.free(c.block, used.owner);
+                return Ok(None);
+            }
             let addr = pool.addr_of(g);
             let mapped = match self.budget.take(granule) {
                 Ok(()) => shim.vm_map(DeviceAddr(addr), granule).map_err(|e| {
