@@ -320,6 +320,10 @@ fn room_shared_with_the_small_pool_serves_a_recording() {
     assert_eq!(granule_of(&mut mm, &h), granule_of(&mut mm, &_s));
 }
 
+/// Reserve-and-drop cycles of the two bound tests below: past twice a pool's granules (256
+/// entries) the lists are compacted at least once; fewer under miri, where a cycle is slow.
+const CYCLES: usize = if cfg!(miri) { 300 } else { 10_000 };
+
 /// A granule used and freed over and over is pushed on the idle cache each time, and a shared
 /// placement touches and untouches the arena's granule it did not need: the cache stays within
 /// twice the pool's granules however many cycles run (it grew by one entry a cycle before).
@@ -329,7 +333,7 @@ fn the_idle_cache_stays_bounded_over_many_reserve_and_drop_cycles() {
     let _small = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
     // Two whole arena granules: a 1 MiB request would map a third, so it shares.
     let _arena = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
-    for cycle in 0..10_000 {
+    for cycle in 0..CYCLES {
         // Shared: 1 MiB fits the small pool's mapped granule.
         let shared = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
         if cycle == 0 {
@@ -387,7 +391,7 @@ fn the_retiring_list_stays_bounded_over_many_shared_reserve_and_drop_cycles() {
     mm.collect_returns();
     let maps = shim.maps.get();
     let mut in_flight = Vec::new();
-    for cycle in 0..10_000 {
+    for cycle in 0..CYCLES {
         // 1 MiB: shared into the small pool's idle (just retired) granule.
         drop(mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap());
         mm.collect_returns();
