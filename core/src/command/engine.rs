@@ -421,18 +421,16 @@ impl<S: Shim> Command<'_, S> {
     }
 
     /// Orders this stream after other streams' work on each buffer (all resolved: the checks
-    /// passed, so ordering's side effects may start).
+    /// passed, so ordering's side effects may start; the order skips what has nothing to wait
+    /// for itself).
     #[inline(never)]
     fn order_buffers(&mut self, buffers: Buffers<'_>) -> Result<(), ServerError> {
-        let quiet = self.device.order_is_quiet();
         for list in buffers.lists() {
             for h in list {
                 // The owner is the stream that issued the handle, checked by `target` (not
                 // kept: the firmware's stack is small).
                 let owner = h.issuer().stream as usize;
-                if !quiet || owner != self.stream {
-                    self.device.order_after(self.stream, *h, owner)?;
-                }
+                self.device.order_after(self.stream, *h, owner)?;
             }
         }
         Ok(())

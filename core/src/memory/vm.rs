@@ -219,6 +219,14 @@ impl GranulePool {
         }
     }
 
+    /// Undoes a placement of `owner` at `block` over `[first, last]` (counted by
+    /// [`Self::touch`]): the room is free again, and granules no allocation touches any more
+    /// join the cache.
+    pub(crate) fn undo(&mut self, first: u32, last: u32, block: u32, owner: u64) {
+        self.untouch(first, last);
+        self.pool.free(block, owner);
+    }
+
     /// Counts an allocation over `[first, last]` gone; granules no allocation touches any more
     /// (and no guard holds) join the cache.
     pub(crate) fn untouch(&mut self, first: u32, last: u32) {
@@ -240,18 +248,8 @@ impl GranulePool {
     /// within twice the pool's granules.
     fn cache_push(&mut self, g: u32) {
         self.cache.push(g);
-        if self.cache.len() <= (2 * self.granules.len()).max(16) {
-            return;
-        }
-        let mut seen = alloc::vec![false; self.granules.len()];
-        let mut kept = Vec::with_capacity(self.granules.len());
-        for &c in self.cache.iter().rev() {
-            if !core::mem::replace(&mut seen[c as usize], true) && self.idle(c) {
-                kept.push(c);
-            }
-        }
-        kept.reverse();
-        self.cache = kept;
+        let granules = &self.granules;
+        compact(&mut self.cache, granules.len(), |c| idle(granules, c));
     }
 
     /// Entries in the retiring list, stale ones included.
@@ -268,8 +266,7 @@ impl GranulePool {
 
     /// Whether granule `g` is mapped, unused and unguarded (what the cache should hold).
     fn idle(&self, g: u32) -> bool {
-        let gr = &self.granules[g as usize];
-        gr.users == 0 && gr.guards == 0 && matches!(gr.backing, Backing::Mapped(_))
+        idle(&self.granules, g)
     }
 
     /// Takes an idle granule out of the cache to give back: its index and the shim's memory
@@ -301,16 +298,11 @@ impl GranulePool {
         self.retiring.push(g);
         // Entries go stale when a retiring granule is taken back before `settle` runs (a
         // reservation that trims idle granules and then places into one of them, over and
-        // over): past twice the granules (at least 16 entries) the list is compacted to the
-        // granules still retiring, one entry each (`settle` reads only the granule).
-        if self.retiring.len() > (2 * self.granules.len()).max(16) {
-            let mut seen = alloc::vec![false; self.granules.len()];
-            let granules = &self.granules;
-            self.retiring.retain(|&r| {
-                matches!(granules[r as usize].backing, Backing::Retiring(..))
-                    && !core::mem::replace(&mut seen[r as usize], true)
-            });
-        }
+        // over): compacted as the cache is (`settle` reads only the granule).
+        let granules = &self.granules;
+        compact(&mut self.retiring, granules.len(), |r| {
+            matches!(granules[r as usize].backing, Backing::Retiring(..))
+        });
     }
 
     /// Forgets the retiring granules the drop queue has unmapped since (their fence passed):
@@ -488,4 +480,29 @@ impl GranulePool {
         }
         (first, end - first)
     }
+}
+
+/// Whether granule `g` of `granules` is mapped, unused and unguarded.
+fn idle(granules: &[Granule], g: u32) -> bool {
+    let gr = &granules[g as usize];
+    gr.users == 0 && gr.guards == 0 && matches!(gr.backing, Backing::Mapped(_))
+}
+
+/// Keeps a list of granule indices whose entries go stale (`keep` says which still count)
+/// within twice the `granules` (at least 16 entries): past that, the stale entries go, and of a
+/// granule's entries only the last stays, in order. Amortised: at least `granules` pushes
+/// separate two compactions.
+fn compact(list: &mut Vec<u32>, granules: usize, keep: impl Fn(u32) -> bool) {
+    if list.len() <= (2 * granules).max(16) {
+        return;
+    }
+    let mut seen = alloc::vec![false; granules];
+    let mut kept = Vec::with_capacity(granules);
+    for &c in list.iter().rev() {
+        if !core::mem::replace(&mut seen[c as usize], true) && keep(c) {
+            kept.push(c);
+        }
+    }
+    kept.reverse();
+    *list = kept;
 }

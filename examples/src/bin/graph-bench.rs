@@ -43,8 +43,18 @@ extern "C" __global__ void tiny(float *out, const float *in, unsigned n) {
 /// is the device's throughput for that part, not the host's): the six launches (and seven
 /// reservations) of the eager loop, one replay of the graph of the same launches, then each
 /// with the batch's input written before it (on the compute stream) and its output read after.
+/// The seed of the weights both edge-host sections serve.
+const SEED: u64 = 7;
+
+/// A fresh device on the GPU with the edge host's seeded weights uploaded.
+fn seeded_device(gpu: &cuda_device::Gpu) -> Res<(Device<CudaShim>, serve::DeviceWeights)> {
+    let mut device = Device::new(gpu.shim.clone(), DeviceConfig::default());
+    let weights = HostWeights::Seeded(model::seeded_weights(SEED));
+    let w = serve::load_weights(&mut device, weights, false)?;
+    Ok((device, w))
+}
+
 fn edge_parts(gpu: &cuda_device::Gpu, warm: usize, timed: usize) -> Res<()> {
-    const SEED: u64 = 7;
     const BATCHES: usize = 1000;
     println!("## Edge host: where a batch's time goes (µs per batch)\n");
     println!(
@@ -60,9 +70,7 @@ fn edge_parts(gpu: &cuda_device::Gpu, warm: usize, timed: usize) -> Res<()> {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for batch_size in [32usize, 256] {
-        let weights = model::seeded_weights(SEED);
-        let mut device = Device::new(gpu.shim.clone(), DeviceConfig::default());
-        let w = serve::load_weights(&mut device, HostWeights::Seeded(weights), false)?;
+        let (mut device, w) = seeded_device(gpu)?;
         let graphs = replay::record(
             &mut device,
             &gpu.kernels,
@@ -323,7 +331,6 @@ fn replays(shim: &CudaShim, warm: usize, timed: usize) -> Res<()> {
 
 /// Requests/s of the edge host's eager loop against its loop with graphs.
 fn edge_host(gpu: &cuda_device::Gpu, warm: usize, timed: usize, quick: bool) -> Res<()> {
-    const SEED: u64 = 7;
     let batches = if quick { 500 } else { 2000 };
     println!("## Edge host: eager against graphs (requests/s)\n");
     println!(
@@ -347,9 +354,7 @@ fn edge_host(gpu: &cuda_device::Gpu, warm: usize, timed: usize, quick: bool) -> 
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for batch_size in [32usize, 256] {
-        let weights = model::seeded_weights(SEED);
-        let mut device = Device::new(gpu.shim.clone(), DeviceConfig::default());
-        let w = serve::load_weights(&mut device, HostWeights::Seeded(weights), false)?;
+        let (mut device, w) = seeded_device(gpu)?;
         let on_copy = replay::record(&mut device, &gpu.kernels, &w, batch_size, IN_FLIGHT, COPY)?;
         let on_compute = replay::record(
             &mut device,

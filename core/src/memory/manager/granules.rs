@@ -92,8 +92,7 @@ impl<S: Shim> MemoryManager<S> {
             // granule of its own (a model whose small slices take a few hundred KiB holds no
             // granule for them alone).
             let pool = self.vm[which].as_deref_mut().expect("reserved above");
-            pool.untouch(first, last);
-            pool.pool.free(c.block, used.owner);
+            pool.undo(first, last, c.block, used.owner);
             return Ok(Some(shared));
         }
         if missing > 0 {
@@ -116,8 +115,7 @@ impl<S: Shim> MemoryManager<S> {
                 // might not (a placement maps whole granules): undone, and placed in a page of
                 // its own size by the caller, or refused there with the budget's figures.
                 let pool = self.vm[which].as_deref_mut().expect("reserved above");
-                pool.untouch(first, last);
-                pool.pool.free(c.block, used.owner);
+                pool.undo(first, last, c.block, used.owner);
                 return Ok(None);
             }
         }
@@ -132,8 +130,7 @@ impl<S: Shim> MemoryManager<S> {
                 // between the count and here): no map may be made now, so the placement is
                 // undone (the granules taken back join the cache) and the caller looks
                 // elsewhere, as for any placement that does not fit.
-                pool.untouch(first, last);
-                pool.pool.free(c.block, used.owner);
+                pool.undo(first, last, c.block, used.owner);
                 return Ok(None);
             }
             let addr = pool.addr_of(g);
@@ -154,8 +151,7 @@ impl<S: Shim> MemoryManager<S> {
                 Ok(memory) => pool.set_mapped(g, memory),
                 Err(e) => {
                     // Undo the placement; the granules mapped for it join the cache (idle).
-                    pool.untouch(first, last);
-                    pool.pool.free(c.block, used.owner);
+                    pool.undo(first, last, c.block, used.owner);
                     return Err(e);
                 }
             }
@@ -188,8 +184,7 @@ impl<S: Shim> MemoryManager<S> {
         // passed in between) needs a map: this placement is undone (granules taken back before
         // it stay mapped, idle) and the caller maps in its own pool.
         if (first..=last).any(|g| pool.need(g) == Need::Map) {
-            pool.untouch(first, last);
-            pool.pool.free(c.block, used.owner);
+            pool.undo(first, last, c.block, used.owner);
             return None;
         }
         Some(Location {
