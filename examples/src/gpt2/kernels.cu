@@ -208,6 +208,74 @@ __device__ __forceinline__ float proj_out(const T *yr, const T *bias, unsigned j
     return s;
 }
 
+/* Partials the one-warp path loads at once (a row of more takes the block-wide path). */
+#define ROW_PARTS 8u
+
+/* The one-warp path of residual_ln: every load of the row (x, the bias, the partials, the
+   norm's scale and shift) is issued before the first store, so the row costs one round trip
+   to memory however many partials it sums (a store to x between them would order the loads
+   after it). The row's buffers never overlap (x, h, the partials and the weights are
+   separate allocations), which `__restrict__` tells the compiler. */
+__device__ __forceinline__ void residual_ln_warp(T *__restrict__ xr, T *__restrict__ hr,
+                                                 const T *__restrict__ yr,
+                                                 const T *__restrict__ bias,
+                                                 const T *__restrict__ g,
+                                                 const T *__restrict__ b, unsigned n,
+                                                 unsigned parts, size_t part, float eps) {
+    unsigned lane = threadIdx.x, nv = n / (32u * VEC);
+    const uint4 *c4 = (const uint4 *)bias, *g4 = (const uint4 *)g, *b4 = (const uint4 *)b;
+    uint4 *x4 = (uint4 *)xr;
+    V16 a[ROW_VECS], c[ROW_VECS], gk[ROW_VECS], bk[ROW_VECS], yy[ROW_PARTS][ROW_VECS];
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS; ++i)
+        if (i < nv) {
+            a[i].u = x4[i * 32u + lane];
+            c[i].u = c4[i * 32u + lane];
+            gk[i].u = g4[i * 32u + lane];
+            bk[i].u = b4[i * 32u + lane];
+        }
+#pragma unroll
+    for (unsigned p = 0; p < ROW_PARTS; ++p)
+#pragma unroll
+        for (unsigned i = 0; i < ROW_VECS; ++i)
+            if (p < parts && i < nv) yy[p][i].u = ((const uint4 *)(yr + p * part))[i * 32u + lane];
+    float v[ROW_VECS * VEC], sum = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS; ++i) {
+        V16 o;
+#pragma unroll
+        for (unsigned j = 0; j < VEC; ++j) {
+            float s = ld(c[i].e[j]);
+#pragma unroll
+            for (unsigned p = 0; p < ROW_PARTS; ++p)
+                if (p < parts) s += ld(yy[p][i].e[j]);
+            o.e[j] = st(ld(a[i].e[j]) + s);
+            v[i * VEC + j] = i < nv ? ld(o.e[j]) : 0.0f;
+            sum += v[i * VEC + j];
+        }
+        if (i < nv) x4[i * 32u + lane] = o.u;
+    }
+    float mean = warp_sum(sum) / (float)n;
+    float q = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS * VEC; ++i) {
+        float d = i / VEC < nv ? v[i] - mean : 0.0f;
+        q += d * d;
+    }
+    float rstd = rsqrtf(warp_sum(q) / (float)n + eps);
+    uint4 *o4 = (uint4 *)hr;
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS; ++i) {
+        if (i < nv) {
+            V16 o;
+#pragma unroll
+            for (unsigned j = 0; j < VEC; ++j)
+                o.e[j] = st((v[i * VEC + j] - mean) * rstd * ld(gk[i].e[j]) + ld(bk[i].e[j]));
+            o4[i * 32u + lane] = o.u;
+        }
+    }
+}
+
 /* x += (sum of y's partials) + bias, h = norm(x). y is [parts][rows][n]. */
 extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, const T *g,
                                        const T *b, unsigned rows, unsigned n, unsigned parts,
@@ -218,38 +286,9 @@ extern "C" __global__ void residual_ln(T *x, T *h, const T *y, const T *bias, co
     const size_t part = (size_t)rows * n;
     T *xr = x + (size_t)r * n;
     const T *yr = y + (size_t)r * n;
-    if (warp_row(n) && al16(xr) && al16(yr) && al16(bias) && al16(h) && al16(g) && al16(b) &&
-        (part * sizeof(T)) % 16u == 0u) {
-        unsigned lane = threadIdx.x, nv = n / (32u * VEC);
-        const uint4 *c4 = (const uint4 *)bias;
-        uint4 *x4 = (uint4 *)xr;
-        float v[ROW_VECS * VEC];
-#pragma unroll
-        for (unsigned i = 0; i < ROW_VECS; ++i) {
-            if (i < nv) {
-                V16 a, yy, c, o;
-                a.u = x4[i * 32u + lane];
-                c.u = c4[i * 32u + lane];
-                float s[VEC];
-#pragma unroll
-                for (unsigned j = 0; j < VEC; ++j) s[j] = ld(c.e[j]);
-                for (unsigned p = 0; p < parts; ++p) {
-                    yy.u = ((const uint4 *)(yr + p * part))[i * 32u + lane];
-#pragma unroll
-                    for (unsigned j = 0; j < VEC; ++j) s[j] += ld(yy.e[j]);
-                }
-#pragma unroll
-                for (unsigned j = 0; j < VEC; ++j) {
-                    o.e[j] = st(ld(a.e[j]) + s[j]);
-                    v[i * VEC + j] = ld(o.e[j]);
-                }
-                x4[i * 32u + lane] = o.u;
-            } else {
-#pragma unroll
-                for (unsigned j = 0; j < VEC; ++j) v[i * VEC + j] = 0.0f;
-            }
-        }
-        warp_norm(h + (size_t)r * n, v, g, b, n, eps);
+    if (warp_row(n) && parts <= ROW_PARTS && al16(xr) && al16(yr) && al16(bias) && al16(h) &&
+        al16(g) && al16(b) && (part * sizeof(T)) % 16u == 0u) {
+        residual_ln_warp(xr, h + (size_t)r * n, yr, bias, g, b, n, parts, part, eps);
         return;
     }
     if (n > NORM_PER * blockDim.x) {
@@ -292,21 +331,15 @@ __device__ __forceinline__ float dot_head(const float *q, const T *k, unsigned h
     return acc;
 }
 
-/* One block per row and head. The scores: a thread per cached position (one pass up to
-   blockDim.x positions). The weighted values: the block splits into `groups` of `hd` threads,
-   group g summing positions g, g + groups, ... with eight accumulators (eight loads in flight:
-   a step is latency-bound); the groups' partial sums
-   meet in shared memory. */
-extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T *bias,
-                                     const unsigned *state, unsigned rows, unsigned heads,
-                                     unsigned hd, unsigned cap, float scale) {
-    extern __shared__ float sm[];
+/* The attention of any head width (see `attention`): the scores a thread per cached position
+   (one pass up to blockDim.x positions); the weighted values with the block split into `groups`
+   of `hd` threads, group g summing positions g, g + groups, ... with eight accumulators (eight
+   loads in flight); the groups' partial sums meet in shared memory. */
+__device__ void attention_any(T *out, T *kc, T *vc, const T *qkv, const T *bias, unsigned pos,
+                              unsigned r, unsigned h, unsigned heads, unsigned hd, unsigned cap,
+                              float scale, float *sm) {
     float *q = sm, *s = sm + hd, *red = sm + hd + cap, *part = red + 32;
-    unsigned bh = blockIdx.x;
-    if (bh >= rows * heads) return;
-    unsigned r = bh / heads, h = bh - r * heads, e = heads * hd;
-    unsigned pos = state[0];
-    if (pos >= cap) pos = cap - 1;
+    unsigned e = heads * hd;
     const T *row = qkv + (size_t)r * 3 * e;
     size_t base = ((size_t)r * heads + h) * cap;
     for (unsigned d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -353,6 +386,157 @@ extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T
         for (unsigned i = 0; i < groups; ++i) acc += part[i * hd + d];
         out[(size_t)r * e + h * hd + d] = st(acc / sum);
     }
+}
+
+
+/* Max and sum of exponentials of two sets of scores merged into (m, l). */
+__device__ __forceinline__ void merge_max_sum(float &m, float &l, float m2, float l2) {
+    float mm = fmaxf(m, m2);
+    if (mm == NEG_INF) return;
+    l = l * expf(m - mm) + l2 * expf(m2 - mm);
+    m = mm;
+}
+
+/* The width of a head the fast path takes (every GPT-2 from small to XL). */
+#define HEAD64 64u
+/* Value rows a thread of the fast path loads before the scores. */
+#define V_AHEAD 4u
+
+/* The attention of 64-wide heads, laid out for latency (a step runs 12 to 48 of these with
+   one to eight rows, so each is a handful of blocks waiting on memory): once the position is
+   known, every thread issues its first cached key row (16-byte loads) and its first V_AHEAD
+   value rows with the query's loads, so the step costs about two round trips to memory
+   instead of one per phase. The new key and value are kept in shared memory for the
+   position's own score and weight. The softmax's max and sum are one reduction (each thread's
+   scores merged as (max, sum of exponentials)). The weighted values: `lpr` lanes cover a row
+   (16 bytes each), the block's groups of `lpr` lanes take positions in turn; the groups of a
+   warp meet by shuffles, the warps in shared memory. Needs hd == 64, a whole number of warps
+   and 16-byte aligned caches. */
+__device__ void attention_64(T *out, T *kc, T *vc, const T *qkv, const T *bias, unsigned pos,
+                             unsigned r, unsigned hh, unsigned heads, unsigned cap, float scale,
+                             float *sm) {
+    const unsigned per = 16u / sizeof(T), kv4 = HEAD64 / per, e = heads * HEAD64;
+    float *q = sm, *kn = q + HEAD64, *vn = kn + HEAD64, *s = vn + HEAD64, *red = s + cap,
+          *part = red + 32;
+    size_t base = ((size_t)r * heads + hh) * cap;
+    const unsigned lpr = HEAD64 / per, groups = blockDim.x / lpr;
+    unsigned ch = threadIdx.x % lpr, g = threadIdx.x / lpr, t0 = threadIdx.x;
+    uint4 kw[HEAD64 / (16u / sizeof(T))], vw[V_AHEAD];
+    if (t0 < pos) {
+        const uint4 *k4 = (const uint4 *)(kc + (base + t0) * HEAD64);
+#pragma unroll
+        for (unsigned i = 0; i < kv4; ++i) kw[i] = k4[i];
+    }
+    const T *vb = vc + base * HEAD64 + ch * per;
+#pragma unroll
+    for (unsigned i = 0; i < V_AHEAD; ++i)
+        if (g + i * groups < pos) vw[i] = *(const uint4 *)(vb + (size_t)(g + i * groups) * HEAD64);
+    const T *row = qkv + (size_t)r * 3 * e;
+    for (unsigned d = threadIdx.x; d < HEAD64; d += blockDim.x) {
+        unsigned c = hh * HEAD64 + d;
+        T qa = st(ld(row[c]) + ld(bias[c]));
+        T ka = st(ld(row[e + c]) + ld(bias[e + c]));
+        T va = st(ld(row[2 * e + c]) + ld(bias[2 * e + c]));
+        q[d] = ld(qa);
+        kn[d] = ld(ka);
+        vn[d] = ld(va);
+        kc[(base + pos) * HEAD64 + d] = ka;
+        vc[(base + pos) * HEAD64 + d] = va;
+    }
+    __syncthreads();
+    float mx = NEG_INF;
+    for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) {
+        float acc = 0.0f;
+        if (t == pos) {
+#pragma unroll
+            for (unsigned d = 0; d < HEAD64; ++d) acc += q[d] * kn[d];
+        } else {
+            if (t != t0) {
+                const uint4 *k4 = (const uint4 *)(kc + (base + t) * HEAD64);
+#pragma unroll
+                for (unsigned i = 0; i < kv4; ++i) kw[i] = k4[i];
+            }
+#pragma unroll
+            for (unsigned i = 0; i < kv4; ++i) {
+                const T *el = (const T *)&kw[i];
+#pragma unroll
+                for (unsigned j = 0; j < per; ++j) acc += q[i * per + j] * ld(el[j]);
+            }
+        }
+        acc *= scale;
+        s[t] = acc;
+        mx = fmaxf(mx, acc);
+    }
+    float l = 0.0f;
+    for (unsigned t = threadIdx.x; t <= pos; t += blockDim.x) l += expf(s[t] - mx);
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, mx, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+        merge_max_sum(mx, l, m2, l2);
+    }
+    unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    if (lane == 0) {
+        red[2 * warp] = mx;
+        red[2 * warp + 1] = l;
+    }
+    __syncthreads();
+    float m = red[0], sum = red[1];
+    for (unsigned w = 1; w < warps; ++w) merge_max_sum(m, sum, red[2 * w], red[2 * w + 1]);
+    float acc[16u / sizeof(T)];
+#pragma unroll
+    for (unsigned j = 0; j < per; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (unsigned i = 0; i < V_AHEAD; ++i) {
+        unsigned t = g + i * groups;
+        if (t < pos) {
+            float p = expf(s[t] - m);
+            const T *el = (const T *)&vw[i];
+#pragma unroll
+            for (unsigned j = 0; j < per; ++j) acc[j] += p * ld(el[j]);
+        }
+    }
+#pragma unroll 4
+    for (unsigned t = g + V_AHEAD * groups; t < pos; t += groups) {
+        uint4 w = *(const uint4 *)(vb + (size_t)t * HEAD64);
+        float p = expf(s[t] - m);
+        const T *el = (const T *)&w;
+#pragma unroll
+        for (unsigned j = 0; j < per; ++j) acc[j] += p * ld(el[j]);
+    }
+    if (g <= pos && (pos - g) % groups == 0u) { /* this group's turn includes the new row */
+        float p = expf(s[pos] - m);
+#pragma unroll
+        for (unsigned j = 0; j < per; ++j) acc[j] += p * vn[ch * per + j];
+    }
+    for (unsigned o = lpr; o < 32u; o <<= 1)
+#pragma unroll
+        for (unsigned j = 0; j < per; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+    if (lane < lpr)
+#pragma unroll
+        for (unsigned j = 0; j < per; ++j) part[warp * HEAD64 + ch * per + j] = acc[j];
+    __syncthreads();
+    for (unsigned d = threadIdx.x; d < HEAD64; d += blockDim.x) {
+        float a = 0.0f;
+        for (unsigned i = 0; i < warps; ++i) a += part[i * HEAD64 + d];
+        out[(size_t)r * e + hh * HEAD64 + d] = st(a / sum);
+    }
+}
+
+/* One block per row and head: this step's key and value into the cache at the position, then
+   the softmax-weighted sum of the cached values over positions 0..=pos. */
+extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T *bias,
+                                     const unsigned *state, unsigned rows, unsigned heads,
+                                     unsigned hd, unsigned cap, float scale) {
+    extern __shared__ float sm[];
+    unsigned bh = blockIdx.x;
+    if (bh >= rows * heads) return;
+    unsigned r = bh / heads, h = bh - r * heads;
+    unsigned pos = state[0];
+    if (pos >= cap) pos = cap - 1;
+    if (hd == HEAD64 && blockDim.x % 32u == 0u && al16(kc) && al16(vc)) {
+        attention_64(out, kc, vc, qkv, bias, pos, r, h, heads, cap, scale, sm);
+        return;
+    }
+    attention_any(out, kc, vc, qkv, bias, pos, r, h, heads, hd, cap, scale, sm);
 }
 
 extern "C" __global__ void bias_gelu(T *f, const T *bias, unsigned rows, unsigned n) {

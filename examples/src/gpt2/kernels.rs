@@ -41,11 +41,11 @@ use devcmd::{Command, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, S
 /// Threads per block of the row kernels (layer norms, embedding).
 pub const ROW_BLOCK: u32 = 256;
 /// Threads per block of the attention kernel (one block per row and head): a thread per
-/// position for the scores (one pass up to 512 positions), 8 groups of a 64-wide head for the
-/// weighted values. 1024 measured 1% faster on the H200, but leaves a thread 64 registers,
-/// which NVRTC for another GPU may pass (the launch would then fail on every step); no kernel
-/// declares `__launch_bounds__`, which slowed a step from 439 to 463 µs there.
-pub const ATTN_BLOCK: u32 = 512;
+/// position for the scores (one pass up to 256 positions, the first 256 rows' keys loaded with
+/// the query), 32 groups of 8 lanes for the weighted values of a 64-wide f16 head (16 of 16
+/// lanes in f32). 256 leaves a thread the registers the fast path's early loads need; no
+/// kernel declares `__launch_bounds__`, which slowed a step from 439 to 463 µs on the H200.
+pub const ATTN_BLOCK: u32 = 256;
 /// Threads per block of the argmax.
 pub const ARGMAX_BLOCK: u32 = 256;
 /// Blocks per row of the argmax, each over a slice of the vocabulary.
@@ -160,13 +160,14 @@ pub fn attention_dims(rows: usize, heads: usize, head_dim: usize, cap: usize) ->
     d
 }
 
-/// Bytes of shared memory the attention kernel needs over `cap` positions: the query, the
-/// scores, a reduction's room (32 floats) and the partial sums of its groups of `head_dim`
-/// threads (one group when a head is wider than a block), all f32.
+/// Bytes of shared memory the attention kernel needs over `cap` positions, all f32: the query,
+/// the new key and value (the 64-wide path keeps them), the scores, a reduction's room (32
+/// floats) and the partial sums of its groups (a warp each on the 64-wide path; groups of
+/// `head_dim` threads on the other, one group when a head is wider than a block).
 pub fn attention_shared_bytes(head_dim: usize, cap: usize) -> usize {
     let width = head_dim.clamp(1, ATTN_BLOCK as usize);
-    let groups = ATTN_BLOCK as usize / width;
-    (head_dim + cap + 32 + groups * head_dim) * 4
+    let groups = (ATTN_BLOCK as usize / width).max(ATTN_BLOCK as usize / 32);
+    (3 * head_dim + cap + 32 + groups * head_dim) * 4
 }
 
 /// Elements (u32) of the argmax's partials: per row and block a value's bits and its index.
