@@ -384,7 +384,8 @@ pub fn decode<S: Shim, B: Backend<S>>(
             "prompt token {t} is past the vocabulary ({vocab} tokens): use ids below {vocab}"
         )));
     }
-    // The attention kernel keeps a row's query, scores and partial sums in shared memory.
+    // The attention kernel keeps a row's query (and, 64 wide, the new key and value), scores
+    // and partial sums in shared memory.
     let head_dim = model.config.embd / model.config.heads;
     let shared = attention_shared_bytes(head_dim, passes);
     if shared > SHARED_LIMIT {

@@ -164,9 +164,16 @@ impl CudaBackend {
     }
 }
 
-/// Parts the output projections' k is cut into with cuBLAS (`GPT2_SPLIT_K` overrides): chosen
-/// by measurement on the H200 (BENCHMARKS.md, GPT-2 small).
-pub const SPLIT_K: usize = 4;
+/// Parts the output projections' k is cut into with cuBLAS, by element type (`GPT2_SPLIT_K`
+/// overrides): chosen by measurement on the H200 (BENCHMARKS.md, GPT-2 small: f16 8 parts
+/// 346.7-349.0 µs a step against 353.6-353.7 with 4; f32 4 parts 515.4-516.5 against
+/// 521.7-523.7 with 8).
+pub fn split_k_for(dtype: DType) -> usize {
+    match dtype {
+        DType::F16 => 8,
+        DType::F32 => 4,
+    }
+}
 
 impl Backend<CudaShim> for CudaBackend {
     fn kernels(&self) -> &Kernels<CudaKernel> {
@@ -235,10 +242,14 @@ impl Backend<CudaShim> for CudaBackend {
         self.fused && self.cublas.as_ref().is_ok_and(|c| c.lt().is_ok())
     }
 
-    /// [`SPLIT_K`] parts with cuBLAS (one strided-batched call fills the GPU better than
+    /// [`split_k_for`] parts with cuBLAS (one strided-batched call fills the GPU better than
     /// cuBLAS's own choice for a decode step's thin products); none with the plain kernel.
     fn split_k(&self) -> usize {
-        split_k_from_env().unwrap_or(if self.cublas.is_ok() { SPLIT_K } else { 1 })
+        split_k_from_env().unwrap_or(if self.cublas.is_ok() {
+            split_k_for(self.dtype)
+        } else {
+            1
+        })
     }
 
     fn gemm_split_k(

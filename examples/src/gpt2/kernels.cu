@@ -213,9 +213,10 @@ __device__ __forceinline__ float proj_out(const T *yr, const T *bias, unsigned j
 
 /* The one-warp path of residual_ln: every load of the row (x, the bias, the partials, the
    norm's scale and shift) is issued before the first store, so the row costs one round trip
-   to memory however many partials it sums (a store to x between them would order the loads
-   after it). The row's buffers never overlap (x, h, the partials and the weights are
-   separate allocations), which `__restrict__` tells the compiler. */
+   to memory for up to ROW_PARTS partials (a store to x between them would order the loads
+   after it). The row's buffers never overlap (x, h and the partials are separate
+   allocations, the bias and the norm's weights disjoint read-only parts of the weights),
+   which `__restrict__` tells the compiler. */
 __device__ __forceinline__ void residual_ln_warp(T *__restrict__ xr, T *__restrict__ hr,
                                                  const T *__restrict__ yr,
                                                  const T *__restrict__ bias,
@@ -235,25 +236,33 @@ __device__ __forceinline__ void residual_ln_warp(T *__restrict__ xr, T *__restri
             bk[i].u = b4[i * 32u + lane];
         }
 #pragma unroll
-    for (unsigned p = 0; p < ROW_PARTS; ++p)
+    for (unsigned p = 0; p < ROW_PARTS; ++p) {
 #pragma unroll
-        for (unsigned i = 0; i < ROW_VECS; ++i)
+        for (unsigned i = 0; i < ROW_VECS; ++i) {
             if (p < parts && i < nv) yy[p][i].u = ((const uint4 *)(yr + p * part))[i * 32u + lane];
+        }
+    }
     float v[ROW_VECS * VEC], sum = 0.0f;
 #pragma unroll
     for (unsigned i = 0; i < ROW_VECS; ++i) {
-        V16 o;
+        if (i < nv) {
+            V16 o;
 #pragma unroll
-        for (unsigned j = 0; j < VEC; ++j) {
-            float s = ld(c[i].e[j]);
+            for (unsigned j = 0; j < VEC; ++j) {
+                float s = ld(c[i].e[j]);
 #pragma unroll
-            for (unsigned p = 0; p < ROW_PARTS; ++p)
-                if (p < parts) s += ld(yy[p][i].e[j]);
-            o.e[j] = st(ld(a[i].e[j]) + s);
-            v[i * VEC + j] = i < nv ? ld(o.e[j]) : 0.0f;
-            sum += v[i * VEC + j];
+                for (unsigned p = 0; p < ROW_PARTS; ++p) {
+                    if (p < parts) s += ld(yy[p][i].e[j]);
+                }
+                o.e[j] = st(ld(a[i].e[j]) + s);
+                v[i * VEC + j] = ld(o.e[j]);
+                sum += v[i * VEC + j];
+            }
+            x4[i * 32u + lane] = o.u;
+        } else {
+#pragma unroll
+            for (unsigned j = 0; j < VEC; ++j) v[i * VEC + j] = 0.0f;
         }
-        if (i < nv) x4[i * 32u + lane] = o.u;
     }
     float mean = warp_sum(sum) / (float)n;
     float q = 0.0f;
@@ -410,8 +419,9 @@ __device__ __forceinline__ void merge_max_sum(float &m, float &l, float m2, floa
    position's own score and weight. The softmax's max and sum are one reduction (each thread's
    scores merged as (max, sum of exponentials)). The weighted values: `lpr` lanes cover a row
    (16 bytes each), the block's groups of `lpr` lanes take positions in turn; the groups of a
-   warp meet by shuffles, the warps in shared memory. Needs hd == 64, a whole number of warps
-   and 16-byte aligned caches. */
+   warp meet by shuffles, the warps in shared memory. Needs hd == 64, a whole number of warps,
+   at most 16 of them (their (max, sum) pairs fill the 32 floats of `red`) and 16-byte aligned
+   caches. */
 __device__ void attention_64(T *out, T *kc, T *vc, const T *qkv, const T *bias, unsigned pos,
                              unsigned r, unsigned hh, unsigned heads, unsigned cap, float scale,
                              float *sm) {
@@ -507,12 +517,14 @@ __device__ void attention_64(T *out, T *kc, T *vc, const T *qkv, const T *bias, 
 #pragma unroll
         for (unsigned j = 0; j < per; ++j) acc[j] += p * vn[ch * per + j];
     }
-    for (unsigned o = lpr; o < 32u; o <<= 1)
+    for (unsigned o = lpr; o < 32u; o <<= 1) {
 #pragma unroll
         for (unsigned j = 0; j < per; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
-    if (lane < lpr)
+    }
+    if (lane < lpr) {
 #pragma unroll
         for (unsigned j = 0; j < per; ++j) part[warp * HEAD64 + ch * per + j] = acc[j];
+    }
     __syncthreads();
     for (unsigned d = threadIdx.x; d < HEAD64; d += blockDim.x) {
         float a = 0.0f;
@@ -532,7 +544,7 @@ extern "C" __global__ void attention(T *out, T *kc, T *vc, const T *qkv, const T
     unsigned r = bh / heads, h = bh - r * heads;
     unsigned pos = state[0];
     if (pos >= cap) pos = cap - 1;
-    if (hd == HEAD64 && blockDim.x % 32u == 0u && al16(kc) && al16(vc)) {
+    if (hd == HEAD64 && blockDim.x % 32u == 0u && blockDim.x <= 512u && al16(kc) && al16(vc)) {
         attention_64(out, kc, vc, qkv, bias, pos, r, h, heads, cap, scale, sm);
         return;
     }

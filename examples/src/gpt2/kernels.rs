@@ -42,10 +42,12 @@ use devcmd::{Command, Gemm, GemmType, Handle, KernelParam, Launch, LaunchDims, S
 pub const ROW_BLOCK: u32 = 256;
 /// Threads per block of the attention kernel (one block per row and head): a thread per
 /// position for the scores (one pass up to 256 positions, the first 256 rows' keys loaded with
-/// the query), 32 groups of 8 lanes for the weighted values of a 64-wide f16 head (16 of 16
-/// lanes in f32). 256 leaves a thread the registers the fast path's early loads need; no
+/// the query), 32 groups of 8 lanes for the weighted values of a 64-wide f16 head (16 groups
+/// of 16 lanes in f32). 256 leaves a thread the registers the fast path's early loads need; no
 /// kernel declares `__launch_bounds__`, which slowed a step from 439 to 463 µs on the H200.
 pub const ATTN_BLOCK: u32 = 256;
+// The 64-wide path keeps a (max, sum) pair per warp in 32 floats: 16 warps at most.
+const _: () = assert!(ATTN_BLOCK.is_multiple_of(32) && ATTN_BLOCK <= 512);
 /// Threads per block of the argmax.
 pub const ARGMAX_BLOCK: u32 = 256;
 /// Blocks per row of the argmax, each over a slice of the vocabulary.
@@ -160,14 +162,18 @@ pub fn attention_dims(rows: usize, heads: usize, head_dim: usize, cap: usize) ->
     d
 }
 
-/// Bytes of shared memory the attention kernel needs over `cap` positions, all f32: the query,
-/// the new key and value (the 64-wide path keeps them), the scores, a reduction's room (32
-/// floats) and the partial sums of its groups (a warp each on the 64-wide path; groups of
-/// `head_dim` threads on the other, one group when a head is wider than a block).
+/// Bytes of shared memory the attention kernel needs over `cap` positions, all f32. A 64-wide
+/// head: the query, the new key and value, the scores, a reduction's room (32 floats) and a
+/// warp's partial sums per warp. Any other width: the query, the scores, the reduction's room
+/// and the partial sums of its groups of `head_dim` threads (one group when a head is wider
+/// than a block).
 pub fn attention_shared_bytes(head_dim: usize, cap: usize) -> usize {
+    if head_dim == 64 {
+        return (3 * 64 + cap + 32 + ATTN_BLOCK as usize / 32 * 64) * 4;
+    }
     let width = head_dim.clamp(1, ATTN_BLOCK as usize);
-    let groups = (ATTN_BLOCK as usize / width).max(ATTN_BLOCK as usize / 32);
-    (3 * head_dim + cap + 32 + groups * head_dim) * 4
+    let groups = ATTN_BLOCK as usize / width;
+    (head_dim + cap + 32 + groups * head_dim) * 4
 }
 
 /// Elements (u32) of the argmax's partials: per row and block a value's bits and its index.
