@@ -107,15 +107,11 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* out = layer norm of the row the warp holds in v (0 past the row's vectors) with g, b. */
-__device__ __forceinline__ void warp_norm(T *out, const float *v, const T *g, const T *b,
-                                          unsigned n, float eps) {
+/* out = layer norm of the row the warp holds in v (0 past the row's vectors) with the scale
+   and shift the warp loaded (gk, bk: its vectors of g and b). */
+__device__ __forceinline__ void warp_norm_kept(T *out, const float *v, const V16 *gk,
+                                               const V16 *bk, unsigned n, float eps) {
     unsigned lane = threadIdx.x, nv = n / (32u * VEC);
-    const uint4 *g4 = (const uint4 *)g, *b4 = (const uint4 *)b;
-    V16 gk[ROW_VECS], bk[ROW_VECS];
-#pragma unroll
-    for (unsigned i = 0; i < ROW_VECS; ++i)
-        if (i < nv) { gk[i].u = g4[i * 32u + lane]; bk[i].u = b4[i * 32u + lane]; }
     float s = 0.0f;
 #pragma unroll
     for (unsigned i = 0; i < ROW_VECS * VEC; ++i) s += v[i];
@@ -138,6 +134,18 @@ __device__ __forceinline__ void warp_norm(T *out, const float *v, const T *g, co
             o4[i * 32u + lane] = o.u;
         }
     }
+}
+
+/* out = layer norm of the row the warp holds in v (0 past the row's vectors) with g, b. */
+__device__ __forceinline__ void warp_norm(T *out, const float *v, const T *g, const T *b,
+                                          unsigned n, float eps) {
+    unsigned lane = threadIdx.x, nv = n / (32u * VEC);
+    const uint4 *g4 = (const uint4 *)g, *b4 = (const uint4 *)b;
+    V16 gk[ROW_VECS], bk[ROW_VECS];
+#pragma unroll
+    for (unsigned i = 0; i < ROW_VECS; ++i)
+        if (i < nv) { gk[i].u = g4[i * 32u + lane]; bk[i].u = b4[i * 32u + lane]; }
+    warp_norm_kept(out, v, gk, bk, n, eps);
 }
 
 /* The row's embedding (token plus position) into x, and its norm for the first layer into h. */
@@ -242,7 +250,7 @@ __device__ __forceinline__ void residual_ln_warp(T *__restrict__ xr, T *__restri
             if (p < parts && i < nv) yy[p][i].u = ((const uint4 *)(yr + p * part))[i * 32u + lane];
         }
     }
-    float v[ROW_VECS * VEC], sum = 0.0f;
+    float v[ROW_VECS * VEC];
 #pragma unroll
     for (unsigned i = 0; i < ROW_VECS; ++i) {
         if (i < nv) {
@@ -256,7 +264,6 @@ __device__ __forceinline__ void residual_ln_warp(T *__restrict__ xr, T *__restri
                 }
                 o.e[j] = st(ld(a[i].e[j]) + s);
                 v[i * VEC + j] = ld(o.e[j]);
-                sum += v[i * VEC + j];
             }
             x4[i * 32u + lane] = o.u;
         } else {
@@ -264,25 +271,7 @@ __device__ __forceinline__ void residual_ln_warp(T *__restrict__ xr, T *__restri
             for (unsigned j = 0; j < VEC; ++j) v[i * VEC + j] = 0.0f;
         }
     }
-    float mean = warp_sum(sum) / (float)n;
-    float q = 0.0f;
-#pragma unroll
-    for (unsigned i = 0; i < ROW_VECS * VEC; ++i) {
-        float d = i / VEC < nv ? v[i] - mean : 0.0f;
-        q += d * d;
-    }
-    float rstd = rsqrtf(warp_sum(q) / (float)n + eps);
-    uint4 *o4 = (uint4 *)hr;
-#pragma unroll
-    for (unsigned i = 0; i < ROW_VECS; ++i) {
-        if (i < nv) {
-            V16 o;
-#pragma unroll
-            for (unsigned j = 0; j < VEC; ++j)
-                o.e[j] = st((v[i * VEC + j] - mean) * rstd * ld(gk[i].e[j]) + ld(bk[i].e[j]));
-            o4[i * 32u + lane] = o.u;
-        }
-    }
+    warp_norm_kept(hr, v, gk, bk, n, eps);
 }
 
 /* x += (sum of y's partials) + bias, h = norm(x). y is [parts][rows][n]. */

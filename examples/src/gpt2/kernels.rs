@@ -279,4 +279,37 @@ mod tests {
             ]
         ));
     }
+
+    /// Every kernel parses and type-checks, in f32 and f16, with the host's C++ compiler and
+    /// stand-ins for CUDA's builtins (`kernels_host_check.h`): NVRTC compiles them only on a GPU
+    /// machine, which `cargo test` here does not reach. Skipped, with a line saying so, where
+    /// no `c++` runs.
+    #[test]
+    fn the_kernels_parse_and_type_check_with_the_host_compiler() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/gpt2");
+        for define in [None, Some("-DGPT2_HALF")] {
+            let mut c = std::process::Command::new("c++");
+            c.args([
+                "-std=c++17",
+                "-fsyntax-only",
+                "-Werror",
+                "-Wno-unknown-pragmas",
+            ])
+            .args(define)
+            .args(["-include", &format!("{dir}/kernels_host_check.h")])
+            .args(["-x", "c++", &format!("{dir}/kernels.cu")]);
+            let out = match c.output() {
+                Ok(out) => out,
+                Err(e) => {
+                    println!("SKIPPED: no host C++ compiler to check kernels.cu with ({e})");
+                    return;
+                }
+            };
+            assert!(
+                out.status.success(),
+                "kernels.cu ({define:?}) does not compile:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 }
