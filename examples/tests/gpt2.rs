@@ -75,6 +75,8 @@ fn the_tiny_fixture_decodes_as_transformers_does_eagerly_and_with_graphs() {
         &["--graph", "--lazy"],
         &["--kv", "grow"],
         &["--kv", "grow", "--graph"],
+        &["--graph-update"],
+        &["--graph-update", "--kv", "grow"],
     ] {
         let mut args: Vec<OsString> = vec!["--check".into(), dir.clone().into()];
         args.extend(mode.iter().map(OsString::from));
@@ -89,6 +91,11 @@ fn the_tiny_fixture_decodes_as_transformers_does_eagerly_and_with_graphs() {
         assert!(stdout.contains("row 1: 143 177 23 233 154 30 171 158 | 80 80 80 80 80 80 80 197"));
         let graph = mode.contains(&"--graph");
         assert_eq!(stdout.contains("recorded once"), graph, "{stdout}");
+        assert_eq!(
+            stdout.contains("graph updated in place before every replay"),
+            mode.contains(&"--graph-update"),
+            "{stdout}"
+        );
         assert!(stdout.contains("tokens/s"), "{stdout}");
         assert!(
             stdout.contains("memory report after the last step"),
@@ -241,9 +248,10 @@ fn the_gpu_path_without_a_driver_says_so() {
     );
 }
 
-/// Decodes the fixture's prompt on a fresh std device as `graph` and `kv` say.
+/// Decodes the fixture's prompt on a fresh std device as `graph`, `update` (the step recorded
+/// again before every replay) and `kv` say.
 fn decode_fixture(
-    graph: bool,
+    (graph, update): (bool, bool),
     kv: devcmd_examples::gpt2::decode::KvCache,
 ) -> devcmd_examples::gpt2::decode::Decoded {
     use devcmd::{Device, DeviceConfig};
@@ -262,6 +270,7 @@ fn decode_fixture(
         prompt: f.prompt.clone(),
         new_tokens: f.new_tokens,
         graph,
+        update_each_step: update,
         keep_logits: true,
         kv,
     };
@@ -271,14 +280,15 @@ fn decode_fixture(
 #[test]
 fn graphs_and_a_grown_cache_decode_bit_for_bit_as_eager() {
     use devcmd_examples::gpt2::decode::KvCache;
-    let eager = decode_fixture(false, KvCache::Ahead);
+    let eager = decode_fixture((false, false), KvCache::Ahead);
     assert_eq!(eager.logits.len(), 8);
-    for (graph, kv) in [
-        (true, KvCache::Ahead),
-        (false, KvCache::Grow),
-        (true, KvCache::Grow),
+    for (graph, update, kv) in [
+        (true, false, KvCache::Ahead),
+        (false, false, KvCache::Grow),
+        (true, false, KvCache::Grow),
+        (true, true, KvCache::Ahead),
     ] {
-        let other = decode_fixture(graph, kv);
+        let other = decode_fixture((graph, update), kv);
         assert_eq!(other.tokens, eager.tokens, "graph {graph}, {kv:?}");
         let bits = |d: &devcmd_examples::gpt2::decode::Decoded| -> Vec<u32> {
             d.logits.iter().flatten().map(|v| v.to_bits()).collect()

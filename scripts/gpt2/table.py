@@ -30,7 +30,9 @@ def main():
         st = s.get("step_us") or {}
         check = s.get("check") or {}
         rows.append({
-            "method": "devcmd " + ("graph" if s["graph"] else "eager") + ("" if s["kv"] == "ahead" else " (kv grow)"),
+            "method": "devcmd "
+            + ("graph, updated per step" if s.get("graph_update") else "graph" if s["graph"] else "eager")
+            + ("" if s["kv"] == "ahead" else " (kv grow)"),
             "dtype": {"f32": "fp32", "f16": "fp16"}[s["dtype"]], "batch": s["batch"],
             "tps": s["decode_tokens_per_s"], "median": st.get("median"), "p99": st.get("p99"),
             "worst": st.get("worst"), "held": s["held_peak_bytes"], "live": s["live_bytes"],

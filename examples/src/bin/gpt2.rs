@@ -101,7 +101,13 @@ fn report_run(o: &Options, plan: &Plan, run: &Decoded, launches: usize) {
         println!("row {r}: {} | {}", join(p), join(t));
     }
     let rows = plan.prompt.len();
-    let mode = if o.graph {
+    let mode = if o.graph_update {
+        format!(
+            "graph (one step of {launches} launches recorded in {:.1} ms, then recorded again and \
+             the graph updated in place before every replay)",
+            run.record.map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        )
+    } else if o.graph {
         format!(
             "graph (one step of {launches} launches recorded once in {:.1} ms, replayed per \
              position)",
@@ -185,6 +191,7 @@ fn summary(
         "prompt_len": plan.prompt[0].len(),
         "new_tokens": plan.new_tokens,
         "graph": o.graph,
+        "graph_update": o.graph_update,
         "kv": match plan.kv { KvCache::Ahead => "ahead", KvCache::Grow => "grow" },
         "launches_per_step": launches,
         "first_token_ms": run.first_token.as_secs_f64() * 1e3,
@@ -349,6 +356,7 @@ fn run(o: &Options) -> Result<bool, Box<dyn Error>> {
             .or(o.new_tokens)
             .unwrap_or(DEFAULT_NEW_TOKENS),
         graph: o.graph,
+        update_each_step: o.graph_update,
         keep_logits: fixture.is_some(),
         kv: o.kv,
     };

@@ -34,6 +34,10 @@ pub struct Options {
     pub dtype: DType,
     /// Record one step into a graph and replay it per step.
     pub graph: bool,
+    /// With `graph`: record the step again before every replay and update the graph in place
+    /// (`end_capture_update`), to measure what a host that cannot keep the position on the
+    /// device pays per token.
+    pub graph_update: bool,
     /// The std shim's lazy streams.
     pub lazy: bool,
     /// How the KV cache gets its room.
@@ -54,6 +58,7 @@ impl Default for Options {
             new_tokens: None,
             dtype: DType::F32,
             graph: false,
+            graph_update: false,
             lazy: false,
             kv: KvCache::Ahead,
             json: None,
@@ -154,12 +159,16 @@ where
             }
             Long("json") => o.json = Some(value(&mut p, "--json", "a file path")?.into()),
             Long("graph") => o.graph = true,
+            Long("graph-update") => {
+                o.graph = true;
+                o.graph_update = true;
+            }
             Long("lazy") => o.lazy = true,
             Long("help") | Short('h') => return Ok(Parsed::Help),
             Long(flag) => {
                 return Err(format!(
                     "unknown flag --{flag}: expected one of --model, --check, --device, \
-                     --prompt, --prompt-file, --batch, --new-tokens, --dtype, --kv, --graph, \
+                     --prompt, --prompt-file, --batch, --new-tokens, --dtype, --kv, --graph, --graph-update, \
                      --lazy, --json, --help"
                 ));
             }
@@ -223,7 +232,7 @@ pub fn usage() -> String {
 or an NVIDIA GPU
 
 usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-tokens N]
-            [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow] [--graph] [--lazy]
+            [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow] [--graph | --graph-update] [--lazy]
             [--json FILE]
        gpt2 --check FIXTURE [--model DIR] [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow]
             [--graph] [--lazy] [--json FILE]
@@ -249,6 +258,9 @@ usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-t
                        with --graph the step recorded again in place) [default: ahead]
   --graph              record one decoding step into a graph once and replay it per token (the
                        position lives in device memory) [default: off]
+  --graph-update       as --graph, but the step is recorded again before every replay and the
+                       graph updated in place (end_capture_update): what a host that passes
+                       the position as a kernel argument would pay per token (to measure)
   --lazy               the std shim's lazy streams [default: off]
   --json FILE          also write the run's summary (times, memory, check) as one JSON object
   -h, --help           print this help

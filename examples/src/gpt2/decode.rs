@@ -29,14 +29,14 @@
 use super::config::Config;
 use super::kernels::{Kernels, SHARED_LIMIT, attention_shared_bytes, elem_dims, launch, u32s};
 use super::split::{gemm_parts, split_k_from_env};
-use super::step::{enqueue_step, grow, workspace};
+use super::step::{Workspace, enqueue_step, grow, workspace};
 use super::weights::{DType, ModelFile, Tensors, to_f32};
 use crate::exit::{self, BadInput};
 use crate::serve::WeightsPath;
 use devcmd::memory::AllocationMode;
 use devcmd::{
-    Command, Device, ExternalBytes, Gemm, GemmType, Handle, HostBuffer, HostOrigin, ReadFuture,
-    ReadRequest, ServerError, Shim, StreamId,
+    Command, Device, ExternalBytes, Gemm, GemmType, Graph, Handle, HostBuffer, HostOrigin,
+    ReadFuture, ReadRequest, ServerError, Shim, StreamId,
 };
 use std::collections::VecDeque;
 use std::error::Error;
@@ -299,6 +299,9 @@ pub struct Plan {
     pub new_tokens: usize,
     /// Record one step into a graph and replay it.
     pub graph: bool,
+    /// With `graph`: record the step again before every replay but the first, into the same
+    /// graph (`end_capture_update`), instead of replaying the one recording.
+    pub update_each_step: bool,
     /// Read every step's logits back (for `--check`).
     pub keep_logits: bool,
     /// How the KV cache gets its room.
@@ -310,6 +313,21 @@ impl Plan {
     pub fn passes(&self) -> usize {
         (self.prompt.first().map_or(0, Vec::len) + self.new_tokens).saturating_sub(1)
     }
+}
+
+/// Records the step again into `g` (`end_capture_update`): after the cache moved, or before
+/// every replay with [`Plan::update_each_step`].
+fn record_again<S: Shim, B: Backend<S>>(
+    cmd: &mut Command<'_, S>,
+    backend: &B,
+    model: &DeviceModel,
+    ws: &Workspace,
+    g: &mut Graph<S>,
+) -> Result<(), ServerError> {
+    backend.prepare(cmd)?;
+    let recording = cmd.begin_capture("gpt2_step")?;
+    enqueue_step(cmd, backend, model, ws)?;
+    cmd.end_capture_update(recording, g)
 }
 
 /// What a run decoded and how long it took.
@@ -455,10 +473,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
             growths += 1;
             held_peak = held_peak.max(cmd.memory_report().held);
             if let Some(g) = graph.as_mut() {
-                backend.prepare(&mut cmd)?;
-                let recording = cmd.begin_capture("gpt2_step")?;
-                enqueue_step(&mut cmd, backend, model, &ws)?;
-                cmd.end_capture_update(recording, g)?;
+                record_again(&mut cmd, backend, model, &ws, g)?;
             }
             // The old cache (and the graph's old recording, which keeps it) goes back once a
             // fence after its last use passes: queue a fence for it now.
@@ -466,6 +481,9 @@ pub fn decode<S: Shim, B: Backend<S>>(
         }
         // Release what passed fences cover, without blocking.
         cmd.poll_drops()?;
+        if let Some(g) = graph.as_mut().filter(|_| plan.update_each_step && pass > 0) {
+            record_again(&mut cmd, backend, model, &ws, g)?;
+        }
         match &graph {
             Some(g) => cmd.replay(g)?,
             None => enqueue_step(&mut cmd, backend, model, &ws)?,
