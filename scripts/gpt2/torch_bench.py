@@ -19,8 +19,9 @@ tokens are checked against generate's (and its logits against transformers' forw
     python3 scripts/gpt2/torch_bench.py --model DIR --prompt-file DIR/prompt.txt --batch 1 \
         --new-tokens 128 --dtype fp16 --json out.json
 
-NOT YET RUN (written without torch at hand, for the H200 part of issue 17): expect small fixes on
-its first run.
+Run on the H200 (BENCHMARKS.md, "GPT-2 small on the H200", keeps its figures). Each replay of the
+hand-captured step is followed by its token's read-back before the next replay, so the host waits
+once per token; devcmd's host keeps two reads in flight.
 """
 
 import argparse
