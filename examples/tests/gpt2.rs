@@ -92,7 +92,7 @@ fn the_tiny_fixture_decodes_as_transformers_does_eagerly_and_with_graphs() {
         let graph = mode.contains(&"--graph");
         assert_eq!(stdout.contains("recorded once"), graph, "{stdout}");
         assert_eq!(
-            stdout.contains("graph updated in place before every replay"),
+            stdout.contains("graph updated in place before every replay after the first"),
             mode.contains(&"--graph-update"),
             "{stdout}"
         );
@@ -287,13 +287,21 @@ fn graphs_and_a_grown_cache_decode_bit_for_bit_as_eager() {
         (false, false, KvCache::Grow),
         (true, false, KvCache::Grow),
         (true, true, KvCache::Ahead),
+        (true, true, KvCache::Grow),
     ] {
         let other = decode_fixture((graph, update), kv);
-        assert_eq!(other.tokens, eager.tokens, "graph {graph}, {kv:?}");
+        assert_eq!(
+            other.tokens, eager.tokens,
+            "graph {graph}, update {update}, {kv:?}"
+        );
         let bits = |d: &devcmd_examples::gpt2::decode::Decoded| -> Vec<u32> {
             d.logits.iter().flatten().map(|v| v.to_bits()).collect()
         };
-        assert_eq!(bits(&other), bits(&eager), "graph {graph}, {kv:?}");
+        assert_eq!(
+            bits(&other),
+            bits(&eager),
+            "graph {graph}, update {update}, {kv:?}"
+        );
         assert_eq!(other.growths, usize::from(kv == KvCache::Grow));
         assert_eq!(other.record.is_some(), graph);
     }

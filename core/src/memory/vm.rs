@@ -6,9 +6,9 @@
 //! neighbours coalesce across granules and a request is placed best-fit anywhere in the range),
 //! and the state of each granule: unmapped, mapped (with how many allocations touch it and how
 //! many guards hold it), or retiring (handed to the device to unmap once its fence passes, and
-//! taken back if needed before that). Keeps the mapped granules no allocation touches in a cache
-//! and says which ones to give back, with exact counts of the granules in use (touched or
-//! guarded) and idle. Does not own the device calls nor the budget (the manager maps, unmaps and
+//! taken back if needed before that), with exact counts of the granules in use (touched or
+//! guarded) and idle. The give-back side (the cache of mapped granules no allocation touches,
+//! the retiring list, teardown) is `vm/idle.rs`. Does not own the device calls nor the budget (the manager maps, unmaps and
 //! counts: `manager/granules.rs`), nor when the cache is given back (the manager's policy, from
 //! [`IdleGranules`](crate::memory::IdleGranules): before growing past the peak, past the slack
 //! at a reservation, and at an explicit cleanup).

@@ -1,6 +1,7 @@
 //! The GPT-2 decoding host: a Hugging Face GPT-2 (`config.json` + `model.safetensors`) decoded
 //! greedily through devcmd on the std shim (the default) or an NVIDIA GPU (`--device cuda`),
-//! eagerly or by replaying one recorded step (`--graph`); `--check DIR` compares the run with
+//! eagerly or by replaying one recorded step (`--graph`; `--graph-update` records it again before
+//! every replay, to measure that design); `--check DIR` compares the run with
 //! transformers' references (`scripts/gpt2/make_fixture.py`) and exits 1 on a mismatch.
 //!
 //! This file owns the choice of device and what the host prints; the loop is
@@ -104,7 +105,7 @@ fn report_run(o: &Options, plan: &Plan, run: &Decoded, launches: usize) {
     let mode = if o.graph_update {
         format!(
             "graph (one step of {launches} launches recorded in {:.1} ms, then recorded again and \
-             the graph updated in place before every replay)",
+             the graph updated in place before every replay after the first)",
             run.record.map_or(0.0, |d| d.as_secs_f64() * 1e3)
         )
     } else if o.graph {

@@ -168,8 +168,8 @@ where
             Long(flag) => {
                 return Err(format!(
                     "unknown flag --{flag}: expected one of --model, --check, --device, \
-                     --prompt, --prompt-file, --batch, --new-tokens, --dtype, --kv, --graph, --graph-update, \
-                     --lazy, --json, --help"
+                     --prompt, --prompt-file, --batch, --new-tokens, --dtype, --kv, --graph, \
+                     --graph-update, --lazy, --json, --help"
                 ));
             }
             Short(flag) => return Err(format!("unknown flag -{flag}")),
@@ -232,10 +232,10 @@ pub fn usage() -> String {
 or an NVIDIA GPU
 
 usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-tokens N]
-            [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow] [--graph | --graph-update] [--lazy]
-            [--json FILE]
+            [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow]
+            [--graph | --graph-update] [--lazy] [--json FILE]
        gpt2 --check FIXTURE [--model DIR] [--device std|cuda] [--dtype f32|f16] [--kv ahead|grow]
-            [--graph] [--lazy] [--json FILE]
+            [--graph | --graph-update] [--lazy] [--json FILE]
 
   --model DIR          config.json (GPT2Config) and model.safetensors (memory-mapped; on a GPU
                        page-locked in place and copied by DMA)
@@ -258,9 +258,10 @@ usage: gpt2 --model DIR [--prompt IDS | --prompt-file FILE] [--batch B] [--new-t
                        with --graph the step recorded again in place) [default: ahead]
   --graph              record one decoding step into a graph once and replay it per token (the
                        position lives in device memory) [default: off]
-  --graph-update       as --graph, but the step is recorded again before every replay and the
-                       graph updated in place (end_capture_update): what a host that passes
-                       the position as a kernel argument would pay per token (to measure)
+  --graph-update       as --graph, but the step is recorded again before every replay after the
+                       first and the graph updated in place (end_capture_update): close to
+                       what a host that passes the position as a kernel argument would pay
+                       per token (to measure)
   --lazy               the std shim's lazy streams [default: off]
   --json FILE          also write the run's summary (times, memory, check) as one JSON object
   -h, --help           print this help

@@ -467,7 +467,8 @@ pub fn decode<S: Shim, B: Backend<S>>(
     let started = Instant::now();
     for pass in 0..passes {
         let mut cmd = device.command(COMPUTE)?;
-        if pass >= ws.cap {
+        let grows = pass >= ws.cap;
+        if grows {
             let cap = (ws.cap * 2).min(passes);
             grow(&mut cmd, backend, model, &mut ws, cap)?;
             growths += 1;
@@ -481,7 +482,11 @@ pub fn decode<S: Shim, B: Backend<S>>(
         }
         // Release what passed fences cover, without blocking.
         cmd.poll_drops()?;
-        if let Some(g) = graph.as_mut().filter(|_| plan.update_each_step && pass > 0) {
+        // (A pass that grew the cache recorded the step again already.)
+        if let Some(g) = graph
+            .as_mut()
+            .filter(|_| plan.update_each_step && pass > 0 && !grows)
+        {
             record_again(&mut cmd, backend, model, &ws, g)?;
         }
         match &graph {

@@ -282,8 +282,9 @@ mod tests {
 
     /// Every kernel parses and type-checks, in f32 and f16, with the host's C++ compiler and
     /// stand-ins for CUDA's builtins (`kernels_host_check.h`): NVRTC compiles them only on a GPU
-    /// machine, which `cargo test` here does not reach. Skipped, with a line saying so, where
-    /// no `c++` runs.
+    /// machine, which `cargo test` here does not reach. Skipped, with a line saying so (seen
+    /// with `--nocapture`), where no `c++` runs, unless `DEVCMD_REQUIRE_CXX` is set, as
+    /// `scripts/test` sets it: there a missing compiler fails.
     #[test]
     fn the_kernels_parse_and_type_check_with_the_host_compiler() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/gpt2");
@@ -301,6 +302,10 @@ mod tests {
             let out = match c.output() {
                 Ok(out) => out,
                 Err(e) => {
+                    assert!(
+                        std::env::var_os("DEVCMD_REQUIRE_CXX").is_none(),
+                        "DEVCMD_REQUIRE_CXX is set but `c++` does not run ({e}): install g++"
+                    );
                     println!("SKIPPED: no host C++ compiler to check kernels.cu with ({e})");
                     return;
                 }

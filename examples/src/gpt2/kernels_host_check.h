@@ -1,7 +1,9 @@
 /* Stand-ins for CUDA's builtins, enough for a host C++ compiler to parse and type-check
    kernels.cu (`c++ -fsyntax-only -include kernels_host_check.h -x c++ kernels.cu`): a test runs
    it where no GPU and no NVRTC are, so a kernel that would not compile fails `cargo test`
-   instead of the first run on a GPU. None of this runs; it only has to declare the names. */
+   instead of the first run on a GPU. None of this runs; it only has to declare the names. What it
+   cannot check: the PTX inside `asm` (swallowed here) and names the host's headers declare that
+   NVRTC lacks. */
 #include <cmath>
 #include <cstddef>
 #define __device__
@@ -12,7 +14,7 @@
 struct dim3_stand_in { unsigned x, y, z; };
 extern dim3_stand_in threadIdx, blockIdx, blockDim, gridDim;
 struct uint4 { unsigned x, y, z, w; };
-float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
+template <class V> V __shfl_xor_sync(unsigned mask, V v, int lane_mask);
 void __syncthreads();
 void __threadfence();
 float rsqrtf(float x);

@@ -1,6 +1,7 @@
 //! What a granule pool gives back: the cache of mapped granules no allocation touches, the
-//! list of retiring granules (handed to the drop queue to unmap after a fence), and the
-//! compaction that keeps both lists within twice the pool's granules.
+//! list of retiring granules (handed to the drop queue to unmap after a fence), the compaction
+//! that keeps both lists within twice the pool's granules, and at teardown every granule with
+//! memory behind it.
 //!
 //! Owns those two lists and their bookkeeping on [`GranulePool`]. Does not own when a granule
 //! is given back (the manager's policy) nor placement and the granules' use counts (`vm.rs`).
@@ -24,7 +25,7 @@ impl GranulePool {
     }
 
     /// Whether granule `g` is mapped, unused and unguarded (what the cache should hold).
-    pub(super) fn idle(&self, g: u32) -> bool {
+    fn idle(&self, g: u32) -> bool {
         idle(&self.granules, g)
     }
 
