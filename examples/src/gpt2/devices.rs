@@ -122,7 +122,17 @@ impl CudaBackend {
         };
         let cast = kernel("cast_f16")?;
         let gemm = kernel("gemm")?;
-        let cublas = Cublas::new(&shim).map_err(|e| e.to_string());
+        // `GPT2_CUBLAS_WORKSPACE_MIB=N` gives each stream's cuBLAS handle N MiB of workspace
+        // instead of cuBLAS's advice (32 MiB on Hopper): to measure what the step needs.
+        let workspace = std::env::var("GPT2_CUBLAS_WORKSPACE_MIB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok());
+        let cublas = Cublas::new(&shim)
+            .map(|c| match workspace {
+                Some(mib) => c.with_workspace(mib << 20),
+                None => c,
+            })
+            .map_err(|e| e.to_string());
         Ok(Self {
             shim,
             module,
