@@ -13,6 +13,8 @@
 #   DEVICE   cuda, or std for a dry run on a CPU [default: cuda]
 #   MODEL_FLAGS  make_fixture.py's size flags [default: GPT-2 small]
 #   PROMPT_LEN, NEW_TOKENS  [default: 32, 128]
+#   TRIES    make_fixture.py's seeds to try for clear greedy gaps before it settles for any
+#            (--min-gap 0) [default: 10; each try runs transformers, about 10 s for GPT-2 small]
 # Run on the H200: BENCHMARKS.md, "GPT-2 small on the H200", keeps its tables.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,13 +24,14 @@ DEVICE="${DEVICE:-cuda}"
 MODEL_FLAGS="${MODEL_FLAGS:---layers 12 --embd 768 --heads 12 --vocab 50257 --positions 1024}"
 PROMPT_LEN="${PROMPT_LEN:-32}"
 NEW_TOKENS="${NEW_TOKENS:-128}"
+TRIES="${TRIES:-10}"
 mkdir -p "$OUT"
 model="$OUT/model"
 
 echo "== the model and transformers' references (batch 8, fp32 on the CPU, fp16 on the GPU)"
 # shellcheck disable=SC2086
 python3 scripts/gpt2/make_fixture.py --out "$model" $MODEL_FLAGS --batch 8 \
-    --prompt-len "$PROMPT_LEN" --new-tokens "$NEW_TOKENS" --tries 10 \
+    --prompt-len "$PROMPT_LEN" --new-tokens "$NEW_TOKENS" --tries "$TRIES" \
     || python3 scripts/gpt2/make_fixture.py --out "$model" $MODEL_FLAGS --batch 8 \
         --prompt-len "$PROMPT_LEN" --new-tokens "$NEW_TOKENS" --min-gap 0
 head -n 1 "$model/prompt.txt" > "$OUT/prompt1.txt"
@@ -49,10 +52,11 @@ for dt in $dtypes; do
     for b in 1 8; do
         prompt="$model/prompt.txt"
         [ "$b" = 1 ] && prompt="$OUT/prompt1.txt"
-        for graph in "" --graph; do
+        # --graph-update: the step recorded again per token, against the position on the device.
+        for graph in "" --graph --graph-update; do
             "$GPT2" --device "$DEVICE" --dtype "$dt" --model "$model" --prompt-file "$prompt" \
                 --batch "$b" --new-tokens "$NEW_TOKENS" $graph \
-                --json "$OUT/devcmd-$dt-b$b${graph:+-graph}.json" | grep -E "^(decode|memory:)"
+                --json "$OUT/devcmd-$dt-b$b${graph:+-${graph#--}}.json" | grep -E "^(decode|memory:)"
         done
     done
 done
