@@ -176,6 +176,9 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
         serde_json::from_str(&std::fs::read_to_string(&json).expect("--json wrote")).expect("JSON");
     assert_eq!(summary["batch"], 3);
     assert_eq!(summary["graph"], true);
+    assert_eq!(summary["graph_update"], false);
+    // The std shim's GEMMs keep no workspace on the device.
+    assert_eq!(summary["library_scratch_bytes"], 0);
     assert_eq!(summary["step_us"]["steps"], 3);
     assert_eq!(summary["tokens"].as_array().map(Vec::len), Some(3));
     let (held, live) = (&summary["held_peak_bytes"], &summary["live_bytes"]);

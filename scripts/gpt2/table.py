@@ -8,8 +8,9 @@ torch-*.json), all in DIR.
 One row per (method, dtype, batch): tokens/s over the decode steps, µs per step (median, p99,
 worst), the memory held at the peak (devcmd: device pages held; PyTorch:
 torch.cuda.max_memory_reserved()), and for devcmd the bytes live after the last step (weights +
-cache + buffers) and the held/live ratio; then devcmd's speed-ups against PyTorch at equal
-dtype and batch.
+cache + buffers + the GEMM library's workspace), the held/live ratio, and held against the live
+bytes without the workspace (weights + cache + activations); then devcmd's speed-ups against
+PyTorch at equal dtype and batch.
 """
 
 import glob
@@ -36,6 +37,8 @@ def main():
             "dtype": {"f32": "fp32", "f16": "fp16"}[s["dtype"]], "batch": s["batch"],
             "tps": s["decode_tokens_per_s"], "median": st.get("median"), "p99": st.get("p99"),
             "worst": st.get("worst"), "held": s["held_peak_bytes"], "live": s["live_bytes"],
+            # live without the GEMM library's workspace: weights + cache + activations.
+            "model": s["live_bytes"] - s.get("library_scratch_bytes", 0),
             "check": ("ok" if check.get("passed") else "FAIL") if check else "-",
         })
     for path in sorted(glob.glob(os.path.join(d, "torch-*.json"))):
@@ -48,16 +51,19 @@ def main():
             rows.append({
                 "method": name, "dtype": s["dtype"], "batch": s["batch"], "tps": m["tokens_per_s"],
                 "median": st.get("median_us"), "p99": st.get("p99_us"), "worst": st.get("worst_us"),
-                "held": m["max_memory_reserved"], "live": None,
+                "held": m["max_memory_reserved"], "live": None, "model": None,
                 "check": "-" if key == "generate" else ("tokens = generate" if m.get("tokens_agree_with_generate") else "tokens DIFFER"),
             })
     f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"
-    print("| method | dtype | batch | tokens/s | µs/step median | p99 | worst | held MiB | live MiB | held/live | check |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| method | dtype | batch | tokens/s | µs/step median | p99 | worst | held MiB | live MiB | held/live "
+          "| held / (weights + cache + activations) | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["dtype"], r["batch"], r["method"])):
         ratio = f"{r['held'] / r['live']:.3f}" if r["live"] else "-"
+        model = f"{r['held'] / r['model']:.3f}" if r["model"] else "-"
         print(f"| {r['method']} | {r['dtype']} | {r['batch']} | {f(r['tps'])} | {f(r['median'])} | "
-              f"{f(r['p99'])} | {f(r['worst'])} | {mib(r['held'])} | {mib(r['live'])} | {ratio} | {r['check']} |")
+              f"{f(r['p99'])} | {f(r['worst'])} | {mib(r['held'])} | {mib(r['live'])} | {ratio} | {model} | "
+              f"{r['check']} |")
     print()
     for dt in sorted({r["dtype"] for r in rows}):
         for b in sorted({r["batch"] for r in rows}):

@@ -179,6 +179,7 @@ fn summary(
     launches: usize,
     run: &Decoded,
     model: &decode::DeviceModel,
+    scratch: u64,
     check: serde_json::Value,
 ) -> serde_json::Value {
     let (o, plan) = (job.o, job.plan);
@@ -206,6 +207,7 @@ fn summary(
         })),
         "held_peak_bytes": run.held_peak,
         "live_bytes": run.live,
+        "library_scratch_bytes": scratch,
         "weights_bytes": model.bytes,
         "cache_bytes": run.cache_bytes,
         "growths": run.growths,
@@ -312,7 +314,8 @@ where
         }
     }
     if let Some(path) = &o.json {
-        let summary = summary(job, launches, &run, &model, checked);
+        let scratch = backend.library_scratch_bytes();
+        let summary = summary(job, launches, &run, &model, scratch, checked);
         std::fs::write(path, format!("{summary:#}\n"))
             .map_err(|e| format!("cannot write --json {}: {e}", path.display()))?;
     }

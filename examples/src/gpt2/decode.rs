@@ -154,6 +154,13 @@ pub trait Backend<S: Shim> {
         Ok(())
     }
 
+    /// Device bytes the GEMM library keeps on the decoding stream beside the model (cuBLAS's
+    /// workspace; 0 where there is none): counted in the memory report's live bytes, told
+    /// apart so a run can state held memory against weights + cache + activations alone.
+    fn library_scratch_bytes(&self) -> u64 {
+        0
+    }
+
     /// Converts `elements` f32 values of `from` (uploaded from the file) into a new buffer of
     /// [`Self::dtype`]; `None` when the device does not convert (the file must then hold its
     /// type already).

@@ -279,6 +279,10 @@ impl Backend<CudaShim> for CudaBackend {
         }
     }
 
+    fn library_scratch_bytes(&self) -> u64 {
+        self.cublas.as_ref().map_or(0, Cublas::workspace_bytes)
+    }
+
     fn prepare(&self, cmd: &mut Command<'_, CudaShim>) -> Result<(), ServerError> {
         match &self.cublas {
             Ok(c) => c.prepare(cmd),
