@@ -88,13 +88,8 @@ impl<S: Shim> Command<'_, S> {
         };
     }
 
-    /// A pinned buffer of `len` bytes for a staged read, when the pool can serve it.
-    pub(super) fn pinned_staging(&mut self, len: usize) -> Option<HostBuffer> {
-        self.pinned_buffer(len, true)
-    }
-
     /// A pinned buffer of `len` bytes when `pinned` and the pool can serve it.
-    fn pinned_buffer(&mut self, len: usize, pinned: bool) -> Option<HostBuffer> {
+    pub(super) fn pinned_buffer(&mut self, len: usize, pinned: bool) -> Option<HostBuffer> {
         if !pinned {
             return None;
         }

@@ -215,12 +215,12 @@ impl<S: Shim> Command<'_, S> {
         };
         self.device.order_after(self.stream, handle, t.owner)?;
         let chunk = self.device.config.staging.chunk;
-        // The piece on its way into each ring buffer, by slot, and those slots oldest first:
-        // the pieces are copied out in the order the device fills them, wherever the ring's
-        // turn started (waiting for a later piece first would leave the earlier ones' copies
-        // for after the last DMA).
-        let mut pending: [Option<CopyPiece>; MAX_DEPTH as usize] = [None; MAX_DEPTH as usize];
-        let mut order: heapless::Vec<usize, { MAX_DEPTH as usize }> = heapless::Vec::new();
+        // The pieces on their way into ring buffers, as (slot, piece), oldest first: they are
+        // copied out in the order the device fills them, wherever the ring's turn started
+        // (waiting for a later piece first would leave the earlier ones' copies for after the
+        // last DMA). At most one per slot.
+        let mut pending: heapless::Vec<(usize, CopyPiece), { MAX_DEPTH as usize }> =
+            heapless::Vec::new();
         for (k, piece) in layout.pieces(chunk).enumerate() {
             let i = if k == 0 {
                 first
@@ -231,14 +231,8 @@ impl<S: Shim> Command<'_, S> {
                 self.ring_slot()?
                     .ok_or(IoError::HostAllocFailed { len: chunk })?
             };
-            let Some(entry) = pending.get_mut(i) else {
-                // Unreachable: the ring holds at most `MAX_DEPTH` buffers.
-                return Err(IoError::HostAllocFailed { len: chunk }.into());
-            };
-            if let Some(done) = entry.take() {
-                if let Some(at) = order.iter().position(|&o| o == i) {
-                    order.remove(at);
-                }
+            if let Some(at) = pending.iter().position(|&(slot, _)| slot == i) {
+                let (_, done) = pending.remove(at);
                 self.copy_out(i, done, dst);
             }
             let (shim, s) = self.parts();
@@ -257,14 +251,12 @@ impl<S: Shim> Command<'_, S> {
             };
             copied.map_err(|e| ServerError::from(self.device.ledger.call_failed(e)))?;
             self.fence_slot(i)?;
-            pending[i] = Some(piece);
-            // At most one entry per slot, and at most `MAX_DEPTH` slots: it fits.
-            let _ = order.push(i);
+            if pending.push((i, piece)).is_err() {
+                // Unreachable: one entry per slot, and the ring holds at most `MAX_DEPTH`.
+                return Err(IoError::HostAllocFailed { len: chunk }.into());
+            }
         }
-        for i in order {
-            let Some(piece) = pending.get_mut(i).and_then(Option::take) else {
-                continue;
-            };
+        for (i, piece) in pending {
             let (shim, s) = self.parts();
             if let Some((event, mark)) = s.ring.slot_mut(i).fence.take() {
                 let outcome = FenceOutcome::wait(shim, &event);

@@ -165,13 +165,12 @@ impl<S: Shim> Command<'_, S> {
             return Ok(None);
         };
         self.unwritten(handle, layout)?;
-        let size = layout.packed_bytes();
-        let policy = self.device.config.staging;
-        let pipelined = cfg!(feature = "pipeline") && policy.pipelines(size);
-        if may_stage
-            && policy.stages_read(size, dst.origin(), pipelined)
-            && let Some(mut staging) = self.pinned_staging(dst.len())
-        {
+        let stages = may_stage && {
+            let (size, policy) = (layout.packed_bytes(), self.device.config.staging);
+            let pipelined = cfg!(feature = "pipeline") && policy.pipelines(size);
+            policy.stages_read(size, dst.origin(), pipelined)
+        };
+        if stages && let Some(mut staging) = self.pinned_buffer(dst.len(), true) {
             // SAFETY: the staging buffer is returned to the caller, who keeps it as `dst`;
             // it is the layout's length (the pool serves what is asked).
             unsafe { self.read_rows(handle, layout, &t, &mut staging)? };
