@@ -57,10 +57,11 @@ fn a_closed_output_ends_every_program_without_a_panic() {
     use std::os::unix::process::ExitStatusExt;
     use std::process::Stdio;
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/gpt2-tiny");
+    let gpt2 = env!("CARGO_BIN_EXE_gpt2");
     let runs = PROGRAMS
         .iter()
         .map(|(name, path)| (*name, *path, vec!["--help"]))
-        .chain([("gpt2", PROGRAMS[1].1, vec!["--check", fixture])]);
+        .chain([("gpt2", gpt2, vec!["--check", fixture])]);
     for (name, path, args) in runs {
         let mut child = Command::new(path)
             .args(&args)

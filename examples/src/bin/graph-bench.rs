@@ -38,11 +38,6 @@ extern "C" __global__ void tiny(float *out, const float *in, unsigned n) {
 }
 "#;
 
-/// Where a batch's time goes in the edge host, eager against graphs: each part alone, `BATCHES`
-/// batches enqueued back to back on the compute stream and one synchronisation (so µs per batch
-/// is the device's throughput for that part, not the host's): the six launches (and seven
-/// reservations) of the eager loop, one replay of the graph of the same launches, then each
-/// with the batch's input written before it (on the compute stream) and its output read after.
 /// The seed of the weights both edge-host sections serve.
 const SEED: u64 = 7;
 
@@ -54,6 +49,11 @@ fn seeded_device(gpu: &cuda_device::Gpu) -> Res<(Device<CudaShim>, serve::Device
     Ok((device, w))
 }
 
+/// Where a batch's time goes in the edge host, eager against graphs: each part alone, `BATCHES`
+/// batches enqueued back to back on the compute stream and one synchronisation (so µs per batch
+/// is the device's throughput for that part, not the host's): the six launches (and seven
+/// reservations) of the eager loop, one replay of the graph of the same launches, then each
+/// with the batch's input written before it (on the compute stream) and its output read after.
 fn edge_parts(gpu: &cuda_device::Gpu, warm: usize, timed: usize) -> Res<()> {
     const BATCHES: usize = 1000;
     println!("## Edge host: where a batch's time goes (µs per batch)\n");

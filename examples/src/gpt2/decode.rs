@@ -480,22 +480,22 @@ pub fn decode<S: Shim, B: Backend<S>>(
             grow(&mut cmd, backend, model, &mut ws, cap)?;
             growths += 1;
             held_peak = held_peak.max(cmd.memory_report().held);
-            if let Some(g) = graph.as_mut() {
-                record_again(&mut cmd, backend, model, &ws, g)?;
-            }
+        }
+        // The step is recorded again where the cache moved, and before every replay but the
+        // first with `update_each_step`.
+        if let Some(g) = graph
+            .as_mut()
+            .filter(|_| grows || (plan.update_each_step && pass > 0))
+        {
+            record_again(&mut cmd, backend, model, &ws, g)?;
+        }
+        if grows {
             // The old cache (and the graph's old recording, which keeps it) goes back once a
             // fence after its last use passes: queue a fence for it now.
             cmd.flush_drops()?;
         }
         // Release what passed fences cover, without blocking.
         cmd.poll_drops()?;
-        // (A pass that grew the cache recorded the step again already.)
-        if let Some(g) = graph
-            .as_mut()
-            .filter(|_| plan.update_each_step && pass > 0 && !grows)
-        {
-            record_again(&mut cmd, backend, model, &ws, g)?;
-        }
         match &graph {
             Some(g) => cmd.replay(g)?,
             None => enqueue_step(&mut cmd, backend, model, &ws)?,
