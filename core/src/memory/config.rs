@@ -32,7 +32,7 @@ pub struct MemoryConfig {
     pub virtual_memory: bool,
     /// Handle identities kept for reuse once their allocations come back: a reservation while
     /// one is kept allocates nothing on the heap. Raise it to the most handles a step drops
-    /// before the next reserves (8 by default); returns past it free their identities.
+    /// before the next reserves (256 by default); returns past it free their identities.
     pub spare_identities: usize,
     /// What the granule pools do with idle granules (mapped, touched by no live allocation, held
     /// by no guard): keep them up to the most the pools ever held (the default), or give back

@@ -5,15 +5,19 @@
 //! own the memory itself: the pools do, and they check on every lookup that the handle asking is
 //! the one the memory is bound to, so a stale handle resolves to an error, never to other memory.
 //!
-//! An identity is one heap block (an `Arc`). The last handle or binding dropped sends it back to
-//! its manager with the allocation, and the manager keeps it ([`SpareIdentity`]) for its next
-//! handle: a reserve and drop cycle on warm pools allocates nothing.
+//! An identity is one heap block (an `Arc` with a count of its own: handles and bindings point at
+//! it and count in `refs`, so a clone or a drop is one atomic update, not two). The last handle or
+//! binding dropped takes the `Arc` back and sends it to its manager with the allocation, and the
+//! manager keeps it ([`SpareIdentity`]) for its next handle: a reserve and drop cycle on warm
+//! pools allocates nothing.
 
 use super::pool::Pool;
 use crate::error::{IoError, NotFoundReason};
-use alloc::sync::{Arc, Weak};
+use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::mem::ManuallyDrop;
+use core::fmt;
+use core::marker::PhantomData;
+use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 const HANDED_OVER: u32 = u32::MAX;
@@ -41,26 +45,48 @@ pub(crate) struct SpareIdentity(Arc<Identity>);
 
 /// Dropped allocations, pushed from any thread, drained by the device thread. The device memory
 /// manager queues [`Returned`]; the pinned pool queues its own slices.
+///
+/// The manager's queue is held by the identities it issued (strongly: no upgrade per return), and
+/// a returned identity in the queue holds the queue in turn; the manager breaks that circle when
+/// it goes ([`Self::close`]): the queue is emptied and takes nothing more.
 #[derive(Debug)]
 pub(crate) struct ReturnQueue<T = Returned> {
     len: AtomicUsize,
-    items: spin::Mutex<Vec<T>>,
+    /// The items, and whether the queue is closed.
+    items: spin::Mutex<(Vec<T>, bool)>,
 }
 
 impl<T> Default for ReturnQueue<T> {
     fn default() -> Self {
         Self {
             len: AtomicUsize::new(0),
-            items: spin::Mutex::new(Vec::new()),
+            items: spin::Mutex::new((Vec::new(), false)),
         }
     }
 }
 
 impl<T> ReturnQueue<T> {
-    pub(crate) fn push(&self, item: T) {
+    /// Queues `item`, or hands it back when the queue is closed (the caller drops it, after this
+    /// call: dropping it may free the queue).
+    pub(crate) fn push(&self, item: T) -> Result<(), T> {
         let mut items = self.items.lock();
-        items.push(item);
-        self.len.store(items.len(), Ordering::Release);
+        if items.1 {
+            return Err(item);
+        }
+        items.0.push(item);
+        self.len.store(items.0.len(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Closes the queue: what it holds is dropped and later pushes are handed back.
+    pub(crate) fn close(&self) {
+        let items = {
+            let mut items = self.items.lock();
+            items.1 = true;
+            self.len.store(0, Ordering::Release);
+            core::mem::take(&mut items.0)
+        };
+        drop(items); // outside the lock: an item's drop may push to another queue
     }
 
     /// Whether nothing was returned since the last drain (one atomic load).
@@ -75,7 +101,13 @@ impl<T> ReturnQueue<T> {
             return;
         }
         let mut items = self.items.lock();
-        out.append(&mut items);
+        if out.is_empty() {
+            // The usual case (the drainer empties `out` before the next drain): the two vectors
+            // trade places, no item is copied, and the next pushes go into `out`'s capacity.
+            core::mem::swap(out, &mut items.0);
+        } else {
+            out.append(&mut items.0);
+        }
         self.len.store(0, Ordering::Release);
     }
 }
@@ -111,12 +143,41 @@ pub(crate) struct Identity {
     /// every write.
     pool: AtomicU32,
     block: AtomicU32,
-    /// Weak: a returned allocation in the queue holds its identity, which must not keep the
-    /// queue alive in turn (a manager dropped with returns queued would leak both).
-    returns: Weak<ReturnQueue>,
+    /// The manager's queue (which it closes when it goes: see [`ReturnQueue`]).
+    returns: Arc<ReturnQueue>,
 }
 
 impl Identity {
+    fn new(id: u64, issuer: Issuer, size: u64, returns: &Arc<ReturnQueue>) -> Self {
+        Self {
+            id,
+            issuer,
+            size,
+            owners: AtomicU32::new(1),
+            refs: AtomicU32::new(1),
+            exposed: AtomicBool::new(false),
+            graphs: AtomicU32::new(0),
+            pool: AtomicU32::new(Pool::NO_CODE),
+            block: AtomicU32::new(0),
+            returns: Arc::clone(returns),
+        }
+    }
+
+    /// Makes a returned identity new again, as [`Self::new`] would, with no atomic update (it is
+    /// this thread's alone) but where the queue changes.
+    fn reset(&mut self, id: u64, issuer: Issuer, size: u64, returns: &Arc<ReturnQueue>) {
+        (self.id, self.issuer, self.size) = (id, issuer, size);
+        *self.owners.get_mut() = 1;
+        *self.refs.get_mut() = 1;
+        *self.exposed.get_mut() = false;
+        *self.graphs.get_mut() = 0;
+        *self.pool.get_mut() = Pool::NO_CODE;
+        *self.block.get_mut() = 0;
+        if !Arc::ptr_eq(&self.returns, returns) {
+            self.returns = Arc::clone(returns);
+        }
+    }
+
     fn location(&self) -> Result<Location, NotFoundReason> {
         let pool = Pool::from_code(self.pool.load(Ordering::Relaxed));
         let block = self.block.load(Ordering::Relaxed);
@@ -140,25 +201,41 @@ impl Identity {
 
 /// The end of one reference to an allocation (a handle's or a binding's). The last one sends a
 /// bound allocation back to its manager's return queue, with the identity for reuse; an
-/// unbound one, or one whose manager is gone, just drops.
-fn release(identity: Arc<Identity>) {
+/// unbound one, or one whose manager is gone (its queue closed), just drops.
+///
+/// # Safety
+///
+/// `identity` is a reference counted in its `refs` (a handle's or a binding's pointer, from
+/// [`Arc::into_raw`]), given up here: the caller does not use it again.
+unsafe fn release(identity: NonNull<Identity>) {
     // AcqRel: the last reference sees every location written before the others went (as an
     // `Arc`'s last drop does).
-    if identity.refs.fetch_sub(1, Ordering::AcqRel) != 1 {
+    // SAFETY: the identity lives while `refs` counts this reference (the caller's contract).
+    if unsafe { identity.as_ref() }
+        .refs
+        .fetch_sub(1, Ordering::AcqRel)
+        != 1
+    {
         return;
     }
+    // SAFETY: the last reference: no handle or binding points at the identity any more, and
+    // the pointer came from `Arc::into_raw` of the identity's one `Arc`, taken back once, here.
+    let identity = unsafe { Arc::from_raw(identity.as_ptr()) };
     let Ok(location) = identity.location() else {
         return;
     };
-    let Some(returns) = identity.returns.upgrade() else {
-        return;
-    };
+    let returns: *const ReturnQueue = Arc::as_ptr(&identity.returns);
     let id = identity.id;
-    returns.push(Returned {
+    let returned = Returned {
         location,
         id,
         identity: SpareIdentity(identity),
-    });
+    };
+    // SAFETY: the queue lives while the identity (moved into `returned`, then into the queue)
+    // holds it; a refused item is dropped only after `push` returned.
+    if let Err(refused) = unsafe { &*returns }.push(returned) {
+        drop(refused);
+    }
 }
 
 /// What a user holds for an allocation. Cloning shares the allocation; the memory goes back to
@@ -166,12 +243,27 @@ fn release(identity: Arc<Identity>) {
 ///
 /// A handle may view a byte range of its allocation ([`Handle::view`]); lookups check the range
 /// against the allocation.
-#[derive(Debug)]
 pub struct Handle {
-    /// Taken out by `drop` (for [`release`]), never touched afterwards.
-    identity: ManuallyDrop<Arc<Identity>>,
+    /// The identity, counted in its `refs` (see [`release`]).
+    identity: NonNull<Identity>,
     offset: u64,
     len: u64,
+}
+
+// SAFETY: a handle is an `Arc<Identity>` in all but the count (the identity's own `refs`), and
+// `Identity` is `Send + Sync` (atomics, and fields written only while no handle points at it).
+unsafe impl Send for Handle {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Handle {}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handle")
+            .field("identity", self.identity())
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 impl Handle {
@@ -189,52 +281,42 @@ impl Handle {
         size: u64,
         returns: &Arc<ReturnQueue>,
     ) -> Self {
-        let fresh = |returns: Weak<ReturnQueue>| Identity {
-            id,
-            issuer,
-            size,
-            owners: AtomicU32::new(1),
-            refs: AtomicU32::new(1),
-            exposed: AtomicBool::new(false),
-            graphs: AtomicU32::new(0),
-            pool: AtomicU32::new(Pool::NO_CODE),
-            block: AtomicU32::new(0),
-            returns,
-        };
         let identity = match spare {
             Some(SpareIdentity(mut block)) => match Arc::get_mut(&mut block) {
                 Some(slot) => {
-                    // The same manager's queue: its weak reference is kept as it is (no two
-                    // atomic updates to replace it with itself).
-                    let kept = core::mem::take(&mut slot.returns);
-                    let same = core::ptr::eq(kept.as_ptr(), Arc::as_ptr(returns));
-                    *slot = fresh(if same { kept } else { Arc::downgrade(returns) });
+                    slot.reset(id, issuer, size, returns);
                     block
                 }
-                None => Arc::new(fresh(Arc::downgrade(returns))),
+                None => Arc::new(Identity::new(id, issuer, size, returns)),
             },
-            None => Arc::new(fresh(Arc::downgrade(returns))),
+            None => Arc::new(Identity::new(id, issuer, size, returns)),
         };
         Self {
-            identity: ManuallyDrop::new(identity),
+            // SAFETY: `Arc::into_raw` is never null.
+            identity: unsafe { NonNull::new_unchecked(Arc::into_raw(identity).cast_mut()) },
             offset: 0,
             len: size,
         }
     }
 
+    fn identity(&self) -> &Identity {
+        // SAFETY: this handle counts in the identity's `refs`, which keeps it alive.
+        unsafe { self.identity.as_ref() }
+    }
+
     /// The allocation's id (unique on its device, never reused).
     pub fn id(&self) -> u64 {
-        self.identity.id
+        self.identity().id
     }
 
     /// Who issued the handle.
     pub fn issuer(&self) -> Issuer {
-        self.identity.issuer
+        self.identity().issuer
     }
 
     /// Bytes of the whole allocation.
     pub fn allocation_size(&self) -> u64 {
-        self.identity.size
+        self.identity().size
     }
 
     /// First byte of this handle's view, from the start of the allocation.
@@ -268,34 +350,35 @@ impl Handle {
     /// Whether this is the only user handle: the memory may be updated in place. Bindings held by
     /// in-flight work do not count.
     pub fn can_mut(&self) -> bool {
-        self.identity.owners.load(Ordering::Acquire) == 1
+        self.identity().owners.load(Ordering::Acquire) == 1
     }
 
     /// Whether some binding (in-flight work, a raw address handed out) is outstanding.
     pub fn is_bound(&self) -> bool {
-        self.identity.refs.load(Ordering::Acquire) > self.identity.owners.load(Ordering::Acquire)
+        self.identity().refs.load(Ordering::Acquire)
+            > self.identity().owners.load(Ordering::Acquire)
     }
 
     /// Marks the allocation's device address as handed out raw (for good).
     pub(crate) fn expose(&self) {
-        self.identity.exposed.store(true, Ordering::Release);
+        self.identity().exposed.store(true, Ordering::Release);
     }
 
     /// Whether a live graph keeps the allocation (its replays use it).
     pub fn is_kept_by_graph(&self) -> bool {
-        self.identity.graphs.load(Ordering::Acquire) > 0
+        self.identity().graphs.load(Ordering::Acquire) > 0
     }
 
     /// Whether the allocation's device address was ever handed out raw
     /// ([`Command::managed_resource`](crate::Command::managed_resource)).
     pub fn is_exposed(&self) -> bool {
-        self.identity.exposed.load(Ordering::Acquire)
+        self.identity().exposed.load(Ordering::Acquire)
     }
 
     /// Whether `other` names the same allocation (itself, a clone or a view of it): one
     /// pointer compare.
     pub(crate) fn same_allocation(&self, other: &Handle) -> bool {
-        Arc::ptr_eq(&self.identity, &other.identity)
+        self.identity == other.identity
     }
 
     /// A binding for in-flight work: keeps the memory alive without counting as an owner.
@@ -304,16 +387,16 @@ impl Handle {
     }
 
     pub(crate) fn set_location(&self, location: Option<Location>, handed_over: bool) {
-        self.identity.set_location(location, handed_over);
+        self.identity().set_location(location, handed_over);
     }
 }
 
 impl Clone for Handle {
     fn clone(&self) -> Self {
-        self.identity.owners.fetch_add(1, Ordering::AcqRel);
-        self.identity.refs.fetch_add(1, Ordering::Relaxed);
+        self.identity().owners.fetch_add(1, Ordering::AcqRel);
+        self.identity().refs.fetch_add(1, Ordering::Relaxed);
         Self {
-            identity: ManuallyDrop::new(Arc::clone(&self.identity)),
+            identity: self.identity,
             offset: self.offset,
             len: self.len,
         }
@@ -322,19 +405,33 @@ impl Clone for Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.identity.owners.fetch_sub(1, Ordering::AcqRel);
-        // SAFETY: taken once, here; the field is not used again.
-        release(unsafe { ManuallyDrop::take(&mut self.identity) });
+        self.identity().owners.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: the handle's reference, given up once, here.
+        unsafe { release(self.identity) };
     }
 }
 
 /// A handle's view used by in-flight work: keeps the allocation alive, owns nothing.
-#[derive(Debug)]
 pub struct Binding {
-    /// Taken out by `drop` (for [`release`]), never touched afterwards.
-    identity: ManuallyDrop<Arc<Identity>>,
+    /// The identity, counted in its `refs` (see [`release`]).
+    identity: NonNull<Identity>,
     offset: u64,
     len: u64,
+}
+
+// SAFETY: as for `Handle`.
+unsafe impl Send for Binding {}
+// SAFETY: as for `Handle`.
+unsafe impl Sync for Binding {}
+
+impl fmt::Debug for Binding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Binding")
+            .field("identity", self.identity())
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 impl Clone for Binding {
@@ -345,30 +442,35 @@ impl Clone for Binding {
 
 impl Drop for Binding {
     fn drop(&mut self) {
-        // SAFETY: taken once, here; the field is not used again.
-        release(unsafe { ManuallyDrop::take(&mut self.identity) });
+        // SAFETY: the binding's reference, given up once, here.
+        unsafe { release(self.identity) };
     }
 }
 
 impl Binding {
+    fn identity(&self) -> &Identity {
+        // SAFETY: this binding counts in the identity's `refs`, which keeps it alive.
+        unsafe { self.identity.as_ref() }
+    }
+
     /// Counts one more live graph keeping the allocation (undone by [`Self::release_graph`]).
     pub(crate) fn keep_for_graph(&self) {
-        self.identity.graphs.fetch_add(1, Ordering::AcqRel);
+        self.identity().graphs.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Undoes one [`Self::keep_for_graph`].
     pub(crate) fn release_graph(&self) {
-        self.identity.graphs.fetch_sub(1, Ordering::AcqRel);
+        self.identity().graphs.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// The allocation's id.
     pub fn id(&self) -> u64 {
-        self.identity.id
+        self.identity().id
     }
 
     /// Who issued the allocation.
     pub fn issuer(&self) -> Issuer {
-        self.identity.issuer
+        self.identity().issuer
     }
 
     /// First byte of the view.
@@ -388,7 +490,7 @@ impl Binding {
 
     /// Bytes of the whole allocation.
     pub fn allocation_size(&self) -> u64 {
-        self.identity.size
+        self.identity().size
     }
 }
 
@@ -399,30 +501,53 @@ pub trait AsBinding {
 }
 
 /// A borrowed view of a handle or binding, for lookups.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct BindingRef<'a> {
-    identity: &'a Arc<Identity>,
+    /// The handle's or binding's pointer (not a reference made from it: a binding made from this
+    /// one may be the last to go, and gives the identity's memory back through it).
+    identity: NonNull<Identity>,
+    _borrow: PhantomData<&'a Identity>,
     offset: u64,
     len: u64,
 }
 
+// SAFETY: a shared borrow of a handle or binding, which are `Send + Sync`.
+unsafe impl Send for BindingRef<'_> {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for BindingRef<'_> {}
+
+impl fmt::Debug for BindingRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BindingRef")
+            .field("identity", self.identity())
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
 impl BindingRef<'_> {
+    fn identity(&self) -> &Identity {
+        // SAFETY: borrowed from a handle or binding, whose reference keeps the identity alive.
+        unsafe { self.identity.as_ref() }
+    }
+
     /// An owned binding of the same view.
     pub fn to_binding(&self) -> Binding {
         // Relaxed, as an `Arc` clone: the reference this one is made from keeps the count above 0.
-        self.identity.refs.fetch_add(1, Ordering::Relaxed);
+        self.identity().refs.fetch_add(1, Ordering::Relaxed);
         Binding {
-            identity: ManuallyDrop::new(Arc::clone(self.identity)),
+            identity: self.identity,
             offset: self.offset,
             len: self.len,
         }
     }
 
     pub(crate) fn id(&self) -> u64 {
-        self.identity.id
+        self.identity().id
     }
     pub(crate) fn issuer(&self) -> Issuer {
-        self.identity.issuer
+        self.identity().issuer
     }
     pub(crate) fn offset(&self) -> u64 {
         self.offset
@@ -431,17 +556,17 @@ impl BindingRef<'_> {
         self.len
     }
     pub(crate) fn allocation_size(&self) -> u64 {
-        self.identity.size
+        self.identity().size
     }
     /// Whether `other` names the same allocation (itself, a clone, a view or a binding of it).
     pub(crate) fn same_allocation(&self, other: &BindingRef<'_>) -> bool {
-        Arc::ptr_eq(self.identity, other.identity)
+        self.identity == other.identity
     }
     pub(crate) fn location(&self) -> Result<Location, IoError> {
-        self.identity
+        self.identity()
             .location()
             .map_err(|reason| IoError::NotFound {
-                handle: self.identity.id,
+                handle: self.identity().id,
                 reason,
             })
     }
@@ -450,7 +575,8 @@ impl BindingRef<'_> {
 impl AsBinding for Handle {
     fn as_binding(&self) -> BindingRef<'_> {
         BindingRef {
-            identity: &self.identity,
+            identity: self.identity,
+            _borrow: PhantomData,
             offset: self.offset,
             len: self.len,
         }
@@ -460,7 +586,8 @@ impl AsBinding for Handle {
 impl AsBinding for Binding {
     fn as_binding(&self) -> BindingRef<'_> {
         BindingRef {
-            identity: &self.identity,
+            identity: self.identity,
+            _borrow: PhantomData,
             offset: self.offset,
             len: self.len,
         }

@@ -97,7 +97,7 @@ fn a_returned_identity_is_reused_unless_a_reference_is_left() {
         }),
         false,
     );
-    let block = Arc::as_ptr(&h.identity);
+    let block = h.identity;
     let b = h.binding();
     drop(h);
     drop(b);
@@ -105,7 +105,7 @@ fn a_returned_identity_is_reused_unless_a_reference_is_left() {
     q.drain_into(&mut out);
     let spare = out.pop().expect("the last drop returned it").identity;
     let reused = Handle::reusing(Some(spare), 8, issuer(), 32, &q);
-    assert_eq!(Arc::as_ptr(&reused.identity), block, "same heap block");
+    assert_eq!(reused.identity, block, "same heap block");
     assert_eq!((reused.id(), reused.len(), reused.can_mut()), (8, 32, true));
     assert!(!reused.is_bound() && !reused.is_exposed());
     assert_eq!(
@@ -115,7 +115,8 @@ fn a_returned_identity_is_reused_unless_a_reference_is_left() {
             reason: NotFoundReason::NeverBound
         })
     );
-    // A reference still on its way out (another thread's drop): a new block, nothing shared.
+    // A spare whose block another `Arc` still holds (none does in the manager's use: handles and
+    // bindings count in `refs`, not in the `Arc`): a new block, nothing shared.
     reused.set_location(
         Some(Location {
             pool: ARENA,
@@ -123,19 +124,19 @@ fn a_returned_identity_is_reused_unless_a_reference_is_left() {
         }),
         false,
     );
-    let held = Arc::clone(&reused.identity);
     drop(reused);
     q.drain_into(&mut out);
     let spare = out.pop().expect("returned").identity;
+    let held = Arc::clone(&spare.0);
     let fresh = Handle::reusing(Some(spare), 9, issuer(), 16, &q);
-    assert_ne!(Arc::as_ptr(&fresh.identity), Arc::as_ptr(&held));
+    assert_ne!(fresh.identity.as_ptr().cast_const(), Arc::as_ptr(&held));
     assert_eq!(held.id, 8, "the old block is left as it was");
 }
 
 #[test]
-fn a_queue_dropped_with_returns_in_it_frees_them() {
-    // Returned identities point at their queue weakly: no cycle keeps either alive (miri's
-    // leak check sees it).
+fn a_closed_queue_frees_its_returns_and_refuses_later_ones() {
+    // Returned identities hold their queue, which holds them: closing it (as the manager does
+    // when it goes) breaks the circle, and nothing leaks (miri's leak check sees it).
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(1, issuer(), 8, &q);
     h.set_location(
@@ -146,8 +147,10 @@ fn a_queue_dropped_with_returns_in_it_frees_them() {
         false,
     );
     drop(h);
+    q.close();
     drop(q);
-    // A handle outliving its queue drops without returning anything.
+    // A handle outliving its manager (the queue closed) drops without returning anything, and
+    // takes the queue with it.
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(2, issuer(), 8, &q);
     h.set_location(
@@ -157,8 +160,15 @@ fn a_queue_dropped_with_returns_in_it_frees_them() {
         }),
         false,
     );
+    q.close();
+    let weak = Arc::downgrade(&q);
     drop(q);
+    assert!(
+        weak.upgrade().is_some(),
+        "the handle's identity holds the queue"
+    );
     drop(h);
+    assert!(weak.upgrade().is_none(), "the last handle took it with it");
 }
 
 #[test]
@@ -176,4 +186,34 @@ fn views_stay_inside_their_allocation() {
         }
     );
     assert!(h.view(u64::MAX, 2).is_err());
+}
+
+#[test]
+fn returns_racing_the_close_are_either_freed_by_it_or_refused() {
+    // Another thread drops the last handles while the manager closes its queue: each returned
+    // identity is dropped by the close or refused by it, never left in a closed queue (miri's
+    // leak check and the queue's end both show it).
+    let q = Arc::new(ReturnQueue::default());
+    let handles: Vec<Handle> = (0..8)
+        .map(|i| {
+            let h = Handle::new(i, issuer(), 8, &q);
+            h.set_location(
+                Some(Location {
+                    pool: SMALL,
+                    block: i as u32,
+                }),
+                false,
+            );
+            h
+        })
+        .collect();
+    let weak = Arc::downgrade(&q);
+    let dropper = std::thread::spawn(move || drop(handles));
+    q.close();
+    drop(q);
+    dropper.join().unwrap();
+    assert!(
+        weak.upgrade().is_none(),
+        "nothing holds the queue: no identity was left in it"
+    );
 }

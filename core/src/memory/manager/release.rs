@@ -242,6 +242,9 @@ impl<S: Shim> MemoryManager<S> {
 
 impl<S: Shim> Drop for MemoryManager<S> {
     fn drop(&mut self) {
+        // Returned identities hold the queue, and the queue holds them: closed, it drops them and
+        // refuses later returns (a handle that outlives its manager drops its identity).
+        self.returns.close();
         if !self.retired.is_empty() {
             warn!(
                 "memory manager dropped with {} retired pages not freed: leaking them",
