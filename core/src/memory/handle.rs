@@ -1,7 +1,8 @@
 //! Handles and bindings: what a user holds for an allocation, and what in-flight work holds.
 //!
 //! Owns the identity of an allocation (refcounted, droppable from any thread), its location in
-//! the pools, and the queue through which a dropped allocation reaches the device thread. Does not
+//! the pools, and what the last reference does: send the allocation back through the return
+//! queue (`return_queue.rs`). Bindings, which in-flight work holds, are in `binding.rs`. Does not
 //! own the memory itself: the pools do, and they check on every lookup that the handle asking is
 //! the one the memory is bound to, so a stale handle resolves to an error, never to other memory.
 //!
@@ -12,13 +13,12 @@
 //! pools allocates nothing.
 
 use super::pool::Pool;
+use super::return_queue::Queue;
 use crate::error::{IoError, NotFoundReason};
 use alloc::sync::Arc;
-use alloc::vec::Vec;
 use core::fmt;
-use core::marker::PhantomData;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 const HANDED_OVER: u32 = u32::MAX;
 
@@ -43,74 +43,8 @@ pub(crate) struct Returned {
 #[derive(Debug)]
 pub(crate) struct SpareIdentity(Arc<Identity>);
 
-/// Dropped allocations, pushed from any thread, drained by the device thread. The device memory
-/// manager queues [`Returned`]; the pinned pool queues its own slices.
-///
-/// The manager's queue is held by the identities it issued (strongly: no upgrade per return), and
-/// a returned identity in the queue holds the queue in turn; the manager breaks that circle when
-/// it goes ([`Self::close`]): the queue is emptied and takes nothing more.
-#[derive(Debug)]
-pub(crate) struct ReturnQueue<T = Returned> {
-    len: AtomicUsize,
-    /// The items, and whether the queue is closed.
-    items: spin::Mutex<(Vec<T>, bool)>,
-}
-
-impl<T> Default for ReturnQueue<T> {
-    fn default() -> Self {
-        Self {
-            len: AtomicUsize::new(0),
-            items: spin::Mutex::new((Vec::new(), false)),
-        }
-    }
-}
-
-impl<T> ReturnQueue<T> {
-    /// Queues `item`, or hands it back when the queue is closed (the caller drops it, after this
-    /// call: dropping it may free the queue).
-    pub(crate) fn push(&self, item: T) -> Result<(), T> {
-        let mut items = self.items.lock();
-        if items.1 {
-            return Err(item);
-        }
-        items.0.push(item);
-        self.len.store(items.0.len(), Ordering::Release);
-        Ok(())
-    }
-
-    /// Closes the queue: what it holds is dropped and later pushes are handed back.
-    pub(crate) fn close(&self) {
-        let items = {
-            let mut items = self.items.lock();
-            items.1 = true;
-            self.len.store(0, Ordering::Release);
-            core::mem::take(&mut items.0)
-        };
-        drop(items); // outside the lock: an item's drop may push to another queue
-    }
-
-    /// Whether nothing was returned since the last drain (one atomic load).
-    #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len.load(Ordering::Acquire) == 0
-    }
-
-    /// Moves every returned allocation into `out` (cheap when there is none).
-    pub(crate) fn drain_into(&self, out: &mut Vec<T>) {
-        if self.len.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let mut items = self.items.lock();
-        if out.is_empty() {
-            // The usual case (the drainer empties `out` before the next drain): the two vectors
-            // trade places, no item is copied, and the next pushes go into `out`'s capacity.
-            core::mem::swap(out, &mut items.0);
-        } else {
-            out.append(&mut items.0);
-        }
-        self.len.store(0, Ordering::Release);
-    }
-}
+/// A queue of returns: by default the memory manager's, of [`Returned`] allocations.
+pub(crate) type ReturnQueue<T = Returned> = Queue<T>;
 
 /// Who issued a handle: the device and the stream whose manager holds its memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,20 +57,20 @@ pub struct Issuer {
 }
 
 #[derive(Debug)]
-pub(crate) struct Identity {
-    id: u64,
-    issuer: Issuer,
-    size: u64,
+pub(super) struct Identity {
+    pub(super) id: u64,
+    pub(super) issuer: Issuer,
+    pub(super) size: u64,
     /// User handles (clones of [`Handle`]); bindings do not count.
     owners: AtomicU32,
     /// Handles and bindings: the last one dropped returns the allocation (see [`release`]).
-    refs: AtomicU32,
+    pub(super) refs: AtomicU32,
     /// Whether its device address was ever handed out raw (a managed resource): work the core
     /// does not see may then use it, so the host is never lent its bytes (zero copy).
     exposed: AtomicBool,
     /// Live graphs that keep the allocation (their replays use it): while any does, its memory
     /// may not be given to another handle.
-    graphs: AtomicU32,
+    pub(super) graphs: AtomicU32,
     /// Packed location: the pool's [`Pool::code`] in `pool` ([`Pool::NO_CODE`]: none), the
     /// block in `block`. Written on the device
     /// thread only; read there and by the last reference's [`release`], which `refs` orders after
@@ -178,7 +112,7 @@ impl Identity {
         }
     }
 
-    fn location(&self) -> Result<Location, NotFoundReason> {
+    pub(super) fn location(&self) -> Result<Location, NotFoundReason> {
         let pool = Pool::from_code(self.pool.load(Ordering::Relaxed));
         let block = self.block.load(Ordering::Relaxed);
         match (pool, block) {
@@ -207,7 +141,7 @@ impl Identity {
 ///
 /// `identity` is a reference counted in its `refs` (a handle's or a binding's pointer, from
 /// [`Arc::into_raw`]), given up here: the caller does not use it again.
-unsafe fn release(identity: NonNull<Identity>) {
+pub(super) unsafe fn release(identity: NonNull<Identity>) {
     // AcqRel: the last reference sees every location written before the others went (as an
     // `Arc`'s last drop does).
     // SAFETY: the identity lives while `refs` counts this reference (the caller's contract).
@@ -239,7 +173,7 @@ unsafe fn release(identity: NonNull<Identity>) {
 }
 
 /// What a user holds for an allocation. Cloning shares the allocation; the memory goes back to
-/// its pool once every handle and every [`Binding`] is dropped (from any thread).
+/// its pool once every handle and every [`Binding`](super::Binding) is dropped (from any thread).
 ///
 /// A handle may view a byte range of its allocation ([`Handle::view`]); lookups check the range
 /// against the allocation.
@@ -258,11 +192,7 @@ unsafe impl Sync for Handle {}
 
 impl fmt::Debug for Handle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handle")
-            .field("identity", self.identity())
-            .field("offset", &self.offset)
-            .field("len", &self.len)
-            .finish()
+        debug_view(f, "Handle", self.identity(), self.offset, self.len)
     }
 }
 
@@ -297,6 +227,11 @@ impl Handle {
             offset: 0,
             len: size,
         }
+    }
+
+    /// The identity's pointer and this view's range (for [`BindingRef`](super::BindingRef)).
+    pub(super) fn parts(&self) -> (NonNull<Identity>, u64, u64) {
+        (self.identity, self.offset, self.len)
     }
 
     fn identity(&self) -> &Identity {
@@ -381,11 +316,6 @@ impl Handle {
         self.identity == other.identity
     }
 
-    /// A binding for in-flight work: keeps the memory alive without counting as an owner.
-    pub fn binding(&self) -> Binding {
-        self.as_binding().to_binding()
-    }
-
     pub(crate) fn set_location(&self, location: Option<Location>, handed_over: bool) {
         self.identity().set_location(location, handed_over);
     }
@@ -411,195 +341,27 @@ impl Drop for Handle {
     }
 }
 
-/// A handle's view used by in-flight work: keeps the allocation alive, owns nothing.
-pub struct Binding {
-    /// The identity, counted in its `refs` (see [`release`]).
-    identity: NonNull<Identity>,
-    offset: u64,
-    len: u64,
-}
-
-// SAFETY: as for `Handle`.
-unsafe impl Send for Binding {}
-// SAFETY: as for `Handle`.
-unsafe impl Sync for Binding {}
-
-impl fmt::Debug for Binding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Binding")
-            .field("identity", self.identity())
-            .field("offset", &self.offset)
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl Clone for Binding {
-    fn clone(&self) -> Self {
-        self.as_binding().to_binding()
-    }
-}
-
-impl Drop for Binding {
-    fn drop(&mut self) {
-        // SAFETY: the binding's reference, given up once, here.
-        unsafe { release(self.identity) };
-    }
-}
-
-impl Binding {
-    fn identity(&self) -> &Identity {
-        // SAFETY: this binding counts in the identity's `refs`, which keeps it alive.
-        unsafe { self.identity.as_ref() }
-    }
-
-    /// Counts one more live graph keeping the allocation (undone by [`Self::release_graph`]).
-    pub(crate) fn keep_for_graph(&self) {
-        self.identity().graphs.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Undoes one [`Self::keep_for_graph`].
-    pub(crate) fn release_graph(&self) {
-        self.identity().graphs.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    /// The allocation's id.
-    pub fn id(&self) -> u64 {
-        self.identity().id
-    }
-
-    /// Who issued the allocation.
-    pub fn issuer(&self) -> Issuer {
-        self.identity().issuer
-    }
-
-    /// First byte of the view.
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-
-    /// Bytes of the view.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// Whether the view is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes of the whole allocation.
-    pub fn allocation_size(&self) -> u64 {
-        self.identity().size
-    }
-}
-
-/// Something that names an allocation: a handle or a binding.
-pub trait AsBinding {
-    /// The binding view of it.
-    fn as_binding(&self) -> BindingRef<'_>;
-}
-
-/// A borrowed view of a handle or binding, for lookups.
-#[derive(Clone, Copy)]
-pub struct BindingRef<'a> {
-    /// The handle's or binding's pointer (not a reference made from it: a binding made from this
-    /// one may be the last to go, and gives the identity's memory back through it).
-    identity: NonNull<Identity>,
-    _borrow: PhantomData<&'a Identity>,
-    offset: u64,
-    len: u64,
-}
-
-// SAFETY: a shared borrow of a handle or binding, which are `Send + Sync`.
-unsafe impl Send for BindingRef<'_> {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for BindingRef<'_> {}
-
-impl fmt::Debug for BindingRef<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BindingRef")
-            .field("identity", self.identity())
-            .field("offset", &self.offset)
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl BindingRef<'_> {
-    fn identity(&self) -> &Identity {
-        // SAFETY: borrowed from a handle or binding, whose reference keeps the identity alive.
-        unsafe { self.identity.as_ref() }
-    }
-
-    /// An owned binding of the same view.
-    pub fn to_binding(&self) -> Binding {
-        // Relaxed, as an `Arc` clone: the reference this one is made from keeps the count above 0.
-        self.identity().refs.fetch_add(1, Ordering::Relaxed);
-        Binding {
-            identity: self.identity,
-            offset: self.offset,
-            len: self.len,
-        }
-    }
-
-    pub(crate) fn id(&self) -> u64 {
-        self.identity().id
-    }
-    pub(crate) fn issuer(&self) -> Issuer {
-        self.identity().issuer
-    }
-    pub(crate) fn offset(&self) -> u64 {
-        self.offset
-    }
-    pub(crate) fn len(&self) -> u64 {
-        self.len
-    }
-    pub(crate) fn allocation_size(&self) -> u64 {
-        self.identity().size
-    }
-    /// Whether `other` names the same allocation (itself, a clone, a view or a binding of it).
-    pub(crate) fn same_allocation(&self, other: &BindingRef<'_>) -> bool {
-        self.identity == other.identity
-    }
-    pub(crate) fn location(&self) -> Result<Location, IoError> {
-        self.identity()
-            .location()
-            .map_err(|reason| IoError::NotFound {
-                handle: self.identity().id,
-                reason,
-            })
-    }
-}
-
-impl AsBinding for Handle {
-    fn as_binding(&self) -> BindingRef<'_> {
-        BindingRef {
-            identity: self.identity,
-            _borrow: PhantomData,
-            offset: self.offset,
-            len: self.len,
-        }
-    }
-}
-
-impl AsBinding for Binding {
-    fn as_binding(&self) -> BindingRef<'_> {
-        BindingRef {
-            identity: self.identity,
-            _borrow: PhantomData,
-            offset: self.offset,
-            len: self.len,
-        }
-    }
-}
-
 /// Checks that `offset .. offset + len` lies inside `size` bytes.
 pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> Result<(), IoError> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(IoError::OutOfRange { offset, len, size }),
     }
+}
+
+/// The `Debug` of a handle, binding or borrowed view: its identity and its byte range.
+pub(super) fn debug_view(
+    f: &mut fmt::Formatter<'_>,
+    name: &str,
+    identity: &Identity,
+    offset: u64,
+    len: u64,
+) -> fmt::Result {
+    f.debug_struct(name)
+        .field("identity", identity)
+        .field("offset", &offset)
+        .field("len", &len)
+        .finish()
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Tests of handles, bindings and the return queue.
 
 use super::*;
+use crate::memory::binding::AsBinding;
 use crate::memory::pool::Size;
+use alloc::vec::Vec;
 
 const SMALL: Pool = Pool::Pages(Size::Small);
 const ARENA: Pool = Pool::Pages(Size::Arena);

@@ -6,6 +6,7 @@
 //! pools from here, with host pages of its own and its own slice token), and the report keeps
 //! the two kinds of memory apart ([`MemoryReport::device`], [`MemoryReport::pinned_host`]).
 
+mod binding;
 mod budget;
 mod config;
 mod free_index;
@@ -14,15 +15,17 @@ mod manager;
 pub(crate) mod pool;
 mod report;
 mod retire;
+mod return_queue;
 pub(crate) mod sliced;
 mod types;
 mod vm;
 pub(crate) mod whole;
 
+pub use binding::{AsBinding, Binding, BindingRef};
 pub use budget::MemoryBudget;
 pub use config::{IdleGranules, MemoryConfig, PageRelease};
 pub(crate) use handle::ReturnQueue;
-pub use handle::{AsBinding, Binding, BindingRef, Handle, Issuer};
+pub use handle::{Handle, Issuer};
 #[cfg(test)]
 pub(crate) use handle::{Location, Returned};
 pub use manager::MemoryManager;

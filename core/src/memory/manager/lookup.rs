@@ -8,7 +8,8 @@
 
 use super::MemoryManager;
 use crate::error::IoError;
-use crate::memory::handle::{AsBinding, BindingRef, Handle, Location, check_range};
+use crate::memory::binding::{AsBinding, BindingRef};
+use crate::memory::handle::{Handle, Location, check_range};
 use crate::memory::pool::{Pool, Size, Whole};
 use crate::memory::sliced::{SlicedPool, Used};
 use crate::memory::types::{PageGuard, PageRef, RawPage, Resolved};

@@ -1,0 +1,79 @@
+//! The return queue: what dropped handles (and the pinned pool's slices, and finished graphs)
+//! send back to the device thread.
+//!
+//! Owns the queue itself: a push from any thread, a drain on the device thread that costs one
+//! atomic load when nothing came back, and the close that breaks the circle between a manager's
+//! queue and the identities it holds. Does not own what is queued (handles, `handle.rs`; the
+//! pinned pool's slices, `pinned.rs`) nor what the drainer does with it.
+
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// Dropped allocations, pushed from any thread, drained by the device thread. The device memory
+/// manager queues [`Returned`](super::handle::Returned); the pinned pool queues its own slices.
+///
+/// The manager's queue is held by the identities it issued (strongly: no upgrade per return), and
+/// a returned identity in the queue holds the queue in turn; the manager breaks that circle when
+/// it goes ([`Self::close`]): the queue is emptied and takes nothing more.
+#[derive(Debug)]
+pub(crate) struct Queue<T> {
+    len: AtomicUsize,
+    /// The items, and whether the queue is closed.
+    items: spin::Mutex<(Vec<T>, bool)>,
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Self {
+            len: AtomicUsize::new(0),
+            items: spin::Mutex::new((Vec::new(), false)),
+        }
+    }
+}
+
+impl<T> Queue<T> {
+    /// Queues `item`, or hands it back when the queue is closed (the caller drops it, after this
+    /// call: dropping it may free the queue).
+    pub(crate) fn push(&self, item: T) -> Result<(), T> {
+        let mut items = self.items.lock();
+        if items.1 {
+            return Err(item);
+        }
+        items.0.push(item);
+        self.len.store(items.0.len(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Closes the queue: what it holds is dropped and later pushes are handed back.
+    pub(crate) fn close(&self) {
+        let items = {
+            let mut items = self.items.lock();
+            items.1 = true;
+            self.len.store(0, Ordering::Release);
+            core::mem::take(&mut items.0)
+        };
+        drop(items); // outside the lock: an item's drop may push to another queue
+    }
+
+    /// Whether nothing was returned since the last drain (one atomic load).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Acquire) == 0
+    }
+
+    /// Moves every returned allocation into `out` (cheap when there is none).
+    pub(crate) fn drain_into(&self, out: &mut Vec<T>) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut items = self.items.lock();
+        if out.is_empty() {
+            // The usual case (the drainer empties `out` before the next drain): the two vectors
+            // trade places, no item is copied, and the next pushes go into `out`'s capacity.
+            core::mem::swap(out, &mut items.0);
+        } else {
+            out.append(&mut items.0);
+        }
+        self.len.store(0, Ordering::Release);
+    }
+}
