@@ -9,7 +9,6 @@ use crate::error::IoError;
 use core::fmt;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
-use core::sync::atomic::Ordering;
 
 /// A handle's view used by in-flight work: keeps the allocation alive, owns nothing.
 pub struct Binding {
@@ -51,12 +50,12 @@ impl Binding {
 
     /// Counts one more live graph keeping the allocation (undone by [`Self::release_graph`]).
     pub(crate) fn keep_for_graph(&self) {
-        self.identity().graphs.fetch_add(1, Ordering::AcqRel);
+        self.identity().keep_for_graph(true);
     }
 
     /// Undoes one [`Self::keep_for_graph`].
     pub(crate) fn release_graph(&self) {
-        self.identity().graphs.fetch_sub(1, Ordering::AcqRel);
+        self.identity().keep_for_graph(false);
     }
 
     /// The allocation's id.
@@ -125,9 +124,13 @@ impl BindingRef<'_> {
     }
 
     /// An owned binding of the same view.
+    ///
+    /// # Panics
+    ///
+    /// When the allocation already has 2³¹ − 1 handles and bindings (leaked ones count, as with
+    /// `Arc`'s count).
     pub fn to_binding(&self) -> Binding {
-        // Relaxed, as an `Arc` clone: the reference this one is made from keeps the count above 0.
-        self.identity().refs.fetch_add(1, Ordering::Relaxed);
+        self.identity().add_ref();
         Binding {
             identity: self.identity,
             offset: self.offset,

@@ -7,8 +7,8 @@
 //! the one the memory is bound to, so a stale handle resolves to an error, never to other memory.
 //!
 //! An identity is one heap block (an `Arc` with a count of its own: handles and bindings point at
-//! it and count in `refs`, so a clone or a drop is one atomic update, not two). The last handle or
-//! binding dropped takes the `Arc` back and sends it to its manager with the allocation, and the
+//! it and count in `refs`, not in the `Arc`, so a binding's clone or drop is one atomic update and
+//! a handle's two, with its count of owners). The last handle or binding dropped takes the `Arc` back and sends it to its manager with the allocation, and the
 //! manager keeps it ([`SpareIdentity`]) for its next handle: a reserve and drop cycle on warm
 //! pools allocates nothing.
 
@@ -56,7 +56,6 @@ pub struct Issuer {
     pub stream: u32,
 }
 
-#[derive(Debug)]
 pub(super) struct Identity {
     pub(super) id: u64,
     pub(super) issuer: Issuer,
@@ -64,13 +63,14 @@ pub(super) struct Identity {
     /// User handles (clones of [`Handle`]); bindings do not count.
     owners: AtomicU32,
     /// Handles and bindings: the last one dropped returns the allocation (see [`release`]).
-    pub(super) refs: AtomicU32,
+    /// Raised only through [`Self::add_ref`], which refuses to pass [`MAX_REFS`].
+    refs: AtomicU32,
     /// Whether its device address was ever handed out raw (a managed resource): work the core
     /// does not see may then use it, so the host is never lent its bytes (zero copy).
     exposed: AtomicBool,
     /// Live graphs that keep the allocation (their replays use it): while any does, its memory
     /// may not be given to another handle.
-    pub(super) graphs: AtomicU32,
+    graphs: AtomicU32,
     /// Packed location: the pool's [`Pool::code`] in `pool` ([`Pool::NO_CODE`]: none), the
     /// block in `block`. Written on the device
     /// thread only; read there and by the last reference's [`release`], which `refs` orders after
@@ -81,7 +81,58 @@ pub(super) struct Identity {
     returns: Arc<ReturnQueue>,
 }
 
+// The handles and bindings that point at an identity are shared between threads.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Identity>();
+};
+
+/// The most references (handles and bindings) one allocation may have: past it, [`Identity::add_ref`]
+/// panics, as `Arc` aborts, before the count could wrap (a wrapped count would free the identity
+/// under live handles). Only references leaked by the billion (`mem::forget`) get there.
+const MAX_REFS: u32 = i32::MAX as u32;
+
+impl fmt::Debug for Identity {
+    /// Everything but the queue (which would print every identity it holds).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("id", &self.id)
+            .field("issuer", &self.issuer)
+            .field("size", &self.size)
+            .field("owners", &self.owners)
+            .field("refs", &self.refs)
+            .field("exposed", &self.exposed)
+            .field("graphs", &self.graphs)
+            .field("location", &self.location())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Identity {
+    /// Counts one more reference (a handle or a binding made from a live one).
+    ///
+    /// # Panics
+    ///
+    /// Past [`MAX_REFS`] references (leaked ones count).
+    pub(super) fn add_ref(&self) {
+        // Relaxed, as an `Arc` clone: the reference this one is made from keeps the count above 0.
+        let before = self.refs.fetch_add(1, Ordering::Relaxed);
+        assert!(
+            before < MAX_REFS,
+            "allocation {} has {before} handles and bindings (leaked ones count): no more fit",
+            self.id
+        );
+    }
+
+    /// Counts one more live graph keeping the allocation, or (`keep` false) one fewer.
+    pub(super) fn keep_for_graph(&self, keep: bool) {
+        if keep {
+            self.graphs.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.graphs.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     fn new(id: u64, issuer: Issuer, size: u64, returns: &Arc<ReturnQueue>) -> Self {
         Self {
             id,
@@ -174,6 +225,7 @@ pub(super) unsafe fn release(identity: NonNull<Identity>) {
 
 /// What a user holds for an allocation. Cloning shares the allocation; the memory goes back to
 /// its pool once every handle and every [`Binding`](super::Binding) is dropped (from any thread).
+/// A clone or binding past 2³¹ − 1 of them (leaked ones count) panics, as `Arc`'s count aborts.
 ///
 /// A handle may view a byte range of its allocation ([`Handle::view`]); lookups check the range
 /// against the allocation.
@@ -202,8 +254,9 @@ impl Handle {
         Self::reusing(None, id, issuer, size, returns)
     }
 
-    /// A new handle, in the heap block of `spare` when it is free to reuse (no reference to it is
-    /// left: a binding dropped on another thread may still be on its way out), else a new one.
+    /// A new handle, in the heap block of `spare` when it is free to reuse (no other `Arc` holds
+    /// it: handles and bindings never do, so only a caller that cloned the spare's `Arc` makes a
+    /// new block be allocated), else a new one.
     pub(crate) fn reusing(
         spare: Option<SpareIdentity>,
         id: u64,
@@ -323,8 +376,8 @@ impl Handle {
 
 impl Clone for Handle {
     fn clone(&self) -> Self {
+        self.identity().add_ref();
         self.identity().owners.fetch_add(1, Ordering::AcqRel);
-        self.identity().refs.fetch_add(1, Ordering::Relaxed);
         Self {
             identity: self.identity,
             offset: self.offset,

@@ -89,7 +89,7 @@ fn an_unbound_or_handed_over_handle_returns_nothing_and_says_why() {
 }
 
 #[test]
-fn a_returned_identity_is_reused_unless_a_reference_is_left() {
+fn a_returned_identity_is_reused_unless_another_arc_holds_it() {
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(7, issuer(), 64, &q);
     h.set_location(
@@ -218,4 +218,28 @@ fn returns_racing_the_close_are_either_freed_by_it_or_refused() {
         weak.upgrade().is_none(),
         "nothing holds the queue: no identity was left in it"
     );
+}
+
+#[test]
+fn a_count_that_would_wrap_panics_instead_of_freeing_under_live_handles() {
+    // Leaked bindings (2³¹ of them) would wrap the count and free the identity under `h`: the
+    // reference past the limit panics instead, as `Arc` aborts. Set near the limit directly (the
+    // leaks themselves take seconds).
+    let q = Arc::new(ReturnQueue::default());
+    let h = Handle::new(1, issuer(), 8, &q);
+    h.identity().refs.store(MAX_REFS, Ordering::Relaxed);
+    for make in [
+        (|h: &Handle| drop(h.binding())) as fn(&Handle),
+        |h: &Handle| drop(h.clone()),
+    ] {
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| make(&h)));
+        let message = refused.expect_err("past the limit");
+        let message = message
+            .downcast_ref::<alloc::string::String>()
+            .expect("a formatted message");
+        assert!(message.contains("no more fit"), "{message}");
+        h.identity().refs.store(MAX_REFS, Ordering::Relaxed);
+    }
+    h.identity().refs.store(1, Ordering::Relaxed);
+    assert_eq!(h.id(), 1, "the identity is intact");
 }
