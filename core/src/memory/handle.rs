@@ -18,7 +18,7 @@ use crate::error::{IoError, NotFoundReason};
 use alloc::sync::Arc;
 use core::fmt;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 const HANDED_OVER: u32 = u32::MAX;
 
@@ -65,11 +65,11 @@ pub(super) struct Identity {
     /// Handles and bindings: the last one dropped returns the allocation (see [`release`]).
     /// Raised only through [`Self::add_ref`], which refuses to pass [`MAX_REFS`].
     refs: AtomicU32,
-    /// Whether its device address was ever handed out raw (a managed resource): work the core
-    /// does not see may then use it, so the host is never lent its bytes (zero copy).
-    exposed: AtomicBool,
-    /// Live graphs that keep the allocation (their replays use it): while any does, its memory
-    /// may not be given to another handle.
+    /// Live graphs that keep the allocation (their replays use it; while any does, its memory
+    /// may not be given to another handle) in the low bits, and [`EXPOSED`]: whether its device
+    /// address was ever handed out raw (a managed resource: work the core does not see may then
+    /// use it, so the host is never lent its bytes, zero copy). One word where a flag beside the
+    /// count would pad the identity by a word on 32-bit targets.
     graphs: AtomicU32,
     /// Packed location: the pool's [`Pool::code`] in `pool` ([`Pool::NO_CODE`]: none), the
     /// block in `block`. Written on the device
@@ -87,10 +87,20 @@ const _: () = {
     send_sync::<Identity>();
 };
 
+// The RAM an allocation costs a firmware (issue 19's target is 48 B for everything): the flag in
+// `graphs` keeps the identity at 48 B on 32-bit targets (56 with the `Arc`'s counts).
+#[cfg(target_pointer_width = "32")]
+const _: () = assert!(core::mem::size_of::<Identity>() <= 48);
+
 /// The most references (handles and bindings) one allocation may have: past it, [`Identity::add_ref`]
 /// panics, as `Arc` aborts, before the count could wrap (a wrapped count would free the identity
 /// under live handles). Only references leaked by the billion (`mem::forget`) get there.
 const MAX_REFS: u32 = i32::MAX as u32;
+
+/// The bit of [`Identity`]'s `graphs` word that says the device address was handed out raw (the
+/// count of graphs, below it, never reaches it: each graph holds a binding, and bindings stop at
+/// [`MAX_REFS`]).
+const EXPOSED: u32 = 1 << 31;
 
 impl fmt::Debug for Identity {
     /// Everything but the queue (which would print every identity it holds).
@@ -101,8 +111,11 @@ impl fmt::Debug for Identity {
             .field("size", &self.size)
             .field("owners", &self.owners)
             .field("refs", &self.refs)
-            .field("exposed", &self.exposed)
-            .field("graphs", &self.graphs)
+            .field(
+                "exposed",
+                &(self.graphs.load(Ordering::Relaxed) & EXPOSED != 0),
+            )
+            .field("graphs", &(self.graphs.load(Ordering::Relaxed) & !EXPOSED))
             .field("location", &self.location())
             .finish_non_exhaustive()
     }
@@ -140,7 +153,6 @@ impl Identity {
             size,
             owners: AtomicU32::new(1),
             refs: AtomicU32::new(1),
-            exposed: AtomicBool::new(false),
             graphs: AtomicU32::new(0),
             pool: AtomicU32::new(Pool::NO_CODE),
             block: AtomicU32::new(0),
@@ -154,7 +166,6 @@ impl Identity {
         (self.id, self.issuer, self.size) = (id, issuer, size);
         *self.owners.get_mut() = 1;
         *self.refs.get_mut() = 1;
-        *self.exposed.get_mut() = false;
         *self.graphs.get_mut() = 0;
         *self.pool.get_mut() = Pool::NO_CODE;
         *self.block.get_mut() = 0;
@@ -349,18 +360,18 @@ impl Handle {
 
     /// Marks the allocation's device address as handed out raw (for good).
     pub(crate) fn expose(&self) {
-        self.identity().exposed.store(true, Ordering::Release);
+        self.identity().graphs.fetch_or(EXPOSED, Ordering::Release);
     }
 
     /// Whether a live graph keeps the allocation (its replays use it).
     pub fn is_kept_by_graph(&self) -> bool {
-        self.identity().graphs.load(Ordering::Acquire) > 0
+        self.identity().graphs.load(Ordering::Acquire) & !EXPOSED > 0
     }
 
     /// Whether the allocation's device address was ever handed out raw
     /// ([`Command::managed_resource`](crate::Command::managed_resource)).
     pub fn is_exposed(&self) -> bool {
-        self.identity().exposed.load(Ordering::Acquire)
+        self.identity().graphs.load(Ordering::Acquire) & EXPOSED != 0
     }
 
     /// Whether `other` names the same allocation (itself, a clone or a view of it): one

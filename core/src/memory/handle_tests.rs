@@ -243,3 +243,16 @@ fn a_count_that_would_wrap_panics_instead_of_freeing_under_live_handles() {
     h.identity().refs.store(1, Ordering::Relaxed);
     assert_eq!(h.id(), 1, "the identity is intact");
 }
+
+#[test]
+fn the_exposed_flag_and_the_graph_count_share_a_word_without_touching() {
+    let q = Arc::new(ReturnQueue::default());
+    let h = Handle::new(1, issuer(), 8, &q);
+    let b = h.binding();
+    b.keep_for_graph();
+    assert!(h.is_kept_by_graph() && !h.is_exposed());
+    h.expose();
+    assert!(h.is_kept_by_graph() && h.is_exposed());
+    b.release_graph();
+    assert!(!h.is_kept_by_graph() && h.is_exposed(), "exposed for good");
+}
