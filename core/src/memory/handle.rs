@@ -69,7 +69,7 @@ pub(super) struct Identity {
     /// may not be given to another handle) in the low bits, and [`EXPOSED`]: whether its device
     /// address was ever handed out raw (a managed resource: work the core does not see may then
     /// use it, so the host is never lent its bytes, zero copy). One word where a flag beside the
-    /// count would pad the identity by a word on 32-bit targets.
+    /// count would pad the identity by 8 bytes where `u64` aligns to 8 (Cortex-M).
     graphs: AtomicU32,
     /// Packed location: the pool's [`Pool::code`] in `pool` ([`Pool::NO_CODE`]: none), the
     /// block in `block`. Written on the device
@@ -105,17 +105,15 @@ const EXPOSED: u32 = 1 << 31;
 impl fmt::Debug for Identity {
     /// Everything but the queue (which would print every identity it holds).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let graphs = self.graphs.load(Ordering::Relaxed);
         f.debug_struct("Identity")
             .field("id", &self.id)
             .field("issuer", &self.issuer)
             .field("size", &self.size)
             .field("owners", &self.owners)
             .field("refs", &self.refs)
-            .field(
-                "exposed",
-                &(self.graphs.load(Ordering::Relaxed) & EXPOSED != 0),
-            )
-            .field("graphs", &(self.graphs.load(Ordering::Relaxed) & !EXPOSED))
+            .field("exposed", &(graphs & EXPOSED != 0))
+            .field("graphs", &(graphs & !EXPOSED))
             .field("location", &self.location())
             .finish_non_exhaustive()
     }
@@ -139,10 +137,17 @@ impl Identity {
 
     /// Counts one more live graph keeping the allocation, or (`keep` false) one fewer.
     pub(super) fn keep_for_graph(&self, keep: bool) {
+        // Paired (a sealed graph keeps, its drop releases): a release with no graph would borrow
+        // from the exposed flag, a keep past the count's bits would set it.
         if keep {
-            self.graphs.fetch_add(1, Ordering::AcqRel);
+            let before = self.graphs.fetch_add(1, Ordering::AcqRel);
+            debug_assert!(before & !EXPOSED < !EXPOSED, "graph count full");
         } else {
-            self.graphs.fetch_sub(1, Ordering::AcqRel);
+            let before = self.graphs.fetch_sub(1, Ordering::AcqRel);
+            debug_assert!(
+                before & !EXPOSED > 0,
+                "a graph released that was never kept"
+            );
         }
     }
 
