@@ -8,9 +8,10 @@
 //!
 //! An identity is one heap block (an `Arc` with a count of its own: handles and bindings point at
 //! it and count in `refs`, not in the `Arc`, so a binding's clone or drop is one atomic update and
-//! a handle's two, with its count of owners). The last handle or binding dropped takes the `Arc` back and sends it to its manager with the allocation, and the
-//! manager keeps it ([`SpareIdentity`]) for its next handle: a reserve and drop cycle on warm
-//! pools allocates nothing.
+//! a handle's two, with its count of owners). The last handle or binding dropped takes the `Arc`
+//! back and sends it to its manager with the allocation, and the manager keeps it
+//! ([`SpareIdentity`]) for its next handle: a reserve and drop cycle on warm pools allocates
+//! nothing.
 
 use super::pool::Pool;
 use super::return_queue::Queue;
