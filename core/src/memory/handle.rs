@@ -93,9 +93,10 @@ const _: () = {
 #[cfg(target_pointer_width = "32")]
 const _: () = assert!(core::mem::size_of::<Identity>() <= 48);
 
-/// The most references (handles and bindings) one allocation may have: past it, [`Identity::add_ref`]
-/// panics, as `Arc` aborts, before the count could wrap (a wrapped count would free the identity
-/// under live handles). Only references leaked by the billion (`mem::forget`) get there.
+/// The most references (handles and bindings) one allocation may have: past it,
+/// [`Identity::add_ref`] panics, as `Arc` aborts, before the count could wrap (a wrapped count
+/// would free the identity under live handles). Only references leaked by the billion
+/// (`mem::forget`) get there.
 const MAX_REFS: u32 = i32::MAX as u32;
 
 /// The bit of [`Identity`]'s `graphs` word that says the device address was handed out raw (the
