@@ -3,8 +3,10 @@
 mod common;
 
 use common::{S0, S1, launch, lazy_device, read};
-use devcmd::{IoError, ServerError};
+use devcmd::{Device, DeviceConfig, DriverError, IoError, ServerError, Shim};
 use devcmd_std::{StdKernel, StdShim};
+use devcmd_tests::forward::{Forward, Hooks};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 fn fill_kernel(shim: &StdShim, v: u8) -> StdKernel {
     shim.register_kernel("fill", move |ctx| {
@@ -88,4 +90,44 @@ fn a_read_to_waited_while_recording_is_refused_and_the_recording_survives() {
     let g = d.command(S0).unwrap().end_capture(rec).unwrap();
     d.command(S0).unwrap().replay(&g).unwrap();
     assert_eq!(read(&mut d, S0, &x).unwrap(), vec![9u8; 64]);
+}
+
+/// A shim whose `graph_upload` panics (a shim bug, or a panic in a user's own shim).
+#[derive(Debug, Default, Clone)]
+struct UploadPanics;
+
+impl Hooks<StdShim> for UploadPanics {
+    fn graph_upload(
+        &self,
+        _inner: &StdShim,
+        _graph: &<StdShim as Shim>::Graph,
+        _stream: &<StdShim as Shim>::Stream,
+    ) -> Result<(), DriverError> {
+        panic!("the test shim's graph_upload panics");
+    }
+}
+
+/// `Command::seal` raised the graph counts of the recorded memory before the graph that lowers
+/// them existed: a panic in the shim's `graph_upload`, caught by the host, left them raised, and
+/// `bind` answered `KeptByGraph` for memory no graph keeps. The counts rise last now.
+#[test]
+fn a_panic_while_sealing_a_graph_leaves_its_memory_free_to_move() {
+    let shim = Forward {
+        inner: StdShim::builder().lazy(true).poison(true).build(),
+        hooks: UploadPanics,
+    };
+    let mut d = Device::new(shim.clone(), DeviceConfig::default());
+    let fill = fill_kernel(&shim.inner, 7);
+    let x = d.command(S0).unwrap().create(&[1u8; 256]).unwrap();
+    let rec = d.command(S0).unwrap().begin_capture("g").unwrap();
+    launch(&mut d, S0, &fill, &[], &[&x]).unwrap();
+    let sealed = catch_unwind(AssertUnwindSafe(|| {
+        d.command(S0).unwrap().end_capture(rec).map(drop)
+    }));
+    assert!(sealed.is_err(), "the shim's panic reaches the caller");
+    assert!(!x.is_kept_by_graph(), "no graph exists, so none keeps x");
+    let target = d.command(S0).unwrap().lazy(256);
+    d.command(S0).unwrap().bind(x, &target).unwrap();
+    // The recorded fill never ran: the bytes are the upload's.
+    assert_eq!(read(&mut d, S0, &target).unwrap(), vec![1u8; 256]);
 }

@@ -102,3 +102,30 @@ fn a_stream_fault_names_the_kernel_and_leaves_other_streams_working() {
     let y = device.command(S1).unwrap().create(&[4; 16]).unwrap();
     assert_eq!(read(&mut device, S1, &y).unwrap(), vec![4; 16]);
 }
+
+/// `bind` gave a room whose raw address was out (a managed resource) to another handle: the
+/// resource's binding kept `reserved`, not the room's new owner, so dropping the new owner freed
+/// memory the resource still named, and the new owner did not count as exposed. Refused while a
+/// binding of the room is out; after, the room moves and its new owner counts as exposed.
+#[test]
+fn a_room_whose_raw_address_is_out_is_not_given_away() {
+    let (_shim, mut d) = lazy_device();
+    let x = d.command(S0).unwrap().create(&[1u8; 256]).unwrap();
+    assert_eq!(read(&mut d, S0, &x).unwrap(), vec![1u8; 256]);
+    let mut cmd = d.command(S0).unwrap();
+    cmd.flush_drops().unwrap();
+    cmd.flush_drops().unwrap(); // the upload's binding let go
+    let resource = cmd.managed_resource(&x).unwrap();
+    let target = cmd.lazy(256);
+    let id = x.id();
+    let r = cmd.bind(x.clone(), &target);
+    assert!(
+        matches!(r, Err(ServerError::Io(IoError::InUse { handle })) if handle == id),
+        "{r:?}"
+    );
+    assert!(r.unwrap_err().to_string().contains("managed resource"));
+    drop(resource);
+    cmd.bind(x, &target).unwrap();
+    assert!(target.is_exposed(), "the room's address was handed out");
+    assert_eq!(read(&mut d, S0, &target).unwrap(), vec![1u8; 256]);
+}

@@ -192,9 +192,6 @@ impl<S: Shim> Command<'_, S> {
         let mut guarded: Vec<(usize, PageRef)> = Vec::new();
         let mut guards: Vec<PageGuard> = Vec::new();
         for b in &touched {
-            b.keep_for_graph();
-        }
-        for b in &touched {
             let Ok(owner) = self.device.owner_of(b) else {
                 continue;
             };
@@ -217,6 +214,12 @@ impl<S: Shim> Command<'_, S> {
             debug!("graph `{}` not uploaded ahead (status {})", name, e.status);
         }
         let host_bytes = host.iter().map(crate::HostBuffer::len).sum();
+        // The graph counts rise only here, with nothing left that can fail or unwind before the
+        // `Recorded` that lowers them again exists: a shim call above that panics (caught by the
+        // caller) leaves no count raised, so the memory stays free to move.
+        for b in &touched {
+            b.keep_for_graph();
+        }
         Graph {
             recorded: Arc::new(Recorded {
                 exec,

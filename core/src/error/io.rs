@@ -88,8 +88,8 @@ pub enum IoError {
         /// The stream the operation ran on.
         used_on: u32,
     },
-    /// The handle's memory is still used by in-flight work (a binding is out), so it cannot be
-    /// replaced now.
+    /// The handle's memory is still used by in-flight work or a managed resource (a binding is
+    /// out), so it cannot be replaced or given away now.
     InUse {
         /// The handle's id.
         handle: u64,
@@ -279,8 +279,9 @@ impl fmt::Display for IoError {
             ),
             Self::InUse { handle } => write!(
                 f,
-                "handle {handle} is still used by in-flight work; wait for it (sync) or bind \
-                 the new memory to a fresh handle"
+                "handle {handle} is still used by in-flight work or by a raw address handed \
+                 out (a managed resource); wait for the work (sync) and drop the resource, or \
+                 bind the new memory to a fresh handle"
             ),
             Self::OutOfRange { offset, len, size } => write!(
                 f,

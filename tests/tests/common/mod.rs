@@ -51,8 +51,8 @@ pub fn launch<S: Shim>(
 }
 
 /// Reads the whole view of `h` on `stream`, waiting for it.
-pub fn read(
-    device: &mut Device<StdShim>,
+pub fn read<S: Shim>(
+    device: &mut Device<S>,
     stream: StreamId,
     h: &Handle,
 ) -> Result<Vec<u8>, ServerError> {

@@ -28,8 +28,10 @@ impl<S: Shim> MemoryManager<S> {
     /// [`IoError::NotFound`] when `reserved` does not hold room of this manager;
     /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::WrongStream`] for a
     /// handle of another stream; [`IoError::OutOfRange`] when `target` is larger than the room;
-    /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work. On any error
-    /// nothing changes; the room goes back when `reserved` drops.
+    /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work, or when the
+    /// room's raw address was handed out and a binding of `reserved` is still out (a managed
+    /// resource, in-flight work). On any error nothing changes; the room goes back when
+    /// `reserved` drops. `target` counts as exposed afterwards if `reserved` was.
     pub fn bind(&mut self, reserved: Handle, target: &Handle) -> Result<(), IoError> {
         self.check_issuer(target.as_binding())?;
         if reserved.as_binding().same_allocation(&target.as_binding()) {
@@ -43,6 +45,16 @@ impl<S: Shim> MemoryManager<S> {
                 offset: 0,
                 len: target.allocation_size(),
                 size: used.size,
+            });
+        }
+        // A raw address of the room may be out (exposed for good): while a binding of it is
+        // out (a managed resource, in-flight work) the room must not change hands, as that
+        // binding keeps `reserved`, not `target`; after, `target` inherits the exposure, so
+        // its memory is never handed on as if no one outside the layer knew it.
+        let exposed = reserved.is_exposed();
+        if exposed && reserved.is_bound() {
+            return Err(IoError::InUse {
+                handle: reserved.id(),
             });
         }
         if let Ok(old) = target.as_binding().location() {
@@ -67,6 +79,9 @@ impl<S: Shim> MemoryManager<S> {
         };
         slot.owner = target.id();
         target.set_location(Some(location), false);
+        if exposed {
+            target.expose();
+        }
         reserved.set_location(None, true);
         Ok(())
     }
