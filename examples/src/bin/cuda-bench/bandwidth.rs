@@ -7,7 +7,9 @@
 
 use super::{Res, Rounds, S, bind, cu, gbps, human, median, met, sync};
 use devcmd::staging::StagingPolicy;
-use devcmd::{Device, DeviceConfig, ExternalBytes, HostBuffer, HostOrigin, ReadRequest, Shim};
+use devcmd::{
+    Device, DeviceConfig, ExternalBytes, HostBuffer, HostCopy, HostOrigin, ReadRequest, Shim,
+};
 use devcmd_cuda::{CudaShim, CudaStream, sys};
 use std::sync::Arc;
 use std::time::Instant;
@@ -68,6 +70,59 @@ impl<'a> Raw<'a> {
             })?;
         }
         sync(self.stream)?;
+        Ok(gbps(self.size * reps, t.elapsed()))
+    }
+
+    /// `reps` uploads of `src` (pageable) staged by hand: the shim's host copy into the pinned
+    /// page, then the DMA from it, each synchronised (the next copy reuses the page): the
+    /// unpipelined bound a staged upload should not cost more than. GB/s.
+    fn upload_staged(&self, src: *const u8, reps: usize) -> Res<f64> {
+        bind(self.shim)?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            // SAFETY: both hold `size` bytes, separate allocations; the page is idle (the last
+            // DMA from it was synchronised).
+            unsafe {
+                self.shim
+                    .host_copy(self.pin, src, self.size, HostCopy::Stage)
+            };
+            // SAFETY: both ranges hold `size` bytes; synchronised before the page is reused.
+            cu("cuMemcpyHtoDAsync", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    self.dev,
+                    self.pin.cast(),
+                    self.size,
+                    self.stream.cu_stream(),
+                )
+            })?;
+            sync(self.stream)?;
+        }
+        Ok(gbps(self.size * reps, t.elapsed()))
+    }
+
+    /// `reps` readbacks into `dst` (pageable) staged by hand: the DMA into the pinned page,
+    /// synchronised, then the shim's host copy out of it: the bound a staged read should not
+    /// cost more than. GB/s.
+    fn readback_staged(&self, dst: *mut u8, reps: usize) -> Res<f64> {
+        bind(self.shim)?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            // SAFETY: both ranges hold `size` bytes; synchronised before the page is read.
+            cu("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    self.pin.cast(),
+                    self.dev,
+                    self.size,
+                    self.stream.cu_stream(),
+                )
+            })?;
+            sync(self.stream)?;
+            // SAFETY: both hold `size` bytes, separate allocations; the DMA into the page is done.
+            unsafe {
+                self.shim
+                    .host_copy(dst, self.pin, self.size, HostCopy::Unstage)
+            };
+        }
         Ok(gbps(self.size * reps, t.elapsed()))
     }
 
@@ -140,7 +195,10 @@ fn devcmd_rates(
 
 /// Upload and readback bandwidth (see the module documentation).
 pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
-    let sizes: &[usize] = if quick {
+    let asked = sizes_asked()?;
+    let sizes: &[usize] = if let Some(asked) = &asked {
+        asked
+    } else if quick {
         &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
     } else {
         &[
@@ -185,6 +243,7 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut missed = Vec::new();
+    let mut bounds = Vec::new();
     let mut pinned_peak = 0u64;
     for &size in sizes {
         let reps = reps_for(size);
@@ -200,7 +259,7 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
         let raw = Raw::new(shim, &stream, &data)?;
         let h = device.command(S)?.empty(size as u64)?;
         let mut back = Some(HostBuffer::try_zeroed(size)?);
-        let mut cols: [Vec<f64>; 7] = Default::default();
+        let mut cols: [Vec<f64>; 9] = Default::default();
         for round in 0..rounds.all() {
             let pinned_up = raw.upload(raw.pin, reps)?;
             let (up, down) = devcmd_rates(&mut device, &h, &data, &mut back, reps)?;
@@ -214,6 +273,8 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
             let kept_up = gbps(size * reps, t.elapsed());
             let pinned_down = raw.readback(raw.pin, reps)?;
             let pageable_down = raw.readback(back_raw.as_mut_ptr(), reps)?;
+            let staged_up = raw.upload_staged(data.as_ptr(), reps)?;
+            let staged_down = raw.readback_staged(back_raw.as_mut_ptr(), reps)?;
             if round >= rounds.warm {
                 for (c, v) in cols.iter_mut().zip([
                     up,
@@ -223,6 +284,8 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
                     down,
                     pinned_down,
                     pageable_down,
+                    staged_up,
+                    staged_down,
                 ]) {
                     c.push(v);
                 }
@@ -254,6 +317,16 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
         {
             missed.push(human(size));
         }
+        bounds.push(format!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            human(size),
+            m[0],
+            m[7],
+            m[0] / m[7],
+            m[4],
+            m[8],
+            m[4] / m[8]
+        ));
         println!(
             "| {} | {:.2} | {:.2} | {:.2} | {up_p:.2} | {up_pg:.2} | {:.2} | {kept_p:.2} | {:.2} | {:.2} | {:.2} | {down_p:.2} | {down_pg:.2} |",
             human(size),
@@ -281,8 +354,45 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
             format!(" (missed at {})", missed.join(", "))
         }
     );
+    println!(
+        "Against staging by hand (same rounds): the shim's host copy into a pinned page, then \
+         the DMA from it, synchronised per copy (upload); the DMA into the pinned page, \
+         synchronised, then the host copy out (readback). A staged copy should cost no more \
+         than these (issue 18), GB/s:\n"
+    );
+    println!(
+        "| size | upload: devcmd | by hand | devcmd / by hand | readback: devcmd | by hand | devcmd / by hand |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for row in &bounds {
+        println!("{row}");
+    }
+    println!();
+    if asked.is_some() {
+        // A chosen set of sizes is a probe of the main table: no host copy table, no sweep.
+        return Ok(());
+    }
     host_copies(shim, quick)?;
     sweep(shim, &stream, quick)
+}
+
+/// `CUDA_BENCH_SIZES`: the main table's sizes in KiB, comma-separated (`256,1024,262144`), to
+/// probe a few of them alone; unset, the full list.
+fn sizes_asked() -> Res<Option<Vec<usize>>> {
+    let Ok(list) = std::env::var("CUDA_BENCH_SIZES") else {
+        return Ok(None);
+    };
+    list.split(',')
+        .map(|k| match k.trim().parse::<usize>() {
+            Ok(kib) if kib > 0 => Ok(kib << 10),
+            _ => Err(format!(
+                "CUDA_BENCH_SIZES={list}: `{k}` is no size; give sizes in KiB, comma-separated \
+                 (256,1024)"
+            )
+            .into()),
+        })
+        .collect::<Res<Vec<_>>>()
+        .map(Some)
 }
 
 /// The host copy alone (`CopyWorkers::copy`) from pageable memory into pinned memory: threads,

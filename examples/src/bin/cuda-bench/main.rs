@@ -32,7 +32,8 @@
 //!
 //! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds;
 //! `--only launch,library`: those sections alone, of launch, bandwidth, reserve, edge, library,
-//! peer);
+//! peer; `CUDA_BENCH_SIZES=256,1024` in the environment: the bandwidth table at those sizes in
+//! KiB alone, without its sweep);
 //! `examples/gpu-run.sh` says how it ran on the H200 (BENCHMARKS.md).
 //! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 3
 //! ([`devcmd_examples::exit`]'s codes, which `--help` lists).
@@ -232,7 +233,8 @@ cuda-bench: devcmd on the first NVIDIA GPU against raw driver calls, as markdown
 
 usage: cuda-bench [--quick] [--only SECTIONS]
   --quick          fewer rounds
-  --only SECTIONS  a comma-separated list of launch, bandwidth, reserve, edge, library, peer";
+  --only SECTIONS  a comma-separated list of launch, bandwidth, reserve, edge, library, peer
+environment: CUDA_BENCH_SIZES=256,1024  the bandwidth table at these sizes (KiB) alone, no sweep";
 
 fn main() -> ExitCode {
     devcmd_examples::exit::quiet_on_closed_output();
