@@ -51,8 +51,10 @@ impl fmt::Display for BadInput {
 }
 
 impl Error for BadInput {
+    /// The wrapped error's own cause: the wrapped error is not a cause of its own, since
+    /// this one prints the same words.
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&*self.0)
+        self.0.source()
     }
 }
 

@@ -211,6 +211,8 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
         ]));
         assert_eq!(code, Some(2), "bad input: {prompt}: {stderr}");
         assert!(stderr.contains(says), "{prompt}: {stderr}");
+        // Said once: no "caused by" that repeats the message.
+        assert!(!stderr.contains("caused by"), "{prompt}: {stderr}");
     }
     let (code, _, stderr) = outcome(&gpt2([
         "--model".as_ref(),
@@ -220,7 +222,62 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
     ]));
     assert_eq!(code, Some(2), "bad input: {stderr}");
     assert!(
-        stderr.contains("need 65 positions, the model has 64"),
+        stderr.contains(
+            "need 65 positions, the model has 64 (n_positions): pass --new-tokens 64 or fewer"
+        ),
+        "{stderr}"
+    );
+    // A prompt longer than the model's positions, with the default new tokens: says so.
+    let long = vec!["5"; 64].join(" ");
+    let (code, _, stderr) = outcome(&gpt2([
+        "--model".as_ref(),
+        model,
+        "--prompt".as_ref(),
+        long.as_ref(),
+    ]));
+    assert_eq!(code, Some(2), "bad input: {stderr}");
+    assert!(
+        stderr.contains("a prompt of 64 tokens and 16 new tokens (the default) need 79 positions")
+            && stderr.contains("pass --new-tokens 1 or fewer"),
+        "{stderr}"
+    );
+    // An empty prompt file is named.
+    let empty = copy_of_fixture("empty-prompt").join("empty.txt");
+    std::fs::write(&empty, "\n").expect("write");
+    let (code, _, stderr) = outcome(&gpt2([
+        "--model".as_ref(),
+        model,
+        "--prompt-file".as_ref(),
+        empty.as_os_str(),
+    ]));
+    assert_eq!(code, Some(2), "bad input: {stderr}");
+    assert!(
+        stderr.contains(&format!("the prompt file {}", empty.display())),
+        "{stderr}"
+    );
+    // A --json path that cannot be written stops the run before anything is loaded.
+    let (code, stdout, stderr) = outcome(&gpt2([
+        "--model".as_ref(),
+        model,
+        "--json".as_ref(),
+        "/no/such/dir/x.json".as_ref(),
+    ]));
+    assert_eq!(code, Some(2), "bad input: {stderr}");
+    assert!(
+        stderr.contains("cannot write --json /no/such/dir/x.json"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("decode:"), "{stdout}");
+    // A config of fewer layers than the file holds: the file's extra layer is named.
+    let fewer = copy_of_fixture("fewer-layers");
+    let config = std::fs::read_to_string(fewer.join("config.json")).expect("config");
+    let mut json: serde_json::Value = serde_json::from_str(&config).expect("JSON");
+    json["n_layer"] = 1.into();
+    std::fs::write(fewer.join("config.json"), json.to_string()).expect("write");
+    let (code, _, stderr) = outcome(&gpt2(["--model".as_ref(), fewer.as_os_str()]));
+    assert_eq!(code, Some(2), "bad input: {stderr}");
+    assert!(
+        stderr.contains("a layer past the config's n_layer = 1"),
         "{stderr}"
     );
     let (code, _, stderr) = outcome(&gpt2(["--model", "/no/such/model"]));

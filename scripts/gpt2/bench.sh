@@ -58,8 +58,21 @@ for dt in $dtypes; do
                 --batch "$b" --new-tokens "$NEW_TOKENS" $graph \
                 --json "$OUT/devcmd-$dt-b$b${graph:+-${graph#--}}.json" | grep -E "^(decode|memory:)"
         done
+        # The KV cache grown as the sequence grows (doubling, the step recorded again into the
+        # same graph), against the cache held ahead above.
+        "$GPT2" --device "$DEVICE" --dtype "$dt" --model "$model" --prompt-file "$prompt" \
+            --batch "$b" --new-tokens "$NEW_TOKENS" --graph --kv grow \
+            --json "$OUT/devcmd-$dt-b$b-graph-kvgrow.json" | grep -E "^(decode|memory:)"
     done
 done
+if [ "$DEVICE" = cuda ] && command -v nvcc > /dev/null; then
+    # Where a graph step's time goes, from the device's view: each kernel and cuBLAS call of the
+    # f16 batch-1 step alone inside a CUDA graph (scripts/gpt2/probe.cu); the step's own time is
+    # the devcmd graph row of the table.
+    echo "== the step's kernels in graphs (f16, batch 1)"
+    nvcc -O3 -arch=sm_90 -I examples/src/gpt2 -o "$OUT/probe" scripts/gpt2/probe.cu -lcublas \
+        && timeout 300 "$OUT/probe" | tee "$OUT/probe.txt" || status=1
+fi
 if [ "$DEVICE" = cuda ]; then
     echo "== PyTorch"
     for dt in fp32 fp16; do

@@ -30,36 +30,46 @@ fn prompt(
     fixture: Option<&Fixture>,
     config: &Config,
 ) -> Result<Vec<Vec<u32>>, Box<dyn Error>> {
-    let mut rows = if let Some(f) = fixture {
-        f.prompt.clone()
+    let (mut rows, source) = if let Some(f) = fixture {
+        (f.prompt.clone(), format!("the fixture {}", f.dir.display()))
     } else if let Some(text) = &o.prompt {
-        check::parse_prompt(&text.replace(';', "\n")).map_err(|e| format!("--prompt: {e}"))?
+        let rows =
+            check::parse_prompt(&text.replace(';', "\n")).map_err(|e| format!("--prompt: {e}"))?;
+        (rows, "--prompt".to_owned())
     } else if let Some(path) = &o.prompt_file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the prompt file {}: {e}", path.display()))?;
-        check::parse_prompt(&text)
-            .map_err(|e| format!("the prompt file {}: {e}", path.display()))?
+        let source = format!("the prompt file {}", path.display());
+        (
+            check::parse_prompt(&text).map_err(|e| format!("{source}: {e}"))?,
+            source,
+        )
     } else {
-        vec![vec![0]]
+        (vec![vec![0]], "the default prompt".to_owned())
     };
+    prompt_rows(&mut rows, o, config).map_err(|e| format!("{source}: {e}"))?;
+    Ok(rows)
+}
+
+/// Checks the prompt's rows (repeated to `--batch`) against the batch limits and the
+/// vocabulary.
+fn prompt_rows(rows: &mut Vec<Vec<u32>>, o: &Options, config: &Config) -> Result<(), String> {
     if let Some(b) = o.batch {
         if rows.len() == 1 {
-            rows = vec![rows[0].clone(); b];
+            *rows = vec![rows[0].clone(); b];
         } else if rows.len() != b {
             return Err(format!(
                 "--batch {b} and a prompt of {} rows: pass one row (repeated) or {b}",
                 rows.len()
-            )
-            .into());
+            ));
         }
     }
     if rows.is_empty() || rows.len() > cli::MAX_BATCH {
         return Err(format!(
-            "the prompt has {} rows: expected 1 to {}",
+            "the prompt has {} rows: expected 1 to {} (one row of token ids per line)",
             rows.len(),
             cli::MAX_BATCH
-        )
-        .into());
+        ));
     }
     let len = rows[0].len();
     if len == 0 || rows.iter().any(|r| r.len() != len) {
@@ -67,19 +77,42 @@ fn prompt(
             "the prompt's rows have {:?} tokens: every row needs the same number, at least 1 (no \
              padding)",
             rows.iter().map(Vec::len).collect::<Vec<_>>()
-        )
-        .into());
+        ));
     }
     for (r, row) in rows.iter().enumerate() {
         if let Some(t) = row.iter().find(|&&t| t as usize >= config.vocab) {
             return Err(format!(
                 "prompt row {r}: token {t} is outside the vocabulary (0 to {})",
                 config.vocab - 1
-            )
-            .into());
+            ));
         }
     }
-    Ok(rows)
+    Ok(())
+}
+
+/// Refuses, before anything is loaded, a run the model's positions cannot hold, naming the most
+/// new tokens that fit.
+fn check_positions(plan: &Plan, config: &Config, asked: bool) -> Result<(), Box<dyn Error>> {
+    let prompt_len = plan.prompt[0].len();
+    if plan.passes() <= config.positions {
+        return Ok(());
+    }
+    let default = if asked { "" } else { " (the default)" };
+    let what = if prompt_len > config.positions {
+        format!("shorten the prompt to at most {} tokens", config.positions)
+    } else {
+        format!(
+            "pass --new-tokens {} or fewer",
+            config.positions + 1 - prompt_len
+        )
+    };
+    Err(BadInput::boxed(format!(
+        "a prompt of {prompt_len} tokens and {} new tokens{default} need {} positions, the \
+         model has {} (n_positions): {what}",
+        plan.new_tokens,
+        plan.passes(),
+        config.positions
+    )))
 }
 
 /// `d` in microseconds.
@@ -364,6 +397,13 @@ fn run(o: &Options) -> Result<bool, Box<dyn Error>> {
         keep_logits: fixture.is_some(),
         kv: o.kv,
     };
+    check_positions(&plan, &config, fixture.is_some() || o.new_tokens.is_some())?;
+    // The summary's file is made before the run, so a path that cannot be written stops it
+    // before anything is loaded (and cannot hide a check's result at the end).
+    if let Some(path) = &o.json {
+        std::fs::File::create(path)
+            .map_err(|e| BadInput::boxed(format!("cannot write --json {}: {e}", path.display())))?;
+    }
     let weights_path = dir.join("model.safetensors");
     let job = Job {
         o,

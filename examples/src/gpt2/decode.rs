@@ -30,12 +30,12 @@ use super::config::Config;
 use super::kernels::{Kernels, SHARED_LIMIT, attention_shared_bytes, elem_dims, launch, u32s};
 use super::split::{gemm_parts, split_k_from_env};
 use super::step::{Workspace, enqueue_step, grow, workspace};
-use super::weights::{DType, ModelFile, Tensors, to_f32};
+use super::weights::{DType, ModelFile, Place, Tensors, to_f32};
 use crate::exit::{self, BadInput};
 use crate::serve::WeightsPath;
 use devcmd::memory::AllocationMode;
 use devcmd::{
-    Command, Device, ExternalBytes, Gemm, GemmType, Graph, Handle, HostBuffer, HostOrigin,
+    Command, Device, ExternalBytes, Gemm, GemmType, Graph, Handle, HostBuffer, HostOrigin, IoError,
     ReadFuture, ReadRequest, ServerError, Shim, StreamId,
 };
 use std::collections::VecDeque;
@@ -161,9 +161,9 @@ pub trait Backend<S: Shim> {
         0
     }
 
-    /// Converts `elements` f32 values of `from` (uploaded from the file) into a new buffer of
-    /// [`Self::dtype`]; `None` when the device does not convert (the file must then hold its
-    /// type already).
+    /// Converts `elements` f32 values of `from` (a part of the file, uploaded) into `to`, which
+    /// holds as many of [`Self::dtype`]; `None` when the device does not convert (the file must
+    /// then hold its type already).
     ///
     /// # Errors
     ///
@@ -172,9 +172,10 @@ pub trait Backend<S: Shim> {
         &self,
         cmd: &mut Command<'_, S>,
         from: &Handle,
+        to: &Handle,
         elements: usize,
-    ) -> Option<Result<Handle, ServerError>> {
-        let _ = (cmd, from, elements);
+    ) -> Option<Result<(), ServerError>> {
+        let _ = (cmd, from, to, elements);
         None
     }
 }
@@ -202,6 +203,9 @@ pub struct DeviceModel {
     pub path: WeightsPath,
     /// Bytes of the file uploaded.
     pub bytes: usize,
+    /// Device memory held at the end of the upload (or the most held while converting): the
+    /// run's peak counts it.
+    pub load_peak: u64,
 }
 
 /// Uploads `file` on the compute stream in the persistent mode: the whole file in one copy
@@ -229,6 +233,11 @@ where
         dtype: file_dtype,
         places,
     } = file;
+    let want = backend.dtype();
+    let bytes = file.len();
+    if file_dtype != want {
+        return convert(device, backend, &file, &places, config, file_dtype);
+    }
     let (data, path) = if register {
         let (ptr, len) = (file.bytes().as_ptr(), file.len());
         let buffer = device.register_host(Box::new(file));
@@ -244,41 +253,43 @@ where
             WeightsPath::FileStaged,
         )
     };
-    let bytes = data.len();
     let mut cmd = device.command(COMPUTE)?;
     cmd.allocation_mode(AllocationMode::Persistent);
-    let all = cmd.empty(bytes as u64)?;
+    let all = cmd.empty(bytes as u64).map_err(|e| too_big(e, bytes))?;
     cmd.write(&all, data)?;
-    let views = places.try_map(|p| all.view(p.offset as u64, p.len as u64))?;
+    let tensors = places.try_map(|p| all.view(p.offset as u64, p.len as u64))?;
+    cmd.allocation_mode(AllocationMode::Auto);
+    let load_peak = cmd.memory_report().held;
+    Ok(DeviceModel {
+        config: config.clone(),
+        dtype: want,
+        tensors,
+        path,
+        bytes,
+        load_peak,
+    })
+}
+
+/// Bytes of f32 weights converted at a time ([`convert`]): the most the device holds of them.
+const CONVERT_PIECE: usize = 4 << 20;
+
+/// The f32 file `file` as tensors of the backend's type: each tensor uploaded in pieces of at
+/// most [`CONVERT_PIECE`] bytes into one scratch buffer and converted from there into its
+/// place, so the device never holds the f32 weights beside the converted ones.
+fn convert<S, B>(
+    device: &mut Device<S>,
+    backend: &B,
+    file: &crate::weights::MappedFile,
+    places: &Tensors<Place>,
+    config: &Config,
+    file_dtype: DType,
+) -> Result<DeviceModel, Box<dyn Error>>
+where
+    S: Shim + Send + Sync + 'static,
+    B: Backend<S>,
+{
     let want = backend.dtype();
-    let tensors = if file_dtype == want {
-        views
-    } else if file_dtype == DType::F32 {
-        let converted = views.try_map(|v| -> Result<Handle, Box<dyn Error>> {
-            let elements = (v.len() / 4) as usize;
-            match backend.convert(&mut cmd, v, elements) {
-                Some(h) => Ok(h?),
-                None => Err(BadInput::boxed(format!(
-                    "this device runs {} only and the weights are f32: pass --dtype f32",
-                    want.name()
-                ))),
-            }
-        });
-        let converted = converted.map_err(|e| {
-            let message = format!("converting the f32 weights to {}: {e}", want.name());
-            match exit::code(&*e) {
-                exit::BAD_INPUT => BadInput::boxed(message),
-                _ => message.into(),
-            }
-        })?;
-        // The f32 upload is done with once converted: its page goes back now (a persistent page
-        // is given back only by a cleanup), or the run would hold the file twice over.
-        // The views are handles of the upload too: every one goes before the cleanup.
-        drop(views);
-        drop(all);
-        cmd.memory_cleanup()?;
-        converted
-    } else {
+    if file_dtype != DType::F32 {
         return Err(BadInput::boxed(format!(
             "the weights are {} and this device computes in {}: pass --dtype {} where the \
              device offers it (f16 on --device cuda), or convert the file to f32",
@@ -286,15 +297,72 @@ where
             want.name(),
             file_dtype.name()
         )));
-    };
+    }
+    let src = file.bytes();
+    let mut cmd = device.command(COMPUTE)?;
+    // The scratch in the default mode, so a cleanup gives its memory back once it goes; the
+    // tensors in the persistent one.
+    let scratch = cmd.empty(CONVERT_PIECE as u64)?;
+    cmd.allocation_mode(AllocationMode::Persistent);
+    let mut load_peak = 0;
+    let converted = places.try_map(|p| -> Result<Handle, Box<dyn Error>> {
+        let elements = p.len / 4;
+        let out = cmd.empty((elements * want.bytes()) as u64)?;
+        let per = CONVERT_PIECE / 4;
+        let mut at = 0;
+        while at < elements {
+            let n = per.min(elements - at);
+            let part = scratch.view(0, (n * 4) as u64)?;
+            let from = p.offset + at * 4;
+            cmd.write_from(&part, &src[from..from + n * 4])?;
+            let into = out.view((at * want.bytes()) as u64, (n * want.bytes()) as u64)?;
+            match backend.convert(&mut cmd, &part, &into, n) {
+                Some(done) => done?,
+                None => {
+                    return Err(BadInput::boxed(format!(
+                        "this device runs {} only and the weights are f32: pass --dtype f32",
+                        want.name()
+                    )));
+                }
+            }
+            at += n;
+        }
+        load_peak = load_peak.max(cmd.memory_report().held);
+        Ok(out)
+    });
+    let tensors = converted.map_err(|e| {
+        let message = format!("converting the f32 weights to {}: {e}", want.name());
+        match exit::code(&*e) {
+            exit::BAD_INPUT => BadInput::boxed(message),
+            _ => message.into(),
+        }
+    })?;
     cmd.allocation_mode(AllocationMode::Auto);
+    drop(scratch);
+    cmd.memory_cleanup()?;
     Ok(DeviceModel {
         config: config.clone(),
         dtype: want,
         tensors,
-        path,
-        bytes,
+        // Read from the mapped file by `write_from`: staged through pinned memory.
+        path: WeightsPath::FileStaged,
+        bytes: file.len(),
+        load_peak,
     })
+}
+
+/// A weights file larger than one buffer of the device, as bad input that says so; any other
+/// refusal as it is.
+fn too_big(e: ServerError, bytes: usize) -> Box<dyn Error> {
+    match e {
+        ServerError::Io(IoError::BufferTooBig { max_page, .. }) => BadInput::boxed(format!(
+            "the weights file holds {bytes} bytes, more than the {max_page} this device holds \
+             in one buffer: the host uploads the file whole, so a model this large does not \
+             load here (on the std shim at most {max_page} bytes of weights; --device cuda \
+             holds more)"
+        )),
+        other => other.into(),
+    }
 }
 
 /// How to decode.
@@ -455,7 +523,7 @@ pub fn decode<S: Shim, B: Backend<S>>(
         None
     };
     let mut growths = 0;
-    let mut held_peak = device.budget().held();
+    let mut held_peak = device.budget().held().max(model.load_peak);
     let mut tokens = vec![Vec::with_capacity(plan.new_tokens); rows];
     let mut logits = Vec::new();
     let mut arrivals = Vec::with_capacity(plan.new_tokens);

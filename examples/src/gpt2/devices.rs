@@ -176,14 +176,14 @@ impl CudaBackend {
 }
 
 /// The cuBLAS workspace per stream, in MiB, by element type; `None`: cuBLAS's advice (32 MiB on
-/// Hopper). Measured on the H200 (GPT-2 small, 32 + 128 tokens, BENCHMARKS.md): in f16 the step
-/// takes the same time with no workspace (360.5 against 360.8 µs at batch 1, 390.4 against
-/// 389.2 at batch 8), so the 32 MiB are not held; in f32 the advice is kept, as batch 8 is
-/// faster with it (795 against 933 µs; batch 1 was slower, 515 against 446).
+/// Hopper). None in either type, measured on the H200 (GPT-2 small, 32 + 128 tokens, graphs,
+/// BENCHMARKS.md): in f16 the step takes the same time without one (360.5 against 360.8 µs at
+/// batch 1, 390.4 against 389.2 at batch 8); in f32 batch 1 is faster without (446 against
+/// 515 µs) and batch 8 slower (933 against 796), still faster than eager. Either way the host
+/// then holds what the model needs and nothing beside it.
 pub fn workspace_mib_for(dtype: DType) -> Option<u64> {
     match dtype {
-        DType::F16 => Some(0),
-        DType::F32 => None,
+        DType::F16 | DType::F32 => Some(0),
     }
 }
 
@@ -307,22 +307,19 @@ impl Backend<CudaShim> for CudaBackend {
         &self,
         cmd: &mut Command<'_, CudaShim>,
         from: &Handle,
+        to: &Handle,
         elements: usize,
-    ) -> Option<Result<Handle, ServerError>> {
+    ) -> Option<Result<(), ServerError>> {
         if self.dtype != DType::F16 {
             return None;
         }
-        Some((|| {
-            let out = cmd.empty((elements * 2) as u64)?;
-            launch(
-                cmd,
-                &self.cast,
-                elem_dims(elements),
-                &[from],
-                &[&out],
-                &[u32s(elements)],
-            )?;
-            Ok(out)
-        })())
+        Some(launch(
+            cmd,
+            &self.cast,
+            elem_dims(elements),
+            &[from],
+            &[to],
+            &[u32s(elements)],
+        ))
     }
 }

@@ -172,6 +172,12 @@ pub enum WeightsError {
         name: String,
         offset: usize,
     },
+    /// The file holds a layer past the config's `n_layer`: the config describes another model.
+    ExtraLayer {
+        path: PathBuf,
+        name: String,
+        layers: usize,
+    },
 }
 
 impl fmt::Display for WeightsError {
@@ -185,6 +191,12 @@ impl fmt::Display for WeightsError {
             Self::Format { path, what } => write!(
                 f,
                 "the weights {} are not a safetensors file: {what}",
+                path.display()
+            ),
+            Self::ExtraLayer { path, name, layers } => write!(
+                f,
+                "the weights {} hold {name}, a layer past the config's n_layer = {layers}: the \
+                 config does not describe this file; set n_layer to the file's layer count",
                 path.display()
             ),
             Self::Missing { path, name } => write!(
@@ -327,6 +339,23 @@ pub fn find(
             len: view.data().len(),
         })
     };
+    // A layer past the config's would be ignored without a word (transformers warns of unused
+    // weights); other extra tensors (the attention mask buffers of older files, an untied head
+    // of a tied config) are ignored.
+    for name in st.names() {
+        let short = name.strip_prefix("transformer.").unwrap_or(name);
+        let layer = short
+            .strip_prefix("h.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        if layer.is_some_and(|l| l >= config.layers) {
+            return Err(WeightsError::ExtraLayer {
+                path: path.to_owned(),
+                name: name.to_string(),
+                layers: config.layers,
+            });
+        }
+    }
     let wte = get("wte.weight".into(), vec![v, e])?;
     let wpe = get("wpe.weight".into(), vec![p, e])?;
     let mut layers = Vec::with_capacity(config.layers);
