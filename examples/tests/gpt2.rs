@@ -268,6 +268,25 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
         "{stderr}"
     );
     assert!(!stdout.contains("decode:"), "{stdout}");
+    // A NaN among the weights: refused, naming the tensor and the element.
+    let nan = copy_of_fixture("nan-weight");
+    let mut bytes = std::fs::read(nan.join("model.safetensors")).expect("weights");
+    let at = {
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+        let view = st
+            .tensor("transformer.h.1.ln_2.weight")
+            .or_else(|_| st.tensor("h.1.ln_2.weight"))
+            .expect("the tensor");
+        view.data().as_ptr().addr() - bytes.as_ptr().addr() + 3 * 4
+    };
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(nan.join("model.safetensors"), &bytes).expect("write");
+    let (code, _, stderr) = outcome(&gpt2(["--model".as_ref(), nan.as_os_str()]));
+    assert_eq!(code, Some(2), "bad input: {stderr}");
+    assert!(
+        stderr.contains("a NaN or infinite value in h.1.ln_2.weight (element 3)"),
+        "{stderr}"
+    );
     // A config of fewer layers than the file holds: the file's extra layer is named.
     let fewer = copy_of_fixture("fewer-layers");
     let config = std::fs::read_to_string(fewer.join("config.json")).expect("config");

@@ -172,6 +172,12 @@ pub enum WeightsError {
         name: String,
         offset: usize,
     },
+    /// A weight is NaN or infinite: every logit would be garbage.
+    NonFinite {
+        path: PathBuf,
+        name: String,
+        index: usize,
+    },
     /// The file holds a layer past the config's `n_layer`: the config describes another model.
     ExtraLayer {
         path: PathBuf,
@@ -191,6 +197,12 @@ impl fmt::Display for WeightsError {
             Self::Format { path, what } => write!(
                 f,
                 "the weights {} are not a safetensors file: {what}",
+                path.display()
+            ),
+            Self::NonFinite { path, name, index } => write!(
+                f,
+                "the weights {} hold a NaN or infinite value in {name} (element {index}): every \
+                 logit would be garbage; re-export the model",
                 path.display()
             ),
             Self::ExtraLayer { path, name, layers } => write!(
@@ -267,6 +279,19 @@ pub fn load(path: &Path, config: &Config, mapping: Mapping) -> Result<ModelFile,
     })
 }
 
+/// The index of the first NaN or infinite element of `data` (little-endian `dtype` values):
+/// an exponent of all ones.
+fn first_non_finite(data: &[u8], dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::F32 => data.chunks_exact(4).position(|c| {
+            u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000
+        }),
+        DType::F16 => data
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+    }
+}
+
 /// Finds the tensors of `config` in the safetensors bytes `bytes` (the file at `path`).
 ///
 /// # Errors
@@ -325,6 +350,13 @@ pub fn find(
                 });
             }
             _ => dtype = Some(this),
+        }
+        if let Some(index) = first_non_finite(view.data(), this) {
+            return Err(WeightsError::NonFinite {
+                path: path.to_owned(),
+                name,
+                index,
+            });
         }
         let offset = view.data().as_ptr().addr() - bytes.as_ptr().addr();
         if !offset.is_multiple_of(this.bytes()) {
