@@ -31,10 +31,17 @@ pub mod weights;
 /// the device's own answer.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
+    let mut said = text.clone();
     let mut next = e.source();
     while let Some(cause) = next {
-        text.push_str("\n  caused by: ");
-        text.push_str(&cause.to_string());
+        let line = cause.to_string();
+        // A cause whose words the error before it already printed (a message that quotes its
+        // OS error) is not said again.
+        if !said.contains(&line) {
+            text.push_str("\n  caused by: ");
+            text.push_str(&line);
+        }
+        said = line;
         next = cause.source();
     }
     text

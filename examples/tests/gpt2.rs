@@ -287,6 +287,33 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
         stderr.contains("a NaN or infinite value in h.1.ln_2.weight (element 3)"),
         "{stderr}"
     );
+    // Tensors the model does not use (an older file's mask buffer): decoded, with a note that
+    // they are uploaded too.
+    let extra = copy_of_fixture("extra-tensor");
+    let bytes = std::fs::read(extra.join("model.safetensors")).expect("weights");
+    let mask = vec![0u8; 4 * 16];
+    let with_mask = {
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+        let mut tensors = st.tensors();
+        tensors.push((
+            "transformer.h.0.attn.bias".to_owned(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![16], &mask)
+                .expect("a view"),
+        ));
+        safetensors::serialize(tensors, None).expect("serialize")
+    };
+    std::fs::write(extra.join("model.safetensors"), with_mask).expect("write");
+    let (code, stdout, stderr) = outcome(&gpt2([
+        "--model".as_ref(),
+        extra.as_os_str(),
+        "--new-tokens".as_ref(),
+        "2".as_ref(),
+    ]));
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("holds 64 bytes of tensors the model does not use"),
+        "{stdout}"
+    );
     // A config of fewer layers than the file holds: the file's extra layer is named.
     let fewer = copy_of_fixture("fewer-layers");
     let config = std::fs::read_to_string(fewer.join("config.json")).expect("config");
@@ -304,6 +331,25 @@ fn a_prompt_decodes_in_a_batch_and_bad_prompts_are_refused() {
     assert!(
         stderr.contains("cannot read the model config /no/such/model/config.json"),
         "{stderr}"
+    );
+    // The OS error is in the message once, not again as a cause.
+    assert!(!stderr.contains("caused by"), "{stderr}");
+    // A run that fails after its --json file was checked leaves that file as it was.
+    let bare = copy_of_fixture("no-weights");
+    std::fs::remove_file(bare.join("model.safetensors")).expect("remove");
+    let keep = bare.join("keep.json");
+    std::fs::write(&keep, "{\"keep\": 1}").expect("write");
+    let (code, _, stderr) = outcome(&gpt2([
+        "--model".as_ref(),
+        bare.as_os_str(),
+        "--json".as_ref(),
+        keep.as_os_str(),
+    ]));
+    assert_eq!(code, Some(2), "bad input: {stderr}");
+    assert!(stderr.contains("model.safetensors"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&keep).expect("read"),
+        "{\"keep\": 1}"
     );
 }
 

@@ -92,14 +92,26 @@ fn prompt_rows(rows: &mut Vec<Vec<u32>>, o: &Options, config: &Config) -> Result
 
 /// Refuses, before anything is loaded, a run the model's positions cannot hold, naming the most
 /// new tokens that fit.
-fn check_positions(plan: &Plan, config: &Config, asked: bool) -> Result<(), Box<dyn Error>> {
+fn check_positions(
+    plan: &Plan,
+    config: &Config,
+    asked: bool,
+    fixture: bool,
+) -> Result<(), Box<dyn Error>> {
     let prompt_len = plan.prompt[0].len();
     if plan.passes() <= config.positions {
         return Ok(());
     }
     let default = if asked { "" } else { " (the default)" };
-    let what = if prompt_len > config.positions {
-        format!("shorten the prompt to at most {} tokens", config.positions)
+    let what = if fixture {
+        "the fixture was made for a model of more positions: make it again for this one".to_owned()
+    } else if prompt_len > config.positions {
+        format!(
+            "shorten the prompt to at most {} tokens, or pass fewer --new-tokens",
+            (config.positions + 1)
+                .saturating_sub(plan.new_tokens)
+                .max(1)
+        )
     } else {
         format!(
             "pass --new-tokens {} or fewer",
@@ -279,7 +291,15 @@ where
         fixture,
     } = *job;
     let file_dtype = file.dtype;
+    let unused = file.found.unused_bytes;
     let model = decode::upload(&mut device, backend, file, config, register)?;
+    if unused > 0 && model.dtype == file_dtype {
+        println!(
+            "note: the weights file holds {unused} bytes of tensors the model does not use (an \
+             older file's attention mask buffers, say); the file goes to the device whole, so \
+             they are held and counted live: save the model again without them to save the room"
+        );
+    }
     let how = match &model.path {
         WeightsPath::Registered => "page-locked in place and copied by DMA".to_owned(),
         WeightsPath::NotRegistered(why) => format!("staged (page-locking refused: {why})"),
@@ -397,11 +417,21 @@ fn run(o: &Options) -> Result<bool, Box<dyn Error>> {
         keep_logits: fixture.is_some(),
         kv: o.kv,
     };
-    check_positions(&plan, &config, fixture.is_some() || o.new_tokens.is_some())?;
+    check_positions(
+        &plan,
+        &config,
+        fixture.is_some() || o.new_tokens.is_some(),
+        fixture.is_some(),
+    )?;
     // The summary's file is made before the run, so a path that cannot be written stops it
     // before anything is loaded (and cannot hide a check's result at the end).
     if let Some(path) = &o.json {
-        std::fs::File::create(path)
+        // Opened for writing, not truncated: a run that fails later leaves the file as it was.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
             .map_err(|e| BadInput::boxed(format!("cannot write --json {}: {e}", path.display())))?;
     }
     let weights_path = dir.join("model.safetensors");

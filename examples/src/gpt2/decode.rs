@@ -232,10 +232,17 @@ where
         file,
         dtype: file_dtype,
         places,
+        found,
     } = file;
     let want = backend.dtype();
     let bytes = file.len();
     if file_dtype != want {
+        if let (DType::F16, Some((name, index))) = (want, &found.past_half) {
+            return Err(BadInput::boxed(format!(
+                "the f32 weight {name} (element {index}) is past f16's range (65504): in f16 it \
+                 would be infinite and every logit garbage; run with --dtype f32"
+            )));
+        }
         return convert(device, backend, &file, &places, config, file_dtype);
     }
     let (data, path) = if register {
@@ -299,16 +306,25 @@ where
         )));
     }
     let src = file.bytes();
+    // At most a piece, and no more than the largest tensor needs.
+    let mut largest = 0;
+    places
+        .try_map(|p| -> Result<(), ()> {
+            largest = largest.max(p.len);
+            Ok(())
+        })
+        .ok();
+    let piece = CONVERT_PIECE.min(largest.next_multiple_of(4)).max(4);
     let mut cmd = device.command(COMPUTE)?;
     // The scratch in the default mode, so a cleanup gives its memory back once it goes; the
     // tensors in the persistent one.
-    let scratch = cmd.empty(CONVERT_PIECE as u64)?;
+    let scratch = cmd.empty(piece as u64)?;
     cmd.allocation_mode(AllocationMode::Persistent);
     let mut load_peak = 0;
     let converted = places.try_map(|p| -> Result<Handle, Box<dyn Error>> {
         let elements = p.len / 4;
         let out = cmd.empty((elements * want.bytes()) as u64)?;
-        let per = CONVERT_PIECE / 4;
+        let per = piece / 4;
         let mut at = 0;
         while at < elements {
             let n = per.min(elements - at);

@@ -137,6 +137,18 @@ pub struct ModelFile {
     pub dtype: DType,
     /// Each tensor's place in the file.
     pub places: Tensors<Place>,
+    /// What the file holds beside: see [`Found`].
+    pub found: Found,
+}
+
+/// What [`find`] saw in the file beside the tensors the model uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Found {
+    /// Bytes of tensors the model does not use (uploaded with the rest: the file goes whole).
+    pub unused_bytes: usize,
+    /// The first f32 weight past f16's range (65504), as its tensor's name and element: it
+    /// would become infinite in f16.
+    pub past_half: Option<(String, usize)>,
 }
 
 /// Why the weights file cannot be run.
@@ -271,11 +283,12 @@ pub fn load(path: &Path, config: &Config, mapping: Mapping) -> Result<ModelFile,
     };
     let f = std::fs::File::open(path).map_err(io("open"))?;
     let file = weights::map(&f, mapping).map_err(io("memory-map"))?;
-    let (dtype, places) = find(file.bytes(), config, path)?;
+    let (dtype, places, found) = find(file.bytes(), config, path)?;
     Ok(ModelFile {
         file,
         dtype,
         places,
+        found,
     })
 }
 
@@ -292,6 +305,13 @@ fn first_non_finite(data: &[u8], dtype: DType) -> Option<usize> {
     }
 }
 
+/// The index of the first f32 element of `data` whose magnitude is past f16's largest finite
+/// value, 65504 (`0x477f_e000`).
+fn first_past_half(data: &[u8]) -> Option<usize> {
+    data.chunks_exact(4)
+        .position(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7fff_ffff > 0x477f_e000)
+}
+
 /// Finds the tensors of `config` in the safetensors bytes `bytes` (the file at `path`).
 ///
 /// # Errors
@@ -301,13 +321,17 @@ pub fn find(
     bytes: &[u8],
     config: &Config,
     path: &Path,
-) -> Result<(DType, Tensors<Place>), WeightsError> {
+) -> Result<(DType, Tensors<Place>, Found), WeightsError> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| WeightsError::Format {
         path: path.to_owned(),
         what: e.to_string(),
     })?;
     let (v, e, i, p) = (config.vocab, config.embd, config.inner, config.positions);
     let mut dtype: Option<DType> = None;
+    let mut found = Found {
+        unused_bytes: st.tensors().iter().map(|(_, t)| t.data().len()).sum(),
+        past_half: None,
+    };
     let mut get = |name: String, want: Vec<usize>| -> Result<Place, WeightsError> {
         let view = st
             .tensor(&format!("transformer.{name}"))
@@ -358,6 +382,13 @@ pub fn find(
                 index,
             });
         }
+        if this == DType::F32
+            && found.past_half.is_none()
+            && let Some(index) = first_past_half(view.data())
+        {
+            found.past_half = Some((name.clone(), index));
+        }
+        found.unused_bytes -= view.data().len();
         let offset = view.data().as_ptr().addr() - bytes.as_ptr().addr();
         if !offset.is_multiple_of(this.bytes()) {
             return Err(WeightsError::Misaligned {
@@ -427,6 +458,7 @@ pub fn find(
             lnf_b,
             lm_head,
         },
+        found,
     ))
 }
 
@@ -466,6 +498,30 @@ pub fn to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_and_past_half_values_are_found() {
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let ok = f32s(&[0.0, -1.5, 65504.0, -65504.0, f32::MIN_POSITIVE]);
+        assert_eq!(first_non_finite(&ok, DType::F32), None);
+        assert_eq!(first_past_half(&ok), None);
+        for bad in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            assert_eq!(first_non_finite(&f32s(&[1.0, bad]), DType::F32), Some(1));
+        }
+        assert_eq!(first_past_half(&f32s(&[1.0, 2.0, -65520.0])), Some(2));
+        assert_eq!(first_past_half(&f32s(&[f32::MAX])), Some(0));
+        // f16: 0x7c00 is +inf, 0xfe00 a NaN, 0x7bff the largest finite value.
+        let halves = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(
+            first_non_finite(&halves(&[0x7bff, 0x3c00]), DType::F16),
+            None
+        );
+        assert_eq!(
+            first_non_finite(&halves(&[0x3c00, 0x7c00]), DType::F16),
+            Some(1)
+        );
+        assert_eq!(first_non_finite(&halves(&[0xfe00]), DType::F16), Some(0));
+    }
 
     #[test]
     fn half_bits_convert_exactly() {
