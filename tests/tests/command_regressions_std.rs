@@ -120,10 +120,10 @@ fn a_room_whose_raw_address_is_out_is_not_given_away() {
     let id = x.id();
     let r = cmd.bind(x.clone(), &target);
     assert!(
-        matches!(r, Err(ServerError::Io(IoError::InUse { handle })) if handle == id),
+        matches!(r, Err(ServerError::Io(IoError::Exposed { handle })) if handle == id),
         "{r:?}"
     );
-    assert!(r.unwrap_err().to_string().contains("managed resource"));
+    assert!(r.unwrap_err().to_string().contains("managed_resource"));
     drop(resource);
     cmd.bind(x, &target).unwrap();
     assert!(target.is_exposed(), "the room's address was handed out");

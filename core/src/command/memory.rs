@@ -94,7 +94,10 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// The room may still be in use by another stream's work (a kernel that read or wrote
     /// `reserved`): this stream is ordered after that work first, so what is later written into
-    /// `handle` here cannot overtake it.
+    /// `handle` here cannot overtake it. The exception is room whose raw address was handed out
+    /// ([`Self::managed_resource`]): it is refused while any binding of it is out, the
+    /// resource's or uncollected work's ([`IoError::Exposed`]), and `handle` counts as exposed
+    /// once it has the room.
     ///
     /// # Errors
     ///
@@ -118,6 +121,8 @@ impl<S: Shim> Command<'_, S> {
             }
             .into());
         }
+        // Before any wait is enqueued: a refused bind leaves nothing behind.
+        crate::memory::MemoryManager::<S>::check_handover(&reserved)?;
         // A bind inside a recording enqueues nothing, so it cannot wait: the room's other uses
         // follow it to `handle`, and the replays that use `handle` wait for them.
         let recording = self.stance() == Stance::Record;

@@ -123,6 +123,7 @@ fn io_errors() -> Vec<IoError> {
             used_on: 0,
         },
         IoError::InUse { handle: 3 },
+        IoError::Exposed { handle: 3 },
         IoError::KeptByGraph { handle: 3 },
         IoError::OutOfRange {
             offset: 8,

@@ -88,10 +88,18 @@ pub enum IoError {
         /// The stream the operation ran on.
         used_on: u32,
     },
-    /// The handle's memory is still used by in-flight work or a managed resource (a binding is
-    /// out), so it cannot be replaced or given away now.
+    /// The handle's memory is still used by in-flight work (a binding is out), so it cannot be
+    /// replaced now.
     InUse {
         /// The handle's id.
+        handle: u64,
+    },
+    /// Room whose raw device address was handed out
+    /// ([`Command::managed_resource`](crate::Command::managed_resource)) cannot be given to
+    /// another handle while a binding of it is out: the resource (or work not yet collected)
+    /// keeps the old handle, not the room's new owner.
+    Exposed {
+        /// The handle whose room was to be given.
         handle: u64,
     },
     /// Room a graph (or the recording open on a stream) uses cannot be given to another handle.
@@ -277,11 +285,17 @@ impl fmt::Display for IoError {
                  its stream), whose replays must find it where it is; drop the graph (or end the \
                  recording) first, or bind fresh room from `reserve`"
             ),
+            Self::Exposed { handle } => write!(
+                f,
+                "the room of handle {handle} had its raw device address handed out \
+                 (managed_resource) and a binding of it is still out; drop the resource and let \
+                 the streams that used the room collect their work (memory_cleanup) before you \
+                 bind it, or bind fresh room from `reserve`"
+            ),
             Self::InUse { handle } => write!(
                 f,
-                "handle {handle} is still used by in-flight work or by a raw address handed \
-                 out (a managed resource); wait for the work (sync) and drop the resource, or \
-                 bind the new memory to a fresh handle"
+                "handle {handle} is still used by in-flight work; wait for it (sync) or bind \
+                 the new memory to a fresh handle"
             ),
             Self::OutOfRange { offset, len, size } => write!(
                 f,

@@ -359,7 +359,10 @@ impl Handle {
         self.identity().owners.load(Ordering::Acquire) == 1
     }
 
-    /// Whether some binding (in-flight work, a raw address handed out) is outstanding.
+    /// Whether some binding (in-flight work, a raw address handed out) is outstanding. Two
+    /// loads: a clone of the handle made on another thread between them can make it answer
+    /// `false` for one binding out; the caller holds a handle, so this needs a clone racing on
+    /// another thread.
     pub fn is_bound(&self) -> bool {
         self.identity().refs.load(Ordering::Acquire)
             > self.identity().owners.load(Ordering::Acquire)

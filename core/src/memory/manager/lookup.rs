@@ -28,10 +28,11 @@ impl<S: Shim> MemoryManager<S> {
     /// [`IoError::NotFound`] when `reserved` does not hold room of this manager;
     /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::WrongStream`] for a
     /// handle of another stream; [`IoError::OutOfRange`] when `target` is larger than the room;
-    /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work, or when the
-    /// room's raw address was handed out and a binding of `reserved` is still out (a managed
-    /// resource, in-flight work). On any error nothing changes; the room goes back when
-    /// `reserved` drops. `target` counts as exposed afterwards if `reserved` was.
+    /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work;
+    /// [`IoError::Exposed`] when the room's raw address was handed out and a binding of
+    /// `reserved` is still out ([`Self::check_handover`]). On any error nothing changes; the
+    /// room goes back when `reserved` drops. `target` counts as exposed afterwards if
+    /// `reserved` was.
     pub fn bind(&mut self, reserved: Handle, target: &Handle) -> Result<(), IoError> {
         self.check_issuer(target.as_binding())?;
         if reserved.as_binding().same_allocation(&target.as_binding()) {
@@ -47,16 +48,10 @@ impl<S: Shim> MemoryManager<S> {
                 size: used.size,
             });
         }
-        // A raw address of the room may be out (exposed for good): while a binding of it is
-        // out (a managed resource, in-flight work) the room must not change hands, as that
-        // binding keeps `reserved`, not `target`; after, `target` inherits the exposure, so
-        // its memory is never handed on as if no one outside the layer knew it.
+        Self::check_handover(&reserved)?;
+        // `target` inherits the exposure, so its memory is never handed on as if no one outside
+        // the layer knew its address.
         let exposed = reserved.is_exposed();
-        if exposed && reserved.is_bound() {
-            return Err(IoError::InUse {
-                handle: reserved.id(),
-            });
-        }
         if let Ok(old) = target.as_binding().location() {
             // Bindings of the old memory (in-flight work, a managed resource) would follow the
             // handle to the new memory, and the old memory would be reused under that work.
@@ -83,6 +78,23 @@ impl<S: Shim> MemoryManager<S> {
             target.expose();
         }
         reserved.set_location(None, true);
+        Ok(())
+    }
+
+    /// Whether the room of `reserved` may change hands as far as its exposure goes: a room
+    /// whose raw address was handed out (exposed for good) may not while a binding of it is out
+    /// (a managed resource, or work not yet collected: the count cannot tell them apart), as that
+    /// binding keeps `reserved`, not the room's new owner.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::Exposed`].
+    pub(crate) fn check_handover(reserved: &Handle) -> Result<(), IoError> {
+        if reserved.is_exposed() && reserved.is_bound() {
+            return Err(IoError::Exposed {
+                handle: reserved.id(),
+            });
+        }
         Ok(())
     }
 
