@@ -30,9 +30,9 @@ impl<S: Shim> MemoryManager<S> {
     /// handle of another stream; [`IoError::OutOfRange`] when `target` is larger than the room;
     /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work;
     /// [`IoError::Exposed`] when the room's raw address was handed out and a binding of
-    /// `reserved` is still out ([`Self::check_handover`]). On any error nothing changes; the
-    /// room goes back when `reserved` drops. `target` counts as exposed afterwards if
-    /// `reserved` was.
+    /// `reserved` is still out (a managed resource, uncollected work). On any error nothing
+    /// changes; the room goes back when `reserved` drops. `target` counts as exposed afterwards
+    /// if `reserved` was.
     pub fn bind(&mut self, reserved: Handle, target: &Handle) -> Result<(), IoError> {
         self.check_issuer(target.as_binding())?;
         if reserved.as_binding().same_allocation(&target.as_binding()) {
