@@ -51,10 +51,8 @@ impl fmt::Display for BadInput {
 }
 
 impl Error for BadInput {
-    /// The wrapped error's own cause: the wrapped error is not a cause of its own, since
-    /// this one prints the same words.
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        self.0.source()
+        Some(&*self.0)
     }
 }
 

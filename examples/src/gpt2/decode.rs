@@ -30,7 +30,7 @@ use super::config::Config;
 use super::kernels::{Kernels, SHARED_LIMIT, attention_shared_bytes, elem_dims, launch, u32s};
 use super::split::{gemm_parts, split_k_from_env};
 use super::step::{Workspace, enqueue_step, grow, workspace};
-use super::weights::{DType, ModelFile, Place, Tensors, to_f32};
+use super::weights::{DType, Found, ModelFile, Place, Tensors, to_f32};
 use crate::exit::{self, BadInput};
 use crate::serve::WeightsPath;
 use devcmd::memory::AllocationMode;
@@ -203,8 +203,8 @@ pub struct DeviceModel {
     pub path: WeightsPath,
     /// Bytes of the file uploaded.
     pub bytes: usize,
-    /// Device memory held at the end of the upload (or the most held while converting): the
-    /// run's peak counts it.
+    /// Device memory held at the end of the upload (converting: before the scratch goes, the
+    /// most held): the run's peak counts it.
     pub load_peak: u64,
 }
 
@@ -237,13 +237,7 @@ where
     let want = backend.dtype();
     let bytes = file.len();
     if file_dtype != want {
-        if let (DType::F16, Some((name, index))) = (want, &found.past_half) {
-            return Err(BadInput::boxed(format!(
-                "the f32 weight {name} (element {index}) is past f16's range (65504): in f16 it \
-                 would be infinite and every logit garbage; run with --dtype f32"
-            )));
-        }
-        return convert(device, backend, &file, &places, config, file_dtype);
+        return convert(device, backend, &file, &places, &found, config, file_dtype);
     }
     let (data, path) = if register {
         let (ptr, len) = (file.bytes().as_ptr(), file.len());
@@ -288,6 +282,7 @@ fn convert<S, B>(
     backend: &B,
     file: &crate::weights::MappedFile,
     places: &Tensors<Place>,
+    found: &Found,
     config: &Config,
     file_dtype: DType,
 ) -> Result<DeviceModel, Box<dyn Error>>
@@ -296,6 +291,12 @@ where
     B: Backend<S>,
 {
     let want = backend.dtype();
+    if let (DType::F16, Some((name, index))) = (want, &found.past_half) {
+        return Err(BadInput::boxed(format!(
+            "the f32 weight {name} (element {index}) is past f16's range (65504): in f16 it \
+             would be infinite and every logit garbage; run with --dtype f32"
+        )));
+    }
     if file_dtype != DType::F32 {
         return Err(BadInput::boxed(format!(
             "the weights are {} and this device computes in {}: pass --dtype {} where the \
@@ -320,7 +321,6 @@ where
     // tensors in the persistent one.
     let scratch = cmd.empty(piece as u64)?;
     cmd.allocation_mode(AllocationMode::Persistent);
-    let mut load_peak = 0;
     let converted = places.try_map(|p| -> Result<Handle, Box<dyn Error>> {
         let elements = p.len / 4;
         let out = cmd.empty((elements * want.bytes()) as u64)?;
@@ -343,7 +343,6 @@ where
             }
             at += n;
         }
-        load_peak = load_peak.max(cmd.memory_report().held);
         Ok(out)
     });
     let tensors = converted.map_err(|e| {
@@ -354,6 +353,8 @@ where
         }
     })?;
     cmd.allocation_mode(AllocationMode::Auto);
+    // The most held: every tensor placed and the scratch still there (nothing went before).
+    let load_peak = cmd.memory_report().held;
     drop(scratch);
     cmd.memory_cleanup()?;
     Ok(DeviceModel {

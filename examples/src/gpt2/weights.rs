@@ -292,24 +292,30 @@ pub fn load(path: &Path, config: &Config, mapping: Mapping) -> Result<ModelFile,
     })
 }
 
-/// The index of the first NaN or infinite element of `data` (little-endian `dtype` values):
-/// an exponent of all ones.
-fn first_non_finite(data: &[u8], dtype: DType) -> Option<usize> {
+/// One pass over a tensor's little-endian `dtype` values: the index of the first NaN or
+/// infinite one (an exponent of all ones; the pass stops there), and of the first f32 one past
+/// f16's largest finite value, 65504 (`0x477f_e000`; none for f16 data).
+fn scan(data: &[u8], dtype: DType) -> (Option<usize>, Option<usize>) {
     match dtype {
-        DType::F32 => data.chunks_exact(4).position(|c| {
-            u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000
-        }),
-        DType::F16 => data
-            .chunks_exact(2)
-            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+        DType::F32 => {
+            let mut past_half = None;
+            for (i, c) in data.chunks_exact(4).enumerate() {
+                let magnitude = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7fff_ffff;
+                if magnitude >= 0x7f80_0000 {
+                    return (Some(i), past_half);
+                }
+                if past_half.is_none() && magnitude > 0x477f_e000 {
+                    past_half = Some(i);
+                }
+            }
+            (None, past_half)
+        }
+        DType::F16 => (
+            data.chunks_exact(2)
+                .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+            None,
+        ),
     }
-}
-
-/// The index of the first f32 element of `data` whose magnitude is past f16's largest finite
-/// value, 65504 (`0x477f_e000`).
-fn first_past_half(data: &[u8]) -> Option<usize> {
-    data.chunks_exact(4)
-        .position(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7fff_ffff > 0x477f_e000)
 }
 
 /// Finds the tensors of `config` in the safetensors bytes `bytes` (the file at `path`).
@@ -375,17 +381,15 @@ pub fn find(
             }
             _ => dtype = Some(this),
         }
-        if let Some(index) = first_non_finite(view.data(), this) {
+        let (non_finite, past_half) = scan(view.data(), this);
+        if let Some(index) = non_finite {
             return Err(WeightsError::NonFinite {
                 path: path.to_owned(),
                 name,
                 index,
             });
         }
-        if this == DType::F32
-            && found.past_half.is_none()
-            && let Some(index) = first_past_half(view.data())
-        {
+        if let (None, Some(index)) = (&found.past_half, past_half) {
             found.past_half = Some((name.clone(), index));
         }
         found.unused_bytes -= view.data().len();
@@ -503,24 +507,26 @@ mod tests {
     fn non_finite_and_past_half_values_are_found() {
         let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let ok = f32s(&[0.0, -1.5, 65504.0, -65504.0, f32::MIN_POSITIVE]);
-        assert_eq!(first_non_finite(&ok, DType::F32), None);
-        assert_eq!(first_past_half(&ok), None);
+        assert_eq!(scan(&ok, DType::F32), (None, None));
         for bad in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            assert_eq!(first_non_finite(&f32s(&[1.0, bad]), DType::F32), Some(1));
+            assert_eq!(scan(&f32s(&[1.0, bad]), DType::F32), (Some(1), None));
         }
-        assert_eq!(first_past_half(&f32s(&[1.0, 2.0, -65520.0])), Some(2));
-        assert_eq!(first_past_half(&f32s(&[f32::MAX])), Some(0));
+        assert_eq!(
+            scan(&f32s(&[1.0, 2.0, -65520.0]), DType::F32),
+            (None, Some(2))
+        );
+        assert_eq!(
+            scan(&f32s(&[f32::MAX, f32::NAN]), DType::F32),
+            (Some(1), Some(0))
+        );
         // f16: 0x7c00 is +inf, 0xfe00 a NaN, 0x7bff the largest finite value.
         let halves = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(scan(&halves(&[0x7bff, 0x3c00]), DType::F16), (None, None));
         assert_eq!(
-            first_non_finite(&halves(&[0x7bff, 0x3c00]), DType::F16),
-            None
+            scan(&halves(&[0x3c00, 0x7c00]), DType::F16),
+            (Some(1), None)
         );
-        assert_eq!(
-            first_non_finite(&halves(&[0x3c00, 0x7c00]), DType::F16),
-            Some(1)
-        );
-        assert_eq!(first_non_finite(&halves(&[0xfe00]), DType::F16), Some(0));
+        assert_eq!(scan(&halves(&[0xfe00]), DType::F16), (Some(0), None));
     }
 
     #[test]

@@ -49,9 +49,6 @@ impl<S: Shim> MemoryManager<S> {
             });
         }
         Self::check_handover(&reserved)?;
-        // `target` inherits the exposure, so its memory is never handed on as if no one outside
-        // the layer knew its address.
-        let exposed = reserved.is_exposed();
         if let Ok(old) = target.as_binding().location() {
             // Bindings of the old memory (in-flight work, a managed resource) would follow the
             // handle to the new memory, and the old memory would be reused under that work.
@@ -74,7 +71,9 @@ impl<S: Shim> MemoryManager<S> {
         };
         slot.owner = target.id();
         target.set_location(Some(location), false);
-        if exposed {
+        // `target` inherits the exposure, so its memory is never handed on as if no one outside
+        // the layer knew its address.
+        if reserved.is_exposed() {
             target.expose();
         }
         reserved.set_location(None, true);
