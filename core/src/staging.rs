@@ -18,6 +18,11 @@
 //! `depth × chunk` pinned bytes per stream, whatever the size of the copy. A read into ordinary
 //! memory runs the same way backwards. The ring keeps its buffers between copies (no pinned
 //! allocation per piece, none per copy once warm) and gives them back at a memory cleanup.
+//!
+//! Reads spread: the ring grows to [`StagingPolicy::read_buffers`] before a read reuses a
+//! buffer, and a read piece shorter than a buffer lands after the last one placed in it, so
+//! the device writes a host line again only after the reads have walked the whole spread (the
+//! host's cores have let go of it by then; a line they still hold costs the DMA twice the time).
 
 use crate::drop_queue::{DropItem, DropQueue};
 use crate::fault::FenceMark;
@@ -46,6 +51,15 @@ pub struct StagingPolicy {
     /// Buffers in a stream's staging ring (at most [`MAX_DEPTH`]; 0 turns the pipeline off).
     /// The pinned memory the pipeline holds per stream is `depth × chunk`.
     pub depth: u32,
+    /// Bytes of the ring a stream's pipelined reads spread over before the device writes the
+    /// same host lines again (rounded up to whole buffers, at most `depth` of them; 0: a read
+    /// reuses the buffer in turn at once, as uploads do). The device writes pinned lines that
+    /// the host's cores still hold from the last copy out at half its rate on the H200's host
+    /// (the lines are taken back from the cores' caches first); spread over more than those
+    /// caches hold, the lines have left them by the time they are written again
+    /// (BENCHMARKS.md, "Reads spread over the ring"). The ring of a stream that only reads
+    /// then holds this much pinned memory instead of one buffer.
+    pub read_spread: u64,
 }
 
 /// The deepest staging ring: a pipelined read keeps one entry per buffer on the stack.
@@ -59,6 +73,7 @@ impl Default for StagingPolicy {
             pipeline_from: 128 << 10,
             chunk: 4 << 20,
             depth: 8,
+            read_spread: 16 << 20,
         }
     }
 }
@@ -88,6 +103,18 @@ impl StagingPolicy {
     /// Buffers in a stream's ring: `depth`, at most [`MAX_DEPTH`].
     pub fn ring_depth(&self) -> usize {
         self.depth.min(MAX_DEPTH) as usize
+    }
+
+    /// Buffers a stream's reads spread over: [`Self::read_spread`] in whole buffers, at most
+    /// [`Self::ring_depth`].
+    pub fn read_buffers(&self) -> usize {
+        match self.chunk {
+            0 => 0,
+            chunk => {
+                let buffers = self.read_spread.div_ceil(chunk);
+                usize::try_from(buffers).map_or(usize::MAX, |b| b.min(self.ring_depth()))
+            }
+        }
     }
 }
 
@@ -129,6 +156,26 @@ impl Staging {
 pub(crate) struct Slot<S: Shim> {
     pub buffer: HostBuffer,
     pub fence: Option<(S::Event, FenceMark)>,
+    /// Where in the buffer the next read piece shorter than the buffer lands
+    /// ([`Slot::place_read`]).
+    read_at: usize,
+}
+
+#[cfg_attr(not(feature = "pipeline"), allow(dead_code))]
+impl<S: Shim> Slot<S> {
+    /// The offset in the buffer (of `chunk` bytes) for a read piece of `len` bytes: after the
+    /// last read piece placed here, on the next cache line, or at the start when the piece
+    /// does not fit there (a piece of a whole buffer always lands at the start). Successive
+    /// short reads so walk the buffer, and with the ring's turn the whole spread, before the
+    /// device writes a host line again.
+    pub fn place_read(&mut self, len: usize, chunk: usize) -> usize {
+        let at = match self.read_at.checked_add(len) {
+            Some(end) if end <= chunk => self.read_at,
+            _ => 0,
+        };
+        self.read_at = (at + len).next_multiple_of(64);
+        at
+    }
 }
 
 /// The staging ring of a stream (see the module documentation): pinned buffers of
@@ -168,6 +215,7 @@ impl<S: Shim> StagingRing<S> {
         self.slots.push(Slot {
             buffer,
             fence: None,
+            read_at: 0,
         });
         self.slots.len() - 1
     }
@@ -210,6 +258,47 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn short_read_pieces_walk_a_buffer_on_cache_lines_and_wrap() {
+        let mut slot = Slot::<crate::test_shim::TestShim> {
+            buffer: HostBuffer::zeroed(4099),
+            fence: None,
+            read_at: 0,
+        };
+        // 1000 bytes: 0, then on the next line after each, until one no longer fits.
+        let offsets: Vec<usize> = (0..6).map(|_| slot.place_read(1000, 4099)).collect();
+        assert_eq!(offsets, [0, 1024, 2048, 3072, 0, 1024]);
+        // A whole buffer lands at its start, and the next piece after it wraps too.
+        assert_eq!(slot.place_read(4099, 4099), 0);
+        assert_eq!(slot.place_read(1, 4099), 0);
+        assert_eq!(slot.place_read(1, 4099), 64);
+        // Every piece lies in the buffer, whatever the sizes in turn.
+        for len in [1, 63, 64, 65, 4000, 4098, 4099, 7, 2048, 2051] {
+            let at = slot.place_read(len, 4099);
+            assert!(at + len <= 4099, "a piece of {len} bytes placed at {at}");
+        }
+    }
+
+    #[test]
+    fn reads_spread_over_whole_buffers_within_the_depth() {
+        let policy = |read_spread, chunk, depth| StagingPolicy {
+            read_spread,
+            chunk,
+            depth,
+            ..StagingPolicy::default()
+        };
+        assert_eq!(StagingPolicy::default().read_buffers(), 4);
+        assert_eq!(policy(16 * MIB + 1, 4 * MIB, 8).read_buffers(), 5);
+        assert_eq!(policy(64 * MIB, 4 * MIB, 8).read_buffers(), 8);
+        assert_eq!(
+            policy(64 * MIB, 4 * MIB, 99).read_buffers(),
+            MAX_DEPTH as usize
+        );
+        assert_eq!(policy(0, 4 * MIB, 8).read_buffers(), 0);
+        assert_eq!(policy(16 * MIB, 0, 8).read_buffers(), 0);
+        assert_eq!(policy(u64::MAX, 1, 3).read_buffers(), 3);
+    }
 
     #[test]
     fn file_backed_data_is_always_staged_and_flushed() {

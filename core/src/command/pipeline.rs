@@ -23,7 +23,7 @@ impl<S: Shim> Command<'_, S> {
     /// The slot of the stream's staging ring for the next piece: the slot whose turn it is when
     /// the device is done with it (its last fence passed); otherwise a new pinned buffer while
     /// the ring holds fewer than its depth and the pool can serve one (so a stream of small
-    /// copies keeps one or two buffers, and only copies that outrun the device grow the ring);
+    /// uploads keeps one or two buffers, and only uploads that outrun the device grow the ring);
     /// otherwise the slot in turn, once its fence passed. `None` when the ring is empty and the
     /// pool cannot serve (no pinned memory: the caller takes another path).
     ///
@@ -32,12 +32,18 @@ impl<S: Shim> Command<'_, S> {
     /// The fault a wait reveals (the stream's earlier work failed, or the device is lost). A
     /// wait that says nothing about completion leaves the slot's buffer to the device: it is
     /// taken out of the ring and leaked, never reused.
-    fn ring_slot(&mut self) -> Result<Option<usize>, ServerError> {
+    ///
+    /// For a read (`read`), the ring first grows to
+    /// [`StagingPolicy::read_buffers`](crate::staging::StagingPolicy::read_buffers) even when
+    /// the slot in turn is done: see the spread in [`crate::staging`].
+    fn ring_slot(&mut self, read: bool) -> Result<Option<usize>, ServerError> {
         let policy = self.device.config.staging;
         let (shim, s) = self.parts();
         let turn = s.ring.peek();
-        // The slot in turn, if the device is done with it already.
+        let spread = read && s.ring.len() < policy.read_buffers();
+        // The slot in turn, if the device is done with it already (and the ring need not grow).
         let done = match turn.map(|i| (i, s.ring.slot_mut(i).fence.as_ref())) {
+            _ if spread => None,
             Some((i, None)) => Some((i, None)),
             Some((i, Some((event, _)))) => {
                 FenceOutcome::query(shim, event).map(|outcome| (i, Some(outcome)))
@@ -126,7 +132,7 @@ impl<S: Shim> Command<'_, S> {
         src: &[u8],
         layout: CopyLayout,
     ) -> Result<bool, ServerError> {
-        let Some(first) = self.ring_slot()? else {
+        let Some(first) = self.ring_slot(false)? else {
             return Ok(false);
         };
         self.device.order_after(self.stream, handle, t.owner)?;
@@ -136,7 +142,7 @@ impl<S: Shim> Command<'_, S> {
             let slot = if k == 0 {
                 Ok(Some(first))
             } else {
-                self.ring_slot()
+                self.ring_slot(false)
             };
             outcome = match slot {
                 Ok(Some(i)) => self.upload_piece(i, t, src, piece),
@@ -210,16 +216,18 @@ impl<S: Shim> Command<'_, S> {
         layout: CopyLayout,
         dst: &mut [u8],
     ) -> Result<bool, ServerError> {
-        let Some(first) = self.ring_slot()? else {
+        let Some(first) = self.ring_slot(true)? else {
             return Ok(false);
         };
         self.device.order_after(self.stream, handle, t.owner)?;
         let chunk = self.device.config.staging.chunk;
-        // The pieces on their way into ring buffers, as (slot, piece), oldest first: they are
-        // copied out in the order the device fills them, wherever the ring's turn started
-        // (waiting for a later piece first would leave the earlier ones' copies for after the
-        // last DMA). At most one per slot.
-        let mut pending: heapless::Vec<(usize, CopyPiece), { MAX_DEPTH as usize }> =
+        // Fits a usize: the ring's buffers are `chunk` bytes of host memory.
+        let chunk_bytes = usize::try_from(chunk).unwrap_or(usize::MAX);
+        // The pieces on their way into ring buffers, as (slot, offset in it, piece), oldest
+        // first: they are copied out in the order the device fills them, wherever the ring's
+        // turn started (waiting for a later piece first would leave the earlier ones' copies
+        // for after the last DMA). At most one per slot.
+        let mut pending: heapless::Vec<(usize, usize, CopyPiece), { MAX_DEPTH as usize }> =
             heapless::Vec::new();
         for (k, piece) in layout.pieces(chunk).enumerate() {
             let i = if k == 0 {
@@ -228,54 +236,58 @@ impl<S: Shim> Command<'_, S> {
                 // Once the ring is full the slot in turn holds an earlier piece: its fence was
                 // waited for in `ring_slot`, and the piece is copied out before the slot is
                 // reused.
-                self.ring_slot()?
+                self.ring_slot(true)?
                     .ok_or(IoError::HostAllocFailed { len: chunk })?
             };
-            if let Some(at) = pending.iter().position(|&(slot, _)| slot == i) {
-                let (_, done) = pending.remove(at);
-                self.copy_out(i, done, dst);
+            if let Some(at) = pending.iter().position(|&(slot, _, _)| slot == i) {
+                let (_, offset, done) = pending.remove(at);
+                self.copy_out(i, offset, done, dst);
             }
             let (shim, s) = self.parts();
-            let ptr = s.ring.slot_mut(i).buffer.as_mut_ptr();
-            // SAFETY: the buffer stays in the ring and is not read until the fence recorded next
-            // passed; it holds a chunk, at least the piece's bytes; the piece lies in the view
-            // at `t`.
+            let slot = s.ring.slot_mut(i);
+            // Fits a usize: a piece is at most a chunk.
+            let offset = slot.place_read(piece.layout.packed_bytes() as usize, chunk_bytes);
+            // SAFETY: `offset` plus the piece's bytes lie in the buffer (`place_read`), which
+            // holds a chunk; the buffer stays in the ring and is not read until the fence
+            // recorded next passed; the piece lies in the view at `t`.
             let copied = unsafe {
                 shim.copy_to_host(
                     &s.raw,
                     t.resolved.addr.offset(piece.device),
-                    ptr,
+                    slot.buffer.as_mut_ptr().add(offset),
                     HostMemory::Pinned,
                     piece.layout,
                 )
             };
             copied.map_err(|e| ServerError::from(self.device.ledger.call_failed(e)))?;
             self.fence_slot(i)?;
-            if pending.push((i, piece)).is_err() {
+            if pending.push((i, offset, piece)).is_err() {
                 // Unreachable: one entry per slot, and the ring holds at most `MAX_DEPTH`.
                 return Err(IoError::HostAllocFailed { len: chunk }.into());
             }
         }
-        for (i, piece) in pending {
+        for (i, offset, piece) in pending {
             let (shim, s) = self.parts();
             if let Some((event, mark)) = s.ring.slot_mut(i).fence.take() {
                 let outcome = FenceOutcome::wait(shim, &event);
                 self.settle_slot(i, outcome, mark)?;
             }
-            self.copy_out(i, piece, dst);
+            self.copy_out(i, offset, piece, dst);
         }
         Ok(true)
     }
 
-    /// Copies `piece` out of slot `i` (whose last fence passed) into `dst`.
-    fn copy_out(&mut self, i: usize, piece: CopyPiece, dst: &mut [u8]) {
+    /// Copies `piece` out of slot `i` (whose last fence passed), where it landed at `offset`,
+    /// into `dst`.
+    fn copy_out(&mut self, i: usize, offset: usize, piece: CopyPiece, dst: &mut [u8]) {
         let (shim, s) = self.parts();
-        let src = s.ring.slot_mut(i).buffer.as_ptr();
+        // SAFETY: `offset` lies in the buffer (`place_read` chose it for this piece).
+        let src = unsafe { s.ring.slot_mut(i).buffer.as_ptr().add(offset) };
         // Fit a usize: the piece lies in `dst` (checked against the layout by the caller).
         let (host, len) = (piece.host as usize, piece.layout.packed_bytes() as usize);
         let dst = &mut dst[host..host + len];
-        // SAFETY: the slot holds at least `len` bytes the device finished writing (its fence
-        // passed); `dst` is `len` bytes of a separate buffer.
+        // SAFETY: the slot holds `len` bytes from `offset` on that the device finished writing
+        // (its fence passed); `dst` is `len` bytes of a separate buffer.
         unsafe { shim.host_copy(dst.as_mut_ptr(), src, len, HostCopy::Unstage) };
     }
 }

@@ -204,6 +204,7 @@ fn config() -> DeviceConfig {
             pipeline_from: u64::MAX,
             chunk: 0,
             depth: 0,
+            read_spread: 0,
         },
         pinned: PinnedConfig {
             page_size: 512,

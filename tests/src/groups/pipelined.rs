@@ -51,7 +51,8 @@ fn read_heap<H: Harness>(
 /// - more copies in a row than the ring has buffers, across two streams (uploads on one,
 ///   pipelined reads on the other);
 /// - a read into heap memory runs through the ring (a fresh stream's pinned pool holds its
-///   buffer after it, where the shim serves pinned memory);
+///   buffer after it, where the shim serves pinned memory), and short reads in a row spread
+///   over every buffer of the ring, each returning its own bytes;
 /// - with a probe: a device copy refused in the middle of an upload fails the whole write (a
 ///   read of any of its bytes is refused) and leaves the ring usable; one refused in the middle
 ///   of a read fails the read, and the next read returns every byte;
@@ -164,6 +165,44 @@ pub fn pipelined<H: Harness>(h: &H, mode: Mode) {
         "[{mode}] a read of 3 pieces into heap memory left {ring} bytes of pinned buffers in \
          use on its stream: it did not run through the staging ring (expected at least one \
          {CHUNK}-byte buffer)"
+    );
+    drop(h);
+
+    // Reads spread over the ring: short reads in a row on a fresh stream land at walking
+    // offsets of every buffer (`read_spread` is far above this ring's three buffers), each
+    // returning its own bytes, not a line an earlier read left there.
+    let s4 = StreamId(4);
+    let short = 1000;
+    let h = must(c.empty(s0, short as u64), "empty");
+    for k in 0..13u8 {
+        let data = pattern(short, 200 + k);
+        must(
+            c.dev
+                .command(s0)
+                .and_then(|mut cmd| cmd.write_from(&h, &data)),
+            "write_from",
+        );
+        let back = must(
+            read_heap(&mut c, s4, &h, CopyLayout::linear(short as u64)),
+            "short pipelined read",
+        );
+        assert!(
+            back == data,
+            "[{mode}] short pipelined read {k} of {short} bytes (spread over the ring): {}",
+            first_diff(&back, &data)
+        );
+    }
+    let ring = c
+        .dev
+        .memory_report()
+        .streams
+        .iter()
+        .find(|(id, _)| *id == s4)
+        .map_or(0, |(_, r)| r.pinned_host().in_use);
+    assert!(
+        !serves_pinned || ring >= 3 * CHUNK,
+        "[{mode}] 13 short reads in a row left {ring} bytes of pinned buffers in use on their \
+         stream: the reads did not spread over the ring's three {CHUNK}-byte buffers"
     );
     drop(h);
 
