@@ -5,6 +5,11 @@
 //! hide.
 //!
 //! Run: `cargo run --release -p devcmd-examples --bin engine-bench` (`--iters N`).
+//!
+//! With `ENGINE_BENCH_COLD=1` it first makes up to 2000 launches each after a walk over 4 MiB
+//! that flushes the data caches, as a driver call between two operations does on a GPU host;
+//! under `valgrind --tool=cachegrind --cache-sim=yes` the data lines each function of the core
+//! misses per operation are then its misses over 2000 (BENCHMARKS.md, issue 16).
 
 use devcmd::address_shim::AddressShim;
 use devcmd::{
@@ -34,6 +39,25 @@ fn per_op(iters: u32, mut f: impl FnMut()) -> f64 {
     }
     batches.sort_by(f64::total_cmp);
     batches[batches.len() / 2]
+}
+
+/// One `Command::launch` of two buffers, not inlined, so a cache profile names it.
+#[inline(never)]
+fn cold_launch(
+    cmd: &mut devcmd::Command<'_, AddressShim>,
+    kernel: &&'static str,
+    a: &devcmd::Handle,
+    b: &devcmd::Handle,
+    params: &[KernelParam<'_>],
+) {
+    cmd.launch(Launch {
+        kernel,
+        dims: LaunchDims::SINGLE,
+        inputs: &[a],
+        outputs: &[b],
+        params,
+    })
+    .expect("launch");
 }
 
 /// `--help`.
@@ -127,6 +151,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let reserve_drop = per_op(iters, || {
         drop(black_box(cmd.empty(4096).expect("empty")));
     });
+    if std::env::var_os("ENGINE_BENCH_COLD").is_some() {
+        // Every launch after the caches were flushed by a walk over 4 MiB: what a driver call
+        // between two operations leaves (run under `valgrind --tool=cachegrind` to count the
+        // lines each function misses).
+        let mut thrash = vec![0u8; 4 << 20];
+        for round in 0..iters.min(2000) {
+            for line in thrash.chunks_mut(64) {
+                line[0] = line[0].wrapping_add(round as u8);
+            }
+            black_box(&thrash);
+            cold_launch(&mut cmd, &kernel, &a, &b, &params);
+        }
+    }
     println!("## The engine's own cost per operation (a shim whose calls do nothing)\n");
     println!("{iters} operations per batch, median of 15 batches.\n");
     println!("| operation | ns/op | over the bare shim call, ns |");
