@@ -145,6 +145,17 @@ impl<S: Shim> PinnedPool<S> {
         }
     }
 
+    /// A pinned buffer of `len` bytes for an optional use (a read's spread over the staging
+    /// ring), or `None`: served only while the bytes in use, with it, stay within half the
+    /// pool's budget, so it never takes what the caller's own buffers would get.
+    pub(crate) fn reserve_spare(&mut self, shim: &S, len: usize) -> Option<PinnedSlice> {
+        self.collect_returns();
+        let in_use = (self.pool.usage() + self.large.usage()).in_use;
+        let with = in_use.saturating_add(u64::try_from(len).ok()?);
+        (with <= self.config.max_bytes / 2).then_some(())?;
+        self.reserve(shim, len, true)
+    }
+
     /// A pinned buffer of `len` bytes, or `None` when the pool cannot serve it (too large, at its
     /// limit, `may_add` false and no room held, or the shim refused). Never panics, whatever
     /// `len`: a length no pinned page can hold is `None`.

@@ -20,9 +20,10 @@
 //! allocation per piece, none per copy once warm) and gives them back at a memory cleanup.
 //!
 //! Reads spread: the ring grows to [`StagingPolicy::read_buffers`] before a read reuses a
-//! buffer, and a read piece shorter than a buffer lands after the last one placed in it, so
-//! the device writes a host line again only after the reads have walked the whole spread (the
-//! host's cores have let go of it by then; a line they still hold costs the DMA twice the time).
+//! buffer (while the stream's pinned pool has half its budget free), and a read piece lands
+//! after the last one placed in its buffer when it fits there, so short reads in a row walk
+//! the whole spread before the device writes a host line again (the host's cores have let go
+//! of it by then; a line they still hold costs the DMA twice the time).
 
 use crate::drop_queue::{DropItem, DropQueue};
 use crate::fault::FenceMark;
@@ -52,13 +53,16 @@ pub struct StagingPolicy {
     /// The pinned memory the pipeline holds per stream is `depth × chunk`.
     pub depth: u32,
     /// Bytes of the ring a stream's pipelined reads spread over before the device writes the
-    /// same host lines again (rounded up to whole buffers, at most `depth` of them; 0: a read
-    /// reuses the buffer in turn at once, as uploads do). The device writes pinned lines that
-    /// the host's cores still hold from the last copy out at half its rate on the H200's host
-    /// (the lines are taken back from the cores' caches first); spread over more than those
-    /// caches hold, the lines have left them by the time they are written again
-    /// (BENCHMARKS.md, "Reads spread over the ring"). The ring of a stream that only reads
-    /// then holds this much pinned memory instead of one buffer.
+    /// same host lines again (rounded up to whole buffers, at most `depth` of them; 0 turns the
+    /// spread off: a read reuses the buffer in turn at once and lands at its start, as uploads
+    /// do). The device writes pinned lines that the host's cores still hold from the last copy
+    /// out at half its rate on the H200's host (the lines are taken back from the cores' caches
+    /// first); spread over more than those caches hold, the lines have left them by the time
+    /// they are written again (BENCHMARKS.md, "Reads spread over the ring"). The ring of a
+    /// stream that reads then holds up to this much pinned memory instead of one buffer, but
+    /// grows for the spread only while the stream's pinned pool has half its budget
+    /// ([`PinnedConfig::max_bytes`](crate::pinned::PinnedConfig::max_bytes)) free, so the caller's own
+    /// pinned buffers keep the rest.
     pub read_spread: u64,
 }
 
@@ -112,7 +116,7 @@ impl StagingPolicy {
             0 => 0,
             chunk => {
                 let buffers = self.read_spread.div_ceil(chunk);
-                usize::try_from(buffers).map_or(usize::MAX, |b| b.min(self.ring_depth()))
+                usize::try_from(buffers).map_or(self.ring_depth(), |b| b.min(self.ring_depth()))
             }
         }
     }
@@ -163,11 +167,12 @@ pub(crate) struct Slot<S: Shim> {
 
 #[cfg_attr(not(feature = "pipeline"), allow(dead_code))]
 impl<S: Shim> Slot<S> {
-    /// The offset in the buffer (of `chunk` bytes) for a read piece of `len` bytes: after the
-    /// last read piece placed here, on the next cache line, or at the start when the piece
-    /// does not fit there (a piece of a whole buffer always lands at the start). Successive
-    /// short reads so walk the buffer, and with the ring's turn the whole spread, before the
-    /// device writes a host line again.
+    /// The offset in the buffer (of `chunk` bytes) for a read piece of `len` bytes: where the
+    /// last read piece placed here ended, rounded up to 64 bytes (a cache line), when the piece
+    /// fits there; otherwise the start. Short reads in a row so walk the buffer, and with the
+    /// ring's turn the whole spread, before the device writes a host line again; a piece longer
+    /// than half a buffer always lands at its start (reads of such sizes reuse lines once per
+    /// turn of the ring).
     pub fn place_read(&mut self, len: usize, chunk: usize) -> usize {
         let at = match self.read_at.checked_add(len) {
             Some(end) if end <= chunk => self.read_at,
@@ -273,10 +278,43 @@ mod tests {
         assert_eq!(slot.place_read(4099, 4099), 0);
         assert_eq!(slot.place_read(1, 4099), 0);
         assert_eq!(slot.place_read(1, 4099), 64);
-        // Every piece lies in the buffer, whatever the sizes in turn.
-        for len in [1, 63, 64, 65, 4000, 4098, 4099, 7, 2048, 2051] {
-            let at = slot.place_read(len, 4099);
-            assert!(at + len <= 4099, "a piece of {len} bytes placed at {at}");
+        // A piece that ends exactly at the buffer's end stays; one byte more wraps.
+        let mut slot = Slot::<crate::test_shim::TestShim> {
+            buffer: HostBuffer::zeroed(4096),
+            fence: None,
+            read_at: 0,
+        };
+        assert_eq!(slot.place_read(1024, 4096), 0);
+        assert_eq!(slot.place_read(3072, 4096), 1024);
+        assert_eq!(slot.place_read(1000, 4096), 0);
+        assert_eq!(slot.place_read(3073, 4096), 0);
+    }
+
+    proptest::proptest! {
+        /// Against a plain model: each piece lands where the last one ended (rounded up to 64
+        /// bytes) if it fits there, else at 0, and always inside the buffer.
+        #[test]
+        fn read_pieces_land_inside_the_buffer_where_the_last_one_ended(
+            chunk in 1usize..10_000,
+            lens in proptest::collection::vec(1usize..10_000, 1..40),
+        ) {
+            let mut slot = Slot::<crate::test_shim::TestShim> {
+                buffer: HostBuffer::zeroed(0),
+                fence: None,
+                read_at: 0,
+            };
+            let mut end = 0usize;
+            for len in lens.into_iter().map(|l| 1 + (l - 1) % chunk) {
+                let at = slot.place_read(len, chunk);
+                let expected = if end.next_multiple_of(64) + len <= chunk {
+                    end.next_multiple_of(64)
+                } else {
+                    0
+                };
+                proptest::prop_assert_eq!(at, expected);
+                proptest::prop_assert!(at + len <= chunk, "{} bytes at {} in {}", len, at, chunk);
+                end = at + len;
+            }
         }
     }
 
@@ -298,6 +336,7 @@ mod tests {
         assert_eq!(policy(0, 4 * MIB, 8).read_buffers(), 0);
         assert_eq!(policy(16 * MIB, 0, 8).read_buffers(), 0);
         assert_eq!(policy(u64::MAX, 1, 3).read_buffers(), 3);
+        assert_eq!(policy(u64::MAX, 1, 99).read_buffers(), MAX_DEPTH as usize);
     }
 
     #[test]

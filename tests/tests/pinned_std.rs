@@ -202,3 +202,72 @@ fn a_mapped_file_is_staged_on_the_heap_when_no_pinned_memory_is_left() {
     let back = cmd.read_owned(x).unwrap().wait().unwrap();
     assert!(back[0].as_slice() == &data[..], "the copy landed");
 }
+
+/// Pipelined reads spread over the staging ring only with room to spare: under a tight pinned
+/// budget the spread stops at half of it, so the caller's own pinned buffer still gets pinned
+/// memory after many reads (review of the spread: it took the whole budget before).
+#[test]
+fn reads_spread_over_the_ring_leave_half_the_pinned_budget_to_the_caller() {
+    use devcmd::pinned::PinnedConfig;
+    use devcmd::staging::StagingPolicy;
+    use devcmd::{CopyLayout, HostBuffer, ReadRequest};
+    const KIB: usize = 1 << 10;
+    let config = DeviceConfig {
+        staging: StagingPolicy {
+            pipeline_from: 1,
+            chunk: 32 * KIB as u64,
+            depth: 4,
+            ..StagingPolicy::default()
+        },
+        pinned: PinnedConfig {
+            page_size: 64 * KIB as u64,
+            max_bytes: 128 * KIB as u64,
+            ..PinnedConfig::default()
+        },
+        ..DeviceConfig::default()
+    };
+    let mut device = Device::new(StdShim::new(), config);
+    let s = StreamId(0);
+    let data: Vec<u8> = (0..32 * KIB).map(|i| (i * 7 % 251) as u8).collect();
+    let h = device.command(s).unwrap().create(&data).unwrap();
+    for k in 0..8 {
+        let back = device
+            .command(s)
+            .unwrap()
+            .read_to(
+                ReadRequest {
+                    handle: &h,
+                    layout: CopyLayout::linear(data.len() as u64),
+                },
+                HostBuffer::zeroed(data.len()),
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert!(
+            back.as_slice() == data.as_slice(),
+            "read {k} returned other bytes"
+        );
+    }
+    let in_use = device
+        .memory_report()
+        .streams
+        .iter()
+        .find(|(id, _)| *id == s)
+        .map_or(0, |(_, r)| r.pinned_host().in_use);
+    assert!(
+        in_use <= 64 * KIB as u64,
+        "8 reads of 32 KiB left {in_use} bytes of pinned buffers in use under a 128 KiB \
+         budget: the spread took more than half of it"
+    );
+    let mine = device
+        .command(s)
+        .unwrap()
+        .reserve_host(64 * KIB, true)
+        .unwrap();
+    assert_eq!(
+        mine.origin(),
+        HostOrigin::Pinned,
+        "after the reads, the caller's 64 KiB buffer found no pinned memory"
+    );
+}

@@ -35,15 +35,23 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// For a read (`read`), the ring first grows to
     /// [`StagingPolicy::read_buffers`](crate::staging::StagingPolicy::read_buffers) even when
-    /// the slot in turn is done: see the spread in [`crate::staging`].
+    /// the slot in turn is done, while the pinned pool has room to spare: see the spread in
+    /// [`crate::staging`].
     fn ring_slot(&mut self, read: bool) -> Result<Option<usize>, ServerError> {
         let policy = self.device.config.staging;
+        // Fits a usize: a chunk larger than the host addresses is no pinned page.
+        let chunk = usize::try_from(policy.chunk).unwrap_or(usize::MAX);
         let (shim, s) = self.parts();
+        // A read first spreads the ring, while the pool has room to spare for it.
+        if read && s.ring.len() < policy.read_buffers() {
+            // Only while nobody records (the callers check), so the pool may add pages.
+            if let Some(slice) = s.pinned.reserve_spare(shim, chunk) {
+                return Ok(Some(s.ring.push(HostBuffer::pinned(slice))));
+            }
+        }
         let turn = s.ring.peek();
-        let spread = read && s.ring.len() < policy.read_buffers();
-        // The slot in turn, if the device is done with it already (and the ring need not grow).
+        // The slot in turn, if the device is done with it already.
         let done = match turn.map(|i| (i, s.ring.slot_mut(i).fence.as_ref())) {
-            _ if spread => None,
             Some((i, None)) => Some((i, None)),
             Some((i, Some((event, _)))) => {
                 FenceOutcome::query(shim, event).map(|outcome| (i, Some(outcome)))
@@ -60,8 +68,6 @@ impl<S: Shim> Command<'_, S> {
                 return Ok(Some(i));
             }
             None if s.ring.len() < policy.ring_depth() => {
-                // Fits a usize: a chunk larger than the host addresses is no pinned page.
-                let chunk = usize::try_from(policy.chunk).unwrap_or(usize::MAX);
                 // Only while nobody records (the callers check), so the pool may add pages.
                 if let Some(slice) = s.pinned.reserve(shim, chunk, true) {
                     return Ok(Some(s.ring.push(HostBuffer::pinned(slice))));
@@ -223,6 +229,7 @@ impl<S: Shim> Command<'_, S> {
         let chunk = self.device.config.staging.chunk;
         // Fits a usize: the ring's buffers are `chunk` bytes of host memory.
         let chunk_bytes = usize::try_from(chunk).unwrap_or(usize::MAX);
+        let spread = self.device.config.staging.read_buffers() > 0;
         // The pieces on their way into ring buffers, as (slot, offset in it, piece), oldest
         // first: they are copied out in the order the device fills them, wherever the ring's
         // turn started (waiting for a later piece first would leave the earlier ones' copies
@@ -246,7 +253,12 @@ impl<S: Shim> Command<'_, S> {
             let (shim, s) = self.parts();
             let slot = s.ring.slot_mut(i);
             // Fits a usize: a piece is at most a chunk.
-            let offset = slot.place_read(piece.layout.packed_bytes() as usize, chunk_bytes);
+            let len = piece.layout.packed_bytes() as usize;
+            let offset = if spread {
+                slot.place_read(len, chunk_bytes)
+            } else {
+                0
+            };
             // SAFETY: `offset` plus the piece's bytes lie in the buffer (`place_read`), which
             // holds a chunk; the buffer stays in the ring and is not read until the fence
             // recorded next passed; the piece lies in the view at `t`.
