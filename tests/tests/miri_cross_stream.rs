@@ -134,3 +134,47 @@ fn work_crosses_streams_in_order() {
 fn work_crosses_streams_in_order_lazy_poison() {
     cross_stream(Mode::LAZY_POISON);
 }
+
+/// Pipelined reads into heap memory, sized for miri: short reads in a row land at walking
+/// offsets of the staging ring's buffers (the read spread) and a read of several pieces cuts
+/// across them; miri checks every pointer the pipeline forms inside a ring buffer and every copy
+/// out of it, and each read's bytes are checked.
+#[test]
+fn pipelined_reads_spread_over_the_ring() {
+    use devcmd::staging::StagingPolicy;
+    use devcmd::{CopyLayout, HostBuffer};
+    let mut cfg = config();
+    cfg.staging = StagingPolicy {
+        pipeline_from: 1,
+        chunk: 1000,
+        depth: 3,
+        ..StagingPolicy::default()
+    };
+    let mut dev = Device::new(shim(Mode::NORMAL), cfg);
+    let s = StreamId(0);
+    let data: Vec<u8> = (0..2500u32).map(|i| (i * 13 % 251) as u8).collect();
+    let h = dev.command(s).unwrap().create(&data).unwrap();
+    for (k, len) in [300u64, 300, 300, 300, 700, 1000, 2500, 1, 999]
+        .into_iter()
+        .enumerate()
+    {
+        let layout = CopyLayout::linear(len);
+        let back = dev
+            .command(s)
+            .unwrap()
+            .read_to(
+                ReadRequest { handle: &h, layout },
+                HostBuffer::zeroed(len as usize),
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(
+            back.as_slice(),
+            &data[..len as usize],
+            "read {k} of {len} bytes"
+        );
+    }
+    drop(h);
+    dev.command(s).unwrap().memory_cleanup().unwrap();
+}
