@@ -119,6 +119,12 @@ static void pool_copy(char *dst, const char *src, size_t len) {
     while (pool.done.load(std::memory_order_acquire) < pool.k - 1) __builtin_ia32_pause();
 }
 
+// One DMA of `len` bytes from the device into `dst`, waited for.
+static void dma_in(char *dst, const char *dev, size_t len, cudaStream_t s) {
+    CK(cudaMemcpyAsync(dst, dev, len, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+}
+
 static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -142,24 +148,20 @@ static void sources(char *dev, cudaStream_t s) {
         std::vector<double> da, dr, oa, orr, ha, hr, hh;
         for (int r = 0; r < 200; r++) {
             double a = now_us();
-            CK(cudaMemcpyAsync(pin, dev, len, cudaMemcpyDeviceToHost, s));
-            CK(cudaStreamSynchronize(s));
+            dma_in(pin, dev, len, s);
             double b = now_us();
-            CK(cudaMemcpyAsync(reg, dev, len, cudaMemcpyDeviceToHost, s));
-            CK(cudaStreamSynchronize(s));
+            dma_in(reg, dev, len, s);
             double c = now_us();
             da.push_back(b - a); dr.push_back(c - b);
         }
         for (int r = 0; r < 200; r++) {
             double a = now_us();
-            CK(cudaMemcpyAsync(pin, dev, len, cudaMemcpyDeviceToHost, s));
-            CK(cudaStreamSynchronize(s));
+            dma_in(pin, dev, len, s);
             memcpy(dst, pin, len);
             double b = now_us();
             memcpy(dst, pin, len);
             double c = now_us();
-            CK(cudaMemcpyAsync(reg, dev, len, cudaMemcpyDeviceToHost, s));
-            CK(cudaStreamSynchronize(s));
+            dma_in(reg, dev, len, s);
             memcpy(dst, reg, len);
             double d = now_us();
             memcpy(dst, reg, len);
@@ -192,8 +194,7 @@ static void flushed(char *dev, cudaStream_t s) {
                 flush_src.store(f);
                 for (int r = 0; r < 200; r++) {
                     double a = now_us();
-                    CK(cudaMemcpyAsync(pin, dev, len, cudaMemcpyDeviceToHost, s));
-                    CK(cudaStreamSynchronize(s));
+                    dma_in(pin, dev, len, s);
                     double b = now_us();
                     pool_copy(dst, pin, len);
                     double c = now_us();
@@ -232,8 +233,7 @@ static void rotated(char *dev, cudaStream_t s) {
             for (int r = 0; r < 200; r++) {
                 char *buf = pin + (r % R) * len;
                 double a = now_us();
-                CK(cudaMemcpyAsync(buf, dev, len, cudaMemcpyDeviceToHost, s));
-                CK(cudaStreamSynchronize(s));
+                dma_in(buf, dev, len, s);
                 double b = now_us();
                 pool_copy(dst, buf, len);
                 double c = now_us();
@@ -269,8 +269,7 @@ int main() {
         std::vector<double> dma, out1, hot1, t1, t4, t8, p4, p8;
         for (int r = 0; r < reps; r++) {
             double a = now_us();
-            CK(cudaMemcpyAsync(pin, dev, len, cudaMemcpyDeviceToHost, s));
-            CK(cudaStreamSynchronize(s));
+            dma_in(pin, dev, len, s);
             double b = now_us();
             memcpy(heap, pin, len);
             double c = now_us();
@@ -283,8 +282,7 @@ int main() {
             pool_start(k);
             for (int r = 0; r < reps; r++) {
                 double a = now_us();
-                CK(cudaMemcpyAsync(pin, dev, len, cudaMemcpyDeviceToHost, s));
-                CK(cudaStreamSynchronize(s));
+                dma_in(pin, dev, len, s);
                 pool_copy(heap, pin, len);
                 (k == 4 ? t4 : t8).push_back(now_us() - a);
             }

@@ -151,8 +151,9 @@ impl<S: Shim> PinnedPool<S> {
     pub(crate) fn reserve_spare(&mut self, shim: &S, len: usize) -> Option<PinnedSlice> {
         self.collect_returns();
         let in_use = (self.pool.usage() + self.large.usage()).in_use;
-        let with = in_use.saturating_add(u64::try_from(len).ok()?);
-        (with <= self.config.max_bytes / 2).then_some(())?;
+        if in_use.saturating_add(u64::try_from(len).ok()?) > self.config.max_bytes / 2 {
+            return None;
+        }
         self.reserve(shim, len, true)
     }
 

@@ -114,10 +114,9 @@ impl StagingPolicy {
     pub fn read_buffers(&self) -> usize {
         match self.chunk {
             0 => 0,
-            chunk => {
-                let buffers = self.read_spread.div_ceil(chunk);
-                usize::try_from(buffers).map_or(self.ring_depth(), |b| b.min(self.ring_depth()))
-            }
+            chunk => usize::try_from(self.read_spread.div_ceil(chunk))
+                .unwrap_or(usize::MAX)
+                .min(self.ring_depth()),
         }
     }
 }
@@ -160,7 +159,7 @@ impl Staging {
 pub(crate) struct Slot<S: Shim> {
     pub buffer: HostBuffer,
     pub fence: Option<(S::Event, FenceMark)>,
-    /// Where in the buffer the next read piece shorter than the buffer lands
+    /// Where the last read piece placed here ended, rounded up to 64 bytes
     /// ([`Slot::place_read`]).
     read_at: usize,
 }
@@ -170,9 +169,8 @@ impl<S: Shim> Slot<S> {
     /// The offset in the buffer (of `chunk` bytes) for a read piece of `len` bytes: where the
     /// last read piece placed here ended, rounded up to 64 bytes (a cache line), when the piece
     /// fits there; otherwise the start. Short reads in a row so walk the buffer, and with the
-    /// ring's turn the whole spread, before the device writes a host line again; a piece longer
-    /// than half a buffer always lands at its start (reads of such sizes reuse lines once per
-    /// turn of the ring).
+    /// ring's turn the whole spread, before the device writes a host line again; pieces too
+    /// long to share a buffer reuse its start once per turn of the ring.
     pub fn place_read(&mut self, len: usize, chunk: usize) -> usize {
         let at = match self.read_at.checked_add(len) {
             Some(end) if end <= chunk => self.read_at,

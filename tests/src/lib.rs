@@ -60,6 +60,7 @@ pub use harness::{
 };
 pub use skip::skipped_groups;
 pub use std_harness::{IntegratedStdHarness, StdHarness, StdProbe};
+pub use util::pinned_in_use;
 
 /// Seeds of the failure-rule property per mode ([`groups::failure_rule`]).
 pub const FAILURE_SEEDS: u64 = 40;

@@ -320,6 +320,19 @@ impl Rng {
     }
 }
 
+/// Bytes of pinned host buffers in use on `stream`'s pool (0 for a stream the report does not
+/// list): what a staging ring holds after a copy.
+pub fn pinned_in_use<S: devcmd::Shim>(
+    dev: &mut devcmd::Device<S>,
+    stream: devcmd::StreamId,
+) -> u64 {
+    dev.memory_report()
+        .streams
+        .iter()
+        .find(|(id, _)| *id == stream)
+        .map_or(0, |(_, r)| r.pinned_host().in_use)
+}
+
 /// `n` bytes of a recognisable pattern seeded by `seed`.
 pub(crate) fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)

@@ -249,12 +249,7 @@ fn reads_spread_over_the_ring_leave_half_the_pinned_budget_to_the_caller() {
             "read {k} returned other bytes"
         );
     }
-    let in_use = device
-        .memory_report()
-        .streams
-        .iter()
-        .find(|(id, _)| *id == s)
-        .map_or(0, |(_, r)| r.pinned_host().in_use);
+    let in_use = devcmd_tests::pinned_in_use(&mut device, s);
     assert!(
         in_use <= 64 * KIB as u64,
         "8 reads of 32 KiB left {in_use} bytes of pinned buffers in use under a 128 KiB \

@@ -41,9 +41,10 @@ fn per_op(iters: u32, mut f: impl FnMut()) -> f64 {
     batches[batches.len() / 2]
 }
 
-/// One `Command::launch` of two buffers, not inlined, so a cache profile names it.
+/// One `Command::launch` of two buffers (the warm and the cold rows), not inlined, so a cache
+/// profile names it.
 #[inline(never)]
-fn cold_launch(
+fn launch_two(
     cmd: &mut devcmd::Command<'_, AddressShim>,
     kernel: &&'static str,
     a: &devcmd::Handle,
@@ -124,16 +125,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         .expect("launch");
     });
-    let launch = per_op(iters, || {
-        cmd.launch(Launch {
-            kernel: &kernel,
-            dims: LaunchDims::SINGLE,
-            inputs: &[&a],
-            outputs: &[&b],
-            params: &params,
-        })
-        .expect("launch");
-    });
+    let launch = per_op(iters, || launch_two(&mut cmd, &kernel, &a, &b, &params));
     let (reads, writes) = ([&a, &b], [&c]);
     let library = per_op(iters, || {
         let work = LibraryWork::new("gemm", &reads, &writes);
@@ -161,7 +153,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 line[0] = line[0].wrapping_add(round as u8);
             }
             black_box(&thrash);
-            cold_launch(&mut cmd, &kernel, &a, &b, &params);
+            launch_two(&mut cmd, &kernel, &a, &b, &params);
         }
     }
     println!("## The engine's own cost per operation (a shim whose calls do nothing)\n");

@@ -2,7 +2,7 @@
 //! stream's staging ring ([`devcmd::staging`]).
 
 use crate::harness::{FaultRule, Harness, Mode};
-use crate::util::{Ctx, first_diff, must, pattern};
+use crate::util::{Ctx, first_diff, must, pattern, pinned_in_use};
 use devcmd::staging::StagingPolicy;
 use devcmd::{
     CopyLayout, DeviceConfig, Handle, HostBuffer, ReadRequest, ServerError, ShimOp, StreamId,
@@ -153,13 +153,7 @@ pub fn pipelined<H: Harness>(h: &H, mode: Mode) {
         read_heap(&mut c, s3, &h, CopyLayout::linear(3 * CHUNK)),
         "pipelined read on a fresh stream",
     );
-    let ring = c
-        .dev
-        .memory_report()
-        .streams
-        .iter()
-        .find(|(id, _)| *id == s3)
-        .map_or(0, |(_, r)| r.pinned_host().in_use);
+    let ring = pinned_in_use(&mut c.dev, s3);
     assert!(
         !serves_pinned || ring >= CHUNK,
         "[{mode}] a read of 3 pieces into heap memory left {ring} bytes of pinned buffers in \
@@ -192,13 +186,7 @@ pub fn pipelined<H: Harness>(h: &H, mode: Mode) {
             first_diff(&back, &data)
         );
     }
-    let ring = c
-        .dev
-        .memory_report()
-        .streams
-        .iter()
-        .find(|(id, _)| *id == s4)
-        .map_or(0, |(_, r)| r.pinned_host().in_use);
+    let ring = pinned_in_use(&mut c.dev, s4);
     assert!(
         !serves_pinned || ring >= 3 * CHUNK,
         "[{mode}] 13 short reads in a row left {ring} bytes of pinned buffers in use on their \
