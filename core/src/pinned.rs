@@ -148,6 +148,7 @@ impl<S: Shim> PinnedPool<S> {
     /// A pinned buffer of `len` bytes for an optional use (a read's spread over the staging
     /// ring), or `None`: served only while the bytes in use, with it, stay within half the
     /// pool's budget, so it never takes what the caller's own buffers would get.
+    #[cfg(feature = "pipeline")]
     pub(crate) fn reserve_spare(&mut self, shim: &S, len: usize) -> Option<PinnedSlice> {
         self.collect_returns();
         let in_use = (self.pool.usage() + self.large.usage()).in_use;
