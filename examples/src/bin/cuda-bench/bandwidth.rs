@@ -4,6 +4,26 @@
 //! raw DMA from and into pinned memory and against the driver's own pageable path, a
 //! registration kept across writes, and a sweep of the pipeline's settings (host copy threads,
 //! piece size, ring depth).
+//!
+//! Cached against evicted sources (BENCHMARKS.md, the issue 18 section). The main table's
+//! uploads of 256 MiB and 1 GiB ran at about 0.40 of raw pinned while the sweep's ran at
+//! 0.75–0.95 at 256 MiB; the likely difference is whether the source is still in the host's
+//! last-level cache (300 MiB on the H200's host) when it is uploaded: in the sweep only devcmd's
+//! readbacks (streaming stores from 2 MiB) run between two uploads, in the main table the rows
+//! staged by hand (ordinary copies into and out of a pinned page of the same size) come before
+//! each upload. So from 16 MiB
+//! ([`CACHE_ROWS_FROM`]) each round times the same upload loop twice more (`devcmd_upload`, the
+//! main row's own function, same reps), reported in a table of their own as ratios to the same
+//! raw pinned median: "again", right after the main row's loop (the source as that loop left it
+//! in the caches), and "evicted", after every core wrote its share of a 1 GiB scratch buffer
+//! with ordinary stores ([`Evictor`]). The eviction precedes the loop only: its first write
+//! reads the source from DRAM, later ones find whatever of it the loop left in the caches
+//! (likely all of it at 16–64 MiB, whose loops run 64 and 16 writes; none of 1 GiB).
+//!
+//! `CUDA_BENCH_COPY_THREADS=7,11,15`: after the main table, the evicted upload and the readback
+//! again at the same sizes on a device of each helper thread count (`with_copy_threads`, as the
+//! sweep builds its devices), against raw pinned measured beside: whether more threads help an
+//! upload bound by the host's DRAM.
 
 use super::{Res, Rounds, S, bind, cu, gbps, human, median, met, sync};
 use devcmd::staging::StagingPolicy;
@@ -11,6 +31,7 @@ use devcmd::{
     Device, DeviceConfig, ExternalBytes, HostBuffer, HostCopy, HostOrigin, ReadRequest, Shim,
 };
 use devcmd_cuda::{CudaShim, CudaStream, sys};
+use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -161,14 +182,82 @@ fn reps_for(size: usize) -> usize {
     ((1usize << 30) / size).clamp(4, 2000)
 }
 
+/// The sizes from which the main table's rounds time the "again" and "evicted" uploads, and the
+/// sizes of the helper thread table.
+const CACHE_ROWS_FROM: usize = 16 << 20;
+
+/// A scratch buffer larger than the host's last-level cache (300 MiB on the H200's host),
+/// allocated once: writing it evicts an upload's source from the caches.
+struct Evictor(Vec<u64>);
+
+impl Evictor {
+    const BYTES: usize = 1 << 30;
+
+    fn new() -> Self {
+        Self(vec![0; Self::BYTES / 8])
+    }
+
+    /// Every word read and written back changed, with ordinary loads and stores (no `memset`,
+    /// which streams past the caches at this size), split among the host's cores so their own
+    /// caches are emptied as well as the shared one.
+    fn evict(&mut self) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let part = self.0.len().div_ceil(cores);
+        std::thread::scope(|s| {
+            for words in self.0.chunks_mut(part) {
+                s.spawn(move || {
+                    for w in words.iter_mut() {
+                        *w = w.wrapping_add(1);
+                    }
+                    black_box(words);
+                });
+            }
+        });
+    }
+}
+
 fn pattern(size: usize) -> Vec<u8> {
     (0..size)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(7))
         .collect()
 }
 
-/// devcmd's rates on `device` for `size` bytes: (upload by `write_from`, readback by `read_to`
-/// into a kept heap buffer), GB/s, checking the bytes once.
+/// devcmd's upload on `device`: `reps` times `write_from` of `data`, one sync after them: GB/s.
+fn devcmd_upload(
+    device: &mut Device<CudaShim>,
+    h: &devcmd::Handle,
+    data: &[u8],
+    reps: usize,
+) -> Res<f64> {
+    let mut cmd = device.command(S)?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        cmd.write_from(h, data)?;
+    }
+    cmd.sync()?.wait()?;
+    Ok(gbps(data.len() * reps, t.elapsed()))
+}
+
+/// devcmd's readback on `device`: `reps` times `read_to` of `h` into the kept heap buffer
+/// `back`, each waited for: GB/s.
+fn devcmd_readback(
+    device: &mut Device<CudaShim>,
+    h: &devcmd::Handle,
+    back: &mut Option<HostBuffer>,
+    reps: usize,
+) -> Res<f64> {
+    let mut cmd = device.command(S)?;
+    let t = Instant::now();
+    let mut size = 0;
+    for _ in 0..reps {
+        let buffer = back.take().ok_or("the readback buffer is kept")?;
+        size = buffer.len();
+        *back = Some(cmd.read_to(ReadRequest::whole(h), buffer)?.wait()?);
+    }
+    Ok(gbps(size * reps, t.elapsed()))
+}
+
+/// devcmd's rates on `device` for `data`: (upload, readback), GB/s.
 fn devcmd_rates(
     device: &mut Device<CudaShim>,
     h: &devcmd::Handle,
@@ -176,26 +265,14 @@ fn devcmd_rates(
     back: &mut Option<HostBuffer>,
     reps: usize,
 ) -> Res<(f64, f64)> {
-    let size = data.len();
-    let mut cmd = device.command(S)?;
-    let t = Instant::now();
-    for _ in 0..reps {
-        cmd.write_from(h, data)?;
-    }
-    cmd.sync()?.wait()?;
-    let up = gbps(size * reps, t.elapsed());
-    let t = Instant::now();
-    for _ in 0..reps {
-        let buffer = back.take().ok_or("the readback buffer is kept")?;
-        *back = Some(cmd.read_to(ReadRequest::whole(h), buffer)?.wait()?);
-    }
-    let down = gbps(size * reps, t.elapsed());
-    Ok((up, down))
+    let up = devcmd_upload(device, h, data, reps)?;
+    Ok((up, devcmd_readback(device, h, back, reps)?))
 }
 
 /// Upload and readback bandwidth (see the module documentation).
 pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()> {
     let asked = sizes_asked()?;
+    let copy_threads = copy_threads_asked()?;
     let sizes: &[usize] = if let Some(asked) = &asked {
         asked
     } else if quick {
@@ -217,6 +294,10 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
     let threads = devcmd::workers::CopyWorkers::default_threads();
     let mut device = Device::new(shim.clone(), DeviceConfig::default());
     let stream = shim.create_stream()?;
+    let mut evictor = sizes
+        .iter()
+        .any(|&s| s >= CACHE_ROWS_FROM)
+        .then(Evictor::new);
     println!(
         "## Upload and readback bandwidth, GB/s (median of {} rounds after {})\n",
         rounds.timed, rounds.warm
@@ -244,6 +325,7 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut missed = Vec::new();
     let mut bounds = Vec::new();
+    let mut cache_rows = Vec::new();
     let mut pinned_peak = 0u64;
     for &size in sizes {
         let reps = reps_for(size);
@@ -260,9 +342,30 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
         let h = device.command(S)?.empty(size as u64)?;
         let mut back = Some(HostBuffer::try_zeroed(size)?);
         let mut cols: [Vec<f64>; 9] = Default::default();
+        // The "again" and "evicted" uploads (from CACHE_ROWS_FROM; the module documentation).
+        let (mut again, mut evicted) = (Vec::new(), Vec::new());
+        let mut cache = if size >= CACHE_ROWS_FROM {
+            evictor.as_mut()
+        } else {
+            None
+        };
         for round in 0..rounds.all() {
             let pinned_up = raw.upload(raw.pin, reps)?;
-            let (up, down) = devcmd_rates(&mut device, &h, &data, &mut back, reps)?;
+            let up = devcmd_upload(&mut device, &h, &data, reps)?;
+            let again_up = match cache {
+                Some(_) => devcmd_upload(&mut device, &h, &data, reps)?,
+                None => f64::NAN,
+            };
+            let down = devcmd_readback(&mut device, &h, &mut back, reps)?;
+            // After the readback, so devcmd's main rows follow what they followed before this
+            // table (the readback an upload of the same bytes, the upload the rows by hand).
+            let evicted_up = match &mut cache {
+                Some(e) => {
+                    e.evict();
+                    devcmd_upload(&mut device, &h, &data, reps)?
+                }
+                None => f64::NAN,
+            };
             let pageable_up = raw.upload(data.as_ptr(), reps)?;
             let mut cmd = device.command(S)?;
             let t = Instant::now();
@@ -276,6 +379,8 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
             let staged_up = raw.upload_staged(data.as_ptr(), reps)?;
             let staged_down = raw.readback_staged(back_raw.as_mut_ptr(), reps)?;
             if round >= rounds.warm {
+                again.push(again_up);
+                evicted.push(evicted_up);
                 for (c, v) in cols.iter_mut().zip([
                     up,
                     pinned_up,
@@ -316,6 +421,14 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
             || (size >= 64 << 10 && kept_p < 0.95)
         {
             missed.push(human(size));
+        }
+        if cache.is_some() {
+            cache_rows.push(format!(
+                "| {} | {up_p:.2} | {:.2} | {:.2} |",
+                human(size),
+                median(&again) / m[1],
+                median(&evicted) / m[1]
+            ));
         }
         bounds.push(format!(
             "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
@@ -368,6 +481,31 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
         println!("{row}");
     }
     println!();
+    if !cache_rows.is_empty() {
+        println!(
+            "The source cached or evicted (same rounds, ratios to the raw pinned upload above): \
+             the main row's upload loop timed again right after it (\"again\"), and after every \
+             core wrote its share of a {} scratch buffer with ordinary stores, more than the \
+             host's last-level cache (\"evicted\"; the loop's later writes may find the source \
+             cached again). The main row's upload follows the previous round's rows staged by \
+             hand.\n",
+            human(Evictor::BYTES)
+        );
+        println!("| size | devcmd / pinned | again / pinned | evicted / pinned |");
+        println!("|---:|---:|---:|---:|");
+        for row in &cache_rows {
+            println!("{row}");
+        }
+        println!();
+    }
+    if let (Some(threads), Some(evictor)) = (&copy_threads, &mut evictor) {
+        let big: Vec<usize> = sizes
+            .iter()
+            .copied()
+            .filter(|&s| s >= CACHE_ROWS_FROM)
+            .collect();
+        thread_counts(shim, &stream, rounds, &big, threads, evictor)?;
+    }
     if asked.is_some() {
         // A chosen set of sizes is a probe of the main table: no host copy table, no sweep.
         return Ok(());
@@ -393,6 +531,87 @@ fn sizes_asked() -> Res<Option<Vec<usize>>> {
         })
         .collect::<Res<Vec<_>>>()
         .map(Some)
+}
+
+/// `CUDA_BENCH_COPY_THREADS`: helper thread counts, comma-separated (`7,11,15`), for the table
+/// of evicted uploads by thread count; unset, no such table.
+fn copy_threads_asked() -> Res<Option<Vec<usize>>> {
+    let Ok(list) = std::env::var("CUDA_BENCH_COPY_THREADS") else {
+        return Ok(None);
+    };
+    list.split(',')
+        .map(|n| match n.trim().parse::<usize>() {
+            Ok(n) if n <= devcmd::workers::MAX_THREADS => Ok(n),
+            _ => Err(format!(
+                "CUDA_BENCH_COPY_THREADS={list}: `{n}` is no thread count; give counts of 0 to \
+                 {}, comma-separated (7,11,15)",
+                devcmd::workers::MAX_THREADS
+            )
+            .into()),
+        })
+        .collect::<Res<Vec<_>>>()
+        .map(Some)
+}
+
+/// The evicted upload (the main table's "evicted" row) and the readback at `sizes` on a device
+/// of each helper thread count in `threads`, against raw pinned DMA measured in the same rounds:
+/// whether more threads help an upload whose source comes from the host's DRAM.
+fn thread_counts(
+    shim: &CudaShim,
+    stream: &CudaStream,
+    rounds: Rounds,
+    sizes: &[usize],
+    threads: &[usize],
+    evictor: &mut Evictor,
+) -> Res<()> {
+    if sizes.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "### Helper threads against an evicted source (`CUDA_BENCH_COPY_THREADS`; median of {} \
+         rounds after {})\n",
+        rounds.timed, rounds.warm
+    );
+    println!(
+        "Per round: raw pinned upload, the scratch written, devcmd's upload loop (as \"evicted\" \
+         above), devcmd's readback, raw pinned readback; a device per thread count \
+         (`CudaShim::with_copy_threads`), default staging policy.\n"
+    );
+    println!("| helper threads | size | evicted upload / pinned | readback / pinned |");
+    println!("|---:|---:|---:|---:|");
+    for &size in sizes {
+        let reps = reps_for(size);
+        let data = pattern(size);
+        let raw = Raw::new(shim, stream, &data)?;
+        for &n in threads {
+            let mut device =
+                Device::new(shim.clone().with_copy_threads(n), DeviceConfig::default());
+            let h = device.command(S)?.empty(size as u64)?;
+            let mut back = Some(HostBuffer::try_zeroed(size)?);
+            let mut cols: [Vec<f64>; 4] = Default::default();
+            for round in 0..rounds.all() {
+                let pinned_up = raw.upload(raw.pin, reps)?;
+                evictor.evict();
+                let up = devcmd_upload(&mut device, &h, &data, reps)?;
+                let down = devcmd_readback(&mut device, &h, &mut back, reps)?;
+                let pinned_down = raw.readback(raw.pin, reps)?;
+                if round >= rounds.warm {
+                    for (c, v) in cols.iter_mut().zip([up, pinned_up, down, pinned_down]) {
+                        c.push(v);
+                    }
+                }
+            }
+            let m: Vec<f64> = cols.iter().map(|c| median(c)).collect();
+            println!(
+                "| {n} | {} | {:.2} | {:.2} |",
+                human(size),
+                m[0] / m[1],
+                m[2] / m[3]
+            );
+        }
+    }
+    println!();
+    Ok(())
 }
 
 /// The host copy alone (`CopyWorkers::copy`) from pageable memory into pinned memory: threads,

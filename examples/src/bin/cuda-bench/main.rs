@@ -10,7 +10,9 @@
 //! - bandwidth, 4 KiB to 1 GiB (`bandwidth.rs`): `Command::write_from` of pageable bytes and
 //!   `Command::read_to` into a heap buffer (the pipeline) against `cuMemcpyHtoDAsync` /
 //!   `cuMemcpyDtoHAsync` from and to pinned memory and the driver's pageable path, a kept
-//!   registration, and a sweep of the pipeline's settings;
+//!   registration, the upload again with its source cached and evicted from the host's
+//!   last-level cache (from 16 MiB: why the main table's large uploads trail the sweep's,
+//!   BENCHMARKS.md's issue 18 section), and a sweep of the pipeline's settings;
 //! - reserve + drop: `Command::empty` then drop, in steady state, against `cuMemAllocAsync` +
 //!   `cuMemFreeAsync` on a stream and `cuMemAlloc` + `cuMemFree`;
 //! - the edge host's serving loop ([`devcmd_examples::serve`]) against a plain driver program
@@ -33,7 +35,8 @@
 //! Run: `cargo run --release -p devcmd-examples --bin cuda-bench` (`--quick`: fewer rounds;
 //! `--only launch,library`: those sections alone, of launch, bandwidth, reserve, edge, library,
 //! peer; `CUDA_BENCH_SIZES=256,1024` in the environment: the bandwidth table at those sizes in
-//! KiB alone, without its sweep);
+//! KiB alone, without its sweep; `CUDA_BENCH_COPY_THREADS=7,11,15`: also the evicted upload and
+//! the readback from 16 MiB on a device of each of those helper thread counts);
 //! `examples/gpu-run.sh` says how it ran on the H200 (BENCHMARKS.md).
 //! Without a GPU or driver it prints the shim's "no CUDA driver found: ..." and exits with 3
 //! ([`devcmd_examples::exit`]'s codes, which `--help` lists).
@@ -234,7 +237,9 @@ cuda-bench: devcmd on the first NVIDIA GPU against raw driver calls, as markdown
 usage: cuda-bench [--quick] [--only SECTIONS]
   --quick          fewer rounds
   --only SECTIONS  a comma-separated list of launch, bandwidth, reserve, edge, library, peer
-environment: CUDA_BENCH_SIZES=256,1024  the bandwidth table at these sizes (KiB) alone, no sweep";
+environment: CUDA_BENCH_SIZES=256,1024  the bandwidth table at these sizes (KiB) alone, no sweep
+             CUDA_BENCH_COPY_THREADS=7,11,15  also the evicted upload and the readback from
+                                              16 MiB with these helper thread counts";
 
 fn main() -> ExitCode {
     devcmd_examples::exit::quiet_on_closed_output();
