@@ -65,28 +65,34 @@ impl Default for DeviceConfig {
 
 /// A device: the shim, its streams and the device-wide state. Driven by one thread at a time;
 /// wrap it in a `spin::Mutex` to share it.
+///
+/// Laid out in the order of its fields, what every operation reads first: the ledger (its
+/// attention word), the shim, the streams and the id share the first cache line, the failure,
+/// cross-stream and capture records follow; what only setup and reports read comes last. A
+/// driver call between two operations leaves the device cold, and each line it reads costs a miss.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub struct Device<S: Shim> {
+    pub(crate) ledger: FaultLedger,
     pub(crate) shim: Arc<S>,
-    pub(crate) id: u32,
-    pub(crate) facts: DeviceFacts,
-    pub(crate) config: DeviceConfig,
-    pub(crate) budget: MemoryBudget,
     /// Boxed: a stream's state is kilobytes, and the vector grows as streams are first used.
     pub(crate) streams: Vec<Option<alloc::boxed::Box<Stream<S>>>>,
-    pub(crate) failures: Failures,
-    pub(crate) ledger: FaultLedger,
-    /// Scratch for freed allocation ids.
-    pub(crate) freed: Vec<u64>,
-    /// Which streams used each allocation besides its owner (see `order.rs`).
-    pub(crate) foreign_uses: ForeignUses,
-    /// The spans of a launch of more buffers than fit on the stack, kept for the next one.
-    pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
-    /// The capture state: whether a stream records, and the graphs callers dropped.
-    pub(crate) capture: CaptureState<S>,
+    pub(crate) id: u32,
     /// A copy to another device may still read this device's memory, its end unknown
     /// (`command/across.rs`): teardown then leaks every page rather than free one under it.
     pub(crate) read_by_peer: bool,
+    /// Which streams used each allocation besides its owner (see `order.rs`).
+    pub(crate) foreign_uses: ForeignUses,
+    pub(crate) failures: Failures,
+    /// The capture state: whether a stream records, and the graphs callers dropped.
+    pub(crate) capture: CaptureState<S>,
+    /// Scratch for freed allocation ids.
+    pub(crate) freed: Vec<u64>,
+    /// The spans of a launch of more buffers than fit on the stack, kept for the next one.
+    pub(crate) launch_spans: Vec<crate::shim::DeviceSpan>,
+    pub(crate) budget: MemoryBudget,
+    pub(crate) facts: DeviceFacts,
+    pub(crate) config: DeviceConfig,
 }
 
 impl<S: Shim> Device<S> {
@@ -221,7 +227,7 @@ impl<S: Shim> Device<S> {
             let memory_config = self.config.memory;
             let mut memory =
                 MemoryManager::new(&self.facts, memory_config, issuer, self.budget.clone());
-            memory.track_frees();
+            memory.track_frees(self.ledger.attention());
             memory.map_pages(self.zero_copy());
             let drops = DropQueue::new(self.config.drops, self.capture.flag());
             self.streams[index] = Some(alloc::boxed::Box::new(Stream {
@@ -329,6 +335,20 @@ impl<S: Shim> Device<S> {
     /// retired pages go into the stream's drop queue, which frees them on the device once a fence
     /// after their last use passed.
     pub(crate) fn collect(&mut self) {
+        // Nothing came back, was freed or retired, and no future left anything since the last
+        // look (the usual case between operations): one load, no stream visited.
+        if !self.ledger.bookkeeping_due() {
+            // What the device thread itself leaves rings before it is left (another thread's
+            // return may be pushed between the ring's answer and this check: not checked).
+            debug_assert!(
+                self.streams
+                    .iter()
+                    .flatten()
+                    .all(|s| !s.memory.has_freed() && !s.memory.has_retired()),
+                "bookkeeping left without a ring"
+            );
+            return;
+        }
         for s in self.streams.iter_mut().flatten() {
             s.memory.take_freed(&mut self.freed);
             s.queue_retired();

@@ -21,6 +21,7 @@
 //! | [`FenceOutcome::Unknown`] | maybe not: what it covered is leaked | unchanged | [`ServerError::Device`] |
 //! | [`FenceOutcome::DeviceLost`] | yes: nothing runs again | the device is lost | [`ServerError::DeviceLost`] |
 
+use crate::attention::Attention;
 use crate::error::{DriverError, Fault, ServerError};
 use crate::host::HostBuffer;
 use crate::memory::Binding;
@@ -230,14 +231,16 @@ impl Ledger {
 /// or sync. Shared (cheaply cloned) with the futures of reads and syncs, which may be the ones to
 /// find out.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct FaultLedger(Arc<Shared>);
+pub(crate) struct FaultLedger {
+    shared: Arc<Shared>,
+    /// Whether a fault is on record (until then every check passes without the lock: the path
+    /// every operation takes), in the device's attention word beside its bookkeeping request.
+    attention: Arc<Attention>,
+}
 
 #[derive(Debug, Default)]
 struct Shared {
     ledger: spin::Mutex<Ledger>,
-    /// Set once a stream's work failed or the device is lost (never cleared): until then every
-    /// check passes without taking the lock, the path every operation takes.
-    faulted: AtomicBool,
     /// What futures could not wait for while a stream recorded: `(stream, buffers, bindings)`,
     /// handed to that stream's drop queue at the device's next operation.
     orphans: spin::Mutex<Vec<Orphan>>,
@@ -256,34 +259,47 @@ impl core::ops::Deref for Shared {
 }
 
 impl FaultLedger {
+    /// The device's attention word, for what else asks for its bookkeeping (its streams'
+    /// managers).
+    pub(crate) fn attention(&self) -> Arc<Attention> {
+        Arc::clone(&self.attention)
+    }
+
+    /// Whether bookkeeping was asked for since the last call (see [`Attention::answer`]).
+    #[inline]
+    pub(crate) fn bookkeeping_due(&self) -> bool {
+        self.attention.answer()
+    }
+
     /// Whether no stream's work failed and the device is not lost: every check passes.
     pub(crate) fn clean(&self) -> bool {
-        !self.0.faulted.load(Ordering::Acquire)
+        !self.attention.faulted()
     }
 
     /// Records that a check may now fail (a stream's work failed, or the device is lost).
     fn mark_faulted(&self) {
-        self.0.faulted.store(true, Ordering::Release);
+        self.attention.mark_faulted();
     }
 
     /// Keeps what a future could not wait for, for its stream's drop queue.
     pub fn orphan(&self, orphan: Orphan) {
-        self.0.orphans.lock().push(orphan);
-        self.0.has_orphans.store(true, Ordering::Release);
+        self.shared.orphans.lock().push(orphan);
+        self.shared.has_orphans.store(true, Ordering::Release);
+        self.attention.ring();
     }
 
     /// Whether a future left something for the device since the last [`Self::take_orphans`]
     /// (one atomic load: the path every operation takes).
     pub fn has_orphans(&self) -> bool {
-        self.0.has_orphans.load(Ordering::Acquire)
+        self.shared.has_orphans.load(Ordering::Acquire)
     }
 
     /// Takes what futures could not wait for (cheap when nothing was).
     pub fn take_orphans(&self) -> Vec<Orphan> {
-        if !self.0.has_orphans.swap(false, Ordering::AcqRel) {
+        if !self.shared.has_orphans.swap(false, Ordering::AcqRel) {
             return Vec::new();
         }
-        core::mem::take(&mut *self.0.orphans.lock())
+        core::mem::take(&mut *self.shared.orphans.lock())
     }
 
     /// The fault that lost the device, if any.
@@ -291,7 +307,7 @@ impl FaultLedger {
         if self.clean() {
             return None;
         }
-        self.0.lock().device
+        self.shared.lock().device
     }
 
     /// Fails fast when the device is lost.
@@ -307,7 +323,7 @@ impl FaultLedger {
         if self.clean() {
             return Ok(());
         }
-        let l = self.0.lock();
+        let l = self.shared.lock();
         if let Some(cause) = l.device {
             return Err(ServerError::DeviceLost { cause });
         }
@@ -323,7 +339,7 @@ impl FaultLedger {
         if self.clean() {
             return Ok(());
         }
-        let l = self.0.lock();
+        let l = self.shared.lock();
         match l.streams.get(stream) {
             Some(s) if cursor > s.clean_through => s.failed.map_or(Ok(()), |f| Err(f.error())),
             _ => Ok(()),
@@ -333,7 +349,7 @@ impl FaultLedger {
     /// Whether `stream`'s work up to command `cursor` is known to have completed cleanly (a
     /// device-side wait for it would be a no-op).
     pub fn clean_through(&self, stream: usize, cursor: u64) -> bool {
-        let l = self.0.lock();
+        let l = self.shared.lock();
         l.streams
             .get(stream)
             .is_some_and(|s| cursor <= s.clean_through)
@@ -343,7 +359,7 @@ impl FaultLedger {
     /// result. A fence that passed still fails when the stream is known to be faulted: another
     /// caller may have heard of the fault first.
     pub fn answer(&self, stream: usize, fenced: Fenced) -> Result<(), ServerError> {
-        let mut l = self.0.lock();
+        let mut l = self.shared.lock();
         match fenced.outcome {
             FenceOutcome::Passed => {
                 let entry = l.entry(stream);
@@ -383,7 +399,7 @@ impl FaultLedger {
                 Ok(())
             }
             FenceOutcome::Unknown(e) => {
-                self.0.lock().entry(stream).deferred.get_or_insert(e);
+                self.shared.lock().entry(stream).deferred.get_or_insert(e);
                 Ok(())
             }
             FenceOutcome::DeviceLost(_) => self.answer(stream, fenced),
@@ -392,7 +408,7 @@ impl FaultLedger {
 
     /// Returns (once) a fault [`Self::defer`] kept for `stream`.
     pub fn take_deferred(&self, stream: usize) -> Result<(), ServerError> {
-        let mut l = self.0.lock();
+        let mut l = self.shared.lock();
         match l.streams.get_mut(stream).and_then(|s| s.deferred.take()) {
             Some(e) => Err(ServerError::Device(e)),
             None => Ok(()),
@@ -404,7 +420,7 @@ impl FaultLedger {
     /// call changed nothing on the device.
     pub fn call_failed(&self, e: DriverError) -> DriverError {
         if e.loses_device() {
-            let mut l = self.0.lock();
+            let mut l = self.shared.lock();
             self.mark_faulted();
             l.device.get_or_insert(e);
         }

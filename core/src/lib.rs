@@ -30,6 +30,7 @@ mod fmt;
 
 #[cfg(any(test, feature = "address-shim"))]
 pub mod address_shim;
+mod attention;
 pub mod capture;
 pub mod command;
 pub mod copy;

@@ -16,19 +16,22 @@ pub use crate::id::StreamId;
 
 /// The core's state of one stream.
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub(crate) struct Stream<S: Shim> {
+    /// The last kernel launched on the stream: named when a later fence reports failed work.
+    pub last_kernel: Option<&'static str>,
+    /// Commands issued on this stream.
+    pub cursor: u64,
+    /// Its policy check after every operation shares the first cache line with the two above
+    /// (the fields are laid out in their order: what every operation touches first).
+    pub drops: DropQueue<S>,
     pub raw: S::Stream,
     pub memory: MemoryManager<S>,
     pub pinned: PinnedPool<S>,
-    pub drops: DropQueue<S>,
     /// The pinned buffers pipelined copies cycle through (`staging.rs`).
     pub ring: StagingRing<S>,
-    /// Commands issued on this stream.
-    pub cursor: u64,
     /// For each other stream (by index): its cursor when this stream last waited for it.
     pub synced: Vec<u64>,
-    /// The last kernel launched on the stream: named when a later fence reports failed work.
-    pub last_kernel: Option<&'static str>,
 }
 
 impl<S: Shim> Stream<S> {

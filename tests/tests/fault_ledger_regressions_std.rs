@@ -206,3 +206,40 @@ fn reserve_host_fails_fast_once_the_device_is_lost() {
         "reserve_host on a lost device: {host:?}"
     );
 }
+
+/// An allocation whose last handle drops on another thread leaves the failure records at the
+/// device's next operation, not at a later cleanup: the return asks for the device's attention
+/// (an operation that finds it silent skips the bookkeeping; issue 16).
+#[test]
+fn failure_marks_go_at_the_next_operation_after_a_drop_on_another_thread() {
+    let (shim, mut device) = lazy_device();
+    let (marked, other) = {
+        let mut cmd = device.command(S0).unwrap();
+        (cmd.create(&[0; 64]).unwrap(), cmd.create(&[0; 64]).unwrap())
+    };
+    shim.inject(Injection::nth(
+        ShimOp::CopyHostToDevice,
+        shim.stats().calls(ShimOp::CopyHostToDevice) + 1,
+    ));
+    let refused = device.command(S0).unwrap().write_from(&marked, &[1; 64]);
+    assert!(refused.is_err(), "the upload was refused: {refused:?}");
+    shim.clear_injections();
+    device.command(S0).unwrap().sync().unwrap().wait().unwrap();
+    device.command(S0).unwrap().flush_drops().unwrap();
+    assert_eq!(
+        device.failures().len(),
+        (1, 1),
+        "the refused upload is marked"
+    );
+    std::thread::spawn(move || drop(marked)).join().unwrap();
+    device
+        .command(S0)
+        .unwrap()
+        .write_from(&other, &[2; 64])
+        .unwrap();
+    assert_eq!(
+        device.failures().len(),
+        (0, 0),
+        "the next operation did not look at what another thread dropped"
+    );
+}

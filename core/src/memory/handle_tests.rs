@@ -192,10 +192,23 @@ fn views_stay_inside_their_allocation() {
 
 #[test]
 fn returns_racing_the_close_are_either_freed_by_it_or_refused() {
-    // Another thread drops the last handles while the manager closes its queue: each returned
-    // identity is dropped by the close or refused by it, never left in a closed queue (miri's
-    // leak check and the queue's end both show it).
-    let q = Arc::new(ReturnQueue::default());
+    race_the_close(Arc::new(ReturnQueue::default()));
+}
+
+#[test]
+fn returns_racing_the_close_ring_only_a_live_queue() {
+    // The same race with a queue that asks for the device's attention on every push: the ring
+    // is made under the queue's lock, before the close (or the drainer) can drop the pushed
+    // identity and with it the last hold on the queue (miri sees a use after free otherwise).
+    let attention = Arc::new(crate::attention::Attention::default());
+    race_the_close(Arc::new(ReturnQueue::ringing(Arc::clone(&attention))));
+    assert_eq!(Arc::strong_count(&attention), 1, "the queue is gone");
+}
+
+/// Another thread drops the last handles while the manager closes its queue `q`: each returned
+/// identity is dropped by the close or refused by it, never left in a closed queue (miri's leak
+/// check and the queue's end both show it).
+fn race_the_close(q: Arc<ReturnQueue>) {
     let handles: Vec<Handle> = (0..8)
         .map(|i| {
             let h = Handle::new(i, issuer(), 8, &q);

@@ -55,6 +55,7 @@ use super::types::Resolved;
 use super::types::{AllocationMode, PageRef, RawPage, RetiredPage};
 use super::vm::GranulePool;
 use super::whole::WholePagePool;
+use crate::attention::Attention;
 use crate::shim::{DeviceFacts, Shim};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -247,9 +248,21 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Starts recording the ids of allocations released or rebound, for
-    /// [`Self::take_freed`] (the device drops their failure marks).
-    pub(crate) fn track_frees(&mut self) {
+    /// [`Self::take_freed`] (the device drops their failure marks), and ringing `attention` when
+    /// an allocation comes back, an id is freed or a page retires. Called before the manager
+    /// issues its first handle (the handles hold the queue this replaces).
+    pub(crate) fn track_frees(&mut self, attention: Arc<Attention>) {
+        debug_assert!(
+            Arc::strong_count(&self.returns) == 1,
+            "no handle issued yet"
+        );
+        self.returns = Arc::new(ReturnQueue::ringing(attention));
         self.freed.get_or_insert_with(Vec::new);
+    }
+
+    /// Whether ids were recorded since the last [`Self::take_freed`].
+    pub(crate) fn has_freed(&self) -> bool {
+        self.freed.as_ref().is_some_and(|f| !f.is_empty())
     }
 
     /// The ids recorded since the last call (see [`Self::track_frees`]).

@@ -3,11 +3,15 @@
 //!
 //! Owns the queue itself: a push from any thread, a drain on the device thread that costs one
 //! atomic load when nothing came back, and the close that breaks the circle between a manager's
-//! queue and the identities it holds. Does not own what is queued (handles, `handle.rs`; the
-//! pinned pool's slices, `pinned.rs`) nor what the drainer does with it.
+//! queue and the identities it holds, and ringing the device's [`Attention`] after a push when
+//! the drainer asked for it. Does not own what is queued (handles, `handle.rs`; the pinned pool's
+//! slices, `pinned.rs`) nor what the drainer does with it.
 
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::attention::Attention;
 
 /// Dropped allocations, pushed from any thread, drained by the device thread. The device memory
 /// manager queues [`Returned`](super::handle::Returned); the pinned pool queues its own slices.
@@ -20,6 +24,8 @@ pub(crate) struct Queue<T> {
     len: AtomicUsize,
     /// The items, and whether the queue is closed.
     items: spin::Mutex<(Vec<T>, bool)>,
+    /// Rung after every push, when the drainer asked for it ([`Self::ringing`]).
+    attention: Option<Arc<Attention>>,
 }
 
 impl<T> Default for Queue<T> {
@@ -27,11 +33,29 @@ impl<T> Default for Queue<T> {
         Self {
             len: AtomicUsize::new(0),
             items: spin::Mutex::new((Vec::new(), false)),
+            attention: None,
         }
     }
 }
 
 impl<T> Queue<T> {
+    /// An empty queue that rings `attention` after every push.
+    pub(crate) fn ringing(attention: Arc<Attention>) -> Self {
+        Self {
+            attention: Some(attention),
+            ..Self::default()
+        }
+    }
+
+    /// Asks for the drainer's bookkeeping ([`Attention::ring`]), if it asked to be told: what
+    /// it owns changed.
+    #[inline]
+    pub(crate) fn ring(&self) {
+        if let Some(a) = &self.attention {
+            a.ring();
+        }
+    }
+
     /// Queues `item`, or hands it back when the queue is closed (the caller drops it, after this
     /// call: dropping it may free the queue).
     pub(crate) fn push(&self, item: T) -> Result<(), T> {
@@ -41,6 +65,9 @@ impl<T> Queue<T> {
         }
         items.0.push(item);
         self.len.store(items.0.len(), Ordering::Release);
+        // Under the lock: once it is released the drainer may drop the item, and with it the
+        // last hold on this queue.
+        self.ring();
         Ok(())
     }
 

@@ -64,15 +64,15 @@ pub(crate) struct Carved {
     pub addr: u64,
 }
 
-/// Pages carved into blocks.
+/// Pages carved into blocks; a lookup reads the two tables first, in one line (`repr(C)`).
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct SlicedPool<P> {
-    /// The size of the pool's pages when they all have one (the small pool), else the size the
-    /// pool was made with; each page knows its own size.
-    pub page_size: u64,
     pages: Vec<Option<Page<P>>>,
-    free_pages: Vec<u32>,
     blocks: Vec<Block>,
+    /// The pages' size where all share one (the small pool), else the pool's first; see `Page`.
+    pub page_size: u64,
+    free_pages: Vec<u32>,
     vacant: u32,
     index: FreeIndex,
     pub pages_live: u32,

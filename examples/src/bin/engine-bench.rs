@@ -6,10 +6,10 @@
 //!
 //! Run: `cargo run --release -p devcmd-examples --bin engine-bench` (`--iters N`).
 //!
-//! With `ENGINE_BENCH_COLD=1` it first makes up to 2000 launches each after a walk over 4 MiB
-//! that flushes the data caches, as a driver call between two operations does on a GPU host;
-//! under `valgrind --tool=cachegrind --cache-sim=yes` the data lines each function of the core
-//! misses per operation are then its misses over 2000 (BENCHMARKS.md, issue 16).
+//! With `ENGINE_BENCH_COLD=1` it also times up to 2000 bare shim calls and 2000 launches, each
+//! after a walk over 4 MiB that empties the data caches, as a driver call between two operations
+//! does on a GPU host; under `valgrind --tool=cachegrind --cache-sim=yes` the data lines each
+//! function of the core misses per operation are its misses over 2000 (BENCHMARKS.md, issue 16).
 
 use devcmd::address_shim::AddressShim;
 use devcmd::{
@@ -39,6 +39,24 @@ fn per_op(iters: u32, mut f: impl FnMut()) -> f64 {
     }
     batches.sort_by(f64::total_cmp);
     batches[batches.len() / 2]
+}
+
+/// ns of one run of `f` after a walk over `thrash` (4 MiB: past the data caches), the median
+/// of `rounds`. Under `valgrind --tool=cachegrind --cache-sim=yes` the lines each function
+/// misses per call are its misses over `rounds`.
+fn cold_ns(thrash: &mut [u8], rounds: u32, mut f: impl FnMut()) -> f64 {
+    let mut times = Vec::with_capacity(rounds as usize);
+    for round in 0..rounds {
+        for line in thrash.chunks_mut(64) {
+            line[0] = line[0].wrapping_add(round as u8);
+        }
+        black_box(&*thrash);
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed().as_nanos() as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// One `Command::launch` of two buffers (the warm and the cold rows), not inlined, so a cache
@@ -143,19 +161,28 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let reserve_drop = per_op(iters, || {
         drop(black_box(cmd.empty(4096).expect("empty")));
     });
-    if std::env::var_os("ENGINE_BENCH_COLD").is_some() {
-        // Every launch after the caches were flushed by a walk over 4 MiB: what a driver call
-        // between two operations leaves (run under `valgrind --tool=cachegrind` to count the
-        // lines each function misses).
+    // With ENGINE_BENCH_COLD: the same calls, each after a walk that empties the caches.
+    let cold = std::env::var_os("ENGINE_BENCH_COLD").map(|_| {
         let mut thrash = vec![0u8; 4 << 20];
-        for round in 0..iters.min(2000) {
-            for line in thrash.chunks_mut(64) {
-                line[0] = line[0].wrapping_add(round as u8);
+        let rounds = iters.min(2000);
+        let bare = cold_ns(&mut thrash, rounds, || {
+            // SAFETY: as for the warm row.
+            unsafe {
+                black_box(&raw).launch(
+                    &(),
+                    black_box(&kernel),
+                    LaunchDims::SINGLE,
+                    black_box(&raw_spans),
+                    black_box(&params),
+                )
             }
-            black_box(&thrash);
-            launch_two(&mut cmd, &kernel, &a, &b, &params);
-        }
-    }
+            .expect("launch");
+        });
+        let launch = cold_ns(&mut thrash, rounds, || {
+            launch_two(&mut cmd, &kernel, &a, &b, &params)
+        });
+        (bare, launch)
+    });
     println!("## The engine's own cost per operation (a shim whose calls do nothing)\n");
     println!("{iters} operations per batch, median of 15 batches.\n");
     println!("| operation | ns/op | over the bare shim call, ns |");
@@ -170,5 +197,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         library - bare
     );
     println!("| `Command::empty` (4 KiB) + drop | {reserve_drop:.1} | — |");
+    if let Some((bare, launch)) = cold {
+        println!(
+            "\n## After a walk over 4 MiB (the caches emptied, as a driver call leaves them)\n"
+        );
+        println!("Median of {} calls, each timed alone.\n", iters.min(2000));
+        println!("| operation | ns/op | over the bare shim call, ns |");
+        println!("|---|---:|---:|");
+        println!("| bare `Shim::launch`, cold | {bare:.1} | — |");
+        println!(
+            "| `Command::launch`, 2 buffers, cold | {launch:.1} | {:.1} |",
+            launch - bare
+        );
+    }
     Ok(())
 }

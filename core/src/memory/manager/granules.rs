@@ -319,7 +319,7 @@ impl<S: Shim> MemoryManager<S> {
                     PageRelease::Fenced => {
                         let token = Arc::new(RetireToken::pending());
                         pool.retire(g, memory, Arc::clone(&token));
-                        self.retired.push(RetiredPage {
+                        self.retire(RetiredPage {
                             raw: Released::Granule(RetiringGranule::new(addr, size, memory, token)),
                             size,
                             budget: self.budget.clone(),

@@ -38,6 +38,7 @@ impl<S: Shim> MemoryManager<S> {
     pub(super) fn free_location(&mut self, location: Location, owner: u64) {
         if let Some(freed) = &mut self.freed {
             freed.push(owner);
+            self.returns.ring();
         }
         match location.pool {
             Pool::Whole(Whole::Persistent) => {
@@ -132,8 +133,15 @@ impl<S: Shim> MemoryManager<S> {
             // whose caller promised that no device work uses memory whose handles were dropped;
             // an empty page holds no live allocation.
             PageRelease::Immediate => unsafe { page.free(shim) },
-            PageRelease::Fenced => self.retired.push(page),
+            PageRelease::Fenced => self.retire(page),
         }
+    }
+
+    /// Keeps `page` until the device frees it after a fence ([`Self::take_retired`]), and asks
+    /// for the device's attention so that it looks.
+    pub(super) fn retire(&mut self, page: RetiredPage<Released<S>>) {
+        self.retired.push(page);
+        self.returns.ring();
     }
 
     /// Takes the pages retired since the last call; each must be freed (see
