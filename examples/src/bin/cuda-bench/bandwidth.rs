@@ -504,7 +504,7 @@ pub(super) fn bandwidth(shim: &CudaShim, rounds: Rounds, quick: bool) -> Res<()>
             .copied()
             .filter(|&s| s >= CACHE_ROWS_FROM)
             .collect();
-        thread_counts(shim, &stream, rounds, &big, threads, evictor)?;
+        thread_counts(shim, &mut device, &stream, rounds, &big, threads, evictor)?;
     }
     if asked.is_some() {
         // A chosen set of sizes is a probe of the main table: no host copy table, no sweep.
@@ -533,18 +533,32 @@ fn sizes_asked() -> Res<Option<Vec<usize>>> {
         .map(Some)
 }
 
+/// Which device a row of the thread-count table runs on.
+#[derive(Clone, Copy)]
+enum Helpers {
+    /// A new device over the shim with this many helper threads of its own.
+    Count(usize),
+    /// A new device over the shim and its own pool (the one the main table's device shares).
+    ShimPool,
+    /// The main table's device itself, after the table.
+    Main,
+}
+
 /// `CUDA_BENCH_COPY_THREADS`: helper thread counts, comma-separated (`7,11,15`), for the table
-/// of evicted uploads by thread count; unset, no such table.
-fn copy_threads_asked() -> Res<Option<Vec<usize>>> {
+/// of evicted uploads by thread count, with `shim` for a new device over the shim's own pool and
+/// `main` for the main table's device; unset, no such table.
+fn copy_threads_asked() -> Res<Option<Vec<Helpers>>> {
     let Ok(list) = std::env::var("CUDA_BENCH_COPY_THREADS") else {
         return Ok(None);
     };
     list.split(',')
-        .map(|n| match n.trim().parse::<usize>() {
-            Ok(n) if n <= devcmd::workers::MAX_THREADS => Ok(n),
+        .map(|n| match (n.trim(), n.trim().parse::<usize>()) {
+            ("shim", _) => Ok(Helpers::ShimPool),
+            ("main", _) => Ok(Helpers::Main),
+            (_, Ok(n)) if n <= devcmd::workers::MAX_THREADS => Ok(Helpers::Count(n)),
             _ => Err(format!(
                 "CUDA_BENCH_COPY_THREADS={list}: `{n}` is no thread count; give counts of 0 to \
-                 {}, comma-separated (7,11,15)",
+                 {}, `shim` or `main`, comma-separated (7,11,15,shim,main)",
                 devcmd::workers::MAX_THREADS
             )
             .into()),
@@ -558,10 +572,11 @@ fn copy_threads_asked() -> Res<Option<Vec<usize>>> {
 /// whether more threads help an upload whose source comes from the host's DRAM.
 fn thread_counts(
     shim: &CudaShim,
+    main: &mut Device<CudaShim>,
     stream: &CudaStream,
     rounds: Rounds,
     sizes: &[usize],
-    threads: &[usize],
+    threads: &[Helpers],
     evictor: &mut Evictor,
 ) -> Res<()> {
     if sizes.is_empty() {
@@ -574,8 +589,9 @@ fn thread_counts(
     );
     println!(
         "Per round: raw pinned upload, the scratch written, devcmd's upload loop (as \"evicted\" \
-         above), devcmd's readback, raw pinned readback; a device per thread count \
-         (`CudaShim::with_copy_threads`), default staging policy.\n"
+         above), devcmd's readback, raw pinned readback; a new device per thread count \
+         (`CudaShim::with_copy_threads`), a new device over the shim's own pool (`shim`), or \
+         the main table's device (`main`); default staging policy.\n"
     );
     println!("| helper threads | size | evicted upload / pinned | readback / pinned |");
     println!("|---:|---:|---:|---:|");
@@ -584,16 +600,21 @@ fn thread_counts(
         let data = pattern(size);
         let raw = Raw::new(shim, stream, &data)?;
         for &n in threads {
-            let mut device =
-                Device::new(shim.clone().with_copy_threads(n), DeviceConfig::default());
+            let mut fresh = match n {
+                Helpers::Count(n) => Some(shim.clone().with_copy_threads(n)),
+                Helpers::ShimPool => Some(shim.clone()),
+                Helpers::Main => None,
+            }
+            .map(|shim| Device::new(shim, DeviceConfig::default()));
+            let device = fresh.as_mut().unwrap_or(&mut *main);
             let h = device.command(S)?.empty(size as u64)?;
             let mut back = Some(HostBuffer::try_zeroed(size)?);
             let mut cols: [Vec<f64>; 4] = Default::default();
             for round in 0..rounds.all() {
                 let pinned_up = raw.upload(raw.pin, reps)?;
                 evictor.evict();
-                let up = devcmd_upload(&mut device, &h, &data, reps)?;
-                let down = devcmd_readback(&mut device, &h, &mut back, reps)?;
+                let up = devcmd_upload(device, &h, &data, reps)?;
+                let down = devcmd_readback(device, &h, &mut back, reps)?;
                 let pinned_down = raw.readback(raw.pin, reps)?;
                 if round >= rounds.warm {
                     for (c, v) in cols.iter_mut().zip([up, pinned_up, down, pinned_down]) {
@@ -602,8 +623,13 @@ fn thread_counts(
                 }
             }
             let m: Vec<f64> = cols.iter().map(|c| median(c)).collect();
+            let label = match n {
+                Helpers::Count(n) => n.to_string(),
+                Helpers::ShimPool => "the shim's pool, new device".into(),
+                Helpers::Main => "the main table's device".into(),
+            };
             println!(
-                "| {n} | {} | {:.2} | {:.2} |",
+                "| {label} | {} | {:.2} | {:.2} |",
                 human(size),
                 m[0] / m[1],
                 m[2] / m[3]
