@@ -9,8 +9,11 @@
 
 use core::sync::atomic::{AtomicBool, Ordering};
 
-/// The flags an operation checks before anything else (see the module documentation).
+/// The flags an operation checks before anything else (see the module documentation). A line of
+/// its own on 64-bit hosts: other threads store to it, and it should share the line with nothing
+/// the device thread writes (a firmware's heap keeps the 18 bytes).
 #[derive(Debug, Default)]
+#[cfg_attr(target_pointer_width = "64", repr(align(64)))]
 pub(crate) struct Attention {
     bookkeeping: AtomicBool,
     faulted: AtomicBool,

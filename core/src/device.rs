@@ -66,12 +66,13 @@ impl Default for DeviceConfig {
 /// A device: the shim, its streams and the device-wide state. Driven by one thread at a time;
 /// wrap it in a `spin::Mutex` to share it.
 ///
-/// Laid out in the order of its fields, what every operation reads first: the ledger (its
-/// attention word), the shim, the streams and the id share the first cache line, the failure,
-/// cross-stream and capture records follow; what only setup and reports read comes last. A
-/// driver call between two operations leaves the device cold, and each line it reads costs a miss.
+/// Laid out in the order of its fields, what every operation reads first: the ledger's pointers
+/// (to its attention word among them), the shim, the streams and the id lie together, the
+/// failure, cross-stream and capture records follow; what only setup and reports read comes
+/// last. A driver call between two operations leaves the device cold, and each line read misses.
 #[derive(Debug)]
-#[repr(C, align(64))]
+#[repr(C)]
+#[cfg_attr(target_pointer_width = "64", repr(align(64)))]
 pub struct Device<S: Shim> {
     pub(crate) ledger: FaultLedger,
     pub(crate) shim: Arc<S>,
@@ -214,6 +215,7 @@ impl<S: Shim> Device<S> {
     }
 
     /// The core's state of a new stream `stream` over `raw`.
+    #[inline(never)]
     fn install_stream(&mut self, stream: StreamId, raw: S::Stream) {
         let index = stream.0 as usize;
         if self.streams.len() <= index {
@@ -225,9 +227,13 @@ impl<S: Shim> Device<S> {
                 stream: stream.0,
             };
             let memory_config = self.config.memory;
-            let mut memory =
-                MemoryManager::new(&self.facts, memory_config, issuer, self.budget.clone());
-            memory.track_frees(self.ledger.attention());
+            let mut memory = MemoryManager::tracked(
+                &self.facts,
+                memory_config,
+                issuer,
+                self.budget.clone(),
+                self.ledger.attention(),
+            );
             memory.map_pages(self.zero_copy());
             let drops = DropQueue::new(self.config.drops, self.capture.flag());
             self.streams[index] = Some(alloc::boxed::Box::new(Stream {

@@ -16,7 +16,8 @@ pub use crate::id::StreamId;
 
 /// The core's state of one stream.
 #[derive(Debug)]
-#[repr(C, align(64))]
+#[repr(C)]
+#[cfg_attr(target_pointer_width = "64", repr(align(64)))]
 pub(crate) struct Stream<S: Shim> {
     /// The last kernel launched on the stream: named when a later fence reports failed work.
     pub last_kernel: Option<&'static str>,

@@ -95,6 +95,9 @@ pub struct MemoryManager<S: Shim> {
     retired: Vec<RetiredPage<Released<S>>>,
     /// Ids of allocations released or rebound, when the owner tracks them (failure marks).
     freed: Option<Vec<u64>>,
+    /// The device's attention word, rung when an id is freed or a page retires
+    /// ([`Self::tracked`]; the return queue rings it for returns).
+    attention: Option<Arc<Attention>>,
     release: PageRelease,
     /// New pages are pinned host pages the device maps (zero copy), where the shim can make them.
     mapped_pages: bool,
@@ -120,6 +123,29 @@ impl<S: Shim> MemoryManager<S> {
         config: MemoryConfig,
         issuer: Issuer,
         budget: MemoryBudget,
+    ) -> Self {
+        Self::built(facts, config, issuer, budget, None)
+    }
+
+    /// A manager as [`Self::new`] that records the ids of allocations released or rebound, for
+    /// [`Self::take_freed`] (the device drops their failure marks), and rings `attention` when
+    /// an allocation comes back, an id is freed or a page retires (the device's bookkeeping).
+    pub(crate) fn tracked(
+        facts: &DeviceFacts,
+        config: MemoryConfig,
+        issuer: Issuer,
+        budget: MemoryBudget,
+        attention: Arc<Attention>,
+    ) -> Self {
+        Self::built(facts, config, issuer, budget, Some(attention))
+    }
+
+    fn built(
+        facts: &DeviceFacts,
+        config: MemoryConfig,
+        issuer: Issuer,
+        budget: MemoryBudget,
+        attention: Option<Arc<Attention>>,
     ) -> Self {
         let alignment = facts.page_alignment.max(1).next_power_of_two();
         // The memory every page of this manager must fit in (a total of 0 means unknown).
@@ -162,7 +188,10 @@ impl<S: Shim> MemoryManager<S> {
             alignment,
             max_page,
             budget,
-            returns: Arc::default(),
+            returns: Arc::new(match &attention {
+                Some(a) => ReturnQueue::ringing(Arc::clone(a)),
+                None => ReturnQueue::default(),
+            }),
             returned: Vec::new(),
             spare: Vec::new(),
             next_id: u64::from(issuer.stream) << 48,
@@ -178,7 +207,8 @@ impl<S: Shim> MemoryManager<S> {
             dedicated_freed: false,
             guards: Vec::new(),
             retired: Vec::new(),
-            freed: None,
+            freed: attention.is_some().then(Vec::new),
+            attention,
             release: PageRelease::Fenced,
             mapped_pages: false,
             memory,
@@ -247,17 +277,11 @@ impl<S: Shim> MemoryManager<S> {
         Some((unsafe { base.add(offset) }, lent))
     }
 
-    /// Starts recording the ids of allocations released or rebound, for
-    /// [`Self::take_freed`] (the device drops their failure marks), and ringing `attention` when
-    /// an allocation comes back, an id is freed or a page retires. Called before the manager
-    /// issues its first handle (the handles hold the queue this replaces).
-    pub(crate) fn track_frees(&mut self, attention: Arc<Attention>) {
-        debug_assert!(
-            Arc::strong_count(&self.returns) == 1,
-            "no handle issued yet"
-        );
-        self.returns = Arc::new(ReturnQueue::ringing(attention));
-        self.freed.get_or_insert_with(Vec::new);
+    /// Asks for the device's bookkeeping, when the manager is [`Self::tracked`].
+    pub(super) fn ring(&self) {
+        if let Some(a) = &self.attention {
+            a.ring();
+        }
     }
 
     /// Whether ids were recorded since the last [`Self::take_freed`].
@@ -265,12 +289,13 @@ impl<S: Shim> MemoryManager<S> {
         self.freed.as_ref().is_some_and(|f| !f.is_empty())
     }
 
-    /// The ids recorded since the last call (see [`Self::track_frees`]).
+    /// The ids recorded since the last call (see [`Self::tracked`]).
     #[inline]
     pub(crate) fn take_freed(&mut self, out: &mut Vec<u64>) {
         // Nothing dropped since the last look (the usual case between operations): no call.
+        // The freed ids are taken right below: nothing to ring for.
         if !self.returns.is_empty() {
-            self.collect_returns();
+            self.free_returns();
         }
         if let Some(freed) = &mut self.freed
             && !freed.is_empty()

@@ -47,15 +47,6 @@ impl<T> Queue<T> {
         }
     }
 
-    /// Asks for the drainer's bookkeeping ([`Attention::ring`]), if it asked to be told: what
-    /// it owns changed.
-    #[inline]
-    pub(crate) fn ring(&self) {
-        if let Some(a) = &self.attention {
-            a.ring();
-        }
-    }
-
     /// Queues `item`, or hands it back when the queue is closed (the caller drops it, after this
     /// call: dropping it may free the queue).
     pub(crate) fn push(&self, item: T) -> Result<(), T> {
@@ -67,7 +58,9 @@ impl<T> Queue<T> {
         self.len.store(items.0.len(), Ordering::Release);
         // Under the lock: once it is released the drainer may drop the item, and with it the
         // last hold on this queue.
-        self.ring();
+        if let Some(a) = &self.attention {
+            a.ring();
+        }
         Ok(())
     }
 

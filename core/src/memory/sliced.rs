@@ -64,7 +64,7 @@ pub(crate) struct Carved {
     pub addr: u64,
 }
 
-/// Pages carved into blocks; a lookup reads the two tables first, in one line (`repr(C)`).
+/// Pages carved into blocks; the two tables a lookup reads lie side by side first (`repr(C)`).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct SlicedPool<P> {

@@ -129,7 +129,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let kernel = "tiny";
     let raw = null_shim();
-    let bare = per_op(iters, || {
+    let bare_call = || {
         // SAFETY: the null shim touches nothing. `black_box` keeps the call and its arguments
         // from being optimised away, as the core's call through the engine is not.
         unsafe {
@@ -142,7 +142,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             )
         }
         .expect("launch");
-    });
+    };
+    let bare = per_op(iters, bare_call);
     let launch = per_op(iters, || launch_two(&mut cmd, &kernel, &a, &b, &params));
     let (reads, writes) = ([&a, &b], [&c]);
     let library = per_op(iters, || {
@@ -165,19 +166,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let cold = std::env::var_os("ENGINE_BENCH_COLD").map(|_| {
         let mut thrash = vec![0u8; 4 << 20];
         let rounds = iters.min(2000);
-        let bare = cold_ns(&mut thrash, rounds, || {
-            // SAFETY: as for the warm row.
-            unsafe {
-                black_box(&raw).launch(
-                    &(),
-                    black_box(&kernel),
-                    LaunchDims::SINGLE,
-                    black_box(&raw_spans),
-                    black_box(&params),
-                )
-            }
-            .expect("launch");
-        });
+        let bare = cold_ns(&mut thrash, rounds, bare_call);
         let launch = cold_ns(&mut thrash, rounds, || {
             launch_two(&mut cmd, &kernel, &a, &b, &params)
         });

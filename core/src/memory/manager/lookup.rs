@@ -60,6 +60,7 @@ impl<S: Shim> MemoryManager<S> {
             // Freed only if `target` still owns it (a stale location frees nothing): never the
             // room being bound, which `reserved` owns.
             self.free_location(old, target.id());
+            self.ring();
         }
         let Some(slot) = self.used_mut(location, reserved.id()) else {
             // Unreachable: `reserved` owns the room (found above) and only `target`'s own room

@@ -19,11 +19,20 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 impl<S: Shim> MemoryManager<S> {
-    /// Frees what was dropped since the last call (handles dropped on any thread).
+    /// Frees what was dropped since the last call (handles dropped on any thread), and asks for
+    /// the device's bookkeeping of the ids it freed.
     pub(super) fn collect_returns(&mut self) {
+        if self.free_returns() {
+            self.ring();
+        }
+    }
+
+    /// Frees what was dropped since the last call; whether anything was. The caller sees to the
+    /// freed ids ([`Self::take_freed`] takes them at once, so it rings nothing).
+    pub(super) fn free_returns(&mut self) -> bool {
         self.returns.drain_into(&mut self.returned);
         if self.returned.is_empty() {
-            return;
+            return false;
         }
         let mut returned = core::mem::take(&mut self.returned);
         for r in returned.drain(..) {
@@ -33,12 +42,14 @@ impl<S: Shim> MemoryManager<S> {
             }
         }
         self.returned = returned;
+        true
     }
 
+    /// Frees the room at `location` if `owner` holds it, recording the id for the device (the
+    /// caller rings: see [`Self::ring`]).
     pub(super) fn free_location(&mut self, location: Location, owner: u64) {
         if let Some(freed) = &mut self.freed {
             freed.push(owner);
-            self.returns.ring();
         }
         match location.pool {
             Pool::Whole(Whole::Persistent) => {
@@ -141,7 +152,7 @@ impl<S: Shim> MemoryManager<S> {
     /// for the device's attention so that it looks.
     pub(super) fn retire(&mut self, page: RetiredPage<Released<S>>) {
         self.retired.push(page);
-        self.returns.ring();
+        self.ring();
     }
 
     /// Takes the pages retired since the last call; each must be freed (see
