@@ -10,8 +10,8 @@
 use core::sync::atomic::{AtomicBool, Ordering};
 
 /// The flags an operation checks before anything else (see the module documentation). A line of
-/// its own on 64-bit hosts: other threads store to it, and it should share the line with nothing
-/// the device thread writes (a firmware's heap keeps the 18 bytes).
+/// its own on 64-bit hosts: other threads write to it, and it should share the line with nothing
+/// the device thread writes (a firmware, with no data cache to share, keeps the two bytes).
 #[derive(Debug, Default)]
 #[cfg_attr(target_pointer_width = "64", repr(align(64)))]
 pub(crate) struct Attention {
@@ -20,15 +20,17 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
-    /// Asks for the device thread's bookkeeping at its next operation.
+    /// Asks for the device thread's bookkeeping at its next operation. A read-modify-write, so
+    /// rings from several threads form one release sequence: the answer that reads the last of
+    /// them sees what every one of them published before it rang.
     #[inline]
     pub(crate) fn ring(&self) {
-        self.bookkeeping.store(true, Ordering::Release);
+        self.bookkeeping.swap(true, Ordering::Release);
     }
 
     /// Whether bookkeeping was asked for since the last answer (one load when it was not), and
-    /// takes the request. The swap reads the ring's own store, so what was pushed before a ring
-    /// is seen by the caller after this answer.
+    /// takes the request. The swap reads the last ring, so what was pushed before any ring is
+    /// seen by the caller after this answer.
     #[inline]
     pub(crate) fn answer(&self) -> bool {
         self.bookkeeping.load(Ordering::Relaxed) && self.bookkeeping.swap(false, Ordering::AcqRel)

@@ -23,8 +23,8 @@ pub(crate) struct Stream<S: Shim> {
     pub last_kernel: Option<&'static str>,
     /// Commands issued on this stream.
     pub cursor: u64,
-    /// Its policy check after every operation shares the first cache line with the two above
-    /// (the fields are laid out in their order: what every operation touches first).
+    /// Its policy check after every operation lies beside the two above (the fields are laid
+    /// out in their order, what every operation touches first: one cache line on 64-bit hosts).
     pub drops: DropQueue<S>,
     pub raw: S::Stream,
     pub memory: MemoryManager<S>,

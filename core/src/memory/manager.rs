@@ -289,7 +289,8 @@ impl<S: Shim> MemoryManager<S> {
         self.freed.as_ref().is_some_and(|f| !f.is_empty())
     }
 
-    /// The ids recorded since the last call (see [`Self::tracked`]).
+    /// Frees what was returned since the last look, then moves the ids recorded since the last
+    /// call into `out` (see [`Self::tracked`]).
     #[inline]
     pub(crate) fn take_freed(&mut self, out: &mut Vec<u64>) {
         // Nothing dropped since the last look (the usual case between operations): no call.
