@@ -294,9 +294,8 @@ impl<S: Shim> MemoryManager<S> {
     #[inline]
     pub(crate) fn take_freed(&mut self, out: &mut Vec<u64>) {
         // Nothing dropped since the last look (the usual case between operations): no call.
-        // The freed ids are taken right below: nothing to ring for.
         if !self.returns.is_empty() {
-            self.free_returns();
+            self.collect_returns();
         }
         if let Some(freed) = &mut self.freed
             && !freed.is_empty()

@@ -19,22 +19,13 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 impl<S: Shim> MemoryManager<S> {
-    /// Frees what was dropped since the last call (handles dropped on any thread), and asks for
-    /// the device's bookkeeping of the ids it freed. The returns' pushes rang already and only
-    /// the device's answer lowers the word, so this ring is redundant today; it keeps "every
-    /// recorded id rings" true on its own, whatever fills the queue.
+    /// Frees what was dropped since the last call (handles dropped on any thread). Rings
+    /// nothing for the ids it records: each return's push rang the device's attention, which
+    /// only the device's own bookkeeping lowers, and that bookkeeping drains this queue.
     pub(super) fn collect_returns(&mut self) {
-        if self.free_returns() {
-            self.ring();
-        }
-    }
-
-    /// Frees what was dropped since the last call; whether anything was. The caller sees to the
-    /// freed ids ([`Self::take_freed`] takes them at once, so it rings nothing).
-    pub(super) fn free_returns(&mut self) -> bool {
         self.returns.drain_into(&mut self.returned);
         if self.returned.is_empty() {
-            return false;
+            return;
         }
         let mut returned = core::mem::take(&mut self.returned);
         for r in returned.drain(..) {
@@ -44,7 +35,6 @@ impl<S: Shim> MemoryManager<S> {
             }
         }
         self.returned = returned;
-        true
     }
 
     /// Frees the room at `location` if `owner` holds it, recording the id for the device (the
