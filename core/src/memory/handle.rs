@@ -6,16 +6,18 @@
 //! own the memory itself: the pools do, and they check on every lookup that the handle asking is
 //! the one the memory is bound to, so a stale handle resolves to an error, never to other memory.
 //!
-//! An identity is one heap block (an `Arc` with a count of its own: handles and bindings point at
-//! it and count in `refs`, not in the `Arc`, so a binding's clone or drop is one atomic update and
-//! a handle's two, with its count of owners). The last handle or binding dropped takes the `Arc`
-//! back and sends it to its manager with the allocation, and the manager keeps it
+//! An identity is one heap block (a `Box` with a count of its own: handles and bindings point at
+//! it and count in `refs`, so a binding's clone or drop is one atomic update and a handle's two,
+//! with its count of owners; no `Arc` header adds its two counts to every allocation). The last
+//! handle or binding dropped takes the `Box` back and sends it to its manager with the
+//! allocation, and the manager keeps it
 //! ([`SpareIdentity`]) for its next handle: a reserve and drop cycle on warm pools allocates
 //! nothing.
 
 use super::pool::Pool;
 use super::return_queue::Queue;
 use crate::error::{IoError, NotFoundReason};
+use alloc::boxed::Box;
 use alloc::sync::Arc;
 use core::fmt;
 use core::ptr::NonNull;
@@ -42,7 +44,7 @@ pub(crate) struct Returned {
 /// The identity of an allocation that came back, kept by its manager for a new handle
 /// ([`Handle::reusing`]): its heap block is reused instead of allocating one.
 #[derive(Debug)]
-pub(crate) struct SpareIdentity(Arc<Identity>);
+pub(crate) struct SpareIdentity(Box<Identity>);
 
 /// A queue of returns: by default the memory manager's, of [`Returned`] allocations.
 pub(crate) type ReturnQueue<T = Returned> = Queue<T>;
@@ -89,7 +91,8 @@ const _: () = {
 };
 
 // The RAM an allocation costs a firmware (issue 19's target is 48 B for everything): the flag in
-// `graphs` keeps the identity at 48 B on 32-bit targets (56 with the `Arc`'s counts).
+// `graphs` keeps the identity at 48 B on 32-bit targets, and its heap block is just that (a
+// `Box`: no `Arc` counts beside it).
 #[cfg(target_pointer_width = "32")]
 const _: () = assert!(core::mem::size_of::<Identity>() <= 48);
 
@@ -209,10 +212,10 @@ impl Identity {
 /// # Safety
 ///
 /// `identity` is a reference counted in its `refs` (a handle's or a binding's pointer, from
-/// [`Arc::into_raw`]), given up here: the caller does not use it again.
+/// [`Box::into_raw`]), given up here: the caller does not use it again.
 pub(super) unsafe fn release(identity: NonNull<Identity>) {
     // AcqRel: the last reference sees every location written before the others went (as an
-    // `Arc`'s last drop does).
+    // `Arc`'s last drop does), and owns the block after.
     // SAFETY: the identity lives while `refs` counts this reference (the caller's contract).
     if unsafe { identity.as_ref() }
         .refs
@@ -222,8 +225,8 @@ pub(super) unsafe fn release(identity: NonNull<Identity>) {
         return;
     }
     // SAFETY: the last reference: no handle or binding points at the identity any more, and
-    // the pointer came from `Arc::into_raw` of the identity's one `Arc`, taken back once, here.
-    let identity = unsafe { Arc::from_raw(identity.as_ptr()) };
+    // the pointer came from `Box::into_raw` of the identity's one `Box`, taken back once, here.
+    let identity = unsafe { Box::from_raw(identity.as_ptr()) };
     let Ok(location) = identity.location() else {
         return;
     };
@@ -254,7 +257,8 @@ pub struct Handle {
     len: u64,
 }
 
-// SAFETY: a handle is an `Arc<Identity>` in all but the count (the identity's own `refs`), and
+// SAFETY: a handle is an `Arc<Identity>` in all but the count (the identity's own `refs`, whose
+// last reference frees or recycles the `Box`), and
 // `Identity` is `Send + Sync` (atomics, and fields written only while no handle points at it).
 unsafe impl Send for Handle {}
 // SAFETY: as for `Send`.
@@ -272,9 +276,8 @@ impl Handle {
         Self::reusing(None, id, issuer, size, returns)
     }
 
-    /// A new handle, in the heap block of `spare` when it is free to reuse (no other `Arc` holds
-    /// it: handles and bindings never do, so only a caller that cloned the spare's `Arc` makes a
-    /// new block be allocated), else a new one.
+    /// A new handle, in the heap block of `spare` when there is one (a spare is owned whole: its
+    /// last reference gave it up), else in a new one.
     pub(crate) fn reusing(
         spare: Option<SpareIdentity>,
         id: u64,
@@ -283,18 +286,15 @@ impl Handle {
         returns: &Arc<ReturnQueue>,
     ) -> Self {
         let identity = match spare {
-            Some(SpareIdentity(mut block)) => match Arc::get_mut(&mut block) {
-                Some(slot) => {
-                    slot.reset(id, issuer, size, returns);
-                    block
-                }
-                None => Arc::new(Identity::new(id, issuer, size, returns)),
-            },
-            None => Arc::new(Identity::new(id, issuer, size, returns)),
+            Some(SpareIdentity(mut block)) => {
+                block.reset(id, issuer, size, returns);
+                block
+            }
+            None => Box::new(Identity::new(id, issuer, size, returns)),
         };
         Self {
-            // SAFETY: `Arc::into_raw` is never null.
-            identity: unsafe { NonNull::new_unchecked(Arc::into_raw(identity).cast_mut()) },
+            // SAFETY: `Box::into_raw` is never null.
+            identity: unsafe { NonNull::new_unchecked(Box::into_raw(identity)) },
             offset: 0,
             len: size,
         }

@@ -414,3 +414,32 @@ mod vm;
 
 #[path = "manager_idle_tests.rs"]
 mod idle;
+
+#[test]
+fn an_alignment_past_two_gib_is_honoured_as_two_gib() {
+    // A slice's padding is kept in 32 bits (`sliced.rs`): a device asking for 8 GiB of alignment
+    // gets slices aligned to 2 GiB, with the bytes asked for and the padding counted exactly.
+    let (shim, mut mm) = setup(1 << 40, 1 << 33, 1 << 34);
+    assert_eq!(mm.alignment(), 1 << 31);
+    let a = mm.reserve(&shim, 40, PageUpdate::Allow).unwrap();
+    let b = mm.reserve(&shim, 40, PageUpdate::Allow).unwrap();
+    let r = mm.report();
+    assert_eq!(
+        (
+            r.device().allocations,
+            r.device().in_use,
+            r.device().padding
+        ),
+        (2, 80, 2 * ((1 << 31) - 40))
+    );
+    drop((a, b));
+    let r = mm.report();
+    assert_eq!(
+        (
+            r.device().allocations,
+            r.device().in_use,
+            r.device().padding
+        ),
+        (0, 0, 0)
+    );
+}

@@ -5,35 +5,13 @@
 //! page: good-fit (the smallest class that holds it, first fit inside), or at a chosen offset
 //! ([`SlicedPool::carve_at`]). Device calls and when an empty page goes back: the manager's.
 
-use super::free_index::{FreeIndex, Links, NIL};
+mod block;
+
+use super::free_index::{FreeIndex, NIL};
 use super::report::Usage;
 use alloc::vec::Vec;
-
-#[derive(Debug, Clone, Copy)]
-enum BlockState {
-    Free { prev: u32, next: u32 },
-    Used(Used),
-    Vacant { next: u32 },
-}
-
-/// What a used block knows of its allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Used {
-    /// The id of the handle it is bound to.
-    pub owner: u64,
-    /// Bytes asked for (the block may be larger by the padding).
-    pub size: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Block {
-    page: u32,
-    offset: u64,
-    size: u64,
-    prev_phys: u32,
-    next_phys: u32,
-    state: BlockState,
-}
+pub(crate) use block::Used;
+use block::{Block, BlockState};
 
 /// One device page of a sliced pool.
 #[derive(Debug)]
@@ -77,37 +55,6 @@ pub(crate) struct SlicedPool<P> {
     index: FreeIndex,
     pub pages_live: u32,
     pub pages_peak: u32,
-}
-
-impl Links for Vec<Block> {
-    fn size(&self, block: u32) -> u64 {
-        self[block as usize].size
-    }
-    fn next_free(&self, block: u32) -> u32 {
-        match self[block as usize].state {
-            BlockState::Free { next, .. } => next,
-            _ => NIL,
-        }
-    }
-    fn prev_free(&self, block: u32) -> u32 {
-        match self[block as usize].state {
-            BlockState::Free { prev, .. } => prev,
-            _ => NIL,
-        }
-    }
-    fn set_links(&mut self, block: u32, prev: u32, next: u32) {
-        self[block as usize].state = BlockState::Free { prev, next };
-    }
-    fn set_prev(&mut self, block: u32, new_prev: u32) {
-        if let BlockState::Free { prev, .. } = &mut self[block as usize].state {
-            *prev = new_prev;
-        }
-    }
-    fn set_next(&mut self, block: u32, new_next: u32) {
-        if let BlockState::Free { next, .. } = &mut self[block as usize].state {
-            *next = new_next;
-        }
-    }
 }
 
 impl<P> SlicedPool<P> {
@@ -244,7 +191,12 @@ impl<P> SlicedPool<P> {
             let rest = self.split(b, aligned);
             self.index.insert(&mut self.blocks, rest);
         }
-        self.blocks[b as usize].state = BlockState::Used(used);
+        let padding = self.blocks[b as usize].size - size;
+        debug_assert_eq!(self.blocks[b as usize].size, aligned);
+        self.blocks[b as usize].state = BlockState::Used {
+            owner: used.owner,
+            padding: u32::try_from(padding).expect("padding is below the alignment (≤ 2 GiB)"),
+        };
         let p = self.pages[page as usize]
             .as_mut()
             .expect("a block's page is live");
@@ -304,36 +256,34 @@ impl<P> SlicedPool<P> {
     /// The offset in its page and the size of the used block `block`, if it is bound to `owner`.
     pub(crate) fn used_span(&self, block: u32, owner: u64) -> Option<(u64, u64)> {
         let b = self.blocks.get(block as usize)?;
-        match b.state {
-            BlockState::Used(u) if u.owner == owner => Some((b.offset, b.size)),
-            _ => None,
-        }
+        b.used_by(owner).map(|_| (b.offset, b.size))
     }
 
     /// The used block `block`, if it is bound to `owner`.
     pub(crate) fn used(&self, block: u32, owner: u64) -> Option<(Used, u32, u64)> {
         let b = self.blocks.get(block as usize)?;
-        match b.state {
-            BlockState::Used(u) if u.owner == owner => {
-                let page = self.pages.get(b.page as usize)?.as_ref()?;
-                Some((u, b.page, page.addr + b.offset))
-            }
-            _ => None,
-        }
+        let u = b.used_by(owner)?;
+        let page = self.pages.get(b.page as usize)?.as_ref()?;
+        Some((u, b.page, page.addr + b.offset))
     }
 
-    pub(crate) fn used_mut(&mut self, block: u32, owner: u64) -> Option<&mut Used> {
-        match &mut self.blocks.get_mut(block as usize)?.state {
-            BlockState::Used(u) if u.owner == owner => Some(u),
-            _ => None,
+    /// Binds the used block `block` of `owner` to `new_owner`; false when `owner` holds no such
+    /// block.
+    pub(crate) fn rebind(&mut self, block: u32, owner: u64, new_owner: u64) -> bool {
+        match &mut self.blocks.get_mut(block as usize).map(|b| &mut b.state) {
+            Some(BlockState::Used { owner: o, .. }) if *o == owner => {
+                *o = new_owner;
+                true
+            }
+            _ => false,
         }
     }
 
     /// Frees the block bound to `owner`, coalescing it with free neighbours. Returns the page it
     /// was on, or `None` when the block is not bound to `owner` (already freed or rebound).
     pub(crate) fn free(&mut self, block: u32, owner: u64) -> Option<u32> {
-        let used = *self.used_mut(block, owner)?;
-        let b = self.blocks[block as usize];
+        let b = *self.blocks.get(block as usize)?;
+        let used = b.used_by(owner)?;
         let page = b.page;
         let (indexed, _) = {
             let p = self.pages[page as usize]
@@ -487,8 +437,10 @@ impl<P> SlicedPool<P> {
     /// Every used block as (page, offset within page, block size, used), for checks.
     pub(crate) fn used_blocks(&self) -> impl Iterator<Item = (u32, u64, u64, Used)> + '_ {
         self.blocks.iter().filter_map(|b| match b.state {
-            BlockState::Used(u) if self.pages.get(b.page as usize).is_some_and(Option::is_some) => {
-                Some((b.page, b.offset, b.size, u))
+            BlockState::Used { owner, .. }
+                if self.pages.get(b.page as usize).is_some_and(Option::is_some) =>
+            {
+                Some((b.page, b.offset, b.size, b.used_by(owner)?))
             }
             _ => None,
         })

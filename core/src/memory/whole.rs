@@ -97,13 +97,16 @@ impl<P> WholePagePool<P> {
         p.used.filter(|u| u.owner == owner).map(|u| (u, p.addr))
     }
 
-    pub(crate) fn used_mut(&mut self, i: u32, owner: u64) -> Option<&mut Used> {
-        self.pages
-            .get_mut(i as usize)?
-            .as_mut()?
-            .used
-            .as_mut()
-            .filter(|u| u.owner == owner)
+    /// Binds the page `i` of `owner` to `new_owner`; false when `owner` holds no such page.
+    pub(crate) fn rebind(&mut self, i: u32, owner: u64, new_owner: u64) -> bool {
+        let used = self.pages.get_mut(i as usize).and_then(Option::as_mut);
+        match used.and_then(|p| p.used.as_mut()) {
+            Some(u) if u.owner == owner => {
+                u.owner = new_owner;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Frees the allocation bound to `owner`; the page is kept for reuse until released.

@@ -174,7 +174,9 @@ pub struct DeviceFacts {
     pub total_memory: u64,
     /// Bytes of device pages the core may hold at once; `None` for no limit beyond the device's.
     pub memory_budget: Option<u64>,
-    /// Alignment in bytes of every page and of every slice the core carves (a power of two).
+    /// Alignment in bytes of every page and of every slice the core carves (a power of two; the
+    /// core rounds it up to one, and honours at most 2 GiB for slices: a slice's padding is kept
+    /// in 32 bits).
     pub page_alignment: u64,
     /// The largest page the core may ask for.
     pub max_page_size: u64,

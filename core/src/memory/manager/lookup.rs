@@ -62,15 +62,14 @@ impl<S: Shim> MemoryManager<S> {
             self.free_location(old, target.id());
             self.ring();
         }
-        let Some(slot) = self.used_mut(location, reserved.id()) else {
+        if !self.rebind(location, reserved.id(), target.id()) {
             // Unreachable: `reserved` owns the room (found above) and only `target`'s own room
             // was freed since. Refused rather than a panic should that ever change.
             return Err(IoError::StorageHandleNotFound {
                 handle: reserved.id(),
                 page: location.block,
             });
-        };
-        slot.owner = target.id();
+        }
         target.set_location(Some(location), false);
         // `target` inherits the exposure, so its memory is never handed on as if no one outside
         // the layer knew its address.
@@ -234,12 +233,16 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    fn used_mut(&mut self, location: Location, owner: u64) -> Option<&mut Used> {
+    /// Binds the room at `location` that `owner` holds to `new_owner`; false when `owner` holds
+    /// none there.
+    fn rebind(&mut self, location: Location, owner: u64, new_owner: u64) -> bool {
         let block = location.block;
         match location.pool {
-            Pool::Whole(w) => self.whole_mut(w).used_mut(block, owner),
-            Pool::Granules(size) => self.granule_pool_mut(size)?.pool.used_mut(block, owner),
-            Pool::Pages(size) => self.sliced_mut(size).used_mut(block, owner),
+            Pool::Whole(w) => self.whole_mut(w).rebind(block, owner, new_owner),
+            Pool::Granules(size) => self
+                .granule_pool_mut(size)
+                .is_some_and(|g| g.pool.rebind(block, owner, new_owner)),
+            Pool::Pages(size) => self.sliced_mut(size).rebind(block, owner, new_owner),
         }
     }
 
