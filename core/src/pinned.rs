@@ -11,7 +11,7 @@
 //! cannot serve (the command decides), nor device memory (`memory/`).
 
 use crate::memory::ReturnQueue;
-use crate::memory::sliced::{SlicedPool, Used};
+use crate::memory::sliced::{MAX_ALIGNMENT, SlicedPool, Used};
 use crate::memory::whole::WholePagePool;
 use crate::memory::{PoolKind, PoolReport};
 use crate::shim::Shim;
@@ -28,7 +28,7 @@ pub struct PinnedConfig {
     pub page_size: u64,
     /// Pinned bytes a stream may hold in all.
     pub max_bytes: u64,
-    /// Alignment of slices.
+    /// Alignment of slices (at most 2 GiB is honoured: a slice's padding is kept in 32 bits).
     pub alignment: u64,
 }
 
@@ -164,9 +164,7 @@ impl<S: Shim> PinnedPool<S> {
     pub(crate) fn reserve(&mut self, shim: &S, len: usize, may_add: bool) -> Option<PinnedSlice> {
         self.collect_returns();
         let size = u64::try_from(len).ok()?;
-        let aligned = size
-            .max(1)
-            .checked_next_multiple_of(self.config.alignment.max(1))?;
+        let aligned = aligned_len(size, self.config.alignment)?;
         let id = self.next_id;
         let used = Used { owner: id, size };
         let (kind, block) = if aligned > self.pool.page_size {
@@ -325,10 +323,27 @@ impl<S: Shim> Drop for PinnedPool<S> {
     }
 }
 
+/// `size` bytes (at least one) rounded up to the slice alignment `alignment`, capped at
+/// [`MAX_ALIGNMENT`] (a slice's padding is kept in 32 bits); `None` past `u64::MAX`.
+fn aligned_len(size: u64, alignment: u64) -> Option<u64> {
+    size.max(1)
+        .checked_next_multiple_of(alignment.clamp(1, MAX_ALIGNMENT))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::test_shim::TestShim;
+
+    #[test]
+    fn an_alignment_past_two_gib_is_honoured_as_two_gib() {
+        // Review of the smaller block record: an 8 GiB alignment with a pinned page of 8 GiB
+        // made the first staged write panic (the padding no longer fit its 32 bits).
+        assert_eq!(aligned_len(100, 8 << 30), Some(MAX_ALIGNMENT));
+        assert_eq!(aligned_len(0, 0), Some(1));
+        assert_eq!(aligned_len(100, 64), Some(128));
+        assert_eq!(aligned_len(u64::MAX, 64), None);
+    }
 
     #[test]
     fn huge_lengths_are_refused_never_a_panic() {

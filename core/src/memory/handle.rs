@@ -257,8 +257,8 @@ pub struct Handle {
     len: u64,
 }
 
-// SAFETY: a handle is an `Arc<Identity>` in all but the count (the identity's own `refs`, whose
-// last reference frees or recycles the `Box`), and
+// SAFETY: a handle is a shared pointer to a boxed identity, counted in the identity's own `refs`
+// (the last reference, on whatever thread, takes the `Box` back to recycle or free it), and
 // `Identity` is `Send + Sync` (atomics, and fields written only while no handle points at it).
 unsafe impl Send for Handle {}
 // SAFETY: as for `Send`.

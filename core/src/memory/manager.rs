@@ -147,9 +147,12 @@ impl<S: Shim> MemoryManager<S> {
         budget: MemoryBudget,
         attention: Option<Arc<Attention>>,
     ) -> Self {
-        // A power of two; at most 2 GiB, so a slice's padding (below it) fits the 32 bits a
-        // block keeps it in (`sliced.rs`), and the rounding up cannot overflow.
-        let alignment = facts.page_alignment.clamp(1, 1 << 31).next_power_of_two();
+        // A power of two; at most `MAX_ALIGNMENT`, so a slice's padding (at most the alignment)
+        // fits the 32 bits a block keeps it in, and the rounding up cannot overflow.
+        let alignment = facts
+            .page_alignment
+            .clamp(1, crate::memory::sliced::MAX_ALIGNMENT)
+            .next_power_of_two();
         // The memory every page of this manager must fit in (a total of 0 means unknown).
         let memory = match (budget.limit(), facts.total_memory) {
             (Some(limit), 0) => limit,

@@ -4,6 +4,7 @@
 //! of free blocks across every page, so a request lands in the best-fitting free block of any
 //! page: good-fit (the smallest class that holds it, first fit inside), or at a chosen offset
 //! ([`SlicedPool::carve_at`]). Device calls and when an empty page goes back: the manager's.
+//! A block's record and the links the index walks are in `sliced/block.rs`.
 
 mod block;
 
@@ -11,6 +12,10 @@ use super::free_index::{FreeIndex, NIL};
 use super::report::Usage;
 use alloc::vec::Vec;
 pub(crate) use block::Used;
+
+/// The largest alignment a sliced pool's callers may round a request to: a used block keeps its
+/// padding (at most the alignment) in 32 bits. The manager and the pinned pool cap theirs here.
+pub(crate) const MAX_ALIGNMENT: u64 = 1 << 31;
 use block::{Block, BlockState};
 
 /// One device page of a sliced pool.
@@ -191,11 +196,11 @@ impl<P> SlicedPool<P> {
             let rest = self.split(b, aligned);
             self.index.insert(&mut self.blocks, rest);
         }
-        let padding = self.blocks[b as usize].size - size;
         debug_assert_eq!(self.blocks[b as usize].size, aligned);
+        let padding = aligned - size;
         self.blocks[b as usize].state = BlockState::Used {
             owner: used.owner,
-            padding: u32::try_from(padding).expect("padding is below the alignment (≤ 2 GiB)"),
+            padding: u32::try_from(padding).expect("padding is at most MAX_ALIGNMENT"),
         };
         let p = self.pages[page as usize]
             .as_mut()

@@ -18,7 +18,8 @@ pub(crate) struct Used {
 }
 
 /// A used block keeps its owner and its padding (the bytes asked for are its size less the
-/// padding, which is below the manager's alignment of at most 2 GiB): 16 bytes with the tag.
+/// padding, which is at most the caller's alignment, itself at most
+/// [`MAX_ALIGNMENT`](super::MAX_ALIGNMENT)): 16 bytes with the tag.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum BlockState {
     Free { prev: u32, next: u32 },
