@@ -11,6 +11,8 @@ mod budget;
 mod config;
 mod free_index;
 pub(crate) mod handle;
+#[cfg(test)]
+mod handle_model;
 mod manager;
 pub(crate) mod pool;
 mod report;
