@@ -1,22 +1,28 @@
 //! The device's attention word: what every operation reads first, in one cache line.
 //!
-//! Owns two flags and their memory ordering: bookkeeping is due (rung by whatever leaves the
+//! Owns two flags (two bits of one byte) and their memory ordering: bookkeeping is due (rung by whatever leaves the
 //! device thread work: an allocation returned on any thread, an id freed or a page retired by a
 //! stream's manager, what a future left behind), and a fault is on record (set once a stream's
-//! work failed or the device is lost, never cleared). An operation that finds both down reads
-//! this one line instead of every stream's queues and the ledger's state. Does not own what the
+//! work failed or the device is lost, never cleared). An operation that finds both down makes
+//! one load ([`Attention::quiet`]) instead of reading every stream's queues and the ledger's
+//! state. Does not own what the
 //! flags stand for: the bookkeeping is `Device::collect`'s, the faults the ledger's (`fault.rs`).
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicU8, Ordering};
 
-/// The flags an operation checks before anything else (see the module documentation). A line of
-/// its own on 64-bit hosts: other threads write to it, and it should share the line with nothing
-/// the device thread writes (a firmware, with no data cache to share, keeps the two bytes).
+/// The bit of [`Attention`]'s word that asks for bookkeeping.
+const BOOKKEEPING: u8 = 1;
+/// The bit of [`Attention`]'s word that says a fault is on record.
+const FAULTED: u8 = 2;
+
+/// The flags an operation checks before anything else (see the module documentation), in one
+/// word so that the usual case (neither) is one load. A line of its own on 64-bit hosts: other
+/// threads write to it, and it should share the line with nothing the device thread writes (a
+/// firmware, with no data cache to share, keeps the byte).
 #[derive(Debug, Default)]
 #[cfg_attr(target_pointer_width = "64", repr(align(64)))]
 pub(crate) struct Attention {
-    bookkeeping: AtomicBool,
-    faulted: AtomicBool,
+    word: AtomicU8,
 }
 
 impl Attention {
@@ -25,26 +31,35 @@ impl Attention {
     /// them sees what every one of them published before it rang.
     #[inline]
     pub(crate) fn ring(&self) {
-        self.bookkeeping.swap(true, Ordering::Release);
+        self.word.fetch_or(BOOKKEEPING, Ordering::Release);
     }
 
     /// Whether bookkeeping was asked for since the last answer (one load when it was not), and
-    /// takes the request. The swap reads the last ring, so what was pushed before any ring is
-    /// seen by the caller after this answer.
+    /// takes the request. The read-modify-write reads the last ring, so what was pushed before
+    /// any ring is seen by the caller after this answer.
     #[inline]
     pub(crate) fn answer(&self) -> bool {
-        self.bookkeeping.load(Ordering::Relaxed) && self.bookkeeping.swap(false, Ordering::AcqRel)
+        self.word.load(Ordering::Relaxed) & BOOKKEEPING != 0
+            && self.word.fetch_and(!BOOKKEEPING, Ordering::AcqRel) & BOOKKEEPING != 0
     }
 
     /// Records that a check may now fail (never undone).
     pub(crate) fn mark_faulted(&self) {
-        self.faulted.store(true, Ordering::Release);
+        self.word.fetch_or(FAULTED, Ordering::Release);
     }
 
     /// Whether a fault is on record.
     #[inline]
     pub(crate) fn faulted(&self) -> bool {
-        self.faulted.load(Ordering::Acquire)
+        self.word.load(Ordering::Acquire) & FAULTED != 0
+    }
+
+    /// Whether neither flag is up (one load): no bookkeeping is due and no fault is on record,
+    /// so an operation's begin has nothing to do. A flag up is then asked for by its own
+    /// question ([`Self::answer`], [`Self::faulted`]), with that question's ordering.
+    #[inline]
+    pub(crate) fn quiet(&self) -> bool {
+        self.word.load(Ordering::Relaxed) == 0
     }
 }
 
@@ -56,7 +71,9 @@ mod tests {
     fn a_ring_is_answered_once() {
         let a = Attention::default();
         assert!(!a.answer(), "silent at first");
+        assert!(a.quiet());
         a.ring();
+        assert!(!a.quiet(), "a ring is heard");
         a.ring();
         assert!(a.answer(), "two rings, one answer");
         assert!(!a.answer(), "taken by the answer");
@@ -69,5 +86,6 @@ mod tests {
         a.mark_faulted();
         assert!(a.faulted() && a.faulted(), "never cleared");
         assert!(!a.answer(), "a fault is not bookkeeping");
+        assert!(!a.quiet(), "a fault is heard");
     }
 }

@@ -249,13 +249,17 @@ impl<S: Shim> Device<S> {
         }
     }
 
-    /// The stream whose memory `binding` names.
+    /// The stream whose manager holds `binding`'s memory: its index and the stream.
     ///
     /// # Errors
     ///
     /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::NotFound`] (stale)
     /// for a stream this device no longer has.
-    pub(crate) fn owner_of(&self, binding: &impl AsBinding) -> Result<usize, IoError> {
+    #[inline]
+    pub(crate) fn owner_of(
+        &self,
+        binding: &impl AsBinding,
+    ) -> Result<(usize, &Stream<S>), IoError> {
         let b = binding.as_binding();
         let issuer = b.issuer();
         if issuer.device != self.id {
@@ -263,7 +267,7 @@ impl<S: Shim> Device<S> {
         }
         let owner = issuer.stream as usize;
         match self.streams.get(owner) {
-            Some(Some(_)) => Ok(owner),
+            Some(Some(s)) => Ok((owner, s)),
             _ => Err(IoError::NotFound {
                 handle: b.id(),
                 reason: NotFoundReason::Stale,

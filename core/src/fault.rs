@@ -271,6 +271,13 @@ impl FaultLedger {
         self.attention.answer()
     }
 
+    /// Whether no bookkeeping is due and no fault is on record (one load): an operation's
+    /// begin has nothing to do.
+    #[inline]
+    pub(crate) fn quiet(&self) -> bool {
+        self.attention.quiet()
+    }
+
     /// Whether no stream's work failed and the device is not lost: every check passes.
     pub(crate) fn clean(&self) -> bool {
         !self.attention.faulted()

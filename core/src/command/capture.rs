@@ -192,7 +192,7 @@ impl<S: Shim> Command<'_, S> {
         let mut guarded: Vec<(usize, PageRef)> = Vec::new();
         let mut guards: Vec<PageGuard> = Vec::new();
         for b in &touched {
-            let Ok(owner) = self.device.owner_of(b) else {
+            let Ok((owner, _)) = self.device.owner_of(b) else {
                 continue;
             };
             let Some(memory) = self.device.streams[owner].as_mut().map(|s| &mut s.memory) else {

@@ -3,10 +3,10 @@
 //! same steps for all of them, once each:
 //!
 //! ```text
-//!  begin ─▶ check ─▶ resolve ─▶ order ─▶ stance ─▶ failure rule ─▶ device call ─▶ outcome ─▶ flush
-//!  (book-   (refused: (each     (after    (run,     (an input that  (shim, library, (marks,     (drop-queue
-//!   keeping, no trace) handle   other     record,   failed: skip,   or graph)       drop queue, policy)
-//!   ledger)            once)    streams)  refuse)   outputs carry)                  window)
+//!  begin ─▶ resolve ─▶ check ─▶ order ─▶ stance ─▶ failure rule ─▶ device call ─▶ outcome ─▶ flush
+//!  (book-   (each      (aliases: (after    (run,     (an input that  (shim, library, (marks,     (drop-queue
+//!   keeping, handle    refused,  other     record,   failed: skip,   or graph)       drop queue, policy)
+//!   ledger)  once)     no trace) streams)  refuse)   outputs carry)                  window)
 //! ```
 //!
 //! Device work (a kernel, library work, a graph's replay) runs through [`Command::run`]; copies
@@ -18,6 +18,7 @@
 //! (`capture/`), the staging decision (`staging.rs`).
 
 use super::Command;
+use super::buffers::{Buffers, ranges_meet};
 use crate::capture::{Recorded, Span, Stance};
 use crate::error::{LaunchError, LibraryError, ServerError, Validation};
 use crate::memory::Handle;
@@ -83,17 +84,6 @@ pub(super) fn view(h: &Handle) -> Span {
     }
 }
 
-/// Whether two views share a byte of the same allocation (an empty view shares none). The
-/// allocations are compared by identity first: one pointer compare for the usual pair of
-/// different allocations, nothing else read.
-fn overlap(a: &Handle, b: &Handle) -> bool {
-    a.same_allocation(b)
-        && !a.is_empty()
-        && !b.is_empty()
-        && a.offset() < b.offset() + b.len()
-        && b.offset() < a.offset() + a.len()
-}
-
 /// The refusal of work whose written buffer `output` overlaps buffer `other`.
 #[cold]
 #[inline(never)]
@@ -116,6 +106,22 @@ fn buffer_error(kernel: &'static str, index: usize, cause: crate::error::IoError
         cause,
     }
     .into()
+}
+
+/// The refusal of device work whose buffer `index` names no memory it may use: an output
+/// overlapping another buffer is refused first, as it is whatever the handles name.
+#[cold]
+#[inline(never)]
+fn refuse_buffers(
+    kernel: &'static str,
+    buffers: Buffers<'_>,
+    index: usize,
+    cause: crate::error::IoError,
+) -> ServerError {
+    match buffers.aliased() {
+        Some((output, other)) => aliased_error(kernel, output, other),
+        None => buffer_error(kernel, index, cause),
+    }
 }
 
 /// The shim's refusal of device work, recorded in the ledger.
@@ -153,62 +159,6 @@ fn fail_writes(
     failures.prune(f);
 }
 
-/// The buffers of device work in their order (inputs, updates: read and written in place,
-/// outputs), by position.
-#[derive(Clone, Copy)]
-pub(super) struct Buffers<'a> {
-    pub inputs: &'a [&'a Handle],
-    pub updates: &'a [&'a Handle],
-    pub outputs: &'a [&'a Handle],
-}
-
-impl<'a> Buffers<'a> {
-    fn len(&self) -> usize {
-        self.inputs.len() + self.updates.len() + self.outputs.len()
-    }
-
-    /// The three lists in order.
-    fn lists(&self) -> [&'a [&'a Handle]; 3] {
-        [self.inputs, self.updates, self.outputs]
-    }
-
-    /// The first pair (written buffer, other buffer) whose views overlap, by position: kernels
-    /// may run their blocks in any order, and a library may too, so a buffer the work writes
-    /// (an update or an output) shares no byte with another buffer of the same work. Plain loops
-    /// over the three lists: nothing gathered, one pointer compare per pair in the usual case.
-    pub(super) fn aliased(&self) -> Option<(usize, usize)> {
-        let lists = self.lists();
-        let mut o = self.inputs.len();
-        for written in [self.updates, self.outputs] {
-            for &w in written {
-                let mut i = 0;
-                for list in lists {
-                    for &other in list {
-                        if i != o && overlap(w, other) {
-                            return Some((o, i));
-                        }
-                        i += 1;
-                    }
-                }
-                o += 1;
-            }
-        }
-        None
-    }
-}
-
-/// The first pair (output, other buffer) of a launch's views that overlap (see
-/// [`Buffers::aliased`]).
-#[cfg(test)]
-fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
-    Buffers {
-        inputs,
-        updates: &[],
-        outputs,
-    }
-    .aliased()
-}
-
 impl<'t, S: Shim> Touches<'t, S> {
     /// The spans the work reads (updates included).
     fn reads(&self) -> impl Iterator<Item = Span> + '_ {
@@ -239,8 +189,18 @@ impl<S: Shim> Command<'_, S> {
         name: &'static str,
         mut work: Work<'_, S>,
     ) -> Result<(), ServerError> {
-        // Begin.
+        // Begin, then what a kernel's geometry and parameters say on their face.
         self.begin()?;
+        if let Work::Kernel {
+            dims,
+            params,
+            buffers,
+            ..
+        } = &work
+            && let Some(refusal) = super::launch_check::refused(name, *dims, params, buffers.len())
+        {
+            return Err(refusal.into());
+        }
         // Check, resolve each handle once, then order after other streams. The usual path falls
         // through: what is rare (a refusal, a graph, the failure rule's skip, a recording) is
         // in functions of its own, out of the way of the hot code.
@@ -248,12 +208,7 @@ impl<S: Shim> Command<'_, S> {
         let stance = self.stance();
         let mut spans = [NO_SPAN; STACK_BUFFERS];
         let count = match touches {
-            Touches::Views(buffers) => {
-                if let Some((output, other)) = buffers.aliased() {
-                    return Err(aliased_error(name, output, other));
-                }
-                self.resolve_views(name, buffers, &mut spans)?
-            }
+            Touches::Views(buffers) => self.resolve_views(name, buffers, &mut spans)?,
             Touches::Graph(g) => {
                 self.order_graph(g, stance)?;
                 0
@@ -303,7 +258,10 @@ impl<S: Shim> Command<'_, S> {
         if stance == Stance::Record {
             return self.record_outcome(&touches, called);
         }
-        self.settle_writes(touches.writes(), &called);
+        // Nothing to settle in the usual case (a success, no failure on record).
+        if called.is_err() || !self.device.failures.is_empty() {
+            self.settle_writes(touches.writes(), &called);
+        }
         called?;
         let s = self.current();
         s.last_kernel = Some(name);
@@ -395,10 +353,10 @@ impl<S: Shim> Command<'_, S> {
         let mut index = 0;
         for list in buffers.lists() {
             for h in list {
-                let t = self
-                    .device
-                    .target(*h)
-                    .map_err(|cause| buffer_error(name, index, cause))?;
+                let t = match self.device.target(*h) {
+                    Ok(t) => t,
+                    Err(cause) => return Err(refuse_buffers(name, buffers, index, cause)),
+                };
                 foreign |= t.owner != self.stream;
                 let span = DeviceSpan {
                     addr: t.resolved.addr,
@@ -411,6 +369,19 @@ impl<S: Shim> Command<'_, S> {
                 }
                 index += 1;
             }
+        }
+        // No written buffer may overlap another: the views' device ranges are on the stack, so
+        // the usual case (no two ranges meet) reads nothing else; a meeting pair is judged by
+        // the handles (only views of one allocation alias; its views meet in device addresses).
+        let resolved = if on_heap {
+            &self.device.launch_spans[..]
+        } else {
+            &spans[..count]
+        };
+        if ranges_meet(resolved, buffers.inputs.len())
+            && let Some((output, other)) = buffers.aliased()
+        {
+            return Err(aliased_error(name, output, other));
         }
         // Nothing to wait for in the usual case (asked once, not per buffer): only memory
         // another stream owns is ordered then.
@@ -472,7 +443,3 @@ impl<S: Shim> Command<'_, S> {
         self.device.ledger.defer(self.stream, fenced)
     }
 }
-
-#[cfg(test)]
-#[path = "engine_tests.rs"]
-mod tests;

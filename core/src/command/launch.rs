@@ -1,13 +1,18 @@
-//! Kernel launches: the validation every launch gets, the failure rule (a launch whose input
-//! carries a failure is skipped and passes it on), and the refusal of a launch.
+//! Kernel launches: what a launch declares ([`Launch`]) and what its geometry and parameters
+//! must say on their face (no zero extent, no parameter naming a buffer slot the launch lacks:
+//! one rule for every shim, which the engine checks after its begin, before anything is
+//! resolved or enqueued).
 //!
-//! Owns which buffers a launch may name together (an output never aliases another buffer of the
-//! same launch: one rule for every shim, checked before anything is enqueued). Does not own the
-//! failure records (`failure.rs`).
+//! Does not own that check (`launch_check.rs`), which buffers a launch may name together
+//! (`buffers.rs`: an output never aliases another buffer), the failure rule or the failure
+//! records (`engine.rs`, `failure.rs`).
 
 use super::Command;
-use super::engine::{Buffers, Work};
-use crate::error::{ServerError, Validation};
+use super::buffers::Buffers;
+use super::engine::Work;
+use crate::error::ServerError;
+#[cfg(doc)]
+use crate::error::Validation;
 use crate::memory::Handle;
 use crate::shim::{KernelParam, LaunchDims, Shim};
 
@@ -43,34 +48,6 @@ pub struct Launch<'a, S: Shim> {
     pub params: &'a [KernelParam<'a>],
 }
 
-/// The first check a launch fails before anything else is looked at: a zero extent, a parameter
-/// naming a buffer slot the launch does not have. (An output overlapping another buffer is the
-/// engine's check, for library work too.)
-fn refused(
-    name: &'static str,
-    dims: LaunchDims,
-    params: &[KernelParam<'_>],
-    buffers: usize,
-) -> Option<Validation> {
-    let extents = [dims.grid, dims.block];
-    if extents.iter().any(|d| d.x == 0 || d.y == 0 || d.z == 0) {
-        return Some(Validation::LaunchDims { kernel: name, dims });
-    }
-    let bad_slot = params.iter().enumerate().find_map(|(param, p)| match *p {
-        KernelParam::Buffer(slot) if slot >= buffers => Some((param, slot)),
-        _ => None,
-    });
-    if let Some((param, slot)) = bad_slot {
-        return Some(Validation::LaunchParam {
-            kernel: name,
-            param,
-            slot,
-            buffers,
-        });
-    }
-    None
-}
-
 impl<S: Shim> Command<'_, S> {
     /// Launches a kernel. If an input carries a failure, the launch is skipped and its outputs
     /// carry the same failure; if the shim refuses it, its outputs carry the refusal. Flushes the
@@ -86,6 +63,7 @@ impl<S: Shim> Command<'_, S> {
     /// another buffer of the launch;
     /// [`ServerError::Skipped`], [`LaunchError::Refused`](crate::LaunchError::Refused),
     /// [`ServerError::DeviceLost`], [`ServerError::StreamFaulted`].
+    #[inline]
     pub fn launch(&mut self, launch: Launch<'_, S>) -> Result<(), ServerError> {
         let Launch {
             kernel,
@@ -95,11 +73,7 @@ impl<S: Shim> Command<'_, S> {
             params,
         } = launch;
         let name = self.device.shim.kernel_name(kernel);
-        if let Some(refusal) = refused(name, dims, params, inputs.len() + outputs.len()) {
-            // The device's bookkeeping and the ledger come first, as for every operation.
-            self.begin()?;
-            return Err(refusal.into());
-        }
+        // The engine checks the geometry and the parameters (`refused`) after its begin.
         let work = Work::Kernel {
             kernel,
             dims,
@@ -111,50 +85,5 @@ impl<S: Shim> Command<'_, S> {
             },
         };
         self.run(name, work)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::shim::Dim3;
-
-    #[test]
-    fn zero_extents_and_missing_slots_are_refused_first() {
-        let n = 64u64.to_ne_bytes();
-        let params = [KernelParam::Buffer(0), KernelParam::Scalar(&n)];
-        let fine = LaunchDims::covering(64, 32);
-        assert_eq!(refused("k", fine, &params, 1), None);
-        let mut flat = fine;
-        flat.block.z = 0;
-        assert_eq!(
-            refused("k", flat, &params, 1),
-            Some(Validation::LaunchDims {
-                kernel: "k",
-                dims: flat
-            })
-        );
-        let far = [KernelParam::Scalar(&n), KernelParam::Buffer(1)];
-        assert_eq!(
-            refused("k", fine, &far, 1),
-            Some(Validation::LaunchParam {
-                kernel: "k",
-                param: 1,
-                slot: 1,
-                buffers: 1
-            })
-        );
-        assert_eq!(Dim3::ONE.count(), 1);
-        assert_eq!(LaunchDims::covering(0, 256).grid, Dim3::linear(1));
-        assert_eq!(
-            LaunchDims::covering(u64::MAX, 1).grid.x,
-            LaunchDims::MAX_GRID_X
-        );
-        let huge = Dim3 {
-            x: u32::MAX,
-            y: u32::MAX,
-            z: u32::MAX,
-        };
-        assert_eq!(huge.count(), u64::MAX, "saturates, never panics");
     }
 }

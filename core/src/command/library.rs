@@ -9,7 +9,8 @@
 //! GEMM in devcmd-std).
 
 use super::Command;
-use super::engine::{Buffers, Work};
+use super::buffers::Buffers;
+use super::engine::Work;
 use crate::error::{LibraryError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceSpan, Shim};

@@ -25,11 +25,13 @@
 // fault decisions (`fault.rs`), cross-stream order (`order/`) nor the capture state (`capture/`).
 
 mod across;
+mod buffers;
 mod capture;
 mod engine;
 mod futures;
 mod host_side;
 mod launch;
+mod launch_check;
 mod library;
 mod memory;
 #[cfg(feature = "pipeline")]
@@ -151,10 +153,21 @@ impl<'a, S: Shim> Command<'a, S> {
     /// failure and cross-stream records, retired pages go to their drop queue), then the
     /// operation fails fast when the device is lost, this stream's work (or work it was ordered
     /// after) failed while it ran, or this stream's recording was discarded and not yet ended.
+    #[inline]
     fn begin(&mut self) -> Result<(), ServerError> {
-        self.device.collect();
-        self.device.ledger.check(self.stream)?;
+        // The usual case: nothing rang and no fault is on record (one load).
+        if !self.device.ledger.quiet() {
+            self.begin_heard()?;
+        }
         self.device.capture.check_open(self.stream)
+    }
+
+    /// The part of [`Self::begin`] for a device whose attention word has a flag up.
+    #[cold]
+    #[inline(never)]
+    fn begin_heard(&mut self) -> Result<(), ServerError> {
+        self.device.collect();
+        self.device.ledger.check(self.stream)
     }
 
     /// What this command's operations do about the device's recording (the capture state's

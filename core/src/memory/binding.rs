@@ -157,6 +157,7 @@ impl BindingRef<'_> {
     pub(crate) fn same_allocation(&self, other: &BindingRef<'_>) -> bool {
         self.identity == other.identity
     }
+    #[inline]
     pub(crate) fn location(&self) -> Result<Location, IoError> {
         self.identity()
             .location()

@@ -184,6 +184,7 @@ impl Identity {
         }
     }
 
+    #[inline]
     pub(super) fn location(&self) -> Result<Location, NotFoundReason> {
         let pool = Pool::from_code(self.pool.load(Ordering::Relaxed));
         let block = self.block.load(Ordering::Relaxed);

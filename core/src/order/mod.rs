@@ -45,12 +45,8 @@ impl<S: Shim> Device<S> {
     /// [`IoError::OutOfRange`](crate::IoError::OutOfRange).
     #[inline]
     pub(crate) fn target(&self, binding: &impl AsBinding) -> Result<Target, IoError> {
-        let owner = self.owner_of(binding)?;
-        let resolved = self.streams[owner]
-            .as_ref()
-            .expect("owner_of found it")
-            .memory
-            .resolve_issued(binding)?;
+        let (owner, stream) = self.owner_of(binding)?;
+        let resolved = stream.memory.resolve_issued(binding)?;
         Ok(Target { owner, resolved })
     }
 

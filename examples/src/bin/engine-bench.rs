@@ -79,6 +79,23 @@ fn launch_two(
     .expect("launch");
 }
 
+/// One `Command::launch` of no buffer (the engine's fixed cost per operation), not inlined.
+#[inline(never)]
+fn launch_none(
+    cmd: &mut devcmd::Command<'_, AddressShim>,
+    kernel: &&'static str,
+    params: &[KernelParam<'_>],
+) {
+    cmd.launch(Launch {
+        kernel,
+        dims: LaunchDims::SINGLE,
+        inputs: &[],
+        outputs: &[],
+        params,
+    })
+    .expect("launch");
+}
+
 /// `--help`.
 const USAGE: &str = "\
 engine-bench: the engine's own cost per operation, on a shim whose calls do nothing
@@ -145,6 +162,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let bare = per_op(iters, bare_call);
     let launch = per_op(iters, || launch_two(&mut cmd, &kernel, &a, &b, &params));
+    let scalar_only = [KernelParam::Scalar(&n)];
+    let launch_none = per_op(iters, || launch_none(&mut cmd, &kernel, &scalar_only));
     let (reads, writes) = ([&a, &b], [&c]);
     let library = per_op(iters, || {
         let work = LibraryWork::new("gemm", &reads, &writes);
@@ -180,6 +199,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "| `Command::launch`, 2 buffers, 3 parameters | {launch:.1} | {:.1} |",
         launch - bare
+    );
+    println!(
+        "| `Command::launch`, no buffer, 1 parameter | {launch_none:.1} | {:.1} |",
+        launch_none - bare
     );
     println!(
         "| `Command::library`, 3 buffers | {library:.1} | {:.1} |",

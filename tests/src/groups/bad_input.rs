@@ -826,6 +826,17 @@ fn cases<H: Harness>() -> Vec<Case<H>> {
             err(r, "AliasedLaunch", aliased_launch)?;
             fine(f.c.sync(S0))
         }),
+        case!(
+            "launch: an output aliasing an input beside a handle that names no memory",
+            |f| {
+                // The alias is refused first, whatever the other handles name (the engine
+                // resolves before it compares, and must still answer the alias).
+                let (never, o) = (f.never.clone(), fine(f.c.empty(S0, 64))?);
+                let r = f.c.launch(S0, TestKernel::AddByte, 1, &[&never, &o], &[&o]);
+                err(r, "AliasedLaunch", aliased_launch)?;
+                fine(f.c.sync(S0))
+            }
+        ),
         case!("launch: a grid with a zero extent", |f| {
             let o = fine(f.c.empty(S0, 64))?;
             let mut dims = LaunchDims::covering(64, 32);
