@@ -338,6 +338,16 @@ impl<S: Shim> Device<S> {
             .collect()
     }
 
+    /// Debug builds: whatever the device thread left rang before it was left (another thread's
+    /// return may be pushed between a ring's answer and this check: not checked).
+    pub(crate) fn debug_assert_nothing_unrung(&self) {
+        let unrung = |s: &Stream<S>| s.memory.has_freed() || s.memory.has_retired();
+        debug_assert!(
+            !self.streams.iter().flatten().any(|s| unrung(s)),
+            "bookkeeping left without a ring"
+        );
+    }
+
     /// The device's bookkeeping, run at the start of every command operation and at teardown: the
     /// last steps of the dropped-handle path. A dropped handle's allocation comes back through
     /// its stream's return queue into that stream's manager (which frees its slice, and retires a
@@ -348,15 +358,7 @@ impl<S: Shim> Device<S> {
         // Nothing came back, was freed or retired, and no future left anything since the last
         // look (the usual case between operations): one load, no stream visited.
         if !self.ledger.bookkeeping_due() {
-            // What the device thread itself leaves rings before it is left (another thread's
-            // return may be pushed between the ring's answer and this check: not checked).
-            debug_assert!(
-                self.streams
-                    .iter()
-                    .flatten()
-                    .all(|s| !s.memory.has_freed() && !s.memory.has_retired()),
-                "bookkeeping left without a ring"
-            );
+            self.debug_assert_nothing_unrung();
             return;
         }
         for s in self.streams.iter_mut().flatten() {

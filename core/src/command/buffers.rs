@@ -81,19 +81,19 @@ fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
 /// span: a necessary condition for an alias (views of one allocation that overlap meet in device
 /// addresses), checked on the stack before the handles are asked.
 pub(super) fn ranges_meet(spans: &[DeviceSpan], first_written: usize) -> bool {
+    // By last bytes, so a span that ends at the top of the address space is compared whole.
+    let meet = |a: &DeviceSpan, b: &DeviceSpan| {
+        a.len != 0
+            && b.len != 0
+            && a.addr.0 <= b.addr.0.saturating_add(b.len - 1)
+            && b.addr.0 <= a.addr.0.saturating_add(a.len - 1)
+    };
     let mut o = first_written;
     while o < spans.len() {
-        let w = spans[o];
-        if w.len != 0 {
-            let w_end = w.addr.0.saturating_add(w.len);
-            for (i, other) in spans.iter().enumerate() {
-                if i != o
-                    && other.len != 0
-                    && w.addr.0 < other.addr.0.saturating_add(other.len)
-                    && other.addr.0 < w_end
-                {
-                    return true;
-                }
+        let w = &spans[o];
+        for (i, other) in spans.iter().enumerate() {
+            if i != o && meet(w, other) {
+                return true;
             }
         }
         o += 1;

@@ -73,6 +73,11 @@ fn ranges_meet_when_a_written_span_shares_a_byte_with_another() {
         ranges_meet(&[span(u64::MAX - 8, 64), span(u64::MAX - 4, 1)], 1),
         "saturates at the top of the address space, never wraps"
     );
+    assert!(
+        ranges_meet(&[span(u64::MAX - 3, 4), span(u64::MAX, 1)], 1),
+        "the last byte of the address space is compared too"
+    );
+    assert!(!ranges_meet(&[span(u64::MAX - 3, 3), span(u64::MAX, 1)], 1));
 }
 
 /// The engine asks the handles only when ranges meet: every alias must show as meeting ranges

@@ -3,10 +3,10 @@
 //! same steps for all of them, once each:
 //!
 //! ```text
-//!  begin ─▶ resolve ─▶ check ─▶ order ─▶ stance ─▶ failure rule ─▶ device call ─▶ outcome ─▶ flush
-//!  (book-   (each      (aliases: (after    (run,     (an input that  (shim, library, (marks,     (drop-queue
-//!   keeping, handle    refused,  other     record,   failed: skip,   or graph)       drop queue, policy)
-//!   ledger)  once)     no trace) streams)  refuse)   outputs carry)                  window)
+//!  begin ─▶ check ─▶ resolve ─▶ check ─▶ order ─▶ stance ─▶ failure rule ─▶ device call ─▶ outcome ─▶ flush
+//!  (book-   (a kernel's (each     (aliases: (after    (run,     (an input that  (shim, library, (marks,     (drop-queue
+//!   keeping, geometry:  handle    refused,  other     record,   failed: skip,   or graph)       drop queue, policy)
+//!   ledger)  no trace)  once)     no trace) streams)  refuse)   outputs carry)                  window)
 //! ```
 //!
 //! Device work (a kernel, library work, a graph's replay) runs through [`Command::run`]; copies
@@ -370,15 +370,16 @@ impl<S: Shim> Command<'_, S> {
                 index += 1;
             }
         }
-        // No written buffer may overlap another: the views' device ranges are on the stack, so
-        // the usual case (no two ranges meet) reads nothing else; a meeting pair is judged by
+        // No written buffer may overlap another: the views' device ranges are at hand (on the
+        // stack up to 8 buffers), so the usual case (no two ranges meet) reads nothing else; a meeting pair is judged by
         // the handles (only views of one allocation alias; its views meet in device addresses).
         let resolved = if on_heap {
             &self.device.launch_spans[..]
         } else {
             &spans[..count]
         };
-        if ranges_meet(resolved, buffers.inputs.len())
+        if count > 1
+            && ranges_meet(resolved, buffers.inputs.len())
             && let Some((output, other)) = buffers.aliased()
         {
             return Err(aliased_error(name, output, other));

@@ -158,6 +158,8 @@ impl<'a, S: Shim> Command<'a, S> {
         // The usual case: nothing rang and no fault is on record (one load).
         if !self.device.ledger.quiet() {
             self.begin_heard()?;
+        } else {
+            self.device.debug_assert_nothing_unrung();
         }
         self.device.capture.check_open(self.stream)
     }

@@ -131,6 +131,7 @@ impl GranulePool {
     }
 
     /// The granules `[first, last]` that the bytes `[addr, addr + len)` touch.
+    #[inline]
     pub(crate) fn span(&self, addr: u64, len: u64) -> (u32, u32) {
         let start = addr - self.base;
         let end = start + len.max(1) - 1;
