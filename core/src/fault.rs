@@ -279,6 +279,7 @@ impl FaultLedger {
     }
 
     /// Whether no stream's work failed and the device is not lost: every check passes.
+    #[inline]
     pub(crate) fn clean(&self) -> bool {
         !self.attention.faulted()
     }
