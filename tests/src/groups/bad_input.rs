@@ -186,8 +186,12 @@ fn launch_dims(e: &ServerError) -> bool {
 fn launch_param(e: &ServerError) -> bool {
     matches!(e, ServerError::Validation(Validation::LaunchParam { .. }))
 }
-fn aliased_launch(e: &ServerError) -> bool {
-    matches!(e, ServerError::Validation(Validation::AliasedLaunch { .. }))
+/// The refusal of an alias naming written buffer `output` and buffer `other`, by position.
+fn aliased_pair(output: usize, other: usize) -> impl Fn(&ServerError) -> bool {
+    move |e| {
+        matches!(e, ServerError::Validation(Validation::AliasedLaunch { output: o, other: i, .. })
+            if *o == output && *i == other)
+    }
 }
 fn length_mismatch(e: &ServerError) -> bool {
     matches!(
@@ -253,7 +257,11 @@ fn aliased(f: &mut Fx<impl Harness>, input: (u64, u64), output: (u64, u64)) -> C
     let i = x.view(input.0, input.1).map_err(|e| e.to_string())?;
     let o = x.view(output.0, output.1).map_err(|e| e.to_string())?;
     let r = f.c.launch(S0, TestKernel::AddByte, 1, &[&i], &[&o]);
-    err(r, "AliasedLaunch", aliased_launch)?;
+    err(
+        r,
+        "AliasedLaunch { output: 1, other: 0 }",
+        aliased_pair(1, 0),
+    )?;
     fine(f.c.read(S0, &x)).and_then(|got| {
         (got == [10; 64])
             .then_some(())
@@ -823,7 +831,11 @@ fn cases<H: Harness>() -> Vec<Case<H>> {
         case!("launch: the same handle as two outputs", |f| {
             let o = fine(f.c.empty(S0, 64))?;
             let r = f.c.launch(S0, TestKernel::Fill, 1, &[], &[&o, &o]);
-            err(r, "AliasedLaunch", aliased_launch)?;
+            err(
+                r,
+                "AliasedLaunch { output: 0, other: 1 }",
+                aliased_pair(0, 1),
+            )?;
             fine(f.c.sync(S0))
         }),
         case!(
@@ -833,17 +845,11 @@ fn cases<H: Harness>() -> Vec<Case<H>> {
                 // resolves before it compares, and must still answer the alias).
                 let (never, o) = (f.never.clone(), fine(f.c.empty(S0, 64))?);
                 let r = f.c.launch(S0, TestKernel::AddByte, 1, &[&never, &o], &[&o]);
-                let pair = |e: &ServerError| {
-                    matches!(
-                        e,
-                        ServerError::Validation(Validation::AliasedLaunch {
-                            output: 2,
-                            other: 1,
-                            ..
-                        })
-                    )
-                };
-                err(r, "AliasedLaunch { output: 2, other: 1 }", pair)?;
+                err(
+                    r,
+                    "AliasedLaunch { output: 2, other: 1 }",
+                    aliased_pair(2, 1),
+                )?;
                 fine(f.c.sync(S0))
             }
         ),
