@@ -6,15 +6,19 @@ use crate::shim::DeviceAddr;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
-#[test]
-fn an_output_may_not_overlap_any_other_buffer() {
+/// Two allocations of `size` bytes (ids 1 and 2) of one device and stream.
+fn two_allocations(size: u64) -> [Handle; 2] {
     let returns = Arc::new(ReturnQueue::default());
     let issuer = Issuer {
         device: 1,
         stream: 0,
     };
-    let a = Handle::new(1, issuer, 64, &returns);
-    let b = Handle::new(2, issuer, 64, &returns);
+    [1, 2].map(|id| Handle::new(id, issuer, size, &returns))
+}
+
+#[test]
+fn an_output_may_not_overlap_any_other_buffer() {
+    let [a, b] = two_allocations(64);
     assert_eq!(aliased(&[&a], &[&b]), None);
     assert_eq!(aliased(&[&a, &a], &[&b]), None, "inputs may repeat");
     assert_eq!(aliased(&[&a], &[&a]), Some((1, 0)));
@@ -86,16 +90,8 @@ fn ranges_meet_when_a_written_span_shares_a_byte_with_another() {
 /// position, written or not.
 #[test]
 fn every_alias_shows_as_meeting_ranges() {
-    let returns = Arc::new(ReturnQueue::default());
-    let issuer = Issuer {
-        device: 1,
-        stream: 0,
-    };
     let (size, bases) = (16u64, [1024u64, 1040]);
-    let allocations = [
-        Handle::new(1, issuer, size, &returns),
-        Handle::new(2, issuer, size, &returns),
-    ];
+    let allocations = two_allocations(size);
     let mut views = Vec::new();
     for (a, base) in allocations.iter().zip(bases) {
         for offset in 0..=size {
