@@ -11,7 +11,7 @@ use crate::drop_queue::{DropItem, DropPolicy, DropQueue};
 use crate::error::Fault;
 use crate::fault::{FenceMark, FenceOutcome};
 use crate::memory::pool::{Pool, Size};
-use crate::memory::{Handle, Issuer, Location, ReturnQueue, Returned};
+use crate::memory::{Handle, Issuer, Location, Placed, ReturnQueue, Returned};
 use crate::test_shim::TestShim;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -168,9 +168,12 @@ fn tracked(id: u64, returns: &Arc<ReturnQueue>) -> DropItem<TestShim> {
         returns,
     );
     h.set_location(
-        Some(Location {
-            pool: Pool::Pages(Size::Small),
-            block: id as u32,
+        Some(Placed {
+            location: Location {
+                pool: Pool::Pages(Size::Small),
+                block: id as u32,
+            },
+            addr: 0,
         }),
         false,
     );

@@ -151,13 +151,8 @@ impl<S: Shim> Command<'_, S> {
         // (or, where that wait fails, by a host wait for the copy or a leak), so neither page is
         // freed before the copy is done.
         let copied = unsafe {
-            d.shim.copy_peer(
-                draw,
-                target.resolved.addr,
-                &s.shim,
-                source.resolved.addr,
-                src.len(),
-            )
+            d.shim
+                .copy_peer(draw, target.span.addr, &s.shim, source.span.addr, src.len())
         }
         .map_err(|e| ServerError::from(d.ledger.call_failed(e)));
         self.settle_writes(core::iter::once(view(dst)), &copied);

@@ -358,10 +358,7 @@ impl<S: Shim> Command<'_, S> {
                     Err(cause) => return Err(refuse_buffers(name, buffers, index, cause)),
                 };
                 foreign |= t.owner != self.stream;
-                let span = DeviceSpan {
-                    addr: t.resolved.addr,
-                    len: t.resolved.len,
-                };
+                let span = t.span;
                 if on_heap {
                     self.device.launch_spans[index] = span;
                 } else {

@@ -119,10 +119,10 @@ impl<S: Shim> Command<'_, S> {
             return Ok(None);
         }
         let t = self.device.target(handle)?;
-        if layout.device_span() > t.resolved.len {
+        if layout.device_span() > t.span.len {
             return Err(Validation::LayoutPastView {
                 span: layout.device_span(),
-                view: t.resolved.len,
+                view: t.span.len,
             }
             .into());
         }
@@ -153,7 +153,7 @@ impl<S: Shim> Command<'_, S> {
         // Zero copy: in place needs a host wait, illegal while any stream records (the device
         // copies then, and a recording replays the copy).
         if stance == Stance::Run
-            && let Some(dst) = self.host_address(&t)
+            && let Some(dst) = self.host_address(handle, &t)
         {
             self.device.order_after(self.stream, handle, t.owner)?;
             return self.write_in_place(handle, dst, source.bytes(), layout);
@@ -208,7 +208,7 @@ impl<S: Shim> Command<'_, S> {
                 &s.raw,
                 sent.as_ptr(),
                 sent.origin().memory(),
-                t.resolved.addr,
+                t.span.addr,
                 layout,
             )
         };
@@ -236,13 +236,17 @@ impl<S: Shim> Command<'_, S> {
         Ok(())
     }
 
-    /// The host address of the first byte of `t`'s range, when it lies on a page the host
-    /// reaches in place (zero copy: [`crate::DeviceConfig::zero_copy`]).
-    pub(super) fn host_address(&self, t: &Target) -> Option<core::ptr::NonNull<u8>> {
+    /// The host address of the first byte of `handle`'s range (`t`, its target), when it lies
+    /// on a page the host reaches in place (zero copy: [`crate::DeviceConfig::zero_copy`]).
+    pub(super) fn host_address(
+        &self,
+        handle: &Handle,
+        t: &Target,
+    ) -> Option<core::ptr::NonNull<u8>> {
         let owner = self.device.streams.get(t.owner)?.as_ref()?;
         owner
             .memory
-            .host_ptr(&self.device.shim, &t.resolved)
+            .host_ptr(&self.device.shim, handle)
             .map(|(ptr, _)| ptr)
     }
 
@@ -337,7 +341,7 @@ impl<S: Shim> Command<'_, S> {
         let (shim, s) = self.parts();
         // SAFETY: the caller keeps `dst` untouched until a later fence; the target is a live
         // range the layout fits (checked by `copy_target`).
-        unsafe { shim.copy_to_host(&s.raw, t.resolved.addr, dst.as_mut_ptr(), memory, layout) }
+        unsafe { shim.copy_to_host(&s.raw, t.span.addr, dst.as_mut_ptr(), memory, layout) }
             .map_err(|e| self.device.ledger.call_failed(e).into())
     }
 }

@@ -217,7 +217,8 @@ impl<'a, S: Shim> Command<'a, S> {
     ///
     /// [`IoError::ForeignHandle`], [`IoError::NotFound`], [`IoError::OutOfRange`].
     pub fn resource(&mut self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
-        self.device.target(handle).map(|t| t.resolved)
+        let (_, stream) = self.device.owner_of(handle)?;
+        stream.memory.resolve_issued(handle)
     }
 
     /// The device range of `handle` with a binding that keeps it alive for a caller outside the

@@ -198,7 +198,7 @@ impl<S: Shim> Command<'_, S> {
                 &s.raw,
                 ptr,
                 HostMemory::Pinned,
-                t.resolved.addr.offset(piece.device),
+                t.span.addr.offset(piece.device),
                 piece.layout,
             )
         };
@@ -265,7 +265,7 @@ impl<S: Shim> Command<'_, S> {
             let copied = unsafe {
                 shim.copy_to_host(
                     &s.raw,
-                    t.resolved.addr.offset(piece.device),
+                    t.span.addr.offset(piece.device),
                     slot.buffer.as_mut_ptr().add(offset),
                     HostMemory::Pinned,
                     piece.layout,

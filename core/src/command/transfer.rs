@@ -335,7 +335,7 @@ impl<S: Shim> Command<'_, S> {
                 .streams
                 .get(t.owner)
                 .and_then(Option::as_ref)
-                .and_then(|o| o.memory.host_ptr(&self.device.shim, &t.resolved)),
+                .and_then(|o| o.memory.host_ptr(&self.device.shim, &handle)),
             _ => None,
         };
         let (Some(t), Some((ptr, count))) = (t, lent) else {

@@ -5,7 +5,7 @@
 //! identity they point at, its count, nor what the last reference does (`handle.rs`).
 
 use super::handle::{Handle, Identity, Issuer, Location, debug_view, release};
-use crate::error::IoError;
+use crate::error::{IoError, NotFoundReason};
 use core::fmt;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
@@ -159,12 +159,19 @@ impl BindingRef<'_> {
     }
     #[inline]
     pub(crate) fn location(&self) -> Result<Location, IoError> {
-        self.identity()
-            .location()
-            .map_err(|reason| IoError::NotFound {
-                handle: self.identity().id,
-                reason,
-            })
+        self.identity().location().map_err(|r| self.not_found(r))
+    }
+    /// The location and, where the identity keeps it, the block's device address.
+    #[inline]
+    pub(crate) fn placed(&self) -> Result<(Location, Option<u64>), IoError> {
+        self.identity().placed().map_err(|r| self.not_found(r))
+    }
+    #[cold]
+    fn not_found(&self, reason: NotFoundReason) -> IoError {
+        IoError::NotFound {
+            handle: self.identity().id,
+            reason,
+        }
     }
 }
 

@@ -21,15 +21,30 @@ use alloc::boxed::Box;
 use alloc::sync::Arc;
 use core::fmt;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-const HANDED_OVER: u32 = u32::MAX;
+/// The tags of an identity with no location ([`Pool::none`]): never bound, or its room handed
+/// over to another handle.
+const NEVER_BOUND: u32 = 0;
+const HANDED_OVER: u32 = 1;
+
+/// An identity's `addr` when the address is not kept there (it does not fit a `usize`, or is
+/// `usize::MAX` itself): lookups read the pools instead.
+const NOT_KEPT: usize = usize::MAX;
 
 /// Where an allocation lives: a pool of the manager and a block of that pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Location {
     pub pool: Pool,
     pub block: u32,
+}
+
+/// Where an allocation was placed: its location and the device address its block starts at
+/// (which stays while the block is used: a used block never moves, splits or merges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub location: Location,
+    pub addr: u64,
 }
 
 /// An allocation whose last handle and binding were dropped, on its way back to the device thread,
@@ -74,12 +89,13 @@ pub(super) struct Identity {
     /// use it, so the host is never lent its bytes, zero copy). One word where a flag beside the
     /// count would pad the identity by 8 bytes where `u64` aligns to 8 (Cortex-M).
     graphs: AtomicU32,
-    /// Packed location: the pool's [`Pool::code`] in `pool` ([`Pool::NO_CODE`]: none), the
-    /// block in `block`. Written on the device
-    /// thread only; read there and by the last reference's [`release`], which `refs` orders after
-    /// every write.
-    pool: AtomicU32,
-    block: AtomicU32,
+    /// The location in one word ([`Pool::pack`], or [`Pool::none`] with [`NEVER_BOUND`] or
+    /// [`HANDED_OVER`]), and the block's device address ([`NOT_KEPT`] where it does not fit):
+    /// so the engine resolves a handle from this record alone, without reading the pools
+    /// (`MemoryManager::span_issued`). Written on the device thread only; read there and by the
+    /// last reference's [`release`], which `refs` orders after every write.
+    place: AtomicU32,
+    addr: AtomicUsize,
     /// The manager's queue (which it closes when it goes: see [`ReturnQueue`]).
     returns: Arc<ReturnQueue>,
 }
@@ -91,10 +107,13 @@ const _: () = {
 };
 
 // The RAM an allocation costs a firmware (issue 19's target is 48 B for everything): the flag in
-// `graphs` keeps the identity at 48 B on 32-bit targets, and its heap block is just that (a
-// `Box`: no `Arc` counts beside it).
+// `graphs` and the pool packed with the block keep the identity at 48 B on 32-bit targets (the
+// address in a `usize` then costs nothing: it fills what was padding), and its heap block is just
+// that (a `Box`: no `Arc` counts beside it). 56 B on 64-bit hosts, as before the address.
 #[cfg(target_pointer_width = "32")]
 const _: () = assert!(core::mem::size_of::<Identity>() <= 48);
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(core::mem::size_of::<Identity>() <= 56);
 
 /// The most references (handles and bindings) one allocation may have: past it,
 /// [`Identity::add_ref`] panics, as `Arc` aborts, before the count could wrap (a wrapped count
@@ -164,8 +183,8 @@ impl Identity {
             owners: AtomicU32::new(1),
             refs: AtomicU32::new(1),
             graphs: AtomicU32::new(0),
-            pool: AtomicU32::new(Pool::NO_CODE),
-            block: AtomicU32::new(0),
+            place: AtomicU32::new(Pool::none(NEVER_BOUND)),
+            addr: AtomicUsize::new(NOT_KEPT),
             returns: Arc::clone(returns),
         }
     }
@@ -177,8 +196,8 @@ impl Identity {
         *self.owners.get_mut() = 1;
         *self.refs.get_mut() = 1;
         *self.graphs.get_mut() = 0;
-        *self.pool.get_mut() = Pool::NO_CODE;
-        *self.block.get_mut() = 0;
+        *self.place.get_mut() = Pool::none(NEVER_BOUND);
+        *self.addr.get_mut() = NOT_KEPT;
         if !Arc::ptr_eq(&self.returns, returns) {
             self.returns = Arc::clone(returns);
         }
@@ -186,23 +205,33 @@ impl Identity {
 
     #[inline]
     pub(super) fn location(&self) -> Result<Location, NotFoundReason> {
-        let pool = Pool::from_code(self.pool.load(Ordering::Relaxed));
-        let block = self.block.load(Ordering::Relaxed);
-        match (pool, block) {
-            (Some(pool), _) => Ok(Location { pool, block }),
-            (None, HANDED_OVER) => Err(NotFoundReason::HandedOver),
-            (None, _) => Err(NotFoundReason::NeverBound),
+        match Pool::unpack(self.place.load(Ordering::Relaxed)) {
+            Ok((pool, block)) => Ok(Location { pool, block }),
+            Err(HANDED_OVER) => Err(NotFoundReason::HandedOver),
+            Err(_) => Err(NotFoundReason::NeverBound),
         }
     }
 
-    fn set_location(&self, location: Option<Location>, handed_over: bool) {
-        let (pool, block) = match location {
-            Some(l) => (l.pool.code(), l.block),
-            None if handed_over => (Pool::NO_CODE, HANDED_OVER),
-            None => (Pool::NO_CODE, 0),
+    /// The location and, where kept, the block's device address (`None`: look it up).
+    #[inline]
+    pub(super) fn placed(&self) -> Result<(Location, Option<u64>), NotFoundReason> {
+        let location = self.location()?;
+        let addr = self.addr.load(Ordering::Relaxed);
+        // A `usize` is at most 64 bits: the address fits a `u64`.
+        Ok((location, (addr != NOT_KEPT).then_some(addr as u64)))
+    }
+
+    fn set_location(&self, placed: Option<Placed>, handed_over: bool) {
+        let (place, addr) = match placed {
+            Some(p) => (
+                p.location.pool.pack(p.location.block),
+                usize::try_from(p.addr).unwrap_or(NOT_KEPT),
+            ),
+            None if handed_over => (Pool::none(HANDED_OVER), NOT_KEPT),
+            None => (Pool::none(NEVER_BOUND), NOT_KEPT),
         };
-        self.pool.store(pool, Ordering::Relaxed);
-        self.block.store(block, Ordering::Relaxed);
+        self.place.store(place, Ordering::Relaxed);
+        self.addr.store(addr, Ordering::Relaxed);
     }
 }
 
@@ -391,8 +420,8 @@ impl Handle {
         self.identity == other.identity
     }
 
-    pub(crate) fn set_location(&self, location: Option<Location>, handed_over: bool) {
-        self.identity().set_location(location, handed_over);
+    pub(crate) fn set_location(&self, placed: Option<Placed>, handed_over: bool) {
+        self.identity().set_location(placed, handed_over);
     }
 }
 

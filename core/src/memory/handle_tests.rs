@@ -36,9 +36,12 @@ fn the_last_drop_returns_a_bound_allocation_from_any_thread() {
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(7, issuer(), 64, &q);
     h.set_location(
-        Some(Location {
-            pool: ARENA,
-            block: 3,
+        Some(Placed {
+            location: Location {
+                pool: ARENA,
+                block: 3,
+            },
+            addr: 0,
         }),
         false,
     );
@@ -93,9 +96,12 @@ fn a_returned_identity_is_reused_in_its_heap_block() {
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(7, issuer(), 64, &q);
     h.set_location(
-        Some(Location {
-            pool: ARENA,
-            block: 3,
+        Some(Placed {
+            location: Location {
+                pool: ARENA,
+                block: 3,
+            },
+            addr: 0,
         }),
         false,
     );
@@ -126,9 +132,12 @@ fn a_closed_queue_frees_its_returns_and_refuses_later_ones() {
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(1, issuer(), 8, &q);
     h.set_location(
-        Some(Location {
-            pool: SMALL,
-            block: 0,
+        Some(Placed {
+            location: Location {
+                pool: SMALL,
+                block: 0,
+            },
+            addr: 0,
         }),
         false,
     );
@@ -140,9 +149,12 @@ fn a_closed_queue_frees_its_returns_and_refuses_later_ones() {
     let q = Arc::new(ReturnQueue::default());
     let h = Handle::new(2, issuer(), 8, &q);
     h.set_location(
-        Some(Location {
-            pool: SMALL,
-            block: 1,
+        Some(Placed {
+            location: Location {
+                pool: SMALL,
+                block: 1,
+            },
+            addr: 0,
         }),
         false,
     );
@@ -197,9 +209,12 @@ fn race_the_close(q: Arc<ReturnQueue>) {
         .map(|i| {
             let h = Handle::new(i, issuer(), 8, &q);
             h.set_location(
-                Some(Location {
-                    pool: SMALL,
-                    block: i as u32,
+                Some(Placed {
+                    location: Location {
+                        pool: SMALL,
+                        block: i as u32,
+                    },
+                    addr: 0,
                 }),
                 false,
             );
@@ -252,4 +267,30 @@ fn the_exposed_flag_and_the_graph_count_share_a_word_without_touching() {
     assert!(h.is_kept_by_graph() && h.is_exposed());
     b.release_graph();
     assert!(!h.is_kept_by_graph() && h.is_exposed(), "exposed for good");
+}
+
+#[test]
+fn the_record_keeps_a_location_and_the_address_where_it_fits() {
+    let q = Arc::new(ReturnQueue::default());
+    let h = Handle::new(9, issuer(), 64, &q);
+    let location = Location {
+        pool: ARENA,
+        block: crate::memory::pool::MAX_BLOCKS - 1,
+    };
+    for (addr, kept) in [
+        (0x7000, Some(0x7000)),
+        // `usize::MAX` itself says "not kept": that address is looked up in the pools.
+        (usize::MAX as u64, None),
+    ] {
+        h.set_location(Some(Placed { location, addr }), false);
+        assert_eq!(h.as_binding().placed(), Ok((location, kept)));
+    }
+    h.set_location(None, true);
+    assert_eq!(
+        h.as_binding().placed(),
+        Err(IoError::NotFound {
+            handle: 9,
+            reason: NotFoundReason::HandedOver
+        })
+    );
 }

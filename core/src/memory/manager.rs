@@ -46,12 +46,12 @@ mod release;
 mod report;
 mod reserve;
 
+use super::binding::AsBinding;
 use super::budget::MemoryBudget;
 use super::config::{MemoryConfig, PageRelease};
 use super::handle::{Handle, Issuer, ReturnQueue, Returned, SpareIdentity};
 use super::retire::Released;
 use super::sliced::SlicedPool;
-use super::types::Resolved;
 use super::types::{AllocationMode, PageRef, RawPage, RetiredPage};
 use super::vm::GranulePool;
 use super::whole::WholePagePool;
@@ -265,14 +265,19 @@ impl<S: Shim> MemoryManager<S> {
         self.vm_granule
     }
 
-    /// The host address of the first byte `resolved` names, when it lies on a page the host can
-    /// reach (a mapped page: see [`Self::map_pages`]), with the page's count of lent host
-    /// buffers; valid while the allocation lives.
+    /// The host address of the first byte `handle` (issued by this manager's device and stream)
+    /// names, when it lies on a page the host can reach (a mapped page: see
+    /// [`Self::map_pages`]), with the page's count of lent host buffers; valid while the
+    /// allocation lives.
     pub(crate) fn host_ptr(
         &self,
         shim: &S,
-        resolved: &Resolved,
+        handle: &impl AsBinding,
     ) -> Option<(core::ptr::NonNull<u8>, Arc<core::sync::atomic::AtomicU32>)> {
+        if !self.mapped_pages {
+            return None; // no page of this manager is mapped
+        }
+        let resolved = self.resolve_issued(handle).ok()?;
         let (raw, page_addr) = self.raw_page(resolved.page)?;
         let base = raw.host_ptr(shim)?;
         let lent = Arc::clone(raw.lent()?);

@@ -43,6 +43,18 @@ fn granule_pools_hold_only_the_granules_live_allocations_touch() {
 }
 
 #[test]
+fn a_granule_allocation_keeps_its_address() {
+    let (shim, mut mm) = vm_device();
+    let a = mm.reserve(&shim, 3 * MIB, PageUpdate::Allow).unwrap();
+    let s = mm.reserve(&shim, 1000, PageUpdate::Allow).unwrap();
+    // Shared: an arena request below a granule placed in the small pool's mapped room.
+    let shared = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    for h in [&a, &s, &shared] {
+        super::assert_kept_address_is_the_pools(&mm, h);
+    }
+}
+
+#[test]
 fn growth_gives_idle_granules_back_first() {
     let (shim, mut mm) = vm_device();
     let a = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();

@@ -29,7 +29,7 @@ pub use config::{IdleGranules, MemoryConfig, PageRelease};
 pub(crate) use handle::ReturnQueue;
 pub use handle::{Handle, Issuer};
 #[cfg(test)]
-pub(crate) use handle::{Location, Returned};
+pub(crate) use handle::{Location, Placed, Returned};
 pub use manager::MemoryManager;
 pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};
 pub use retire::{Released, RetiringGranule};

@@ -3,10 +3,10 @@
 //! Owns [`Pool`], the one list of a manager's pools: what each is made of (pages carved in
 //! slices, a granule pool over a reserved range, or whole pages) and which requests it serves.
 //! Every dispatch on a pool is a `match` on it, so a new pool kind is a variant here and the
-//! compiler names each place that must serve it. Does not own the pools themselves (the
-//! manager's fields, reached through its accessors in `manager/lookup.rs`) nor the compact form a
-//! handle stores (`handle.rs` packs a pool into its atomic with [`Pool::code`] and
-//! [`Pool::from_code`]).
+//! compiler names each place that must serve it, and the compact form of a pool and a block that
+//! a handle's identity stores in one word ([`Pool::pack`], [`Pool::unpack`]: which is why a pool
+//! holds at most [`MAX_BLOCKS`] blocks). Does not own the pools themselves (the manager's fields,
+//! reached through its accessors in `manager/lookup.rs`) nor the identity (`handle.rs`).
 
 use super::report::PoolKind;
 
@@ -62,6 +62,14 @@ impl Whole {
     }
 }
 
+/// The most blocks one pool may number: a block's index shares a word with its pool's code
+/// ([`Pool::pack`]). Far past what host memory holds (each live block also costs its records:
+/// about 50 GiB of them at this count); the pools refuse to number more.
+pub(crate) const MAX_BLOCKS: u32 = 1 << BLOCK_BITS;
+
+/// The bits of a packed word that hold the block; the pool's code is above them.
+const BLOCK_BITS: u32 = 29;
+
 impl Pool {
     /// Every pool, in the order of their codes.
     const ALL: [Self; 6] = [
@@ -74,7 +82,28 @@ impl Pool {
     ];
 
     /// A code no pool has: a handle with no location.
-    pub(crate) const NO_CODE: u32 = Self::ALL.len() as u32;
+    const NO_CODE: u32 = Self::ALL.len() as u32;
+
+    /// The word for no pool at all, with a `tag` (below [`MAX_BLOCKS`]) that says why.
+    pub(crate) const fn none(tag: u32) -> u32 {
+        Self::NO_CODE << BLOCK_BITS | tag
+    }
+
+    /// The pool and the block `block` (below [`MAX_BLOCKS`]) in one word.
+    pub(crate) const fn pack(self, block: u32) -> u32 {
+        debug_assert!(block < MAX_BLOCKS);
+        self.code() << BLOCK_BITS | block
+    }
+
+    /// The pool and block of a word from [`Self::pack`], or the tag of one from [`Self::none`].
+    #[inline]
+    pub(crate) fn unpack(word: u32) -> Result<(Self, u32), u32> {
+        let block = word & (MAX_BLOCKS - 1);
+        match Self::from_code(word >> BLOCK_BITS) {
+            Some(pool) => Ok((pool, block)),
+            None => Err(block),
+        }
+    }
 
     /// Its line in the report (a granule pool reports as the pool of pages it replaces).
     pub(crate) const fn kind(self) -> PoolKind {
@@ -86,8 +115,8 @@ impl Pool {
         }
     }
 
-    /// A small number naming the pool, for a handle's atomic (below [`Self::NO_CODE`]).
-    pub(crate) const fn code(self) -> u32 {
+    /// A small number naming the pool (below [`Self::NO_CODE`]).
+    const fn code(self) -> u32 {
         match self {
             Self::Pages(Size::Small) => 0,
             Self::Pages(Size::Arena) => 1,
@@ -99,7 +128,8 @@ impl Pool {
     }
 
     /// The pool of `code`, if any.
-    pub(crate) fn from_code(code: u32) -> Option<Self> {
+    #[inline]
+    fn from_code(code: u32) -> Option<Self> {
         Self::ALL.get(code as usize).copied()
     }
 }
@@ -115,5 +145,17 @@ mod tests {
             assert_eq!(Pool::from_code(p.code()), Some(*p));
         }
         assert_eq!(Pool::from_code(Pool::NO_CODE), None);
+    }
+
+    #[test]
+    fn a_packed_word_gives_back_its_pool_and_block_or_its_tag() {
+        for p in Pool::ALL {
+            for block in [0, 1, 12_345, MAX_BLOCKS - 1] {
+                assert_eq!(Pool::unpack(p.pack(block)), Ok((p, block)), "{p:?} {block}");
+            }
+        }
+        for tag in [0, 1, MAX_BLOCKS - 1] {
+            assert_eq!(Pool::unpack(Pool::none(tag)), Err(tag));
+        }
     }
 }

@@ -9,6 +9,8 @@
 mod block;
 
 use super::free_index::{FreeIndex, NIL};
+use super::handle::{Location, Placed};
+use super::pool::{MAX_BLOCKS, Pool};
 use super::report::Usage;
 use alloc::vec::Vec;
 pub(crate) use block::Used;
@@ -45,6 +47,19 @@ pub(crate) struct Carved {
     pub block: u32,
     pub page: u32,
     pub addr: u64,
+}
+
+impl Carved {
+    /// Where the block is, as a handle keeps it, for a sliced pool that is `pool` of its manager.
+    pub(crate) fn placed(self, pool: Pool) -> Placed {
+        Placed {
+            location: Location {
+                pool,
+                block: self.block,
+            },
+            addr: self.addr,
+        }
+    }
 }
 
 /// Pages carved into blocks; the two tables a lookup reads lie side by side first (`repr(C)`).
@@ -85,8 +100,15 @@ impl<P> SlicedPool<P> {
             self.blocks[i as usize] = block;
             i
         } else {
+            let i = self.blocks.len() as u32;
+            // A handle packs the index with its pool in one word: see `MAX_BLOCKS`.
+            assert!(
+                i < MAX_BLOCKS,
+                "a pool of device memory may hold {MAX_BLOCKS} blocks; free allocations \
+                 (the records of these already fill tens of GiB of host memory)"
+            );
             self.blocks.push(block);
-            (self.blocks.len() - 1) as u32
+            i
         }
     }
 

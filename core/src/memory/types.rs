@@ -11,7 +11,7 @@
 use super::budget::MemoryBudget;
 use super::pool::Pool;
 use super::report::PoolKind;
-use crate::shim::{DeviceAddr, Shim};
+use crate::shim::{DeviceAddr, DeviceSpan, Shim};
 use alloc::sync::Arc;
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -61,6 +61,16 @@ pub struct Resolved {
     pub len: u64,
     /// The page it lies on.
     pub page: PageRef,
+}
+
+impl Resolved {
+    /// The range, without its page.
+    pub(crate) fn span(&self) -> DeviceSpan {
+        DeviceSpan {
+            addr: self.addr,
+            len: self.len,
+        }
+    }
 }
 
 /// A page of a manager, as named in guards and checks.

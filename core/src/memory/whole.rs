@@ -4,6 +4,7 @@
 //! Owns the pages and the free pages by size. Does not own when free pages go back: the manager
 //! asks, at cleanup, for the free pages this pool's policy lets go.
 
+use super::pool::MAX_BLOCKS;
 use super::report::Usage;
 use super::sliced::Used;
 use alloc::vec::Vec;
@@ -82,8 +83,11 @@ impl<P> WholePagePool<P> {
                 i
             }
             None => {
+                let i = self.pages.len() as u32;
+                // A handle packs the index with its pool in one word: see `MAX_BLOCKS`.
+                assert!(i < MAX_BLOCKS, "a pool may hold {MAX_BLOCKS} pages");
                 self.pages.push(Some(page));
-                (self.pages.len() - 1) as u32
+                i
             }
         }
     }

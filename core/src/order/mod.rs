@@ -21,8 +21,8 @@ pub(crate) use foreign::ForeignUses;
 use crate::device::Device;
 use crate::drop_queue::DropItem;
 use crate::error::{CaptureError, IoError, ServerError};
-use crate::memory::{AsBinding, Resolved};
-use crate::shim::Shim;
+use crate::memory::AsBinding;
+use crate::shim::{DeviceSpan, Shim};
 
 /// Where a handle's memory is: the stream that owns it and the device range it names. Found once
 /// per handle per operation ([`Device::target`]), before anything is enqueued.
@@ -31,7 +31,7 @@ pub(crate) struct Target {
     /// The stream whose manager holds the memory.
     pub owner: usize,
     /// The device range.
-    pub resolved: Resolved,
+    pub span: DeviceSpan,
 }
 
 impl<S: Shim> Device<S> {
@@ -46,8 +46,8 @@ impl<S: Shim> Device<S> {
     #[inline]
     pub(crate) fn target(&self, binding: &impl AsBinding) -> Result<Target, IoError> {
         let (owner, stream) = self.owner_of(binding)?;
-        let resolved = stream.memory.resolve_issued(binding)?;
-        Ok(Target { owner, resolved })
+        let span = stream.memory.span_issued(binding)?;
+        Ok(Target { owner, span })
     }
 
     /// Orders stream `current` after every other stream's work on the memory `binding` names

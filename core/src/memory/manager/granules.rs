@@ -15,7 +15,7 @@
 use super::MemoryManager;
 use crate::error::IoError;
 use crate::memory::config::{IdleGranules, PageRelease};
-use crate::memory::handle::Location;
+use crate::memory::handle::Placed;
 use crate::memory::pool::{Pool, Size};
 use crate::memory::retire::{Released, RetireToken, RetiringGranule};
 use crate::memory::sliced::Used;
@@ -42,7 +42,7 @@ impl<S: Shim> MemoryManager<S> {
         aligned: u64,
         used: Used,
         update: PageUpdate,
-    ) -> Result<Option<Location>, IoError> {
+    ) -> Result<Option<Placed>, IoError> {
         let which = size.slot();
         if !S::VIRTUAL_MEMORY || self.vm_granule == 0 {
             return Ok(None);
@@ -76,10 +76,7 @@ impl<S: Shim> MemoryManager<S> {
         // Counted without taking retiring granules back: should the placement fall back to a
         // page below, they stay on their way out.
         let missing = (first..=last).filter(|&g| !pool.usable(g)).count();
-        let location = Location {
-            pool: Pool::Granules(size),
-            block: c.block,
-        };
+        let placed = c.placed(Pool::Granules(size));
         let granule = self.vm_granule;
         if missing > 0
             && update == PageUpdate::Allow
@@ -157,7 +154,7 @@ impl<S: Shim> MemoryManager<S> {
             }
         }
         self.vm_high_water = self.vm_high_water.max(self.granules_held());
-        Ok(Some(location))
+        Ok(Some(placed))
     }
 
     /// Places `aligned` bytes in the granule pool serving `size` where memory is already behind
@@ -170,7 +167,7 @@ impl<S: Shim> MemoryManager<S> {
         aligned: u64,
         used: Used,
         walk: bool,
-    ) -> Option<Location> {
+    ) -> Option<Placed> {
         let alignment = self.alignment;
         let pool = self.vm[size.slot()].as_deref_mut()?;
         let c = if walk {
@@ -187,10 +184,7 @@ impl<S: Shim> MemoryManager<S> {
             pool.undo(first, last, c.block, used.owner);
             return None;
         }
-        Some(Location {
-            pool: Pool::Granules(size),
-            block: c.block,
-        })
+        Some(c.placed(Pool::Granules(size)))
     }
 
     /// Whether `bytes` more fit the budget. Where they would not and `update` allows releasing,

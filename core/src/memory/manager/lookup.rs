@@ -2,20 +2,22 @@
 //!
 //! Owns [`MemoryManager::bind`], [`MemoryManager::resolve`] and [`MemoryManager::guard`], the check
 //! that a handle was issued by this manager's device and stream, the rule that a handle resolves
-//! only to memory bound to it, and the routing of a [`Pool`] to the manager's field that holds it.
+//! only to memory bound to it, the engine's short path that takes the address a handle's record
+//! keeps (`span_issued`: no pool read, checked against the pools in debug builds), and the routing
+//! of a [`Pool`] to the manager's field that holds it.
 //! Does not own placement (`reserve.rs`), nor freeing what a handle let go or noticing dropped
 //! guards (`release.rs`).
 
 use super::MemoryManager;
 use crate::error::IoError;
 use crate::memory::binding::{AsBinding, BindingRef};
-use crate::memory::handle::{Handle, Location, check_range};
+use crate::memory::handle::{Handle, Location, Placed, check_range};
 use crate::memory::pool::{Pool, Size, Whole};
 use crate::memory::sliced::{SlicedPool, Used};
 use crate::memory::types::{PageGuard, PageRef, RawPage, Resolved};
 use crate::memory::vm::GranulePool;
 use crate::memory::whole::WholePagePool;
-use crate::shim::{DeviceAddr, Shim};
+use crate::shim::{DeviceAddr, DeviceSpan, Shim};
 use alloc::sync::Arc;
 
 impl<S: Shim> MemoryManager<S> {
@@ -40,7 +42,7 @@ impl<S: Shim> MemoryManager<S> {
                 handle: reserved.id(),
             });
         }
-        let (location, used, _) = self.find(reserved.as_binding())?;
+        let (location, used, room) = self.find(reserved.as_binding())?;
         if target.allocation_size() > used.size {
             return Err(IoError::OutOfRange {
                 offset: 0,
@@ -70,7 +72,8 @@ impl<S: Shim> MemoryManager<S> {
                 page: location.block,
             });
         }
-        target.set_location(Some(location), false);
+        let addr = room.addr.0 - reserved.offset();
+        target.set_location(Some(Placed { location, addr }), false);
         // `target` inherits the exposure, so its memory is never handed on as if no one outside
         // the layer knew its address.
         if reserved.is_exposed() {
@@ -178,6 +181,40 @@ impl<S: Shim> MemoryManager<S> {
     #[inline]
     pub(crate) fn resolve_issued(&self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
         self.find_issued(handle.as_binding()).map(|(_, _, r)| r)
+    }
+
+    /// The device range of a handle the caller found to be issued by this manager's device and
+    /// stream, as [`Self::resolve_issued`] but from the handle's own record: the address its
+    /// allocation was placed at, which the identity keeps (where it fits a `usize`), so the pools
+    /// are not read. The engine's path, once per buffer of every operation.
+    ///
+    /// Sound because a live handle's location is always a block it holds: a block is freed
+    /// only when its last handle and binding are gone (the return queue), or when `bind` moves
+    /// a handle to other room (which sets its location again at once), or by the teardown of
+    /// the device that owns this manager ([`Self::release_all`], [`Self::forget_all`]), after
+    /// which nothing resolves through it. Debug builds check every answer against the pools.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::resolve_issued`].
+    #[inline]
+    pub(crate) fn span_issued(&self, handle: &impl AsBinding) -> Result<DeviceSpan, IoError> {
+        let b = handle.as_binding();
+        let (location, kept) = b.placed()?;
+        let Some(addr) = kept else {
+            return self.find_issued(b).map(|(_, _, r)| r.span());
+        };
+        check_range(b.offset(), b.len(), b.allocation_size())?;
+        let span = DeviceSpan {
+            addr: DeviceAddr(addr + b.offset()),
+            len: b.len(),
+        };
+        debug_assert_eq!(
+            self.find_issued(b).map(|(l, _, r)| (l, r.span())).ok(),
+            Some((location, span)),
+            "a handle's kept address is its block's"
+        );
+        Ok(span)
     }
 
     /// The raw page `page` names and its first device address.

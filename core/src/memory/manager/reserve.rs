@@ -8,7 +8,7 @@
 
 use super::{MemoryManager, round_up};
 use crate::error::{DriverError, Fault, IoError};
-use crate::memory::handle::{Handle, Location};
+use crate::memory::handle::{Handle, Location, Placed};
 use crate::memory::pool::{Pool, Size, Whole};
 use crate::memory::sliced::Used;
 use crate::memory::types::{AllocationMode, Cleanup, PageUpdate, RawPage};
@@ -76,7 +76,7 @@ impl<S: Shim> MemoryManager<S> {
         };
         let id = self.next_id;
         let used = Used { owner: id, size };
-        let location = match self.mode() {
+        let placed = match self.mode() {
             AllocationMode::Persistent => {
                 self.reserve_whole(shim, Whole::Persistent, aligned, used, update)?
             }
@@ -90,7 +90,7 @@ impl<S: Shim> MemoryManager<S> {
         };
         self.next_id += 1;
         let handle = self.new_handle(id, size);
-        handle.set_location(Some(location), false);
+        handle.set_location(Some(placed), false);
         Ok(handle)
     }
 
@@ -101,11 +101,14 @@ impl<S: Shim> MemoryManager<S> {
         aligned: u64,
         used: Used,
         update: PageUpdate,
-    ) -> Result<Location, IoError> {
+    ) -> Result<Placed, IoError> {
         let pool = Pool::Whole(w);
         let whole = self.whole_mut(w);
-        if let Some((block, _)) = whole.try_reuse(aligned, used) {
-            return Ok(Location { pool, block });
+        if let Some((block, addr)) = whole.try_reuse(aligned, used) {
+            return Ok(Placed {
+                location: Location { pool, block },
+                addr,
+            });
         }
         if update == PageUpdate::Forbidden {
             return Err(IoError::PageUpdateForbidden {
@@ -114,9 +117,10 @@ impl<S: Shim> MemoryManager<S> {
             });
         }
         let (raw, addr) = self.alloc_page(shim, aligned, used.size)?;
-        Ok(Location {
-            pool,
-            block: self.whole_mut(w).add(raw, addr, aligned, used),
+        let block = self.whole_mut(w).add(raw, addr, aligned, used);
+        Ok(Placed {
+            location: Location { pool, block },
+            addr,
         })
     }
 
@@ -126,15 +130,12 @@ impl<S: Shim> MemoryManager<S> {
         aligned: u64,
         used: Used,
         update: PageUpdate,
-    ) -> Result<Location, IoError> {
-        if let Some(location) = self.reserve_granules(shim, Size::Small, aligned, used, update)? {
-            return Ok(location);
+    ) -> Result<Placed, IoError> {
+        if let Some(placed) = self.reserve_granules(shim, Size::Small, aligned, used, update)? {
+            return Ok(placed);
         }
         if let Some(c) = self.small.try_carve(used.size, aligned, used) {
-            return Ok(Location {
-                pool: Pool::Pages(Size::Small),
-                block: c.block,
-            });
+            return Ok(c.placed(Pool::Pages(Size::Small)));
         }
         if update == PageUpdate::Forbidden {
             return Err(IoError::PageUpdateForbidden {
@@ -148,10 +149,7 @@ impl<S: Shim> MemoryManager<S> {
             .small
             .try_carve(used.size, aligned, used)
             .expect("a fresh page fits a small slice");
-        Ok(Location {
-            pool: Pool::Pages(Size::Small),
-            block: c.block,
-        })
+        Ok(c.placed(Pool::Pages(Size::Small)))
     }
 
     /// The size of a new arena page for a request of `aligned` bytes: the request rounded up to
@@ -187,15 +185,12 @@ impl<S: Shim> MemoryManager<S> {
         aligned: u64,
         used: Used,
         update: PageUpdate,
-    ) -> Result<Location, IoError> {
-        if let Some(location) = self.reserve_granules(shim, Size::Arena, aligned, used, update)? {
-            return Ok(location);
+    ) -> Result<Placed, IoError> {
+        if let Some(placed) = self.reserve_granules(shim, Size::Arena, aligned, used, update)? {
+            return Ok(placed);
         }
         if let Some(c) = self.arena.try_carve(used.size, aligned, used) {
-            return Ok(Location {
-                pool: Pool::Pages(Size::Arena),
-                block: c.block,
-            });
+            return Ok(c.placed(Pool::Pages(Size::Arena)));
         }
         if update == PageUpdate::Forbidden {
             return Err(IoError::PageUpdateForbidden {
@@ -215,10 +210,7 @@ impl<S: Shim> MemoryManager<S> {
             .arena
             .try_carve(used.size, aligned, used)
             .expect("a page sized for the request fits it");
-        Ok(Location {
-            pool: Pool::Pages(Size::Arena),
-            block: c.block,
-        })
+        Ok(c.placed(Pool::Pages(Size::Arena)))
     }
 
     fn alloc_page(
