@@ -100,7 +100,8 @@ impl<S: Shim> Command<'_, S> {
 
     /// Checks a copy of `host_len` packed bytes with `layout` into or out of `handle`, with no
     /// side effect: where its memory is, or `None` for an empty copy (nothing to do, nothing
-    /// checked but the length). The handle is resolved here, once.
+    /// checked but the length). The handle is resolved here, once (zero copy asks the pools
+    /// again for a mapped page's host address: [`Self::host_address`]).
     pub(super) fn copy_target(
         &self,
         handle: &Handle,

@@ -4,7 +4,7 @@
 //! [`BindingRef`] (a handle's or binding's view, borrowed) and [`AsBinding`]. Does not own the
 //! identity they point at, its count, nor what the last reference does (`handle.rs`).
 
-use super::handle::{Handle, Identity, Issuer, Location, debug_view, release};
+use super::handle::{Handle, Identity, Issuer, Location, ReturnQueue, debug_view, release};
 use crate::error::{IoError, NotFoundReason};
 use core::fmt;
 use core::marker::PhantomData;
@@ -161,10 +161,13 @@ impl BindingRef<'_> {
     pub(crate) fn location(&self) -> Result<Location, IoError> {
         self.identity().location().map_err(|r| self.not_found(r))
     }
-    /// The location and, where the identity keeps it, the block's device address.
+    /// The location and, where the identity keeps it and `returns` is its manager's queue, the
+    /// block's device address.
     #[inline]
-    pub(crate) fn placed(&self) -> Result<(Location, Option<u64>), IoError> {
-        self.identity().placed().map_err(|r| self.not_found(r))
+    pub(crate) fn placed(&self, returns: &ReturnQueue) -> Result<(Location, Option<u64>), IoError> {
+        self.identity()
+            .placed(returns)
+            .map_err(|r| self.not_found(r))
     }
     #[cold]
     fn not_found(&self, reason: NotFoundReason) -> IoError {

@@ -1,10 +1,13 @@
 //! Handles and bindings: what a user holds for an allocation, and what in-flight work holds.
 //!
 //! Owns the identity of an allocation (refcounted, droppable from any thread), its location in
-//! the pools, and what the last reference does: send the allocation back through the return
-//! queue (`return_queue.rs`). Bindings, which in-flight work holds, are in `binding.rs`. Does not
-//! own the memory itself: the pools do, and they check on every lookup that the handle asking is
-//! the one the memory is bound to, so a stale handle resolves to an error, never to other memory.
+//! the pools with the device address it was placed at, and what the last reference does: send
+//! the allocation back through the return queue (`return_queue.rs`). Bindings, which in-flight
+//! work holds, are in `binding.rs`. Does not own the memory itself: the pools do. A lookup
+//! through the pools checks that the handle asking is the one the memory is bound to, so a stale
+//! handle resolves to an error, never to other memory; the engine's lookup takes the kept address
+//! instead, which is sound because a live handle's location always names a block it holds (see
+//! `MemoryManager::span_issued`; debug builds check it against the pools).
 //!
 //! An identity is one heap block (a `Box` with a count of its own: handles and bindings point at
 //! it and count in `refs`, so a binding's clone or drop is one atomic update and a handle's two,
@@ -90,7 +93,8 @@ pub(super) struct Identity {
     /// count would pad the identity by 8 bytes where `u64` aligns to 8 (Cortex-M).
     graphs: AtomicU32,
     /// The location in one word ([`Pool::pack`], or [`Pool::none`] with [`NEVER_BOUND`] or
-    /// [`HANDED_OVER`]), and the block's device address ([`NOT_KEPT`] where it does not fit):
+    /// [`HANDED_OVER`]), and the block's device address ([`NOT_KEPT`] where it does not fit a
+    /// `usize`, and while the identity has no location):
     /// so the engine resolves a handle from this record alone, without reading the pools
     /// (`MemoryManager::span_issued`). Written on the device thread only; read there and by the
     /// last reference's [`release`], which `refs` orders after every write.
@@ -108,8 +112,9 @@ const _: () = {
 
 // The RAM an allocation costs a firmware (issue 19's target is 48 B for everything): the flag in
 // `graphs` and the pool packed with the block keep the identity at 48 B on 32-bit targets (the
-// address in a `usize` then costs nothing: it fills what was padding), and its heap block is just
-// that (a `Box`: no `Arc` counts beside it). 56 B on 64-bit hosts, as before the address.
+// address, a 4-byte `usize` there, takes the word the block's index had before it joined the
+// pool's), and its heap block is just that (a `Box`: no `Arc` counts beside it). 56 B on 64-bit
+// hosts, as before the address (it fills what was padding there).
 #[cfg(target_pointer_width = "32")]
 const _: () = assert!(core::mem::size_of::<Identity>() <= 48);
 #[cfg(target_pointer_width = "64")]
@@ -212,13 +217,19 @@ impl Identity {
         }
     }
 
-    /// The location and, where kept, the block's device address (`None`: look it up).
+    /// The location and, where kept, the block's device address (`None`: look it up). The
+    /// address is given only to the manager whose queue is `returns`: a manager made by a user
+    /// with the same issuer placed its handles in its own pools, which the pools' check refuses.
     #[inline]
-    pub(super) fn placed(&self) -> Result<(Location, Option<u64>), NotFoundReason> {
+    pub(super) fn placed(
+        &self,
+        returns: &ReturnQueue,
+    ) -> Result<(Location, Option<u64>), NotFoundReason> {
         let location = self.location()?;
         let addr = self.addr.load(Ordering::Relaxed);
+        let ours = core::ptr::eq(Arc::as_ptr(&self.returns), returns);
         // A `usize` is at most 64 bits: the address fits a `u64`.
-        Ok((location, (addr != NOT_KEPT).then_some(addr as u64)))
+        Ok((location, (ours && addr != NOT_KEPT).then_some(addr as u64)))
     }
 
     fn set_location(&self, placed: Option<Placed>, handed_over: bool) {

@@ -283,11 +283,21 @@ fn the_record_keeps_a_location_and_the_address_where_it_fits() {
         (usize::MAX as u64, None),
     ] {
         h.set_location(Some(Placed { location, addr }), false);
-        assert_eq!(h.as_binding().placed(), Ok((location, kept)));
+        assert_eq!(h.as_binding().placed(&q), Ok((location, kept)));
     }
+    // Another manager's queue (one a user made with the same issuer) is never given the address.
+    h.set_location(
+        Some(Placed {
+            location,
+            addr: 0x7000,
+        }),
+        false,
+    );
+    let other = ReturnQueue::default();
+    assert_eq!(h.as_binding().placed(&other), Ok((location, None)));
     h.set_location(None, true);
     assert_eq!(
-        h.as_binding().placed(),
+        h.as_binding().placed(&q),
         Err(IoError::NotFound {
             handle: 9,
             reason: NotFoundReason::HandedOver

@@ -101,6 +101,9 @@ pub struct MemoryManager<S: Shim> {
     release: PageRelease,
     /// New pages are pinned host pages the device maps (zero copy), where the shim can make them.
     mapped_pages: bool,
+    /// Whether a mapped page was ever made (the ones made stay mapped after
+    /// `map_pages(false)`): until then no handle has a host address to look up.
+    made_mapped: bool,
     /// The memory every page and range must fit in (the budget or the device's total).
     memory: u64,
 }
@@ -216,6 +219,7 @@ impl<S: Shim> MemoryManager<S> {
             attention,
             release: PageRelease::Fenced,
             mapped_pages: false,
+            made_mapped: false,
             memory,
         }
     }
@@ -274,8 +278,8 @@ impl<S: Shim> MemoryManager<S> {
         shim: &S,
         handle: &impl AsBinding,
     ) -> Option<(core::ptr::NonNull<u8>, Arc<core::sync::atomic::AtomicU32>)> {
-        if !self.mapped_pages {
-            return None; // no page of this manager is mapped
+        if !self.made_mapped {
+            return None; // no page of this manager is mapped: no lookup
         }
         let resolved = self.resolve_issued(handle).ok()?;
         let (raw, page_addr) = self.raw_page(resolved.page)?;

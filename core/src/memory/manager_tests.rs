@@ -239,112 +239,6 @@ fn handles_mutate_only_when_alone() {
 }
 
 #[test]
-fn bind_hands_the_room_over_and_the_reservation_goes_stale() {
-    let (shim, mut mm) = device();
-    let user = mm.lazy_handle(100);
-    assert_eq!(
-        mm.resolve(&user).unwrap_err(),
-        IoError::NotFound {
-            handle: user.id(),
-            reason: NotFoundReason::NeverBound
-        }
-    );
-    let reserved = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
-    let stale = reserved.clone();
-    let addr = mm.resolve(&reserved).unwrap().addr;
-    mm.bind(reserved, &user).unwrap();
-    let r = mm.resolve(&user).unwrap();
-    assert_eq!(r.addr, addr);
-    assert_eq!(
-        mm.resolve(&stale).unwrap_err(),
-        IoError::NotFound {
-            handle: stale.id(),
-            reason: NotFoundReason::HandedOver
-        }
-    );
-    drop(stale);
-    assert_eq!(
-        mm.report().device().allocations,
-        1,
-        "the stale clone frees nothing"
-    );
-}
-
-#[test]
-fn a_released_location_never_resolves_to_its_next_owner() {
-    let (shim, mut mm) = device();
-    let a = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
-    let binding = a.binding();
-    let user = mm.lazy_handle(100);
-    mm.bind(a, &user).unwrap();
-    // Rebinding `user` frees its first room, which the next reservation reuses.
-    let again = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
-    mm.bind(again, &user).unwrap();
-    let other = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
-    assert!(matches!(
-        mm.resolve(&binding),
-        Err(IoError::NotFound { .. })
-    ));
-    assert_ne!(
-        mm.resolve(&other).unwrap().addr,
-        mm.resolve(&user).unwrap().addr
-    );
-}
-
-/// Checks that the engine's short path (the address the handle's record keeps) names the same
-/// range as the lookup through the pools, for `h` and a view of it.
-fn assert_kept_address_is_the_pools(mm: &MemoryManager<TestShim>, h: &Handle) {
-    let from_pools = mm.resolve(h).unwrap();
-    assert_eq!(mm.span_issued(h), Ok(from_pools.span()), "{h:?}");
-    if h.len() > 1 {
-        let v = h.view(1, h.len() - 1).unwrap();
-        assert_eq!(mm.span_issued(&v), Ok(mm.resolve(&v).unwrap().span()));
-    }
-}
-
-#[test]
-fn the_address_a_handle_keeps_is_where_its_pool_placed_it() {
-    let (shim, mut mm) = device();
-    let mut held = Vec::new();
-    for (mode, size) in [
-        (AllocationMode::Auto, 100),
-        (AllocationMode::Auto, 3 * MIB),
-        (AllocationMode::Persistent, 5000),
-        (AllocationMode::Dedicated, 7000),
-    ] {
-        mm.set_mode(mode);
-        let h = mm.reserve(&shim, size, PageUpdate::Allow).unwrap();
-        assert_kept_address_is_the_pools(&mm, &h);
-        held.push(h);
-        mm.set_mode(AllocationMode::Auto);
-    }
-    // Freed room reused by a new handle (a recycled identity), and room bound to another
-    // handle: the address follows the room, and the reservation keeps none.
-    drop(held.remove(0));
-    let again = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
-    assert_kept_address_is_the_pools(&mm, &again);
-    let user = mm.lazy_handle(64);
-    assert!(matches!(
-        mm.span_issued(&user),
-        Err(IoError::NotFound {
-            reason: NotFoundReason::NeverBound,
-            ..
-        })
-    ));
-    let reserved = again.clone();
-    drop(again);
-    mm.bind(reserved.clone(), &user).unwrap();
-    assert_kept_address_is_the_pools(&mm, &user);
-    assert!(matches!(
-        mm.span_issued(&reserved),
-        Err(IoError::NotFound {
-            reason: NotFoundReason::HandedOver,
-            ..
-        })
-    ));
-}
-
-#[test]
 fn foreign_and_out_of_range_handles_are_errors() {
     let (shim, mut mm) = device();
     let other_issuer = Issuer {
@@ -458,6 +352,9 @@ fn the_report_reads_well() {
     );
     assert!(text.contains("2 MiB") && text.contains("6 MiB"), "{text}");
 }
+
+#[path = "manager_lookup_tests.rs"]
+mod lookup;
 
 #[path = "manager_budget_tests.rs"]
 mod budget;

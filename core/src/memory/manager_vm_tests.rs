@@ -50,7 +50,7 @@ fn a_granule_allocation_keeps_its_address() {
     // Shared: an arena request below a granule placed in the small pool's mapped room.
     let shared = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
     for h in [&a, &s, &shared] {
-        super::assert_kept_address_is_the_pools(&mm, h);
+        super::lookup::assert_kept_address_is_the_pools(&mm, h);
     }
 }
 

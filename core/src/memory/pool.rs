@@ -70,6 +70,9 @@ pub(crate) const MAX_BLOCKS: u32 = 1 << BLOCK_BITS;
 /// The bits of a packed word that hold the block; the pool's code is above them.
 const BLOCK_BITS: u32 = 29;
 
+// Every code, `Pool::NO_CODE` included, fits the bits above a block.
+const _: () = assert!(Pool::NO_CODE < 1 << (32 - BLOCK_BITS));
+
 impl Pool {
     /// Every pool, in the order of their codes.
     const ALL: [Self; 6] = [

@@ -85,7 +85,10 @@ impl<P> WholePagePool<P> {
             None => {
                 let i = self.pages.len() as u32;
                 // A handle packs the index with its pool in one word: see `MAX_BLOCKS`.
-                assert!(i < MAX_BLOCKS, "a pool may hold {MAX_BLOCKS} pages");
+                assert!(
+                    i < MAX_BLOCKS,
+                    "a pool may hold {MAX_BLOCKS} pages; free pages or use larger allocations"
+                );
                 self.pages.push(Some(page));
                 i
             }

@@ -62,6 +62,8 @@ impl<S: Shim> MemoryManager<S> {
             // Freed only if `target` still owns it (a stale location frees nothing): never the
             // room being bound, which `reserved` owns.
             self.free_location(old, target.id());
+            // Never left naming freed room, even should the rebind below fail.
+            target.set_location(None, false);
             self.ring();
         }
         if !self.rebind(location, reserved.id(), target.id()) {
@@ -200,7 +202,7 @@ impl<S: Shim> MemoryManager<S> {
     #[inline]
     pub(crate) fn span_issued(&self, handle: &impl AsBinding) -> Result<DeviceSpan, IoError> {
         let b = handle.as_binding();
-        let (location, kept) = b.placed()?;
+        let (location, kept) = b.placed(&self.returns)?;
         let Some(addr) = kept else {
             return self.find_issued(b).map(|(_, _, r)| r.span());
         };

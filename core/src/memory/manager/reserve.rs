@@ -230,6 +230,7 @@ impl<S: Shim> MemoryManager<S> {
         if self.mapped_pages
             && let Some(mapped) = Self::alloc_mapped(shim, page_size)
         {
+            self.made_mapped = true;
             return Ok(mapped);
         }
         match shim.device_alloc(page_size) {
