@@ -137,6 +137,7 @@ fn io_errors() -> Vec<IoError> {
         NotFoundReason::NeverBound,
         NotFoundReason::HandedOver,
         NotFoundReason::Stale,
+        NotFoundReason::OtherManager,
     ] {
         all.push(IoError::NotFound { handle: 3, reason });
     }
@@ -269,6 +270,10 @@ fn check(e: &ServerError) -> Result<(), String> {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "formats 300 chains and runs no unsafe code: three minutes under miri"
+)]
 fn every_chain_prints_each_message_once_and_ends_in_an_action() {
     let all = server_errors();
     assert!(all.len() > 300, "{} errors built", all.len());

@@ -13,6 +13,10 @@ pub enum NotFoundReason {
     HandedOver,
     /// The location the handle remembers is held by another allocation or no longer exists.
     Stale,
+    /// The handle was made by another memory manager of the same device and stream (one a
+    /// user made with [`MemoryManager::new`](crate::memory::MemoryManager::new)), whose pools
+    /// hold its memory.
+    OtherManager,
 }
 
 /// Errors of the memory, copy and I/O paths.
@@ -233,17 +237,25 @@ impl fmt::Display for IoError {
                  make the data contiguous first"
             ),
             Self::NotFound { handle, reason } => {
-                let why = match reason {
-                    NotFoundReason::NeverBound => "was issued lazily and never bound to memory",
-                    NotFoundReason::HandedOver => {
-                        "was a reservation whose memory was bound to another handle"
+                let bound_one = "use the handle the memory was bound to";
+                let (why, action) = match reason {
+                    NotFoundReason::NeverBound => {
+                        ("was issued lazily and never bound to memory", bound_one)
                     }
-                    NotFoundReason::Stale => "points to memory that was released or reused",
+                    NotFoundReason::HandedOver => (
+                        "was a reservation whose memory was bound to another handle",
+                        bound_one,
+                    ),
+                    NotFoundReason::Stale => {
+                        ("points to memory that was released or reused", bound_one)
+                    }
+                    NotFoundReason::OtherManager => (
+                        "was made by another memory manager of this device and stream, which \
+                         holds its memory",
+                        "use the handle with the manager that made it",
+                    ),
                 };
-                write!(
-                    f,
-                    "handle {handle} {why}; use the handle the memory was bound to"
-                )
+                write!(f, "handle {handle} {why}; {action}")
             }
             Self::StorageHandleNotFound { handle, page } => write!(
                 f,

@@ -161,8 +161,17 @@ impl BindingRef<'_> {
     pub(crate) fn location(&self) -> Result<Location, IoError> {
         self.identity().location().map_err(|r| self.not_found(r))
     }
-    /// The location and, where the identity keeps it and `returns` is its manager's queue, the
-    /// block's device address.
+    /// Refuses a handle that the manager whose queue is `returns` did not make.
+    #[inline]
+    pub(crate) fn check_made_by(&self, returns: &ReturnQueue) -> Result<(), IoError> {
+        if self.identity().made_by(returns) {
+            Ok(())
+        } else {
+            Err(self.not_found(NotFoundReason::OtherManager))
+        }
+    }
+    /// The location and, where the identity keeps it, the block's device address, for the
+    /// manager whose queue is `returns` (see [`Self::check_made_by`]).
     #[inline]
     pub(crate) fn placed(&self, returns: &ReturnQueue) -> Result<(Location, Option<u64>), IoError> {
         self.identity()

@@ -217,19 +217,29 @@ impl Identity {
         }
     }
 
-    /// The location and, where kept, the block's device address (`None`: look it up). The
-    /// address is given only to the manager whose queue is `returns`: a manager made by a user
-    /// with the same issuer placed its handles in its own pools, which the pools' check refuses.
+    /// Whether the manager whose queue is `returns` made this identity: only it places the
+    /// allocation, so only it may read or write the location (a manager a user made with the
+    /// same issuer numbers its handles as this one does).
+    #[inline]
+    pub(super) fn made_by(&self, returns: &ReturnQueue) -> bool {
+        core::ptr::eq(Arc::as_ptr(&self.returns), returns)
+    }
+
+    /// The location and, where kept, the block's device address (`None`: look it up in the
+    /// pools), for the manager whose queue is `returns` (another manager's handle is
+    /// [`NotFoundReason::OtherManager`]).
     #[inline]
     pub(super) fn placed(
         &self,
         returns: &ReturnQueue,
     ) -> Result<(Location, Option<u64>), NotFoundReason> {
+        if !self.made_by(returns) {
+            return Err(NotFoundReason::OtherManager);
+        }
         let location = self.location()?;
         let addr = self.addr.load(Ordering::Relaxed);
-        let ours = core::ptr::eq(Arc::as_ptr(&self.returns), returns);
         // A `usize` is at most 64 bits: the address fits a `u64`.
-        Ok((location, (ours && addr != NOT_KEPT).then_some(addr as u64)))
+        Ok((location, (addr != NOT_KEPT).then_some(addr as u64)))
     }
 
     fn set_location(&self, placed: Option<Placed>, handed_over: bool) {

@@ -285,7 +285,7 @@ fn the_record_keeps_a_location_and_the_address_where_it_fits() {
         h.set_location(Some(Placed { location, addr }), false);
         assert_eq!(h.as_binding().placed(&q), Ok((location, kept)));
     }
-    // Another manager's queue (one a user made with the same issuer) is never given the address.
+    // Another manager (one a user made with the same issuer) is refused, the address unread.
     h.set_location(
         Some(Placed {
             location,
@@ -294,7 +294,13 @@ fn the_record_keeps_a_location_and_the_address_where_it_fits() {
         false,
     );
     let other = ReturnQueue::default();
-    assert_eq!(h.as_binding().placed(&other), Ok((location, None)));
+    assert_eq!(
+        h.as_binding().placed(&other),
+        Err(IoError::NotFound {
+            handle: 9,
+            reason: NotFoundReason::OtherManager
+        })
+    );
     h.set_location(None, true);
     assert_eq!(
         h.as_binding().placed(&q),

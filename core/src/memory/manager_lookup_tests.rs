@@ -1,6 +1,7 @@
 //! The manager's lookups: binding room to a handle, and the address a handle's record keeps.
 
 use super::*;
+use alloc::string::ToString;
 
 #[test]
 fn bind_hands_the_room_over_and_the_reservation_goes_stale() {
@@ -128,24 +129,43 @@ fn binding_moves_the_kept_address_of_a_handle_that_had_room() {
     assert_eq!(mm.resolve(&again).unwrap().addr, old);
 }
 
+/// Whether `e` refuses a handle another manager made.
+fn refused<T>(e: Result<T, IoError>) -> bool {
+    matches!(
+        e,
+        Err(IoError::NotFound {
+            reason: NotFoundReason::OtherManager,
+            ..
+        })
+    )
+}
+
 #[test]
-fn another_managers_handle_never_resolves_here_through_its_kept_address() {
-    // Two managers a user made with one issuer: a handle of the second carries the address its
-    // own pools gave it, which must not be read as this manager's memory.
+fn another_managers_handle_is_refused_by_every_lookup_and_by_bind() {
+    // Two managers a user made with one issuer number their handles alike (both first handles
+    // have one id and sit in block 0 of their small pool), so only the manager that made a
+    // handle may resolve it, bind room to it, or take room from it.
     let (shim, mut mm) = device();
     let mut other = manager(&shim, MemoryConfig::default(), MemoryBudget::new(None));
     let ours = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
     let theirs = other.reserve(&shim, 64, PageUpdate::Allow).unwrap();
-    assert_ne!(
-        mm.resolve(&ours).unwrap().addr,
-        other.resolve(&theirs).unwrap().addr
-    );
+    assert_eq!(ours.id(), theirs.id(), "the ids collide");
+    assert!(refused(mm.span_issued(&theirs)));
+    assert!(refused(mm.resolve_issued(&theirs)));
+    assert!(refused(mm.resolve(&theirs)));
+    assert!(refused(mm.guard(&theirs)));
+    // Room of the other manager bound to our handle would be read by our engine as ours.
+    let room = other.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert!(refused(other.bind(room.clone(), &ours)));
+    assert!(refused(mm.bind(room, &ours)));
+    let ours_room = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    assert!(refused(mm.bind(ours_room, &theirs)));
+    // Nothing moved: each still resolves where its own manager placed it.
+    assert_kept_address_is_the_pools(&mm, &ours);
     assert_eq!(
-        mm.span_issued(&theirs),
-        mm.resolve_issued(&theirs).map(|r| r.span())
+        other.resolve(&theirs).unwrap().addr,
+        other.span_issued(&theirs).unwrap().addr
     );
-    assert_ne!(
-        mm.span_issued(&theirs).ok(),
-        Some(other.resolve(&theirs).unwrap().span())
-    );
+    let text = mm.resolve(&theirs).unwrap_err().to_string();
+    assert!(text.contains("another memory manager"), "{text}");
 }

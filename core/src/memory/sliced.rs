@@ -104,8 +104,8 @@ impl<P> SlicedPool<P> {
             // A handle packs the index with its pool in one word: see `MAX_BLOCKS`.
             assert!(
                 i < MAX_BLOCKS,
-                "a pool of device memory may hold {MAX_BLOCKS} blocks; free allocations \
-                 (the records of these already fill tens of GiB of host memory)"
+                "a new block was asked of a pool that numbers {i} already, the most it may \
+                 (their records alone fill tens of GiB of host memory); free allocations first"
             );
             self.blocks.push(block);
             i

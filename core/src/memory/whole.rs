@@ -87,7 +87,8 @@ impl<P> WholePagePool<P> {
                 // A handle packs the index with its pool in one word: see `MAX_BLOCKS`.
                 assert!(
                     i < MAX_BLOCKS,
-                    "a pool may hold {MAX_BLOCKS} pages; free pages or use larger allocations"
+                    "a new page was asked of a pool that holds {i} already, the most it may; \
+                     free pages first, or make fewer, larger allocations"
                 );
                 self.pages.push(Some(page));
                 i

@@ -33,8 +33,9 @@ impl<S: Shim> MemoryManager<S> {
     /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work;
     /// [`IoError::Exposed`] when the room's raw address was handed out and a binding of
     /// `reserved` is still out (a managed resource, uncollected work). On any error nothing
-    /// changes; the room goes back when `reserved` drops. `target` counts as exposed afterwards
-    /// if `reserved` was.
+    /// changes (but for an error devcmd cannot reach: a [`IoError::StorageHandleNotFound`] after
+    /// `target`'s old room was freed leaves `target` unbound); the room goes back when `reserved`
+    /// drops. `target` counts as exposed afterwards if `reserved` was.
     pub fn bind(&mut self, reserved: Handle, target: &Handle) -> Result<(), IoError> {
         self.check_issuer(target.as_binding())?;
         if reserved.as_binding().same_allocation(&target.as_binding()) {
@@ -114,7 +115,7 @@ impl<S: Shim> MemoryManager<S> {
                 used_on: self.issuer.stream,
             });
         }
-        Ok(())
+        b.check_made_by(&self.returns)
     }
 
     #[inline]
@@ -128,7 +129,7 @@ impl<S: Shim> MemoryManager<S> {
     #[inline]
     fn find_issued(&self, b: BindingRef<'_>) -> Result<(Location, Used, Resolved), IoError> {
         debug_assert_eq!(b.issuer(), self.issuer, "the caller checked the issuer");
-        let location = b.location()?;
+        let (location, _) = b.placed(&self.returns)?;
         let stale = IoError::NotFound {
             handle: b.id(),
             reason: crate::error::NotFoundReason::Stale,
@@ -190,11 +191,14 @@ impl<S: Shim> MemoryManager<S> {
     /// allocation was placed at, which the identity keeps (where it fits a `usize`), so the pools
     /// are not read. The engine's path, once per buffer of every operation.
     ///
-    /// Sound because a live handle's location is always a block it holds: a block is freed
-    /// only when its last handle and binding are gone (the return queue), or when `bind` moves
-    /// a handle to other room (which sets its location again at once), or by the teardown of
-    /// the device that owns this manager ([`Self::release_all`], [`Self::forget_all`]), after
-    /// which nothing resolves through it. Debug builds check every answer against the pools.
+    /// Sound because a live handle's location is always a block it holds: only the manager
+    /// that made a handle writes its location (every lookup and `bind` refuse another
+    /// manager's handle, [`NotFoundReason::OtherManager`](crate::error::NotFoundReason)), and
+    /// a block is freed only when its last handle and binding are gone (the return queue), or
+    /// when `bind` moves a handle to other room (which sets its location again at once), or by
+    /// the teardown of the device that owns this manager ([`Self::release_all`],
+    /// [`Self::forget_all`]), after which nothing resolves through it. Debug builds check every
+    /// answer against the pools.
     ///
     /// # Errors
     ///
