@@ -124,7 +124,7 @@ fn every_alias_shows_as_meeting_ranges() {
             checked += 1;
         }
     }
-    // Every pair of the (size + 1)(size + 2) / 2 views of each allocation.
+    // Every ordered pair of all 2 (size + 1)(size + 2) / 2 views (of both allocations).
     let per_allocation = (size + 1) * (size + 2) / 2;
     assert_eq!(checked, (2 * per_allocation).pow(2));
 }

@@ -157,7 +157,9 @@ impl BindingRef<'_> {
     pub(crate) fn same_allocation(&self, other: &BindingRef<'_>) -> bool {
         self.identity == other.identity
     }
-    #[inline]
+    /// The location the handle remembers, whichever manager made it (tests; the managers ask
+    /// [`Self::placed`], which refuses another manager's handle).
+    #[cfg(test)]
     pub(crate) fn location(&self) -> Result<Location, IoError> {
         self.identity().location().map_err(|r| self.not_found(r))
     }

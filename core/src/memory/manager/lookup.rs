@@ -27,7 +27,8 @@ impl<S: Shim> MemoryManager<S> {
     /// # Errors
     ///
     /// [`IoError::SelfBind`] when `target` is `reserved`, a clone or a view of it;
-    /// [`IoError::NotFound`] when `reserved` does not hold room of this manager;
+    /// [`IoError::NotFound`] when `reserved` does not hold room of this manager, or when either
+    /// handle was made by another manager ([`NotFoundReason::OtherManager`](crate::error::NotFoundReason));
     /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::WrongStream`] for a
     /// handle of another stream; [`IoError::OutOfRange`] when `target` is larger than the room;
     /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work;
@@ -52,7 +53,7 @@ impl<S: Shim> MemoryManager<S> {
             });
         }
         Self::check_handover(&reserved)?;
-        if let Ok(old) = target.as_binding().location() {
+        if let Ok((old, _)) = target.as_binding().placed(&self.returns) {
             // Bindings of the old memory (in-flight work, a managed resource) would follow the
             // handle to the new memory, and the old memory would be reused under that work.
             if target.is_bound() {
@@ -171,7 +172,8 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// # Errors
     ///
-    /// [`IoError::ForeignHandle`], [`IoError::NotFound`] (never bound, handed over, stale),
+    /// [`IoError::ForeignHandle`], [`IoError::NotFound`] (never bound, handed over, stale, made
+    /// by another manager),
     /// [`IoError::OutOfRange`] for a view past its allocation.
     #[inline]
     pub fn resolve(&self, handle: &impl AsBinding) -> Result<Resolved, IoError> {
