@@ -475,6 +475,8 @@ impl CudaModule {
     fn kernel_of(&self, raw: sys::CUfunction, name: &str, params: Arc<[usize]>) -> CudaKernel {
         CudaKernel {
             raw,
+            ctx: self.inner.ctx.raw(),
+            signature: Signature::of(&params),
             name: intern(name),
             params,
             module: Arc::clone(&self.inner),
@@ -543,6 +545,11 @@ impl CudaModule {
 #[derive(Clone)]
 pub struct CudaKernel {
     raw: sys::CUfunction,
+    /// The module's context (a copy of its handle: a launch compares it without reading the
+    /// module, which `module` keeps alive).
+    ctx: sys::CUcontext,
+    /// The parameter sizes a launch checks, kept here (see [`Signature`]).
+    signature: Signature,
     /// Interned ([`intern`]): failure reports carry it as `&'static str`.
     name: &'static str,
     /// The parameter sizes in bytes: read from the driver, or declared.
@@ -550,8 +557,54 @@ pub struct CudaKernel {
     module: Arc<Module>,
 }
 
-// SAFETY: a `CUfunction` is a driver handle usable from any thread; a launch runs in its
-// stream's context (see `Context::launch_unbound`).
+/// Parameters whose sizes a kernel keeps inline.
+const INLINE_PARAMS: usize = 12;
+
+/// The parameter sizes a launch checks, in the kernel itself: a launch beside a driver call
+/// finds the core's and the shim's lines out of the caches, and each line it reads costs, so the
+/// check reads no line but the kernel's. Kernels of more parameters (or of a parameter past
+/// 64 KiB, more than the driver takes) are checked against the shared list instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Signature {
+    /// How many parameters; `u32::MAX`: not kept inline.
+    len: u32,
+    sizes: [u16; INLINE_PARAMS],
+}
+
+impl Signature {
+    fn of(params: &[usize]) -> Self {
+        let mut sizes = [0u16; INLINE_PARAMS];
+        let fits = params.len() <= INLINE_PARAMS
+            && params
+                .iter()
+                .zip(&mut sizes)
+                .all(|(&p, s)| u16::try_from(p).map(|p| *s = p).is_ok());
+        Self {
+            len: if fits { params.len() as u32 } else { u32::MAX },
+            sizes,
+        }
+    }
+
+    /// Whether `given` match the kernel's parameters in number and size; `all` is the kernel's
+    /// whole list, which this signature was made of (read only when it is not kept inline).
+    #[inline]
+    fn matches(&self, all: &[usize], given: &[KernelParam<'_>]) -> bool {
+        if self.len as usize == given.len() {
+            return self
+                .sizes
+                .iter()
+                .zip(given)
+                .all(|(&s, p)| usize::from(s) == size_of_param(p));
+        }
+        self.len == u32::MAX
+            && all.len() == given.len()
+            && all.iter().zip(given).all(|(s, p)| *s == size_of_param(p))
+    }
+}
+
+// SAFETY: a `CUfunction` and a `CUcontext` are driver handles usable from any thread (the
+// context's only compared here); a launch runs in its stream's context (see
+// `Context::launch_unbound`).
 unsafe impl Send for CudaKernel {}
 // SAFETY: the driver API is thread-safe; `&CudaKernel` only passes the handle to it.
 unsafe impl Sync for CudaKernel {}
@@ -597,13 +650,9 @@ impl CudaKernel {
     }
 
     /// The launch's check: counts and sizes equal.
+    #[inline]
     fn params_match(&self, params: &[KernelParam<'_>]) -> bool {
-        self.params.len() == params.len()
-            && self
-                .params
-                .iter()
-                .zip(params)
-                .all(|(s, p)| *s == size_of_param(p))
+        self.signature.matches(&self.params, params)
     }
 
     /// The raw `CUfunction`, for code that calls the driver itself. Valid while `self` lives.
@@ -918,7 +967,7 @@ pub(crate) unsafe fn launch(
     params: &[KernelParam<'_>],
 ) -> Result<(), DriverError> {
     const OP: ShimOp = ShimOp::Launch;
-    if kernel.module.ctx.raw() != ctx.raw() {
+    if kernel.ctx != ctx.raw() {
         return Err(classify(OP, status::BAD_ARGUMENT));
     }
     // No stream of the context records (the usual case): no lock taken. The count goes up when
@@ -1050,6 +1099,37 @@ fn intern(name: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signature_checks_counts_and_sizes_inline_and_past_it() {
+        let (b, four, big) = (
+            KernelParam::Buffer(0),
+            KernelParam::Scalar(&[0; 4]),
+            KernelParam::Scalar(&[0; 70_000]),
+        );
+        let sizes = [8, 8, 4];
+        let sig = Signature::of(&sizes);
+        assert_eq!(sig.len, 3);
+        assert!(sig.matches(&sizes, &[b, b, four]));
+        assert!(!sig.matches(&sizes, &[b, four, four]), "a size differs");
+        assert!(!sig.matches(&sizes, &[b, b]), "one too few");
+        assert!(!sig.matches(&sizes, &[b, b, four, four]), "one too many");
+        assert!(Signature::of(&[]).matches(&[], &[]));
+        // Past the inline list: thirteen parameters, or one larger than a u16.
+        let many = [8; INLINE_PARAMS + 1];
+        let sig = Signature::of(&many);
+        assert_eq!(sig.len, u32::MAX);
+        assert!(sig.matches(&many, &[b; INLINE_PARAMS + 1]));
+        assert!(!sig.matches(&many, &[b; INLINE_PARAMS]));
+        let mut wrong = [b; INLINE_PARAMS + 1];
+        wrong[INLINE_PARAMS] = four;
+        assert!(!sig.matches(&many, &wrong), "the last size differs");
+        let large = [8, 70_000];
+        let sig = Signature::of(&large);
+        assert_eq!(sig.len, u32::MAX);
+        assert!(sig.matches(&large, &[b, big]));
+        assert!(!sig.matches(&large, &[b, four]));
+    }
 
     #[test]
     fn image_formats_by_their_first_bytes() {

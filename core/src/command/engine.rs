@@ -29,6 +29,13 @@ use alloc::sync::Arc;
 pub(super) type LibraryCall<'a, S> =
     dyn FnMut(&<S as Shim>::NativeStream, &[DeviceSpan]) -> Result<(), LibraryError> + 'a;
 
+/// How a device call refused: the shim's error (recorded in the ledger by the outcome), or a
+/// library's own.
+enum Refusal {
+    Shim(crate::error::DriverError),
+    Library(LibraryError),
+}
+
 /// What device work touches, as the engine reads it off the [`Work`].
 enum Touches<'a, S: Shim> {
     /// Whole views of handles: a launch's or library work's buffers.
@@ -215,22 +222,31 @@ impl<S: Shim> Command<'_, S> {
             }
         };
         // The failure rule: recorded work applies it at each replay instead.
-        if stance != Stance::Record && !self.device.failures.is_empty() {
+        let no_failures = self.device.failures.is_empty();
+        if stance != Stance::Record && !no_failures {
             self.failure_rule(name, &touches)?;
         }
-        // The device call.
+        // The device call. What the usual outcome needs (the stream's flush policy, whether a
+        // failure is on record) is read before it, and the stream's last kernel is written before
+        // it (put back if the call is refused): the driver's call leaves the core's lines out of
+        // the caches, and a clean success then touches none of them again.
         let device = &mut *self.device;
         let spans: &[DeviceSpan] = if count > STACK_BUFFERS {
             &device.launch_spans
         } else {
             &spans[..count]
         };
-        let raw = &device.streams[self.stream]
-            .as_ref()
-            .expect("a command's stream exists")
-            .raw;
+        let s = device.streams[self.stream]
+            .as_mut()
+            .expect("a command's stream exists");
+        let flush_due = s.drops.should_flush();
+        let last_kernel = s.last_kernel;
+        if stance != Stance::Record {
+            s.last_kernel = Some(name);
+        }
+        let raw = &s.raw;
         let shim = &*device.shim;
-        let called: Result<(), ServerError> = match &mut work {
+        let called: Result<(), Refusal> = match &mut work {
             Work::Kernel {
                 kernel,
                 dims,
@@ -240,31 +256,59 @@ impl<S: Shim> Command<'_, S> {
                 // SAFETY: every span was resolved just now to a live range of its allocation,
                 // no output overlaps another buffer (checked above), and the kernel touches only
                 // its buffers (the shim's contract).
-                let launched = unsafe { shim.launch(raw, kernel, *dims, spans, params) };
-                launched.map_err(|e| refused(device, name, e))
+                unsafe { shim.launch(raw, kernel, *dims, spans, params) }.map_err(Refusal::Shim)
             }
             Work::Library { call, .. } => {
-                call(shim.native_stream(raw), spans).map_err(|error| library_failed(name, error))
+                call(shim.native_stream(raw), spans).map_err(Refusal::Library)
             }
             Work::Replay(g) => {
                 // SAFETY: the graph keeps every allocation it touches alive and every page they
                 // lie on guarded (no move, no reuse), and its host bytes are its own; the drop
                 // queue keeps all of it until a fence after this replay passes.
-                let launched = unsafe { shim.graph_launch(&g.exec, raw) };
-                launched.map_err(|e| refused(device, name, e))
+                unsafe { shim.graph_launch(&g.exec, raw) }.map_err(Refusal::Shim)
             }
         };
-        // The outcome.
-        if stance == Stance::Record {
-            return self.record_outcome(&touches, called);
+        // The usual outcome: a clean success, nothing on record, no flush due, not a graph.
+        if called.is_ok()
+            && no_failures
+            && !flush_due
+            && stance != Stance::Record
+            && matches!(touches, Touches::Views(_))
+        {
+            return Ok(());
         }
-        // Nothing to settle in the usual case (a success, no failure on record).
+        self.outcome(name, &touches, stance, last_kernel, called)
+    }
+
+    /// The outcome of device work past the usual case: a refusal (the stream's last kernel put
+    /// back, the writes failed), a recording, failures on record to settle, a graph for the drop
+    /// queue, or a flush due.
+    #[inline(never)]
+    fn outcome(
+        &mut self,
+        name: &'static str,
+        touches: &Touches<'_, S>,
+        stance: Stance,
+        last_kernel: Option<&'static str>,
+        called: Result<(), Refusal>,
+    ) -> Result<(), ServerError> {
+        let called = called.map_err(|r| {
+            if stance != Stance::Record {
+                self.current().last_kernel = last_kernel;
+            }
+            match r {
+                Refusal::Shim(e) => refused(self.device, name, e),
+                Refusal::Library(e) => library_failed(name, e),
+            }
+        });
+        if stance == Stance::Record {
+            return self.record_outcome(touches, called);
+        }
         if called.is_err() || !self.device.failures.is_empty() {
             self.settle_writes(touches.writes(), &called);
         }
         called?;
         let s = self.current();
-        s.last_kernel = Some(name);
         if let Touches::Graph(g) = touches {
             s.drops.push_graph(g);
         }

@@ -96,6 +96,12 @@ fn launch_none(
     .expect("launch");
 }
 
+/// One `Command::empty` of 4 KiB and the handle's drop (issue 19's row), not inlined.
+#[inline(never)]
+fn empty_drop(cmd: &mut devcmd::Command<'_, AddressShim>) {
+    drop(black_box(cmd.empty(4096).expect("empty")));
+}
+
 /// `--help`.
 const USAGE: &str = "\
 engine-bench: the engine's own cost per operation, on a shim whose calls do nothing
@@ -178,9 +184,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     });
     // A reservation and its drop (issue 19's `Command::empty` + drop): the handle's identity
     // comes back through the return queue at the next reservation.
-    let reserve_drop = per_op(iters, || {
-        drop(black_box(cmd.empty(4096).expect("empty")));
-    });
+    let reserve_drop = per_op(iters, || empty_drop(&mut cmd));
     // With ENGINE_BENCH_COLD: the same calls, each after a walk that empties the caches.
     let cold = std::env::var_os("ENGINE_BENCH_COLD").map(|_| {
         let mut thrash = vec![0u8; 4 << 20];
