@@ -589,7 +589,9 @@ impl Signature {
     /// whole list, which this signature was made of (read only when it is not kept inline).
     #[inline]
     fn matches(&self, all: &[usize], given: &[KernelParam<'_>]) -> bool {
-        if self.len as usize == given.len() {
+        // `len` is `u32::MAX` when the sizes are not inline: a list that long takes the shared
+        // list's path, never the inline one.
+        if given.len() <= INLINE_PARAMS && self.len as usize == given.len() {
             return self
                 .sizes
                 .iter()
@@ -1124,6 +1126,24 @@ mod tests {
         let mut wrong = [b; INLINE_PARAMS + 1];
         wrong[INLINE_PARAMS] = four;
         assert!(!sig.matches(&many, &wrong), "the last size differs");
+        // Twelve, the most kept inline; a size of 65 535 is kept, 65 536 is not.
+        let twelve = [8; INLINE_PARAMS];
+        let sig = Signature::of(&twelve);
+        assert_eq!(sig.len as usize, INLINE_PARAMS);
+        assert!(sig.matches(&twelve, &[b; INLINE_PARAMS]));
+        assert!(!sig.matches(&twelve, &[b; INLINE_PARAMS + 1]));
+        let (max, past) = (
+            KernelParam::Scalar(&[0; 65_535]),
+            KernelParam::Scalar(&[0; 65_536]),
+        );
+        let sig = Signature::of(&[65_535]);
+        assert_eq!(sig.len, 1);
+        assert!(sig.matches(&[65_535], &[max]));
+        assert!(!sig.matches(&[65_535], &[past]));
+        let sig = Signature::of(&[65_536]);
+        assert_eq!(sig.len, u32::MAX);
+        assert!(sig.matches(&[65_536], &[past]));
+        assert!(!sig.matches(&[65_536], &[max]));
         let large = [8, 70_000];
         let sig = Signature::of(&large);
         assert_eq!(sig.len, u32::MAX);

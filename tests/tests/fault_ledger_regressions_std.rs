@@ -8,7 +8,10 @@
 mod common;
 use common::*;
 
-use devcmd::{Device, DeviceConfig, Launch, ReadRequest, ServerError};
+use devcmd::{
+    Command, Device, DeviceConfig, Handle, Launch, LibraryError, LibraryWork, ReadRequest,
+    ServerError,
+};
 use devcmd::{DriverError, LaunchDims, Shim, ShimOp};
 use devcmd_std::{Injection, StdShim, status};
 use devcmd_tests::forward::{Forward, Hooks};
@@ -148,14 +151,10 @@ fn failure_records_of_reserved_room_go_once_the_room_is_bound_and_freed() {
     );
 }
 
-/// A fault found by a drop-queue fence names the last kernel launched before that fence (kept
-/// with the fence), not one launched after it.
-#[test]
-fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
-    let (shim, mut device) = lazy_device();
-    let bad = failing_kernel(&shim);
-    let good = copy_kernel(&shim);
-    let mut cmd = device.command(S0).unwrap();
+/// Two allocations `y` (written) and `z` (empty) of 64 bytes, after a clean fence and then the
+/// launch of a kernel that fails while it runs ("fail", writing a third allocation).
+fn after_a_failing_launch(shim: &StdShim, cmd: &mut Command<'_, StdShim>) -> (Handle, Handle) {
+    let bad = failing_kernel(shim);
     let x = cmd.create(&[0; 64]).unwrap();
     let y = cmd.create(&[0; 64]).unwrap();
     let z = cmd.empty(64).unwrap();
@@ -168,6 +167,17 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
         params: &[],
     })
     .unwrap();
+    (y, z)
+}
+
+/// A fault found by a drop-queue fence names the last kernel launched before that fence (kept
+/// with the fence), not one launched after it.
+#[test]
+fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
+    let (shim, mut device) = lazy_device();
+    let good = copy_kernel(&shim);
+    let mut cmd = device.command(S0).unwrap();
+    let (y, z) = after_a_failing_launch(&shim, &mut cmd);
     cmd.write_from(&y, &[3; 64]).unwrap();
     // Waits for the fence before `bad` (clean) and records one after `bad` for the upload.
     cmd.flush_drops().unwrap();
@@ -180,6 +190,51 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
     })
     .unwrap();
     let e = cmd.flush_drops().unwrap_err();
+    assert_names_fail(&e, "a kernel launched after the fence that reported it");
+}
+
+/// A launch the shim refuses, and library work that returns an error, were never enqueued: a
+/// stream fault found later names the kernel launched before them, not them (the engine writes a
+/// stream's last kernel before the device call and puts it back on a refusal).
+#[test]
+fn a_refused_launch_or_failed_library_call_is_not_the_kernel_a_later_fault_names() {
+    for library in [false, true] {
+        let (shim, mut device) = lazy_device();
+        let good = copy_kernel(&shim);
+        let mut cmd = device.command(S0).unwrap();
+        let (y, z) = after_a_failing_launch(&shim, &mut cmd);
+        let refused = if library {
+            let (reads, writes) = ([&y], [&z]);
+            // SAFETY: the call enqueues nothing.
+            unsafe {
+                cmd.library(LibraryWork::new("gemm", &reads, &writes), |_, _| {
+                    Err(LibraryError::new(7, "refused by the test"))
+                })
+            }
+        } else {
+            shim.inject(Injection::nth(ShimOp::Launch, 2));
+            cmd.launch(Launch {
+                kernel: &good,
+                dims: LaunchDims::SINGLE,
+                inputs: &[&y],
+                outputs: &[&z],
+                params: &[],
+            })
+        };
+        assert!(refused.is_err(), "the work is refused (library: {library})");
+        shim.clear_injections();
+        // An upload gives the queue something to fence: the next flush records the fence after
+        // both, the one after waits for it.
+        cmd.write_from(&y, &[3; 64]).unwrap();
+        cmd.flush_drops().unwrap();
+        let e = cmd.flush_drops().unwrap_err();
+        let what = if library { "library work" } else { "launch" };
+        assert_names_fail(&e, &format!("the refused {what}, not the kernel that ran"));
+    }
+}
+
+/// `e` is a stream fault that names the kernel "fail"; otherwise it names `wrongly`.
+fn assert_names_fail(e: &ServerError, wrongly: &str) {
     assert!(
         matches!(
             e,
@@ -188,7 +243,7 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
                 ..
             }
         ),
-        "the fault names a kernel launched after the fence that reported it: {e:?}"
+        "the fault names {wrongly}: {e:?}"
     );
 }
 

@@ -98,7 +98,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// Should `call` panic, the panic propagates after the stream was ordered; work it enqueued
     /// before panicking is not recorded and its writes are not marked, so a host that catches the
-    /// panic must treat the written handles as unknown (rewrite them).
+    /// panic must treat the written handles as unknown (rewrite them). A stream fault found
+    /// later may then name this work (`work.name`) as the last launched before its fence.
     ///
     /// [`LaunchError::Library`]: crate::LaunchError::Library
     /// [`LaunchError::Buffer`]: crate::LaunchError::Buffer

@@ -78,27 +78,29 @@ pub struct Issuer {
 }
 
 /// On 64-bit hosts the fields lie in their order (`repr(C)`): what the engine reads of every
-/// buffer (the address, the location, the issuer) in the first 20 bytes, so that a launch beside
-/// a driver call, which finds the record out of the caches, mostly reads one line of it; 56 bytes
-/// with no padding. On 32-bit targets the compiler's order packs it into 48 bytes.
+/// buffer (the address, the queue that says which manager made it, the size, the location, the
+/// issuer) in the first 36 bytes, so that a launch beside a driver call, which finds the record
+/// out of the caches, mostly reads one line of it; 56 bytes with no padding. On 32-bit targets
+/// the compiler's order packs it into 48 bytes.
 #[cfg_attr(target_pointer_width = "64", repr(C))]
 pub(super) struct Identity {
     /// The block's device address ([`NOT_KEPT`] where it does not fit a `usize`, and while the
-    /// identity has no location), and the location in one word ([`Pool::pack`], or
-    /// [`Pool::none`] with [`NEVER_BOUND`] or [`HANDED_OVER`]): so the engine resolves a handle
-    /// from this record alone, without reading the pools (`MemoryManager::span_issued`). Written
-    /// on the device thread only; read there and by the last reference's [`release`], which
-    /// `refs` orders after every write.
+    /// identity has no location): so the engine resolves a handle from this record alone,
+    /// without reading the pools (`MemoryManager::span_issued`). Written on the device thread
+    /// only, as `place`; read there and by the last reference's [`release`], which `refs` orders
+    /// after every write.
     addr: AtomicUsize,
+    /// The manager's queue (which it closes when it goes: see [`ReturnQueue`]).
+    returns: Arc<ReturnQueue>,
+    pub(super) size: u64,
+    /// The location in one word ([`Pool::pack`], or [`Pool::none`] with [`NEVER_BOUND`] or
+    /// [`HANDED_OVER`]). Written and read as `addr`.
     place: AtomicU32,
     pub(super) issuer: Issuer,
     /// Handles and bindings: the last one dropped returns the allocation (see [`release`]).
     /// Raised only through [`Self::add_ref`], which refuses to pass [`MAX_REFS`].
     refs: AtomicU32,
     pub(super) id: u64,
-    pub(super) size: u64,
-    /// The manager's queue (which it closes when it goes: see [`ReturnQueue`]).
-    returns: Arc<ReturnQueue>,
     /// User handles (clones of [`Handle`]); bindings do not count.
     owners: AtomicU32,
     /// Live graphs that keep the allocation (their replays use it; while any does, its memory
