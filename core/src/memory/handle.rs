@@ -78,10 +78,9 @@ pub struct Issuer {
 }
 
 /// On 64-bit hosts the fields lie in their order (`repr(C)`): what the engine reads of every
-/// buffer (the address, the queue that says which manager made it, the size, the location, the
-/// issuer) in the first 36 bytes, so that a launch beside a driver call, which finds the record
-/// out of the caches, mostly reads one line of it; 56 bytes with no padding. On 32-bit targets
-/// the compiler's order packs it into 48 bytes.
+/// buffer (address, queue, size, location, issuer) in the first 36 bytes, so a launch beside a
+/// driver call, which finds the record out of the caches, mostly reads one line of it; 56 bytes,
+/// no padding. On 32-bit targets the compiler's order packs it into 48 bytes.
 #[cfg_attr(target_pointer_width = "64", repr(C))]
 pub(super) struct Identity {
     /// The block's device address ([`NOT_KEPT`] where it does not fit a `usize`, and while the
