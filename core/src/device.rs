@@ -68,9 +68,9 @@ impl Default for DeviceConfig {
 ///
 /// Laid out in the order of its fields, what every operation reads first: the ledger's pointers
 /// (to its attention word among them), the shim, the streams and the id lie together, the
-/// capture, cross-stream and failure records follow (the capture state first: a launch read
-/// one line fewer so, in `engine-bench` under callgrind's cache model); what only setup and
-/// reports read comes last. A driver call between two operations leaves the device cold, and each line read misses.
+/// capture, cross-stream and failure records follow (the capture state first: one line fewer
+/// per launch under callgrind's cache model); what only setup and reports read comes last. A
+/// driver call between two operations leaves the device cold, and each line read misses.
 #[derive(Debug)]
 #[repr(C)]
 #[cfg_attr(target_pointer_width = "64", repr(align(64)))]

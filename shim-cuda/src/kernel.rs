@@ -565,10 +565,14 @@ const INLINE_PARAMS: usize = 12;
 /// check reads no line but the kernel's. Kernels of more parameters (or of a parameter past
 /// 64 KiB, more than the driver takes) are checked against the shared list instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Signature {
-    /// How many parameters; `u32::MAX`: not kept inline.
-    len: u32,
-    sizes: [u16; INLINE_PARAMS],
+enum Signature {
+    /// The sizes, kept here.
+    Inline {
+        len: u8,
+        sizes: [u16; INLINE_PARAMS],
+    },
+    /// Checked against the kernel's shared list.
+    Shared,
 }
 
 impl Signature {
@@ -579,9 +583,9 @@ impl Signature {
                 .iter()
                 .zip(&mut sizes)
                 .all(|(&p, s)| u16::try_from(p).map(|p| *s = p).is_ok());
-        Self {
-            len: if fits { params.len() as u32 } else { u32::MAX },
-            sizes,
+        match u8::try_from(params.len()) {
+            Ok(len) if fits => Self::Inline { len, sizes },
+            _ => Self::Shared,
         }
     }
 
@@ -589,18 +593,19 @@ impl Signature {
     /// whole list, which this signature was made of (read only when it is not kept inline).
     #[inline]
     fn matches(&self, all: &[usize], given: &[KernelParam<'_>]) -> bool {
-        // `len` is `u32::MAX` when the sizes are not inline: a list that long takes the shared
-        // list's path, never the inline one.
-        if given.len() <= INLINE_PARAMS && self.len as usize == given.len() {
-            return self
-                .sizes
-                .iter()
-                .zip(given)
-                .all(|(&s, p)| usize::from(s) == size_of_param(p));
+        match self {
+            Self::Inline { len, sizes } => {
+                usize::from(*len) == given.len()
+                    && sizes
+                        .iter()
+                        .zip(given)
+                        .all(|(&s, p)| usize::from(s) == size_of_param(p))
+            }
+            Self::Shared => {
+                all.len() == given.len()
+                    && all.iter().zip(given).all(|(s, p)| *s == size_of_param(p))
+            }
         }
-        self.len == u32::MAX
-            && all.len() == given.len()
-            && all.iter().zip(given).all(|(s, p)| *s == size_of_param(p))
     }
 }
 
@@ -1111,7 +1116,7 @@ mod tests {
         );
         let sizes = [8, 8, 4];
         let sig = Signature::of(&sizes);
-        assert_eq!(sig.len, 3);
+        assert!(matches!(sig, Signature::Inline { len: 3, .. }));
         assert!(sig.matches(&sizes, &[b, b, four]));
         assert!(!sig.matches(&sizes, &[b, four, four]), "a size differs");
         assert!(!sig.matches(&sizes, &[b, b]), "one too few");
@@ -1120,7 +1125,7 @@ mod tests {
         // Past the inline list: thirteen parameters, or one larger than a u16.
         let many = [8; INLINE_PARAMS + 1];
         let sig = Signature::of(&many);
-        assert_eq!(sig.len, u32::MAX);
+        assert_eq!(sig, Signature::Shared);
         assert!(sig.matches(&many, &[b; INLINE_PARAMS + 1]));
         assert!(!sig.matches(&many, &[b; INLINE_PARAMS]));
         let mut wrong = [b; INLINE_PARAMS + 1];
@@ -1129,7 +1134,7 @@ mod tests {
         // Twelve, the most kept inline; a size of 65 535 is kept, 65 536 is not.
         let twelve = [8; INLINE_PARAMS];
         let sig = Signature::of(&twelve);
-        assert_eq!(sig.len as usize, INLINE_PARAMS);
+        assert!(matches!(sig, Signature::Inline { len, .. } if usize::from(len) == INLINE_PARAMS));
         assert!(sig.matches(&twelve, &[b; INLINE_PARAMS]));
         assert!(!sig.matches(&twelve, &[b; INLINE_PARAMS + 1]));
         let (max, past) = (
@@ -1137,16 +1142,16 @@ mod tests {
             KernelParam::Scalar(&[0; 65_536]),
         );
         let sig = Signature::of(&[65_535]);
-        assert_eq!(sig.len, 1);
+        assert!(matches!(sig, Signature::Inline { len: 1, .. }));
         assert!(sig.matches(&[65_535], &[max]));
         assert!(!sig.matches(&[65_535], &[past]));
         let sig = Signature::of(&[65_536]);
-        assert_eq!(sig.len, u32::MAX);
+        assert_eq!(sig, Signature::Shared);
         assert!(sig.matches(&[65_536], &[past]));
         assert!(!sig.matches(&[65_536], &[max]));
         let large = [8, 70_000];
         let sig = Signature::of(&large);
-        assert_eq!(sig.len, u32::MAX);
+        assert_eq!(sig, Signature::Shared);
         assert!(sig.matches(&large, &[b, big]));
         assert!(!sig.matches(&large, &[b, four]));
     }

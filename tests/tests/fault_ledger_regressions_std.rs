@@ -13,7 +13,7 @@ use devcmd::{
     ServerError,
 };
 use devcmd::{DriverError, LaunchDims, Shim, ShimOp};
-use devcmd_std::{Injection, StdShim, status};
+use devcmd_std::{Injection, StdKernel, StdShim, status};
 use devcmd_tests::forward::{Forward, Hooks};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -181,14 +181,7 @@ fn a_fault_found_by_the_drop_queue_names_a_kernel_launched_before_its_fence() {
     cmd.write_from(&y, &[3; 64]).unwrap();
     // Waits for the fence before `bad` (clean) and records one after `bad` for the upload.
     cmd.flush_drops().unwrap();
-    cmd.launch(Launch {
-        kernel: &good,
-        dims: LaunchDims::SINGLE,
-        inputs: &[&y],
-        outputs: &[&z],
-        params: &[],
-    })
-    .unwrap();
+    copy(&mut cmd, &good, &y, &z).unwrap();
     let e = cmd.flush_drops().unwrap_err();
     assert_names_fail(&e, "a kernel launched after the fence that reported it");
 }
@@ -213,13 +206,7 @@ fn a_refused_launch_or_failed_library_call_is_not_the_kernel_a_later_fault_names
             }
         } else {
             shim.inject(Injection::nth(ShimOp::Launch, 2));
-            cmd.launch(Launch {
-                kernel: &good,
-                dims: LaunchDims::SINGLE,
-                inputs: &[&y],
-                outputs: &[&z],
-                params: &[],
-            })
+            copy(&mut cmd, &good, &y, &z)
         };
         assert!(refused.is_err(), "the work is refused (library: {library})");
         shim.clear_injections();
@@ -231,6 +218,22 @@ fn a_refused_launch_or_failed_library_call_is_not_the_kernel_a_later_fault_names
         let what = if library { "library work" } else { "launch" };
         assert_names_fail(&e, &format!("the refused {what}, not the kernel that ran"));
     }
+}
+
+/// A launch of the copy kernel `good` from `y` into `z`.
+fn copy(
+    cmd: &mut Command<'_, StdShim>,
+    good: &StdKernel,
+    y: &Handle,
+    z: &Handle,
+) -> Result<(), ServerError> {
+    cmd.launch(Launch {
+        kernel: good,
+        dims: LaunchDims::SINGLE,
+        inputs: &[y],
+        outputs: &[z],
+        params: &[],
+    })
 }
 
 /// `e` is a stream fault that names the kernel "fail"; otherwise it names `wrongly`.
