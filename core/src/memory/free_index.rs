@@ -190,6 +190,19 @@ impl FreeIndex {
 }
 
 #[cfg(test)]
+impl FreeIndex {
+    /// Every class with its list's head and whether its bit is set, for checks.
+    pub(crate) fn classes(&self) -> impl Iterator<Item = (usize, u32, bool)> + '_ {
+        (0..CLASSES).map(|c| (c, self.heads[c], self.bitmap[c / 64] & (1 << (c % 64)) != 0))
+    }
+
+    /// The class a block of `size` bytes is listed under, for checks.
+    pub(crate) fn class(size: u64) -> usize {
+        class_of(size)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
