@@ -10,11 +10,11 @@
 use crate::capture::CaptureState;
 pub use crate::device_report::DeviceReport;
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
-use crate::error::{IoError, NotFoundReason, ServerError, Validation};
+use crate::error::{ServerError, Validation};
 use crate::failure::Failures;
 use crate::fault::{FaultLedger, FenceOutcome};
 use crate::host::{ExternalBytes, HostBuffer};
-use crate::memory::{AsBinding, Issuer, MemoryBudget, MemoryConfig, MemoryManager};
+use crate::memory::{Issuer, MemoryBudget, MemoryConfig, MemoryManager};
 use crate::order::ForeignUses;
 use crate::pinned::{PinnedConfig, PinnedPool};
 use crate::shim::{DeviceFacts, Shim};
@@ -247,32 +247,6 @@ impl<S: Shim> Device<S> {
                 last_kernel: None,
                 ring: crate::staging::StagingRing::new(),
             }));
-        }
-    }
-
-    /// The stream whose manager holds `binding`'s memory: its index and the stream.
-    ///
-    /// # Errors
-    ///
-    /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::NotFound`] (stale)
-    /// for a stream this device no longer has.
-    #[inline]
-    pub(crate) fn owner_of(
-        &self,
-        binding: &impl AsBinding,
-    ) -> Result<(usize, &Stream<S>), IoError> {
-        let b = binding.as_binding();
-        let issuer = b.issuer();
-        if issuer.device != self.id {
-            return Err(IoError::foreign_handle(issuer.device, self.id));
-        }
-        let owner = issuer.stream as usize;
-        match self.streams.get(owner) {
-            Some(Some(s)) => Ok((owner, s)),
-            _ => Err(IoError::NotFound {
-                handle: b.id(),
-                reason: NotFoundReason::Stale,
-            }),
         }
     }
 

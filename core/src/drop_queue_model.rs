@@ -158,15 +158,7 @@ impl Model {
 
 /// A binding whose release shows up in `returns` with its id.
 fn tracked(id: u64, returns: &Arc<ReturnQueue>) -> DropItem<TestShim> {
-    let h = Handle::new(
-        id,
-        Issuer {
-            device: 1,
-            stream: 0,
-        },
-        1,
-        returns,
-    );
+    let h = Handle::new(id, 1, returns);
     h.set_location(
         Some(Placed {
             location: Location {
@@ -206,7 +198,7 @@ proptest! {
     #[test]
     fn the_queue_matches_the_model(ops in proptest::collection::vec(op(), 1..80)) {
         let shim = TestShim::new(1 << 30, 32, 1 << 28);
-        let returns = Arc::new(ReturnQueue::default());
+        let returns = Arc::new(ReturnQueue::issued_by(Issuer { device: 1, stream: 0 }, None));
         let mut q = DropQueue::<TestShim>::new(DropPolicy { max_items: 4, max_bytes: 1 << 20, fill_released: None }, Default::default());
         let mut m = Model::default();
         let mut next = 0u64;

@@ -8,12 +8,12 @@ use alloc::vec::Vec;
 
 /// Two allocations of `size` bytes (ids 1 and 2) of one device and stream.
 fn two_allocations(size: u64) -> [Handle; 2] {
-    let returns = Arc::new(ReturnQueue::default());
     let issuer = Issuer {
         device: 1,
         stream: 0,
     };
-    [1, 2].map(|id| Handle::new(id, issuer, size, &returns))
+    let returns = Arc::new(ReturnQueue::issued_by(issuer, None));
+    [1, 2].map(|id| Handle::new(id, size, &returns))
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! [`BindingRef`] (a handle's or binding's view, borrowed) and [`AsBinding`]. Does not own the
 //! identity they point at, its count, nor what the last reference does (`handle.rs`).
 
-use super::handle::{Handle, Identity, Issuer, Location, ReturnQueue, debug_view, release};
+use super::handle::{Handle, Identity, Location, ReturnQueue, debug_view, release};
+use super::types::Issuer;
 use crate::error::{IoError, NotFoundReason};
 use core::fmt;
 use core::marker::PhantomData;
@@ -65,7 +66,7 @@ impl Binding {
 
     /// Who issued the allocation.
     pub fn issuer(&self) -> Issuer {
-        self.identity().issuer
+        self.identity().issuer()
     }
 
     /// First byte of the view.
@@ -142,7 +143,7 @@ impl BindingRef<'_> {
         self.identity().id
     }
     pub(crate) fn issuer(&self) -> Issuer {
-        self.identity().issuer
+        self.identity().issuer()
     }
     pub(crate) fn offset(&self) -> u64 {
         self.offset
@@ -163,10 +164,16 @@ impl BindingRef<'_> {
     pub(crate) fn location(&self) -> Result<Location, IoError> {
         self.identity().location().map_err(|r| self.not_found(r))
     }
+    /// Whether the manager whose queue is `returns` made the allocation.
+    #[inline]
+    pub(crate) fn made_by(&self, returns: &ReturnQueue) -> bool {
+        self.identity().made_by(returns)
+    }
+
     /// Refuses a handle that the manager whose queue is `returns` did not make.
     #[inline]
     pub(crate) fn check_made_by(&self, returns: &ReturnQueue) -> Result<(), IoError> {
-        if self.identity().made_by(returns) {
+        if self.made_by(returns) {
             Ok(())
         } else {
             Err(self.not_found(NotFoundReason::OtherManager))

@@ -19,6 +19,7 @@
 
 use super::pool::Pool;
 use super::return_queue::Queue;
+use super::types::Issuer;
 use crate::error::{IoError, NotFoundReason};
 use alloc::boxed::Box;
 use alloc::sync::Arc;
@@ -67,20 +68,11 @@ pub(crate) struct SpareIdentity(Box<Identity>);
 /// A queue of returns: by default the memory manager's, of [`Returned`] allocations.
 pub(crate) type ReturnQueue<T = Returned> = Queue<T>;
 
-/// Who issued a handle: the device and the stream whose manager holds its memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct Issuer {
-    /// The device's id (unique in the process).
-    pub device: u32,
-    /// The stream's index on that device.
-    pub stream: u32,
-}
-
 /// On 64-bit hosts the fields lie in their order (`repr(C)`): what the engine reads of every
-/// buffer (address, queue, size, location, issuer) in the first 36 bytes, so a launch beside a
-/// driver call, which finds the record out of the caches, mostly reads one line of it; 56 bytes,
-/// no padding. On 32-bit targets the compiler's order packs it into 48 bytes.
+/// buffer (address, queue, size, location, id) in the first 40 bytes, so a launch beside a
+/// driver call, which finds the record out of the caches, mostly reads one line of it; 48 bytes,
+/// no padding. On 32-bit targets the compiler's order packs it into 40 bytes. Who issued the
+/// allocation is its queue's ([`ReturnQueue::issuer`]), not repeated here.
 #[cfg_attr(target_pointer_width = "64", repr(C))]
 pub(super) struct Identity {
     /// The block's device address ([`NOT_KEPT`] where it does not fit a `usize`, and while the
@@ -89,13 +81,13 @@ pub(super) struct Identity {
     /// only, as `place`; read there and by the last reference's [`release`], which `refs` orders
     /// after every write.
     addr: AtomicUsize,
-    /// The manager's queue (which it closes when it goes: see [`ReturnQueue`]).
+    /// The manager's queue (which it closes when it goes: see [`ReturnQueue`]), which also says
+    /// who issued the allocation.
     returns: Arc<ReturnQueue>,
     pub(super) size: u64,
     /// The location in one word ([`Pool::pack`], or [`Pool::none`] with [`NEVER_BOUND`] or
     /// [`HANDED_OVER`]). Written and read as `addr`.
     place: AtomicU32,
-    pub(super) issuer: Issuer,
     /// Handles and bindings: the last one dropped returns the allocation (see [`release`]).
     /// Raised only through [`Self::add_ref`], which refuses to pass [`MAX_REFS`].
     refs: AtomicU32,
@@ -117,14 +109,13 @@ const _: () = {
 };
 
 // The RAM an allocation costs a firmware (issue 19's target is 48 B for everything): the flag in
-// `graphs` and the pool packed with the block keep the identity at 48 B on 32-bit targets (the
-// address, a 4-byte `usize` there, takes the word the block's index had before it joined the
-// pool's), and its heap block is just that (a `Box`: no `Arc` counts beside it). 56 B on 64-bit
-// hosts, as before the address (it fills what was padding there).
+// `graphs`, the pool packed with the block and the issuer kept by the queue keep the identity at
+// 40 B on 32-bit targets, and its heap block is just that (a `Box`: no `Arc` counts beside it);
+// 48 B on 64-bit hosts.
 #[cfg(target_pointer_width = "32")]
-const _: () = assert!(core::mem::size_of::<Identity>() <= 48);
+const _: () = assert!(core::mem::size_of::<Identity>() <= 40);
 #[cfg(target_pointer_width = "64")]
-const _: () = assert!(core::mem::size_of::<Identity>() <= 56);
+const _: () = assert!(core::mem::size_of::<Identity>() <= 48);
 
 /// The most references (handles and bindings) one allocation may have: past it,
 /// [`Identity::add_ref`] panics, as `Arc` aborts, before the count could wrap (a wrapped count
@@ -143,7 +134,7 @@ impl fmt::Debug for Identity {
         let graphs = self.graphs.load(Ordering::Relaxed);
         f.debug_struct("Identity")
             .field("id", &self.id)
-            .field("issuer", &self.issuer)
+            .field("issuer", &self.returns.issuer())
             .field("size", &self.size)
             .field("owners", &self.owners)
             .field("refs", &self.refs)
@@ -186,10 +177,9 @@ impl Identity {
         }
     }
 
-    fn new(id: u64, issuer: Issuer, size: u64, returns: &Arc<ReturnQueue>) -> Self {
+    fn new(id: u64, size: u64, returns: &Arc<ReturnQueue>) -> Self {
         Self {
             id,
-            issuer,
             size,
             owners: AtomicU32::new(1),
             refs: AtomicU32::new(1),
@@ -202,8 +192,8 @@ impl Identity {
 
     /// Makes a returned identity new again, as [`Self::new`] would, with no atomic update (it is
     /// this thread's alone) but where the queue changes.
-    fn reset(&mut self, id: u64, issuer: Issuer, size: u64, returns: &Arc<ReturnQueue>) {
-        (self.id, self.issuer, self.size) = (id, issuer, size);
+    fn reset(&mut self, id: u64, size: u64, returns: &Arc<ReturnQueue>) {
+        (self.id, self.size) = (id, size);
         *self.owners.get_mut() = 1;
         *self.refs.get_mut() = 1;
         *self.graphs.get_mut() = 0;
@@ -221,6 +211,11 @@ impl Identity {
             Err(HANDED_OVER) => Err(NotFoundReason::HandedOver),
             Err(_) => Err(NotFoundReason::NeverBound),
         }
+    }
+
+    /// Who issued the allocation: its queue's manager.
+    pub(super) fn issuer(&self) -> Issuer {
+        self.returns.issuer()
     }
 
     /// Whether the manager whose queue is `returns` made this identity: only it places the
@@ -329,8 +324,8 @@ impl fmt::Debug for Handle {
 
 impl Handle {
     #[cfg(test)]
-    pub(crate) fn new(id: u64, issuer: Issuer, size: u64, returns: &Arc<ReturnQueue>) -> Self {
-        Self::reusing(None, id, issuer, size, returns)
+    pub(crate) fn new(id: u64, size: u64, returns: &Arc<ReturnQueue>) -> Self {
+        Self::reusing(None, id, size, returns)
     }
 
     /// A new handle, in the heap block of `spare` when there is one (a spare is owned whole: its
@@ -338,16 +333,15 @@ impl Handle {
     pub(crate) fn reusing(
         spare: Option<SpareIdentity>,
         id: u64,
-        issuer: Issuer,
         size: u64,
         returns: &Arc<ReturnQueue>,
     ) -> Self {
         let identity = match spare {
             Some(SpareIdentity(mut block)) => {
-                block.reset(id, issuer, size, returns);
+                block.reset(id, size, returns);
                 block
             }
-            None => Box::new(Identity::new(id, issuer, size, returns)),
+            None => Box::new(Identity::new(id, size, returns)),
         };
         Self {
             // SAFETY: `Box::into_raw` is never null.
@@ -374,7 +368,7 @@ impl Handle {
 
     /// Who issued the handle.
     pub fn issuer(&self) -> Issuer {
-        self.identity().issuer
+        self.identity().issuer()
     }
 
     /// Bytes of the whole allocation.

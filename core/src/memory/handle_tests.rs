@@ -15,10 +15,15 @@ fn issuer() -> Issuer {
     }
 }
 
+/// A manager's queue: the handles made on it are `issuer()`'s.
+fn queue() -> Arc<ReturnQueue> {
+    Arc::new(ReturnQueue::issued_by(issuer(), None))
+}
+
 #[test]
 fn clones_share_and_only_a_single_owner_may_mutate() {
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(7, issuer(), 64, &q);
+    let q = queue();
+    let h = Handle::new(7, 64, &q);
     assert!(h.can_mut());
     let c = h.clone();
     assert!(!h.can_mut());
@@ -33,8 +38,8 @@ fn clones_share_and_only_a_single_owner_may_mutate() {
 
 #[test]
 fn the_last_drop_returns_a_bound_allocation_from_any_thread() {
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(7, issuer(), 64, &q);
+    let q = queue();
+    let h = Handle::new(7, 64, &q);
     h.set_location(
         Some(Placed {
             location: Location {
@@ -67,8 +72,8 @@ fn the_last_drop_returns_a_bound_allocation_from_any_thread() {
 
 #[test]
 fn an_unbound_or_handed_over_handle_returns_nothing_and_says_why() {
-    let q = Arc::new(ReturnQueue::default());
-    let lazy = Handle::new(1, issuer(), 8, &q);
+    let q = queue();
+    let lazy = Handle::new(1, 8, &q);
     assert_eq!(
         lazy.as_binding().location(),
         Err(IoError::NotFound {
@@ -76,7 +81,7 @@ fn an_unbound_or_handed_over_handle_returns_nothing_and_says_why() {
             reason: NotFoundReason::NeverBound
         })
     );
-    let reserved = Handle::new(2, issuer(), 8, &q);
+    let reserved = Handle::new(2, 8, &q);
     reserved.set_location(None, true);
     assert_eq!(
         reserved.as_binding().location(),
@@ -93,8 +98,8 @@ fn an_unbound_or_handed_over_handle_returns_nothing_and_says_why() {
 
 #[test]
 fn a_returned_identity_is_reused_in_its_heap_block() {
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(7, issuer(), 64, &q);
+    let q = queue();
+    let h = Handle::new(7, 64, &q);
     h.set_location(
         Some(Placed {
             location: Location {
@@ -112,7 +117,7 @@ fn a_returned_identity_is_reused_in_its_heap_block() {
     let mut out = Vec::new();
     q.drain_into(&mut out);
     let spare = out.pop().expect("the last drop returned it").identity;
-    let reused = Handle::reusing(Some(spare), 8, issuer(), 32, &q);
+    let reused = Handle::reusing(Some(spare), 8, 32, &q);
     assert_eq!(reused.identity, block, "same heap block");
     assert_eq!((reused.id(), reused.len(), reused.can_mut()), (8, 32, true));
     assert!(!reused.is_bound() && !reused.is_exposed());
@@ -129,8 +134,8 @@ fn a_returned_identity_is_reused_in_its_heap_block() {
 fn a_closed_queue_frees_its_returns_and_refuses_later_ones() {
     // Returned identities hold their queue, which holds them: closing it (as the manager does
     // when it goes) breaks the circle, and nothing leaks (miri's leak check sees it).
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(1, issuer(), 8, &q);
+    let q = queue();
+    let h = Handle::new(1, 8, &q);
     h.set_location(
         Some(Placed {
             location: Location {
@@ -146,8 +151,8 @@ fn a_closed_queue_frees_its_returns_and_refuses_later_ones() {
     drop(q);
     // A handle outliving its manager (the queue closed) drops without returning anything, and
     // takes the queue with it.
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(2, issuer(), 8, &q);
+    let q = queue();
+    let h = Handle::new(2, 8, &q);
     h.set_location(
         Some(Placed {
             location: Location {
@@ -171,8 +176,8 @@ fn a_closed_queue_frees_its_returns_and_refuses_later_ones() {
 
 #[test]
 fn views_stay_inside_their_allocation() {
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(1, issuer(), 100, &q);
+    let q = queue();
+    let h = Handle::new(1, 100, &q);
     let v = h.view(10, 50).unwrap();
     assert_eq!((v.offset(), v.len()), (10, 50));
     assert_eq!(
@@ -188,7 +193,7 @@ fn views_stay_inside_their_allocation() {
 
 #[test]
 fn returns_racing_the_close_are_either_freed_by_it_or_refused() {
-    race_the_close(Arc::new(ReturnQueue::default()));
+    race_the_close(queue());
 }
 
 #[test]
@@ -197,7 +202,10 @@ fn returns_racing_the_close_ring_only_a_live_queue() {
     // is made under the queue's lock, before the close (or the drainer) can drop the pushed
     // identity and with it the last hold on the queue (miri sees a use after free otherwise).
     let attention = Arc::new(crate::attention::Attention::default());
-    race_the_close(Arc::new(ReturnQueue::ringing(Arc::clone(&attention))));
+    race_the_close(Arc::new(ReturnQueue::issued_by(
+        issuer(),
+        Some(Arc::clone(&attention)),
+    )));
     assert_eq!(Arc::strong_count(&attention), 1, "the queue is gone");
 }
 
@@ -207,7 +215,7 @@ fn returns_racing_the_close_ring_only_a_live_queue() {
 fn race_the_close(q: Arc<ReturnQueue>) {
     let handles: Vec<Handle> = (0..8)
         .map(|i| {
-            let h = Handle::new(i, issuer(), 8, &q);
+            let h = Handle::new(i, 8, &q);
             h.set_location(
                 Some(Placed {
                     location: Location {
@@ -237,8 +245,8 @@ fn a_count_that_would_wrap_panics_instead_of_freeing_under_live_handles() {
     // Leaked bindings (2³¹ of them) would wrap the count and free the identity under `h`: the
     // reference past the limit panics instead, as `Arc` aborts. Set near the limit directly (the
     // leaks themselves take seconds).
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(1, issuer(), 8, &q);
+    let q = queue();
+    let h = Handle::new(1, 8, &q);
     h.identity().refs.store(MAX_REFS, Ordering::Relaxed);
     for make in [
         (|h: &Handle| drop(h.binding())) as fn(&Handle),
@@ -258,8 +266,8 @@ fn a_count_that_would_wrap_panics_instead_of_freeing_under_live_handles() {
 
 #[test]
 fn the_exposed_flag_and_the_graph_count_share_a_word_without_touching() {
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(1, issuer(), 8, &q);
+    let q = queue();
+    let h = Handle::new(1, 8, &q);
     let b = h.binding();
     b.keep_for_graph();
     assert!(h.is_kept_by_graph() && !h.is_exposed());
@@ -271,8 +279,8 @@ fn the_exposed_flag_and_the_graph_count_share_a_word_without_touching() {
 
 #[test]
 fn the_record_keeps_a_location_and_the_address_where_it_fits() {
-    let q = Arc::new(ReturnQueue::default());
-    let h = Handle::new(9, issuer(), 64, &q);
+    let q = queue();
+    let h = Handle::new(9, 64, &q);
     let location = Location {
         pool: ARENA,
         block: crate::memory::pool::MAX_BLOCKS - 1,
@@ -293,7 +301,7 @@ fn the_record_keeps_a_location_and_the_address_where_it_fits() {
         }),
         false,
     );
-    let other = ReturnQueue::default();
+    let other = ReturnQueue::issued_by(issuer(), None);
     assert_eq!(
         h.as_binding().placed(&other),
         Err(IoError::NotFound {

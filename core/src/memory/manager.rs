@@ -49,9 +49,10 @@ mod reserve;
 use super::binding::AsBinding;
 use super::budget::MemoryBudget;
 use super::config::{MemoryConfig, PageRelease};
-use super::handle::{Handle, Issuer, ReturnQueue, Returned, SpareIdentity};
+use super::handle::{Handle, ReturnQueue, Returned, SpareIdentity};
 use super::retire::Released;
 use super::sliced::SlicedPool;
+use super::types::Issuer;
 use super::types::{AllocationMode, PageRef, RawPage, RetiredPage};
 use super::vm::GranulePool;
 use super::whole::WholePagePool;
@@ -196,10 +197,7 @@ impl<S: Shim> MemoryManager<S> {
             alignment,
             max_page,
             budget,
-            returns: Arc::new(match &attention {
-                Some(a) => ReturnQueue::ringing(Arc::clone(a)),
-                None => ReturnQueue::default(),
-            }),
+            returns: Arc::new(ReturnQueue::issued_by(issuer, attention.clone())),
             returned: Vec::new(),
             spare: Vec::new(),
             next_id: u64::from(issuer.stream) << 48,
@@ -318,6 +316,12 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
+    /// Whether this manager made `binding` (its queue is the identity's: one pointer compare).
+    #[inline]
+    pub(crate) fn made(&self, binding: &impl AsBinding) -> bool {
+        binding.as_binding().made_by(&self.returns)
+    }
+
     /// Who this manager's handles are issued by.
     pub fn issuer(&self) -> Issuer {
         self.issuer
@@ -342,7 +346,7 @@ impl<S: Shim> MemoryManager<S> {
 
     /// A handle of `size` bytes named `id`, in a kept identity's heap block when there is one.
     pub(super) fn new_handle(&mut self, id: u64, size: u64) -> Handle {
-        Handle::reusing(self.spare.pop(), id, self.issuer, size, &self.returns)
+        Handle::reusing(self.spare.pop(), id, size, &self.returns)
     }
 
     /// Opens a `Persistent` or `Dedicated` window, or (`Auto`) closes the innermost one.

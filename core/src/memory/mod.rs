@@ -26,14 +26,14 @@ pub(crate) mod whole;
 pub use binding::{AsBinding, Binding, BindingRef};
 pub use budget::MemoryBudget;
 pub use config::{IdleGranules, MemoryConfig, PageRelease};
+pub use handle::Handle;
 pub(crate) use handle::ReturnQueue;
-pub use handle::{Handle, Issuer};
 #[cfg(test)]
 pub(crate) use handle::{Location, Placed, Returned};
 pub use manager::MemoryManager;
 pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};
 pub use retire::{Released, RetiringGranule};
 pub use types::{
-    AllocationInfo, AllocationMode, Cleanup, PageGuard, PageInfo, PageRef, PageUpdate, RawPage,
-    Resolved, RetiredPage,
+    AllocationInfo, AllocationMode, Cleanup, Issuer, PageGuard, PageInfo, PageRef, PageUpdate,
+    RawPage, Resolved, RetiredPage,
 };

@@ -11,6 +11,7 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
+use super::types::Issuer;
 use crate::attention::Attention;
 
 /// Dropped allocations, pushed from any thread, drained by the device thread. The device memory
@@ -24,8 +25,12 @@ pub(crate) struct Queue<T> {
     len: AtomicUsize,
     /// The items, and whether the queue is closed.
     items: spin::Mutex<(Vec<T>, bool)>,
-    /// Rung after every push, when the drainer asked for it ([`Self::ringing`]).
+    /// Rung after every push, when the drainer asked for it ([`Self::issued_by`]).
     attention: Option<Arc<Attention>>,
+    /// Who issued what is queued: the manager's device and stream, kept here once for every
+    /// handle it issues (a handle's identity reaches it through its queue); the pinned pool's and
+    /// the graphs' queues leave it at its default.
+    issuer: Issuer,
 }
 
 impl<T> Default for Queue<T> {
@@ -34,17 +39,29 @@ impl<T> Default for Queue<T> {
             len: AtomicUsize::new(0),
             items: spin::Mutex::new((Vec::new(), false)),
             attention: None,
+            issuer: Issuer {
+                device: 0,
+                stream: 0,
+            },
         }
     }
 }
 
 impl<T> Queue<T> {
-    /// An empty queue that rings `attention` after every push.
-    pub(crate) fn ringing(attention: Arc<Attention>) -> Self {
+    /// An empty queue for what `issuer` issues, that rings `attention` (if any) after every
+    /// push.
+    pub(crate) fn issued_by(issuer: Issuer, attention: Option<Arc<Attention>>) -> Self {
         Self {
-            attention: Some(attention),
+            attention,
+            issuer,
             ..Self::default()
         }
+    }
+
+    /// Who issued what is queued (see [`Self::issued_by`]).
+    #[inline]
+    pub(crate) fn issuer(&self) -> Issuer {
+        self.issuer
     }
 
     /// Queues `item`, or hands it back when the queue is closed (the caller drops it, after this

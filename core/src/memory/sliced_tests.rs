@@ -113,10 +113,19 @@ fn check(pool: &SlicedPool<()>) {
         let (mut b, mut offset, mut prev, mut prev_free) = (page.first, 0, NIL, false);
         while b != NIL {
             let block = &pool.blocks[b as usize];
-            assert_eq!((block.page, block.offset, block.prev_phys), (pi, offset, prev));
+            assert_eq!(
+                (block.page, block.offset, block.prev_phys),
+                (pi, offset, prev)
+            );
             let free = matches!(block.state, BlockState::Free { .. });
-            assert!(!(free && prev_free), "free blocks {prev} and {b} side by side");
-            assert!(!matches!(block.state, BlockState::Vacant { .. }), "vacant {b} on a page");
+            assert!(
+                !(free && prev_free),
+                "free blocks {prev} and {b} side by side"
+            );
+            assert!(
+                !matches!(block.state, BlockState::Vacant { .. }),
+                "vacant {b} on a page"
+            );
             if free && page.indexed {
                 free_indexed.push(b);
             }
@@ -140,7 +149,10 @@ fn check(pool: &SlicedPool<()>) {
     }
     free_indexed.sort_unstable();
     listed.sort_unstable();
-    assert_eq!(listed, free_indexed, "the index lists the free blocks of indexed pages");
+    assert_eq!(
+        listed, free_indexed,
+        "the index lists the free blocks of indexed pages"
+    );
 }
 
 #[derive(Debug, Clone)]

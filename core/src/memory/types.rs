@@ -1,7 +1,7 @@
 //! The manager's public types: what a user of [`MemoryManager`](super::MemoryManager) names in
 //! its calls and reads in its answers.
 //!
-//! Owns the modes and cleanup kinds a caller picks ([`AllocationMode`], [`PageUpdate`],
+//! Owns who issued a handle ([`Issuer`]), the modes and cleanup kinds a caller picks ([`AllocationMode`], [`PageUpdate`],
 //! [`Cleanup`]), what a lookup answers ([`Resolved`], [`PageRef`], [`PageGuard`]), the diagnostics
 //! of checks ([`AllocationInfo`], [`PageInfo`]), the pages it holds ([`RawPage`]) and what it lets
 //! go before the device is done with it ([`RetiredPage`]; what that holds is `retire.rs`'s). Does
@@ -14,6 +14,16 @@ use super::report::PoolKind;
 use crate::shim::{DeviceAddr, DeviceSpan, Shim};
 use alloc::sync::Arc;
 use core::sync::atomic::{AtomicU32, Ordering};
+
+/// Who issued a handle: the device and the stream whose manager holds its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Issuer {
+    /// The device's id (unique in the process).
+    pub device: u32,
+    /// The stream's index on that device.
+    pub stream: u32,
+}
 
 /// How new reservations are served. Modes nest: see [`MemoryManager::set_mode`].
 ///

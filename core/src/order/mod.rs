@@ -20,9 +20,10 @@ pub(crate) use foreign::ForeignUses;
 
 use crate::device::Device;
 use crate::drop_queue::DropItem;
-use crate::error::{CaptureError, IoError, ServerError};
+use crate::error::{CaptureError, IoError, NotFoundReason, ServerError};
 use crate::memory::AsBinding;
 use crate::shim::{DeviceSpan, Shim};
+use crate::stream::Stream;
 
 /// Where a handle's memory is: the stream that owns it and the device range it names. Found once
 /// per handle per operation ([`Device::target`]), before anything is enqueued.
@@ -48,6 +49,41 @@ impl<S: Shim> Device<S> {
         let (owner, stream) = self.owner_of(binding)?;
         let span = stream.memory.span_issued(binding)?;
         Ok(Target { owner, span })
+    }
+
+    /// The stream whose manager holds `binding`'s memory: its index and the stream.
+    ///
+    /// # Errors
+    ///
+    /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::NotFound`] (stale)
+    /// for a stream this device no longer has.
+    #[inline]
+    pub(crate) fn owner_of(
+        &self,
+        binding: &impl AsBinding,
+    ) -> Result<(usize, &Stream<S>), IoError> {
+        let b = binding.as_binding();
+        // The usual case: the stream the id names (its top bits: see `MemoryManager::built`)
+        // made it, as the identity's queue, read beside the id, proves; the queue itself, which
+        // holds the issuer, is read only past it.
+        let named = (b.id() >> 48) as usize;
+        if let Some(Some(s)) = self.streams.get(named)
+            && s.memory.made(binding)
+        {
+            return Ok((named, s));
+        }
+        let issuer = b.issuer();
+        if issuer.device != self.id {
+            return Err(IoError::foreign_handle(issuer.device, self.id));
+        }
+        let owner = issuer.stream as usize;
+        match self.streams.get(owner) {
+            Some(Some(s)) => Ok((owner, s)),
+            _ => Err(IoError::NotFound {
+                handle: b.id(),
+                reason: NotFoundReason::Stale,
+            }),
+        }
     }
 
     /// Orders stream `current` after every other stream's work on the memory `binding` names
