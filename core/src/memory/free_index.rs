@@ -77,6 +77,7 @@ impl Default for FreeIndex {
 }
 
 impl FreeIndex {
+    #[inline]
     pub(crate) fn insert(&mut self, links: &mut impl Links, block: u32) {
         let c = class_of(links.size(block));
         let head = self.heads[c];
@@ -88,6 +89,7 @@ impl FreeIndex {
         self.bitmap[c / 64] |= 1 << (c % 64);
     }
 
+    #[inline]
     pub(crate) fn remove(&mut self, links: &mut impl Links, block: u32) {
         let prev = links.prev_free(block);
         let next = links.next_free(block);

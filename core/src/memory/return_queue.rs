@@ -4,7 +4,8 @@
 //! Owns the queue itself: a push from any thread, a drain on the device thread that costs one
 //! atomic load when nothing came back, and the close that breaks the circle between a manager's
 //! queue and the identities it holds, and ringing the device's [`Attention`] after a push when
-//! the drainer asked for it. Does not own what is queued (handles, `handle.rs`; the pinned pool's
+//! the drainer asked for it. A manager's queue also keeps who issued its handles, once for all of
+//! them (each identity points to its queue). Does not own what is queued (handles, `handle.rs`; the pinned pool's
 //! slices, `pinned.rs`) nor what the drainer does with it.
 
 use alloc::sync::Arc;
@@ -28,8 +29,9 @@ pub(crate) struct Queue<T> {
     /// Rung after every push, when the drainer asked for it ([`Self::issued_by`]).
     attention: Option<Arc<Attention>>,
     /// Who issued what is queued: the manager's device and stream, kept here once for every
-    /// handle it issues (a handle's identity reaches it through its queue); the pinned pool's and
-    /// the graphs' queues leave it at its default.
+    /// handle it issues (a handle's identity reaches it through its queue). A manager's queue is
+    /// always made by [`Self::issued_by`]; the queues made by `Default` (the pinned pool's, the
+    /// graphs') hold no handle, and their issuer (device 0, which no device has) is never read.
     issuer: Issuer,
 }
 

@@ -18,7 +18,13 @@ pub(crate) use block::Used;
 /// The largest alignment a sliced pool's callers may round a request to: a used block keeps its
 /// padding (at most the alignment) in 32 bits. The manager and the pinned pool cap theirs here.
 pub(crate) const MAX_ALIGNMENT: u64 = 1 << 31;
-use block::{Block, BlockState};
+use block::{Block, BlockState, MAX_PAGES};
+
+/// A free block out of the index.
+const FREE_UNLINKED: BlockState = BlockState::Free {
+    prev: NIL,
+    next: NIL,
+};
 
 /// One device page of a sliced pool.
 #[derive(Debug)]
@@ -94,7 +100,7 @@ impl<P> SlicedPool<P> {
     fn new_block(&mut self, block: Block) -> u32 {
         if self.vacant != NIL {
             let i = self.vacant;
-            if let BlockState::Vacant { next } = self.blocks[i as usize].state {
+            if let BlockState::Vacant { next } = self.blocks[i as usize].state() {
                 self.vacant = next;
             }
             self.blocks[i as usize] = block;
@@ -113,7 +119,8 @@ impl<P> SlicedPool<P> {
     }
 
     fn vacate(&mut self, block: u32) {
-        self.blocks[block as usize].state = BlockState::Vacant { next: self.vacant };
+        let vacant = BlockState::Vacant { next: self.vacant };
+        self.blocks[block as usize].set_state(vacant);
         self.vacant = block;
     }
 
@@ -151,10 +158,7 @@ impl<P> SlicedPool<P> {
         aligned: u64,
         used: Used,
     ) -> Carved {
-        debug_assert!(matches!(
-            self.blocks[block as usize].state,
-            BlockState::Free { .. }
-        ));
+        debug_assert!(self.blocks[block as usize].is_free());
         debug_assert!(offset + aligned <= self.blocks[block as usize].size);
         self.index.remove(&mut self.blocks, block);
         if offset == 0 {
@@ -169,24 +173,16 @@ impl<P> SlicedPool<P> {
     /// Splits block `b` (out of the index) at `at` bytes from its start: `b` keeps the front,
     /// a new free block (not indexed) takes the rest, whose id is returned.
     fn split(&mut self, b: u32, at: u64) -> u32 {
-        let Block {
-            page,
-            offset,
-            size,
+        let front = self.blocks[b as usize];
+        let next_phys = front.next_phys;
+        let rest = self.new_block(Block::new(
+            front.page(),
+            front.offset + at,
+            front.size - at,
+            b,
             next_phys,
-            ..
-        } = self.blocks[b as usize];
-        let rest = self.new_block(Block {
-            page,
-            offset: offset + at,
-            size: size - at,
-            prev_phys: b,
-            next_phys,
-            state: BlockState::Free {
-                prev: NIL,
-                next: NIL,
-            },
-        });
+            FREE_UNLINKED,
+        ));
         if next_phys != NIL {
             self.blocks[next_phys as usize].prev_phys = rest;
         }
@@ -201,29 +197,29 @@ impl<P> SlicedPool<P> {
         self.blocks.iter().enumerate().filter_map(|(i, b)| {
             let indexed = self
                 .pages
-                .get(b.page as usize)
+                .get(b.page() as usize)
                 .and_then(Option::as_ref)
                 .is_some_and(|p| p.indexed);
-            match b.state {
-                BlockState::Free { .. } if indexed => Some((i as u32, b.page, b.offset, b.size)),
-                _ => None,
-            }
+            (b.is_free() && indexed).then_some((i as u32, b.page(), b.offset, b.size))
         })
     }
 
     /// Carves from the front of the free block `b`, already out of the index.
     fn carve_front(&mut self, b: u32, size: u64, aligned: u64, used: Used) -> Carved {
-        let (page, offset) = (self.blocks[b as usize].page, self.blocks[b as usize].offset);
+        let (page, offset) = (
+            self.blocks[b as usize].page(),
+            self.blocks[b as usize].offset,
+        );
         if self.blocks[b as usize].size > aligned {
             let rest = self.split(b, aligned);
             self.index.insert(&mut self.blocks, rest);
         }
         debug_assert_eq!(self.blocks[b as usize].size, aligned);
         let padding = aligned - size;
-        self.blocks[b as usize].state = BlockState::Used {
+        self.blocks[b as usize].set_state(BlockState::Used {
             owner: used.owner,
             padding: u32::try_from(padding).expect("padding is at most MAX_ALIGNMENT"),
-        };
+        });
         let p = self.pages[page as usize]
             .as_mut()
             .expect("a block's page is live");
@@ -256,21 +252,18 @@ impl<P> SlicedPool<P> {
                 i
             }
             None => {
+                // A block keeps its page's index in 30 bits: see `MAX_PAGES`.
+                assert!(
+                    self.pages.len() < MAX_PAGES as usize,
+                    "a new page was asked of a pool that numbers {} already, the most it may; \
+                     free allocations or use larger pages",
+                    self.pages.len()
+                );
                 self.pages.push(Some(page));
                 (self.pages.len() - 1) as u32
             }
         };
-        let b = self.new_block(Block {
-            page: pi,
-            offset: 0,
-            size,
-            prev_phys: NIL,
-            next_phys: NIL,
-            state: BlockState::Free {
-                prev: NIL,
-                next: NIL,
-            },
-        });
+        let b = self.new_block(Block::new(pi, 0, size, NIL, NIL, FREE_UNLINKED));
         self.index.insert(&mut self.blocks, b);
         if let Some(p) = self.pages[pi as usize].as_mut() {
             p.first = b;
@@ -290,16 +283,22 @@ impl<P> SlicedPool<P> {
     pub(crate) fn used(&self, block: u32, owner: u64) -> Option<(Used, u32, u64)> {
         let b = self.blocks.get(block as usize)?;
         let u = b.used_by(owner)?;
-        let page = self.pages.get(b.page as usize)?.as_ref()?;
-        Some((u, b.page, page.addr + b.offset))
+        let page = self.pages.get(b.page() as usize)?.as_ref()?;
+        Some((u, b.page(), page.addr + b.offset))
     }
 
     /// Binds the used block `block` of `owner` to `new_owner`; false when `owner` holds no such
     /// block.
     pub(crate) fn rebind(&mut self, block: u32, owner: u64, new_owner: u64) -> bool {
-        match &mut self.blocks.get_mut(block as usize).map(|b| &mut b.state) {
-            Some(BlockState::Used { owner: o, .. }) if *o == owner => {
-                *o = new_owner;
+        let Some(b) = self.blocks.get_mut(block as usize) else {
+            return false;
+        };
+        match b.state() {
+            BlockState::Used { owner: o, padding } if o == owner => {
+                b.set_state(BlockState::Used {
+                    owner: new_owner,
+                    padding,
+                });
                 true
             }
             _ => false,
@@ -311,7 +310,7 @@ impl<P> SlicedPool<P> {
     pub(crate) fn free(&mut self, block: u32, owner: u64) -> Option<u32> {
         let b = *self.blocks.get(block as usize)?;
         let used = b.used_by(owner)?;
-        let page = b.page;
+        let page = b.page();
         let (indexed, _) = {
             let p = self.pages[page as usize]
                 .as_mut()
@@ -324,7 +323,7 @@ impl<P> SlicedPool<P> {
         let mut start = block;
         let mut size = b.size;
         let mut next = b.next_phys;
-        if next != NIL && matches!(self.blocks[next as usize].state, BlockState::Free { .. }) {
+        if next != NIL && self.blocks[next as usize].is_free() {
             if indexed {
                 self.index.remove(&mut self.blocks, next);
             }
@@ -334,7 +333,7 @@ impl<P> SlicedPool<P> {
             next = after;
         }
         let prev = b.prev_phys;
-        if prev != NIL && matches!(self.blocks[prev as usize].state, BlockState::Free { .. }) {
+        if prev != NIL && self.blocks[prev as usize].is_free() {
             if indexed {
                 self.index.remove(&mut self.blocks, prev);
             }
@@ -345,10 +344,7 @@ impl<P> SlicedPool<P> {
         let s = &mut self.blocks[start as usize];
         s.size = size;
         s.next_phys = next;
-        s.state = BlockState::Free {
-            prev: NIL,
-            next: NIL,
-        };
+        s.set_state(FREE_UNLINKED);
         if next != NIL {
             self.blocks[next as usize].prev_phys = start;
         }
@@ -420,7 +416,7 @@ impl<P> SlicedPool<P> {
         p.indexed = indexed;
         let mut b = p.first;
         while b != NIL {
-            if matches!(self.blocks[b as usize].state, BlockState::Free { .. }) {
+            if self.blocks[b as usize].is_free() {
                 if indexed {
                     self.index.insert(&mut self.blocks, b);
                 } else {
@@ -463,11 +459,14 @@ impl<P> SlicedPool<P> {
 
     /// Every used block as (page, offset within page, block size, used), for checks.
     pub(crate) fn used_blocks(&self) -> impl Iterator<Item = (u32, u64, u64, Used)> + '_ {
-        self.blocks.iter().filter_map(|b| match b.state {
+        self.blocks.iter().filter_map(|b| match b.state() {
             BlockState::Used { owner, .. }
-                if self.pages.get(b.page as usize).is_some_and(Option::is_some) =>
+                if self
+                    .pages
+                    .get(b.page() as usize)
+                    .is_some_and(Option::is_some) =>
             {
-                Some((b.page, b.offset, b.size, b.used_by(owner)?))
+                Some((b.page(), b.offset, b.size, b.used_by(owner)?))
             }
             _ => None,
         })

@@ -104,41 +104,63 @@ fn carving_at_an_offset_leaves_the_room_on_both_sides_free() {
 }
 
 /// Checks the pool's records against each other: every page's blocks tile it (neighbours
-/// linked both ways, no two free blocks side by side), and the index lists exactly the free
+/// linked both ways, no two free blocks side by side), every other record is on the vacant
+/// chain, a page is indexed exactly when it has no guard, and the index lists exactly the free
 /// blocks of indexed pages, each in its size class, its links both ways, a class's bit set
 /// exactly when its list is not empty.
 fn check(pool: &SlicedPool<()>) {
     let mut free_indexed = Vec::new();
+    let mut on_pages = 0;
     for (pi, page) in pool.pages() {
+        assert_eq!(
+            page.indexed,
+            page.guards == 0,
+            "page {pi} indexed with guards"
+        );
         let (mut b, mut offset, mut prev, mut prev_free) = (page.first, 0, NIL, false);
         while b != NIL {
             let block = &pool.blocks[b as usize];
             assert_eq!(
-                (block.page, block.offset, block.prev_phys),
+                (block.page(), block.offset, block.prev_phys),
                 (pi, offset, prev)
             );
-            let free = matches!(block.state, BlockState::Free { .. });
+            let free = block.is_free();
             assert!(
                 !(free && prev_free),
                 "free blocks {prev} and {b} side by side"
             );
             assert!(
-                !matches!(block.state, BlockState::Vacant { .. }),
+                !matches!(block.state(), BlockState::Vacant { .. }),
                 "vacant {b} on a page"
             );
             if free && page.indexed {
                 free_indexed.push(b);
             }
+            on_pages += 1;
             (offset, prev, prev_free, b) = (offset + block.size, b, free, block.next_phys);
         }
         assert_eq!(offset, page.size, "page {pi}'s blocks do not tile it");
     }
+    let mut vacant = 0;
+    let mut v = pool.vacant;
+    while v != NIL {
+        let BlockState::Vacant { next } = pool.blocks[v as usize].state() else {
+            panic!("block {v} on the vacant chain is not vacant");
+        };
+        vacant += 1;
+        v = next;
+    }
+    assert_eq!(
+        on_pages + vacant,
+        pool.blocks.len(),
+        "a block on no page and not vacant"
+    );
     let mut listed = Vec::new();
     for (class, head, bit) in pool.index.classes() {
         assert_eq!(bit, head != NIL, "class {class}'s bit");
         let (mut b, mut prev) = (head, NIL);
         while b != NIL {
-            let BlockState::Free { prev: p, next } = pool.blocks[b as usize].state else {
+            let BlockState::Free { prev: p, next } = pool.blocks[b as usize].state() else {
                 panic!("listed block {b} is not free");
             };
             assert_eq!(p, prev, "block {b}'s back link");
@@ -159,8 +181,13 @@ fn check(pool: &SlicedPool<()>) {
 enum Op {
     AddPage(u64),
     Carve(u64, u32),
-    CarveAt(usize, u64, u64),
+    /// Carve from the free block picked, at an offset (0 half the time) with padding.
+    CarveAt(usize, bool, u64, u64, u64),
+    Scored(u64, u32, usize),
     Free(usize),
+    /// Free with an owner that is not the block's.
+    FreeWrong(usize),
+    Rebind(usize),
     Guard(usize, bool),
     RemoveEmpty(usize),
 }
@@ -169,43 +196,67 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (1u64..64).prop_map(|kib| Op::AddPage(kib * 1024)),
         6 => (1u64..40_000, 0u32..10).prop_map(|(s, a)| Op::Carve(s, a)),
-        2 => (any::<usize>(), 0u64..8192, 1u64..8192).prop_map(|(i, o, s)| Op::CarveAt(i, o, s)),
+        2 => (any::<usize>(), any::<bool>(), 0u64..8192, 1u64..8192, 0u64..256)
+            .prop_map(|(i, front, o, s, pad)| Op::CarveAt(i, front, o, s, pad)),
+        1 => (1u64..40_000, 0u32..10, 1usize..10).prop_map(|(s, a, l)| Op::Scored(s, a, l)),
         6 => any::<usize>().prop_map(Op::Free),
+        1 => any::<usize>().prop_map(Op::FreeWrong),
+        1 => any::<usize>().prop_map(Op::Rebind),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(i, add)| Op::Guard(i, add)),
         1 => any::<usize>().prop_map(Op::RemoveEmpty),
     ]
 }
 
+/// A live allocation of the model: block, owner, page, address, size asked, bytes carved.
+type Live = (u32, u64, u32, u64, u64, u64);
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
-    /// Any sequence of carves, frees, guards and pages keeps the records consistent, the live
-    /// allocations apart and in their pages, and the usage equal to a plain list of them.
+    /// Any sequence of carves, frees, rebinds, guards and pages keeps the records consistent,
+    /// the live allocations apart and in their pages, the usage equal to a plain list of them,
+    /// and never refuses a request that an indexed free block of a larger class holds.
     #[test]
     fn the_index_and_the_blocks_agree_after_every_operation(ops in proptest::collection::vec(op(), 1..80)) {
         let mut pool = SlicedPool::new(64 * 1024);
-        // (block, owner, page, address, size asked, bytes carved)
-        let mut live: Vec<(u32, u64, u32, u64, u64, u64)> = Vec::new();
+        let mut live: Vec<Live> = Vec::new();
+        // Guards per page, as the model counts them.
+        let mut guards: Vec<(u32, u32)> = Vec::new();
         let mut next_addr = 0x10_0000;
         for (owner, op) in ops.into_iter().enumerate() {
-            let owner = owner as u64;
+            let owner = owner as u64 + 1;
+            let before = live.len();
             match op {
                 Op::AddPage(size) => {
-                    pool.add_page((), next_addr, size);
+                    let p = pool.add_page((), next_addr, size);
+                    guards.retain(|g| g.0 != p);
                     next_addr += size + 4096;
                 }
-                Op::Carve(size, align) => {
+                Op::Carve(size, align) | Op::Scored(size, align, _) => {
                     let aligned = size.next_multiple_of(1 << align);
-                    if let Some(c) = pool.try_carve(size, aligned, used(owner, size)) {
-                        live.push((c.block, owner, c.page, c.addr, size, aligned));
+                    let carved = match op {
+                        Op::Scored(.., limit) => pool.try_carve_scored(size, aligned, used(owner, size), limit, |o| (o % 3) as u32),
+                        _ => pool.try_carve(size, aligned, used(owner, size)),
+                    };
+                    match carved {
+                        Some(c) => live.push((c.block, owner, c.page, c.addr, size, aligned)),
+                        // The index may pass over a fitting block of the request's own class
+                        // (first fit walks a few), never one of a larger class.
+                        None => prop_assert!(
+                            pool.free_blocks().all(|(_, _, _, room)| room < aligned
+                                || FreeIndex::class(room) <= FreeIndex::class(aligned)),
+                            "a request of {} bytes refused while a larger class holds room", aligned
+                        ),
                     }
                 }
-                Op::CarveAt(i, offset, size) => {
+                Op::CarveAt(i, front, offset, size, pad) => {
                     let free: Vec<_> = pool.free_blocks().collect();
+                    let offset = if front { 0 } else { offset };
+                    let aligned = size + pad;
                     if let Some(&(block, page, _, room)) = free.get(i % free.len().max(1))
-                        && offset + size <= room
+                        && offset + aligned <= room
                     {
-                        let c = pool.carve_at(block, offset, size, size, used(owner, size));
-                        live.push((c.block, owner, page, c.addr, size, size));
+                        let c = pool.carve_at(block, offset, size, aligned, used(owner, size));
+                        live.push((c.block, owner, page, c.addr, size, aligned));
                     }
                 }
                 Op::Free(i) if !live.is_empty() => {
@@ -213,23 +264,46 @@ proptest! {
                     prop_assert_eq!(pool.free(block, owner), Some(page));
                     prop_assert_eq!(pool.free(block, owner), None, "freed twice");
                 }
-                Op::Free(_) => {}
+                Op::FreeWrong(i) if !live.is_empty() => {
+                    let (block, owner, ..) = live[i % live.len()];
+                    prop_assert_eq!(pool.free(block, owner + 1_000_000), None);
+                }
+                Op::Rebind(i) if !live.is_empty() => {
+                    let n = live.len();
+                    let l = &mut live[i % n];
+                    prop_assert!(!pool.rebind(l.0, l.1 + 1_000_000, owner), "rebound by another owner");
+                    prop_assert!(pool.rebind(l.0, l.1, owner));
+                    l.1 = owner;
+                }
+                Op::Free(_) | Op::FreeWrong(_) | Op::Rebind(_) => {}
                 Op::Guard(i, add) => {
                     let pages: Vec<_> = pool.pages().map(|(p, _)| p).collect();
                     if let Some(&p) = pages.get(i % pages.len().max(1)) {
                         pool.guard(p, add);
+                        match guards.iter_mut().find(|g| g.0 == p) {
+                            Some(g) if add => g.1 += 1,
+                            Some(g) => g.1 = g.1.saturating_sub(1),
+                            None if add => guards.push((p, 1)),
+                            None => {}
+                        }
                     }
                 }
                 Op::RemoveEmpty(i) => {
                     let pages: Vec<_> = pool.pages().map(|(p, _)| p).collect();
                     if let Some(&p) = pages.get(i % pages.len().max(1)) {
-                        let empty = !live.iter().any(|l| l.2 == p)
-                            && pool.page(p).is_some_and(|page| page.guards == 0);
+                        let guarded = guards.iter().any(|g| g.0 == p && g.1 > 0);
+                        let empty = !live.iter().any(|l| l.2 == p) && !guarded;
                         prop_assert_eq!(pool.remove_page_if_empty(p).is_some(), empty);
                     }
                 }
             }
+            let carved = live.len() > before;
             check(&pool);
+            // A guarded page serves nothing new.
+            if carved && let Some(l) = live.last() {
+                prop_assert!(!guards.iter().any(|g| g.0 == l.2 && g.1 > 0), "carved from guarded page {}", l.2);
+            }
+            prop_assert_eq!(pool.pages().count() as u32, pool.pages_live);
             let mut spans: Vec<_> = live.iter().map(|l| (l.3, l.3 + l.5)).collect();
             spans.sort_unstable();
             prop_assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "live allocations overlap");

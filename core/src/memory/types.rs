@@ -1,8 +1,8 @@
 //! The manager's public types: what a user of [`MemoryManager`](super::MemoryManager) names in
 //! its calls and reads in its answers.
 //!
-//! Owns who issued a handle ([`Issuer`]), the modes and cleanup kinds a caller picks ([`AllocationMode`], [`PageUpdate`],
-//! [`Cleanup`]), what a lookup answers ([`Resolved`], [`PageRef`], [`PageGuard`]), the diagnostics
+//! Owns who issued a handle ([`Issuer`]), the modes and cleanup kinds a caller picks
+//! ([`AllocationMode`], [`PageUpdate`], [`Cleanup`]), what a lookup answers ([`Resolved`], [`PageRef`], [`PageGuard`]), the diagnostics
 //! of checks ([`AllocationInfo`], [`PageInfo`]), the pages it holds ([`RawPage`]) and what it lets
 //! go before the device is done with it ([`RetiredPage`]; what that holds is `retire.rs`'s). Does
 //! not own the rules that make or consume them: those are the manager's (`manager.rs` and the files

@@ -1,9 +1,11 @@
 //! Cross-stream order: before a stream uses memory another stream owns or used, it waits for that
 //! stream's work on the device.
 //!
-//! Owns the record of foreign uses (which streams used an allocation besides its owner, and at
-//! which cursor) and the one function every operation calls for each handle it touches
-//! ([`Device::order_after`]); the record itself is `foreign.rs`. A wait is made once per other stream until that stream issues more
+//! Owns where a handle's memory is as an operation sees it (the stream that owns it and its device
+//! range: [`Device::owner_of`], [`Device::target`]), the record of foreign uses (which streams
+//! used an allocation besides its owner, and at which cursor) and the one function every operation
+//! calls for each handle it touches ([`Device::order_after`]); the record itself is `foreign.rs`.
+//! A wait is made once per other stream until that stream issues more
 //! work (`Stream::synced`), and not at all for work a clean fence already covered. Does not own
 //! the waits' faults: work ordered after a stream's failed work is refused while the fault is on
 //! record (`fault.rs`), and a stream that waited before anyone heard of it learns of it from its
@@ -21,7 +23,7 @@ pub(crate) use foreign::ForeignUses;
 use crate::device::Device;
 use crate::drop_queue::DropItem;
 use crate::error::{CaptureError, IoError, NotFoundReason, ServerError};
-use crate::memory::AsBinding;
+use crate::memory::{AsBinding, Issuer};
 use crate::shim::{DeviceSpan, Shim};
 use crate::stream::Stream;
 
@@ -70,6 +72,14 @@ impl<S: Shim> Device<S> {
         if let Some(Some(s)) = self.streams.get(named)
             && s.memory.made(binding)
         {
+            debug_assert_eq!(
+                s.memory.issuer(),
+                Issuer {
+                    device: self.id,
+                    stream: named as u32
+                },
+                "a device's stream i issues as (device, i)"
+            );
             return Ok((named, s));
         }
         let issuer = b.issuer();
