@@ -3,10 +3,10 @@
 //!
 //! Owns the queue itself: a push from any thread, a drain on the device thread that costs one
 //! atomic load when nothing came back, and the close that breaks the circle between a manager's
-//! queue and the identities it holds, and ringing the device's [`Attention`] after a push when
-//! the drainer asked for it. A manager's queue also keeps who issued its handles, once for all of
-//! them (each identity points to its queue). Does not own what is queued (handles, `handle.rs`; the pinned pool's
-//! slices, `pinned.rs`) nor what the drainer does with it.
+//! queue and the identities it holds, and ringing the device's [`Attention`] after a push when the
+//! drainer asked for it. A manager's queue also keeps who issued its handles, once for all of them
+//! (each identity points to its queue). Does not own what is queued (handles, `handle.rs`; the
+//! pinned pool's slices, `pinned.rs`) nor what the drainer does with it.
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;

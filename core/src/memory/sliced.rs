@@ -20,6 +20,11 @@ pub(crate) use block::Used;
 pub(crate) const MAX_ALIGNMENT: u64 = 1 << 31;
 use block::{Block, BlockState, MAX_PAGES};
 
+// A block keeps its page's index in 30 bits. Pages never outnumber blocks (a live page holds at
+// least one, and a new page takes a freed index before the vector grows), and a pool numbers at
+// most `MAX_BLOCKS` blocks, so every page index fits.
+const _: () = assert!(MAX_BLOCKS <= MAX_PAGES);
+
 /// A free block out of the index.
 const FREE_UNLINKED: BlockState = BlockState::Free {
     prev: NIL,
@@ -252,13 +257,6 @@ impl<P> SlicedPool<P> {
                 i
             }
             None => {
-                // A block keeps its page's index in 30 bits: see `MAX_PAGES`.
-                assert!(
-                    self.pages.len() < MAX_PAGES as usize,
-                    "a new page was asked of a pool that numbers {} already, the most it may; \
-                     free allocations or use larger pages",
-                    self.pages.len()
-                );
                 self.pages.push(Some(page));
                 (self.pages.len() - 1) as u32
             }

@@ -1,6 +1,7 @@
 //! The sliced pool's rules: carving, freeing, guards, carving at an offset.
 
 use super::*;
+use crate::memory::free_index::Links;
 use alloc::vec;
 use proptest::prelude::*;
 
@@ -144,6 +145,7 @@ fn check(pool: &SlicedPool<()>) {
     let mut vacant = 0;
     let mut v = pool.vacant;
     while v != NIL {
+        assert!(vacant < pool.blocks.len(), "a cycle on the vacant chain");
         let BlockState::Vacant { next } = pool.blocks[v as usize].state() else {
             panic!("block {v} on the vacant chain is not vacant");
         };
@@ -160,6 +162,10 @@ fn check(pool: &SlicedPool<()>) {
         assert_eq!(bit, head != NIL, "class {class}'s bit");
         let (mut b, mut prev) = (head, NIL);
         while b != NIL {
+            assert!(
+                listed.len() < pool.blocks.len(),
+                "a cycle in class {class}'s list"
+            );
             let BlockState::Free { prev: p, next } = pool.blocks[b as usize].state() else {
                 panic!("listed block {b} is not free");
             };
@@ -240,12 +246,24 @@ proptest! {
                     match carved {
                         Some(c) => live.push((c.block, owner, c.page, c.addr, size, aligned)),
                         // The index may pass over a fitting block of the request's own class
-                        // (first fit walks a few), never one of a larger class.
-                        None => prop_assert!(
-                            pool.free_blocks().all(|(_, _, _, room)| room < aligned
-                                || FreeIndex::class(room) <= FreeIndex::class(aligned)),
-                            "a request of {} bytes refused while a larger class holds room", aligned
-                        ),
+                        // past the first 8 of its list (first fit walks a few), never one of
+                        // those 8 nor one of a larger class.
+                        None => {
+                            prop_assert!(
+                                pool.free_blocks().all(|(_, _, _, room)| room < aligned
+                                    || FreeIndex::class(room) <= FreeIndex::class(aligned)),
+                                "a request of {} bytes refused while a larger class holds room", aligned
+                            );
+                            let own = FreeIndex::class(aligned);
+                            let mut b = pool.index.classes().nth(own).map_or(NIL, |c| c.1);
+                            for _ in 0..8 {
+                                if b == NIL {
+                                    break;
+                                }
+                                prop_assert!(pool.blocks[b as usize].size < aligned, "block {} fits", b);
+                                b = pool.blocks.next_free(b);
+                            }
+                        }
                     }
                 }
                 Op::CarveAt(i, front, offset, size, pad) => {

@@ -2,11 +2,12 @@
 //! its calls and reads in its answers.
 //!
 //! Owns who issued a handle ([`Issuer`]), the modes and cleanup kinds a caller picks
-//! ([`AllocationMode`], [`PageUpdate`], [`Cleanup`]), what a lookup answers ([`Resolved`], [`PageRef`], [`PageGuard`]), the diagnostics
-//! of checks ([`AllocationInfo`], [`PageInfo`]), the pages it holds ([`RawPage`]) and what it lets
-//! go before the device is done with it ([`RetiredPage`]; what that holds is `retire.rs`'s). Does
-//! not own the rules that make or consume them: those are the manager's (`manager.rs` and the files
-//! under `manager/`). Fields the manager fills in are visible to the `memory` module only.
+//! ([`AllocationMode`], [`PageUpdate`], [`Cleanup`]), what a lookup answers ([`Resolved`],
+//! [`PageRef`], [`PageGuard`]), the diagnostics of checks ([`AllocationInfo`], [`PageInfo`]), the
+//! pages it holds ([`RawPage`]) and what it lets go before the device is done with it
+//! ([`RetiredPage`]; what that holds is `retire.rs`'s). Does not own the rules that make or
+//! consume them: those are the manager's (`manager.rs` and the files under `manager/`). Fields the
+//! manager fills in are visible to the `memory` module only.
 
 use super::budget::MemoryBudget;
 use super::pool::Pool;

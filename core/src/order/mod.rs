@@ -97,9 +97,10 @@ impl<S: Shim> Device<S> {
     }
 
     /// Orders stream `current` after every other stream's work on the memory `binding` names
-    /// (owned by stream `owner`, as [`Self::target`] found): its owner's and any other stream's that used it. Called by every
-    /// operation for every handle it touches, once its checks passed and before it enqueues
-    /// anything; the binding rides this stream's drop queue when another stream owns the memory.
+    /// (owned by stream `owner`, as [`Self::target`] found): its owner's and any other stream's
+    /// that used it. Called by every operation for every handle it touches, once its checks passed
+    /// and before it enqueues anything; the binding rides this stream's drop queue when another
+    /// stream owns the memory.
     ///
     /// # Errors
     ///
