@@ -440,9 +440,9 @@ impl<S: Shim> Command<'_, S> {
     fn order_buffers(&mut self, buffers: Buffers<'_>) -> Result<(), ServerError> {
         for list in buffers.lists() {
             for h in list {
-                // The owner is the stream that issued the handle, checked by `target` (not
-                // kept: the firmware's stack is small).
-                let owner = h.issuer().stream as usize;
+                // The owner, found by `target` already (not kept: the firmware's stack is
+                // small); found again the same way, which reads no line `target` did not.
+                let owner = self.device.owner_of(*h)?.0;
                 self.device.order_after(self.stream, *h, owner)?;
             }
         }

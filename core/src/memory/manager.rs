@@ -61,6 +61,16 @@ use crate::shim::{DeviceFacts, Shim};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
+/// A manager numbers its handles from its stream's index shifted this far: an id's top bits name
+/// the stream that issued it (a hint: [`MemoryManager::made`] confirms it).
+const ID_STREAM_SHIFT: u32 = 48;
+
+/// The stream an allocation id names (see [`ID_STREAM_SHIFT`]).
+#[inline]
+pub(crate) fn stream_named(id: u64) -> usize {
+    (id >> ID_STREAM_SHIFT) as usize
+}
+
 /// The memory manager of one stream. See the module documentation.
 #[derive(Debug)]
 pub struct MemoryManager<S: Shim> {
@@ -200,7 +210,7 @@ impl<S: Shim> MemoryManager<S> {
             returns: Arc::new(ReturnQueue::issued_by(issuer, attention.clone())),
             returned: Vec::new(),
             spare: Vec::new(),
-            next_id: u64::from(issuer.stream) << 48,
+            next_id: u64::from(issuer.stream) << ID_STREAM_SHIFT,
             small: SlicedPool::new(small_page),
             arena: SlicedPool::new(config.arena_min_page),
             arena_empty: Vec::new(),

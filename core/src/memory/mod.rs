@@ -31,6 +31,7 @@ pub(crate) use handle::ReturnQueue;
 #[cfg(test)]
 pub(crate) use handle::{Location, Placed, Returned};
 pub use manager::MemoryManager;
+pub(crate) use manager::stream_named;
 pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};
 pub use retire::{Released, RetiringGranule};
 pub use types::{

@@ -65,10 +65,9 @@ impl<S: Shim> Device<S> {
         binding: &impl AsBinding,
     ) -> Result<(usize, &Stream<S>), IoError> {
         let b = binding.as_binding();
-        // The usual case: the stream the id names (its top bits: see `MemoryManager::built`)
-        // made it, as the identity's queue, read beside the id, proves; the queue itself, which
-        // holds the issuer, is read only past it.
-        let named = (b.id() >> 48) as usize;
+        // The usual case: the stream the id names made it, as the identity's queue, read beside
+        // the id, proves; the queue itself, which holds the issuer, is read only past it.
+        let named = crate::memory::stream_named(b.id());
         if let Some(Some(s)) = self.streams.get(named)
             && s.memory.made(binding)
         {

@@ -83,7 +83,8 @@ impl Block {
         next_phys: u32,
         state: BlockState,
     ) -> Self {
-        assert!(page < MAX_PAGES, "page {page} past the record's 30 bits");
+        // Proven for every page a pool numbers (the compile-time check in `sliced.rs`).
+        debug_assert!(page < MAX_PAGES, "page {page} past the record's 30 bits");
         let mut b = Self {
             offset,
             size,
