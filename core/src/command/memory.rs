@@ -133,11 +133,14 @@ impl<S: Shim> Command<'_, S> {
         }
         let room = reserved.id();
         self.current().memory.bind(reserved, handle)?;
-        // The room's failure marks follow its bytes to `handle` (after the bookkeeping, which
-        // drops the marks of the memory `handle` let go); its cross-stream uses were waited for
-        // above.
-        if !self.device.failures.is_empty() {
+        // The room's records follow its bytes to `handle`, after the bookkeeping: it drops the
+        // records of the memory `handle` let go (its id is among the freed), and would drop the
+        // records handed over with them. Its failure marks always; its cross-stream uses only
+        // inside a recording (outside one they were waited for above).
+        if !self.device.failures.is_empty() || !self.device.foreign_uses.is_empty() {
             self.device.collect();
+        }
+        if !self.device.failures.is_empty() {
             self.device.failures.hand_over(room, handle.id());
         }
         if !self.device.foreign_uses.is_empty() {

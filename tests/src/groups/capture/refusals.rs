@@ -249,3 +249,42 @@ pub(crate) fn an_abandoned_recording_ends_cleanly<H: Harness>(h: &H, mode: Mode)
         );
     }
 }
+
+/// A bind inside a recording hands the room's uses by other streams to the handle it binds to,
+/// and the replays wait for them: S1's slow write of S0's room is still running when S0 records
+/// `bind(room, t)` (`t` had memory of its own, which the bind frees) and a launch that reads `t`;
+/// the replay reads what S1 wrote. (The memory the bind freed once made the next operation's
+/// bookkeeping drop the handed-over use, and the replay raced S1's write.)
+pub(crate) fn a_bind_inside_a_recording_keeps_other_streams_uses<H: Harness>(h: &H, mode: Mode) {
+    let what = format!("[{mode}] capture: a bind inside a recording");
+    let mut c = ctx(h, mode, "capture");
+    let (p, q) = (pattern(SMALL, 51), pattern(SMALL, 52));
+    let src = must(c.create(S1, &p), &what);
+    let room = must(c.empty(S0, SMALL as u64), &what);
+    let t = must(c.create(S0, &q), &what);
+    let out = must(c.empty(S0, SMALL as u64), &what);
+    must(
+        c.launch(S1, TestKernel::SlowAdd, 1, &[&src], &[&room]),
+        format!("{what}: S1's slow write of S0's room"),
+    );
+    let rec = begin(&mut c, S0, "bound");
+    must(
+        c.dev.command(S0).and_then(|mut k| k.bind(room, &t)),
+        format!("{what}: bind inside the recording"),
+    );
+    must(
+        c.launch(S0, TestKernel::AddByte, 1, &[&t], &[&out]),
+        format!("{what}: a launch that reads the bound handle"),
+    );
+    let graph = end(&mut c, S0, rec);
+    must(replay(&mut c, S0, &graph), &what);
+    c.expect_read(
+        S0,
+        &out,
+        &plus(&p, 2),
+        &format!("{what}: the replay read the room before S1's write ended"),
+        &[suspect::STREAM_WAIT, suspect::GRAPH],
+    );
+    drop((graph, src, t, out));
+    c.assert_no_leak(&what);
+}
