@@ -519,7 +519,7 @@ impl Cublas {
             GemmType::F16 => "cublasGemmEx (f16, fp32 compute)",
         };
         // Also refuses dimensions past cuBLAS's 32-bit int.
-        g.check(name, a.len(), b.len(), c.len())?;
+        g.check_handles(name, a, b, c)?;
         // With `beta != 0` cuBLAS reads C too: it is an update, so a failure it carries skips
         // the GEMM and passes on.
         let (c, none): ([&Handle; 1], [&Handle; 0]) = ([c], []);

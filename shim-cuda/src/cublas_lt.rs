@@ -406,7 +406,7 @@ impl Cublas {
         c: &Handle,
     ) -> Result<(), ServerError> {
         const NAME: &str = "cublasLtMatmul (GELU and bias epilogue)";
-        g.check(NAME, a.len(), b.len(), c.len())?;
+        g.check_handles(NAME, a, b, c)?;
         let bias_bytes = u64::from(g.m) * g.dtype.bytes();
         if bias.len() < bias_bytes {
             return Err(Validation::LibraryOperand {

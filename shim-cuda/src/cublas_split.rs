@@ -61,7 +61,7 @@ impl Cublas {
         }
         // The whole product's A and B lie in `a` and `b` (each part reads a block of them), and
         // one part's C in `partials` (this also refuses sizes past cuBLAS's int).
-        g.check(NAME, a.len(), b.len(), partials.len())?;
+        g.check_handles(NAME, a, b, partials)?;
         // The parts' outputs follow each other `ldc · n` elements apart, the last one holding its
         // `m × n` block.
         let all_parts = u64::from(g.ldc)

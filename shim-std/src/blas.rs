@@ -42,7 +42,7 @@ pub fn gemm(
     c: &Handle,
 ) -> Result<(), ServerError> {
     const NAME: &str = "sgemm";
-    g.check(NAME, a.len(), b.len(), c.len())?;
+    g.check_handles(NAME, a, b, c)?;
     let (ab, c) = ([a, b], [c]);
     let work = if g.beta == 0.0 {
         LibraryWork::new(NAME, &ab, &c)
@@ -109,7 +109,7 @@ pub fn gemm(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use devcmd::{Device, DeviceConfig, LaunchError, StreamId};
+    use devcmd::{Device, DeviceConfig, LaunchError, StreamId, Validation};
 
     fn f32s(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_ne_bytes()).collect()
@@ -261,5 +261,67 @@ mod tests {
             "{half:?}"
         );
         assert!(half.to_string().contains("f32 only"));
+    }
+
+    #[test]
+    fn a_short_leading_dimension_and_a_view_between_elements_are_refused_with_reasons() {
+        let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+        let mut cmd = device.command(StreamId(0)).unwrap();
+        let (a, b, c) = (
+            cmd.empty(64).unwrap(),
+            cmd.empty(64).unwrap(),
+            cmd.empty(64).unwrap(),
+        );
+        // lda below A's rows: named as a leading dimension, with the least it may be.
+        let narrow = Gemm {
+            lda: 2,
+            ..Gemm::packed(GemmType::F32, 4, 4, 4)
+        };
+        let e = gemm(&mut cmd, narrow, &a, &b, &c).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ServerError::Validation(Validation::LibraryLeadingDimension {
+                    operand: "A",
+                    name: "lda",
+                    value: 2,
+                    least: 4,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("pass lda of 4 or more"), "{e}");
+        // An operand viewed 2 bytes in: between two f32s, refused before the library reads
+        // it (matrixmultiply, like a GPU, reads whole aligned elements).
+        let odd = b.view(2, 60).unwrap();
+        let e = gemm(&mut cmd, Gemm::packed(GemmType::F32, 2, 2, 2), &a, &odd, &c).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ServerError::Validation(Validation::LibraryAlignment {
+                    operand: "B",
+                    offset: 2,
+                    element: 4,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("starts at a multiple of 4 bytes"),
+            "{e}"
+        );
+        // A view at a whole element is fine.
+        let whole = b.view(4, 60).unwrap();
+        gemm(
+            &mut cmd,
+            Gemm::packed(GemmType::F32, 2, 2, 2),
+            &a,
+            &whole,
+            &c,
+        )
+        .unwrap();
+        cmd.sync().unwrap();
     }
 }

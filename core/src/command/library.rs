@@ -239,16 +239,45 @@ impl Gemm {
         )
     }
 
+    /// [`Self::check`] of the three handles' views, after checking that each view starts at a
+    /// multiple of the element's size (the allocations themselves start at the device's
+    /// alignment): what the wrappers of devcmd-std and devcmd-cuda call.
+    ///
+    /// # Errors
+    ///
+    /// [`Validation::LibraryAlignment`] naming the first operand whose view starts between two
+    /// elements; then those of [`Self::check`].
+    pub fn check_handles(
+        &self,
+        work: &'static str,
+        a: &Handle,
+        b: &Handle,
+        c: &Handle,
+    ) -> Result<(), Validation> {
+        let element = self.dtype.bytes();
+        for (operand, h) in [("A", a), ("B", b), ("C", c)] {
+            if !h.offset().is_multiple_of(element) {
+                return Err(Validation::LibraryAlignment {
+                    work,
+                    operand,
+                    offset: h.offset(),
+                    element,
+                });
+            }
+        }
+        self.check(work, a.len(), b.len(), c.len())
+    }
+
     /// Checks the product against the bytes the three handles view: every dimension and leading
     /// dimension fits BLAS's 32-bit signed integers, every leading dimension holds its column,
     /// and every operand is long enough. The wrappers of devcmd-std and devcmd-cuda call it
-    /// before the library sees anything.
+    /// (through [`Self::check_handles`]) before the library sees anything.
     ///
     /// # Errors
     ///
     /// [`Validation::LibraryDimension`] for a dimension past `i32::MAX`;
-    /// [`Validation::LibraryOperand`] naming the first operand that is too short or whose
-    /// leading dimension is below its column's rows.
+    /// [`Validation::LibraryLeadingDimension`] naming the first leading dimension below its
+    /// column's rows; [`Validation::LibraryOperand`] naming the first operand that is too short.
     pub fn check(&self, work: &'static str, a: u64, b: u64, c: u64) -> Result<(), Validation> {
         const INT_MAX: u32 = i32::MAX as u32;
         let too_large = [
@@ -273,21 +302,20 @@ impl Gemm {
             if self.trans_a { self.k } else { self.m },
             if self.trans_b { self.n } else { self.k },
         );
-        let e = self.dtype.bytes();
-        let short = |operand, rows: u32, ld: u32| Validation::LibraryOperand {
-            work,
-            operand,
-            needs: u64::from(rows) * e,
-            found: u64::from(ld) * e,
-        };
-        if self.lda < a_rows.max(1) {
-            return Err(short("A (lda)", a_rows, self.lda));
-        }
-        if self.ldb < b_rows.max(1) {
-            return Err(short("B (ldb)", b_rows, self.ldb));
-        }
-        if self.ldc < self.m.max(1) {
-            return Err(short("C (ldc)", self.m, self.ldc));
+        for (operand, name, value, rows) in [
+            ("A", "lda", self.lda, a_rows),
+            ("B", "ldb", self.ldb, b_rows),
+            ("C", "ldc", self.ldc, self.m),
+        ] {
+            if value < rows.max(1) {
+                return Err(Validation::LibraryLeadingDimension {
+                    work,
+                    operand,
+                    name,
+                    value: u64::from(value),
+                    least: u64::from(rows.max(1)),
+                });
+            }
         }
         let (need_a, need_b, need_c) = self.bytes();
         for (operand, needs, found) in [("A", need_a, a), ("B", need_b, b), ("C", need_c, c)] {

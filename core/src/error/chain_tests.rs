@@ -61,6 +61,25 @@ fn validations() -> Vec<Validation> {
             needs: 64,
             found: 32,
         },
+        Validation::LibraryOperand {
+            work: "gemm",
+            operand: "B",
+            needs: u64::MAX,
+            found: 32,
+        },
+        Validation::LibraryLeadingDimension {
+            work: "gemm",
+            operand: "A",
+            name: "lda",
+            value: 2,
+            least: 4,
+        },
+        Validation::LibraryAlignment {
+            work: "gemm",
+            operand: "C",
+            offset: 2,
+            element: 4,
+        },
         Validation::LibraryDimension {
             work: "gemm",
             dimension: "m",

@@ -74,6 +74,32 @@ pub enum Validation {
         /// Bytes the handle views.
         found: u64,
     },
+    /// A leading dimension of library work below the rows of its operand's columns (BLAS asks
+    /// at least `max(1, rows)`).
+    LibraryLeadingDimension {
+        /// The work.
+        work: &'static str,
+        /// The operand (`"A"`, `"B"`, `"C"` of a GEMM).
+        operand: &'static str,
+        /// The leading dimension's name (`"lda"`, ...).
+        name: &'static str,
+        /// Its value.
+        value: u64,
+        /// The least it may be.
+        least: u64,
+    },
+    /// An operand of library work that does not start at a multiple of its element's size (the
+    /// library reads whole elements: a misaligned one faults on a GPU).
+    LibraryAlignment {
+        /// The work.
+        work: &'static str,
+        /// The operand (`"A"`, `"B"`, `"C"` of a GEMM).
+        operand: &'static str,
+        /// Where the handle's view starts in its allocation, in bytes.
+        offset: u64,
+        /// The element's size in bytes.
+        element: u64,
+    },
     /// A dimension of library work past what the library's integers hold (BLAS's `int`).
     LibraryDimension {
         /// The work.
@@ -167,10 +193,43 @@ impl fmt::Display for Validation {
                 operand,
                 needs,
                 found,
+            } if *needs == u64::MAX => write!(
+                f,
+                "operand {operand} of `{work}` views {found} bytes but the work's shape spans \
+                 more bytes than any address space holds; pass smaller dimensions (leading \
+                 dimensions included)"
+            ),
+            Self::LibraryOperand {
+                work,
+                operand,
+                needs,
+                found,
             } => write!(
                 f,
                 "operand {operand} of `{work}` views {found} bytes but the work touches {needs}; \
                  pass a larger handle or smaller dimensions (leading dimensions included)"
+            ),
+            Self::LibraryLeadingDimension {
+                work,
+                operand,
+                name,
+                value,
+                least,
+            } => write!(
+                f,
+                "{name} of `{work}` is {value}, but operand {operand}'s columns hold {least} \
+                 rows, so {name} must be at least {least}; pass {name} of {least} or more"
+            ),
+            Self::LibraryAlignment {
+                work,
+                operand,
+                offset,
+                element,
+            } => write!(
+                f,
+                "operand {operand} of `{work}` starts {offset} bytes into its allocation, not a \
+                 multiple of its {element}-byte elements; pass a view that starts at a multiple of \
+                 {element} bytes"
             ),
             Self::LibraryDimension {
                 work,
