@@ -32,6 +32,12 @@ Anchors:
 
 ANCHORS=a,b in the environment picks a subset.
 
+DRIVER_HELD=1 also reads the driver's used memory (cudaMemGetInfo: total less free) after every
+allocation and records its peak less its value before the replay (`driver_held_peak`,
+`driver_held_over_live`): what the device holds for the anchor, whatever its own counters say.
+Run it with ANCHORS_PARALLEL=1 (other processes on the GPU would move the count), and
+`trace-gpu` (examples) for devcmd's figure of the same kind.
+
 `py_ns_per_op` is the wall time of the replay loop over ops: Python and binding overhead
 dominate it; it is no allocator speed figure.
 """
@@ -46,6 +52,27 @@ import time
 ALL_ANCHORS = ["torch", "torch-expandable", "cupy", "cuda-async", "cuda-async-max"]
 ANCHORS = [a for a in os.environ.get("ANCHORS", ",".join(ALL_ANCHORS)).split(",") if a]
 MAIN = ("torch", "cupy", "cuda-async")
+DRIVER_HELD = os.environ.get("DRIVER_HELD") == "1"
+
+
+class DriverHeld:
+    """The driver's used memory, sampled: `sample()` after every allocation when DRIVER_HELD."""
+
+    def __init__(self, mem_get_info):
+        self.get = mem_get_info
+        free, total = self.get()
+        self.start = total - free
+        self.peak = 0
+
+    def sample(self):
+        free, total = self.get()
+        used = total - free - self.start
+        if used > self.peak:
+            self.peak = used
+
+    def record(self, r):
+        r["driver_held_peak"] = int(self.peak)
+        r["driver_measured"] = "cudaMemGetInfo: total - free, after every allocation, less before"
 
 
 def read_trace(path):
@@ -86,12 +113,16 @@ def replay_torch(ops):
     import torch
     torch.cuda.init()
     torch.cuda.reset_peak_memory_stats()
+    torch.cuda.synchronize()
+    drv = DriverHeld(torch.cuda.mem_get_info) if DRIVER_HELD else None
     live = {}
     empty, u8 = torch.empty, torch.uint8
     t0 = time.perf_counter()
     for is_alloc, ident, size in ops:
         if is_alloc:
             live[ident] = empty(size, dtype=u8, device="cuda")
+            if drv:
+                drv.sample()
         else:
             del live[ident]
     torch.cuda.synchronize()
@@ -103,6 +134,8 @@ def replay_torch(ops):
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "measured": "torch.cuda.max_memory_reserved()",
     }
+    if drv:
+        drv.record(r)
     try:
         segs = torch.cuda.memory._snapshot()["segments"]
         r["expandable_segments_seen"] = any(s.get("is_expandable") for s in segs)
@@ -115,6 +148,8 @@ def replay_torch(ops):
 def replay_cupy(ops):
     import cupy
     pool = cupy.cuda.MemoryPool()
+    cupy.cuda.Device().synchronize()
+    drv = DriverHeld(cupy.cuda.runtime.memGetInfo) if DRIVER_HELD else None
     live = {}
     held = 0
     malloc, total = pool.malloc, pool.total_bytes
@@ -125,13 +160,18 @@ def replay_cupy(ops):
             t = total()
             if t > held:
                 held = t
+            if drv:
+                drv.sample()
         else:
             del live[ident]
     cupy.cuda.Device().synchronize()
     dt = time.perf_counter() - t0
     live.clear()
-    return {"held_peak": held, "py_seconds": dt, "cupy": cupy.__version__,
-            "measured": "max of cupy.cuda.MemoryPool().total_bytes() after every allocation"}
+    r = {"held_peak": held, "py_seconds": dt, "cupy": cupy.__version__,
+         "measured": "max of cupy.cuda.MemoryPool().total_bytes() after every allocation"}
+    if drv:
+        drv.record(r)
+    return r
 
 
 def replay_cuda_async(ops, threshold_max):
@@ -149,6 +189,8 @@ def replay_cuda_async(ops, threshold_max):
     rt.memPoolSetAttribute(handle, RES_HIGH, 0)
     rt.memPoolSetAttribute(handle, USED_HIGH, 0)
     start_reserved = rt.memPoolGetAttribute(handle, RES_CUR)
+    rt.deviceSynchronize()
+    drv = DriverHeld(rt.memGetInfo) if DRIVER_HELD else None
     live = {}
     sampled = 0
     malloc, free, get = rt.mallocAsync, rt.freeAsync, rt.memPoolGetAttribute
@@ -160,6 +202,8 @@ def replay_cuda_async(ops, threshold_max):
             r = get(handle, RES_CUR)
             if r > sampled:
                 sampled = r
+            if drv:
+                drv.sample()
         else:
             free(live.pop(ident), stream)
     high = get(handle, RES_HIGH)
@@ -168,7 +212,7 @@ def replay_cuda_async(ops, threshold_max):
     for ptr in live.values():
         free(ptr, stream)
     rt.deviceSynchronize()
-    return {"held_peak": int(high), "reserved_sampled_max": int(sampled),
+    r = {"held_peak": int(high), "reserved_sampled_max": int(sampled),
             "used_high": int(used_high), "reserved_at_start": int(start_reserved),
             "release_threshold": int(threshold), "release_threshold_found": int(found_threshold),
             "pool_is_default": handle == default,
@@ -177,6 +221,9 @@ def replay_cuda_async(ops, threshold_max):
                         "reset before the replay, read right after its last operation; raw "
                         "cudaMallocAsync/cudaFreeAsync (cupy.cuda.runtime.mallocAsync/freeAsync) "
                         "on the legacy default stream; release threshold " + str(int(threshold))}
+    if drv:
+        drv.record(r)
+    return r
 
 
 def replay(anchor, path):
@@ -195,6 +242,8 @@ def replay(anchor, path):
     r.update({"anchor": anchor, "trace": os.path.basename(path), "ops": len(ops),
               "allocs": allocs, "live_peak": live_peak,
               "held_over_live": r["held_peak"] / live_peak if live_peak else None,
+              "driver_held_over_live": (r["driver_held_peak"] / live_peak
+                                        if live_peak and "driver_held_peak" in r else None),
               "py_ns_per_op": r.pop("py_seconds") / max(1, len(ops)) * 1e9})
     return r
 
@@ -239,8 +288,10 @@ def run_all(out_json, paths, parallel, timeout):
                     print(f"{trace_name(path)} {anchor}: FAILED {rec['error']}", flush=True)
                 results.append(rec)
                 if "held_peak" in rec:
+                    drv = rec.get("driver_held_over_live")
+                    drv = f" driver-held/live={drv:.3f}" if drv is not None else ""
                     print(f"{rec['trace']:<24} {anchor:<17} held={rec['held_peak']:>12} "
-                          f"live={rec['live_peak']:>12} held/live={rec['held_over_live']:.3f}",
+                          f"live={rec['live_peak']:>12} held/live={rec['held_over_live']:.3f}{drv}",
                           flush=True)
     order = {trace_name(p): i for i, p in enumerate(paths)}
     results.sort(key=lambda r: (order.get(r["trace"], 1 << 30), ALL_ANCHORS.index(r["anchor"])))
