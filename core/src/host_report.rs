@@ -39,9 +39,11 @@ impl HostReport {
         self.devices.iter().map(|(_, r)| r.pinned_host).sum()
     }
 
-    /// The devices' budgets added up, if every device has one.
+    /// The devices' budgets added up (at most `u64::MAX`), if every device has one.
     pub fn budget(&self) -> Option<u64> {
-        self.devices.iter().map(|(_, r)| r.budget).sum()
+        self.devices
+            .iter()
+            .try_fold(0u64, |t, (_, r)| r.budget.map(|b| t.saturating_add(b)))
     }
 }
 
@@ -65,5 +67,38 @@ impl core::fmt::Display for HostReport {
             ", pinned host pages {}",
             ReadableBytes(self.pinned_host())
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budgeted(budget: Option<u64>) -> DeviceReport {
+        DeviceReport {
+            streams: Vec::new(),
+            awaiting: Vec::new(),
+            held: 0,
+            budget,
+            pinned_host: 0,
+        }
+    }
+
+    #[test]
+    fn budgets_add_up_without_overflow_and_only_when_every_device_has_one() {
+        let report = |b: &[Option<u64>]| HostReport {
+            devices: b
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| (i as u32, budgeted(b)))
+                .collect(),
+        };
+        assert_eq!(report(&[Some(3), Some(4)]).budget(), Some(7));
+        assert_eq!(
+            report(&[Some(u64::MAX), Some(u64::MAX)]).budget(),
+            Some(u64::MAX)
+        );
+        assert_eq!(report(&[Some(3), None]).budget(), None);
+        assert_eq!(report(&[]).budget(), Some(0));
     }
 }

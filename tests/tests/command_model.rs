@@ -366,6 +366,7 @@ enum Kind {
     HandedOver,
     WrongStream,
     OutOfRange,
+    RoomTooSmall,
     InUse,
     SelfBind,
     Aliased,
@@ -389,6 +390,7 @@ fn kind(e: &ServerError) -> Option<Kind> {
         } => Kind::HandedOver,
         IoError::WrongStream { .. } => Kind::WrongStream,
         IoError::OutOfRange { .. } => Kind::OutOfRange,
+        IoError::RoomTooSmall { .. } => Kind::RoomTooSmall,
         IoError::InUse { .. } => Kind::InUse,
         IoError::SelfBind { .. } => Kind::SelfBind,
         _ => return None,
@@ -739,7 +741,7 @@ impl World {
                         Mem::Bound => {}
                     }
                     if room.mem == Mem::Bound && target.size > room.bytes.len() as u64 {
-                        expect.must.push(Kind::OutOfRange);
+                        expect.must.push(Kind::RoomTooSmall);
                     }
                     match target.mem {
                         Mem::Bound if th.is_bound() => expect.must.push(Kind::InUse),

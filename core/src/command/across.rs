@@ -38,13 +38,12 @@
 use super::Command;
 use super::engine::view;
 use super::transfer::ReadRequest;
-use crate::error::{ServerError, Validation};
+use crate::error::{IoError, ServerError, Validation};
 use crate::fault::FenceOutcome;
 use crate::host::HostBuffer;
 use crate::memory::Handle;
 use crate::order::Target;
 use crate::shim::Shim;
-use alloc::vec;
 
 /// How [`Command::copy_from`] moved the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +68,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// # Errors
     ///
-    /// [`Validation::LengthMismatch`] for views of different lengths;
+    /// [`Validation::ViewLengths`] for views of different lengths; [`IoError::HostAllocFailed`]
+    /// when the copy goes through host memory and the heap cannot hold the source;
     /// [`IoError::ForeignHandle`](crate::IoError::ForeignHandle) (naming both devices) for a
     /// handle used on the wrong side; [`Validation::Recording`] while a stream of either device
     /// records; [`ServerError::Skipped`] when source bytes carry a failure (the destination's
@@ -89,9 +89,9 @@ impl<S: Shim> Command<'_, S> {
         self.refuse_while_recording(OP)?;
         from.refuse_while_recording(OP)?;
         if src.len() != dst.len() {
-            return Err(Validation::LengthMismatch {
-                expected: dst.len(),
-                found: src.len(),
+            return Err(Validation::ViewLengths {
+                dst: dst.len(),
+                src: src.len(),
             }
             .into());
         }
@@ -206,11 +206,11 @@ impl<S: Shim> Command<'_, S> {
         from: &mut Command<'_, S>,
         src: &Handle,
     ) -> Result<CopyPath, ServerError> {
-        let len = usize::try_from(src.len()).map_err(|_| Validation::LengthMismatch {
-            expected: dst.len(),
-            found: src.len(),
-        })?;
-        let buffer = HostBuffer::from_vec(vec![0; len]);
+        // The whole source passes through host memory: a heap that cannot hold it is an error,
+        // not an abort.
+        let len =
+            usize::try_from(src.len()).map_err(|_| IoError::HostAllocFailed { len: src.len() })?;
+        let buffer = HostBuffer::try_zeroed(len)?;
         let read = from
             .read_to(ReadRequest::whole(src), buffer)
             .and_then(|pending| pending.wait());

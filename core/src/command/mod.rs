@@ -211,7 +211,10 @@ impl<'a, S: Shim> Command<'a, S> {
         }
     }
 
-    /// The device range `handle` names, resolved on the stream that owns it.
+    /// The device range `handle` names, resolved on the stream that owns it: to look at. Work
+    /// the core does not see must not use the address (the memory may be lent to the host by
+    /// [`Self::read_owned`], or reused once the handle goes): hand it out with
+    /// [`Self::managed_resource`], which keeps the memory and marks it exposed.
     ///
     /// # Errors
     ///

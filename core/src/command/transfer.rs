@@ -204,7 +204,7 @@ impl<S: Shim> Command<'_, S> {
     ) -> Result<ReadToFuture<S>, ServerError> {
         self.begin()?;
         self.device.ledger.take_deferred(self.stream)?;
-        self.refuse_while_recording("read_into")?;
+        self.refuse_while_recording("read_to")?;
         // SAFETY: `buffer` (or the staging buffer the copy lands in) moves into the future below
         // (its bytes do not move with it) and is neither read nor dropped before the fence
         // recorded after the copy passed (or the wait in the error path returned). When the

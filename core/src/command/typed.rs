@@ -97,11 +97,11 @@ impl HostBuffer {
     ///
     /// # Errors
     ///
-    /// [`Validation::LengthMismatch`] when `src`'s bytes are not the buffer's length;
+    /// [`Validation::HostBufferLength`] when `src`'s bytes are not the buffer's length;
     /// [`Validation::ReadOnlyDestination`] for external (read-only) bytes.
     pub fn copy_from<T: Pod>(&mut self, src: &[T]) -> Result<(), Validation> {
         let src: &[u8] = bytemuck::cast_slice(src);
-        self.check_len(src.len())?;
+        self.check_len("HostBuffer::copy_from", src.len())?;
         let dst = self.as_mut_slice();
         if dst.len() != src.len() {
             return Err(Validation::ReadOnlyDestination);
@@ -115,10 +115,10 @@ impl HostBuffer {
     ///
     /// # Errors
     ///
-    /// [`Validation::LengthMismatch`] when `dst`'s bytes are not the buffer's length.
+    /// [`Validation::HostBufferLength`] when `dst`'s bytes are not the buffer's length.
     pub fn copy_to<T: Pod>(&self, dst: &mut [T]) -> Result<(), Validation> {
         let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
-        self.check_len(dst.len())?;
+        self.check_len("HostBuffer::copy_to", dst.len())?;
         dst.copy_from_slice(self.as_slice());
         Ok(())
     }
@@ -129,26 +129,32 @@ impl HostBuffer {
     ///
     /// # Errors
     ///
-    /// [`Validation::LengthMismatch`] when the buffer's length is not a multiple of `T`'s size
-    /// (`expected` is then the length rounded down to one).
+    /// [`Validation::NotWholeElements`] when the buffer's length is not a multiple of `T`'s
+    /// size.
     pub fn to_vec_of<T: Pod>(&self) -> Result<Vec<T>, Validation> {
         let size = core::mem::size_of::<T>();
         if size == 0 {
             return Ok(Vec::new());
         }
-        self.check_len(self.len() / size * size)?;
+        if !self.len().is_multiple_of(size) {
+            return Err(Validation::NotWholeElements {
+                len: self.len() as u64,
+                element: size as u64,
+            });
+        }
         let mut out = alloc::vec![T::zeroed(); self.len() / size];
         self.copy_to(&mut out)?;
         Ok(out)
     }
 
-    fn check_len(&self, expected: usize) -> Result<(), Validation> {
-        if expected == self.len() {
+    fn check_len(&self, op: &'static str, given: usize) -> Result<(), Validation> {
+        if given == self.len() {
             Ok(())
         } else {
-            Err(Validation::LengthMismatch {
-                expected: expected as u64,
-                found: self.len() as u64,
+            Err(Validation::HostBufferLength {
+                op,
+                buffer: self.len() as u64,
+                given: given as u64,
             })
         }
     }
@@ -170,13 +176,24 @@ mod tests {
         assert_eq!(back, data);
         assert!(matches!(
             buf.copy_to(&mut [0f32; 2]),
-            Err(Validation::LengthMismatch { .. })
+            Err(Validation::HostBufferLength {
+                op: "HostBuffer::copy_to",
+                buffer: 12,
+                given: 8
+            })
         ));
         assert!(matches!(
             buf.copy_from(&[0u64; 2]),
-            Err(Validation::LengthMismatch { .. })
+            Err(Validation::HostBufferLength {
+                op: "HostBuffer::copy_from",
+                buffer: 12,
+                given: 16
+            })
         ));
-        assert!(HostBuffer::zeroed(6).to_vec_of::<f32>().is_err());
+        assert!(matches!(
+            HostBuffer::zeroed(6).to_vec_of::<f32>(),
+            Err(Validation::NotWholeElements { len: 6, element: 4 })
+        ));
         assert_eq!(HostBuffer::copy_of(&data).as_slice(), buf.as_slice());
     }
 }

@@ -36,11 +36,22 @@ fn validations() -> Vec<Validation> {
     let dims = LaunchDims::covering(0, 0);
     vec![
         Validation::StreamOutOfRange { stream: 9, max: 4 },
+        Validation::StreamOutOfRange {
+            stream: 70_000,
+            max: 1 << 16,
+        },
         Validation::StreamInUse { stream: 1 },
         Validation::LengthMismatch {
             expected: 8,
             found: 4,
         },
+        Validation::HostBufferLength {
+            op: "HostBuffer::copy_from",
+            buffer: 12,
+            given: 16,
+        },
+        Validation::NotWholeElements { len: 6, element: 4 },
+        Validation::ViewLengths { dst: 100, src: 50 },
         Validation::LayoutPastView { span: 8, view: 4 },
         Validation::ReadOnlyDestination,
         Validation::Recording { op: "sync" },
@@ -144,6 +155,10 @@ fn io_errors() -> Vec<IoError> {
         IoError::InUse { handle: 3 },
         IoError::Exposed { handle: 3 },
         IoError::KeptByGraph { handle: 3 },
+        IoError::RoomTooSmall {
+            room: 64,
+            needs: 128,
+        },
         IoError::OutOfRange {
             offset: 8,
             len: 8,

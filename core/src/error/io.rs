@@ -120,6 +120,13 @@ pub enum IoError {
         /// Size of the allocation.
         size: u64,
     },
+    /// Room bound to a handle larger than it ([`MemoryManager::bind`](crate::memory::MemoryManager::bind)).
+    RoomTooSmall {
+        /// Bytes of the reserved room.
+        room: u64,
+        /// Bytes the handle needs.
+        needs: u64,
+    },
     /// A device call failed (a lost device among them: see [`IoError::is_device_lost`]).
     Shim(DriverError),
     /// A reservation was bound to itself: the target of `bind` is the reserved handle, a clone
@@ -215,12 +222,12 @@ impl fmt::Display for IoError {
                 match source {
                     // The device's own answer is the error's source.
                     Some(_) => f.write_str(
-                        ", after reclaiming what could be reclaimed, and the device refused the \
-                         page; free buffers or lower the load",
+                        ", and the device refused the page (a device's reservation reclaims \
+                         first); free buffers or lower the load",
                     ),
                     None => f.write_str(
-                        ", after reclaiming what could be reclaimed, and the budget has no room \
-                         left; free buffers or raise `DeviceConfig::memory_budget`",
+                        ", and the budget has no room left (a device's reservation reclaims \
+                         first); free buffers or raise `DeviceConfig::memory_budget`",
                     ),
                 }
             }
@@ -314,6 +321,11 @@ impl fmt::Display for IoError {
                 "asked for bytes {offset}..{} of an allocation of {size} bytes; \
                  keep ranges inside the allocation",
                 offset.saturating_add(*len)
+            ),
+            Self::RoomTooSmall { room, needs } => write!(
+                f,
+                "the reserved room holds {room} bytes but the handle bound to it needs {needs}; \
+                 reserve at least {needs} bytes for it"
             ),
             Self::Shim(e) => write!(f, "{e}"),
             Self::SelfBind { handle } => write!(

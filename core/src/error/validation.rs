@@ -26,6 +26,30 @@ pub enum Validation {
         /// Bytes given.
         found: u64,
     },
+    /// Typed data moved into or out of a [`HostBuffer`](crate::HostBuffer) whose length is not
+    /// the buffer's.
+    HostBufferLength {
+        /// The operation (`"HostBuffer::copy_from"`, ...).
+        op: &'static str,
+        /// Bytes the buffer holds.
+        buffer: u64,
+        /// Bytes of the caller's data.
+        given: u64,
+    },
+    /// A [`HostBuffer`](crate::HostBuffer) read as elements its length is no whole number of.
+    NotWholeElements {
+        /// Bytes the buffer holds.
+        len: u64,
+        /// Bytes of one element.
+        element: u64,
+    },
+    /// A copy between two views of different lengths ([`Command::copy_from`](crate::Command::copy_from)).
+    ViewLengths {
+        /// Bytes of the destination's view.
+        dst: u64,
+        /// Bytes of the source's view.
+        src: u64,
+    },
     /// A copy whose device side passes the end of the handle's view.
     LayoutPastView {
         /// Bytes the layout spans on the device.
@@ -140,6 +164,11 @@ pub enum Validation {
 impl fmt::Display for Validation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::StreamOutOfRange { stream, max } if *max >= 1 << 16 => write!(
+                f,
+                "stream {stream} asked for but a device has at most {max} streams (a handle's id \
+                 names its stream in 16 bits); use 0..{max}"
+            ),
             Self::StreamOutOfRange { stream, max } => write!(
                 f,
                 "stream {stream} asked for but this device allows {max} streams; use 0..{max} \
@@ -154,6 +183,21 @@ impl fmt::Display for Validation {
                 f,
                 "the copy's layout needs {expected} host bytes but {found} were given; \
                  pass data of the layout's packed size"
+            ),
+            Self::HostBufferLength { op, buffer, given } => write!(
+                f,
+                "`{op}` was given {given} bytes of data for a host buffer of {buffer}; pass \
+                 exactly {buffer} bytes (or reserve a buffer of {given})"
+            ),
+            Self::NotWholeElements { len, element } => write!(
+                f,
+                "the host buffer's {len} bytes are no whole number of {element}-byte elements; \
+                 read it as bytes, or use a buffer whose length is a multiple of {element}"
+            ),
+            Self::ViewLengths { dst, src } => write!(
+                f,
+                "the copy's destination views {dst} bytes but its source {src}; pass views of \
+                 equal length (Handle::view)"
             ),
             Self::LayoutPastView { span, view } => write!(
                 f,

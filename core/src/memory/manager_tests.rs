@@ -263,7 +263,16 @@ fn foreign_and_out_of_range_handles_are_errors() {
     let h = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
     let big = mm.lazy_handle(200);
     let e = mm.bind(h, &big).unwrap_err();
-    assert!(matches!(e, IoError::OutOfRange { .. }));
+    assert!(
+        matches!(
+            e,
+            IoError::RoomTooSmall {
+                room: 100,
+                needs: 200
+            }
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -159,8 +159,16 @@ fn never_bound(e: &ServerError) -> bool {
 fn too_big(e: &ServerError) -> bool {
     io(e, |i| matches!(i, IoError::BufferTooBig { .. }))
 }
-fn out_of_range(e: &ServerError) -> bool {
-    io(e, |i| matches!(i, IoError::OutOfRange { .. }))
+fn room_too_small(e: &ServerError) -> bool {
+    io(e, |i| {
+        matches!(
+            i,
+            IoError::RoomTooSmall {
+                room: 64,
+                needs: 128
+            }
+        )
+    })
 }
 fn wrong_stream(e: &ServerError) -> bool {
     io(e, |i| matches!(i, IoError::WrongStream { .. }))
@@ -442,8 +450,8 @@ fn cases<H: Harness>() -> Vec<Case<H>> {
                 let (room, t) = (k.reserve(64)?, k.lazy(128));
                 k.bind(room, &t)
             }),
-            "OutOfRange",
-            out_of_range
+            "RoomTooSmall",
+            room_too_small
         )),
         case!("bind: room of another stream", |f| {
             let room = fine(f.c.dev.command(S1).and_then(|mut k| k.reserve(64)))?;

@@ -293,6 +293,20 @@ fn refused_while_recording<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mod
         );
     }
     b.expect_read(s0, &y, &[1; 100], "y after the refused copies", &[]);
+    // Views of different lengths: refused before anything moves, naming both lengths.
+    let half = x.view(0, 50).expect("a view of x");
+    let uneven = copy(b, s0, &y, a, s0, &half);
+    assert!(
+        matches!(
+            uneven,
+            Err(ServerError::Validation(devcmd::Validation::ViewLengths {
+                dst: 100,
+                src: 50
+            }))
+        ),
+        "[{mode}] several_devices: a copy of 50 bytes into 100 answered {uneven:?}, not \
+         Validation::ViewLengths (the rule is the core's)"
+    );
     must(copy(b, s0, &y, a, s0, &x), "the copy once nothing records");
     b.expect_read(s0, &y, &[9; 100], "y after the copy", &[]);
 }

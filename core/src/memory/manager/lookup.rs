@@ -30,7 +30,7 @@ impl<S: Shim> MemoryManager<S> {
     /// [`IoError::NotFound`] when `reserved` does not hold room of this manager, or when either
     /// handle was made by another manager ([`NotFoundReason::OtherManager`](crate::error::NotFoundReason));
     /// [`IoError::ForeignHandle`] for a handle of another device; [`IoError::WrongStream`] for a
-    /// handle of another stream; [`IoError::OutOfRange`] when `target` is larger than the room;
+    /// handle of another stream; [`IoError::RoomTooSmall`] when `target` is larger than the room;
     /// [`IoError::InUse`] when `target`'s memory is still used by in-flight work;
     /// [`IoError::Exposed`] when the room's raw address was handed out and a binding of
     /// `reserved` is still out (a managed resource, uncollected work). On any error nothing
@@ -46,10 +46,9 @@ impl<S: Shim> MemoryManager<S> {
         }
         let (location, used, room) = self.find(reserved.as_binding())?;
         if target.allocation_size() > used.size {
-            return Err(IoError::OutOfRange {
-                offset: 0,
-                len: target.allocation_size(),
-                size: used.size,
+            return Err(IoError::RoomTooSmall {
+                room: used.size,
+                needs: target.allocation_size(),
             });
         }
         Self::check_handover(&reserved)?;
