@@ -171,7 +171,9 @@ impl<S: Shim> Device<S> {
     /// `native` is a live stream of this device and stays alive until this device is dropped;
     /// it is not the native stream under another stream of this device (two devcmd streams over
     /// one native stream would each believe its work is alone there: a recording on one would
-    /// capture the other's work while the other frees what it used).
+    /// capture the other's work while the other frees what it used); and its owner does not
+    /// record it into a graph of its own while this device uses it (devcmd's fences would become
+    /// that graph's nodes; the CUDA shim refuses a stream already being recorded).
     pub unsafe fn borrow_stream(
         &mut self,
         stream: StreamId,

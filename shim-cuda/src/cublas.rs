@@ -444,6 +444,35 @@ impl Cublas {
             }
             .into());
         }
+        // A handle of one GPU's context on another GPU's stream is undefined behaviour in
+        // cuBLAS: refused before anything is made (lanes are per device, so once is enough).
+        if cmd.shim().cu_context() != self.shim.cu_context() {
+            return Err(library_setup_error(format!(
+                "this Cublas was made for GPU {} ({}), but the command runs on GPU {} ({}); make \
+                 a Cublas from that device's shim (Cublas::new) for its commands",
+                self.shim.ordinal(),
+                self.shim.name(),
+                cmd.shim().ordinal(),
+                cmd.shim().name()
+            )));
+        }
+        // The lanes of devices dropped since (their ids never come back): their workspaces went
+        // with the device; a handle waits as the spare (taken below) or is destroyed.
+        if lanes.lanes.iter().any(|l| l.workspace.is_orphaned()) {
+            self.shim
+                .context()
+                .bind(ShimOp::StreamCreate)
+                .map_err(|e| library_setup_error(e.to_string()))?;
+            let (gone, kept): (Vec<Lane>, Vec<Lane>) = core::mem::take(&mut lanes.lanes)
+                .into_iter()
+                .partition(|l| l.workspace.is_orphaned());
+            lanes.lanes = kept;
+            for lane in gone {
+                if lanes.spare.is_none() {
+                    lanes.spare = Some(lane.handle);
+                }
+            }
+        }
         let workspace = cmd.empty(self.workspace_bytes)?;
         let device = workspace.issuer().device;
         if let Some(i) = find(lanes, device) {

@@ -95,7 +95,14 @@ struct Key {
     dims: [u32; 6],
     trans: (bool, bool),
     align: [u32; 3],
+    /// Bytes of the workspace the plan's algorithm was chosen for (the lane's: a plan made
+    /// for a larger one would be refused by `cublasLtMatmul` on a smaller one).
+    workspace: u64,
 }
+
+/// The most plans a [`Cublas`] keeps: past it the oldest goes (shapes that change every call,
+/// a growing decode length, would otherwise grow the list without end).
+const MAX_PLANS: usize = 64;
 
 /// The alignment of `h`'s first byte, up to 256 (a devcmd allocation starts on a 256-byte
 /// boundary; a view starts at its offset into it).
@@ -181,12 +188,18 @@ impl Lt {
     }
 
     /// The plan for `key` with the GELU-and-bias epilogue, made on first use: the heuristic's
-    /// first algorithm for those alignments that fits a workspace of `workspace` bytes.
-    fn ready(&mut self, key: Key, workspace: u64) -> Result<Ready, LibraryError> {
+    /// first algorithm for those alignments that fits the key's workspace.
+    fn ready(&mut self, key: Key) -> Result<Ready, LibraryError> {
         let i = match self.plans.iter().position(|p| p.key == key) {
             Some(i) => i,
             None => {
-                self.plans.push(make_plan(self.handle, key, workspace)?);
+                let plan = make_plan(self.handle, key)?;
+                if self.plans.len() >= MAX_PLANS {
+                    // The objects of a plan are host state, read when a call enqueues: one
+                    // enqueued (or recorded) before keeps what it read.
+                    self.plans.remove(0);
+                }
+                self.plans.push(plan);
                 self.plans.len() - 1
             }
         };
@@ -211,7 +224,7 @@ fn check(call: &str, s: lt::cublasStatus_t) -> Result<(), LibraryError> {
     library_result(call, s)
 }
 
-fn make_plan(handle: lt::cublasLtHandle_t, key: Key, workspace: u64) -> Result<Plan, LibraryError> {
+fn make_plan(handle: lt::cublasLtHandle_t, key: Key) -> Result<Plan, LibraryError> {
     let [m, n, k, lda, ldb, ldc] = key.dims.map(u64::from);
     let ty = match key.dtype {
         GemmType::F32 => lt::cudaDataType::CUDA_R_32F,
@@ -291,7 +304,7 @@ fn make_plan(handle: lt::cublasLtHandle_t, key: Key, workspace: u64) -> Result<P
             "cublasLtMatmulPreferenceCreate",
             lt::cublasLtMatmulPreferenceCreate(&mut pref),
         )?;
-        let bytes = workspace;
+        let bytes = key.workspace;
         let s = lt::cublasLtMatmulPreferenceSetAttribute(
             pref,
             lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -428,20 +441,24 @@ impl Cublas {
                 ),
             )));
         }
+        let mut guard = self.lock();
+        let lanes = &mut *guard;
+        let device = Some(a.issuer().device);
+        // The plan is chosen for the workspace the stream's lane has (made with the size the
+        // `Cublas` had then), not for the size set now.
+        let workspace = self.lane(lanes, cmd, device)?.workspace.len();
         let key = Key {
             dtype: g.dtype,
             dims: [g.m, g.n, g.k, g.lda, g.ldb, g.ldc],
             trans: (g.trans_a, g.trans_b),
             align: [alignment(a), alignment(b), alignment(c)],
+            workspace,
         };
-        let workspace = self.workspace_bytes();
-        let mut guard = self.lock();
-        let lanes = &mut *guard;
         let ready = self
             .ensure_lt(lanes, cmd)?
-            .ready(key, workspace)
+            .ready(key)
             .map_err(setup_error)?;
-        let lane = self.lane(lanes, cmd, Some(a.issuer().device))?;
+        let lane = self.lane(lanes, cmd, device)?;
         let ws = &lane.workspace;
         // With `beta != 0` cuBLASLt reads C too: an update, as for `Cublas::gemm`.
         let (only_c, c_and_ws, only_ws) = ([c], [c, ws], [ws]);
@@ -457,8 +474,9 @@ impl Cublas {
         // check that `g.m` values lie inside `bias`, 16-byte aligned; cuBLASLt touches those and
         // the workspace it is given (the lane's, declared among the writes: its span, whose
         // length the plan's heuristic was bounded by), enqueues on the stream it is given and
-        // returns without waiting. The plan's objects live in the cache until the `Cublas` is
-        // dropped, and the mutex is held across the bias pointer's setting and the call.
+        // returns without waiting. The plan's objects live in the cache until a newer plan
+        // evicts them (past `MAX_PLANS`) or the `Cublas` is dropped; the mutex, held from
+        // `ready` across the bias pointer's setting and the call, keeps any eviction out.
         unsafe {
             cmd.library(work, |native, spans| {
                 // Reads, updates, writes: A, B, bias, C, workspace whatever `beta` is.

@@ -80,6 +80,15 @@ impl Drop for CudaGraph {
 /// A module a recording launched a kernel of, kept loaded.
 type Kept = Arc<dyn Send + Sync>;
 
+/// Adds `item` to `list` unless it is there already (one entry per module, however many
+/// launches or updated recordings use it: a graph updated every step keeps a bounded list).
+pub(crate) fn keep_once(list: &mut Vec<Kept>, item: Kept) {
+    let same = |k: &Kept| core::ptr::addr_eq(Arc::as_ptr(k), Arc::as_ptr(&item));
+    if !list.iter().any(same) {
+        list.push(item);
+    }
+}
+
 /// A template graph, destroyed when dropped (after instantiation, or on any error).
 struct Template(sys::CUgraph);
 
@@ -137,7 +146,10 @@ pub(crate) fn end_update(
     let updated = unsafe { exec_update(graph.raw, template.0) };
     if updated == sys::CUresult::CUDA_SUCCESS {
         // The graph now runs the new recording's kernels too (earlier replays, the old ones).
-        lock(&graph.keep).extend(keep);
+        let mut kept = lock(&graph.keep);
+        for k in keep {
+            keep_once(&mut kept, k);
+        }
         return Ok(None);
     }
     // Another topology (or anything else the update refuses): a new instantiation, which
@@ -249,4 +261,21 @@ pub(crate) unsafe fn launch(graph: &CudaGraph, stream: &CudaStream) -> Result<()
     check(ShimOp::GraphLaunch, unsafe {
         sys::cuGraphLaunch(graph.raw, stream.cu_stream())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_module_is_kept_once_however_often_it_is_recorded() {
+        let (m1, m2): (Kept, Kept) = (Arc::new(1u8), Arc::new(2u8));
+        let mut list = Vec::new();
+        for _ in 0..1000 {
+            keep_once(&mut list, Arc::clone(&m1));
+            keep_once(&mut list, Arc::clone(&m2));
+        }
+        assert_eq!(list.len(), 2);
+        assert_eq!(Arc::strong_count(&m1), 2, "the list holds one reference");
+    }
 }

@@ -990,7 +990,7 @@ pub(crate) unsafe fn launch(
             .as_mut()
     {
         // Recorded, not run: a replay of the graph will run the module's code.
-        kept.push(Arc::clone(&kernel.module) as Arc<dyn Send + Sync>);
+        crate::graph::keep_once(kept, Arc::clone(&kernel.module) as Arc<dyn Send + Sync>);
     }
     if !kernel.params_match(params) {
         return Err(classify(OP, status::PARAM_MISMATCH));

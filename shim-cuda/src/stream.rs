@@ -186,11 +186,13 @@ pub(crate) fn create(ctx: &Arc<Context>) -> Result<CudaStream, DriverError> {
 /// blocking streams only, and every stream the shim creates is non-blocking; CUDA cannot record
 /// it into a graph, so a recording of it is refused when it begins. The per-thread default
 /// stream (`CU_STREAM_PER_THREAD`) is refused: it names another stream on every thread, and the
-/// core may drive a device from several threads in turn.
+/// core may drive a device from several threads in turn. A stream being captured into a graph
+/// is refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
 ///
 /// # Safety
 ///
-/// `native` is a live stream and stays alive while the returned value lives.
+/// `native` is a live stream and stays alive while the returned value lives; its owner does not
+/// begin a capture of it while devcmd uses it.
 pub(crate) unsafe fn borrow(
     ctx: &Arc<Context>,
     native: sys::CUstream,
@@ -206,6 +208,16 @@ pub(crate) unsafe fn borrow(
     check(OP, unsafe { sys::cuStreamGetCtx(native, &mut owner) })?;
     if owner != ctx.raw() {
         return Err(classify(OP, status::INVALID_CONTEXT));
+    }
+    // A stream its owner records (a CUDA graph capture by PyTorch, say): devcmd's fences would
+    // become nodes of that graph and its queries would break the capture.
+    let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the stream is live (the caller's promise); the pointer is valid for one write.
+    check(OP, unsafe {
+        sys::cuStreamIsCapturing(native, &mut capture)
+    })?;
+    if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Err(classify(OP, status::STREAM_CAPTURE_UNSUPPORTED));
     }
     Ok(CudaStream {
         raw: native,

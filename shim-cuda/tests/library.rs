@@ -84,6 +84,47 @@ fn a_gemm_through_library_work_matches_a_cpu_reference_f32() {
     }
 }
 
+/// One `Cublas` serves device after device: the lanes of a dropped device go (its handle is
+/// reused for the next), and the products stay right. A view between two floats is refused
+/// before cuBLAS sees it (it would fault on the GPU).
+#[test]
+fn a_cublas_outlives_devices_and_refuses_a_view_between_elements() {
+    let test = "a_cublas_outlives_devices_and_refuses_a_view_between_elements";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    let mut rng = Rng::seeded(test);
+    for round in 0..3 {
+        let mut dev = Device::new(shim.clone(), DeviceConfig::default());
+        check_gemm(
+            &mut dev,
+            &blas,
+            Gemm::packed(GemmType::F32, 33, 17, 9),
+            &mut rng,
+            &format!("device {round}"),
+        );
+    }
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    let mut cmd = dev.command(S0).unwrap();
+    let g = Gemm::packed(GemmType::F32, 4, 4, 4);
+    let (a, b) = (cmd.empty(64).unwrap(), cmd.empty(68).unwrap());
+    let c = cmd.empty(64).unwrap();
+    let odd = b.view(2, 64).unwrap();
+    let e = blas.gemm(&mut cmd, g, &a, &odd, &c).unwrap_err();
+    say(&format!("{test}: {e}"));
+    assert!(
+        matches!(
+            e,
+            ServerError::Validation(Validation::LibraryAlignment {
+                operand: "B",
+                offset: 2,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+}
+
 #[test]
 fn a_gemm_through_library_work_matches_a_cpu_reference_f16() {
     let test = "a_gemm_through_library_work_matches_a_cpu_reference_f16";
@@ -499,6 +540,30 @@ fn a_borrowed_stream_runs_devcmd_work_and_outlives_the_device() {
     assert_eq!(
         per_thread.unwrap_err().status,
         devcmd_cuda::status::BAD_ARGUMENT
+    );
+    // A stream its owner is recording into a graph is refused (devcmd's fences would join it).
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `raw` is live and idle; the capture is ended just below.
+    unsafe {
+        assert_eq!(
+            sys::cuStreamBeginCapture_v2(raw, mode),
+            sys::CUresult::CUDA_SUCCESS
+        );
+    }
+    // SAFETY: as above.
+    let capturing = unsafe { shim.borrow_stream(&raw) };
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the capture begun above, on this thread; the graph (empty) is destroyed at once.
+    unsafe {
+        assert_eq!(
+            sys::cuStreamEndCapture(raw, &mut graph),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        sys::cuGraphDestroy(graph);
+    }
+    assert_eq!(
+        capturing.unwrap_err().status,
+        devcmd_cuda::status::STREAM_CAPTURE_UNSUPPORTED
     );
 
     // A device over it: uploads, a GEMM, a read, then the device and cuBLAS dropped.

@@ -70,7 +70,7 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// [`Validation::ViewLengths`] for views of different lengths; [`IoError::HostAllocFailed`]
     /// when the copy goes through host memory and the heap cannot hold the source;
-    /// [`IoError::ForeignHandle`](crate::IoError::ForeignHandle) (naming both devices) for a
+    /// [`IoError::ForeignHandle`] (naming both devices) for a
     /// handle used on the wrong side; [`Validation::Recording`] while a stream of either device
     /// records; [`ServerError::Skipped`] when source bytes carry a failure (the destination's
     /// bytes then carry it); a fault on record on either side; the shim's refusal (the

@@ -190,6 +190,11 @@ impl<'a, S: Shim> Command<'a, S> {
         }
     }
 
+    /// The shim the command's device runs on (a library wrapper checks it serves that device).
+    pub fn shim(&self) -> &S {
+        &self.device.shim
+    }
+
     /// The stream this command runs on.
     pub fn stream_id(&self) -> StreamId {
         StreamId(self.stream as u32)

@@ -371,6 +371,12 @@ impl Handle {
         self.identity().issuer()
     }
 
+    /// Whether the manager that issued the handle is gone (its device dropped): what a caller
+    /// keeps beside it (a library's per-stream state) may go too. Takes a lock: not for hot paths.
+    pub fn is_orphaned(&self) -> bool {
+        self.identity().returns.is_closed()
+    }
+
     /// Bytes of the whole allocation.
     pub fn allocation_size(&self) -> u64 {
         self.identity().size

@@ -402,3 +402,13 @@ fn an_alignment_past_two_gib_is_honoured_as_two_gib() {
         (0, 0, 0)
     );
 }
+
+#[test]
+fn a_handle_knows_when_its_manager_is_gone() {
+    let (shim, mut mm) = device();
+    let h = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();
+    let view = h.view(0, 10).unwrap();
+    assert!(!h.is_orphaned() && !view.is_orphaned());
+    drop(mm);
+    assert!(h.is_orphaned() && view.is_orphaned());
+}

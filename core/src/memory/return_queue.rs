@@ -94,6 +94,11 @@ impl<T> Queue<T> {
         drop(items); // outside the lock: an item's drop may push to another queue
     }
 
+    /// Whether the queue was closed (its manager is gone).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.items.lock().1
+    }
+
     /// Whether nothing was returned since the last drain (one atomic load).
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {

@@ -77,7 +77,8 @@ pub trait Shim {
     /// # Safety
     ///
     /// `native` is a live stream of this device (CUDA: of the shim's context) and stays alive
-    /// until the returned stream is dropped.
+    /// until the returned stream is dropped; its owner does not record it into a graph of its
+    /// own meanwhile (a shim that can tell refuses one being recorded).
     unsafe fn borrow_stream(
         &self,
         native: &Self::NativeStream,
