@@ -521,15 +521,17 @@ impl Cublas {
     /// stream, as library work that reads `a` and `b` and writes `c` (and the stream's
     /// workspace): `cublasSgemm` for [`GemmType::F32`], `cublasGemmEx` with f16 A, B and C and
     /// fp32 compute for [`GemmType::F16`]. The shapes are checked against the handles first
-    /// ([`Gemm::check`]), so the GEMM touches nothing outside them.
+    /// ([`Gemm::check_handles`]), so the GEMM touches nothing outside them.
     ///
     /// With `beta != 0` cuBLAS reads C too: C is then declared as an update (read and written in
     /// place), so a failure it carries skips the GEMM and C keeps it.
     ///
     /// # Errors
     ///
-    /// [`Validation::LibraryOperand`] from [`Gemm::check`]; [`Validation::Recording`] for the
-    /// first call on a stream while a stream of the device records (see [`Cublas::prepare`]);
+    /// [`Validation::LibraryOperand`], [`Validation::LibraryAlignment`] and
+    /// [`Validation::LibraryLeadingDimension`] from [`Gemm::check_handles`];
+    /// [`Validation::Recording`] for the first call on a stream while a stream of the device
+    /// records (see [`Cublas::prepare`]);
     /// the core's library-work errors: [`ServerError::Skipped`] when `a` or `b` carries a
     /// failure, and [`LaunchError::Library`] naming the cuBLAS status
     /// (`CUBLAS_STATUS_INVALID_VALUE`) when cuBLAS refuses the call (`c` then carries it), or

@@ -3,8 +3,8 @@
 //! failure-ruled like any launch. The same operation devcmd-cuda offers with cuBLAS.
 //!
 //! Owns the mapping of a [`Gemm`] (BLAS column-major, leading dimensions, transposes) onto
-//! `matrixmultiply`'s row and column strides. Does not own the shape checks ([`Gemm::check`], in
-//! the core) nor the steps around the call (the core's engine).
+//! `matrixmultiply`'s row and column strides. Does not own the shape checks
+//! ([`Gemm::check_handles`], in the core) nor the steps around the call (the core's engine).
 
 use crate::StdShim;
 use devcmd::{Command, Gemm, GemmType, Handle, LibraryError, LibraryWork, ServerError};
@@ -31,7 +31,8 @@ use devcmd::{Command, Gemm, GemmType, Handle, LibraryError, LibraryWork, ServerE
 ///
 /// # Errors
 ///
-/// [`devcmd::Validation::LibraryOperand`] when an operand is too short for the shape;
+/// [`devcmd::Validation::LibraryOperand`] when an operand is too short for the shape (and the
+/// other refusals of [`Gemm::check_handles`]);
 /// [`devcmd::LaunchError::Library`] for [`GemmType::F16`] (the CPU GEMM computes in `f32` only);
 /// what [`Command::library`] returns.
 pub fn gemm(

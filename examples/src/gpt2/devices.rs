@@ -219,7 +219,7 @@ impl Backend<CudaShim> for CudaBackend {
         if let Ok(cublas) = &self.cublas {
             return cublas.gemm(cmd, g, a, b, c);
         }
-        g.check(name, a.len(), b.len(), c.len())?;
+        g.check_handles(name, a, b, c)?;
         let (m, n) = (g.m as usize, g.n as usize);
         launch(
             cmd,
