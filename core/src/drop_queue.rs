@@ -59,7 +59,7 @@ impl<S: Shim> DropItem<S> {
         match self {
             Self::Host(h) => h.len() as u64,
             Self::Binding(b) => b.len(),
-            Self::Page(p) => p.size(),
+            Self::Page(p) => p.bytes_on_the_way_out(),
             // Counted by the replays' number, not by what the graph holds: a graph's bytes are
             // not freed by its replays' fences.
             Self::Graph(_) => 0,

@@ -342,6 +342,17 @@ pub(crate) unsafe fn copy(
         return unsafe { linear(op, stream, src, dst, bytes) };
     }
     if layout.pitch() > max_pitch {
+        // Row by row: a row refused after others were enqueued is answered only after a wait
+        // for those (the caller lets the host side go on an error), and no host wait is legal
+        // while a stream of the context records. Refused before any row instead.
+        if stream
+            .context()
+            .capturing
+            .load(std::sync::atomic::Ordering::Acquire)
+            != 0
+        {
+            return Err(classify(op, status::STREAM_CAPTURE_UNSUPPORTED));
+        }
         for (i, row) in layout.rows().enumerate() {
             let at = |side: Side| -> Result<Side, DriverError> {
                 let off = match side {

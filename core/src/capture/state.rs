@@ -156,6 +156,22 @@ impl<S: Shim> CaptureState<S> {
     }
 
     /// Idle → Recording on `stream`. Refused (and nothing changes) while a recording is open.
+    /// Raises the recording flag ahead of [`Self::begin`], before the shim's capture begins,
+    /// so a future waited on another thread meanwhile does not wait on the host inside it;
+    /// `begin_shim`'s error lowers it again (nothing changed then). Idle only: with a recording
+    /// open it changes nothing and returns `begin_shim`'s answer unasked for.
+    pub fn announce<T, E>(&mut self, begin_shim: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let idle = self.open().is_none();
+        if idle {
+            self.flag.set(true);
+        }
+        let began = begin_shim();
+        if began.is_err() && idle {
+            self.flag.set(false);
+        }
+        began
+    }
+
     pub fn begin(&mut self, stream: usize, window: Window<S>) -> Result<(), CaptureError> {
         if let Some(open) = self.open() {
             return Err(CaptureError::AnotherRecords {

@@ -53,11 +53,19 @@ impl<S: Shim> Command<'_, S> {
             }
             .into());
         }
-        let (shim, s) = self.parts();
+        let device = &mut *self.device;
+        let s = device.streams[self.stream]
+            .as_mut()
+            .expect("a command's stream exists");
+        let shim = &*device.shim;
         // Other streams wait on this for the stream's work before the recording (an event
-        // recorded during it would lie inside it).
+        // recorded during it would lie inside it). The flag goes up before the shim's capture.
         let pre_event = shim.record_event(&s.raw);
-        let began = pre_event.and_then(|pre| shim.begin_capture(&s.raw).map(|()| pre));
+        let began = pre_event.and_then(|pre| {
+            device
+                .capture
+                .announce(|| shim.begin_capture(&s.raw).map(|()| pre))
+        });
         let pre_event = began.map_err(|e| CaptureError::Refused {
             stream,
             cause: self.device.ledger.call_failed(e),

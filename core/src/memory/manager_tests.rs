@@ -412,3 +412,23 @@ fn a_handle_knows_when_its_manager_is_gone() {
     drop(mm);
     assert!(h.is_orphaned() && view.is_orphaned());
 }
+
+#[test]
+fn a_guard_that_outlives_a_release_all_names_no_page_of_the_next_pools() {
+    let (shim, mut mm) = device();
+    mm.set_mode(crate::memory::AllocationMode::Persistent);
+    let h = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    let g = mm.guard(&h).unwrap();
+    drop(h);
+    // SAFETY: the test shim runs no work.
+    unsafe { mm.release_all(&shim) };
+    // A new page takes the old one's number; freed, it is on the free list once.
+    drop(mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap());
+    mm.cleanup(&shim, Cleanup::Periodic);
+    drop(g);
+    mm.cleanup(&shim, Cleanup::Periodic);
+    let a = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    let b = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    let (ra, rb) = (mm.resolve(&a).unwrap(), mm.resolve(&b).unwrap());
+    assert_ne!(ra.addr, rb.addr, "two live handles on one page");
+}

@@ -178,10 +178,17 @@ fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
     mm.cleanup(&shim, Cleanup::Explicit);
     assert_eq!((shim.mapped.get(), mm.retired_bytes()), (2, 4 * MIB));
     assert_eq!(budget.held(), 4 * MIB, "retiring granules still count");
-    let retired = mm.take_retired();
-    // Needed again before the fence: taken back, no map call.
+    // Needed again before the fence: taken back, no map call; counted once, by the pool (the
+    // retired page no longer holds it).
     let a = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
     assert_eq!(shim.maps.get(), 2);
+    assert_eq!(mm.retired_bytes(), 0, "taken back: nothing on its way out");
+    assert_eq!(
+        mm.bytes_held(),
+        budget.held(),
+        "the report agrees with the budget"
+    );
+    let retired = mm.take_retired();
     for page in retired {
         // SAFETY: no device work exists in this test.
         unsafe { page.free(&shim) };
@@ -429,4 +436,34 @@ fn the_retiring_list_stays_bounded_over_many_shared_reserve_and_drop_cycles() {
         vm.retiring_len()
     );
     drop(full);
+}
+
+#[test]
+fn a_release_all_unmaps_retiring_granules_whose_pages_are_still_out() {
+    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
+    let budget = MemoryBudget::new(None);
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let mut mm = MemoryManager::new(&shim.facts, MemoryConfig::default(), issuer, budget.clone());
+    drop(mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap());
+    mm.cleanup(&shim, Cleanup::Explicit);
+    let kept = mm.take_retired();
+    assert_eq!((shim.mapped.get(), kept.len()), (2, 2));
+    // SAFETY: no device work exists in this test.
+    unsafe { mm.release_all(&shim) };
+    assert_eq!(
+        (shim.mapped.get(), shim.ranges.get(), budget.held()),
+        (0, 0, 0),
+        "nothing mapped in a released range"
+    );
+    for page in kept {
+        // SAFETY: as above; the granules were unmapped by release_all, so this does nothing.
+        unsafe { page.free(&shim) };
+    }
+    assert_eq!(
+        (shim.mapped.get(), shim.unmaps.get(), budget.held()),
+        (0, 2, 0)
+    );
 }

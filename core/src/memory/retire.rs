@@ -62,6 +62,9 @@ pub(crate) enum Retire {
     Cancelled = 1,
     /// The drop queue unmapped it: the address range is free to map again.
     Done = 2,
+    /// The drop queue is unmapping it now (on its thread): neither takeable nor free to map
+    /// again until `Done`, a driver call later ([`RetireToken::wait_unmapped`]).
+    Unmapping = 3,
 }
 
 /// A [`Retire`] shared by a granule's pool and its retired page (an atomic: the drop queue may
@@ -80,7 +83,17 @@ impl RetireToken {
         match self.0.load(Ordering::Acquire) {
             0 => Retire::Pending,
             1 => Retire::Cancelled,
+            3 => Retire::Unmapping,
             _ => Retire::Done,
+        }
+    }
+
+    /// Waits while the drop queue's thread unmaps the granule (one driver call): afterwards
+    /// the state is not [`Retire::Unmapping`]. The manager calls it before it would map the
+    /// address again or release its range.
+    pub(crate) fn wait_unmapped(&self) {
+        while self.state() == Retire::Unmapping {
+            core::hint::spin_loop();
         }
     }
 
@@ -98,6 +111,15 @@ impl RetireToken {
 }
 
 impl<S: Shim> RetiredPage<Released<S>> {
+    /// Bytes it still holds on its way out: its size, or nothing for a granule its manager took
+    /// back before the fence (those bytes are the pool's again, and counted there).
+    pub fn bytes_on_the_way_out(&self) -> u64 {
+        match &self.raw {
+            Released::Granule(g) if g.token.state() == Retire::Cancelled => 0,
+            _ => self.size,
+        }
+    }
+
     /// Frees the page on the device (or the host, for a mapped page), or unmaps the granule
     /// unless its manager took it back first, and gives its bytes back to the device's budget.
     ///
@@ -110,15 +132,42 @@ impl<S: Shim> RetiredPage<Released<S>> {
             // SAFETY: the caller's guarantee.
             Released::Page(page) => unsafe { page.free(shim) },
             Released::Granule(g) => {
-                if !g.token.settle(Retire::Done) {
+                if !g.token.settle(Retire::Unmapping) {
                     // Taken back by the manager before its fence: it stays mapped, and counted.
                     return;
                 }
                 // SAFETY: the caller guarantees no pending work uses the granule; the manager
-                // places nothing over it until it sees the token done.
+                // neither takes it back nor maps over it until it sees the token done (below).
                 unsafe { shim.vm_unmap(DeviceAddr(g.addr), g.size, g.memory) };
+                self.budget.give_back(self.size);
+                // Only now may the manager map the address again (its budget is back too).
+                g.token.0.store(Retire::Done as u8, Ordering::Release);
+                return;
             }
         }
         self.budget.give_back(self.size);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unmapping_granule_is_neither_taken_back_nor_free_until_done() {
+        let token = Arc::new(RetireToken::pending());
+        assert!(token.settle(Retire::Unmapping), "the drop queue wins");
+        assert!(
+            !token.settle(Retire::Cancelled),
+            "no take back while it unmaps"
+        );
+        let other = Arc::clone(&token);
+        let unmapper = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            other.0.store(Retire::Done as u8, Ordering::Release);
+        });
+        token.wait_unmapped();
+        assert_eq!(token.state(), Retire::Done);
+        unmapper.join().unwrap();
     }
 }

@@ -191,6 +191,9 @@ impl GranulePool {
             Backing::Retiring(memory, token) => {
                 let memory = *memory;
                 self.retiring_now -= 1;
+                // A drop queue on another thread may be unmapping it right now: the address is
+                // mapped again only once that is done.
+                token.wait_unmapped();
                 if token.settle(Retire::Cancelled) {
                     gr.backing = Backing::Mapped(memory);
                     Need::TakenBack

@@ -157,8 +157,10 @@ impl<P> WholePagePool<P> {
             {
                 list.retain(|&j| j != i);
             }
-        } else {
-            p.guards = p.guards.saturating_sub(1);
+        } else if p.guards > 0 {
+            // (A guard's removal with none on record changes nothing: listing the page free
+            // twice would hand it to two reservations.)
+            p.guards -= 1;
             if p.guards == 0 && p.used.is_none() {
                 self.free_by_size.entry(p.size).or_default().push(i);
             }

@@ -25,6 +25,10 @@ use crate::shim::{DeviceAddr, Shim};
 use alloc::boxed::Box;
 use alloc::sync::Arc;
 
+/// The most granules one range spans (2 TiB of 2 MiB granules; an H200's arena range, twice its
+/// memory, is 143 360).
+const MAX_RANGE_GRANULES: u64 = 1 << 20;
+
 impl<S: Shim> MemoryManager<S> {
     /// Places `aligned` bytes in the granule pool serving `size`, mapping the granules it touches
     /// that have no memory behind them. `Ok(None)` when the pool cannot serve it (no granule pools,
@@ -34,7 +38,8 @@ impl<S: Shim> MemoryManager<S> {
     /// # Errors
     ///
     /// [`IoError::OutOfMemory`] (or the device's refusal) when a granule cannot be mapped; nothing
-    /// changed then but idle granules given back.
+    /// changed then but idle granules given back, and the granules this placement mapped before
+    /// the refusal, which stay mapped and idle (held and counted; a cleanup gives them back).
     pub(super) fn reserve_granules(
         &mut self,
         shim: &S,
@@ -249,14 +254,17 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Reserves the address range of the granule pool serving `size`: twice the memory the manager
-    /// may hold for the large pool (room to place around holes), a quarter of it for the small one.
-    /// A refusal turns the granule pools off.
+    /// may hold for the large pool (room to place around holes), a quarter of it for the small one,
+    /// each at most [`MAX_RANGE_GRANULES`]. A refusal turns the granule pools off.
     fn reserve_range(&mut self, shim: &S, size: Size) {
         let granule = self.vm_granule;
         let want = match size {
             Size::Small => self.memory / 4,
             Size::Arena => self.memory.saturating_mul(2),
         };
+        // A pool keeps a record per granule of its range: bounded, so a device that does not
+        // tell its memory (`u64::MAX` here) does not ask for 2^43 of them.
+        let want = want.min(MAX_RANGE_GRANULES.saturating_mul(granule));
         let bytes = want / granule * granule;
         if bytes == 0 {
             self.vm_granule = 0;

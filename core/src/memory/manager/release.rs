@@ -11,7 +11,7 @@ use super::MemoryManager;
 use crate::memory::config::PageRelease;
 use crate::memory::handle::Location;
 use crate::memory::pool::{Pool, Size, Whole};
-use crate::memory::retire::Released;
+use crate::memory::retire::{Released, Retire};
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{Cleanup, RawPage, RetiredPage};
 use crate::shim::{DeviceAddr, Shim};
@@ -162,7 +162,7 @@ impl<S: Shim> MemoryManager<S> {
 
     /// Bytes of pages retired and not yet freed.
     pub fn retired_bytes(&self) -> u64 {
-        self.retired.iter().map(|p| p.size).sum()
+        self.retired.iter().map(|p| p.bytes_on_the_way_out()).sum()
     }
 
     /// Frees every retired page.
@@ -186,6 +186,9 @@ impl<S: Shim> MemoryManager<S> {
     ///
     /// No work that may use any memory of this manager is pending on any stream of the device.
     pub unsafe fn release_all(&mut self, shim: &S) {
+        // Guards of pages about to go would name the next pages of those numbers.
+        self.guards.clear();
+        self.vm_high_water = 0;
         // Retired pages first: a retired granule is unmapped before its range is released.
         // SAFETY: the caller guarantees no pending work uses any memory of this manager.
         unsafe { self.free_retired(shim) };
@@ -195,9 +198,14 @@ impl<S: Shim> MemoryManager<S> {
             };
             let granule = pool.granule;
             for (g, memory, token) in pool.drain_backed() {
-                if token.is_some() {
-                    // Retiring: its retired page (above, or already in the device's drop queue,
-                    // freed before this call) unmapped it.
+                // Retiring: its retired page unmapped it if it was freed (above, or from the
+                // device's drop queue before this call). One still out (`take_retired` kept by
+                // the caller) is cancelled here and unmapped with the rest: its later free then
+                // does nothing, and the range is never released with a granule mapped in it.
+                if token.is_some_and(|t| {
+                    t.wait_unmapped();
+                    !t.settle(Retire::Cancelled)
+                }) {
                     continue;
                 }
                 // SAFETY: as above.
@@ -231,6 +239,9 @@ impl<S: Shim> MemoryManager<S> {
     /// Leaks every page on purpose: for a teardown that could not tell whether the device is
     /// done with them.
     pub(crate) fn forget_all(&mut self) {
+        // As in `release_all`: the guards name pages that are gone.
+        self.guards.clear();
+        self.vm_high_water = 0;
         let small_page = self.small.page_size;
         core::mem::forget(core::mem::replace(
             &mut self.small,

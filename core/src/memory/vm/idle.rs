@@ -77,7 +77,7 @@ impl GranulePool {
                 return false; // taken back (`need`) or drained since
             };
             match token.state() {
-                Retire::Pending => true,
+                Retire::Pending | Retire::Unmapping => true,
                 Retire::Done => {
                     gr.backing = Backing::Unmapped;
                     gone += 1;
