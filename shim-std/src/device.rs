@@ -303,6 +303,15 @@ impl DeviceInner {
         lock(&self.state).lost_error(op)
     }
 
+    /// [`Self::lost_error`] if no worker runs an operation now, else `None` (without waiting:
+    /// for the calls that must not block, `event_query`).
+    pub(crate) fn lost_error_if_idle(&self, op: ShimOp) -> Option<DriverError> {
+        if *lock(&self.busy) > 0 {
+            return None;
+        }
+        Some(lock(&self.state).lost_error(op))
+    }
+
     /// A worker starts an operation; returns whether to run it (not once the device is lost:
     /// it is then completed without running). Counted before the check, so a caller told the
     /// device is lost ([`Self::lost_error`]) waits for it or it sees the loss.
@@ -642,6 +651,10 @@ impl Shim for StdShim {
 
     unsafe fn borrow_stream(&self, native: &StdStream) -> Result<StdStream, DriverError> {
         self.enter(ShimOp::StreamCreate, 0)?;
+        // One its owner records is refused, as the CUDA shim refuses a captured stream.
+        if native.shared.tail().1 {
+            return Err(classify(ShimOp::StreamCreate, status::CAPTURE_STATE));
+        }
         Ok(native.borrowed())
     }
 
@@ -693,6 +706,14 @@ impl Shim for StdShim {
     }
 
     fn event_query(&self, event: &StdEvent) -> Result<bool, DriverError> {
+        if self.inner.is_lost() {
+            // Never blocks: while a worker still runs an operation the event is not done yet
+            // (`enter` would wait for the workers).
+            return match self.inner.lost_error_if_idle(ShimOp::EventQuery) {
+                Some(e) => Err(e),
+                None => Ok(false),
+            };
+        }
         self.enter(ShimOp::EventQuery, 0)?;
         if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventQuery, status::ILLEGAL_IN_CAPTURE));

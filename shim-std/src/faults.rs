@@ -12,7 +12,7 @@ use std::sync::Arc;
 /// | 3 | `TOO_BIG` | `TooBig` | size > max page size or > total memory (`vm_map`: > total memory) |
 /// | 4 | `BAD_ADDRESS` | `Failed` | a device span outside every live page and every run of adjacent mappings of one reservation; a `vm_map` outside every reserved range |
 /// | 5 | `BAD_ARGUMENT` | `Failed` | a null host pointer, a size past `usize`; a `vm_reserve` or `vm_map` size, or a `vm_map` address, that is not a multiple of the granule, or a size of 0 |
-/// | 6 | `CAPTURE_STATE` | `Failed` | begin while recording, end while not recording |
+/// | 6 | `CAPTURE_STATE` | `Failed` | begin while recording, end while not recording; `borrow_stream` of a stream that records |
 /// | 7 | `CAPTURE_INVALIDATED` | `Failed` | `device_alloc`, `host_alloc_pinned`, `vm_reserve` or `vm_map` while a stream records (refused), or `end_capture` of a recording invalidated by that, by a `device_free`, `host_free_pinned`, `vm_unmap` or `vm_release`, or by a wait that crosses it, as on CUDA |
 /// | 8 | `CAPTURE_DOOMED` | `Failed` | `end_capture` with `doomed` |
 /// | 9 | `ILLEGAL_IN_CAPTURE` | `Failed` | query or wait of an event recorded on a recording stream, or of any event while a stream records (CUDA's global capture mode: the recording is invalidated); a recording stream waiting on another stream's event (CUDA's capture isolation: invalidated too) |

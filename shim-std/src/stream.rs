@@ -281,7 +281,8 @@ impl StreamShared {
                 return Ok(false); // an operation may still touch memory: not done yet
             }
             drop(st);
-            return Err(self.dev.lost_error(op));
+            // Another stream's worker may still run: not done yet rather than a wait.
+            return self.dev.lost_error_if_idle(op).map_or(Ok(false), Err);
         }
         // A fault is reported only with the fence it belongs to, once that fence completed:
         // the core releases what the fence covered when it hears of a fault of run work.
@@ -487,7 +488,12 @@ impl StdStream {
 impl Drop for StdStream {
     fn drop(&mut self) {
         if self.borrowed {
-            // The stream's owner ends it.
+            // The stream's owner ends it; a recording the borrower left open ends here (the
+            // owner's stream would record on, and the device refuse allocations, otherwise).
+            let recording = lock(&self.shared.state).capture.take().is_some();
+            if recording {
+                self.shared.dev.forget_capture(self.shared.id);
+            }
             return;
         }
         {

@@ -129,3 +129,42 @@ fn a_room_whose_raw_address_is_out_is_not_given_away() {
     assert!(target.is_exposed(), "the room's address was handed out");
     assert_eq!(read(&mut d, S0, &target).unwrap(), vec![1u8; 256]);
 }
+
+/// `end_capture_update` into a graph of another device refuses, and this stream's recording ends
+/// with the refusal: the work the same command enqueues next runs (it was recorded into a
+/// recording nobody ended, and lost without a mark).
+#[test]
+fn a_foreign_graph_ends_the_recording_at_once() {
+    let (shim, mut other) = lazy_device();
+    let mut mine = devcmd::Device::new(shim, devcmd::DeviceConfig::default());
+    let mut foreign = {
+        let mut cmd = other.command(S0).unwrap();
+        let rec = cmd.begin_capture("theirs").unwrap();
+        cmd.end_capture(rec).unwrap()
+    };
+    let mut cmd = mine.command(S0).unwrap();
+    let x = cmd.create(&[1; 64]).unwrap();
+    let rec = cmd.begin_capture("mine").unwrap();
+    let refused = cmd.end_capture_update(rec, &mut foreign);
+    assert!(
+        matches!(
+            refused,
+            Err(ServerError::Capture(
+                devcmd::CaptureError::ForeignGraph { .. }
+            ))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(cmd.capture_phase(), devcmd::CapturePhase::Idle);
+    cmd.write_from(&x, &[7; 64]).unwrap();
+    let back = cmd
+        .read_async(&[ReadRequest::whole(&x)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        back[0].as_slice(),
+        [7; 64],
+        "the write after the refusal ran"
+    );
+}

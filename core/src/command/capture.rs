@@ -107,13 +107,21 @@ impl<S: Shim> Command<'_, S> {
     /// # Errors
     ///
     /// As [`Self::end_capture`] (`graph` is then unchanged); [`CaptureError::ForeignGraph`] for a
-    /// graph of another device (the recording is then abandoned).
+    /// graph of another device (the recording is then thrown away, nothing marked: the stream is
+    /// idle again at once).
     pub fn end_capture_update(
         &mut self,
         recording: Recording,
         graph: &mut Graph<S>,
     ) -> Result<(), ServerError> {
         if graph.device != self.device.id {
+            // This stream's recording ends now, thrown away, not at the next command: work this
+            // command enqueues after the error runs instead of joining a recording nobody ends.
+            let ours = recording.device == self.device.id && recording.stream == self.stream as u32;
+            drop(recording);
+            if ours {
+                self.device.abort_capture();
+            }
             return Err(CaptureError::ForeignGraph {
                 recorded_on: graph.device,
                 used_on: self.device.id,

@@ -121,9 +121,9 @@ impl<S: Shim> Command<'_, S> {
             }
             .into());
         }
-        // Before any wait is enqueued, so a refused bind leaves nothing behind (the manager's
-        // `bind`, public on its own, checks again).
-        crate::memory::MemoryManager::<S>::check_handover(&reserved)?;
+        // Every refusal before any wait is enqueued, so a refused bind leaves nothing behind
+        // (the manager's `bind`, public on its own, checks again).
+        self.current().memory.check_bind(&reserved, handle)?;
         // A bind inside a recording enqueues nothing, so it cannot wait: the room's other uses
         // follow it to `handle`, and the replays that use `handle` wait for them.
         let recording = self.stance() == Stance::Record;

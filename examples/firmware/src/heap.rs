@@ -5,7 +5,7 @@
 use crate::board::HEAP_BYTES;
 use core::alloc::{GlobalAlloc, Layout};
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use embedded_alloc::LlffHeap;
 
 /// The heap, with its high-water mark and allocation count.
@@ -31,10 +31,15 @@ impl Heap {
         self.calls.load(Ordering::Relaxed)
     }
 
-    /// Gives the heap its memory. Call once, first thing.
+    /// Gives the heap its memory. Call once, first thing: a later call does nothing (giving the
+    /// heap its memory again would hand out memory in use).
     pub fn init(&self) {
         static mut MEMORY: [MaybeUninit<u8>; HEAP_BYTES] = [MaybeUninit::uninit(); HEAP_BYTES];
-        // SAFETY: runs once (from `start`), before any allocation; nothing else uses MEMORY.
+        static DONE: AtomicBool = AtomicBool::new(false);
+        if DONE.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // SAFETY: runs once (the flag above), before any allocation; nothing else uses MEMORY.
         unsafe { self.inner.init(&raw mut MEMORY as usize, HEAP_BYTES) }
     }
 

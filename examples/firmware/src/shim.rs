@@ -10,7 +10,8 @@
 //!   the heap instead.
 //! - **Copies and launches** are descriptors queued on a stream; nothing runs when they are
 //!   enqueued. The engine runs descriptors only when it is *pumped*: [`FwShim::pump`] (the
-//!   engine's clock: call it from the main loop, an idle hook or a timer interrupt) or
+//!   engine's clock: call it from the main loop or an idle hook, never from an interrupt: every
+//!   shim call holds the engine's spin lock, which an interrupt would spin on forever) or
 //!   [`Shim::event_wait`] (the host blocks, so it drives the engine until the event is reached).
 //!   [`Shim::event_query`] pumps nothing: it reads the engine's progress like a status register,
 //!   so a drop queue polled without pumping keeps its items, and the fences matter.
@@ -637,7 +638,8 @@ impl FwShim {
     }
 
     /// Runs at most `max` descriptors; returns how many ran. The engine's clock: call it from the
-    /// main loop (or an idle hook, or a timer interrupt) so work progresses while the host polls.
+    /// main loop (or an idle hook; not an interrupt handler, which would spin forever on the lock
+    /// the interrupted code holds) so work progresses while the host polls.
     pub fn pump(&self, max: usize) -> usize {
         let mut e = ENGINE.lock();
         (0..max).take_while(|_| e.pump_one()).count()

@@ -38,28 +38,8 @@ impl<S: Shim> MemoryManager<S> {
     /// `target`'s old room was freed leaves `target` unbound); the room goes back when `reserved`
     /// drops. `target` counts as exposed afterwards if `reserved` was.
     pub fn bind(&mut self, reserved: Handle, target: &Handle) -> Result<(), IoError> {
-        self.check_issuer(target.as_binding())?;
-        if reserved.as_binding().same_allocation(&target.as_binding()) {
-            return Err(IoError::SelfBind {
-                handle: reserved.id(),
-            });
-        }
-        let (location, used, room) = self.find(reserved.as_binding())?;
-        if target.allocation_size() > used.size {
-            return Err(IoError::RoomTooSmall {
-                room: used.size,
-                needs: target.allocation_size(),
-            });
-        }
-        Self::check_handover(&reserved)?;
+        let (location, room) = self.check_bind(&reserved, target)?;
         if let Ok((old, _)) = target.as_binding().placed(&self.returns) {
-            // Bindings of the old memory (in-flight work, a managed resource) would follow the
-            // handle to the new memory, and the old memory would be reused under that work.
-            if target.is_bound() {
-                return Err(IoError::InUse {
-                    handle: target.id(),
-                });
-            }
             // Freed only if `target` still owns it (a stale location frees nothing): never the
             // room being bound, which `reserved` owns.
             self.free_location(old, target.id());
@@ -84,6 +64,42 @@ impl<S: Shim> MemoryManager<S> {
         }
         reserved.set_location(None, true);
         Ok(())
+    }
+
+    /// Every refusal of [`Self::bind`], changing nothing: the caller checks before it orders
+    /// the stream after the room's other uses (a refused bind then leaves no wait behind).
+    /// Returns the room's location and range.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::bind`].
+    pub(crate) fn check_bind(
+        &self,
+        reserved: &Handle,
+        target: &Handle,
+    ) -> Result<(Location, Resolved), IoError> {
+        self.check_issuer(target.as_binding())?;
+        if reserved.as_binding().same_allocation(&target.as_binding()) {
+            return Err(IoError::SelfBind {
+                handle: reserved.id(),
+            });
+        }
+        let (location, used, room) = self.find(reserved.as_binding())?;
+        if target.allocation_size() > used.size {
+            return Err(IoError::RoomTooSmall {
+                room: used.size,
+                needs: target.allocation_size(),
+            });
+        }
+        Self::check_handover(reserved)?;
+        // Bindings of `target`'s old memory (in-flight work, a managed resource) would follow
+        // the handle to the new memory, and the old memory would be reused under that work.
+        if target.as_binding().placed(&self.returns).is_ok() && target.is_bound() {
+            return Err(IoError::InUse {
+                handle: target.id(),
+            });
+        }
+        Ok((location, room))
     }
 
     /// Whether the room of `reserved` may change hands as far as its exposure goes: a room
