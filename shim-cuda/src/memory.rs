@@ -310,7 +310,10 @@ fn to_usize(op: ShimOp, v: u64) -> Result<usize, DriverError> {
 /// Enqueues a copy of `layout` from `src` to `dst` on `stream`: host sides packed, device sides
 /// pitched. A linear layout is one `cuMemcpy{HtoD,DtoH,DtoD}Async`; a pitched one is one
 /// `cuMemcpy2DAsync`, or one linear copy per row when the pitch passes `max_pitch`
-/// (`CU_DEVICE_ATTRIBUTE_MAX_PITCH`, the largest `cuMemcpy2DAsync` takes).
+/// (`CU_DEVICE_ATTRIBUTE_MAX_PITCH`, the largest `cuMemcpy2DAsync` takes). The copy row by
+/// row is refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) while any stream of the context
+/// records, on this stream or another: a row refused after others were enqueued is answered only
+/// after a host wait for them, which no stream may make then.
 ///
 /// # Safety
 ///

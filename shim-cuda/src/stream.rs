@@ -80,11 +80,25 @@ impl Drop for CudaStream {
     fn drop(&mut self) {
         let recording = self.recorded.get_mut().unwrap_or_else(|e| e.into_inner());
         if recording.take().is_some() {
-            // Dropped while recording (the capture dies with the stream, or stays with its
-            // owner's stream if borrowed): no longer one of the context's recordings.
+            // Dropped while recording: no longer one of the context's recordings. An owned
+            // stream's capture dies with it; a borrowed one's is ended here, so the owner's
+            // stream does not record on (in CUDA's global mode, refusing every host wait).
             self.ctx
                 .capturing
                 .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            if self.borrowed {
+                let _ = self.ctx.bind(ShimOp::GraphEnd);
+                let mut graph = ptr::null_mut();
+                // SAFETY: the stream is the owner's and alive (the borrow's contract); the graph
+                // the end returns, if any, is destroyed at once and never launched.
+                unsafe {
+                    if sys::cuStreamEndCapture(self.raw, &mut graph) == sys::CUresult::CUDA_SUCCESS
+                        && !graph.is_null()
+                    {
+                        let _ = sys::cuGraphDestroy(graph);
+                    }
+                }
+            }
         }
         if self.borrowed {
             // The caller's runtime owns it (and may destroy it once this value is gone).

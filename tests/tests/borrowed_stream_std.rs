@@ -67,7 +67,11 @@ fn a_recording_stream_is_not_borrowed_and_a_borrower_dropped_mid_recording_ends_
     shim.begin_capture(&theirs).unwrap();
     // SAFETY: `theirs` is a live stream of this shim that outlives the borrow.
     let refused = unsafe { shim.borrow_stream(&theirs) };
-    assert!(refused.is_err(), "a recording stream was borrowed");
+    assert_eq!(
+        refused.map(drop).map_err(|e| e.status),
+        Err(devcmd_std::status::CAPTURE_STATE),
+        "a recording stream was borrowed"
+    );
     drop(shim.end_capture(&theirs, true)); // a doomed end answers CAPTURE_DOOMED
     // A borrower that begins a recording and is dropped: the stream records no more, and the
     // device allocates again (a device refuses allocations while a stream records).

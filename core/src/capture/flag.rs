@@ -3,8 +3,12 @@
 //! reads and syncs, which may be waited on from another thread (no host wait is legal then, on
 //! any stream: CUDA's global capture mode).
 //!
-//! Owns nothing but the bit. Only the capture state (`state.rs`) sets it, in its transitions, so
-//! it never disagrees with the state; everyone else holds a read-only clone.
+//! Owns nothing but the bit. Only the capture state (`state.rs`) sets it, in its transitions and
+//! just ahead of one (`CaptureState::announce` raises it before the shim's capture begins, and
+//! lowers it if that fails), so it is up whenever the state records; everyone else holds a
+//! read-only clone. A reader on another thread that saw it down just before it rose may still
+//! wait on the host once inside the capture (a check, then the act): that wait's outcome is then
+//! unknown, and what it covered is leaked, never freed early.
 
 use alloc::sync::Arc;
 use core::sync::atomic::{AtomicBool, Ordering};

@@ -107,8 +107,9 @@ impl<S: Shim> Command<'_, S> {
     /// # Errors
     ///
     /// As [`Self::end_capture`] (`graph` is then unchanged); [`CaptureError::ForeignGraph`] for a
-    /// graph of another device (the recording is then thrown away, nothing marked: the stream is
-    /// idle again at once).
+    /// graph of another device (this stream's recording is then thrown away, nothing marked, and
+    /// the stream is idle again at once; a recording of another stream is abandoned, and ends
+    /// at the next command).
     pub fn end_capture_update(
         &mut self,
         recording: Recording,

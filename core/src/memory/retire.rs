@@ -52,6 +52,15 @@ impl RetiringGranule {
     }
 }
 
+/// Says [`Retire::Done`] when dropped: the end of the drop queue's unmap, however it ends.
+struct DoneOnDrop<'a>(&'a RetireToken);
+
+impl Drop for DoneOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.0.store(Retire::Done as u8, Ordering::Release);
+    }
+}
+
 /// Where a retiring granule stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -136,12 +145,13 @@ impl<S: Shim> RetiredPage<Released<S>> {
                     // Taken back by the manager before its fence: it stays mapped, and counted.
                     return;
                 }
+                // Done once the unmap and the budget are through (even should the shim panic:
+                // a manager waiting out `Unmapping` must not spin for ever).
+                let _done = DoneOnDrop(&g.token);
                 // SAFETY: the caller guarantees no pending work uses the granule; the manager
-                // neither takes it back nor maps over it until it sees the token done (below).
+                // neither takes it back nor maps over it until it sees the token done.
                 unsafe { shim.vm_unmap(DeviceAddr(g.addr), g.size, g.memory) };
                 self.budget.give_back(self.size);
-                // Only now may the manager map the address again (its budget is back too).
-                g.token.0.store(Retire::Done as u8, Ordering::Release);
                 return;
             }
         }
