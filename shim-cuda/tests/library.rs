@@ -565,6 +565,26 @@ fn a_borrowed_stream_runs_devcmd_work_and_outlives_the_device() {
         capturing.unwrap_err().status,
         devcmd_cuda::status::STREAM_CAPTURE_UNSUPPORTED
     );
+    // A borrower that begins a recording and is dropped ends it: the owner's stream records no
+    // more (in CUDA's global mode a capture left open would refuse every host wait).
+    // SAFETY: as above.
+    let borrowed = unsafe { shim.borrow_stream(&raw) }.unwrap();
+    shim.begin_capture(&borrowed).unwrap();
+    drop(borrowed);
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    // SAFETY: `raw` is live; the pointer is valid for one write.
+    unsafe {
+        assert_eq!(
+            sys::cuStreamIsCapturing(raw, &mut status),
+            sys::CUresult::CUDA_SUCCESS
+        );
+    }
+    assert_eq!(
+        status,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        "the borrower's recording was left open on the owner's stream"
+    );
+    still_usable(&shim, raw, "after a borrower dropped mid-recording");
 
     // A device over it: uploads, a GEMM, a read, then the device and cuBLAS dropped.
     let mut rng = Rng::seeded(test);
