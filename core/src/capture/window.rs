@@ -97,10 +97,45 @@ impl<S: Shim> Window<S> {
         }
     }
 
-    /// Recorded work reads `span`: an input of the graph unless the recording wrote it first.
+    /// Recorded work reads `span`: an input of the graph where the recording did not write it
+    /// first (the parts no earlier write covers, however many writes cover the rest: a graph
+    /// that rewrites a buffer piece by piece before reading it whole takes nothing from it).
     pub fn read(&mut self, span: Span) {
-        if span.start < span.end && !self.writes.iter().any(|w| w.covers(&span)) {
+        if span.start >= span.end {
+            return;
+        }
+        let meets = |w: &&Span| w.id == span.id && w.start < span.end && span.start < w.end;
+        if !self.writes.iter().any(|w| meets(&w)) {
             self.reads.push(span);
+            return;
+        }
+        if self.writes.iter().any(|w| w.covers(&span)) {
+            return;
+        }
+        let mut over: Vec<(u64, u64)> = self
+            .writes
+            .iter()
+            .filter(meets)
+            .map(|w| (w.start.max(span.start), w.end.min(span.end)))
+            .collect();
+        over.sort_unstable();
+        let mut at = span.start;
+        for (start, end) in over {
+            if start > at {
+                self.reads.push(Span {
+                    id: span.id,
+                    start: at,
+                    end: start,
+                });
+            }
+            at = at.max(end);
+        }
+        if at < span.end {
+            self.reads.push(Span {
+                id: span.id,
+                start: at,
+                end: span.end,
+            });
         }
     }
 
@@ -131,7 +166,21 @@ mod tests {
         w.read(span(2, 4, 8));
         w.read(span(2, 8, 24));
         w.read(span(3, 0, 0));
-        assert_eq!(w.reads, [span(1, 0, 8), span(2, 8, 24)]);
+        assert_eq!(w.reads, [span(1, 0, 8), span(2, 16, 24)]);
         assert_eq!(w.writes, [span(2, 0, 16)]);
+    }
+
+    #[test]
+    fn writes_that_cover_a_read_together_leave_only_its_uncovered_parts() {
+        let mut w = Window::<TestShim>::new("g", 0, None, Arc::default());
+        let span = |id, start, end| Span { id, start, end };
+        w.write(span(2, 8, 16));
+        w.write(span(2, 0, 8));
+        w.write(span(2, 20, 24));
+        w.read(span(2, 0, 16));
+        assert!(w.reads.is_empty(), "two writes cover it: {:?}", w.reads);
+        w.read(span(2, 4, 30));
+        w.read(span(1, 0, 16));
+        assert_eq!(w.reads, [span(2, 16, 20), span(2, 24, 30), span(1, 0, 16)]);
     }
 }
