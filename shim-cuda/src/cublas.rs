@@ -43,7 +43,9 @@
 //! core's library-work bookkeeping (four buffers: A, B, C and the workspace) to the cuBLAS call
 //! itself (BENCHMARKS.md measures it).
 //! Dropping a [`Cublas`] destroys its handles, and `cublasDestroy` synchronises the device
-//! (cuBLAS's documentation): drop it when no stream records and a wait is acceptable.
+//! (cuBLAS's documentation): drop it when no stream records and a wait is acceptable. Dropped
+//! while a stream of its context records, it leaks its handles instead (a synchronisation
+//! would invalidate the recording).
 //! F32 GEMMs run in cuBLAS's default math mode (full fp32, no TF32, unless the process sets
 //! `NVIDIA_TF32_OVERRIDE=1`); F16 GEMMs take f16 inputs and outputs with fp32 accumulation
 //! (`CUBLAS_COMPUTE_32F`).
@@ -308,6 +310,18 @@ impl Drop for Cublas {
     fn drop(&mut self) {
         let _ = self.shim.context().bind(ShimOp::StreamCreate);
         let lanes = self.lanes.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if self.shim.is_any_stream_capturing() {
+            // `cublasDestroy` synchronises the device, which would invalidate the open
+            // recording (CUDA's global capture mode): the handles are leaked instead, and the
+            // workspaces go back to their devices as usual.
+            core::mem::forget(lanes.spare.take());
+            core::mem::forget(lanes.lt.take());
+            for lane in lanes.lanes.drain(..) {
+                core::mem::forget(lane.handle);
+                drop(lane.workspace);
+            }
+            return;
+        }
         // Handles first (each destroy synchronises the device), then the workspaces go back to
         // their devices' drop queues.
         lanes.spare = None;

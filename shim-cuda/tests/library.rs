@@ -125,6 +125,32 @@ fn a_cublas_outlives_devices_and_refuses_a_view_between_elements() {
     );
 }
 
+/// A `Cublas` dropped while a stream records leaks its handles rather than destroy them
+/// (`cublasDestroy` synchronises the device, which would invalidate the recording): the
+/// recording ends whole and replays.
+#[test]
+fn a_cublas_dropped_while_a_stream_records_leaves_the_recording_whole() {
+    let test = "a_cublas_dropped_while_a_stream_records_leaves_the_recording_whole";
+    let Some((shim, blas)) = blas(test) else {
+        return;
+    };
+    let mut dev = Device::new(shim, DeviceConfig::default());
+    let x = {
+        let mut cmd = dev.command(S0).unwrap();
+        blas.prepare(&mut cmd).unwrap();
+        let x = cmd.create(&[1u8; 256]).unwrap();
+        let rec = cmd.begin_capture("fill").unwrap();
+        drop(blas);
+        cmd.write_from(&x, &[2u8; 256]).unwrap();
+        let graph = cmd.end_capture(rec);
+        assert!(graph.is_ok(), "{graph:?}");
+        cmd.write_from(&x, &[3u8; 256]).unwrap();
+        cmd.replay(&graph.unwrap()).unwrap();
+        x
+    };
+    assert_eq!(read(&mut dev, S0, &x).unwrap(), [2u8; 256]);
+}
+
 #[test]
 fn a_gemm_through_library_work_matches_a_cpu_reference_f16() {
     let test = "a_gemm_through_library_work_matches_a_cpu_reference_f16";
