@@ -165,15 +165,21 @@ fn a_guard_keeps_its_granule_mapped() {
     assert_eq!(shim.mapped.get(), 0);
 }
 
-#[test]
-fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
+/// A manager over a 2 MiB-granule device with fenced release, and its budget.
+fn fenced_vm() -> (TestShim, MemoryBudget, MemoryManager<TestShim>) {
     let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
     let budget = MemoryBudget::new(None);
     let issuer = Issuer {
         device: 1,
         stream: 0,
     };
-    let mut mm = MemoryManager::new(&shim.facts, MemoryConfig::default(), issuer, budget.clone());
+    let mm = MemoryManager::new(&shim.facts, MemoryConfig::default(), issuer, budget.clone());
+    (shim, budget, mm)
+}
+
+#[test]
+fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
+    let (shim, budget, mut mm) = fenced_vm();
     drop(mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap());
     mm.cleanup(&shim, Cleanup::Explicit);
     assert_eq!((shim.mapped.get(), mm.retired_bytes()), (2, 4 * MIB));
@@ -440,13 +446,7 @@ fn the_retiring_list_stays_bounded_over_many_shared_reserve_and_drop_cycles() {
 
 #[test]
 fn a_release_all_unmaps_retiring_granules_whose_pages_are_still_out() {
-    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
-    let budget = MemoryBudget::new(None);
-    let issuer = Issuer {
-        device: 1,
-        stream: 0,
-    };
-    let mut mm = MemoryManager::new(&shim.facts, MemoryConfig::default(), issuer, budget.clone());
+    let (shim, budget, mut mm) = fenced_vm();
     drop(mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap());
     mm.cleanup(&shim, Cleanup::Explicit);
     let kept = mm.take_retired();
