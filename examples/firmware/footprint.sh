@@ -4,6 +4,7 @@
 #   release:   opt-level "z", LTO, codegen-units 1 (what run.sh runs)
 #   footprint: the same without LTO, so the core's functions keep their own symbols
 #   FEATURES=log footprint.sh ...   the image that logs as text through `log` (default: defmt)
+#   FOOTPRINT_MAX_BYTES=49152 footprint.sh release   fails when the core's share is larger (CI)
 # Usage: examples/firmware/footprint.sh compare
 #   `.text` and `.rodata` of the release image with `log` and with `defmt`, side by side, on both
 #   boards, and whether core::fmt float formatting is linked in.
@@ -80,7 +81,7 @@ order = ["devcmd (the core)", "generic code over the core'"'"'s types, in other 
          "firmware (shim, job, logger)", "core::fmt and number formatting",
          "hashbrown/foldhash", "compiler builtins (soft float, 64-bit division, memcpy)",
          "cortex-m, cortex-m-rt, semihosting, log/defmt, allocator", "other",
-         "core::slice::sort (for devcmd::failure'"'"'s sort_unstable)"]
+         "core::slice::sort (only the core sorts)"]
 total = 0
 top, rest = [], []
 for line in sys.stdin:
@@ -97,7 +98,7 @@ for line in sys.stdin:
     elif "devcmd::" in name:
         b = order[1]
     elif "core::slice::sort" in name:
-        # Only the core sorts (`sort_unstable` on failure ids in devcmd::failure).
+        # Only the core sorts: a sort it instantiates (and the firmware calls) lands here.
         b = order[8]
     elif re.search(r"core::fmt|flt2dec|core::num::fmt|Display>::fmt|Debug>::fmt|fmt::float|fmt::num", name):
         b = order[3]
@@ -117,12 +118,20 @@ for b in order:
     print(f"  {b:58} {v:7} B  {v / 1024:5.1f} KiB")
 share = sum(buckets.get(order[i], 0) for i in (0, 1, 8))
 print(f"  the core'"'"'s share (devcmd + generic code over its types + its sort): {share} B ({share / 1024:.1f} KiB)")
+import os
+limit = os.environ.get("FOOTPRINT_MAX_BYTES")
+if limit and share > int(limit):
+    print(f"footprint.sh: the core'"'"'s share is {share} B, over FOOTPRINT_MAX_BYTES={limit}: find what the change added (the largest functions below; a sort or a formatter instantiated anew is a common cause) and make the firmware not pay for it", file=sys.stderr)
+    exit_code = 1
+else:
+    exit_code = 0
 print("  largest devcmd functions:")
 for size, name in sorted(top, reverse=True)[:8]:
     print(f"    {size:6} B  {name[:110]}")
 print("  largest other functions:")
 for size, name in sorted(rest, reverse=True)[:6]:
     print(f"    {size:6} B  {name[:110]}")
+sys.exit(exit_code)
 '
     llvm-size -A "$elf" 2>/dev/null | awk '$1 ~ /^\.(vector_table|text|rodata|data|bss)$/ {printf "  section %-14s %7d B\n", $1, $2}' || true
   done

@@ -77,28 +77,27 @@ fn aliased(inputs: &[&Handle], outputs: &[&Handle]) -> Option<(usize, usize)> {
     .aliased()
 }
 
+/// Whether two spans share a device byte (by last bytes, so a span that ends at the top of the
+/// address space is compared whole; an empty span meets nothing).
+#[inline]
+fn meet(a: &DeviceSpan, b: &DeviceSpan) -> bool {
+    a.len != 0
+        && b.len != 0
+        && a.addr.0 <= b.addr.0.saturating_add(b.len - 1)
+        && b.addr.0 <= a.addr.0.saturating_add(a.len - 1)
+}
+
 /// Whether a written span (from position `first_written` on) shares a device byte with another
 /// span: a necessary condition for an alias (views of one allocation that overlap meet in device
-/// addresses), checked on the stack before the handles are asked.
+/// addresses), checked on the stack before the handles are asked. Each pair is compared once,
+/// from its later span, which is written whenever either is (inputs come first).
+/// Two spans (the usual launch: one input, one output) are one comparison.
+#[inline]
 pub(super) fn ranges_meet(spans: &[DeviceSpan], first_written: usize) -> bool {
-    // By last bytes, so a span that ends at the top of the address space is compared whole.
-    let meet = |a: &DeviceSpan, b: &DeviceSpan| {
-        a.len != 0
-            && b.len != 0
-            && a.addr.0 <= b.addr.0.saturating_add(b.len - 1)
-            && b.addr.0 <= a.addr.0.saturating_add(a.len - 1)
-    };
-    let mut o = first_written;
-    while o < spans.len() {
-        let w = &spans[o];
-        for (i, other) in spans.iter().enumerate() {
-            if i != o && meet(w, other) {
-                return true;
-            }
-        }
-        o += 1;
+    if let [a, b] = spans {
+        return first_written < 2 && meet(a, b);
     }
-    false
+    (first_written.max(1)..spans.len()).any(|o| spans[..o].iter().any(|i| meet(&spans[o], i)))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use crate::shim::{KernelParam, LaunchDims};
 /// The first check a launch fails, right after the engine's begin: a zero extent, a parameter
 /// naming a buffer slot the launch does not have. (An output overlapping another buffer is the
 /// engine's check, for library work too: `buffers.rs`.)
+#[inline]
 pub(super) fn refused(
     name: &'static str,
     dims: LaunchDims,

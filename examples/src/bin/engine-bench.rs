@@ -96,9 +96,34 @@ fn launch_none(
     .expect("launch");
 }
 
+/// One `Command::library` reading two buffers and writing a third, whose call enqueues nothing,
+/// not inlined.
+#[inline(never)]
+fn library_three(
+    cmd: &mut devcmd::Command<'_, AddressShim>,
+    reads: &[&devcmd::Handle],
+    writes: &[&devcmd::Handle],
+) {
+    let work = LibraryWork::new("gemm", reads, writes);
+    // SAFETY: the call enqueues nothing.
+    unsafe {
+        cmd.library(work, |_, spans| {
+            black_box(spans);
+            Ok(())
+        })
+    }
+    .expect("library");
+}
+
 /// One `Command::empty` of 4 KiB and the handle's drop (issue 19's row), not inlined.
 #[inline(never)]
 fn empty_drop(cmd: &mut devcmd::Command<'_, AddressShim>) {
+    drop(black_box(cmd.empty(4096).expect("empty")));
+}
+
+/// [`empty_drop`] on a device with granules of virtual memory, not inlined.
+#[inline(never)]
+fn empty_drop_granules(cmd: &mut devcmd::Command<'_, AddressShim>) {
     drop(black_box(cmd.empty(4096).expect("empty")));
 }
 
@@ -171,20 +196,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let scalar_only = [KernelParam::Scalar(&n)];
     let launch_none = per_op(iters, || launch_none(&mut cmd, &kernel, &scalar_only));
     let (reads, writes) = ([&a, &b], [&c]);
-    let library = per_op(iters, || {
-        let work = LibraryWork::new("gemm", &reads, &writes);
-        // SAFETY: the call enqueues nothing.
-        unsafe {
-            cmd.library(work, |_, spans| {
-                black_box(spans);
-                Ok(())
-            })
-        }
-        .expect("library");
-    });
+    let library = per_op(iters, || library_three(&mut cmd, &reads, &writes));
     // A reservation and its drop (issue 19's `Command::empty` + drop): the handle's identity
     // comes back through the return queue at the next reservation.
     let reserve_drop = per_op(iters, || empty_drop(&mut cmd));
+    // The same on a device with 2 MiB granules of virtual memory (as the H200 has): the 4 KiB
+    // reservation lands in a granule pool.
+    let mut vm_device = Device::new(
+        AddressShim::with_vm(1 << 40, 256, 1 << 34, 2 << 20),
+        DeviceConfig::default(),
+    );
+    let mut vm_cmd = vm_device.command(StreamId(0))?;
+    let reserve_drop_vm = per_op(iters, || empty_drop_granules(&mut vm_cmd));
     // With ENGINE_BENCH_COLD: the same calls, each after a walk that empties the caches.
     let cold = std::env::var_os("ENGINE_BENCH_COLD").map(|_| {
         let mut thrash = vec![0u8; 4 << 20];
@@ -213,6 +236,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         library - bare
     );
     println!("| `Command::empty` (4 KiB) + drop | {reserve_drop:.1} | — |");
+    println!("| `Command::empty` (4 KiB) + drop, 2 MiB granules | {reserve_drop_vm:.1} | — |");
     if let Some((bare, launch)) = cold {
         println!(
             "\n## After a walk over 4 MiB (the caches emptied, as a driver call leaves them)\n"
