@@ -40,6 +40,46 @@ fn counts(mm: &MemoryManager<TestShim>) -> (u64, u64) {
     })
 }
 
+/// A reservation of the size last freed arms holding: the next free of that size is held back
+/// whole (its granule stays touched), the next reservation of that size gets it at the same
+/// address, any other size releases it first (so that reservation sees the room as if nothing
+/// were held), and an explicit cleanup gives everything back (`sliced/held.rs`).
+#[cfg(feature = "held-blocks")]
+#[test]
+fn a_repeated_size_is_served_from_a_held_block_and_nothing_stays_held() {
+    let (shim, mut mm) = vm_device(IdleGranules::UpToPeak);
+    let held = |mm: &MemoryManager<TestShim>| {
+        mm.vm
+            .iter()
+            .flatten()
+            .map(|p| p.pool.held_count())
+            .sum::<usize>()
+    };
+    let keep = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    let mut addrs = Vec::new();
+    for _ in 0..4 {
+        let h = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+        addrs.push(mm.resolve(&h).unwrap().addr);
+        drop(h);
+        mm.collect_returns();
+    }
+    assert!(addrs.windows(2).all(|w| w[0] == w[1]), "{addrs:?}");
+    assert_eq!(
+        held(&mm),
+        1,
+        "armed by the repeat: the last free is held back"
+    );
+    assert_eq!(counts(&mm), (1, 0), "its granule counts as in use");
+    // Another size: the held block is released first, and the room it leaves serves it.
+    let other = mm.reserve(&shim, 8192, PageUpdate::Allow).unwrap();
+    assert_eq!(held(&mm), 0);
+    assert_eq!(mm.resolve(&other).unwrap().addr, addrs[0]);
+    assert_eq!(shim.maps.get(), 1, "one granule all along");
+    drop((keep, other));
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!((held(&mm), counts(&mm), shim.mapped.get()), (0, (0, 0), 0));
+}
+
 #[test]
 fn by_default_idle_granules_stay_until_the_pools_grow() {
     let (shim, mut mm) = vm_device(IdleGranules::UpToPeak);
@@ -192,9 +232,16 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The model: the granules the live allocations touch, from their addresses and sizes alone.
+/// The model: the granules the live allocations touch, from their addresses and sizes alone, and
+/// those of the blocks the pools hold back for a request of their size (touched until released).
 fn touched(mm: &MemoryManager<TestShim>, live: &[(Handle, u64)]) -> BTreeSet<u64> {
     let mut set = BTreeSet::new();
+    for pool in mm.vm.iter().flatten() {
+        for (_, offset, size) in pool.pool.held_blocks() {
+            let addr = pool.base + offset;
+            set.extend(addr / G..=(addr + size - 1) / G);
+        }
+    }
     for (h, size) in live {
         let r = mm.resolve(h).expect("a live handle resolves");
         let aligned = (*size).max(1).next_multiple_of(ALIGN);

@@ -1,17 +1,20 @@
 //! A sliced pool: device pages (of any size) carved into blocks.
 //!
-//! Owns its pages, their blocks (neighbours linked: freed blocks coalesce at once) and one index
-//! of free blocks across every page, so a request lands in the best-fitting free block of any
-//! page: good-fit (the smallest class that holds it, first fit inside), or at a chosen offset
+//! Owns its pages, their blocks (neighbours linked: freed blocks coalesce at once, or are held
+//! back whole for a repeat of their size: `sliced/held.rs`) and one index of free blocks across
+//! every page, so a request lands in the best-fitting free block of any page: good-fit (the
+//! smallest class that holds it, first fit inside), or at a chosen offset
 //! ([`SlicedPool::carve_at`]). Device calls and when an empty page goes back: the manager's.
-//! A block's record and the links the index walks are in `sliced/block.rs`.
+//! A block's record and the links the index walks are in `sliced/block.rs`; what the pool
+//! reports in `sliced/views.rs`.
 
 mod block;
+mod held;
+mod views;
 
 use super::free_index::{FreeIndex, NIL};
 use super::handle::{Location, Placed};
 use super::pool::{MAX_BLOCKS, Pool};
-use super::report::Usage;
 use alloc::vec::Vec;
 pub(crate) use block::Used;
 
@@ -19,6 +22,7 @@ pub(crate) use block::Used;
 /// padding (at most the alignment) in 32 bits. The manager and the pinned pool cap theirs here.
 pub(crate) const MAX_ALIGNMENT: u64 = 1 << 31;
 use block::{Block, BlockState, MAX_PAGES};
+pub(crate) use held::HELD;
 
 // A block keeps its page's index in 30 bits. Pages never outnumber blocks (a live page holds at
 // least one, and a new page takes a freed index before the vector grows), and a pool numbers at
@@ -84,6 +88,8 @@ pub(crate) struct SlicedPool<P> {
     free_pages: Vec<u32>,
     vacant: u32,
     index: FreeIndex,
+    /// Blocks freed lately, held back whole (`sliced/held.rs`).
+    held: held::Held,
     pub pages_live: u32,
     pub pages_peak: u32,
 }
@@ -97,6 +103,7 @@ impl<P> SlicedPool<P> {
             blocks: Vec::new(),
             vacant: NIL,
             index: FreeIndex::default(),
+            held: held::Held::default(),
             pages_live: 0,
             pages_peak: 0,
         }
@@ -197,18 +204,6 @@ impl<P> SlicedPool<P> {
         rest
     }
 
-    /// Every free block of an indexed page, as (block, page, offset in the page, size).
-    pub(crate) fn free_blocks(&self) -> impl Iterator<Item = (u32, u32, u64, u64)> + '_ {
-        self.blocks.iter().enumerate().filter_map(|(i, b)| {
-            let indexed = self
-                .pages
-                .get(b.page() as usize)
-                .and_then(Option::as_ref)
-                .is_some_and(|p| p.indexed);
-            (b.is_free() && indexed).then_some((i as u32, b.page(), b.offset, b.size))
-        })
-    }
-
     /// Carves from the front of the free block `b`, already out of the index.
     fn carve_front(&mut self, b: u32, size: u64, aligned: u64, used: Used) -> Carved {
         let (page, offset) = (
@@ -220,6 +215,21 @@ impl<P> SlicedPool<P> {
             self.index.insert(&mut self.blocks, rest);
         }
         debug_assert_eq!(self.blocks[b as usize].size, aligned);
+        self.mark_used(b, page, offset, size, aligned, used)
+    }
+
+    /// Binds block `b` (of `page`, at `offset`, `aligned` bytes, out of the index) to `used`,
+    /// `size` bytes of it asked for, and counts it on its page.
+    #[inline]
+    fn mark_used(
+        &mut self,
+        b: u32,
+        page: u32,
+        offset: u64,
+        size: u64,
+        aligned: u64,
+        used: Used,
+    ) -> Carved {
         let padding = aligned - size;
         self.blocks[b as usize].set_state(BlockState::Used {
             owner: used.owner,
@@ -230,7 +240,7 @@ impl<P> SlicedPool<P> {
             .expect("a block's page is live");
         p.live += 1;
         p.in_use += size;
-        p.padding += aligned - size;
+        p.padding += padding;
         Carved {
             block: b,
             page,
@@ -271,12 +281,6 @@ impl<P> SlicedPool<P> {
         pi
     }
 
-    /// The offset in its page and the size of the used block `block`, if it is bound to `owner`.
-    pub(crate) fn used_span(&self, block: u32, owner: u64) -> Option<(u64, u64)> {
-        let b = self.blocks.get(block as usize)?;
-        b.used_by(owner).map(|_| (b.offset, b.size))
-    }
-
     /// The used block `block`, if it is bound to `owner`.
     pub(crate) fn used(&self, block: u32, owner: u64) -> Option<(Used, u32, u64)> {
         let b = self.blocks.get(block as usize)?;
@@ -306,18 +310,42 @@ impl<P> SlicedPool<P> {
     /// Frees the block bound to `owner`, coalescing it with free neighbours. Returns the page it
     /// was on, or `None` when the block is not bound to `owner` (already freed or rebound).
     pub(crate) fn free(&mut self, block: u32, owner: u64) -> Option<u32> {
-        let b = *self.blocks.get(block as usize)?;
+        let (page, indexed) = self.uncount(block, owner)?;
+        self.coalesce(block, indexed);
+        Some(page)
+    }
+
+    /// Takes the used block `block` bound to `owner` off its page's counts; returns the page
+    /// and whether it is indexed, or `None` when the block is not bound to `owner`.
+    #[inline]
+    fn uncount(&mut self, block: u32, owner: u64) -> Option<(u32, bool)> {
+        let b = self.blocks.get(block as usize)?;
         let used = b.used_by(owner)?;
-        let page = b.page();
-        let (indexed, _) = {
-            let p = self.pages[page as usize]
-                .as_mut()
-                .expect("a block's page is live");
-            p.live -= 1;
-            p.in_use -= used.size;
-            p.padding -= b.size - used.size;
-            (p.indexed, ())
-        };
+        let (page, padding) = (b.page(), b.size - used.size);
+        let p = self.pages[page as usize]
+            .as_mut()
+            .expect("a block's page is live");
+        p.live -= 1;
+        p.in_use -= used.size;
+        p.padding -= padding;
+        Some((page, p.indexed))
+    }
+
+    /// Makes block `block` (uncounted: freed or held) free, coalesced with its free neighbours
+    /// and indexed where its page is.
+    fn release(&mut self, block: u32) {
+        let page = self.blocks[block as usize].page();
+        let indexed = self.pages[page as usize]
+            .as_ref()
+            .expect("a block's page is live")
+            .indexed;
+        self.coalesce(block, indexed);
+    }
+
+    /// [`Self::release`] where the page's `indexed` is known.
+    #[inline]
+    fn coalesce(&mut self, block: u32, indexed: bool) {
+        let b = self.blocks[block as usize];
         let mut start = block;
         let mut size = b.size;
         let mut next = b.next_phys;
@@ -349,7 +377,6 @@ impl<P> SlicedPool<P> {
         if indexed {
             self.index.insert(&mut self.blocks, start);
         }
-        Some(page)
     }
 
     pub(crate) fn page(&self, page: u32) -> Option<&Page<P>> {
@@ -362,6 +389,9 @@ impl<P> SlicedPool<P> {
         if p.live != 0 || p.guards != 0 {
             return None;
         }
+        // Blocks held back on it join its free room first.
+        self.release_held_on(page);
+        let p = self.pages[page as usize].as_ref()?;
         let (indexed, b) = (p.indexed, p.first);
         // An empty page is one free block: its first.
         if indexed {
@@ -371,23 +401,6 @@ impl<P> SlicedPool<P> {
         self.free_pages.push(page);
         self.pages_live -= 1;
         self.pages[page as usize].take()
-    }
-
-    /// Indices of the pages that hold nothing and are not guarded.
-    pub(crate) fn empty_pages(&self) -> impl Iterator<Item = u32> + '_ {
-        self.pages.iter().enumerate().filter_map(|(i, p)| {
-            p.as_ref()
-                .filter(|p| p.live == 0 && p.guards == 0)
-                .map(|_| i as u32)
-        })
-    }
-
-    /// Every live page.
-    pub(crate) fn pages(&self) -> impl Iterator<Item = (u32, &Page<P>)> + '_ {
-        self.pages
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| p.as_ref().map(|p| (i as u32, p)))
     }
 
     /// Adds or removes a guard on `page`.
@@ -432,42 +445,6 @@ impl<P> SlicedPool<P> {
         let page_size = self.page_size;
         let pool = core::mem::replace(self, Self::new(page_size));
         pool.pages.into_iter().flatten()
-    }
-
-    /// Totals over the pool.
-    pub(crate) fn usage(&self) -> Usage {
-        self.pages()
-            .map(|(_, p)| Usage {
-                allocations: u64::from(p.live),
-                in_use: p.in_use,
-                padding: p.padding,
-                reserved: p.size,
-            })
-            .sum()
-    }
-
-    /// The largest free block a reservation could be carved from (guarded pages serve
-    /// nothing): for the error of a reservation that may not add a page.
-    pub(crate) fn largest_free(&self) -> u64 {
-        self.free_blocks()
-            .map(|(_, _, _, size)| size)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Every used block as (page, offset within page, block size, used), for checks.
-    pub(crate) fn used_blocks(&self) -> impl Iterator<Item = (u32, u64, u64, Used)> + '_ {
-        self.blocks.iter().filter_map(|b| match b.state() {
-            BlockState::Used { owner, .. }
-                if self
-                    .pages
-                    .get(b.page() as usize)
-                    .is_some_and(Option::is_some) =>
-            {
-                Some((b.page(), b.offset, b.size, b.used_by(owner)?))
-            }
-            _ => None,
-        })
     }
 }
 

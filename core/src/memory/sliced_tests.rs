@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::memory::free_index::Links;
+use crate::memory::report::Usage;
 use alloc::vec;
 use proptest::prelude::*;
 
@@ -111,6 +112,7 @@ fn carving_at_an_offset_leaves_the_room_on_both_sides_free() {
 /// exactly when its list is not empty.
 fn check(pool: &SlicedPool<()>) {
     let mut free_indexed = Vec::new();
+    let mut held_on_pages = Vec::new();
     let mut on_pages = 0;
     for (pi, page) in pool.pages() {
         assert_eq!(
@@ -136,6 +138,9 @@ fn check(pool: &SlicedPool<()>) {
             );
             if free && page.indexed {
                 free_indexed.push(b);
+            }
+            if block.state() == BlockState::Held {
+                held_on_pages.push(b);
             }
             on_pages += 1;
             (offset, prev, prev_free, b) = (offset + block.size, b, free, block.next_phys);
@@ -175,6 +180,15 @@ fn check(pool: &SlicedPool<()>) {
             (prev, b) = (b, next);
         }
     }
+    // The ring names exactly the held blocks of the pages, each once, with its size.
+    let mut ring: Vec<u32> = pool.held_blocks().map(|(b, ..)| b).collect();
+    for (b, _, size) in pool.held_blocks() {
+        assert_eq!(pool.blocks[b as usize].size, size, "held block {b}'s size");
+    }
+    assert_eq!(ring.len(), pool.held_count());
+    ring.sort_unstable();
+    held_on_pages.sort_unstable();
+    assert_eq!(ring, held_on_pages, "the ring names the held blocks");
     free_indexed.sort_unstable();
     listed.sort_unstable();
     assert_eq!(
@@ -196,6 +210,11 @@ enum Op {
     Rebind(usize),
     Guard(usize, bool),
     RemoveEmpty(usize),
+    /// Free, held back where the pool may.
+    FreeHeld(usize),
+    /// A held block of the size, else a carve, else a carve after releasing what is held.
+    Take(u64, u32),
+    ReleaseHeld,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -210,6 +229,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Rebind),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(i, add)| Op::Guard(i, add)),
         1 => any::<usize>().prop_map(Op::RemoveEmpty),
+        6 => any::<usize>().prop_map(Op::FreeHeld),
+        // Sizes of a few kinds, so held blocks are asked for again.
+        4 => (prop_oneof![Just(100u64), Just(4096), Just(5000), 1u64..40_000], 0u32..3)
+            .prop_map(|(s, a)| Op::Take(s, a)),
+        1 => Just(Op::ReleaseHeld),
     ]
 }
 
@@ -218,7 +242,8 @@ type Live = (u32, u64, u32, u64, u64, u64);
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
-    /// Any sequence of carves, frees, rebinds, guards and pages keeps the records consistent,
+    /// Any sequence of carves, frees (held back or not), takes of held blocks, rebinds, guards
+    /// and pages keeps the records consistent,
     /// the live allocations apart and in their pages, the usage equal to a plain list of them,
     /// and never refuses a request that an indexed free block of a larger class holds.
     #[test]
@@ -237,10 +262,11 @@ proptest! {
                     guards.retain(|g| g.0 != p);
                     next_addr += size + 4096;
                 }
-                Op::Carve(size, align) | Op::Scored(size, align, _) => {
+                Op::Carve(size, align) | Op::Scored(size, align, _) | Op::Take(size, align) => {
                     let aligned = size.next_multiple_of(1 << align);
                     let carved = match op {
                         Op::Scored(.., limit) => pool.try_carve_scored(size, aligned, used(owner, size), limit, |o| (o % 3) as u32),
+                        Op::Take(..) => pool.carve_or_release(size, aligned, used(owner, size)),
                         _ => pool.try_carve(size, aligned, used(owner, size)),
                     };
                     match carved {
@@ -293,7 +319,22 @@ proptest! {
                     prop_assert!(pool.rebind(l.0, l.1, owner));
                     l.1 = owner;
                 }
-                Op::Free(_) | Op::FreeWrong(_) | Op::Rebind(_) => {}
+                Op::FreeHeld(i) if !live.is_empty() => {
+                    let (block, owner, page, ..) = live.swap_remove(i % live.len());
+                    let f = pool.free_held(block, owner);
+                    prop_assert_eq!(f.map(|f| f.page), Some(page));
+                    let guarded = guards.iter().any(|g| g.0 == page && g.1 > 0);
+                    if f.is_some_and(|f| f.held) {
+                        prop_assert!(!guarded, "held on a guarded page");
+                    }
+                    prop_assert_eq!(pool.free(block, owner), None, "freed twice");
+                    prop_assert!(pool.free_held(block, owner).is_none(), "freed twice");
+                }
+                Op::ReleaseHeld => {
+                    pool.release_held(|_, _| ());
+                    prop_assert_eq!(pool.held_count(), 0);
+                }
+                Op::Free(_) | Op::FreeWrong(_) | Op::Rebind(_) | Op::FreeHeld(_) => {}
                 Op::Guard(i, add) => {
                     let pages: Vec<_> = pool.pages().map(|(p, _)| p).collect();
                     if let Some(&p) = pages.get(i % pages.len().max(1)) {

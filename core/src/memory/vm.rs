@@ -246,6 +246,57 @@ impl GranulePool {
         }
     }
 
+    /// Frees the block bound to `owner`, held back where the pool may hold it (its granules stay
+    /// touched until it is released); false when the block is not bound to `owner`.
+    #[inline]
+    pub(crate) fn free(&mut self, block: u32, owner: u64) -> bool {
+        let Some(f) = self.pool.free_held(block, owner) else {
+            return false;
+        };
+        if !f.held {
+            self.untouch_span(f.span.0, f.span.1);
+        }
+        if let Some((offset, size)) = f.released {
+            self.untouch_span(offset, size);
+        }
+        true
+    }
+
+    /// A block held back of exactly `aligned` bytes for `used` (its granules are touched, so
+    /// mapped, still); on a miss every held block is released, so the placement that follows
+    /// sees the free room as if none had been held.
+    #[inline(always)]
+    pub(crate) fn take_held(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
+        let c = self.pool.take_held(size, aligned, used);
+        if c.is_none() && self.pool.held_count() != 0 {
+            self.release_held();
+        }
+        c
+    }
+
+    /// Releases every block held back: the granules they touch are counted off.
+    pub(crate) fn release_held(&mut self) {
+        if self.pool.held_count() == 0 {
+            return;
+        }
+        let mut spans = [(0, 0); crate::memory::sliced::HELD];
+        let mut n = 0;
+        self.pool.release_held(|offset, size| {
+            spans[n] = (offset, size);
+            n += 1;
+        });
+        for &(offset, size) in &spans[..n] {
+            self.untouch_span(offset, size);
+        }
+    }
+
+    /// [`Self::untouch`] of the granules `size` bytes at `offset` in the range touch.
+    #[inline]
+    fn untouch_span(&mut self, offset: u64, size: u64) {
+        let (first, last) = self.span(self.base + offset, size);
+        self.untouch(first, last);
+    }
+
     /// Adds or removes a guard on granule `g`; an unguarded idle granule joins the cache.
     pub(crate) fn guard(&mut self, g: u32, add: bool) {
         let Some(gr) = self.granules.get_mut(g as usize) else {

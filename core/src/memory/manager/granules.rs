@@ -62,6 +62,15 @@ impl<S: Shim> MemoryManager<S> {
         let Some(pool) = self.vm[which].as_deref_mut() else {
             return Ok(None);
         };
+        // A block held back at a free of this size: its granules are touched (so mapped) still.
+        // On a miss, every held block is released.
+        if let Some(c) = pool.take_held(used.size, aligned, used) {
+            debug_assert!({
+                let (first, last) = pool.span(c.addr, aligned);
+                (first..=last).all(|g| pool.usable(g))
+            });
+            return Ok(Some(c.placed(Pool::Granules(size))));
+        }
         let carved = if update == PageUpdate::Forbidden {
             pool.carve_in_mapped(used.size, aligned, alignment, used)
         } else {
@@ -175,6 +184,11 @@ impl<S: Shim> MemoryManager<S> {
     ) -> Option<Placed> {
         let alignment = self.alignment;
         let pool = self.vm[size.slot()].as_deref_mut()?;
+        // A block held back at a free of this size: touched and mapped still (on a miss, every
+        // held block is released).
+        if let Some(c) = pool.take_held(used.size, aligned, used) {
+            return Some(c.placed(Pool::Granules(size)));
+        }
         let c = if walk {
             pool.carve_in_mapped(used.size, aligned, alignment, used)?
         } else {
@@ -215,6 +229,14 @@ impl<S: Shim> MemoryManager<S> {
         self.budget.held().saturating_add(bytes) <= limit
     }
 
+    /// Releases the blocks every granule pool holds back (`sliced/held.rs`).
+    pub(super) fn release_all_held(&mut self) {
+        self.vm
+            .iter_mut()
+            .flatten()
+            .for_each(|pool| pool.release_held());
+    }
+
     /// Under [`IdleGranules::Slack`], gives back the idle granules past the slack above the
     /// granules in use (most recently idle first, as at growth). Run at every reservation that
     /// may change pages, after the returns are collected; free of device calls when within it.
@@ -225,6 +247,9 @@ impl<S: Shim> MemoryManager<S> {
         if !S::VIRTUAL_MEMORY {
             return;
         }
+        // A slack counts what is idle exactly: no block is held back under it (a held block's
+        // granules would count as in use).
+        self.release_all_held();
         let (mut busy, mut idle) = (0u64, 0u64);
         for pool in self.vm.iter().flatten() {
             busy += u64::from(pool.busy);
@@ -299,6 +324,9 @@ impl<S: Shim> MemoryManager<S> {
         if !S::VIRTUAL_MEMORY {
             return;
         }
+        // Blocks held back keep their granules touched: released first, so what only they
+        // touch is idle and may go back instead of growing past the peak.
+        self.release_all_held();
         let mut left = count;
         for which in 0..2 {
             while left > 0 {
@@ -339,12 +367,6 @@ impl<S: Shim> MemoryManager<S> {
         let Some(pool) = self.granule_pool_mut(size) else {
             return false;
         };
-        let Some((offset, span)) = pool.pool.used_span(block, owner) else {
-            return false;
-        };
-        let (first, last) = pool.span(pool.base + offset, span);
-        pool.pool.free(block, owner);
-        pool.untouch(first, last);
-        true
+        pool.free(block, owner)
     }
 }

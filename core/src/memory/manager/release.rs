@@ -54,14 +54,14 @@ impl<S: Shim> MemoryManager<S> {
                 self.free_granules(size, location.block, owner);
             }
             Pool::Pages(Size::Arena) => {
-                if let Some(page) = self.arena.free(location.block, owner)
-                    && self.arena.page(page).is_some_and(|p| p.live == 0)
+                if let Some(f) = self.arena.free_held(location.block, owner)
+                    && self.arena.page(f.page).is_some_and(|p| p.live == 0)
                 {
-                    self.arena_empty.push(page);
+                    self.arena_empty.push(f.page);
                 }
             }
             Pool::Pages(Size::Small) => {
-                self.small.free(location.block, owner);
+                self.small.free_held(location.block, owner);
             }
         }
     }
@@ -93,6 +93,11 @@ impl<S: Shim> MemoryManager<S> {
             self.dedicated_freed = false;
         }
         if kind == Cleanup::Explicit {
+            // Blocks held back for a request of their size go back to the pools first, so what
+            // is empty or idle under them goes back too.
+            self.small.release_held(|_, _| ());
+            self.arena.release_held(|_, _| ());
+            self.release_all_held();
             let mut pages = Vec::new();
             self.persistent.take_free(&mut pages);
             released.extend(pages.into_iter().map(|p| (p.raw, p.size)));

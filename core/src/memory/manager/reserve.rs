@@ -134,7 +134,7 @@ impl<S: Shim> MemoryManager<S> {
         if let Some(placed) = self.reserve_granules(shim, Size::Small, aligned, used, update)? {
             return Ok(placed);
         }
-        if let Some(c) = self.small.try_carve(used.size, aligned, used) {
+        if let Some(c) = self.small.carve_or_release(used.size, aligned, used) {
             return Ok(c.placed(Pool::Pages(Size::Small)));
         }
         if update == PageUpdate::Forbidden {
@@ -189,7 +189,7 @@ impl<S: Shim> MemoryManager<S> {
         if let Some(placed) = self.reserve_granules(shim, Size::Arena, aligned, used, update)? {
             return Ok(placed);
         }
-        if let Some(c) = self.arena.try_carve(used.size, aligned, used) {
+        if let Some(c) = self.arena.carve_or_release(used.size, aligned, used) {
             return Ok(c.placed(Pool::Pages(Size::Arena)));
         }
         if update == PageUpdate::Forbidden {

@@ -1,5 +1,6 @@
 //! The record of one block of a sliced pool: where it lies, its neighbours on the page, and
-//! its state (free with its links in the free index, used by an allocation, or a vacant slot).
+//! its state (free with its links in the free index, used by an allocation, held back whole
+//! for a request of its size, or a vacant slot).
 //!
 //! Owns the record's layout (what every live allocation costs the pool: 40 bytes) and the
 //! [`Links`] the free index walks. Does not own carving, coalescing or the index itself
@@ -22,9 +23,20 @@ pub(crate) struct Used {
 /// [`MAX_ALIGNMENT`](super::MAX_ALIGNMENT)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum BlockState {
-    Free { prev: u32, next: u32 },
-    Used { owner: u64, padding: u32 },
-    Vacant { next: u32 },
+    Free {
+        prev: u32,
+        next: u32,
+    },
+    Used {
+        owner: u64,
+        padding: u32,
+    },
+    Vacant {
+        next: u32,
+    },
+    /// Freed and held back whole for a request of its exact size (`sliced/held.rs`): neither
+    /// coalesced nor in the free index.
+    Held,
 }
 
 /// The most pages a block's record can name: it keeps its state's kind in the top two bits of
@@ -34,6 +46,7 @@ const KIND_SHIFT: u32 = 30;
 const FREE: u32 = 0;
 const USED: u32 = 1;
 const VACANT: u32 = 2;
+const HELD: u32 = 3;
 
 /// A block of a page: its place, its neighbours on the page (blocks, or `NIL`), its state.
 ///
@@ -116,9 +129,10 @@ impl Block {
                 owner: self.word,
                 padding: self.half,
             },
-            _ => BlockState::Vacant {
+            VACANT => BlockState::Vacant {
                 next: self.word as u32,
             },
+            _ => BlockState::Held,
         }
     }
 
@@ -135,6 +149,7 @@ impl Block {
             BlockState::Free { prev, next } => (FREE, u64::from(prev) | u64::from(next) << 32, 0),
             BlockState::Used { owner, padding } => (USED, owner, padding),
             BlockState::Vacant { next } => (VACANT, u64::from(next), 0),
+            BlockState::Held => (HELD, 0, 0),
         };
         self.page_kind = self.page() | kind << KIND_SHIFT;
         (self.word, self.half) = (word, half);
@@ -215,6 +230,7 @@ mod tests {
             BlockState::Free { prev: NIL, next: 0 },
             BlockState::Vacant { next: NIL },
             BlockState::Vacant { next: 0 },
+            BlockState::Held,
         ] {
             let b = Block::new(page, u64::MAX, u64::MAX, 7, 9, state);
             assert_eq!((b.state(), b.page()), (state, page));
