@@ -22,7 +22,18 @@ impl<S: Shim> MemoryManager<S> {
     /// Frees what was dropped since the last call (handles dropped on any thread). Rings
     /// nothing for the ids it records: each return's push rang the device's attention, which
     /// only the device's own bookkeeping lowers, and that bookkeeping drains this queue.
+    #[inline]
     pub(super) fn collect_returns(&mut self) {
+        // Nothing came back (the usual case at a reservation right after the device's own
+        // bookkeeping drained the queue): one load, no call.
+        if !self.returns.is_empty() {
+            self.collect_returns_now();
+        }
+    }
+
+    /// [`Self::collect_returns`] with returns in the queue.
+    #[inline(never)]
+    fn collect_returns_now(&mut self) {
         self.returns.drain_into(&mut self.returned);
         if self.returned.is_empty() {
             return;
@@ -78,12 +89,19 @@ impl<S: Shim> MemoryManager<S> {
     /// Runs a cleanup. Periodic: freed dedicated pages go back, and guards dropped since are
     /// noticed. Explicit: also every idle granule, every empty, unguarded page of the small pool
     /// and the arena, and every freed persistent page.
+    #[inline]
     pub fn cleanup(&mut self, shim: &S, kind: Cleanup) {
         self.collect_returns();
         // The periodic tick runs on every reservation: with nothing to release it costs nothing.
         if kind == Cleanup::Periodic && !self.dedicated_freed && self.guards.is_empty() {
             return;
         }
+        self.cleanup_now(shim, kind);
+    }
+
+    /// [`Self::cleanup`] past the returns, when it has something to look at.
+    #[inline(never)]
+    fn cleanup_now(&mut self, shim: &S, kind: Cleanup) {
         self.drop_released_guards();
         let mut released: Vec<(RawPage<S>, u64)> = Vec::new();
         if self.dedicated_freed || kind == Cleanup::Explicit {

@@ -19,6 +19,7 @@ use super::{BlockState, Carved, SlicedPool, Used};
 /// Blocks held at most per pool: a few (a loop that reserves and drops up to four sizes), so a
 /// held block never keeps much room from the index.
 pub(crate) const HELD: usize = 4;
+const _: () = assert!(HELD.is_power_of_two(), "slots wrap by a mask");
 
 /// The largest block held (a small pool's slice: 64 KiB), so what holding keeps from the index
 /// (and, in a granule pool, touched) stays small; larger blocks coalesce at once. Measured
@@ -85,7 +86,7 @@ impl<P> SlicedPool<P> {
     #[inline(never)]
     fn take_held_from_ring(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
         for back in 1..=HELD {
-            let slot = (self.held.next + HELD - back) % HELD;
+            let slot = self.held.next.wrapping_sub(back) & (HELD - 1);
             if self.held.sizes[slot] != aligned {
                 continue;
             }
@@ -152,7 +153,7 @@ impl<P> SlicedPool<P> {
         let released = self.release_slot(slot);
         self.held.sizes[slot] = size;
         self.held.blocks[slot] = block;
-        self.held.next = (slot + 1) % HELD;
+        self.held.next = (slot + 1) & (HELD - 1);
         self.held.count += 1;
         Some(HeldFree {
             page,
@@ -196,6 +197,7 @@ impl<P> SlicedPool<P> {
     }
 
     /// Releases the block held in `slot`, if any: returns its offset in its page and its size.
+    #[inline]
     fn release_slot(&mut self, slot: usize) -> Option<(u64, u64)> {
         if self.held.sizes[slot] == 0 {
             return None;
