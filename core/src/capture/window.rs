@@ -114,12 +114,12 @@ impl<S: Shim> Window<S> {
         }
         // Walk the span: past every write covering the point reached, else up to the next
         // write's start, a part no write covers. No sort (a firmware would pay for its code):
-        // each step moves past a write's end or start, so a span met by n writes takes at most
-        // 2n + 1 steps of n.
+        // each step moves past a write's end or start, so a span met by n of the recording's W
+        // writes takes at most 2n + 1 steps, each a pass over the W.
         let mut at = span.start;
         while at < span.end {
-            let covering = self.writes.iter().filter(meets);
-            if let Some(end) = covering
+            let meeting = self.writes.iter().filter(meets);
+            if let Some(end) = meeting
                 .filter(|w| w.start <= at && at < w.end)
                 .map(|w| w.end)
                 .max()
@@ -203,6 +203,12 @@ mod tests {
         let rounds = if cfg!(miri) { 20 } else { 2000 };
         for _ in 0..rounds {
             let mut w = Window::<TestShim>::new("g", 0, None, Arc::default());
+            // Another allocation's write over the same offsets: never counted.
+            w.write(Span {
+                id: 8,
+                start: 0,
+                end: 32,
+            });
             let mut written = [false; 32];
             for _ in 0..next(6) {
                 let (a, b) = (next(32), next(33));

@@ -105,6 +105,46 @@ fn carving_at_an_offset_leaves_the_room_on_both_sides_free() {
     assert_eq!(free, vec![(0, MIB)]);
 }
 
+/// Holding arms on a repeat of the size last freed; a full ring releases a block to hold
+/// another, but a free finds a slot a take emptied first (no held block is released then).
+#[cfg(feature = "held-blocks")]
+#[test]
+fn a_free_fills_an_emptied_slot_before_it_releases_a_held_block() {
+    let mut pool = SlicedPool::new(MIB);
+    pool.add_page((), 0, MIB);
+    let a = pool.carve_or_release(256, 256, used(1, 256)).unwrap();
+    assert!(!pool.free_held(a.block, 1).unwrap().held, "not armed yet");
+    // A repeat of the size last freed arms holding.
+    let _keep = pool.carve_or_release(256, 256, used(2, 256)).unwrap();
+    let sizes = [512u64, 768, 1024, 1280, 1536];
+    let live: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            (
+                pool.try_carve(s, s, used(10 + i as u64, s)).unwrap(),
+                10 + i as u64,
+            )
+        })
+        .collect();
+    for (c, owner) in &live[..4] {
+        let f = pool.free_held(c.block, *owner).unwrap();
+        assert!(f.held && f.released.is_none());
+    }
+    assert_eq!(pool.held_count(), HELD);
+    // A take of 768 empties a slot in the middle; the next free fills it, releasing nothing.
+    let again = pool.take_held(768, 768, used(20, 768)).unwrap();
+    assert_eq!(again.addr, live[1].0.addr);
+    let (c, owner) = live[4];
+    let f = pool.free_held(c.block, owner).unwrap();
+    assert!(f.held && f.released.is_none(), "{f:?}");
+    assert_eq!(pool.held_count(), HELD);
+    // Full now: the next free releases the block next in turn.
+    let f = pool.free_held(again.block, 20).unwrap();
+    assert!(f.held && f.released.is_some());
+    check(&pool);
+}
+
 /// Checks the pool's records against each other: every page's blocks tile it (neighbours
 /// linked both ways, no two free blocks side by side), every other record is on the vacant
 /// chain, a page is indexed exactly when it has no guard, and the index lists exactly the free

@@ -4,8 +4,8 @@
 //!
 //! Owns the address range's blocks (a [`SlicedPool`] with the range as its one page, so free
 //! neighbours coalesce across granules and a request is placed best-fit anywhere in the range),
-//! and the state of each granule: unmapped, mapped (with how many allocations touch it and how
-//! many guards hold it), or retiring (handed to the device to unmap once its fence passes, and
+//! and the state of each granule: unmapped, mapped (with how many allocations, and blocks held
+//! back for a repeat of their size, touch it and how many guards hold it), or retiring (handed to the device to unmap once its fence passes, and
 //! taken back if needed before that), with exact counts of the granules in use (touched or
 //! guarded) and idle. The give-back side (the cache of mapped granules no allocation touches,
 //! the retiring list, teardown) is `vm/idle.rs`. Does not own the device calls nor the budget (the manager maps, unmaps and

@@ -2,7 +2,8 @@
 //! allocation touches, and giving idle granules back.
 //!
 //! Owns when a range is reserved (at the pool's first request; a refusal turns the granule pools
-//! off and the pools fall back to pages), the sharing of memory between the two pools (an arena
+//! off and the pools fall back to pages), when blocks held back go back to the pools (a
+//! placement that no held block serves, and before idle granules are given back), the sharing of memory between the two pools (an arena
 //! request up to a granule that would map one goes to room the small pool has memory behind, where
 //! its bounded placement finds some), the order of a placement (carve, count the granules, give
 //! idle granules back when mapping the missing ones would take the pools past the most they ever
@@ -247,17 +248,24 @@ impl<S: Shim> MemoryManager<S> {
         if !S::VIRTUAL_MEMORY {
             return;
         }
-        // A slack counts what is idle exactly: no block is held back under it (a held block's
-        // granules would count as in use).
-        self.release_all_held();
-        let (mut busy, mut idle) = (0u64, 0u64);
-        for pool in self.vm.iter().flatten() {
-            busy += u64::from(pool.busy);
-            idle += u64::from(pool.idle_count());
+        let past_slack = |mm: &Self| {
+            let (mut busy, mut idle) = (0u64, 0u64);
+            for pool in mm.vm.iter().flatten() {
+                busy += u64::from(pool.busy);
+                idle += u64::from(pool.idle_count());
+            }
+            let keep = (floor / mm.vm_granule).max(busy * u64::from(per_64) / 64);
+            idle.saturating_sub(keep)
+        };
+        if past_slack(self) == 0 {
+            return;
         }
-        let keep = (floor / self.vm_granule).max(busy * u64::from(per_64) / 64);
-        if idle > keep {
-            self.give_back_idle(shim, usize::try_from(idle - keep).unwrap_or(usize::MAX));
+        // Something goes back: blocks held back first, so the granules only they touch count
+        // as idle (within the slack, held blocks stay and serve their repeats).
+        self.release_all_held();
+        let over = past_slack(self);
+        if over > 0 {
+            self.give_back_idle(shim, usize::try_from(over).unwrap_or(usize::MAX));
         }
     }
 

@@ -4,8 +4,8 @@
 //! and lands where the last one did.
 //!
 //! Owns the ring of held blocks and the rules: a block is held only where it is small (64 KiB
-//! at most) and its page is indexed (no guard); a full ring releases its oldest to take a new
-//! one; a held block is served only to a request of its exact size on an unguarded page; any
+//! at most) and its page is indexed (no guard); only a full ring releases a block (the next in
+//! turn) to take a new one; a held block is served only to a request of its exact size on an unguarded page; any
 //! other request releases every held block into the free index before it is placed, so it sees
 //! the free room exactly as if nothing had been held (only exact repeats land differently);
 //! held blocks are released too before idle memory is given back, at an explicit cleanup and
@@ -44,7 +44,7 @@ pub(super) struct Held {
     /// which holding serves), lowered by a request no held block serves (holding would only
     /// delay the frees' coalescing: the stored model traces ran 1-7 % slower holding always).
     armed: bool,
-    /// The size of the block last freed while not armed.
+    /// The size of the block last freed and not held.
     last_freed: u64,
 }
 
@@ -148,7 +148,12 @@ impl<P> SlicedPool<P> {
                 released: None,
             });
         }
-        let slot = self.held.next;
+        // The next slot in turn; while the ring is not full, an empty one (a take emptied it),
+        // so only a full ring releases a block to hold another.
+        let mut slot = self.held.next;
+        if self.held.sizes[slot] != 0 && self.held.count < HELD {
+            slot = (0..HELD).find(|&s| self.held.sizes[s] == 0).unwrap_or(slot);
+        }
         self.blocks[block as usize].set_state(BlockState::Held);
         let released = self.release_slot(slot);
         self.held.sizes[slot] = size;
