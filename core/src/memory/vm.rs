@@ -3,15 +3,15 @@
 //! [`DeviceFacts::vm_granule`](crate::shim::DeviceFacts::vm_granule)).
 //!
 //! Owns the address range's blocks (a [`SlicedPool`] with the range as its one page, so free
-//! neighbours coalesce across granules and a request is placed best-fit anywhere in the range),
-//! and the state of each granule: unmapped, mapped (with how many allocations, and blocks held
-//! back for a repeat of their size, touch it and how many guards hold it), or retiring (handed to the device to unmap once its fence passes, and
-//! taken back if needed before that), with exact counts of the granules in use (touched or
-//! guarded) and idle. The give-back side (the cache of mapped granules no allocation touches,
-//! the retiring list, teardown) is `vm/idle.rs`. Does not own the device calls nor the budget (the manager maps, unmaps and
-//! counts: `manager/granules.rs`), nor when the cache is given back (the manager's policy, from
-//! [`IdleGranules`](crate::memory::IdleGranules): before growing past the peak, past the slack
-//! at a reservation, and at an explicit cleanup).
+//! neighbours coalesce across granules and a request is placed best-fit anywhere in the range), and
+//! the state of each granule: unmapped, mapped (with how many allocations, and blocks held back for
+//! a repeat of their size, touch it and how many guards hold it), or retiring (handed to the device
+//! to unmap once its fence passes, and taken back if needed before that), with exact counts of the
+//! granules in use (touched or guarded) and idle. The give-back side (the cache of mapped granules
+//! no allocation touches, the retiring list, teardown) is `vm/idle.rs`. Does not own the device
+//! calls nor the budget (the manager maps, unmaps and counts: `manager/granules.rs`), nor when the
+//! cache is given back (the manager's policy, from [`IdleGranules`](crate::memory::IdleGranules):
+//! before growing past the peak, past the slack at a reservation, and at an explicit cleanup).
 //!
 //! Why: memory held is the granules touched by live allocations, never a page sized for a
 //! request long gone; a freed granule goes back without moving any allocation.

@@ -2,16 +2,17 @@
 //! allocation touches, and giving idle granules back.
 //!
 //! Owns when a range is reserved (at the pool's first request; a refusal turns the granule pools
-//! off and the pools fall back to pages), when blocks held back go back to the pools (a
-//! placement that no held block serves, and before idle granules are given back), the sharing of memory between the two pools (an arena
-//! request up to a granule that would map one goes to room the small pool has memory behind, where
-//! its bounded placement finds some), the order of a placement (carve, count the granules, give
-//! idle granules back when mapping the missing ones would take the pools past the most they ever
-//! held, map what is missing, undo all of it on a refusal) and how a granule goes back (unmapped at
-//! once under [`PageRelease::Immediate`], else retired to the drop queue with a token the pool can
-//! take it back through), and the give-back policy of [`IdleGranules`] (at every reservation, the
-//! idle granules past the slack go back). Does not own the bookkeeping of blocks and granules
-//! (`memory/vm.rs`) nor the routing of a request (`reserve.rs`).
+//! off and the pools fall back to pages), when blocks held back go back to the pools (a placement
+//! that no held block serves, and before idle granules are given back), the sharing of memory
+//! between the two pools (an arena request up to a granule that would map one goes to room the
+//! small pool has memory behind, where its bounded placement finds some), the order of a placement
+//! (carve, count the granules, give idle granules back when mapping the missing ones would take the
+//! pools past the most they ever held, map what is missing, undo all of it on a refusal) and how a
+//! granule goes back (unmapped at once under [`PageRelease::Immediate`], else retired to the drop
+//! queue with a token the pool can take it back through), and the give-back policy of
+//! [`IdleGranules`] (at every reservation, the idle granules past the slack go back). Does not own
+//! the bookkeeping of blocks and granules (`memory/vm.rs`) nor the routing of a request
+//! (`reserve.rs`).
 
 use super::MemoryManager;
 use crate::error::IoError;

@@ -37,7 +37,8 @@ const HOLDING: bool = cfg!(feature = "held-blocks");
 pub(super) struct Held {
     sizes: [u64; HELD],
     blocks: [u32; HELD],
-    /// The slot the next held block takes (the oldest, once the ring is full).
+    /// The slot the next held block takes when the ring is full (the oldest, unless a take
+    /// emptied a slot since: a free fills an empty slot first).
     next: usize,
     count: usize,
     /// Whether frees hold blocks back: raised by a request of the size last freed (a repeat,
