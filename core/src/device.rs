@@ -338,19 +338,31 @@ impl<S: Shim> Device<S> {
             self.debug_assert_nothing_unrung();
             return;
         }
+        // Freed ids matter only to the failure and cross-stream records, which only live handles
+        // and bindings add to: with neither on record (the usual case), each manager drops its
+        // ids where they are.
+        let forget = !(self.failures.is_empty() && self.foreign_uses.is_empty());
         for s in self.streams.iter_mut().flatten() {
-            s.memory.take_freed(&mut self.freed);
+            if forget {
+                s.memory.take_freed(&mut self.freed);
+            } else {
+                s.memory.drop_freed();
+            }
             s.queue_retired();
         }
-        // What futures could not wait for while a stream recorded: released after a fence.
-        if !self.ledger.has_orphans() {
-            if self.failures.is_empty() && self.foreign_uses.is_empty() {
-                self.freed.clear();
-            } else {
-                self.forget_freed();
-            }
-            return;
+        if forget {
+            self.forget_freed();
         }
+        // What futures could not wait for while a stream recorded: released after a fence.
+        if self.ledger.has_orphans() {
+            self.queue_orphans();
+        }
+    }
+
+    /// Hands what futures left behind while a stream recorded to their streams' drop queues.
+    #[cold]
+    #[inline(never)]
+    fn queue_orphans(&mut self) {
         for (stream, buffers, held) in self.ledger.take_orphans() {
             if let Some(Some(s)) = self.streams.get_mut(stream) {
                 buffers
@@ -360,11 +372,6 @@ impl<S: Shim> Device<S> {
                     .for_each(|b| s.drops.push(DropItem::Binding(b)));
             }
         }
-        if self.failures.is_empty() && self.foreign_uses.is_empty() {
-            self.freed.clear();
-            return;
-        }
-        self.forget_freed();
     }
 
     /// The freed ids leave the failure and cross-stream records.

@@ -177,28 +177,28 @@ impl Identity {
         }
     }
 
-    fn new(id: u64, size: u64, returns: &Arc<ReturnQueue>) -> Self {
+    fn new(id: u64, size: u64, placed: Option<Placed>, returns: &Arc<ReturnQueue>) -> Self {
+        let (place, addr) = packed(placed, false);
         Self {
             id,
             size,
             owners: AtomicU32::new(1),
             refs: AtomicU32::new(1),
             graphs: AtomicU32::new(0),
-            place: AtomicU32::new(Pool::none(NEVER_BOUND)),
-            addr: AtomicUsize::new(NOT_KEPT),
+            place: AtomicU32::new(place),
+            addr: AtomicUsize::new(addr),
             returns: Arc::clone(returns),
         }
     }
 
     /// Makes a returned identity new again, as [`Self::new`] would, with no atomic update (it is
     /// this thread's alone) but where the queue changes.
-    fn reset(&mut self, id: u64, size: u64, returns: &Arc<ReturnQueue>) {
+    fn reset(&mut self, id: u64, size: u64, placed: Option<Placed>, returns: &Arc<ReturnQueue>) {
         (self.id, self.size) = (id, size);
         *self.owners.get_mut() = 1;
         *self.refs.get_mut() = 1;
         *self.graphs.get_mut() = 0;
-        *self.place.get_mut() = Pool::none(NEVER_BOUND);
-        *self.addr.get_mut() = NOT_KEPT;
+        (*self.place.get_mut(), *self.addr.get_mut()) = packed(placed, false);
         if !Arc::ptr_eq(&self.returns, returns) {
             self.returns = Arc::clone(returns);
         }
@@ -244,16 +244,23 @@ impl Identity {
     }
 
     fn set_location(&self, placed: Option<Placed>, handed_over: bool) {
-        let (place, addr) = match placed {
-            Some(p) => (
-                p.location.pool.pack(p.location.block),
-                usize::try_from(p.addr).unwrap_or(NOT_KEPT),
-            ),
-            None if handed_over => (Pool::none(HANDED_OVER), NOT_KEPT),
-            None => (Pool::none(NEVER_BOUND), NOT_KEPT),
-        };
+        let (place, addr) = packed(placed, handed_over);
         self.place.store(place, Ordering::Relaxed);
         self.addr.store(addr, Ordering::Relaxed);
+    }
+}
+
+/// An identity's `place` and `addr` words for `placed` (no location: never bound, or
+/// `handed_over`).
+#[inline]
+fn packed(placed: Option<Placed>, handed_over: bool) -> (u32, usize) {
+    match placed {
+        Some(p) => (
+            p.location.pool.pack(p.location.block),
+            usize::try_from(p.addr).unwrap_or(NOT_KEPT),
+        ),
+        None if handed_over => (Pool::none(HANDED_OVER), NOT_KEPT),
+        None => (Pool::none(NEVER_BOUND), NOT_KEPT),
     }
 }
 
@@ -325,23 +332,24 @@ impl fmt::Debug for Handle {
 impl Handle {
     #[cfg(test)]
     pub(crate) fn new(id: u64, size: u64, returns: &Arc<ReturnQueue>) -> Self {
-        Self::reusing(None, id, size, returns)
+        Self::reusing(None, id, size, None, returns)
     }
 
-    /// A new handle, in the heap block of `spare` when there is one (a spare is owned whole: its
-    /// last reference gave it up), else in a new one.
+    /// A new handle, `placed` there (`None`: no memory yet), in the heap block of `spare` when
+    /// there is one (a spare is owned whole: its last reference gave it up), else in a new one.
     pub(crate) fn reusing(
         spare: Option<SpareIdentity>,
         id: u64,
         size: u64,
+        placed: Option<Placed>,
         returns: &Arc<ReturnQueue>,
     ) -> Self {
         let identity = match spare {
             Some(SpareIdentity(mut block)) => {
-                block.reset(id, size, returns);
+                block.reset(id, size, placed, returns);
                 block
             }
-            None => Box::new(Identity::new(id, size, returns)),
+            None => Box::new(Identity::new(id, size, placed, returns)),
         };
         Self {
             // SAFETY: `Box::into_raw` is never null.

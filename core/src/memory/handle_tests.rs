@@ -117,7 +117,7 @@ fn a_returned_identity_is_reused_in_its_heap_block() {
     let mut out = Vec::new();
     q.drain_into(&mut out);
     let spare = out.pop().expect("the last drop returned it").identity;
-    let reused = Handle::reusing(Some(spare), 8, 32, &q);
+    let reused = Handle::reusing(Some(spare), 8, 32, None, &q);
     assert_eq!(reused.identity, block, "same heap block");
     assert_eq!((reused.id(), reused.len(), reused.can_mut()), (8, 32, true));
     assert!(!reused.is_bound() && !reused.is_exposed());

@@ -49,7 +49,7 @@ mod reserve;
 use super::binding::AsBinding;
 use super::budget::MemoryBudget;
 use super::config::{MemoryConfig, PageRelease};
-use super::handle::{Handle, ReturnQueue, Returned, SpareIdentity};
+use super::handle::{Handle, Placed, ReturnQueue, Returned, SpareIdentity};
 use super::retire::Released;
 use super::sliced::SlicedPool;
 use super::types::Issuer;
@@ -326,6 +326,18 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
+    /// Frees what was returned since the last look and drops the ids recorded (for a device
+    /// with no failure or cross-stream record to clear them from).
+    #[inline]
+    pub(crate) fn drop_freed(&mut self) {
+        if !self.returns.is_empty() {
+            self.collect_returns();
+        }
+        if let Some(freed) = &mut self.freed {
+            freed.clear();
+        }
+    }
+
     /// Whether this manager made `binding` (its queue is the identity's: one pointer compare).
     #[inline]
     pub(crate) fn made(&self, binding: &impl AsBinding) -> bool {
@@ -351,12 +363,13 @@ impl<S: Shim> MemoryManager<S> {
     pub fn lazy_handle(&mut self, size: u64) -> Handle {
         let id = self.next_id;
         self.next_id += 1;
-        self.new_handle(id, size)
+        self.new_handle(id, size, None)
     }
 
-    /// A handle of `size` bytes named `id`, in a kept identity's heap block when there is one.
-    pub(super) fn new_handle(&mut self, id: u64, size: u64) -> Handle {
-        Handle::reusing(self.spare.pop(), id, size, &self.returns)
+    /// A handle of `size` bytes named `id`, `placed` there (`None`: no memory yet), in a kept
+    /// identity's heap block when there is one.
+    pub(super) fn new_handle(&mut self, id: u64, size: u64, placed: Option<Placed>) -> Handle {
+        Handle::reusing(self.spare.pop(), id, size, placed, &self.returns)
     }
 
     /// Opens a `Persistent` or `Dedicated` window, or (`Auto`) closes the innermost one.

@@ -9,7 +9,7 @@
 
 use super::MemoryManager;
 use crate::memory::config::PageRelease;
-use crate::memory::handle::Location;
+use crate::memory::handle::{Location, Returned};
 use crate::memory::pool::{Pool, Size, Whole};
 use crate::memory::retire::{Released, Retire};
 use crate::memory::sliced::SlicedPool;
@@ -35,17 +35,28 @@ impl<S: Shim> MemoryManager<S> {
     #[inline(never)]
     fn collect_returns_now(&mut self) {
         self.returns.drain_into(&mut self.returned);
-        if self.returned.is_empty() {
+        // One return (a handle dropped between two operations: the usual case) is taken off the
+        // vector in place; more are drained in the order they came back.
+        if self.returned.len() == 1 {
+            if let Some(r) = self.returned.pop() {
+                self.take_back(r);
+            }
             return;
         }
         let mut returned = core::mem::take(&mut self.returned);
         for r in returned.drain(..) {
-            self.free_location(r.location, r.id);
-            if self.spare.len() < self.config.spare_identities {
-                self.spare.push(r.identity);
-            }
+            self.take_back(r);
         }
         self.returned = returned;
+    }
+
+    /// Frees a returned allocation's room and keeps its identity for a next handle.
+    #[inline]
+    fn take_back(&mut self, r: Returned) {
+        self.free_location(r.location, r.id);
+        if self.spare.len() < self.config.spare_identities {
+            self.spare.push(r.identity);
+        }
     }
 
     /// Frees the room at `location` if `owner` holds it, recording the id for the device (the

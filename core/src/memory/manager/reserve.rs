@@ -89,9 +89,7 @@ impl<S: Shim> MemoryManager<S> {
             AllocationMode::Auto => self.reserve_arena(shim, aligned, used, update)?,
         };
         self.next_id += 1;
-        let handle = self.new_handle(id, size);
-        handle.set_location(Some(placed), false);
-        Ok(handle)
+        Ok(self.new_handle(id, size, Some(placed)))
     }
 
     fn reserve_whole(
