@@ -30,22 +30,35 @@ impl<S: Shim> Command<'_, S> {
     pub(super) fn reserve_room(&mut self, size: u64) -> Result<Handle, ServerError> {
         let update = self.page_update();
         let (shim, s) = self.parts();
-        let first = s.memory.try_reserve(shim, size, update);
-        let result = match first {
-            Err(e)
-                if update == PageUpdate::Allow
-                    && e.may_succeed_after_reclaim()
-                    && !e.is_device_lost() =>
-            {
-                debug!(
-                    "reserve of {} bytes failed; making room on every stream",
-                    size
-                );
-                self.make_room()?;
-                let (shim, s) = self.parts();
-                s.memory.try_reserve(shim, size, update)
-            }
-            other => other,
+        match s.memory.try_reserve(shim, size, update) {
+            Ok(handle) => Ok(handle),
+            Err(e) => self.reserve_refused(size, update, e),
+        }
+    }
+
+    /// The rest of [`Self::reserve_room`] once the first try was refused (`first`): the retry
+    /// after making room where that may help, and the refusal's bookkeeping.
+    #[cold]
+    #[inline(never)]
+    fn reserve_refused(
+        &mut self,
+        size: u64,
+        update: PageUpdate,
+        first: crate::error::IoError,
+    ) -> Result<Handle, ServerError> {
+        let result = if update == PageUpdate::Allow
+            && first.may_succeed_after_reclaim()
+            && !first.is_device_lost()
+        {
+            debug!(
+                "reserve of {} bytes failed; making room on every stream",
+                size
+            );
+            self.make_room()?;
+            let (shim, s) = self.parts();
+            s.memory.try_reserve(shim, size, update)
+        } else {
+            Err(first)
         };
         result.map_err(|e| {
             if let Some(cause) = e.driver_error() {

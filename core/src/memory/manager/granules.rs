@@ -42,6 +42,7 @@ impl<S: Shim> MemoryManager<S> {
     /// [`IoError::OutOfMemory`] (or the device's refusal) when a granule cannot be mapped; nothing
     /// changed then but idle granules given back, and the granules this placement mapped before
     /// the refusal, which stay mapped and idle (held and counted; a cleanup gives them back).
+    #[inline(always)]
     pub(super) fn reserve_granules(
         &mut self,
         shim: &S,
@@ -50,10 +51,36 @@ impl<S: Shim> MemoryManager<S> {
         used: Used,
         update: PageUpdate,
     ) -> Result<Option<Placed>, IoError> {
-        let which = size.slot();
         if !S::VIRTUAL_MEMORY || self.vm_granule == 0 {
             return Ok(None);
         }
+        // A block held back at a free of this size: its granules are touched (so mapped) still.
+        // On a miss, every held block is released. Inline: a reserve and drop loop of one size
+        // makes no call for its placement.
+        if let Some(pool) = self.vm[size.slot()].as_deref_mut()
+            && let Some(c) = pool.take_held(used.size, aligned, used)
+        {
+            debug_assert!({
+                let (first, last) = pool.span(c.addr, aligned);
+                (first..=last).all(|g| pool.usable(g))
+            });
+            return Ok(Some(c.placed(Pool::Granules(size))));
+        }
+        self.place_granules(shim, size, aligned, used, update)
+    }
+
+    /// [`Self::reserve_granules`] past the blocks held back: a placement in the range (reserved
+    /// first, at the pool's first request).
+    #[inline(never)]
+    fn place_granules(
+        &mut self,
+        shim: &S,
+        size: Size,
+        aligned: u64,
+        used: Used,
+        update: PageUpdate,
+    ) -> Result<Option<Placed>, IoError> {
+        let which = size.slot();
         if self.vm[which].is_none() {
             if update == PageUpdate::Forbidden {
                 return Ok(None);
@@ -64,15 +91,6 @@ impl<S: Shim> MemoryManager<S> {
         let Some(pool) = self.vm[which].as_deref_mut() else {
             return Ok(None);
         };
-        // A block held back at a free of this size: its granules are touched (so mapped) still.
-        // On a miss, every held block is released.
-        if let Some(c) = pool.take_held(used.size, aligned, used) {
-            debug_assert!({
-                let (first, last) = pool.span(c.addr, aligned);
-                (first..=last).all(|g| pool.usable(g))
-            });
-            return Ok(Some(c.placed(Pool::Granules(size))));
-        }
         let carved = if update == PageUpdate::Forbidden {
             pool.carve_in_mapped(used.size, aligned, alignment, used)
         } else {

@@ -80,34 +80,49 @@ impl<P> SlicedPool<P> {
             self.held.armed |= aligned == self.held.last_freed;
             return None;
         }
+        // The block held last first, inline: a loop of one size takes it back every time.
+        let last = self.held.next.wrapping_sub(1) & (HELD - 1);
+        if self.held.sizes[last] == aligned
+            && let Some(c) = self.take_slot(last, size, aligned, used)
+        {
+            return Some(c);
+        }
         self.take_held_from_ring(size, aligned, used)
     }
 
-    /// [`Self::take_held`] with blocks held.
+    /// [`Self::take_held`] past the block held last.
     #[inline(never)]
     fn take_held_from_ring(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
-        for back in 1..=HELD {
+        for back in 2..=HELD {
             let slot = self.held.next.wrapping_sub(back) & (HELD - 1);
-            if self.held.sizes[slot] != aligned {
-                continue;
-            }
-            let b = self.held.blocks[slot];
-            let (page, offset) = (
-                self.blocks[b as usize].page(),
-                self.blocks[b as usize].offset,
-            );
-            if !self.pages[page as usize]
-                .as_ref()
-                .is_some_and(|p| p.indexed)
+            if self.held.sizes[slot] == aligned
+                && let Some(c) = self.take_slot(slot, size, aligned, used)
             {
-                continue;
+                return Some(c);
             }
-            self.held.sizes[slot] = 0;
-            self.held.count -= 1;
-            return Some(self.mark_used(b, page, offset, size, aligned, used));
         }
         self.held.armed = false;
         None
+    }
+
+    /// The block held in `slot` (of `aligned` bytes) bound to `used`, unless its page is guarded
+    /// now (a guarded page's free room is not handed out).
+    #[inline(always)]
+    fn take_slot(&mut self, slot: usize, size: u64, aligned: u64, used: Used) -> Option<Carved> {
+        let b = self.held.blocks[slot];
+        let (page, offset) = (
+            self.blocks[b as usize].page(),
+            self.blocks[b as usize].offset,
+        );
+        if !self.pages[page as usize]
+            .as_ref()
+            .is_some_and(|p| p.indexed)
+        {
+            return None;
+        }
+        self.held.sizes[slot] = 0;
+        self.held.count -= 1;
+        Some(self.mark_used(b, page, offset, size, aligned, used))
     }
 
     /// A block for `aligned` bytes (`size` asked) bound to `used`: a held block of that size,
