@@ -337,6 +337,7 @@ impl Handle {
 
     /// A new handle, `placed` there (`None`: no memory yet), in the heap block of `spare` when
     /// there is one (a spare is owned whole: its last reference gave it up), else in a new one.
+    #[inline]
     pub(crate) fn reusing(
         spare: Option<SpareIdentity>,
         id: u64,
