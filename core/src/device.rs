@@ -328,8 +328,8 @@ impl<S: Shim> Device<S> {
     /// The device's bookkeeping, run at the start of every command operation and at teardown: the
     /// last steps of the dropped-handle path. A dropped handle's allocation comes back through
     /// its stream's return queue into that stream's manager (which frees its slice, and retires a
-    /// page that emptied); here the freed ids leave the failure and cross-stream records, and the
-    /// retired pages go into the stream's drop queue, which frees them on the device once a fence
+    /// page that emptied); here the freed ids leave the failure and cross-stream records (when
+    /// either holds anything), and the retired pages go into the stream's drop queue, which frees them on the device once a fence
     /// after their last use passed.
     pub(crate) fn collect(&mut self) {
         // Nothing came back, was freed or retired, and no future left anything since the last
@@ -338,9 +338,9 @@ impl<S: Shim> Device<S> {
             self.debug_assert_nothing_unrung();
             return;
         }
-        // Freed ids matter only to the failure and cross-stream records, which only live handles
-        // and bindings add to: with neither on record (the usual case), each manager drops its
-        // ids where they are.
+        // Freed (and rebound) ids matter only to the failure and cross-stream records: with
+        // neither holding anything (the usual case) there is nothing to forget, and each manager
+        // drops its ids where they are instead of handing them over.
         let forget = !(self.failures.is_empty() && self.foreign_uses.is_empty());
         for s in self.streams.iter_mut().flatten() {
             if forget {

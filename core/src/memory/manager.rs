@@ -142,7 +142,8 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// A manager as [`Self::new`] that records the ids of allocations released or rebound, for
-    /// [`Self::take_freed`] (the device drops their failure marks), and rings `attention` when
+    /// [`Self::take_freed`] (the device drops their failure marks) or [`Self::drop_freed`] (the
+    /// device has none to drop), and rings `attention` when
     /// an allocation comes back, an id is freed or a page retires (the device's bookkeeping).
     pub(crate) fn tracked(
         facts: &DeviceFacts,
@@ -306,7 +307,7 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    /// Whether ids were recorded since the last [`Self::take_freed`].
+    /// Whether ids were recorded since the last [`Self::take_freed`] or [`Self::drop_freed`].
     pub(crate) fn has_freed(&self) -> bool {
         self.freed.as_ref().is_some_and(|f| !f.is_empty())
     }

@@ -46,7 +46,7 @@ fn counts(mm: &MemoryManager<TestShim>) -> (u64, u64) {
 /// were held), and an explicit cleanup gives everything back (`sliced/held.rs`).
 /// The same under a slack that has nothing to give back (held blocks are released only when
 /// idle granules go back).
-#[cfg(feature = "held-blocks")]
+#[cfg(all(feature = "held-blocks", not(devcmd_no_held_blocks)))]
 #[test]
 fn a_repeated_size_is_served_from_a_held_block_and_nothing_stays_held() {
     for idle in [IdleGranules::UpToPeak, keep(64, 8 * G)] {
@@ -54,7 +54,7 @@ fn a_repeated_size_is_served_from_a_held_block_and_nothing_stays_held() {
     }
 }
 
-#[cfg(feature = "held-blocks")]
+#[cfg(all(feature = "held-blocks", not(devcmd_no_held_blocks)))]
 fn repeat_served_from_a_held_block(idle: IdleGranules) {
     let (shim, mut mm) = vm_device(idle);
     let held = |mm: &MemoryManager<TestShim>| {
@@ -87,6 +87,38 @@ fn repeat_served_from_a_held_block(idle: IdleGranules) {
     drop((keep, other));
     mm.cleanup(&shim, Cleanup::Explicit);
     assert_eq!((held(&mm), counts(&mm), shim.mapped.get()), (0, (0, 0), 0));
+}
+
+/// Several allocations returned between two looks are freed in the order they came back: the
+/// held ring then serves the last one freed first.
+#[cfg(all(feature = "held-blocks", not(devcmd_no_held_blocks)))]
+#[test]
+fn returns_are_freed_in_the_order_they_came_back() {
+    let (shim, mut mm) = vm_device(IdleGranules::UpToPeak);
+    let _keep = mm.reserve(&shim, 64, PageUpdate::Allow).unwrap();
+    // Arm holding: a request of the size last freed.
+    drop(mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap());
+    mm.collect_returns();
+    let handles: Vec<_> = (0..3)
+        .map(|_| mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap())
+        .collect();
+    let addrs: Vec<u64> = handles
+        .iter()
+        .map(|h| mm.resolve(h).unwrap().addr.0)
+        .collect();
+    // Dropped in turn with no look between: three returns wait in the queue.
+    drop(handles);
+    mm.collect_returns();
+    // Kept live: each take is a new block.
+    let kept: Vec<_> = (0..3)
+        .map(|_| mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap())
+        .collect();
+    let again: Vec<u64> = kept.iter().map(|h| mm.resolve(h).unwrap().addr.0).collect();
+    assert_eq!(
+        again,
+        [addrs[2], addrs[1], addrs[0]],
+        "the last freed is held last, so taken first"
+    );
 }
 
 #[test]

@@ -107,7 +107,7 @@ fn carving_at_an_offset_leaves_the_room_on_both_sides_free() {
 
 /// Holding arms on a repeat of the size last freed; a full ring releases a block to hold
 /// another, but a free finds a slot a take emptied first (no held block is released then).
-#[cfg(feature = "held-blocks")]
+#[cfg(all(feature = "held-blocks", not(devcmd_no_held_blocks)))]
 #[test]
 fn a_free_fills_an_emptied_slot_before_it_releases_a_held_block() {
     let mut pool = SlicedPool::new(MIB);
@@ -142,6 +142,54 @@ fn a_free_fills_an_emptied_slot_before_it_releases_a_held_block() {
     // Full now: the next free releases the block next in turn.
     let f = pool.free_held(again.block, 20).unwrap();
     assert!(f.held && f.released.is_some());
+    check(&pool);
+}
+
+/// A take tries the block held last first and, where its page is guarded now, an older block of
+/// the same size on another page (the most recent first); a miss on every slot lowers holding.
+#[cfg(all(feature = "held-blocks", not(devcmd_no_held_blocks)))]
+#[test]
+fn a_take_passes_over_a_held_block_on_a_guarded_page() {
+    let mut pool = SlicedPool::new(MIB);
+    pool.add_page((), 0, MIB);
+    pool.add_page((), 4 * MIB, MIB);
+    // Arm holding (a repeat of the size last freed), then hold blocks of 256 on both pages (the
+    // filler takes the rest of the first one's page).
+    let a = pool.carve_or_release(256, 256, used(1, 256)).unwrap();
+    assert!(!pool.free_held(a.block, 1).unwrap().held);
+    let older = pool.carve_or_release(256, 256, used(2, 256)).unwrap();
+    let filler = pool
+        .try_carve(MIB - 256, MIB - 256, used(3, MIB - 256))
+        .unwrap();
+    let last = pool.try_carve(256, 256, used(4, 256)).unwrap();
+    let page_of = |addr: u64| u32::from(addr >= 4 * MIB);
+    assert_ne!(
+        page_of(older.addr),
+        page_of(last.addr),
+        "one block on each page"
+    );
+    assert!(pool.free_held(older.block, 2).unwrap().held);
+    assert!(pool.free_held(last.block, 4).unwrap().held, "held last");
+    // The page of the block held last guarded: the older block, on the other page, serves.
+    pool.guard(page_of(last.addr), true);
+    let c = pool
+        .take_held(256, 256, used(5, 256))
+        .expect("the older slot serves");
+    assert_eq!(c.addr, older.addr);
+    // Only the guarded block is left: a miss, which lowers holding (the next free coalesces).
+    assert!(pool.take_held(256, 256, used(6, 256)).is_none());
+    assert_eq!(
+        pool.held_count(),
+        1,
+        "a miss takes nothing; the caller releases"
+    );
+    pool.release_held(|_, _| ());
+    assert!(
+        !pool.free_held(c.block, 5).unwrap().held,
+        "holding lowered by the miss"
+    );
+    pool.guard(page_of(last.addr), false);
+    assert!(pool.free_held(filler.block, 3).is_some());
     check(&pool);
 }
 

@@ -29,8 +29,11 @@ const _: () = assert!(HELD.is_power_of_two(), "slots wrap by a mask");
 const HOLD_MAX: u64 = 64 << 10;
 
 /// Whether this build holds blocks back (the `held-blocks` feature): without it every free
-/// coalesces at once and nothing below holds, the branches compiled out.
-const HOLDING: bool = cfg!(feature = "held-blocks");
+/// coalesces at once and nothing below holds, the branches compiled out. `--cfg
+/// devcmd_no_held_blocks` turns it off too, for CI's host run of the unit tests as a firmware
+/// builds them: the core's dev-dependencies turn `std`, so `held-blocks`, on in every test build,
+/// and Cargo unifies features.
+const HOLDING: bool = cfg!(all(feature = "held-blocks", not(devcmd_no_held_blocks)));
 
 /// The ring of held blocks. A slot is empty where its size is 0 (no block is 0 bytes).
 #[derive(Debug, Clone, Default)]
