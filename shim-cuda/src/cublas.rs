@@ -418,7 +418,7 @@ impl Cublas {
     /// `"cuBLAS set-up"`, the status's name).
     pub fn prepare(&self, cmd: &mut Command<'_, CudaShim>) -> Result<(), ServerError> {
         let mut lanes = self.lock();
-        self.lane(&mut lanes, cmd, None)?;
+        self.lane(&mut lanes, cmd)?;
         // cuBLASLt's handle too, where it loaded (it may allocate on the device).
         if self.lt_library.is_ok() {
             self.ensure_lt(&mut lanes, cmd)?;
@@ -430,24 +430,19 @@ impl Cublas {
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The lane of `cmd`'s stream on `device` (the device that issued the call's operands; when
-    /// `None`, `cmd`'s), created if missing.
+    /// The lane of `cmd`'s stream on `cmd`'s device, created if missing (operands of another
+    /// device are refused by the core next, whatever the lane).
     pub(crate) fn lane<'l>(
         &self,
         lanes: &'l mut Lanes,
         cmd: &mut Command<'_, CudaShim>,
-        device: Option<u32>,
     ) -> Result<&'l mut Lane, ServerError> {
-        let stream = cmd.stream_id().0;
-        let find = |lanes: &Lanes, device: u32| {
-            lanes
-                .lanes
-                .iter()
-                .position(|l| l.device == device && l.stream == stream)
-        };
-        // Without an operand to tell, a handle with no memory names the device.
-        let device = device.unwrap_or_else(|| cmd.lazy(0).issuer().device);
-        if let Some(i) = find(lanes, device) {
+        let (device, stream) = (cmd.device_id(), cmd.stream_id().0);
+        if let Some(i) = lanes
+            .lanes
+            .iter()
+            .position(|l| l.device == device && l.stream == stream)
+        {
             return Ok(&mut lanes.lanes[i]);
         }
         if cmd.capture_phase() == CapturePhase::Recording || self.shim.is_any_stream_capturing() {
@@ -488,12 +483,7 @@ impl Cublas {
             }
         }
         let workspace = cmd.empty(self.workspace_bytes)?;
-        let device = workspace.issuer().device;
-        if let Some(i) = find(lanes, device) {
-            // The operands came from another device (the core refuses them next): the lane of
-            // `cmd`'s device serves, and the new workspace goes back.
-            return Ok(&mut lanes.lanes[i]);
-        }
+        debug_assert_eq!(workspace.issuer().device, device);
         let handle = match lanes.spare.take() {
             Some(h) => h,
             None => {
@@ -612,14 +602,8 @@ impl Cublas {
     where
         F: FnOnce(cb::cublasHandle_t, &[DeviceSpan]) -> cb::cublasStatus_t,
     {
-        let device = reads
-            .iter()
-            .chain(updates)
-            .chain(writes)
-            .next()
-            .map(|h| h.issuer().device);
         let mut lanes = self.lock();
-        let lane = self.lane(&mut lanes, cmd, device)?;
+        let lane = self.lane(&mut lanes, cmd)?;
         // Up to 8 writes on the stack; more are rare (a GEMM has one).
         let mut stack: [&Handle; 8] = [&lane.workspace; 8];
         let mut heap = Vec::new();

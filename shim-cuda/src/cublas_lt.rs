@@ -443,10 +443,9 @@ impl Cublas {
         }
         let mut guard = self.lock();
         let lanes = &mut *guard;
-        let device = Some(a.issuer().device);
         // The plan is chosen for the workspace the stream's lane has (made with the size the
         // `Cublas` had then), not for the size set now.
-        let workspace = self.lane(lanes, cmd, device)?.workspace.len();
+        let workspace = self.lane(lanes, cmd)?.workspace.len();
         let key = Key {
             dtype: g.dtype,
             dims: [g.m, g.n, g.k, g.lda, g.ldb, g.ldc],
@@ -458,7 +457,7 @@ impl Cublas {
             .ensure_lt(lanes, cmd)?
             .ready(key)
             .map_err(setup_error)?;
-        let lane = self.lane(lanes, cmd, device)?;
+        let lane = self.lane(lanes, cmd)?;
         let ws = &lane.workspace;
         // With `beta != 0` cuBLASLt reads C too: an update, as for `Cublas::gemm`.
         let (only_c, c_and_ws, only_ws) = ([c], [c, ws], [ws]);

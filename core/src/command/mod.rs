@@ -195,6 +195,12 @@ impl<'a, S: Shim> Command<'a, S> {
         &self.device.shim
     }
 
+    /// The id of the device this command runs on (what [`Handle::issuer`] names for the
+    /// handles it issues: a library wrapper keeps its per-stream state by device and stream).
+    pub fn device_id(&self) -> u32 {
+        self.device.id
+    }
+
     /// The stream this command runs on.
     pub fn stream_id(&self) -> StreamId {
         StreamId(self.stream as u32)

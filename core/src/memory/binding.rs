@@ -4,7 +4,8 @@
 //! [`BindingRef`] (a handle's or binding's view, borrowed) and [`AsBinding`]. Does not own the
 //! identity they point at, its count, nor what the last reference does (`handle.rs`).
 
-use super::handle::{Handle, Identity, Location, ReturnQueue, debug_view, release};
+use super::handle::{Handle, Identity, ReturnQueue, debug_view, release};
+use super::pool::Location;
 use super::types::Issuer;
 use crate::error::{IoError, NotFoundReason};
 use core::fmt;

@@ -17,7 +17,7 @@
 //! ([`SpareIdentity`]) for its next handle: a reserve and drop cycle on warm pools allocates
 //! nothing.
 
-use super::pool::Pool;
+use super::pool::{Location, Placed, Pool};
 use super::return_queue::Queue;
 use super::types::Issuer;
 use crate::error::{IoError, NotFoundReason};
@@ -35,21 +35,6 @@ const HANDED_OVER: u32 = 1;
 /// An identity's `addr` when the address is not kept there (it does not fit a `usize`, or is
 /// `usize::MAX` itself): lookups read the pools instead.
 const NOT_KEPT: usize = usize::MAX;
-
-/// Where an allocation lives: a pool of the manager and a block of that pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Location {
-    pub pool: Pool,
-    pub block: u32,
-}
-
-/// Where an allocation was placed: its location and the device address its block starts at
-/// (which stays while the block is used: a used block never moves, splits or merges).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Placed {
-    pub location: Location,
-    pub addr: u64,
-}
 
 /// An allocation whose last handle and binding were dropped, on its way back to the device thread,
 /// with its identity for the manager's next handle.

@@ -29,9 +29,11 @@ pub use config::{IdleGranules, MemoryConfig, PageRelease};
 pub use handle::Handle;
 pub(crate) use handle::ReturnQueue;
 #[cfg(test)]
-pub(crate) use handle::{Location, Placed, Returned};
+pub(crate) use handle::Returned;
 pub use manager::MemoryManager;
 pub(crate) use manager::stream_named;
+#[cfg(test)]
+pub(crate) use pool::{Location, Placed};
 pub use report::{MemoryReport, PoolKind, PoolReport, ReadableBytes, Usage};
 pub use retire::{Released, RetiringGranule};
 pub use types::{

@@ -5,10 +5,26 @@
 //! Every dispatch on a pool is a `match` on it, so a new pool kind is a variant here and the
 //! compiler names each place that must serve it, and the compact form of a pool and a block that
 //! a handle's identity stores in one word ([`Pool::pack`], [`Pool::unpack`]: which is why a pool
-//! holds at most [`MAX_BLOCKS`] blocks). Does not own the pools themselves (the manager's fields,
+//! holds at most [`MAX_BLOCKS`] blocks), and where an allocation lives and was placed
+//! ([`Location`], [`Placed`]). Does not own the pools themselves (the manager's fields,
 //! reached through its accessors in `manager/lookup.rs`) nor the identity (`handle.rs`).
 
 use super::report::PoolKind;
+
+/// Where an allocation lives: a pool of the manager and a block of that pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location {
+    pub pool: Pool,
+    pub block: u32,
+}
+
+/// Where an allocation was placed: its location and the device address its block starts at
+/// (which stays while the block is used: a used block never moves, splits or merges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub location: Location,
+    pub addr: u64,
+}
 
 /// A pool of a manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

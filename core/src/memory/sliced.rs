@@ -13,7 +13,7 @@ mod held;
 mod views;
 
 use super::free_index::{FreeIndex, NIL};
-use super::handle::{Location, Placed};
+use super::pool::{Location, Placed};
 use super::pool::{MAX_BLOCKS, Pool};
 use alloc::vec::Vec;
 pub(crate) use block::Used;

@@ -17,8 +17,7 @@
 use super::MemoryManager;
 use crate::error::IoError;
 use crate::memory::config::{IdleGranules, PageRelease};
-use crate::memory::handle::Placed;
-use crate::memory::pool::{Pool, Size};
+use crate::memory::pool::{Placed, Pool, Size};
 use crate::memory::retire::{Released, RetireToken, RetiringGranule};
 use crate::memory::sliced::Used;
 use crate::memory::types::{PageUpdate, RetiredPage};

@@ -11,8 +11,8 @@
 use super::MemoryManager;
 use crate::error::IoError;
 use crate::memory::binding::{AsBinding, BindingRef};
-use crate::memory::handle::{Handle, Location, Placed, check_range};
-use crate::memory::pool::{Pool, Size, Whole};
+use crate::memory::handle::{Handle, check_range};
+use crate::memory::pool::{Location, Placed, Pool, Size, Whole};
 use crate::memory::sliced::{SlicedPool, Used};
 use crate::memory::types::{PageGuard, PageRef, RawPage, Resolved};
 use crate::memory::vm::GranulePool;

@@ -9,8 +9,8 @@
 
 use super::MemoryManager;
 use crate::memory::config::PageRelease;
-use crate::memory::handle::{Location, Returned};
-use crate::memory::pool::{Pool, Size, Whole};
+use crate::memory::handle::Returned;
+use crate::memory::pool::{Location, Pool, Size, Whole};
 use crate::memory::retire::{Released, Retire};
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{Cleanup, RawPage, RetiredPage};

@@ -8,8 +8,8 @@
 
 use super::{MemoryManager, round_up};
 use crate::error::{DriverError, Fault, IoError};
-use crate::memory::handle::{Handle, Location, Placed};
-use crate::memory::pool::{Pool, Size, Whole};
+use crate::memory::handle::Handle;
+use crate::memory::pool::{Location, Placed, Pool, Size, Whole};
 use crate::memory::sliced::Used;
 use crate::memory::types::{AllocationMode, Cleanup, PageUpdate, RawPage};
 use crate::shim::Shim;
