@@ -161,7 +161,10 @@ impl HostBuffer {
     /// # Errors
     ///
     /// [`IoError::HostAllocFailed`] when `len` overflows what the heap can address or the
-    /// allocator refuses it. Nothing panics or aborts, whatever `len`.
+    /// allocator refuses it. Nothing panics or aborts, whatever `len`; but where the operating
+    /// system overcommits memory (Linux by default), the allocator may grant more than the
+    /// machine can back, and writing the zeros may then make the system stop the process (the
+    /// out-of-memory killer): bound `len` by what the host has where it comes from outside.
     pub fn try_zeroed(len: usize) -> Result<Self, IoError> {
         let mut bytes = Vec::new();
         bytes
