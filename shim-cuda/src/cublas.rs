@@ -406,6 +406,13 @@ impl Cublas {
         self.workspace_bytes
     }
 
+    /// The cuBLAS handles (each with its workspace) this `Cublas` holds for streams: one per
+    /// stream it served. Those of a dropped device go when the next stream is served (a handle
+    /// is kept for it), or with the `Cublas`.
+    pub fn streams_held(&self) -> usize {
+        self.lock().lanes.len()
+    }
+
     /// Creates the cuBLAS handle and workspace of `cmd`'s stream now, where the first call would
     /// otherwise: before a stream records (creating them is refused while any stream of the
     /// device records), and cuBLASLt's handle where cuBLASLt loaded. Does nothing on a stream

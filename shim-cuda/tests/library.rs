@@ -103,6 +103,9 @@ fn a_cublas_outlives_devices_and_refuses_a_view_between_elements() {
             &mut rng,
             &format!("device {round}"),
         );
+        // The devices before went with their workspaces: their lanes were pruned when this
+        // device's stream was served.
+        assert_eq!(blas.streams_held(), 1, "device {round}");
     }
     let mut dev = Device::new(shim, DeviceConfig::default());
     let mut cmd = dev.command(S0).unwrap();
