@@ -329,8 +329,8 @@ impl<S: Shim> Device<S> {
     /// last steps of the dropped-handle path. A dropped handle's allocation comes back through
     /// its stream's return queue into that stream's manager (which frees its slice, and retires a
     /// page that emptied); here the freed ids leave the failure and cross-stream records (when
-    /// either holds anything), and the retired pages go into the stream's drop queue, which frees them on the device once a fence
-    /// after their last use passed.
+    /// either holds anything), and the retired pages go into the stream's drop queue, which
+    /// frees them on the device once a fence after their last use passed.
     pub(crate) fn collect(&mut self) {
         // Nothing came back, was freed or retired, and no future left anything since the last
         // look (the usual case between operations): one load, no stream visited.

@@ -438,7 +438,7 @@ impl Cublas {
     }
 
     /// The lane of `cmd`'s stream on `cmd`'s device, created if missing (operands of another
-    /// device are refused by the core next, whatever the lane).
+    /// device are refused by the core once the call reaches it, whatever the lane).
     pub(crate) fn lane<'l>(
         &self,
         lanes: &'l mut Lanes,

@@ -195,8 +195,9 @@ impl<'a, S: Shim> Command<'a, S> {
         &self.device.shim
     }
 
-    /// The id of the device this command runs on (what [`Handle::issuer`] names for the
-    /// handles it issues: a library wrapper keeps its per-stream state by device and stream).
+    /// The id of the device this command runs on: the `device` of the
+    /// [`Issuer`](crate::memory::Issuer) every handle its streams issue carries
+    /// ([`Handle::issuer`]). A library wrapper keeps its per-stream state by it and the stream.
     pub fn device_id(&self) -> u32 {
         self.device.id
     }

@@ -13,8 +13,7 @@ mod held;
 mod views;
 
 use super::free_index::{FreeIndex, NIL};
-use super::pool::{Location, Placed};
-use super::pool::{MAX_BLOCKS, Pool};
+use super::pool::{Location, MAX_BLOCKS, Placed, Pool};
 use alloc::vec::Vec;
 pub(crate) use block::Used;
 
