@@ -3,7 +3,8 @@
 //! against a plain model of who holds what. After every step each live handle and binding
 //! resolves to its allocation's first range, and no two live allocations share a byte; after a
 //! collection exactly the allocations whose last reference went are freed (the manager's freed
-//! ids, once each), the report counts the live ones, and a new reservation never reuses an id.
+//! ids, once each; a collection that drops the ids frees them all the same), the report counts
+//! the live ones, and a new reservation never reuses an id.
 //! The manager keeps two spare identities, so both recycled and freed identities are exercised.
 //! Cases: `DEVCMD_PROPTEST_CASES` (default 500; under miri, as the CI sets it).
 
@@ -25,6 +26,8 @@ enum Op {
     Drop(usize),
     DropElsewhere(usize),
     Collect,
+    /// A collection whose ids nothing needs (the device with no failure or cross-stream record).
+    CollectDropping,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -35,6 +38,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<usize>().prop_map(Op::Drop),
         1 => any::<usize>().prop_map(Op::DropElsewhere),
         2 => Just(Op::Collect),
+        1 => Just(Op::CollectDropping),
     ]
 }
 
@@ -157,6 +161,16 @@ fn run(ops: &[Op]) {
                     mm.report().device().allocations,
                     refs.len() as u64,
                     "the report counts the live allocations"
+                );
+            }
+            Op::CollectDropping => {
+                mm.drop_freed();
+                assert!(!mm.has_freed(), "the ids recorded are dropped");
+                ever_freed.extend(core::mem::take(&mut due));
+                assert_eq!(
+                    mm.report().device().allocations,
+                    refs.len() as u64,
+                    "what came back is freed all the same"
                 );
             }
         }
