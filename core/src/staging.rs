@@ -15,7 +15,9 @@
 //! worker threads where it has them), then copied to the device from there, and a fence is
 //! recorded after it. While the host copies piece *i*, the device copies piece *i − 1*. A buffer
 //! is reused only once the fence after its last device copy passed, so the ring holds at most
-//! `depth × chunk` pinned bytes per stream, whatever the size of the copy. A read into ordinary
+//! `depth × chunk` pinned bytes per stream, whatever the size of the copy (beside it, for a
+//! while, a buffer whose fence could not be recorded, held by the drop queue until its next
+//! fence, or one whose fence could not be read, leaked). A read into ordinary
 //! memory runs the same way backwards. The ring keeps its buffers between copies (no pinned
 //! allocation per piece, none per copy once warm) and gives them back at a memory cleanup.
 //!

@@ -129,8 +129,10 @@ impl<S: Shim> Command<'_, S> {
     /// Uploads `src` (packed rows) into `handle`'s view at `t` with `layout`, pipelined through
     /// the staging ring; returns `false`, having done nothing, when the ring has no buffer and
     /// the pool cannot serve one. Only while no stream records. A failed piece (or a failed
-    /// wait for a buffer) fails the whole write: the pieces enqueued before it still land, but
-    /// every row of the write is marked failed (the failure rule), so none is read as data.
+    /// wait for a later buffer) fails the whole write: the pieces enqueued before it still land,
+    /// but every row of the write is marked failed (the failure rule), so none is read as data.
+    /// A failed wait for the first buffer, or a failed order after other streams, returns before
+    /// anything is enqueued: the rows keep their bytes and marks.
     pub(super) fn upload_pipelined(
         &mut self,
         handle: &Handle,
@@ -214,7 +216,9 @@ impl<S: Shim> Command<'_, S> {
     /// # Errors
     ///
     /// The fault a wait reveals, the shim's refusal of a copy or a fence. `dst` then holds some
-    /// of the bytes; the ring's buffers the device may still write stay fenced in the ring.
+    /// of the bytes. A buffer the device may still write stays fenced in the ring, or, where its
+    /// fence could not be recorded, goes to the drop queue for the next fence; one whose fence
+    /// could not be read is leaked.
     pub(super) fn read_pipelined(
         &mut self,
         handle: &Handle,
