@@ -17,6 +17,7 @@ use crate::memory::{Binding, PageGuard, ReturnQueue};
 use crate::shim::Shim;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::mem::ManuallyDrop;
 
 /// Graphs dropped by their callers, on their way back to the device thread.
 pub(crate) type GraphReturns<S> = Arc<ReturnQueue<Arc<Recorded<S>>>>;
@@ -91,7 +92,8 @@ impl<S: Shim> core::fmt::Debug for Recorded<S> {
 /// ordered after earlier replays and before later ones), and record the graph to read that
 /// buffer rather than upload into it.
 pub struct Graph<S: Shim> {
-    pub(crate) recorded: Arc<Recorded<S>>,
+    /// Moved into the device's queue when the graph drops (never dropped here: see `Drop`).
+    pub(crate) recorded: ManuallyDrop<Arc<Recorded<S>>>,
     pub(crate) returns: GraphReturns<S>,
     pub(crate) device: u32,
     pub(crate) stream: u32,
@@ -144,8 +146,13 @@ impl<S: Shim> core::fmt::Debug for Graph<S> {
 impl<S: Shim> Drop for Graph<S> {
     fn drop(&mut self) {
         // The device lets it go at its next command, outside any recording (replays in flight
-        // hold their own references until their fences pass).
-        // Only a memory manager's queue is ever closed: this push always lands.
-        let _ = self.returns.push(Arc::clone(&self.recorded));
+        // hold their own references until their fences pass). The graph's own reference is
+        // moved into the queue, not cloned: a clone would leave this one to drop here, after
+        // the device may have dropped the queued one, and the last reference (the shim's graph
+        // destroyed, host bytes unregistered) would then go on this thread, maybe while a stream
+        // records. Only a memory manager's queue is ever closed: this push always lands.
+        // SAFETY: `recorded` is taken once, here, and the graph is not used after its drop.
+        let recorded = unsafe { ManuallyDrop::take(&mut self.recorded) };
+        let _ = self.returns.push(recorded);
     }
 }

@@ -79,8 +79,10 @@ pub enum CapturePhase {
 
 /// A recording in progress, returned by [`Command::begin_capture`](crate::Command::begin_capture)
 /// and given back to [`Command::end_capture`](crate::Command::end_capture). Dropping it instead
-/// ends the recording cleanly: the device's next command aborts it (nothing is kept, nothing is
-/// marked failed). On CUDA a recording must end on the thread that began it, so drop it there too.
+/// ends the recording cleanly: the device's next command, or the next operation of the command
+/// that began it, aborts it (nothing is kept, nothing is marked failed), on the thread that
+/// makes that call. On CUDA a recording must end on the thread that began it: make that call
+/// there.
 #[derive(Debug)]
 pub struct Recording {
     pub(crate) device: u32,

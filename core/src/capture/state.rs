@@ -135,6 +135,12 @@ impl<S: Shim> CaptureState<S> {
         }
     }
 
+    /// Whether no recording is open (nor discarded and not yet ended).
+    #[inline]
+    pub fn is_idle(&self) -> bool {
+        matches!(self.state, State::Idle)
+    }
+
     /// Whether the caller dropped the [`Recording`](super::Recording) of the open (or discarded)
     /// recording.
     pub fn abandoned(&self) -> bool {

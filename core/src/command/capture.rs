@@ -4,8 +4,8 @@
 //!
 //! Owns the order of each transition's steps (the state changes first, so a refused call runs
 //! nothing), sealing (guards on every touched page, the graph's upload) and the failure rule of a
-//! replay. Does not own the state machine (`capture/mod.rs`), what a recording collects
-//! (`capture/window.rs`) nor the device's share (`capture/device.rs`).
+//! replay. Does not own the state machine (`capture/state.rs`), what a recording collects
+//! (`capture/window.rs`) nor what a sealed graph keeps (`capture/graph.rs`).
 
 use super::Command;
 use super::engine::Work;
@@ -174,7 +174,7 @@ impl<S: Shim> Command<'_, S> {
     ) -> Result<(alloc::boxed::Box<Window<S>>, R), ServerError> {
         let stream = self.stream as u32;
         if recording.device != self.device.id || recording.stream != stream {
-            // Dropping `recording` abandons it: the next command aborts it.
+            // Dropping `recording` abandons it: the next command (or operation) aborts it.
             return Err(CaptureError::NotRecording { stream }.into());
         }
         recording.ended = true;
@@ -238,7 +238,7 @@ impl<S: Shim> Command<'_, S> {
             b.keep_for_graph();
         }
         Graph {
-            recorded: Arc::new(Recorded {
+            recorded: core::mem::ManuallyDrop::new(Arc::new(Recorded {
                 exec,
                 name,
                 touched,
@@ -247,7 +247,7 @@ impl<S: Shim> Command<'_, S> {
                 host: Owned::new(host),
                 host_bytes,
                 guards,
-            }),
+            })),
             returns: Arc::clone(self.device.capture.returns()),
             device: self.device.id,
             stream: self.stream as u32,
@@ -256,8 +256,9 @@ impl<S: Shim> Command<'_, S> {
 
     /// Discards this stream's recording after `reason` failed one of its steps: the shim's
     /// capture is ended and thrown away, the buffers the recording would have written carry the
-    /// failure, and every operation on the stream answers it until [`Self::end_capture`]. Does
-    /// nothing unless this stream records.
+    /// failure, and every operation on the stream that begins as the engine does (all but
+    /// `flush_drops`, `poll_drops`, `reserve_host` and `lazy`) answers it until
+    /// [`Self::end_capture`]. Does nothing unless this stream records.
     pub(super) fn discard_recording(&mut self, reason: &ServerError) {
         let stream = self.stream;
         let (shim, raw, capture) = self.capture_parts();

@@ -161,6 +161,23 @@ impl<'a, S: Shim> Command<'a, S> {
         } else {
             self.device.debug_assert_nothing_unrung();
         }
+        // And no recording is open (one compare).
+        if self.device.capture.is_idle() {
+            return Ok(());
+        }
+        self.begin_beside_recording()
+    }
+
+    /// The part of [`Self::begin`] for a device with a recording open: a recording whose
+    /// [`Recording`](crate::Recording) was dropped is aborted here, as the device's next command
+    /// would (else this command would go on recording into it, and its work would never run);
+    /// a discarded one fails this stream's operations with its reason.
+    #[cold]
+    #[inline(never)]
+    fn begin_beside_recording(&mut self) -> Result<(), ServerError> {
+        if self.device.capture.abandoned() {
+            self.device.abort_capture();
+        }
         self.device.capture.check_open(self.stream)
     }
 

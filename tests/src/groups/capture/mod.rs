@@ -91,6 +91,7 @@ pub fn capture<H: Harness>(h: &H, mode: Mode) {
     refusals::what_waits_on_the_recording_is_refused(h, mode);
     refusals::other_streams_keep_working_apart_from_its_memory(h, mode);
     refusals::an_abandoned_recording_ends_cleanly(h, mode);
+    refusals::work_on_the_same_command_after_the_token_is_dropped_runs(h, mode);
     refusals::a_bind_inside_a_recording_keeps_other_streams_uses(h, mode);
     failures::a_replay_whose_input_failed_is_skipped(h, mode);
 }

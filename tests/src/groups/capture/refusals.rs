@@ -250,6 +250,31 @@ pub(crate) fn an_abandoned_recording_ends_cleanly<H: Harness>(h: &H, mode: Mode)
     }
 }
 
+/// Dropping the `Recording` ends the recording for the command that began it too: its next
+/// operation runs at once (it is not recorded into a recording no one can end, which would
+/// report success for work that never runs).
+pub(crate) fn work_on_the_same_command_after_the_token_is_dropped_runs<H: Harness>(
+    h: &H,
+    mode: Mode,
+) {
+    let what = format!("[{mode}] capture: the same command after its Recording was dropped");
+    let mut c = ctx(h, mode, "capture");
+    let (p, q) = (pattern(SMALL, 53), pattern(SMALL, 54));
+    let y = must(c.create(S0, &p), &what);
+    {
+        let mut cmd = must(c.dev.command(S0), &what);
+        let rec = must(cmd.begin_capture("dropped"), &what);
+        drop(rec);
+        must(cmd.write_from(&y, &q), &what);
+        assert_eq!(
+            cmd.capture_phase(),
+            CapturePhase::Idle,
+            "{what}: the write ended the abandoned recording"
+        );
+    }
+    c.expect_read(S0, &y, &q, &what, &[suspect::GRAPH]);
+}
+
 /// A bind inside a recording hands the room's uses by other streams to the handle it binds to,
 /// and the replays wait for them: S1's slow write of S0's room is still running when S0 records
 /// `bind(room, t)` (`t` had memory of its own, which the bind frees) and a launch that reads `t`;
