@@ -144,8 +144,8 @@ impl<S: Shim> MemoryManager<S> {
 
     /// A manager as [`Self::new`] that records the ids of allocations released or rebound, for
     /// [`Self::take_freed`] (the device drops their failure marks) or [`Self::drop_freed`] (the
-    /// device has none to drop), and rings `attention` when
-    /// an allocation comes back, an id is freed or a page retires (the device's bookkeeping).
+    /// device has none to drop), and rings `attention` when an allocation comes back, an id is
+    /// freed or a page retires (the device's bookkeeping).
     pub(crate) fn tracked(
         facts: &DeviceFacts,
         config: MemoryConfig,
@@ -318,9 +318,7 @@ impl<S: Shim> MemoryManager<S> {
     #[inline]
     pub(crate) fn take_freed(&mut self, out: &mut Vec<u64>) {
         // Nothing dropped since the last look (the usual case between operations): no call.
-        if !self.returns.is_empty() {
-            self.collect_returns();
-        }
+        self.collect_returns();
         if let Some(freed) = &mut self.freed
             && !freed.is_empty()
         {
@@ -332,9 +330,7 @@ impl<S: Shim> MemoryManager<S> {
     /// with no failure or cross-stream record to clear them from).
     #[inline]
     pub(crate) fn drop_freed(&mut self) {
-        if !self.returns.is_empty() {
-            self.collect_returns();
-        }
+        self.collect_returns();
         if let Some(freed) = &mut self.freed {
             freed.clear();
         }

@@ -3,16 +3,15 @@
 //! steps and an edge host's loop repeat, then costs no search, split, coalesce or index update,
 //! and lands where the last one did.
 //!
-//! Owns the ring of held blocks and the rules: a block is held only where it is small (64 KiB
-//! at most) and its page is indexed (no guard); only a full ring releases a block (the next in
-//! turn) to take a new one; a held block is served only to a request of its exact size on an unguarded page; any
-//! other request releases every held block into the free index before it is placed, so it sees
-//! the free room exactly as if nothing had been held (only exact repeats land differently);
-//! held blocks are released too before idle memory is given back, at an explicit cleanup and
-//! before their page is taken out. Held blocks count as free on their page (its `live`,
-//! `in_use` and `padding` dropped them). Does not own when the caller asks, nor what a caller
-//! counts beside the pool (a granule pool keeps a held block's granules touched until it is
-//! released: `vm.rs`).
+//! Owns the ring of held blocks and the rules: a block is held only where it is small (64 KiB at
+//! most) and its page is indexed (no guard); only a full ring releases a block (the next in turn)
+//! to take a new one; a held block is served only to a request of its exact size on an unguarded
+//! page; any other request releases every held block into the free index before it is placed, so it
+//! sees the free room exactly as if nothing had been held (only exact repeats land differently);
+//! held blocks are released too before idle memory is given back, at an explicit cleanup and before
+//! their page is taken out. Held blocks count as free on their page (its `live`, `in_use` and
+//! `padding` dropped them). Does not own when the caller asks, nor what a caller counts beside the
+//! pool (a granule pool keeps a held block's granules touched until it is released: `vm.rs`).
 
 use super::{BlockState, Carved, SlicedPool, Used};
 
