@@ -90,9 +90,9 @@ pub struct AddressShim<const VM: bool = true> {
     pub maps: Cell<u64>,
     /// Unmap calls so far.
     pub unmaps: Cell<u64>,
-    /// The memory handle of each granule mapped now, by address: an unmap must name what was
-    /// mapped there (the shim panics otherwise: the core broke the contract).
-    pub mappings: RefCell<BTreeMap<u64, u64>>,
+    /// The memory handle and size of each mapping now, by address: an unmap must name what one
+    /// map made there, whole (the shim panics otherwise: the core broke the contract).
+    pub mappings: RefCell<BTreeMap<u64, (u64, u64)>>,
 }
 
 /// A page of an [`AddressShim`]: an address range.
@@ -317,14 +317,26 @@ impl<const VM: bool> Shim for AddressShim<VM> {
         if !self.fits(size) {
             return Err(self.classify(ShimOp::VmMap, status::OUT_OF_MEMORY));
         }
-        let memory = self.maps.get() + 1;
-        let before = self.mappings.borrow_mut().insert(addr.0, memory);
         assert!(
-            before.is_none(),
-            "AddressShim::vm_map at {:#x}, where a granule is mapped already: the caller broke \
-             Shim::vm_map's contract (unmap it first)",
+            size > 0 && size.is_multiple_of(granule),
+            "AddressShim::vm_map of {size} bytes, not a whole number of granules ({granule} \
+             bytes): the caller broke Shim::vm_map's contract"
+        );
+        let memory = self.maps.get() + 1;
+        let mut mappings = self.mappings.borrow_mut();
+        let before = mappings
+            .range(..=addr.0)
+            .next_back()
+            .map(|(&a, &(_, n))| a + n);
+        let after = mappings.range(addr.0..).next().map(|(&a, _)| a);
+        assert!(
+            before.is_none_or(|end| end <= addr.0) && after.is_none_or(|a| a >= addr.0 + size),
+            "AddressShim::vm_map of {size} bytes at {:#x}, where a granule is mapped already: the \
+             caller broke Shim::vm_map's contract (unmap it first)",
             addr.0
         );
+        mappings.insert(addr.0, (memory, size));
+        drop(mappings);
         self.maps.set(memory);
         self.live_bytes.set(self.live_bytes.get() + size);
         self.mapped.set(self.mapped.get() + 1);
@@ -336,9 +348,9 @@ impl<const VM: bool> Shim for AddressShim<VM> {
         let was = self.mappings.borrow_mut().remove(&addr.0);
         assert_eq!(
             was,
-            Some(memory),
-            "AddressShim::vm_unmap at {:#x} of memory {memory}: the caller broke \
-             Shim::vm_unmap's contract (found {was:?} mapped there)",
+            Some((memory, size)),
+            "AddressShim::vm_unmap at {:#x} of memory {memory}, {size} bytes: the caller broke \
+             Shim::vm_unmap's contract (found (memory, size) {was:?} mapped there)",
             addr.0
         );
         self.live_bytes.set(self.live_bytes.get() - size);

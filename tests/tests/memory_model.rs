@@ -118,8 +118,9 @@ fn padded(size: u64) -> u64 {
 
 impl World {
     /// With `vm`, the device has virtual memory (64 KiB granules) and the small pool and the
-    /// arena are granule pools, keeping `idle` of their idle granules; without, they hold pages.
-    fn new(vm: bool, idle: IdleGranules) -> Self {
+    /// arena are granule pools, keeping `idle` of their idle granules and mapping a placement's
+    /// inner granules by one call with `spans`; without, they hold pages.
+    fn new(vm: bool, idle: IdleGranules, spans: bool) -> Self {
         let shim = StdShim::builder()
             .total_memory(64 * MIB)
             .page_alignment(ALIGN)
@@ -134,6 +135,7 @@ impl World {
             virtual_memory: vm,
             spare_identities: 8,
             idle_granules: idle,
+            map_spans: spans,
         };
         let budget = MemoryBudget::new(Some(BUDGET));
         let mut mm = MemoryManager::new(
@@ -453,12 +455,12 @@ proptest! {
 
     #[test]
     fn the_manager_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
-        check_model(false, IdleGranules::UpToPeak, &ops)?;
+        check_model(false, IdleGranules::UpToPeak, false, &ops)?;
     }
 
     #[test]
     fn the_manager_with_granule_pools_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
-        check_model(true, IdleGranules::UpToPeak, &ops)?;
+        check_model(true, IdleGranules::UpToPeak, false, &ops)?;
     }
 
     #[test]
@@ -466,13 +468,22 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..60),
         per_64 in 0u32..=64,
     ) {
-        check_model(true, IdleGranules::Slack { per_64, floor: 0 }, &ops)?;
+        check_model(true, IdleGranules::Slack { per_64, floor: 0 }, false, &ops)?;
+    }
+
+    #[test]
+    fn the_manager_mapping_spans_matches_the_model(
+        ops in proptest::collection::vec(op(), 1..60),
+        per_64 in proptest::option::of(0u32..=64),
+    ) {
+        let idle = per_64.map_or(IdleGranules::UpToPeak, |per_64| IdleGranules::Slack { per_64, floor: 0 });
+        check_model(true, idle, true, &ops)?;
     }
 }
 
-fn check_model(vm: bool, idle: IdleGranules, ops: &[Op]) -> Result<(), TestCaseError> {
+fn check_model(vm: bool, idle: IdleGranules, spans: bool, ops: &[Op]) -> Result<(), TestCaseError> {
     {
-        let mut world = World::new(vm, idle);
+        let mut world = World::new(vm, idle, spans);
         for op in ops {
             world.apply(op)?;
         }

@@ -38,6 +38,13 @@ pub struct MemoryConfig {
     /// by no guard): keep them up to the most the pools ever held (the default), or give back
     /// what passes a slack above the granules in use. See [`IdleGranules`].
     pub idle_granules: IdleGranules,
+    /// Map the inner granules of a placement (all but its first and last, which neighbours may
+    /// share) with one device call instead of one call per granule. Such a mapping goes back
+    /// whole, only once every granule of it is idle, so idle granules beside live ones stay
+    /// held: fewer device calls for a higher peak. Off by default (the peak rule then gives any
+    /// idle granule back); worth it with [`IdleGranules::Slack`], where each load swing
+    /// otherwise costs a call per granule (BENCHMARKS.md, "Mapping spans").
+    pub map_spans: bool,
 }
 
 impl Default for MemoryConfig {
@@ -50,6 +57,7 @@ impl Default for MemoryConfig {
             virtual_memory: true,
             spare_identities: 256,
             idle_granules: IdleGranules::UpToPeak,
+            map_spans: false,
         }
     }
 }

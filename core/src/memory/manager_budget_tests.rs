@@ -14,6 +14,7 @@ fn a_degenerate_configuration_cannot_route_a_request_to_a_pool_too_small() {
         virtual_memory: false,
         spare_identities: 8,
         idle_granules: IdleGranules::UpToPeak,
+        map_spans: false,
     };
     let mut mm = manager(&shim, config, MemoryBudget::new(None));
     for size in [0, 1, 31, 32, 33, 4096, MIB, 256 * MIB] {

@@ -374,6 +374,9 @@ mod vm;
 #[path = "manager_idle_tests.rs"]
 mod idle;
 
+#[path = "manager_span_tests.rs"]
+mod spans;
+
 #[test]
 fn an_alignment_past_two_gib_is_honoured_as_two_gib() {
     // A slice's padding is kept in 32 bits (`sliced.rs`): a device asking for 8 GiB of alignment

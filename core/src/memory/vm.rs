@@ -28,19 +28,29 @@ use alloc::vec::Vec;
 pub(crate) enum Backing {
     /// Nothing.
     Unmapped,
-    /// Device memory (the shim's handle of it).
+    /// Device memory (the shim's handle of the mapping the granule belongs to).
     Mapped(u64),
     /// Device memory handed to the drop queue to unmap after a fence; the token says whether it
-    /// did, or the manager took it back first.
+    /// did, or the manager took it back first. Every granule of the mapping shares it.
     Retiring(u64, Arc<RetireToken>),
 }
 
+/// One granule: its use counts, what is behind it, and the mapping it belongs to. A mapping is
+/// what one device call mapped: one granule, or under
+/// [`MemoryConfig::map_spans`](crate::memory::MemoryConfig::map_spans) the inner granules of a
+/// placement. It goes back whole (the contract's `vm_unmap` takes back exactly what one
+/// `vm_map` mapped): only once every granule of it is idle, and taking back one retiring granule
+/// takes back its whole mapping.
 #[derive(Debug)]
 struct Granule {
     /// Live allocations that touch the granule.
     users: u32,
     /// Guards that keep it mapped.
     guards: u32,
+    /// The first granule of the mapping it belongs to, while backed (stale while unmapped).
+    head: u32,
+    /// On a mapping's first granule: how many granules the mapping spans.
+    len: u32,
     backing: Backing,
 }
 
@@ -111,6 +121,8 @@ impl GranulePool {
         granules.resize_with(count as usize, || Granule {
             users: 0,
             guards: 0,
+            head: 0,
+            len: 0,
             backing: Backing::Unmapped,
         });
         Self {
@@ -181,36 +193,54 @@ impl GranulePool {
         u64::from(self.mapped) << self.shift
     }
 
+    /// The mapping granule `g` (backed) belongs to, as (first granule, granules).
+    #[inline]
+    fn mapping(&self, g: u32) -> (u32, u32) {
+        let head = self.granules[g as usize].head;
+        (head, self.granules[head as usize].len)
+    }
+
     /// How granule `g` stands for an allocation about to be placed over it; a retiring granule
-    /// whose fence has not passed is taken back (so it counts as mapped from now on).
+    /// whose fence has not passed is taken back with its whole mapping (so it counts as mapped
+    /// from now on; the mapping's idle granules join the cache).
     pub(crate) fn need(&mut self, g: u32) -> Need {
-        let gr = &mut self.granules[g as usize];
-        match &gr.backing {
-            Backing::Mapped(_) => Need::Mapped,
-            Backing::Unmapped => Need::Map,
-            Backing::Retiring(memory, token) => {
-                let memory = *memory;
-                self.retiring_now -= 1;
-                // A drop queue on another thread may be unmapping it right now: the address is
-                // mapped again only once that is done.
-                token.wait_unmapped();
-                if token.settle(Retire::Cancelled) {
-                    gr.backing = Backing::Mapped(memory);
-                    Need::TakenBack
-                } else {
-                    // Unmapped by the drop queue: its memory and budget are gone.
-                    gr.backing = Backing::Unmapped;
-                    self.mapped -= 1;
-                    Need::Map
+        let (memory, token) = match &self.granules[g as usize].backing {
+            Backing::Mapped(_) => return Need::Mapped,
+            Backing::Unmapped => return Need::Map,
+            Backing::Retiring(memory, token) => (*memory, Arc::clone(token)),
+        };
+        let (head, len) = self.mapping(g);
+        self.retiring_now -= len;
+        // A drop queue on another thread may be unmapping it right now: the address is mapped
+        // again only once that is done.
+        token.wait_unmapped();
+        if token.settle(Retire::Cancelled) {
+            for u in head..head + len {
+                self.granules[u as usize].backing = Backing::Mapped(memory);
+                if self.idle(u) {
+                    self.cache_push(u);
                 }
             }
+            Need::TakenBack
+        } else {
+            // Unmapped by the drop queue: its memory and budget are gone.
+            for u in head..head + len {
+                self.granules[u as usize].backing = Backing::Unmapped;
+            }
+            self.mapped -= len;
+            Need::Map
         }
     }
 
-    /// Records that granule `g` was mapped with the shim's `memory`.
-    pub(crate) fn set_mapped(&mut self, g: u32, memory: u64) {
-        self.granules[g as usize].backing = Backing::Mapped(memory);
-        self.mapped += 1;
+    /// Records that the `len` granules from `first` were mapped by one call, with the shim's
+    /// `memory`.
+    pub(crate) fn set_mapped(&mut self, first: u32, len: u32, memory: u64) {
+        for gr in &mut self.granules[first as usize..(first + len) as usize] {
+            gr.backing = Backing::Mapped(memory);
+            gr.head = first;
+        }
+        self.granules[first as usize].len = len;
+        self.mapped += len;
         self.mapped_peak = self.mapped_peak.max(self.mapped);
         self.maps += 1;
     }

@@ -25,6 +25,7 @@ pub struct Preset {
 pub const PRESETS: &[Preset] = &[
     Preset { name: "default", about: "MemoryConfig::default()", config: MemoryConfig::default },
     Preset { name: "give-back", about: "default, idle granules past as many as are in use given back at every reservation", config: || MemoryConfig { idle_granules: IdleGranules::Slack { per_64: 64, floor: 0 }, ..MemoryConfig::default() } },
+    Preset { name: "follow-live", about: "default, idle granules past 16 per 64 in use given back at every reservation, a placement's inner granules mapped by one call", config: || MemoryConfig { idle_granules: IdleGranules::Slack { per_64: 16, floor: 0 }, map_spans: true, ..MemoryConfig::default() } },
     Preset { name: "pages", about: "default, without virtual memory: whole pages (devices without it)", config: || MemoryConfig { virtual_memory: false, ..MemoryConfig::default() } },
 ];
 
@@ -88,6 +89,7 @@ pub const FIELDS: &[Field] = &[
     Field { key: "spare_identities", kind: Kind::Count, set: |c, v| c.spare_identities = count(v) },
     Field { key: "idle_slack_per_64", kind: Kind::Count, set: |c, v| c.idle_granules = slack(c, Some(v), None) },
     Field { key: "idle_slack_floor", kind: Kind::Bytes, set: |c, v| c.idle_granules = slack(c, None, Some(v)) },
+    Field { key: "map_spans", kind: Kind::Flag, set: |c, v| c.map_spans = v != 0 },
 ];
 
 fn parse_flag(text: &str) -> Result<u64, String> {

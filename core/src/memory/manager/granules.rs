@@ -149,10 +149,14 @@ impl<S: Shim> MemoryManager<S> {
                 return Ok(None);
             }
         }
-        // Every granule of the span: a retiring one is taken back, a missing one mapped.
-        for g in first..=last {
+        // Every granule of the span: a retiring one is taken back (with its mapping), a missing
+        // one mapped; under `map_spans` the missing inner granules side by side in one call.
+        let spans = self.config.map_spans;
+        let mut g = first;
+        while g <= last {
             let pool = self.vm[which].as_deref_mut().expect("reserved above");
             if pool.need(g) != Need::Map {
+                g += 1;
                 continue;
             }
             if update == PageUpdate::Forbidden {
@@ -163,11 +167,20 @@ impl<S: Shim> MemoryManager<S> {
                 pool.undo(first, last, c.block, used.owner);
                 return Ok(None);
             }
-            let addr = pool.addr_of(g);
-            let mapped = match self.budget.take(granule) {
-                Ok(()) => shim.vm_map(DeviceAddr(addr), granule).map_err(|e| {
-                    self.budget.give_back(granule);
-                    self.page_error(e, used.size, granule)
+            let run = g;
+            g += 1;
+            // The span's first and last granules are mapped alone: neighbours may share them,
+            // and a mapping goes back only when every granule of it is idle.
+            if spans && run != first {
+                while g < last && pool.need(g) == Need::Map {
+                    g += 1;
+                }
+            }
+            let (addr, bytes) = (pool.addr_of(run), u64::from(g - run) * granule);
+            let mapped = match self.budget.take(bytes) {
+                Ok(()) => shim.vm_map(DeviceAddr(addr), bytes).map_err(|e| {
+                    self.budget.give_back(bytes);
+                    self.page_error(e, used.size, bytes)
                 }),
                 Err(r) => Err(IoError::OutOfMemory {
                     size: used.size,
@@ -178,7 +191,7 @@ impl<S: Shim> MemoryManager<S> {
             };
             let pool = self.vm[which].as_deref_mut().expect("reserved above");
             match mapped {
-                Ok(memory) => pool.set_mapped(g, memory),
+                Ok(memory) => pool.set_mapped(run, g - run, memory),
                 Err(e) => {
                     // Undo the placement; the granules mapped for it join the cache (idle).
                     pool.undo(first, last, c.block, used.owner);
@@ -345,7 +358,9 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Gives back up to `count` idle granules (all of them for `usize::MAX`), most recently
-    /// idle first, from both granule pools.
+    /// idle first, from both granule pools. A mapping goes back whole and only once every
+    /// granule of it is idle, so under `map_spans` fewer may be found, or up to a mapping's
+    /// granules less one more may go.
     pub(super) fn give_back_idle(&mut self, shim: &S, count: usize) {
         if !S::VIRTUAL_MEMORY {
             return;
@@ -359,22 +374,22 @@ impl<S: Shim> MemoryManager<S> {
                 let Some(pool) = self.vm[which].as_deref_mut() else {
                     break;
                 };
-                let Some((g, memory)) = pool.take_cached() else {
+                let Some((g, len, memory)) = pool.take_cached() else {
                     break;
                 };
-                let (addr, size) = (pool.addr_of(g), pool.granule);
+                let (addr, size) = (pool.addr_of(g), u64::from(len) * pool.granule);
                 match self.release {
                     PageRelease::Immediate => {
                         // SAFETY: `Immediate` is set only through the unsafe
                         // `release_pages_immediately`, whose caller promised no device work uses
-                        // memory whose handles were dropped; an idle granule holds no live
-                        // allocation.
+                        // memory whose handles were dropped; a mapping whose every granule is
+                        // idle holds no live allocation, and `size` is all of it.
                         unsafe { shim.vm_unmap(DeviceAddr(addr), size, memory) };
                         self.budget.give_back(size);
                     }
                     PageRelease::Fenced => {
                         let token = Arc::new(RetireToken::pending());
-                        pool.retire(g, memory, Arc::clone(&token));
+                        pool.retire(g, len, memory, Arc::clone(&token));
                         self.retire(RetiredPage {
                             raw: Released::Granule(RetiringGranule::new(addr, size, memory, token)),
                             size,
@@ -382,7 +397,7 @@ impl<S: Shim> MemoryManager<S> {
                         });
                     }
                 }
-                left -= 1;
+                left = left.saturating_sub(len as usize);
             }
         }
     }

@@ -231,7 +231,7 @@ impl<S: Shim> MemoryManager<S> {
                 continue;
             };
             let granule = pool.granule;
-            for (g, memory, token) in pool.drain_backed() {
+            for (g, len, memory, token) in pool.drain_backed() {
                 // Retiring: its retired page unmapped it if it was freed (above, or from the
                 // device's drop queue before this call). One still out (`take_retired` kept by
                 // the caller) is cancelled here and unmapped with the rest: its later free then
@@ -242,9 +242,11 @@ impl<S: Shim> MemoryManager<S> {
                 }) {
                     continue;
                 }
-                // SAFETY: as above.
-                unsafe { shim.vm_unmap(DeviceAddr(pool.addr_of(g)), granule, memory) };
-                self.budget.give_back(granule);
+                let bytes = u64::from(len) * granule;
+                // SAFETY: as above; `bytes` is the whole mapping one `vm_map` made at its first
+                // granule.
+                unsafe { shim.vm_unmap(DeviceAddr(pool.addr_of(g)), bytes, memory) };
+                self.budget.give_back(bytes);
             }
             // SAFETY: every granule of the range is unmapped now, and no pending work uses it. A
             // range counts nothing against the budget; its granules did.

@@ -25,43 +25,52 @@ impl GranulePool {
     }
 
     /// Whether granule `g` is mapped, unused and unguarded (what the cache should hold).
-    fn idle(&self, g: u32) -> bool {
+    pub(super) fn idle(&self, g: u32) -> bool {
         idle(&self.granules, g)
     }
 
-    /// Takes an idle granule out of the cache to give back: its index and the shim's memory
-    /// handle; the granule is unmapped from the pool's point of view (the caller unmaps it, or
-    /// retires it with [`Self::retire`]).
-    pub(crate) fn take_cached(&mut self) -> Option<(u32, u64)> {
+    /// Takes a mapping whose every granule is idle out of the cache to give back: its first
+    /// granule, its granules and the shim's memory handle; it is unmapped from the pool's point
+    /// of view (the caller unmaps it, or retires it with [`Self::retire`]). An idle granule
+    /// whose mapping is still partly in use leaves the cache: the mapping's last granule to go
+    /// idle is pushed then, and brings the whole mapping back.
+    pub(crate) fn take_cached(&mut self) -> Option<(u32, u32, u64)> {
         while let Some(g) = self.cache.pop() {
             if !self.idle(g) {
                 continue; // stale: used or given back since it was cached
             }
-            let Backing::Mapped(memory) =
-                core::mem::replace(&mut self.granules[g as usize].backing, Backing::Unmapped)
-            else {
+            let (head, len) = self.mapping(g);
+            if !(head..head + len).all(|u| self.idle(u)) {
+                continue; // part of its mapping is in use
+            }
+            let Backing::Mapped(memory) = self.granules[head as usize].backing else {
                 continue;
             };
-            self.mapped -= 1;
+            for gr in &mut self.granules[head as usize..(head + len) as usize] {
+                gr.backing = Backing::Unmapped;
+            }
+            self.mapped -= len;
             self.unmaps += 1;
-            return Some((g, memory));
+            return Some((head, len, memory));
         }
         None
     }
 
-    /// Marks granule `g` (just taken from the cache) as retiring with `memory` until `token`
-    /// says its fence passed: it still counts as held.
-    pub(crate) fn retire(&mut self, g: u32, memory: u64, token: Arc<RetireToken>) {
-        self.granules[g as usize].backing = Backing::Retiring(memory, token);
-        self.mapped += 1;
-        self.retiring_now += 1;
-        self.retiring.push(g);
-        // Entries go stale when a retiring granule is taken back before `settle` runs (a
+    /// Marks the mapping of `len` granules from `head` (just taken from the cache) as retiring
+    /// with `memory` until `token` says its fence passed: it still counts as held.
+    pub(crate) fn retire(&mut self, head: u32, len: u32, memory: u64, token: Arc<RetireToken>) {
+        for gr in &mut self.granules[head as usize..(head + len) as usize] {
+            gr.backing = Backing::Retiring(memory, Arc::clone(&token));
+        }
+        self.mapped += len;
+        self.retiring_now += len;
+        self.retiring.push(head);
+        // Entries go stale when a retiring mapping is taken back before `settle` runs (a
         // reservation that trims idle granules and then places into one of them, over and
-        // over): compacted as the cache is (`settle` reads only the granule).
+        // over): compacted as the cache is (`settle` reads only the granules).
         let granules = &self.granules;
         compact(&mut self.retiring, granules.len(), |r| {
-            matches!(granules[r as usize].backing, Backing::Retiring(..))
+            retiring_head(granules, r)
         });
     }
 
@@ -72,15 +81,21 @@ impl GranulePool {
         let mut gone = 0;
         let granules = &mut self.granules;
         self.retiring.retain(|&g| {
-            let gr = &mut granules[g as usize];
-            let Backing::Retiring(_, token) = &gr.backing else {
+            if !retiring_head(granules, g) {
                 return false; // taken back (`need`) or drained since
+            }
+            let gr = &granules[g as usize];
+            let Backing::Retiring(_, token) = &gr.backing else {
+                return false;
             };
             match token.state() {
                 Retire::Pending | Retire::Unmapping => true,
                 Retire::Done => {
-                    gr.backing = Backing::Unmapped;
-                    gone += 1;
+                    let len = gr.len;
+                    for u in &mut granules[g as usize..(g + len) as usize] {
+                        u.backing = Backing::Unmapped;
+                    }
+                    gone += len;
                     false
                 }
                 Retire::Cancelled => false,
@@ -91,15 +106,17 @@ impl GranulePool {
         gone
     }
 
-    /// Every granule with memory behind it, as (index, shim memory, retire token if retiring),
-    /// for teardown: the pool forgets them.
-    pub(crate) fn drain_backed(&mut self) -> Vec<(u32, u64, Option<Arc<RetireToken>>)> {
+    /// Every mapping with memory behind it, as (first granule, granules, shim memory, retire
+    /// token if retiring), for teardown: the pool forgets them.
+    pub(crate) fn drain_backed(&mut self) -> Vec<(u32, u32, u64, Option<Arc<RetireToken>>)> {
         let mut out = Vec::new();
         for (i, gr) in self.granules.iter_mut().enumerate() {
+            let head = gr.head == i as u32;
             match core::mem::replace(&mut gr.backing, Backing::Unmapped) {
                 Backing::Unmapped => {}
-                Backing::Mapped(m) => out.push((i as u32, m, None)),
-                Backing::Retiring(m, t) => out.push((i as u32, m, Some(t))),
+                _ if !head => {}
+                Backing::Mapped(m) => out.push((i as u32, gr.len, m, None)),
+                Backing::Retiring(m, t) => out.push((i as u32, gr.len, m, Some(t))),
             }
         }
         self.mapped = 0;
@@ -126,6 +143,13 @@ impl GranulePool {
 fn idle(granules: &[Granule], g: u32) -> bool {
     let gr = &granules[g as usize];
     gr.users == 0 && gr.guards == 0 && matches!(gr.backing, Backing::Mapped(_))
+}
+
+/// Whether granule `g` of `granules` is the first of a retiring mapping (what the retiring list
+/// should hold).
+fn retiring_head(granules: &[Granule], g: u32) -> bool {
+    let gr = &granules[g as usize];
+    gr.head == g && matches!(gr.backing, Backing::Retiring(..))
 }
 
 /// Keeps a list of granule indices whose entries go stale (`keep` says which still count)

@@ -1,0 +1,153 @@
+//! The granule pools under [`MemoryConfig::map_spans`]: a placement's inner granules mapped by
+//! one call, and a mapping given back whole, only once every granule of it is idle.
+
+use super::*;
+
+/// A 2 MiB-granule device whose pools map spans (pages freed at once, or fenced), its budget.
+fn spans_device(fenced: bool) -> (TestShim, MemoryBudget, MemoryManager<TestShim>) {
+    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
+    let budget = MemoryBudget::new(None);
+    let config = MemoryConfig {
+        map_spans: true,
+        ..MemoryConfig::default()
+    };
+    let mm = if fenced {
+        let issuer = Issuer {
+            device: 1,
+            stream: 0,
+        };
+        MemoryManager::new(&shim.facts, config, issuer, budget.clone())
+    } else {
+        manager(&shim, config, budget.clone())
+    };
+    (shim, budget, mm)
+}
+
+/// The mappings the shim holds now, as (first granule from the range's start, granules).
+fn mappings(shim: &TestShim) -> Vec<(u64, u64)> {
+    let m = shim.mappings.borrow();
+    let base = m.keys().next().copied().unwrap_or(0) / (2 * MIB) * (2 * MIB);
+    m.iter()
+        .map(|(&a, &(_, n))| ((a - base) / (2 * MIB), n / (2 * MIB)))
+        .collect()
+}
+
+/// Whether the report, the budget and the shim agree on the bytes held (retiring mappings
+/// included: mapped until their fence).
+fn agree(shim: &TestShim, budget: &MemoryBudget, mm: &mut MemoryManager<TestShim>) {
+    let held = mm.bytes_held();
+    let live = shim.live_bytes.get();
+    assert_eq!(
+        (held, budget.held()),
+        (live, live),
+        "the report, the budget and the shim agree"
+    );
+}
+
+#[test]
+fn a_placements_inner_granules_are_mapped_by_one_call() {
+    let (shim, budget, mut mm) = spans_device(false);
+    // 10 MiB from the range's start: granule 0 alone, 1-3 together, 4 alone.
+    let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mappings(&shim), [(0, 1), (1, 3), (4, 1)]);
+    assert_eq!((shim.maps.get(), shim.live_bytes.get()), (3, 10 * MIB));
+    agree(&shim, &budget, &mut mm);
+    drop(a);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(
+        (shim.mapped.get(), shim.unmaps.get()),
+        (0, 3),
+        "each mapping whole"
+    );
+    agree(&shim, &budget, &mut mm);
+    // Without the setting, a call per granule.
+    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
+    let mut mm = manager(&shim, MemoryConfig::default(), MemoryBudget::new(None));
+    let _a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.maps.get(), 5);
+}
+
+#[test]
+fn a_mapping_goes_back_only_when_every_granule_of_it_is_idle() {
+    let (shim, budget, mut mm) = spans_device(false);
+    drop(mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap());
+    // Over granules 0-2, on room with memory behind it: two of the middle mapping's three
+    // granules in use.
+    let x = mm.reserve(&shim, 4 * MIB + 1, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.maps.get(), 3, "placed where memory is");
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(
+        mappings(&shim),
+        [(0, 1), (1, 3)],
+        "granule 4 went; granule 3 is idle, but its mapping is not"
+    );
+    agree(&shim, &budget, &mut mm);
+    drop(x);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(mappings(&shim), []);
+    agree(&shim, &budget, &mut mm);
+    // SAFETY: the test shim runs no device work.
+    unsafe { mm.release_all(&shim) };
+    assert_eq!((shim.ranges.get(), budget.held()), (0, 0));
+}
+
+#[test]
+fn fenced_taking_back_one_granule_takes_back_its_whole_mapping() {
+    let (shim, budget, mut mm) = spans_device(true);
+    drop(mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap());
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(mm.retired_bytes(), 10 * MIB, "three mappings retiring");
+    // Granules 0-2: the mappings of granule 0 and of 1-3 are taken back, 4 stays retiring.
+    let x = mm.reserve(&shim, 4 * MIB + 1, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.maps.get(), 3, "no map: taken back");
+    assert_eq!(mm.retired_bytes(), 2 * MIB);
+    agree(&shim, &budget, &mut mm);
+    for page in mm.take_retired() {
+        // SAFETY: no device work exists in this test.
+        unsafe { page.free(&shim) };
+    }
+    assert_eq!(
+        mappings(&shim),
+        [(0, 1), (1, 3)],
+        "the taken back stay mapped"
+    );
+    agree(&shim, &budget, &mut mm);
+    // Granule 3 came back idle with its mapping: a 2 MiB reservation lands there, no map.
+    let y = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.maps.get(), 3);
+    drop((x, y));
+    mm.cleanup(&shim, Cleanup::Explicit);
+    for page in mm.take_retired() {
+        // SAFETY: as above.
+        unsafe { page.free(&shim) };
+    }
+    assert_eq!((mappings(&shim), budget.held()), (alloc::vec![], 0));
+    // SAFETY: as above.
+    unsafe { mm.release_all(&shim) };
+    assert_eq!(shim.ranges.get(), 0);
+}
+
+#[test]
+fn a_release_all_unmaps_each_mapping_whole() {
+    let (shim, budget, mut mm) = spans_device(true);
+    let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    let b = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    drop(a);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    let out = mm.take_retired();
+    assert!(!out.is_empty());
+    // One retired mapping still out with its caller, one live allocation: the shim checks each
+    // unmap names a whole mapping.
+    // SAFETY: no device work exists in this test.
+    unsafe { mm.release_all(&shim) };
+    assert_eq!(
+        (shim.mapped.get(), shim.ranges.get(), budget.held()),
+        (0, 0, 0)
+    );
+    for page in out {
+        // SAFETY: as above; cancelled by the release, it frees nothing.
+        unsafe { page.free(&shim) };
+    }
+    assert_eq!(shim.unmaps.get(), shim.maps.get());
+    drop(b);
+}
