@@ -11,13 +11,15 @@
 //! not counted; every allocation of the core (small slices, the arena, several granules, a
 //! dedicated page, persistent memory) is made after it. The shim allocates through `cuMemAlloc`
 //! pages and virtual-memory granules only (no stream-ordered pool, whose release threshold could
-//! keep freed memory), and pinned host memory does not count in `cuMemGetInfo`. Two rounds: a
-//! leak per round shows in the second as in the first.
+//! keep freed memory), and pinned host memory does not count in `cuMemGetInfo`. Two rounds (a
+//! leak per round shows in the second as in the first) on a device with the default memory
+//! settings, then two on one whose granule pools map spans and give idle granules back past a
+//! slack.
 
 mod common;
 
 use common::{gpu, pattern, say};
-use devcmd::memory::AllocationMode;
+use devcmd::memory::{AllocationMode, IdleGranules, MemoryConfig};
 use devcmd::{Device, DeviceConfig, Handle, ReadRequest, StreamId};
 use devcmd_cuda::{CudaShim, sys};
 
@@ -103,10 +105,31 @@ fn after_every_handle_is_dropped_and_a_cleanup_the_driver_has_its_memory_back() 
     let Some(shim) = gpu(test) else {
         return;
     };
-    let before_device = free_bytes(&shim);
-    let mut dev = Device::new(shim.clone(), DeviceConfig::default());
+    // The default, then granule pools that map a placement's inner granules by one call and
+    // give idle ones back past a slack (mappings of several granules, unmapped whole).
+    let spans = DeviceConfig {
+        memory: MemoryConfig {
+            map_spans: true,
+            idle_granules: IdleGranules::Slack {
+                per_64: 16,
+                floor: 0,
+            },
+            ..MemoryConfig::default()
+        },
+        ..DeviceConfig::default()
+    };
+    for (name, config) in [("default", DeviceConfig::default()), ("map_spans", spans)] {
+        every_round_gives_the_memory_back(&shim, &format!("{test} ({name})"), config);
+    }
+}
+
+/// Two rounds on a new device with `config`: after each, the driver's free memory is back at
+/// its value with the device up.
+fn every_round_gives_the_memory_back(shim: &CudaShim, test: &str, config: DeviceConfig) {
+    let before_device = free_bytes(shim);
+    let mut dev = Device::new(shim.clone(), config);
     dev.command(S0).unwrap().sync().unwrap().wait().unwrap();
-    let start = free_bytes(&shim);
+    let start = free_bytes(shim);
     say(&format!(
         "{test}: free {start} bytes with the device and its stream up ({} bytes below the \
          context alone)",
@@ -120,12 +143,12 @@ fn after_every_handle_is_dropped_and_a_cleanup_the_driver_has_its_memory_back() 
             "round {n}: the core's report says {held} bytes are still held after every handle \
              was dropped and memory_cleanup ran; expected 0 (see the report's pools)"
         );
-        let now = free_bytes(&shim);
+        let now = free_bytes(shim);
         say(&format!("{test}: round {n}: free {now} bytes"));
         after.push(now);
     }
     drop(dev);
-    let dropped = free_bytes(&shim);
+    let dropped = free_bytes(shim);
     say(&format!(
         "{test}: free {dropped} bytes after the device dropped"
     ));

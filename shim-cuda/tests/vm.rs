@@ -289,8 +289,9 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// What a map and an unmap of one granule cost (the core maps granule by granule), next to
-/// `cuMemAlloc` + `cuMemFree` of the same size; printed, not asserted.
+/// What a map and an unmap of one granule cost (the core maps granule by granule), and of
+/// spans of 4, 16 and 64 granules by one call (`MemoryConfig::map_spans`), next to `cuMemAlloc`
+/// + `cuMemFree` of one granule; printed, not asserted.
 #[test]
 fn map_and_unmap_latency_per_granule() {
     let test = "map_and_unmap_latency_per_granule";
@@ -314,14 +315,30 @@ fn map_and_unmap_latency_per_granule() {
         }
         unmap_us.push(t.elapsed().as_secs_f64() * 1e6 / N as f64);
     }
-    // One map of the whole range at once.
-    let t = Instant::now();
-    let h = shim.vm_map(base, N * g).unwrap();
-    let whole_map = t.elapsed().as_secs_f64() * 1e6;
-    let t = Instant::now();
-    // SAFETY: nothing used it.
-    unsafe { shim.vm_unmap(base, N * g, h) };
-    let whole_unmap = t.elapsed().as_secs_f64() * 1e6;
+    // Spans of several granules mapped by one call each (`MemoryConfig::map_spans`): what one
+    // call costs by its length.
+    let mut spans = String::new();
+    for len in [4u64, 16, 64] {
+        let (mut m, mut u) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            let handles: Vec<u64> = (0..N / len)
+                .map(|i| shim.vm_map(base.offset(i * len * g), len * g).unwrap())
+                .collect();
+            m.push(t.elapsed().as_secs_f64() * 1e6 / (N / len) as f64);
+            let t = Instant::now();
+            for (i, h) in handles.into_iter().enumerate() {
+                // SAFETY: nothing ever used the range.
+                unsafe { shim.vm_unmap(base.offset(i as u64 * len * g), len * g, h) };
+            }
+            u.push(t.elapsed().as_secs_f64() * 1e6 / (N / len) as f64);
+        }
+        spans.push_str(&format!(
+            "; {len} granules by one call: map {:.1} us, unmap {:.1} us",
+            median(&mut m),
+            median(&mut u)
+        ));
+    }
     // SAFETY: nothing is mapped.
     unsafe { shim.vm_release(base, N * g) };
     let (mut alloc_us, mut free_us) = (Vec::new(), Vec::new());
@@ -339,15 +356,12 @@ fn map_and_unmap_latency_per_granule() {
     say(&format!(
         "vm latency on {} (granule {} MiB, {N} granules, median of {ROUNDS} rounds): \
          map {:.1} us/granule (cuMemCreate + cuMemMap + cuMemSetAccess), unmap {:.1} us/granule \
-         (cuMemUnmap + cuMemRelease); one map of {} MiB {:.1} us, its unmap {:.1} us; \
-         for comparison cuMemAlloc {:.1} us, cuMemFree {:.1} us per {} MiB page",
+         (cuMemUnmap + cuMemRelease){spans}; for comparison cuMemAlloc {:.1} us, cuMemFree \
+         {:.1} us per {} MiB page",
         shim.name(),
         g >> 20,
         median(&mut map_us),
         median(&mut unmap_us),
-        (N * g) >> 20,
-        whole_map,
-        whole_unmap,
         median(&mut alloc_us),
         median(&mut free_us),
         g >> 20,
