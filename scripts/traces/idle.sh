@@ -6,6 +6,8 @@
 # can make at a given held/live over time, with one call per 2 MiB granule. Prints markdown.
 #
 #   bash scripts/traces/idle.sh            # builds devcmd-trace (release) first
+#   bash scripts/traces/idle.sh --spans    # the same, each setting also with map_spans (one
+#                                          # device call for a placement's inner granules)
 #   CARGO="flock /tmp/lock cargo" bash scripts/traces/idle.sh   # the build through a wrapper
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,6 +23,17 @@ settings=(
   "Slack 64/64, --fenced|-c give-back --fenced"
   "Slack 0/64, --fenced|-c default --set idle_slack_per_64=0 --fenced"
 )
+if [ "${1:-}" = --spans ]; then
+  settings=(
+    "UpToPeak|-c default"
+    "UpToPeak, spans|-c default --set map_spans=1"
+    "Slack 64/64, spans|-c give-back --set map_spans=1"
+    "Slack 16/64|-c default --set idle_slack_per_64=16"
+    "Slack 16/64, spans (follow-live)|-c follow-live"
+    "Slack 16/64, spans, --fenced|-c follow-live --fenced"
+    "Slack 0/64, spans|-c default --set idle_slack_per_64=0 --set map_spans=1"
+  )
+fi
 for t in traces/*.csv.gz; do
   n=$(basename "$t" .csv.gz)
   for i in "${!settings[@]}"; do
@@ -47,4 +60,4 @@ for t in traces:
     print(f"| {t} | " + " | ".join(cells) + " |")
 PY
 echo
-python3 scripts/traces/idle_bound.py traces/*.csv.gz
+[ "${1:-}" = --spans ] || python3 scripts/traces/idle_bound.py traces/*.csv.gz

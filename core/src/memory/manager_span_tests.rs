@@ -2,6 +2,7 @@
 //! one call, and a mapping given back whole, only once every granule of it is idle.
 
 use super::*;
+use alloc::sync::Arc;
 
 /// A 2 MiB-granule device whose pools map spans (pages freed at once, or fenced), its budget.
 fn spans_device(fenced: bool) -> (TestShim, MemoryBudget, MemoryManager<TestShim>) {
@@ -150,4 +151,79 @@ fn a_release_all_unmaps_each_mapping_whole() {
     }
     assert_eq!(shim.unmaps.get(), shim.maps.get());
     drop(b);
+}
+
+#[test]
+fn idle_granules_beside_one_in_use_in_their_mapping_may_not_go() {
+    use crate::memory::vm::GranulePool;
+    const G: u64 = 2 * MIB;
+    let mut p = GranulePool::new(64 * G, 16 * G, G);
+    // An allocation over granules 2-5, mapped by one call.
+    p.touch(2, 5);
+    p.set_mapped(2, 4, 7);
+    assert_eq!((p.mapped, p.idle_count(), p.idle_free_count()), (4, 0, 0));
+    p.untouch(2, 5);
+    assert_eq!((p.idle_count(), p.idle_free_count()), (4, 4));
+    // One granule in use again: the other three are idle but pinned by it.
+    p.touch(3, 3);
+    assert_eq!((p.idle_count(), p.idle_free_count()), (3, 0));
+    assert_eq!(p.take_cached(), None, "no mapping is wholly idle");
+    // A guard is a use too.
+    p.guard(4, true);
+    p.untouch(3, 3);
+    assert_eq!((p.idle_count(), p.idle_free_count()), (3, 0));
+    p.guard(4, false);
+    assert_eq!((p.idle_count(), p.idle_free_count()), (4, 4));
+    assert_eq!(p.take_cached(), Some((2, 4, 7)), "the whole mapping, once");
+    assert_eq!(p.take_cached(), None);
+    assert_eq!((p.mapped, p.idle_count(), p.idle_free_count()), (0, 0, 0));
+}
+
+#[test]
+fn a_retiring_mapping_is_taken_back_whole_or_forgotten_whole_at_its_fence() {
+    use crate::memory::retire::{Retire, RetireToken};
+    use crate::memory::vm::{GranulePool, Need};
+    const G: u64 = 2 * MIB;
+    let mut p = GranulePool::new(64 * G, 16 * G, G);
+    p.touch(2, 5);
+    p.set_mapped(2, 4, 7);
+    p.untouch(2, 5);
+    let (head, len, memory) = p.take_cached().unwrap();
+    let token = Arc::new(RetireToken::pending());
+    p.retire(head, len, memory, Arc::clone(&token));
+    assert_eq!((p.mapped, p.held(), p.idle_count()), (4, 4 * G, 0), "retiring: held");
+    // A placement over granule 4 takes the whole mapping back; 2, 3 and 5 are idle, pinned.
+    p.touch(4, 4);
+    assert_eq!(p.need(4), Need::TakenBack);
+    assert_eq!(token.state(), Retire::Cancelled);
+    assert_eq!(p.need(5), Need::Mapped, "taken back with it");
+    assert_eq!((p.mapped, p.idle_count(), p.idle_free_count()), (4, 3, 0));
+    assert_eq!(p.settle(), 0);
+    // Retired again, and unmapped by the drop queue this time: forgotten whole.
+    p.untouch(4, 4);
+    let (head, len, memory) = p.take_cached().unwrap();
+    let token = Arc::new(RetireToken::pending());
+    p.retire(head, len, memory, Arc::clone(&token));
+    assert!(token.settle(Retire::Done));
+    assert_eq!((p.settle(), p.mapped, p.held()), (4, 0, 0));
+    assert_eq!(p.need(3), Need::Map, "unmapped: mapped anew when needed");
+}
+
+#[test]
+fn a_map_refused_mid_span_undoes_the_placement_and_keeps_what_was_mapped_idle() {
+    let (shim, budget, mut mm) = spans_device(false);
+    // Room for the first granule's call, not for the three inner ones.
+    shim.device_limit.set(4 * MIB);
+    let e = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap_err();
+    assert!(matches!(e, IoError::OutOfMemory { .. }), "{e:?}");
+    assert_eq!(mappings(&shim), [(0, 1)]);
+    assert_eq!(mm.report().device().allocations, 0);
+    agree(&shim, &budget, &mut mm);
+    mm.cleanup(&shim, Cleanup::Explicit);
+    assert_eq!(mappings(&shim), []);
+    agree(&shim, &budget, &mut mm);
+    shim.device_limit.set(1 << 30);
+    let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.resolve(&a).unwrap().len, 10 * MIB);
+    agree(&shim, &budget, &mut mm);
 }

@@ -51,6 +51,9 @@ struct Granule {
     head: u32,
     /// On a mapping's first granule: how many granules the mapping spans.
     len: u32,
+    /// On a mapped mapping's first granule: how many of its granules are in use (touched or
+    /// guarded); 0 when it may go back.
+    in_use: u32,
     backing: Backing,
 }
 
@@ -97,6 +100,9 @@ pub(crate) struct GranulePool {
     pub mapped: u32,
     /// Granules touched by a live allocation or held by a guard (whatever is behind them).
     pub busy: u32,
+    /// Idle granules whose mapping has a granule in use: they cannot go back before it (only
+    /// under `map_spans`, where a mapping spans several granules).
+    pinned: u32,
     /// Granules retiring now (counted in `mapped` until their fence).
     retiring_now: u32,
     pub mapped_peak: u32,
@@ -123,6 +129,7 @@ impl GranulePool {
             guards: 0,
             head: 0,
             len: 0,
+            in_use: 0,
             backing: Backing::Unmapped,
         });
         Self {
@@ -135,6 +142,7 @@ impl GranulePool {
             retiring: Vec::new(),
             mapped: 0,
             busy: 0,
+            pinned: 0,
             retiring_now: 0,
             mapped_peak: 0,
             maps: 0,
@@ -179,13 +187,71 @@ impl GranulePool {
         (self.granules.len() as u64) << self.shift
     }
 
-    /// Mapped granules neither touched nor guarded (what the cache holds). Exact between
-    /// placements, when every granule in use is mapped: what is behind the range, less what is
-    /// retiring, less what is in use.
+    /// Mapped granules neither touched nor guarded. Exact between placements, when every granule
+    /// in use is mapped: what is behind the range, less what is retiring, less what is in use.
     pub(crate) fn idle_count(&self) -> u32 {
         self.mapped
             .saturating_sub(self.retiring_now)
             .saturating_sub(self.busy)
+    }
+
+    /// Idle granules that may go back now: [`Self::idle_count`] less those whose mapping has a
+    /// granule in use.
+    pub(crate) fn idle_free_count(&self) -> u32 {
+        debug_assert_eq!(
+            self.pinned as usize,
+            (0..self.granules.len() as u32)
+                .filter(|&g| self.idle(g) && self.granules[self.mapping(g).0 as usize].in_use > 0)
+                .count(),
+            "the count of pinned idle granules agrees with the granules"
+        );
+        self.idle_count().saturating_sub(self.pinned)
+    }
+
+    /// Granule `g` went into use (touched or guarded, from neither): counted, and in its
+    /// mapping's count.
+    fn now_in_use(&mut self, g: u32) {
+        self.busy += 1;
+        if !matches!(self.granules[g as usize].backing, Backing::Mapped(_)) {
+            return; // counted when mapped or taken back (`count_in_use`)
+        }
+        let (head, len) = self.mapping(g);
+        let h = &mut self.granules[head as usize];
+        h.in_use += 1;
+        if h.in_use == 1 {
+            self.pinned += len - 1;
+        } else {
+            self.pinned -= 1;
+        }
+    }
+
+    /// Granule `g` went out of use: counted off, and in its mapping's count; it joins the cache.
+    fn now_idle(&mut self, g: u32) {
+        self.busy -= 1;
+        if matches!(self.granules[g as usize].backing, Backing::Mapped(_)) {
+            let (head, len) = self.mapping(g);
+            let h = &mut self.granules[head as usize];
+            h.in_use -= 1;
+            if h.in_use == 0 {
+                self.pinned -= len - 1;
+            } else {
+                self.pinned += 1;
+            }
+        }
+        self.cache_push(g);
+    }
+
+    /// Counts the granules in use of the mapping of `len` granules from `head`, just mapped or
+    /// taken back.
+    fn count_in_use(&mut self, head: u32, len: u32) {
+        let in_use = self.granules[head as usize..(head + len) as usize]
+            .iter()
+            .filter(|g| g.users > 0 || g.guards > 0)
+            .count() as u32;
+        self.granules[head as usize].in_use = in_use;
+        if in_use > 0 {
+            self.pinned += len - in_use;
+        }
     }
 
     /// Bytes of device memory behind the range (retiring granules included).
@@ -221,6 +287,7 @@ impl GranulePool {
                     self.cache_push(u);
                 }
             }
+            self.count_in_use(head, len);
             Need::TakenBack
         } else {
             // Unmapped by the drop queue: its memory and budget are gone.
@@ -240,6 +307,7 @@ impl GranulePool {
             gr.head = first;
         }
         self.granules[first as usize].len = len;
+        self.count_in_use(first, len);
         self.mapped += len;
         self.mapped_peak = self.mapped_peak.max(self.mapped);
         self.maps += 1;
@@ -247,11 +315,12 @@ impl GranulePool {
 
     /// Counts a new allocation over `[first, last]`.
     pub(crate) fn touch(&mut self, first: u32, last: u32) {
-        for g in &mut self.granules[first as usize..=last as usize] {
-            if g.users == 0 && g.guards == 0 {
-                self.busy += 1;
+        for g in first..=last {
+            let gr = &mut self.granules[g as usize];
+            gr.users += 1;
+            if gr.users == 1 && gr.guards == 0 {
+                self.now_in_use(g);
             }
-            g.users += 1;
         }
     }
 
@@ -270,8 +339,7 @@ impl GranulePool {
             let gr = &mut self.granules[g as usize];
             gr.users -= 1;
             if gr.users == 0 && gr.guards == 0 {
-                self.busy -= 1;
-                self.cache_push(g);
+                self.now_idle(g);
             }
         }
     }
@@ -333,15 +401,14 @@ impl GranulePool {
             return;
         };
         if add {
-            if gr.users == 0 && gr.guards == 0 {
-                self.busy += 1;
-            }
             gr.guards += 1;
+            if gr.guards == 1 && gr.users == 0 {
+                self.now_in_use(g);
+            }
         } else if gr.guards > 0 {
             gr.guards -= 1;
             if gr.guards == 0 && gr.users == 0 {
-                self.busy -= 1;
-                self.cache_push(g);
+                self.now_idle(g);
             }
         }
     }

@@ -189,6 +189,7 @@ fn config() -> DeviceConfig {
             virtual_memory: false,
             spare_identities: 8,
             idle_granules: IdleGranules::UpToPeak,
+            map_spans: false,
         },
         drops: DropPolicy {
             max_items: 8,

@@ -283,7 +283,7 @@ impl<S: Shim> MemoryManager<S> {
             let (mut busy, mut idle) = (0u64, 0u64);
             for pool in mm.vm.iter().flatten() {
                 busy += u64::from(pool.busy);
-                idle += u64::from(pool.idle_count());
+                idle += u64::from(pool.idle_free_count());
             }
             let keep = (floor / mm.vm_granule).max(busy * u64::from(per_64) / 64);
             idle.saturating_sub(keep)

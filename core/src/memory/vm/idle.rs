@@ -40,7 +40,7 @@ impl GranulePool {
                 continue; // stale: used or given back since it was cached
             }
             let (head, len) = self.mapping(g);
-            if !(head..head + len).all(|u| self.idle(u)) {
+            if self.granules[head as usize].in_use > 0 {
                 continue; // part of its mapping is in use
             }
             let Backing::Mapped(memory) = self.granules[head as usize].backing else {
@@ -121,6 +121,7 @@ impl GranulePool {
         }
         self.mapped = 0;
         self.retiring_now = 0;
+        self.pinned = 0;
         self.cache.clear();
         self.retiring.clear();
         out
