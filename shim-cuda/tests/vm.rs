@@ -299,44 +299,46 @@ fn map_and_unmap_latency_per_granule() {
         return;
     };
     const N: u64 = 64;
-    const ROUNDS: usize = 5;
+    const ROUNDS: usize = 7;
+    const LENS: [u64; 4] = [1, 4, 16, 64];
     let base = shim.vm_reserve(N * g).unwrap();
-    let (mut map_us, mut unmap_us) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
+    // The range mapped as `len`-granule mappings then unmapped: µs per map call and per unmap
+    // call.
+    let pass = |len: u64| {
         let t = Instant::now();
-        let handles: Vec<u64> = (0..N)
-            .map(|i| shim.vm_map(base.offset(i * g), g).unwrap())
+        let handles: Vec<u64> = (0..N / len)
+            .map(|i| shim.vm_map(base.offset(i * len * g), len * g).unwrap())
             .collect();
-        map_us.push(t.elapsed().as_secs_f64() * 1e6 / N as f64);
+        let map = t.elapsed().as_secs_f64() * 1e6 / (N / len) as f64;
         let t = Instant::now();
         for (i, h) in handles.into_iter().enumerate() {
             // SAFETY: nothing ever used the range.
-            unsafe { shim.vm_unmap(base.offset(i as u64 * g), g, h) };
+            unsafe { shim.vm_unmap(base.offset(i as u64 * len * g), len * g, h) };
         }
-        unmap_us.push(t.elapsed().as_secs_f64() * 1e6 / N as f64);
+        (map, t.elapsed().as_secs_f64() * 1e6 / (N / len) as f64)
+    };
+    // One untimed pass of each length first (the driver's first maps cost tens of times more),
+    // then the lengths in turn, so a drift of the host moves them alike.
+    for len in LENS {
+        let _ = pass(len);
     }
-    // Spans of several granules mapped by one call each (`MemoryConfig::map_spans`): what one
-    // call costs by its length.
-    let mut spans = String::new();
-    for len in [4u64, 16, 64] {
-        let (mut m, mut u) = (Vec::new(), Vec::new());
-        for _ in 0..ROUNDS {
-            let t = Instant::now();
-            let handles: Vec<u64> = (0..N / len)
-                .map(|i| shim.vm_map(base.offset(i * len * g), len * g).unwrap())
-                .collect();
-            m.push(t.elapsed().as_secs_f64() * 1e6 / (N / len) as f64);
-            let t = Instant::now();
-            for (i, h) in handles.into_iter().enumerate() {
-                // SAFETY: nothing ever used the range.
-                unsafe { shim.vm_unmap(base.offset(i as u64 * len * g), len * g, h) };
-            }
-            u.push(t.elapsed().as_secs_f64() * 1e6 / (N / len) as f64);
+    let mut times = [(); LENS.len()].map(|()| (Vec::new(), Vec::new()));
+    for _ in 0..ROUNDS {
+        for (k, &len) in LENS.iter().enumerate() {
+            let (m, u) = pass(len);
+            times[k].0.push(m);
+            times[k].1.push(u);
         }
+    }
+    let (mut map_us, mut unmap_us) = core::mem::take(&mut times[0]);
+    // Spans of several granules mapped by one call each (`MemoryConfig::map_spans`).
+    let mut spans = String::new();
+    for (k, &len) in LENS.iter().enumerate().skip(1) {
+        let (m, u) = &mut times[k];
         spans.push_str(&format!(
             "; {len} granules by one call: map {:.1} us, unmap {:.1} us",
-            median(&mut m),
-            median(&mut u)
+            median(m),
+            median(u)
         ));
     }
     // SAFETY: nothing is mapped.

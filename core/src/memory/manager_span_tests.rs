@@ -191,7 +191,11 @@ fn a_retiring_mapping_is_taken_back_whole_or_forgotten_whole_at_its_fence() {
     let (head, len, memory) = p.take_cached().unwrap();
     let token = Arc::new(RetireToken::pending());
     p.retire(head, len, memory, Arc::clone(&token));
-    assert_eq!((p.mapped, p.held(), p.idle_count()), (4, 4 * G, 0), "retiring: held");
+    assert_eq!(
+        (p.mapped, p.held(), p.idle_count()),
+        (4, 4 * G, 0),
+        "retiring: held"
+    );
     // A placement over granule 4 takes the whole mapping back; 2, 3 and 5 are idle, pinned.
     p.touch(4, 4);
     assert_eq!(p.need(4), Need::TakenBack);

@@ -1,9 +1,9 @@
 //! What a manager lets go before the device is done with it, and how it goes back.
 //!
-//! Owns [`Released`] (a page, or the mapping of one granule of a granule pool), the retire
-//! token a retiring granule shares between its pool and the drop queue ([`RetireToken`], with
+//! Owns [`Released`] (a page, or a mapping of one or more granules of a granule pool), the retire
+//! token a retiring mapping shares between its pool and the drop queue ([`RetireToken`], with
 //! its states in [`Retire`]: whichever side moves it off `Pending` first wins), and
-//! [`RetiredPage::free`], which frees a page or unmaps a granule that was not taken back. Does
+//! [`RetiredPage::free`], which frees a page or unmaps a mapping that was not taken back. Does
 //! not own when things are let go (the manager) nor the fences they wait for (the device's drop
 //! queue).
 
@@ -12,11 +12,12 @@ use crate::shim::{DeviceAddr, Shim};
 use alloc::sync::Arc;
 use core::sync::atomic::{AtomicU8, Ordering};
 
-/// What a manager lets go: a page, or the memory behind one granule of a granule pool.
+/// What a manager lets go: a page, or the memory behind one mapping (one granule, or several
+/// under `map_spans`) of a granule pool.
 pub enum Released<S: Shim> {
     /// A page of a pool of pages or of whole pages.
     Page(RawPage<S>),
-    /// Device memory behind one granule of a reserved address range, on its way out.
+    /// Device memory behind one mapping of a reserved address range, on its way out.
     Granule(RetiringGranule),
 }
 
@@ -29,7 +30,7 @@ impl<S: Shim> core::fmt::Debug for Released<S> {
     }
 }
 
-/// The memory behind one granule ([`Shim::vm_map`]'s `memory`, at `addr`, `size` bytes), and
+/// The memory behind one mapping ([`Shim::vm_map`]'s `memory`, at `addr`, `size` bytes), and
 /// the token that says whether the drop queue unmapped it or the manager took it back first.
 #[derive(Debug)]
 pub struct RetiringGranule {
@@ -40,7 +41,7 @@ pub struct RetiringGranule {
 }
 
 impl RetiringGranule {
-    /// The granule at `addr` of `size` bytes with the shim's `memory`, sharing `token` with its
+    /// The mapping at `addr` of `size` bytes with the shim's `memory`, sharing `token` with its
     /// pool.
     pub(crate) fn new(addr: u64, size: u64, memory: u64, token: Arc<RetireToken>) -> Self {
         Self {
@@ -61,7 +62,7 @@ impl Drop for DoneOnDrop<'_> {
     }
 }
 
-/// Where a retiring granule stands.
+/// Where a retiring mapping (of one granule or more) stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum Retire {
@@ -76,7 +77,7 @@ pub(crate) enum Retire {
     Unmapping = 3,
 }
 
-/// A [`Retire`] shared by a granule's pool and its retired page (an atomic: the drop queue may
+/// A [`Retire`] shared by a mapping's pool (every granule of it) and its retired page (an atomic: the drop queue may
 /// run on another thread).
 #[derive(Debug)]
 pub(crate) struct RetireToken(AtomicU8);

@@ -6,15 +6,18 @@
 //! neighbours coalesce across granules and a request is placed best-fit anywhere in the range), and
 //! the state of each granule: unmapped, mapped (with how many allocations, and blocks held back for
 //! a repeat of their size, touch it and how many guards hold it), or retiring (handed to the device
-//! to unmap once its fence passes, and taken back if needed before that), with exact counts of the
-//! granules in use (touched or guarded) and idle. The give-back side (the cache of mapped granules
+//! to unmap once its fence passes, and taken back if needed before that), the mapping it belongs to
+//! (what one device call mapped: the granule alone, or under `map_spans` a placement's inner
+//! granules), with exact counts of the granules in use (touched or guarded), idle, and idle but
+//! pinned by a granule in use in their mapping. The give-back side (the cache of mapped granules
 //! no allocation touches, the retiring list, teardown) is `vm/idle.rs`. Does not own the device
 //! calls nor the budget (the manager maps, unmaps and counts: `manager/granules.rs`), nor when the
 //! cache is given back (the manager's policy, from [`IdleGranules`](crate::memory::IdleGranules):
 //! before growing past the peak, past the slack at a reservation, and at an explicit cleanup).
 //!
-//! Why: memory held is the granules touched by live allocations, never a page sized for a
-//! request long gone; a freed granule goes back without moving any allocation.
+//! Why: memory held is the granules touched by live allocations (with `map_spans`, and the idle
+//! granules of their mappings), never a page sized for a request long gone; a freed granule goes
+//! back without moving any allocation.
 
 mod idle;
 
@@ -94,7 +97,8 @@ pub(crate) struct GranulePool {
     /// Mapped granules no allocation touches, most recent last (entries may be stale: checked
     /// when taken).
     cache: Vec<u32>,
-    /// Retiring granules, for [`Self::settle`] (entries may be stale: checked there).
+    /// The first granules of retiring mappings, for [`Self::settle`] (entries may be stale:
+    /// checked there).
     retiring: Vec<u32>,
     /// Granules with memory behind them (mapped or retiring).
     pub mapped: u32,

@@ -272,6 +272,10 @@ impl<S: Shim> MemoryManager<S> {
     /// Under [`IdleGranules::Slack`], gives back the idle granules past the slack above the
     /// granules in use (most recently idle first, as at growth). Run at every reservation that
     /// may change pages, after the returns are collected; free of device calls when within it.
+    /// Under `map_spans` the slack counts every idle granule, those that may not go yet (beside
+    /// one in use in their mapping) too, so whole idle mappings go in their place: measured to
+    /// hold less over time, for a few more calls, than a slack over the free ones alone
+    /// (BENCHMARKS.md, "Mapping spans"); when none may go, nothing is tried.
     pub(super) fn trim_idle(&mut self, shim: &S) {
         let IdleGranules::Slack { per_64, floor } = self.config.idle_granules else {
             return;
@@ -280,21 +284,23 @@ impl<S: Shim> MemoryManager<S> {
             return;
         }
         let past_slack = |mm: &Self| {
-            let (mut busy, mut idle) = (0u64, 0u64);
+            let (mut busy, mut idle, mut free) = (0u64, 0u64, 0u64);
             for pool in mm.vm.iter().flatten() {
                 busy += u64::from(pool.busy);
-                idle += u64::from(pool.idle_free_count());
+                idle += u64::from(pool.idle_count());
+                free += u64::from(pool.idle_free_count());
             }
             let keep = (floor / mm.vm_granule).max(busy * u64::from(per_64) / 64);
-            idle.saturating_sub(keep)
+            (idle.saturating_sub(keep), free)
         };
-        if past_slack(self) == 0 {
+        let (over, free) = past_slack(self);
+        if over == 0 || free == 0 {
             return;
         }
         // Something goes back: blocks held back first, so the granules only they touch count
         // as idle (within the slack, held blocks stay and serve their repeats).
         self.release_all_held();
-        let over = past_slack(self);
+        let (over, _) = past_slack(self);
         if over > 0 {
             self.give_back_idle(shim, usize::try_from(over).unwrap_or(usize::MAX));
         }

@@ -1,9 +1,9 @@
-//! What a granule pool gives back: the cache of mapped granules no allocation touches, the
-//! list of retiring granules (handed to the drop queue to unmap after a fence), the compaction
-//! that keeps both lists within twice the pool's granules, and at teardown every granule with
-//! memory behind it.
+//! What a granule pool gives back: the cache of mapped granules no allocation touches (a mapping
+//! goes back whole, once every granule of it is idle), the list of retiring mappings (handed to
+//! the drop queue to unmap after a fence), the compaction that keeps both lists within twice the
+//! pool's granules, and at teardown every mapping with memory behind it.
 //!
-//! Owns those two lists and their bookkeeping on [`GranulePool`]. Does not own when a granule
+//! Owns those two lists and their bookkeeping on [`GranulePool`]. Does not own when a mapping
 //! is given back (the manager's policy) nor placement and the granules' use counts (`vm.rs`).
 
 use super::{Backing, Granule, GranulePool};
