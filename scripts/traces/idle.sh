@@ -7,7 +7,7 @@
 #
 #   bash scripts/traces/idle.sh            # builds devcmd-trace (release) first
 #   bash scripts/traces/idle.sh --spans    # the same, each setting also with map_spans (one
-#                                          # device call for a placement's inner granules)
+#                                          # device call for the granules a placement covers whole)
 #   CARGO="flock /tmp/lock cargo" bash scripts/traces/idle.sh   # the build through a wrapper
 set -euo pipefail
 cd "$(dirname "$0")/../.."

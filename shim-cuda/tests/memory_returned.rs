@@ -105,8 +105,8 @@ fn after_every_handle_is_dropped_and_a_cleanup_the_driver_has_its_memory_back() 
     let Some(shim) = gpu(test) else {
         return;
     };
-    // The default, then granule pools that map a placement's inner granules by one call and
-    // give idle ones back past a slack (mappings of several granules, unmapped whole).
+    // The default, then granule pools that map the granules a placement covers whole by one
+    // call and give idle ones back past a slack (mappings of several granules, unmapped whole).
     let spans = DeviceConfig {
         memory: MemoryConfig {
             map_spans: true,

@@ -38,10 +38,12 @@ pub struct MemoryConfig {
     /// by no guard): keep them up to the most the pools ever held (the default), or give back
     /// what passes a slack above the granules in use. See [`IdleGranules`].
     pub idle_granules: IdleGranules,
-    /// Map the inner granules of a placement (all but its first and last, which neighbours may
-    /// share) with one device call instead of one call per granule. Such a mapping goes back
-    /// whole, only once every granule of it is idle, so idle granules beside live ones stay
-    /// held: fewer device calls for a higher peak. Off by default (the peak rule then gives any
+    /// Map the missing granules a placement covers whole with one device call instead of one
+    /// call per granule (a first or last granule it covers in part, which a neighbour may share,
+    /// has a call of its own). Such a mapping goes back whole, only once every granule of it is
+    /// idle, so idle granules beside live ones in it stay held, a budget shortfall cannot take
+    /// them back, and a placement that takes back one retiring granule of it takes back all of
+    /// it: fewer device calls for a higher peak. Off by default (the peak rule then gives any
     /// idle granule back); worth it with [`IdleGranules::Slack`], where each load swing
     /// otherwise costs a call per granule (BENCHMARKS.md, "Mapping spans").
     pub map_spans: bool,

@@ -1,5 +1,5 @@
-//! The granule pools under [`MemoryConfig::map_spans`]: a placement's inner granules mapped by
-//! one call, and a mapping given back whole, only once every granule of it is idle.
+//! The granule pools under [`MemoryConfig::map_spans`]: the granules a placement covers whole
+//! mapped by one call, and a mapping given back whole, only once every granule of it is idle.
 
 use super::*;
 use alloc::sync::Arc;
@@ -24,7 +24,8 @@ fn spans_device(fenced: bool) -> (TestShim, MemoryBudget, MemoryManager<TestShim
     (shim, budget, mm)
 }
 
-/// The mappings the shim holds now, as (first granule from the range's start, granules).
+/// The mappings the shim holds now, as (first granule, granules), counted from the lowest one
+/// (the tests here map granule 0 of the arena's range first and look while it is mapped).
 fn mappings(shim: &TestShim) -> Vec<(u64, u64)> {
     let m = shim.mappings.borrow();
     let base = m.keys().next().copied().unwrap_or(0) / (2 * MIB) * (2 * MIB);
@@ -46,14 +47,17 @@ fn agree(shim: &TestShim, budget: &MemoryBudget, mm: &mut MemoryManager<TestShim
 }
 
 #[test]
-fn a_placements_inner_granules_are_mapped_by_one_call() {
+fn the_granules_a_placement_covers_whole_are_mapped_by_one_call() {
     let (shim, budget, mut mm) = spans_device(false);
-    // 10 MiB from the range's start: granule 0 alone, 1-3 together, 4 alone.
-    let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(mappings(&shim), [(0, 1), (1, 3), (4, 1)]);
-    assert_eq!((shim.maps.get(), shim.live_bytes.get()), (3, 10 * MIB));
+    // 9 MiB from the range's start: granules 0-3 whole, by one call; 4 in part, alone.
+    let a = mm.reserve(&shim, 9 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mappings(&shim), [(0, 4), (4, 1)]);
+    // 5 MiB right after: granule 4 in part (mapped already), 5-6 whole, by one call.
+    let b = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mappings(&shim), [(0, 4), (4, 1), (5, 2)]);
+    assert_eq!((shim.maps.get(), shim.live_bytes.get()), (3, 14 * MIB));
     agree(&shim, &budget, &mut mm);
-    drop(a);
+    drop((a, b));
     mm.cleanup(&shim, Cleanup::Explicit);
     assert_eq!(
         (shim.mapped.get(), shim.unmaps.get()),
@@ -64,22 +68,23 @@ fn a_placements_inner_granules_are_mapped_by_one_call() {
     // Without the setting, a call per granule.
     let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
     let mut mm = manager(&shim, MemoryConfig::default(), MemoryBudget::new(None));
-    let _a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(shim.maps.get(), 5);
+    let _a = mm.reserve(&shim, 9 * MIB, PageUpdate::Allow).unwrap();
+    let _b = mm.reserve(&shim, 5 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.maps.get(), 7);
 }
 
 #[test]
 fn a_mapping_goes_back_only_when_every_granule_of_it_is_idle() {
     let (shim, budget, mut mm) = spans_device(false);
-    drop(mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap());
-    // Over granules 0-2, on room with memory behind it: two of the middle mapping's three
+    drop(mm.reserve(&shim, 9 * MIB, PageUpdate::Allow).unwrap());
+    // Over granules 0-2, on room with memory behind it: three of the first mapping's four
     // granules in use.
     let x = mm.reserve(&shim, 4 * MIB + 1, PageUpdate::Allow).unwrap();
-    assert_eq!(shim.maps.get(), 3, "placed where memory is");
+    assert_eq!(shim.maps.get(), 2, "placed where memory is");
     mm.cleanup(&shim, Cleanup::Explicit);
     assert_eq!(
         mappings(&shim),
-        [(0, 1), (1, 3)],
+        [(0, 4)],
         "granule 4 went; granule 3 is idle, but its mapping is not"
     );
     agree(&shim, &budget, &mut mm);
@@ -95,27 +100,23 @@ fn a_mapping_goes_back_only_when_every_granule_of_it_is_idle() {
 #[test]
 fn fenced_taking_back_one_granule_takes_back_its_whole_mapping() {
     let (shim, budget, mut mm) = spans_device(true);
-    drop(mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap());
+    drop(mm.reserve(&shim, 9 * MIB, PageUpdate::Allow).unwrap());
     mm.cleanup(&shim, Cleanup::Explicit);
-    assert_eq!(mm.retired_bytes(), 10 * MIB, "three mappings retiring");
-    // Granules 0-2: the mappings of granule 0 and of 1-3 are taken back, 4 stays retiring.
+    assert_eq!(mm.retired_bytes(), 10 * MIB, "two mappings retiring");
+    // Granules 0-2: the mapping of 0-3 is taken back whole, 4 stays retiring.
     let x = mm.reserve(&shim, 4 * MIB + 1, PageUpdate::Allow).unwrap();
-    assert_eq!(shim.maps.get(), 3, "no map: taken back");
+    assert_eq!(shim.maps.get(), 2, "no map: taken back");
     assert_eq!(mm.retired_bytes(), 2 * MIB);
     agree(&shim, &budget, &mut mm);
     for page in mm.take_retired() {
         // SAFETY: no device work exists in this test.
         unsafe { page.free(&shim) };
     }
-    assert_eq!(
-        mappings(&shim),
-        [(0, 1), (1, 3)],
-        "the taken back stay mapped"
-    );
+    assert_eq!(mappings(&shim), [(0, 4)], "the taken back stays mapped");
     agree(&shim, &budget, &mut mm);
     // Granule 3 came back idle with its mapping: a 2 MiB reservation lands there, no map.
     let y = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(shim.maps.get(), 3);
+    assert_eq!(shim.maps.get(), 2);
     drop((x, y));
     mm.cleanup(&shim, Cleanup::Explicit);
     for page in mm.take_retired() {
@@ -216,18 +217,18 @@ fn a_retiring_mapping_is_taken_back_whole_or_forgotten_whole_at_its_fence() {
 #[test]
 fn a_map_refused_mid_span_undoes_the_placement_and_keeps_what_was_mapped_idle() {
     let (shim, budget, mut mm) = spans_device(false);
-    // Room for the first granule's call, not for the three inner ones.
-    shim.device_limit.set(4 * MIB);
-    let e = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap_err();
+    // Room for the call of granules 0-3, not for granule 4's.
+    shim.device_limit.set(8 * MIB);
+    let e = mm.reserve(&shim, 9 * MIB, PageUpdate::Allow).unwrap_err();
     assert!(matches!(e, IoError::OutOfMemory { .. }), "{e:?}");
-    assert_eq!(mappings(&shim), [(0, 1)]);
+    assert_eq!(mappings(&shim), [(0, 4)]);
     assert_eq!(mm.report().device().allocations, 0);
     agree(&shim, &budget, &mut mm);
     mm.cleanup(&shim, Cleanup::Explicit);
     assert_eq!(mappings(&shim), []);
     agree(&shim, &budget, &mut mm);
     shim.device_limit.set(1 << 30);
-    let a = mm.reserve(&shim, 10 * MIB, PageUpdate::Allow).unwrap();
-    assert_eq!(mm.resolve(&a).unwrap().len, 10 * MIB);
+    let a = mm.reserve(&shim, 9 * MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.resolve(&a).unwrap().len, 9 * MIB);
     agree(&shim, &budget, &mut mm);
 }

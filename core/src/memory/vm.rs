@@ -7,8 +7,8 @@
 //! the state of each granule: unmapped, mapped (with how many allocations, and blocks held back for
 //! a repeat of their size, touch it and how many guards hold it), or retiring (handed to the device
 //! to unmap once its fence passes, and taken back if needed before that), the mapping it belongs to
-//! (what one device call mapped: the granule alone, or under `map_spans` a placement's inner
-//! granules), with exact counts of the granules in use (touched or guarded), idle, and idle but
+//! (what one device call mapped: the granule alone, or under `map_spans` the granules a placement
+//! covers whole), with exact counts of the granules in use (touched or guarded), idle, and idle but
 //! pinned by a granule in use in their mapping. The give-back side (the cache of mapped granules
 //! no allocation touches, the retiring list, teardown) is `vm/idle.rs`. Does not own the device
 //! calls nor the budget (the manager maps, unmaps and counts: `manager/granules.rs`), nor when the
@@ -40,8 +40,8 @@ pub(crate) enum Backing {
 
 /// One granule: its use counts, what is behind it, and the mapping it belongs to. A mapping is
 /// what one device call mapped: one granule, or under
-/// [`MemoryConfig::map_spans`](crate::memory::MemoryConfig::map_spans) the inner granules of a
-/// placement. It goes back whole (the contract's `vm_unmap` takes back exactly what one
+/// [`MemoryConfig::map_spans`](crate::memory::MemoryConfig::map_spans) the missing granules a
+/// placement covers whole. It goes back whole (the contract's `vm_unmap` takes back exactly what one
 /// `vm_map` mapped): only once every granule of it is idle, and taking back one retiring granule
 /// takes back its whole mapping.
 #[derive(Debug)]

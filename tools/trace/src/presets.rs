@@ -25,7 +25,7 @@ pub struct Preset {
 pub const PRESETS: &[Preset] = &[
     Preset { name: "default", about: "MemoryConfig::default()", config: MemoryConfig::default },
     Preset { name: "give-back", about: "default, idle granules past as many as are in use given back at every reservation", config: || MemoryConfig { idle_granules: IdleGranules::Slack { per_64: 64, floor: 0 }, ..MemoryConfig::default() } },
-    Preset { name: "follow-live", about: "default, idle granules past 16 per 64 in use given back at every reservation, a placement's inner granules mapped by one call", config: || MemoryConfig { idle_granules: IdleGranules::Slack { per_64: 16, floor: 0 }, map_spans: true, ..MemoryConfig::default() } },
+    Preset { name: "follow-live", about: "default, idle granules past 16 per 64 in use given back at every reservation, the granules a placement covers whole mapped by one call", config: || MemoryConfig { idle_granules: IdleGranules::Slack { per_64: 16, floor: 0 }, map_spans: true, ..MemoryConfig::default() } },
     Preset { name: "pages", about: "default, without virtual memory: whole pages (devices without it)", config: || MemoryConfig { virtual_memory: false, ..MemoryConfig::default() } },
 ];
 

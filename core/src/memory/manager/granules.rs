@@ -150,7 +150,7 @@ impl<S: Shim> MemoryManager<S> {
             }
         }
         // Every granule of the span: a retiring one is taken back (with its mapping), a missing
-        // one mapped; under `map_spans` the missing inner granules side by side in one call.
+        // one mapped; under `map_spans` those it covers whole side by side by one call.
         let spans = self.config.map_spans;
         let mut g = first;
         while g <= last {
@@ -169,11 +169,20 @@ impl<S: Shim> MemoryManager<S> {
             }
             let run = g;
             g += 1;
-            // The span's first and last granules are mapped alone: neighbours may share them,
-            // and a mapping goes back only when every granule of it is idle.
-            if spans && run != first {
-                while g < last && pool.need(g) == Need::Map {
-                    g += 1;
+            // Under `map_spans`, the granules a placement covers whole are mapped together; a
+            // first or last granule it covers in part is mapped alone, as a neighbour may share
+            // it and a mapping goes back only when every granule of it is idle.
+            if spans {
+                let whole_first = c.addr.is_multiple_of(granule);
+                let end = if (c.addr + aligned).is_multiple_of(granule) {
+                    last + 1
+                } else {
+                    last
+                };
+                if run != first || whole_first {
+                    while g < end && pool.need(g) == Need::Map {
+                        g += 1;
+                    }
                 }
             }
             let (addr, bytes) = (pool.addr_of(run), u64::from(g - run) * granule);
