@@ -38,9 +38,9 @@ pub struct MemoryConfig {
     /// by no guard): keep them up to the most the pools ever held (the default), or give back
     /// what passes a slack above the granules in use. See [`IdleGranules`].
     pub idle_granules: IdleGranules,
-    /// Map the missing granules a placement covers whole with one device call instead of one
-    /// call per granule (a first or last granule it covers in part, which a neighbour may share,
-    /// has a call of its own). Such a mapping goes back whole, only once every granule of it is
+    /// Map the missing granules a placement covers whole, side by side, with one device call
+    /// instead of one call per granule (a first or last granule it covers in part, which a
+    /// neighbour may share, has a call of its own). Such a mapping goes back whole, only once every granule of it is
     /// idle, so idle granules beside live ones in it stay held, a budget shortfall cannot take
     /// them back, and a placement that takes back one retiring granule of it takes back all of
     /// it: fewer device calls for a higher peak. Off by default (the peak rule then gives any

@@ -171,6 +171,7 @@ fn idle_granules_beside_one_in_use_in_their_mapping_may_not_go() {
     assert_eq!(p.take_cached(), None, "no mapping is wholly idle");
     // A guard is a use too.
     p.guard(4, true);
+    assert_eq!((p.idle_count(), p.idle_free_count()), (2, 0));
     p.untouch(3, 3);
     assert_eq!((p.idle_count(), p.idle_free_count()), (3, 0));
     p.guard(4, false);
@@ -231,4 +232,36 @@ fn a_map_refused_mid_span_undoes_the_placement_and_keeps_what_was_mapped_idle() 
     let a = mm.reserve(&shim, 9 * MIB, PageUpdate::Allow).unwrap();
     assert_eq!(mm.resolve(&a).unwrap().len, 9 * MIB);
     agree(&shim, &budget, &mut mm);
+}
+
+#[test]
+fn a_slack_tries_nothing_while_every_idle_granule_is_pinned() {
+    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
+    let config = MemoryConfig {
+        map_spans: true,
+        idle_granules: crate::memory::IdleGranules::Slack {
+            per_64: 0,
+            floor: 0,
+        },
+        ..MemoryConfig::default()
+    };
+    let mut mm = manager(&shim, config, MemoryBudget::new(None));
+    drop(mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap());
+    // A reservation that may not change pages does not trim: it lands in the idle mapping of
+    // granules 0-3, and pins the other three.
+    let z = mm.reserve(&shim, 2 * MIB, PageUpdate::Forbidden).unwrap();
+    assert_eq!((shim.maps.get(), shim.unmaps.get()), (1, 0));
+    // Past the slack (3 idle, 0 kept) but none may go: nothing given back.
+    let v = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    assert_eq!(
+        (shim.maps.get(), shim.unmaps.get()),
+        (2, 0),
+        "the small pool mapped one"
+    );
+    // Once the mapping is wholly idle, the next reservation gives it back whole.
+    drop(z);
+    let w = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.unmaps.get(), 1);
+    assert_eq!(shim.live_bytes.get(), 2 * MIB, "the small pool's granule");
+    drop((v, w));
 }

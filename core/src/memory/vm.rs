@@ -9,8 +9,10 @@
 //! to unmap once its fence passes, and taken back if needed before that), the mapping it belongs to
 //! (what one device call mapped: the granule alone, or under `map_spans` the granules a placement
 //! covers whole), with exact counts of the granules in use (touched or guarded), idle, and idle but
-//! pinned by a granule in use in their mapping. The give-back side (the cache of mapped granules
-//! no allocation touches, the retiring list, teardown) is `vm/idle.rs`. Does not own the device
+//! pinned by a granule in use in their mapping. The mappings themselves (recording one, taking a
+//! retiring one back, the counts of their granules in use) are `vm/mapping.rs`; the give-back
+//! side (the cache of mapped granules no allocation touches, the retiring list, teardown) is
+//! `vm/idle.rs`. Does not own the device
 //! calls nor the budget (the manager maps, unmaps and counts: `manager/granules.rs`), nor when the
 //! cache is given back (the manager's policy, from [`IdleGranules`](crate::memory::IdleGranules):
 //! before growing past the peak, past the slack at a reservation, and at an explicit cleanup).

@@ -171,7 +171,10 @@ impl<S: Shim> MemoryManager<S> {
             g += 1;
             // Under `map_spans`, the granules a placement covers whole are mapped together; a
             // first or last granule it covers in part is mapped alone, as a neighbour may share
-            // it and a mapping goes back only when every granule of it is idle.
+            // it and a mapping goes back only when every granule of it is idle. (A placement
+            // starts a free block, whose bytes before it in its first granule belong to a used
+            // block, touched so mapped: in practice only a last granule is covered in part and
+            // missing.)
             if spans {
                 let whole_first = c.addr.is_multiple_of(granule);
                 let end = if (c.addr + aligned).is_multiple_of(granule) {
@@ -284,7 +287,8 @@ impl<S: Shim> MemoryManager<S> {
     /// Under `map_spans` the slack counts every idle granule, those that may not go yet (beside
     /// one in use in their mapping) too, so whole idle mappings go in their place: measured to
     /// hold less over time, for a few more calls, than a slack over the free ones alone
-    /// (BENCHMARKS.md, "Mapping spans"); when none may go, nothing is tried.
+    /// (BENCHMARKS.md, "Mapping spans"); when none may go and no block is held back (whose
+    /// release could free some), nothing is tried.
     pub(super) fn trim_idle(&mut self, shim: &S) {
         let IdleGranules::Slack { per_64, floor } = self.config.idle_granules else {
             return;
@@ -303,7 +307,8 @@ impl<S: Shim> MemoryManager<S> {
             (idle.saturating_sub(keep), free)
         };
         let (over, free) = past_slack(self);
-        if over == 0 || free == 0 {
+        let held = || self.vm.iter().flatten().any(|p| p.pool.held_count() != 0);
+        if over == 0 || (free == 0 && !held()) {
             return;
         }
         // Something goes back: blocks held back first, so the granules only they touch count

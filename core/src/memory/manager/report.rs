@@ -87,7 +87,8 @@ impl<S: Shim> MemoryManager<S> {
         }
     }
 
-    /// Device calls the granule pools made so far: (granules mapped, granules given back).
+    /// Device calls the granule pools made so far: (map calls, mappings given back). Without
+    /// `map_spans` a call maps one granule; with it, one or more.
     pub fn granule_calls(&self) -> (u64, u64) {
         self.vm
             .iter()

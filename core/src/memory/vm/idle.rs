@@ -4,7 +4,8 @@
 //! pool's granules, and at teardown every mapping with memory behind it.
 //!
 //! Owns those two lists and their bookkeeping on [`GranulePool`]. Does not own when a mapping
-//! is given back (the manager's policy) nor placement and the granules' use counts (`vm.rs`).
+//! is given back (the manager's policy), placement and the granules' use counts (`vm.rs`), nor
+//! the mappings and their counts of granules in use (`vm/mapping.rs`).
 
 use super::{Backing, Granule, GranulePool};
 use crate::memory::retire::{Retire, RetireToken};
