@@ -178,8 +178,10 @@ pub trait Shim {
     /// Backs the `size` bytes at `addr` with new device memory the device can read and write
     /// (CUDA's `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`), and returns the device's handle of
     /// that memory, to be given back to [`Shim::vm_unmap`]. `addr` and `size` are multiples of
-    /// [`DeviceFacts::vm_granule`], inside one reserved range, and not mapped. The contents are
-    /// undefined. A shortage is [`Fault::OutOfMemory`]; on any failure nothing stays mapped.
+    /// [`DeviceFacts::vm_granule`], inside one reserved range, and not mapped: one granule, or
+    /// under [`MemoryConfig::map_spans`](crate::memory::MemoryConfig::map_spans) several, given
+    /// back by one [`Shim::vm_unmap`] of the same range. The contents are undefined. A shortage
+    /// is [`Fault::OutOfMemory`]; on any failure nothing stays mapped.
     ///
     /// Default: [`unsupported`].
     fn vm_map(&self, addr: DeviceAddr, size: u64) -> Result<u64, DriverError> {

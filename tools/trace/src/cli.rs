@@ -154,8 +154,9 @@ FIGURES:
                  points (JSON: held_over_live_time)
     map+unmap calls / op
                  device calls that put memory behind an address or take it away (pages
-                 allocated and freed, granules mapped and unmapped) per operation, in the
-                 measured replay and in the last warm one (JSON: map_calls_per_op, _warm)
+                 allocated and freed, map and unmap calls: one granule each, or several with
+                 map_spans) per operation, in the measured replay and in the last warm one
+                 (JSON: map_calls_per_op, _warm)
     min budget   the smallest MemoryBudget limit under which no reservation fails, by bisection
                  between the live peak and the held peak, to the precision shown
 

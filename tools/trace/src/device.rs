@@ -110,7 +110,8 @@ impl Counters {
     }
 
     /// Calls that put memory behind an address or took it away: pages allocated and freed,
-    /// granules mapped and unmapped (each costs about a `cuMemAlloc` on a GPU).
+    /// map and unmap calls (one granule each, or several under `map_spans`; each costs about a
+    /// `cuMemAlloc` on a GPU).
     pub fn map_calls(&self) -> u64 {
         self.allocated + self.freed + self.maps + self.unmaps
     }

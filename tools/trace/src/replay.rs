@@ -215,8 +215,8 @@ pub struct Measured {
     /// points: how much is held for what is live over the run, not only at the peak (`None`
     /// when nothing was ever live).
     pub held_over_live_time: Option<f64>,
-    /// Pages allocated and freed, granules mapped and unmapped during the replay (before the
-    /// final teardown): see [`Counters::map_calls`](crate::device::Counters::map_calls).
+    /// Pages allocated and freed, map and unmap calls during the replay (before the final
+    /// teardown): see [`Counters::map_calls`](crate::device::Counters::map_calls).
     pub map_calls: u64,
     /// Reservations that failed.
     pub failed: u64,

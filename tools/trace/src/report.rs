@@ -259,8 +259,9 @@ pub fn human(o: &Outcome) -> String {
         s += &format!("note: {n}\n");
     }
     s += "held / live over time: held bytes summed after every operation over live bytes summed \
-          at the same points. map+unmap calls: pages allocated and freed, granules mapped and \
-          unmapped, in the measured replay (a fresh manager) and in the last warm timed one.\n";
+          at the same points. map+unmap calls: pages allocated and freed, map and unmap calls \
+          (a granule each, or several with map_spans), in the measured replay (a fresh manager) \
+          and in the last warm timed one.\n";
     s += &format!(
         "ns per op: {TIMING}; a {} build.\nmin budget: the smallest MemoryBudget limit under \
          which the replay has no failed reservation, by bisection between the live peak and the \
