@@ -154,14 +154,19 @@ fn a_release_all_unmaps_each_mapping_whole() {
     drop(b);
 }
 
-#[test]
-fn idle_granules_beside_one_in_use_in_their_mapping_may_not_go() {
-    use crate::memory::vm::GranulePool;
+/// A granule pool of 16 granules with an allocation over granules 2-5, mapped by one call
+/// (memory handle 7).
+fn pool_mapped_over_2_to_5() -> crate::memory::vm::GranulePool {
     const G: u64 = 2 * MIB;
-    let mut p = GranulePool::new(64 * G, 16 * G, G);
-    // An allocation over granules 2-5, mapped by one call.
+    let mut p = crate::memory::vm::GranulePool::new(64 * G, 16 * G, G);
     p.touch(2, 5);
     p.set_mapped(2, 4, 7);
+    p
+}
+
+#[test]
+fn idle_granules_beside_one_in_use_in_their_mapping_may_not_go() {
+    let mut p = pool_mapped_over_2_to_5();
     assert_eq!((p.mapped, p.idle_count(), p.idle_free_count()), (4, 0, 0));
     p.untouch(2, 5);
     assert_eq!((p.idle_count(), p.idle_free_count()), (4, 4));
@@ -184,11 +189,9 @@ fn idle_granules_beside_one_in_use_in_their_mapping_may_not_go() {
 #[test]
 fn a_retiring_mapping_is_taken_back_whole_or_forgotten_whole_at_its_fence() {
     use crate::memory::retire::{Retire, RetireToken};
-    use crate::memory::vm::{GranulePool, Need};
+    use crate::memory::vm::Need;
     const G: u64 = 2 * MIB;
-    let mut p = GranulePool::new(64 * G, 16 * G, G);
-    p.touch(2, 5);
-    p.set_mapped(2, 4, 7);
+    let mut p = pool_mapped_over_2_to_5();
     p.untouch(2, 5);
     let (head, len, memory) = p.take_cached().unwrap();
     let token = Arc::new(RetireToken::pending());
