@@ -12,10 +12,10 @@
 //! pinned by a granule in use in their mapping. The mappings themselves (recording one, taking a
 //! retiring one back, the counts of their granules in use) are `vm/mapping.rs`; the give-back
 //! side (the cache of mapped granules no allocation touches, the retiring list, teardown) is
-//! `vm/idle.rs`. Does not own the device
-//! calls nor the budget (the manager maps, unmaps and counts: `manager/granules.rs`), nor when the
-//! cache is given back (the manager's policy, from [`IdleGranules`](crate::memory::IdleGranules):
-//! before growing past the peak, past the slack at a reservation, and at an explicit cleanup).
+//! `vm/idle.rs`. Does not own the device calls nor the budget (the manager maps, unmaps and
+//! counts: `manager/granules.rs`), nor when the cache is given back (the manager's policy, from
+//! [`IdleGranules`](crate::memory::IdleGranules): before growing past the peak, past the slack
+//! at a reservation, and at an explicit cleanup).
 //!
 //! Why: memory held is the granules touched by live allocations (with `map_spans`, and the idle
 //! granules of their mappings), never a page sized for a request long gone; a freed granule goes

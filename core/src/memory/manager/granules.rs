@@ -151,7 +151,18 @@ impl<S: Shim> MemoryManager<S> {
         }
         // Every granule of the span: a retiring one is taken back (with its mapping), a missing
         // one mapped; under `map_spans` those it covers whole side by side by one call.
+        // Under `map_spans`, the granules a placement covers whole are mapped together; a first
+        // or last granule it covers in part is mapped alone, as a neighbour may share it and a
+        // mapping goes back only when every granule of it is idle. (A placement starts a free
+        // block, whose bytes before it in its first granule belong to a used block, touched so
+        // mapped: in practice only a last granule is covered in part and missing.)
         let spans = self.config.map_spans;
+        let whole_first = c.addr.is_multiple_of(granule);
+        let end = if (c.addr + aligned).is_multiple_of(granule) {
+            last + 1
+        } else {
+            last
+        };
         let mut g = first;
         while g <= last {
             let pool = self.vm[which].as_deref_mut().expect("reserved above");
@@ -169,23 +180,9 @@ impl<S: Shim> MemoryManager<S> {
             }
             let run = g;
             g += 1;
-            // Under `map_spans`, the granules a placement covers whole are mapped together; a
-            // first or last granule it covers in part is mapped alone, as a neighbour may share
-            // it and a mapping goes back only when every granule of it is idle. (A placement
-            // starts a free block, whose bytes before it in its first granule belong to a used
-            // block, touched so mapped: in practice only a last granule is covered in part and
-            // missing.)
-            if spans {
-                let whole_first = c.addr.is_multiple_of(granule);
-                let end = if (c.addr + aligned).is_multiple_of(granule) {
-                    last + 1
-                } else {
-                    last
-                };
-                if run != first || whole_first {
-                    while g < end && pool.need(g) == Need::Map {
-                        g += 1;
-                    }
+            if spans && (run != first || whole_first) {
+                while g < end && pool.need(g) == Need::Map {
+                    g += 1;
                 }
             }
             let (addr, bytes) = (pool.addr_of(run), u64::from(g - run) * granule);

@@ -82,12 +82,9 @@ impl GranulePool {
         let mut gone = 0;
         let granules = &mut self.granules;
         self.retiring.retain(|&g| {
-            if !retiring_head(granules, g) {
-                return false; // taken back (`need`) or drained since
-            }
             let gr = &granules[g as usize];
-            let Backing::Retiring(_, token) = &gr.backing else {
-                return false;
+            let (Backing::Retiring(_, token), true) = (&gr.backing, gr.head == g) else {
+                return false; // taken back (`need`) or drained since
             };
             match token.state() {
                 Retire::Pending | Retire::Unmapping => true,
