@@ -6,8 +6,9 @@
 //! device work ever runs; the device is `device.rs`'s), and three kinds of replay:
 //! - [`measure`]: with the figures (held peak, pages, failures), the timeline sampled evenly
 //!   across the trace from the manager's report, and `--verify`'s checks after every operation;
-//! - [`time`]: uninstrumented, on fresh managers (cold: page allocations included), then over the
-//!   last one's warm pools, each for at least a second of replays (`--timing-seconds`);
+//! - [`time`]: uninstrumented (the device's own checks off too), on fresh managers (cold: page
+//!   allocations included), then over the last one's warm pools, each for at least a second of
+//!   replays (`--timing-seconds`);
 //! - [`replays_within`]: under a budget, stopping at the first failed reservation.
 //!
 //! An operation is an allocation (`reserve(.., PageUpdate::Allow)`) or a free (dropping the
@@ -84,7 +85,18 @@ impl<S: ReplayShim> Fences<S> {
 impl<S: ReplayShim> Bench<S> {
     /// A fresh device and manager with `config`, under `limit` bytes (`None`: no budget).
     pub fn new(device: Device, config: MemoryConfig, limit: Option<u64>) -> Self {
+        Self::on(S::build(device), device, config, limit)
+    }
+
+    /// [`Self::new`] for a timed replay: the device without its costly checks
+    /// ([`ReplayShim::for_timing`]).
+    fn timed(device: Device, config: MemoryConfig, limit: Option<u64>) -> Self {
         let shim = S::build(device);
+        shim.for_timing();
+        Self::on(shim, device, config, limit)
+    }
+
+    fn on(shim: S, device: Device, config: MemoryConfig, limit: Option<u64>) -> Self {
         let mut mm = MemoryManager::new(
             &shim.facts(),
             config,
@@ -387,7 +399,7 @@ pub fn time<S: ReplayShim>(
         timed >= min_seconds || since.elapsed().as_secs_f64() >= 3.0 * min_seconds
     };
     let mut bench = loop {
-        let mut bench = Bench::<S>::new(device, config, limit);
+        let mut bench = Bench::<S>::timed(device, config, limit);
         let first = (cold_reps == 0).then_some(&mut *progress);
         let (t, failed) = replay_timed(trace, &mut bench, &mut handles, first, total);
         handles.iter_mut().for_each(|h| *h = None);
