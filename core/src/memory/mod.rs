@@ -13,12 +13,15 @@ mod free_index;
 pub(crate) mod handle;
 #[cfg(test)]
 mod handle_model;
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod manager;
 pub(crate) mod pool;
 mod report;
 mod retire;
 mod return_queue;
 pub(crate) mod sliced;
+mod sync;
 mod types;
 mod vm;
 pub(crate) mod whole;

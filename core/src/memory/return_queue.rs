@@ -10,8 +10,9 @@
 
 use alloc::sync::Arc;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::Ordering;
 
+use super::sync::{AtomicUsize, Mutex};
 use super::types::Issuer;
 use crate::attention::Attention;
 
@@ -25,7 +26,7 @@ use crate::attention::Attention;
 pub(crate) struct Queue<T> {
     len: AtomicUsize,
     /// The items, and whether the queue is closed.
-    items: spin::Mutex<(Vec<T>, bool)>,
+    items: Mutex<(Vec<T>, bool)>,
     /// Rung after every push, when the drainer asked for it ([`Self::issued_by`]).
     attention: Option<Arc<Attention>>,
     /// Who issued what is queued: the manager's device and stream, kept here once for every
@@ -39,7 +40,7 @@ impl<T> Default for Queue<T> {
     fn default() -> Self {
         Self {
             len: AtomicUsize::new(0),
-            items: spin::Mutex::new((Vec::new(), false)),
+            items: Mutex::new((Vec::new(), false)),
             attention: None,
             issuer: Issuer {
                 device: 0,

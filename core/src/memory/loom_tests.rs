@@ -1,0 +1,149 @@
+//! Model tests of the return queue and of the last reference's return, under loom: every
+//! interleaving of the threads below, with the identity's atomics and the queue's lock as loom's
+//! (`sync.rs`), so a missing order or a lost return fails here rather than once in a million runs.
+//!
+//! Run alone (the core's other tests use no loom model, and loom's atomics refuse to run outside
+//! one):
+//!
+//! ```sh
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p devcmd --lib --release loom_
+//! ```
+
+use super::handle::{Handle, ReturnQueue};
+use super::pool::{Location, Placed, Pool, Size};
+use super::types::Issuer;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use loom::thread;
+
+fn queue() -> Arc<ReturnQueue> {
+    Arc::new(ReturnQueue::issued_by(
+        Issuer {
+            device: 1,
+            stream: 0,
+        },
+        None,
+    ))
+}
+
+fn at(block: u32) -> Option<Placed> {
+    Some(Placed {
+        location: Location {
+            pool: Pool::Pages(Size::Small),
+            block,
+        },
+        addr: 0x1000 * u64::from(block),
+    })
+}
+
+/// A bound handle, as the manager makes one.
+fn placed(id: u64, block: u32, q: &Arc<ReturnQueue>) -> Handle {
+    let h = Handle::new(id, 64, q);
+    h.set_location(at(block), false);
+    h
+}
+
+/// Everything the queue holds now, as (id, block).
+fn drained(q: &ReturnQueue) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    q.drain_into(&mut out);
+    out.iter().map(|r| (r.id, r.location.block)).collect()
+}
+
+#[test]
+fn loom_the_last_of_a_handle_and_a_binding_dropped_on_two_threads_returns_it_once() {
+    loom::model(|| {
+        let q = queue();
+        let h = placed(7, 3, &q);
+        let b = h.binding();
+        let t = thread::spawn(move || drop(b));
+        drop(h);
+        t.join().unwrap();
+        assert_eq!(drained(&q), [(7, 3)], "returned once, where it lies");
+        assert!(q.is_empty());
+    });
+}
+
+#[test]
+fn loom_a_location_written_before_the_device_thread_drops_is_what_the_last_drop_returns() {
+    // The device thread moves the allocation (a new location, plain relaxed stores) and drops
+    // its handle while another thread drops the other: whichever drop is last, the `refs`
+    // count orders the write before it, and the return names the new block.
+    loom::model(|| {
+        let q = queue();
+        let h = placed(9, 1, &q);
+        let c = h.clone();
+        let t = thread::spawn(move || drop(c));
+        h.set_location(at(5), false);
+        drop(h);
+        t.join().unwrap();
+        assert_eq!(drained(&q), [(9, 5)]);
+    });
+}
+
+#[test]
+fn loom_a_drain_racing_a_return_takes_it_then_or_at_the_next_drain() {
+    // The drain's fast path is one load of the queue's length: a return it misses is taken by
+    // the next drain, never lost, and the two never both take it.
+    loom::model(|| {
+        let q = queue();
+        let h = placed(2, 4, &q);
+        let t = thread::spawn(move || drop(h));
+        let first = drained(&q);
+        t.join().unwrap();
+        let second = drained(&q);
+        let all: Vec<_> = first.iter().chain(&second).copied().collect();
+        assert_eq!(all, [(2, 4)], "first {first:?}, then {second:?}");
+        assert!(q.is_empty());
+    });
+}
+
+#[test]
+fn loom_returns_racing_the_close_are_freed_by_it_or_refused_and_the_queue_goes() {
+    // The manager goes (its queue closed and dropped) while two handles are dropped on another
+    // thread: each returned identity is dropped by the close or refused by it, none stays in
+    // the closed queue, and the last identity takes the queue with it.
+    loom::model(|| {
+        let q = queue();
+        let handles = [placed(1, 1, &q), placed(2, 2, &q)];
+        let weak = Arc::downgrade(&q);
+        let t = thread::spawn(move || drop(handles));
+        q.close();
+        assert!(drained(&q).is_empty(), "a closed queue holds nothing");
+        drop(q);
+        t.join().unwrap();
+        assert!(
+            weak.upgrade().is_none(),
+            "no identity was left holding the queue"
+        );
+    });
+}
+
+#[test]
+fn loom_an_identity_returned_from_another_thread_is_reused_as_soon_as_it_is_drained() {
+    // The device thread drains as often as it likes (here: until the return arrives) and gives
+    // the returned identity's heap block to a new handle at once, while the returning thread
+    // may still be leaving `push`: nothing it touches after the push is the identity's.
+    loom::model(|| {
+        let q = queue();
+        let h = placed(3, 2, &q);
+        let t = thread::spawn(move || drop(h));
+        let mut out = Vec::new();
+        while out.is_empty() {
+            q.drain_into(&mut out);
+            if out.is_empty() {
+                thread::yield_now();
+            }
+        }
+        let back = out.pop().expect("drained one");
+        assert_eq!((back.id, back.location.block), (3, 2));
+        let reused = Handle::reusing(Some(back.identity), 8, 64, at(6), &q);
+        drop(reused);
+        assert_eq!(
+            drained(&q),
+            [(8, 6)],
+            "the reused identity returns as the new handle"
+        );
+        t.join().unwrap();
+    });
+}
