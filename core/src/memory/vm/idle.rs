@@ -19,10 +19,13 @@ impl GranulePool {
     /// a granule's entries only the last (the one taken first) stays. What
     /// [`Self::take_cached`] returns, and in what order, does not change; the cache stays
     /// within twice the pool's granules.
+    #[inline]
     pub(super) fn cache_push(&mut self, g: u32) {
         self.cache.push(g);
-        let granules = &self.granules;
-        compact(&mut self.cache, granules.len(), |c| idle(granules, c));
+        if self.cache.len() > compact_past(self.granules.len()) {
+            let granules = &self.granules;
+            compact(&mut self.cache, granules.len(), |c| idle(granules, c));
+        }
     }
 
     /// Whether granule `g` is mapped, unused and unguarded (what the cache should hold).
@@ -151,12 +154,19 @@ fn retiring_head(granules: &[Granule], g: u32) -> bool {
     gr.head == g && matches!(gr.backing, Backing::Retiring(..))
 }
 
+/// The length past which [`compact`] compacts a list over `granules` granules.
+#[inline]
+fn compact_past(granules: usize) -> usize {
+    (2 * granules).max(16)
+}
+
 /// Keeps a list of granule indices whose entries go stale (`keep` says which still count)
 /// within twice the `granules` (at least 16 entries): past that, the stale entries go, and of a
 /// granule's entries only the last stays, in order. Amortised: at least `granules` pushes
 /// separate two compactions.
+#[inline(never)]
 fn compact(list: &mut Vec<u32>, granules: usize, keep: impl Fn(u32) -> bool) {
-    if list.len() <= (2 * granules).max(16) {
+    if list.len() <= compact_past(granules) {
         return;
     }
     let mut seen = alloc::vec![false; granules];

@@ -36,6 +36,7 @@ impl GranulePool {
 
     /// Granule `g` went into use (touched or guarded, from neither): counted, and in its
     /// mapping's count.
+    #[inline]
     pub(super) fn now_in_use(&mut self, g: u32) {
         self.busy += 1;
         if !matches!(self.granules[g as usize].backing, Backing::Mapped(_)) {
@@ -52,6 +53,7 @@ impl GranulePool {
     }
 
     /// Granule `g` went out of use: counted off, and in its mapping's count; it joins the cache.
+    #[inline]
     pub(super) fn now_idle(&mut self, g: u32) {
         self.busy -= 1;
         if matches!(self.granules[g as usize].backing, Backing::Mapped(_)) {
