@@ -92,13 +92,10 @@ pub struct AddressShim<const VM: bool = true> {
     pub unmaps: Cell<u64>,
     /// The memory handle and size of each mapping now, by address: an unmap must name what one
     /// map made there, whole, and a map must not overlap one (the shim panics otherwise: the
-    /// core broke the contract). Kept while [`Self::checks_mappings`] is on.
+    /// core broke the contract). Kept while the checks are on ([`Self::check_mappings`]).
     pub mappings: RefCell<BTreeMap<u64, (u64, u64)>>,
-    /// Whether map and unmap calls are checked against [`Self::mappings`] (on by default). Turn
-    /// it off, before the first map, to time the core alone: the record is a tree the device
-    /// keeps for the checks, and its updates cost more than the core's own bookkeeping of a map
-    /// call (devcmd-trace's timed replays turn it off; its measured replay keeps it on).
-    pub checks_mappings: Cell<bool>,
+    /// Whether map and unmap calls are checked against [`Self::mappings`].
+    checks_mappings: Cell<bool>,
 }
 
 /// A page of an [`AddressShim`]: an address range.
@@ -151,6 +148,25 @@ impl AddressShim {
             mappings: RefCell::default(),
             checks_mappings: Cell::new(true),
         }
+    }
+
+    /// Turns the checks of map and unmap calls against [`Self::mappings`] on or off (on by
+    /// default). Off times the core alone: the record is a tree the device keeps for the checks,
+    /// and its updates cost more than the core's own bookkeeping of a map call (devcmd-trace's
+    /// timed replays turn them off; its measured replay keeps them).
+    ///
+    /// # Panics
+    ///
+    /// While anything is mapped: the record would not match what is (an unmap of a mapping made
+    /// with the checks off would be blamed on the core). Change it before the first map.
+    pub fn check_mappings(&self, on: bool) {
+        let live = self.mapped.get();
+        assert!(
+            live == 0,
+            "AddressShim::check_mappings({on}) with {live} mappings live: the record of mappings \
+             would not match them; turn the checks on or off before the first map"
+        );
+        self.checks_mappings.set(on);
     }
 
     /// The same device as a shim that says it never maps ([`Shim::VIRTUAL_MEMORY`] false).
@@ -419,5 +435,47 @@ impl<const VM: bool> Shim for AddressShim<VM> {
         _: &[KernelParam<'_>],
     ) -> Result<(), DriverError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 2 << 20;
+
+    fn device() -> AddressShim {
+        AddressShim::with_vm(1 << 30, 256, 1 << 28, G)
+    }
+
+    #[test]
+    #[should_panic(expected = "where a granule is mapped already")]
+    fn a_map_over_a_mapping_is_refused_while_checked() {
+        let d = device();
+        let base = d.vm_reserve(8 * G).unwrap();
+        d.vm_map(DeviceAddr(base.0 + G), 2 * G).unwrap();
+        let _ = d.vm_map(DeviceAddr(base.0 + 2 * G), G);
+    }
+
+    #[test]
+    fn unchecked_calls_keep_no_record_and_count_the_same() {
+        let d = device();
+        d.check_mappings(false);
+        let base = d.vm_reserve(8 * G).unwrap();
+        let m = d.vm_map(DeviceAddr(base.0), 2 * G).unwrap();
+        assert!(d.mappings.borrow().is_empty());
+        // SAFETY: the address-only device runs no work; the mapping is the one just made.
+        unsafe { d.vm_unmap(DeviceAddr(base.0), 2 * G, m) };
+        assert_eq!((d.maps.get(), d.unmaps.get(), d.mapped.get()), (1, 1, 0));
+        d.check_mappings(true);
+    }
+
+    #[test]
+    #[should_panic(expected = "before the first map")]
+    fn the_checks_change_only_while_nothing_is_mapped() {
+        let d = device();
+        let base = d.vm_reserve(8 * G).unwrap();
+        d.vm_map(DeviceAddr(base.0), G).unwrap();
+        d.check_mappings(false);
     }
 }

@@ -8,7 +8,8 @@
 //! state. Does not own what the
 //! flags stand for: the bookkeeping is `Device::collect`'s, the faults the ledger's (`fault.rs`).
 
-use core::sync::atomic::{AtomicU8, Ordering};
+use crate::sync::AtomicU8;
+use core::sync::atomic::Ordering;
 
 /// The bit of [`Attention`]'s word that asks for bookkeeping.
 const BOOKKEEPING: u8 = 1;

@@ -53,6 +53,7 @@ pub mod pinned;
 pub mod shim;
 pub mod staging;
 pub mod stream;
+mod sync;
 #[cfg(test)]
 mod test_shim;
 #[cfg(feature = "std")]

@@ -1,6 +1,8 @@
 //! Model tests of the return queue and of the last reference's return, under loom: every
-//! interleaving of the threads below, with the identity's atomics and the queue's lock as loom's
-//! (`sync.rs`), so a missing order or a lost return fails here rather than once in a million runs.
+//! interleaving of the threads below, with the identity's atomics, the queue's lock and the
+//! attention word it rings as loom's (`crate::sync`), so a missing order or a lost return fails
+//! here rather than once in a million runs. Not modelled: that the queue outlives its last use
+//! (its `Arc` is `alloc`'s; miri's runs of `handle_tests.rs`' races check that).
 //!
 //! Run alone (the core's other tests use no loom model, and loom's atomics refuse to run outside
 //! one):
@@ -12,17 +14,23 @@
 use super::handle::{Handle, ReturnQueue};
 use super::pool::{Location, Placed, Pool, Size};
 use super::types::Issuer;
+use crate::attention::Attention;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use loom::thread;
 
 fn queue() -> Arc<ReturnQueue> {
+    ringing(None)
+}
+
+/// A manager's queue that rings `attention` (if any) after every push, as a device's do.
+fn ringing(attention: Option<Arc<Attention>>) -> Arc<ReturnQueue> {
     Arc::new(ReturnQueue::issued_by(
         Issuer {
             device: 1,
             stream: 0,
         },
-        None,
+        attention,
     ))
 }
 
@@ -138,6 +146,10 @@ fn loom_an_identity_returned_from_another_thread_is_reused_as_soon_as_it_is_drai
         let back = out.pop().expect("drained one");
         assert_eq!((back.id, back.location.block), (3, 2));
         let reused = Handle::reusing(Some(back.identity), 8, 64, at(6), &q);
+        assert!(
+            reused.can_mut() && !reused.is_bound(),
+            "counted anew: one owner, no binding"
+        );
         drop(reused);
         assert_eq!(
             drained(&q),
@@ -145,5 +157,51 @@ fn loom_an_identity_returned_from_another_thread_is_reused_as_soon_as_it_is_drai
             "the reused identity returns as the new handle"
         );
         t.join().unwrap();
+    });
+}
+
+#[test]
+fn loom_a_return_rings_the_device_after_it_can_be_drained() {
+    // The device drains its queues only when its attention word was rung since it last looked
+    // (`Attention::answer`): the ring must come after the push, or the device could take the
+    // ring, find the queue empty, and miss the return until something else rings.
+    loom::model(|| {
+        let attention = Arc::new(Attention::default());
+        let q = ringing(Some(Arc::clone(&attention)));
+        let h = placed(4, 7, &q);
+        let t = thread::spawn(move || drop(h));
+        let look = |q: &ReturnQueue| {
+            if attention.answer() {
+                drained(q)
+            } else {
+                Vec::new()
+            }
+        };
+        let first = look(&q);
+        t.join().unwrap();
+        let second = look(&q);
+        let all: Vec<_> = first.iter().chain(&second).copied().collect();
+        assert_eq!(all, [(4, 7)], "first {first:?}, then {second:?}");
+    });
+}
+
+#[test]
+fn loom_a_handle_whose_room_was_handed_over_returns_nothing_whichever_drop_is_last() {
+    // The device thread hands the allocation's room to another handle (the location cleared,
+    // relaxed stores) and drops its handle while another thread drops a clone: the last drop,
+    // on either thread, must see the handover and return nothing (returning the old block would
+    // free room another handle now owns).
+    loom::model(|| {
+        let q = queue();
+        let h = placed(5, 2, &q);
+        let c = h.clone();
+        let t = thread::spawn(move || drop(c));
+        h.set_location(None, true);
+        drop(h);
+        t.join().unwrap();
+        assert!(
+            drained(&q).is_empty(),
+            "nothing returned for room handed over"
+        );
     });
 }

@@ -21,7 +21,6 @@ mod report;
 mod retire;
 mod return_queue;
 pub(crate) mod sliced;
-mod sync;
 mod types;
 mod vm;
 pub(crate) mod whole;

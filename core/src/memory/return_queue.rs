@@ -12,9 +12,9 @@ use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 
-use super::sync::{AtomicUsize, Mutex};
 use super::types::Issuer;
 use crate::attention::Attention;
+use crate::sync::{AtomicUsize, Mutex};
 
 /// Dropped allocations, pushed from any thread, drained by the device thread. The device memory
 /// manager queues [`Returned`](super::handle::Returned); the pinned pool queues its own slices.

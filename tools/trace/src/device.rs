@@ -1,9 +1,11 @@
 //! The device a replay runs on: its facts, and where its pages come from.
 //!
 //! Owns [`Device`] (the facts the manager is fitted to), [`Pages`] (which device: `std` or
-//! `address`), and the [`ReplayShim`] trait both implement (building one from the facts, and the
-//! counters of its pages that the figures and `--verify` read). The address-only device is the
-//! core's ([`devcmd::address_shim`]), shared with the core's tests and engine-bench.
+//! `address`), and the [`ReplayShim`] trait both implement (building one from the facts, the
+//! counters of its pages that the figures and `--verify` read, and leaving out the checks a
+//! timed replay should not pay for: the address-only device's record of every mapping). The
+//! address-only device is the core's ([`devcmd::address_shim`]), shared with the core's tests
+//! and engine-bench.
 //!
 //! - `std`: devcmd-std's [`StdShim`], the CPU device. Its pages are zeroed heap blocks of the
 //!   page alignment; Rust's `alloc_zeroed` zeroes any block aligned past 16 bytes by writing it,
@@ -155,7 +157,7 @@ impl ReplayShim for AddressShim {
     /// The record of every mapping kept for the contract checks is a tree whose updates cost
     /// more than the core's own bookkeeping of a map call.
     fn for_timing(&self) {
-        self.checks_mappings.set(false);
+        self.check_mappings(false);
     }
 
     fn counters(&self) -> Counters {

@@ -72,10 +72,12 @@ impl GranulePool {
         // Entries go stale when a retiring mapping is taken back before `settle` runs (a
         // reservation that trims idle granules and then places into one of them, over and
         // over): compacted as the cache is (`settle` reads only the granules).
-        let granules = &self.granules;
-        compact(&mut self.retiring, granules.len(), |r| {
-            retiring_head(granules, r)
-        });
+        if self.retiring.len() > compact_past(self.granules.len()) {
+            let granules = &self.granules;
+            compact(&mut self.retiring, granules.len(), |r| {
+                retiring_head(granules, r)
+            });
+        }
     }
 
     /// Forgets the retiring granules the drop queue has unmapped since (their fence passed):

@@ -1,14 +1,17 @@
-//! What handles and the return queue share between threads: two atomics and a lock. The core's
-//! and `spin`'s in every build, loom's in the model tests (`cfg(loom)`, `loom_tests.rs`), so loom
-//! explores every interleaving of the real code.
+//! The atomics and the lock that a handle's return path shares between threads: the core's and
+//! `spin`'s in every build, loom's in the model tests (`cfg(loom)`, `memory/loom_tests.rs`), so
+//! loom explores the interleavings of the real code: the identity's counts and location
+//! (`memory/handle.rs`), the return queue (`memory/return_queue.rs`) and the device's attention
+//! word it rings (`attention.rs`) take theirs from here and nowhere else.
 //!
-//! Owns nothing but the choice. The identity (`handle.rs`) and the queue (`return_queue.rs`)
-//! take their atomics and lock from here and nowhere else.
+//! Owns the choice only. Does not own what uses them, nor what loom cannot see: the queue's
+//! `Arc` (loom does not check that memory outlives its last use; miri's runs of the core's tests
+//! do) and the other atomics of the core.
 
 #[cfg(not(all(test, loom)))]
-pub(crate) use core::sync::atomic::{AtomicU32, AtomicUsize};
+pub(crate) use core::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize};
 #[cfg(all(test, loom))]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicUsize};
+pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize};
 
 #[cfg(not(all(test, loom)))]
 pub(crate) use spin::Mutex;
