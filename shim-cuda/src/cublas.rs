@@ -243,8 +243,10 @@ pub(crate) struct Lane {
     handle: BlasHandle,
     /// A devcmd allocation on that stream, declared as a write of every call.
     pub(crate) workspace: Handle,
-    /// The `CUstream` last given to `cublasSetStream` (null: none yet).
-    native: sys::CUstream,
+    /// The `CUstream` last given to `cublasSetStream` (`None`: none yet, so the first call sets
+    /// it even to the null stream: a spare handle still points at the stream of the lane it
+    /// came from, which its device destroyed).
+    native: Option<sys::CUstream>,
     /// The workspace address last given to `cublasSetWorkspace` (0: none since the last
     /// `cublasSetStream`, which resets it).
     workspace_addr: u64,
@@ -508,7 +510,7 @@ impl Cublas {
             stream,
             handle,
             workspace,
-            native: std::ptr::null_mut(),
+            native: None,
             workspace_addr: 0,
         });
         let lane = lanes.lanes.last_mut().expect("just pushed");
@@ -539,15 +541,15 @@ impl Cublas {
     ///
     /// # Errors
     ///
+    /// [`Validation::LibraryDimension`] (a size past cuBLAS's 32-bit `int`, at most 2³¹ − 1),
     /// [`Validation::LibraryOperand`], [`Validation::LibraryAlignment`] and
-    /// [`Validation::LibraryLeadingDimension`] from [`Gemm::check_handles`];
+    /// [`Validation::LibraryLeadingDimension`] from [`Gemm::check_handles`], with nothing
+    /// enqueued or marked;
     /// [`Validation::Recording`] for the first call on a stream while a stream of the device
     /// records (see [`Cublas::prepare`]);
     /// the core's library-work errors: [`ServerError::Skipped`] when `a` or `b` carries a
     /// failure, and [`LaunchError::Library`] naming the cuBLAS status
-    /// (`CUBLAS_STATUS_INVALID_VALUE`) when cuBLAS refuses the call (`c` then carries it), or
-    /// before the call, with nothing enqueued or marked, when a size passes cuBLAS's 32-bit
-    /// `int` (at most 2³¹ − 1).
+    /// (`CUBLAS_STATUS_INVALID_VALUE`) when cuBLAS refuses the call (`c` then carries it).
     pub fn gemm(
         &self,
         cmd: &mut Command<'_, CudaShim>,
@@ -646,15 +648,15 @@ fn bind_for_call(
     handle: cb::cublasHandle_t,
     native: sys::CUstream,
     ws: &DeviceSpan,
-    last_native: &mut sys::CUstream,
+    last_native: &mut Option<sys::CUstream>,
     last_ws: &mut u64,
 ) -> Result<(), LibraryError> {
-    if *last_native != native {
+    if *last_native != Some(native) {
         // SAFETY: the handle is alive (owned by the lane); the stream is the devcmd stream's,
         // alive while the command is. `cudaStream_t` and `CUstream` are the same handle.
         let s = unsafe { cb::cublasSetStream_v2(handle, native.cast()) };
         library_result("cublasSetStream", s)?;
-        *last_native = native;
+        *last_native = Some(native);
         // `cublasSetStream` resets the workspace to cuBLAS's own pool.
         *last_ws = 0;
     }

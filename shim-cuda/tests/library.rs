@@ -85,7 +85,7 @@ fn a_gemm_through_library_work_matches_a_cpu_reference_f32() {
 }
 
 /// One `Cublas` serves device after device: the lanes of a dropped device go (its handle is
-/// reused for the next), and the products stay right. A view between two floats is refused
+/// reused for the next, also over the legacy default stream), and the products stay right. A view between two floats is refused
 /// before cuBLAS sees it (it would fault on the GPU).
 #[test]
 fn a_cublas_outlives_devices_and_refuses_a_view_between_elements() {
@@ -106,6 +106,23 @@ fn a_cublas_outlives_devices_and_refuses_a_view_between_elements() {
         // The devices before went with their workspaces: their lanes were pruned when this
         // device's stream was served.
         assert_eq!(blas.streams_held(), 1, "device {round}");
+    }
+    // A device whose stream 0 is the legacy default stream (null) gets the handle the device
+    // before used, which still points at that device's stream, destroyed with it: the first call
+    // points it at null (a lane that took "null" for "never set" left it on the dead stream).
+    {
+        let mut dev = Device::new(shim.clone(), DeviceConfig::default());
+        // SAFETY: the legacy default stream lives with the context, past this device; no other
+        // stream of this device is over it, and nothing records it.
+        unsafe { dev.borrow_stream(S0, &std::ptr::null_mut()) }.unwrap();
+        check_gemm(
+            &mut dev,
+            &blas,
+            Gemm::packed(GemmType::F32, 33, 17, 9),
+            &mut rng,
+            "device over the legacy default stream",
+        );
+        assert_eq!(blas.streams_held(), 1, "the dead device's lane went");
     }
     let mut dev = Device::new(shim, DeviceConfig::default());
     let mut cmd = dev.command(S0).unwrap();

@@ -89,7 +89,7 @@ impl<S: Shim> Command<'_, S> {
     /// - `call` only *enqueues* work, on the native stream it is given (no other stream, no host
     ///   wait for the device, no synchronisation of the device or context);
     /// - that work touches device memory only inside the ranges given, and writes only the
-    ///   ranges of `work.writes`;
+    ///   ranges of `work.updates` and `work.writes`;
     /// - `call` returns `Err` only when it enqueued nothing that will still run;
     /// - while *any* stream of the device records (CUDA's global capture mode), `call` neither
     ///   allocates nor frees device or pinned memory nor synchronises anything (cuBLAS: its
