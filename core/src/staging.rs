@@ -18,7 +18,10 @@
 //! `depth × chunk` pinned bytes per stream, whatever the size of the copy (beside it, for a
 //! while, a buffer whose fence could not be recorded, held by the drop queue until its next
 //! fence, or one whose fence could not be read, leaked). A read into ordinary
-//! memory runs the same way backwards. The ring keeps its buffers between copies (no pinned
+//! memory runs backwards: the device copies each piece into the next buffer, and the host
+//! copies a piece out when its buffer comes round again, or once every piece is enqueued, so
+//! the copies out overlap the device copies still in flight (a read of no more pieces than the
+//! ring's buffers enqueues every device copy first). The ring keeps its buffers between copies (no pinned
 //! allocation per piece, none per copy once warm) and gives them back at a memory cleanup.
 //!
 //! Reads spread: the ring grows to [`StagingPolicy::read_buffers`] before a read reuses a

@@ -209,8 +209,9 @@ impl<S: Shim> Command<'_, S> {
     }
 
     /// Reads `handle`'s view at `t` with `layout` into `dst` (packed), pipelined through the
-    /// staging ring: the device copies piece *i* into a ring buffer while the host copies piece
-    /// *i − 1* out. Returns once every byte is in `dst`; `false`, having done nothing, when the
+    /// staging ring: the device copies each piece into the next ring buffer; the host copies a
+    /// piece out when its buffer comes round again, or once every piece is enqueued, while the
+    /// device copies the later ones. Returns once every byte is in `dst`; `false`, having done nothing, when the
     /// ring has no buffer and the pool cannot serve one. Only while no stream records.
     ///
     /// # Errors
