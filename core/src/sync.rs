@@ -2,7 +2,8 @@
 //! `spin`'s in every build, loom's in the model tests (`cfg(loom)`, `memory/loom_tests.rs`), so
 //! loom explores the interleavings of the real code: the identity's counts and location
 //! (`memory/handle.rs`), the return queue (`memory/return_queue.rs`) and the device's attention
-//! word it rings (`attention.rs`) take theirs from here and nowhere else.
+//! word it rings (`attention.rs`) take theirs from here and nowhere else, and so does a retiring
+//! mapping's token (`memory/retire.rs`), with its wait.
 //!
 //! Owns the choice only. Does not own what uses them, nor what loom cannot see: the queue's
 //! `Arc` (loom does not check that memory outlives its last use; miri's runs of the core's tests
@@ -15,6 +16,16 @@ pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize};
 
 #[cfg(not(all(test, loom)))]
 pub(crate) use spin::Mutex;
+
+/// One turn of a wait for another thread: a pause hint, or under loom a yield (a model must
+/// let the other thread run, or it never ends).
+#[inline(always)]
+pub(crate) fn spin_wait() {
+    #[cfg(not(all(test, loom)))]
+    core::hint::spin_loop();
+    #[cfg(all(test, loom))]
+    loom::thread::yield_now();
+}
 
 /// A plain store into an atomic no other thread can see (`&mut`): `get_mut` on the core's
 /// atomics, `with_mut` on loom's, which have no `get_mut`.

@@ -205,3 +205,46 @@ fn loom_a_handle_whose_room_was_handed_over_returns_nothing_whichever_drop_is_la
         );
     });
 }
+
+#[test]
+fn loom_a_retiring_mapping_is_taken_back_or_unmapped_never_both_nor_mapped_over() {
+    // The drop queue's thread unmaps a retiring mapping after its fence while the manager,
+    // placing over it, takes it back: either the manager wins (the unmap never runs) or the
+    // unmap is through, budget given back, before the manager maps the address again. A wait
+    // for the unmap before the cancel lost this race (the manager mapped over an unmap in
+    // progress).
+    use super::retire::RetireToken;
+    use loom::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+    loom::model(|| {
+        let token = Arc::new(RetireToken::pending());
+        // What the device holds there (1: mapped) and the bytes the budget has back.
+        let device = Arc::new(AtomicU8::new(1));
+        let given_back = Arc::new(AtomicBool::new(false));
+        let queue = {
+            let (token, device, given_back) = (token.clone(), device.clone(), given_back.clone());
+            thread::spawn(move || {
+                token.unmap_unless_taken_back(|| {
+                    assert_eq!(device.swap(0, Ordering::Relaxed), 1, "unmapped once");
+                    given_back.store(true, Ordering::Relaxed);
+                })
+            })
+        };
+        let taken_back = token.take_back();
+        if !taken_back {
+            // The manager maps the address again: nothing may be mapped there any more.
+            assert_eq!(device.load(Ordering::Relaxed), 0, "mapped over an unmap");
+            assert!(
+                given_back.load(Ordering::Relaxed),
+                "the budget is back first"
+            );
+            device.store(1, Ordering::Relaxed);
+        }
+        let unmapped = queue.join().unwrap();
+        assert_ne!(taken_back, unmapped, "exactly one side wins");
+        assert_eq!(
+            device.load(Ordering::Relaxed),
+            1,
+            "mapped at the end, by one side"
+        );
+    });
+}

@@ -238,6 +238,44 @@ fn fenced_a_retiring_granule_is_neither_idle_nor_given_back_twice() {
 }
 
 #[test]
+fn fenced_an_explicit_cleanup_starts_the_peak_mark_again() {
+    // Under fenced release an explicit cleanup retires every idle granule: on their way out,
+    // they must not keep the mark at the peak before the cleanup, or idle granules stay held
+    // up to it afterwards ("the most held since the last explicit cleanup").
+    let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G);
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let mut mm = MemoryManager::new(
+        &shim.facts,
+        MemoryConfig::default(),
+        issuer,
+        MemoryBudget::new(None),
+    );
+    let free = |mm: &mut MemoryManager<TestShim>| {
+        for page in mm.take_retired() {
+            // SAFETY: no device work exists in this test.
+            unsafe { page.free(&shim) };
+        }
+    };
+    drop(mm.reserve(&shim, 40 * MIB, PageUpdate::Allow).unwrap());
+    mm.cleanup(&shim, Cleanup::Explicit);
+    free(&mut mm);
+    assert_eq!(shim.mapped.get(), 0);
+    let x = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    let _y = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
+    drop(x);
+    // 16 MiB fits only past `_y`: the pools grow past their 5 granules, so X's 4 idle ones go
+    // back first (a mark left at 20 would have kept them).
+    let _z = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
+    free(&mut mm);
+    assert_eq!(granules(&shim, &mm), (9, 9, 0), "(mapped, in use, idle)");
+    // SAFETY: as above.
+    unsafe { mm.release_all(&shim) };
+}
+
+#[test]
 fn a_shim_without_virtual_memory_keeps_pages_whatever_its_facts_say() {
     let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G).without_virtual_memory();
     let issuer = Issuer {

@@ -9,8 +9,9 @@
 
 use super::types::{RawPage, RetiredPage};
 use crate::shim::{DeviceAddr, Shim};
+use crate::sync::AtomicU8;
 use alloc::sync::Arc;
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::Ordering;
 
 /// What a manager lets go: a page, or the memory behind one mapping (one granule, or several
 /// under `map_spans`) of a granule pool.
@@ -99,12 +100,36 @@ impl RetireToken {
     }
 
     /// Waits while the drop queue's thread unmaps the granule (one driver call): afterwards
-    /// the state is not [`Retire::Unmapping`]. The manager calls it before it would map the
-    /// address again or release its range.
-    pub(crate) fn wait_unmapped(&self) {
+    /// the state is not [`Retire::Unmapping`].
+    fn wait_unmapped(&self) {
         while self.state() == Retire::Unmapping {
-            core::hint::spin_loop();
+            crate::sync::spin_wait();
         }
+    }
+
+    /// The manager's side: takes the mapping back (true) unless the drop queue began to unmap
+    /// it, and then waits until that unmap is through (false: the range is unmapped, its bytes
+    /// given back to the budget, and the manager may map the address again or release its
+    /// range). The cancel comes first: a wait before it could see `Pending`, lose the race to
+    /// the drop queue and leave the manager mapping over an unmap in progress.
+    pub(crate) fn take_back(&self) -> bool {
+        if self.settle(Retire::Cancelled) {
+            return true;
+        }
+        self.wait_unmapped();
+        false
+    }
+
+    /// The drop queue's side: runs `unmap` unless the manager took the mapping back first
+    /// (false); the token says [`Retire::Done`] once `unmap` returned (or unwound: a manager
+    /// waiting in [`Self::take_back`] must not spin for ever).
+    pub(crate) fn unmap_unless_taken_back(&self, unmap: impl FnOnce()) -> bool {
+        if !self.settle(Retire::Unmapping) {
+            return false;
+        }
+        let _done = DoneOnDrop(self);
+        unmap();
+        true
     }
 
     /// Moves the granule from `Pending` to `to`; whether this side won (it was still pending).
@@ -142,17 +167,15 @@ impl<S: Shim> RetiredPage<Released<S>> {
             // SAFETY: the caller's guarantee.
             Released::Page(page) => unsafe { page.free(shim) },
             Released::Granule(g) => {
-                if !g.token.settle(Retire::Unmapping) {
-                    // Taken back by the manager before its fence: it stays mapped, and counted.
-                    return;
-                }
-                // Done once the unmap and the budget are through (even should the shim panic:
-                // a manager waiting out `Unmapping` must not spin for ever).
-                let _done = DoneOnDrop(&g.token);
-                // SAFETY: the caller guarantees no pending work uses the granule; the manager
-                // neither takes it back nor maps over it until it sees the token done.
-                unsafe { shim.vm_unmap(DeviceAddr(g.addr), g.size, g.memory) };
-                self.budget.give_back(self.size);
+                // Unless taken back by the manager before its fence (it stays mapped, and
+                // counted there): unmapped, and its bytes given back, before the token says done.
+                g.token.unmap_unless_taken_back(|| {
+                    // SAFETY: the caller guarantees no pending work uses the granule; the
+                    // manager neither takes it back nor maps over it nor releases its range
+                    // until the token says done (`RetireToken::take_back`).
+                    unsafe { shim.vm_unmap(DeviceAddr(g.addr), g.size, g.memory) };
+                    self.budget.give_back(self.size);
+                });
                 return;
             }
         }

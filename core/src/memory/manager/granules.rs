@@ -126,10 +126,9 @@ impl<S: Shim> MemoryManager<S> {
             return Ok(Some(shared));
         }
         if missing > 0 {
-            debug_assert!(
-                update != PageUpdate::Forbidden,
-                "placed over mapped granules only"
-            );
+            // Under `Forbidden` the placement lies over usable granules only, but a retiring one
+            // may have been unmapped by a drop queue on another thread since: the walk below
+            // undoes the placement then, as no map may be made.
             if update == PageUpdate::Allow {
                 // Past the most the pools ever held, idle granules go back first: the peak
                 // grows only by what live allocations need. Below it, they are kept for reuse
@@ -322,6 +321,16 @@ impl<S: Shim> MemoryManager<S> {
     pub(super) fn granules_held(&mut self) -> u64 {
         self.settle_granules();
         self.vm.iter().flatten().map(|p| p.held()).sum()
+    }
+
+    /// Bytes of the granules mapped now and not on their way out (retiring ones left out).
+    pub(super) fn granules_mapped_now(&mut self) -> u64 {
+        self.settle_granules();
+        self.vm
+            .iter()
+            .flatten()
+            .map(|p| u64::from(p.mapped_now()) * p.granule)
+            .sum()
     }
 
     /// Forgets the granules the drop queue unmapped since the last look ([`GranulePool::settle`]).

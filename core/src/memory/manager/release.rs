@@ -11,7 +11,7 @@ use super::MemoryManager;
 use crate::memory::config::PageRelease;
 use crate::memory::handle::Returned;
 use crate::memory::pool::{Location, Pool, Size, Whole};
-use crate::memory::retire::{Released, Retire};
+use crate::memory::retire::Released;
 use crate::memory::sliced::SlicedPool;
 use crate::memory::types::{Cleanup, RawPage, RetiredPage};
 use crate::shim::{DeviceAddr, Shim};
@@ -140,7 +140,9 @@ impl<S: Shim> MemoryManager<S> {
                 }
             }
             self.give_back_idle(shim, usize::MAX);
-            self.vm_high_water = self.granules_held();
+            // The mark starts again from what stays: under fenced release what was just given
+            // back still counts as held until its fence, but it is on its way out.
+            self.vm_high_water = self.granules_mapped_now();
         }
         for (raw, size) in released {
             self.release(shim, raw, size);
@@ -236,10 +238,7 @@ impl<S: Shim> MemoryManager<S> {
                 // device's drop queue before this call). One still out (`take_retired` kept by
                 // the caller) is cancelled here and unmapped with the rest: its later free then
                 // does nothing, and the range is never released with a granule mapped in it.
-                if token.is_some_and(|t| {
-                    t.wait_unmapped();
-                    !t.settle(Retire::Cancelled)
-                }) {
+                if token.is_some_and(|t| !t.take_back()) {
                     continue;
                 }
                 let bytes = u64::from(len) * granule;

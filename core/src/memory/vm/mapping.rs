@@ -10,7 +10,6 @@
 //! granule nor placement (`vm.rs`), nor giving mappings back (`vm/idle.rs`).
 
 use super::{Backing, GranulePool, Need};
-use crate::memory::retire::Retire;
 use alloc::sync::Arc;
 
 impl GranulePool {
@@ -102,8 +101,7 @@ impl GranulePool {
         self.retiring_now -= len;
         // A drop queue on another thread may be unmapping it right now: the address is mapped
         // again only once that is done.
-        token.wait_unmapped();
-        if token.settle(Retire::Cancelled) {
+        if token.take_back() {
             for u in head..head + len {
                 self.granules[u as usize].backing = Backing::Mapped(memory);
                 if self.idle(u) {
