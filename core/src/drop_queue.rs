@@ -350,8 +350,10 @@ impl<S: Shim> DropQueue<S> {
         self.staged_bytes = 0;
     }
 
-    /// Flushes twice, whatever the first flush met: everything pushed before is released, or
-    /// leaked after a wait whose outcome is unknown. Returns the graver outcome of the two.
+    /// Flushes twice, whatever the first flush met: when both fences pass, everything pushed
+    /// before is released; after an unknown or lost outcome what the failed wait covered is
+    /// leaked, and what the second flush fenced stays pending (callers go by the outcome).
+    /// Returns the graver outcome of the two.
     pub(crate) fn drain(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Fenced {
         let first = self.flush(shim, stream, mark);
         let second = self.flush(shim, stream, mark);

@@ -398,7 +398,9 @@ impl FaultLedger {
     /// Records a fence outcome of `stream` met by the core's own bookkeeping (a flush after an
     /// enqueue that succeeded, reclaim on another stream, a future dropped unwaited, teardown):
     /// only a lost device fails the caller. Failed work taints the stream (its next operation
-    /// fails); an unknown outcome is kept for the stream's next read or sync.
+    /// fails); an unknown outcome is kept for the stream's next read or sync (a future dropped
+    /// unwaited passes on failed work and a lost device only: what its unknown fence covered
+    /// was leaked where it was met, see `command/futures.rs`).
     pub fn defer(&self, stream: usize, fenced: Fenced) -> Result<(), ServerError> {
         match fenced.outcome {
             FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {

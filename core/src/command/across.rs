@@ -188,6 +188,10 @@ impl<S: Shim> Command<'_, S> {
                     "copy_from: the end of a copy to another device is unknown: leaking its source"
                 );
                 core::mem::forget(src.binding());
+                // Bound for good and marked as used by work the core does not see: no `bind`
+                // hands its room to another handle (which could then free it), and no zero-copy
+                // read lends its bytes.
+                src.expose();
                 from.device.read_by_peer = true;
             }
             return Err(error);

@@ -268,7 +268,12 @@ impl<S: Shim> Command<'_, S> {
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         self.device.ledger.check_device()?;
         self.refuse_while_recording("poll_drops")?;
+        // What came back since the last operation (dropped handles, what dropped futures left)
+        // and the pages the manager let go join the queue first: a loop that only polls gets
+        // them back too.
+        self.device.collect();
         let (shim, s) = self.parts();
+        s.queue_retired();
         let mark = s.mark();
         match s.drops.poll(shim, &s.raw, mark) {
             None => Ok(false),

@@ -197,6 +197,7 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
     refused_while_recording(&mut a, &mut b, mode);
     failure_across(&mut a, &mut b, mode);
     wait_after_refused(&mut a, &mut b, mode);
+    source_kept_when_the_copy_end_is_unknown(h, mode);
     budgets(h, mode);
     wrong_device(&mut a, &mut b, mode);
     a.assert_no_leak(GROUP);
@@ -239,6 +240,57 @@ fn wait_after_refused<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mode) {
         &["copy_peer"],
     );
     drop((x, y));
+}
+
+/// The source's wait after the copy refused and the wait for the copy's end inconclusive too
+/// (with probes on both devices): nothing says when the copy stops reading its source, so the
+/// source's room is kept for good (leaked, the device's teardown leaks it too); a `bind` may not
+/// hand it to another handle, which could free it under the copy.
+fn source_kept_when_the_copy_end_is_unknown<H: Harness>(h: &H, mode: Mode) {
+    const GROUP: &str = "several_devices (the copy's end unknown)";
+    let Some([mut a, mut b]) = pair(h, mode, DeviceConfig::default(), GROUP) else {
+        return;
+    };
+    if a.probe.is_none() || b.probe.is_none() || path(&b, &a) != CopyPath::Peer {
+        crate::skip::skipped(GROUP, mode, "needs probes and a peer copy");
+        return;
+    }
+    let s0 = StreamId(0);
+    let n = 40_003;
+    let room = must(
+        a.dev.command(s0).and_then(|mut k| k.reserve(n as u64)),
+        "reserve on A",
+    );
+    let y = must(b.create(s0, &vec![1; n]), "create y on B");
+    a.probe.as_ref().expect("checked").inject(FaultRule::Once {
+        op: ShimOp::StreamWaitEvent,
+        skip: 0,
+    });
+    b.probe.as_ref().expect("checked").inject(FaultRule::Once {
+        op: ShimOp::EventWait,
+        skip: 0,
+    });
+    let copied = copy(&mut b, s0, &y, &mut a, s0, &room);
+    a.probe.as_ref().expect("checked").clear();
+    b.probe.as_ref().expect("checked").clear();
+    assert!(copied.is_err(), "[{mode}] {GROUP}: {copied:?}");
+    let (handed, target) = {
+        let mut k = must(a.dev.command(s0), "command on A");
+        let target = k.lazy(n as u64);
+        (k.bind(room, &target), target)
+    };
+    assert!(
+        matches!(handed, Err(ServerError::Io(IoError::Exposed { .. }))),
+        "[{mode}] {GROUP}: the room of a source a copy may still read was handed over: {handed:?}"
+    );
+    drop((target, y));
+    must(a.cleanup_all(), "clean A up");
+    assert_eq!(
+        a.live(),
+        (1, n as u64),
+        "[{mode}] {GROUP}: the source is kept, and only it"
+    );
+    b.assert_no_leak(GROUP);
 }
 
 /// While a stream of either device records, a copy between them is refused (a recording cannot
