@@ -101,7 +101,8 @@ pub enum IoError {
     /// Room whose raw device address was handed out
     /// ([`Command::managed_resource`](crate::Command::managed_resource)) cannot be given to
     /// another handle while a binding of it is out: the resource (or work not yet collected)
-    /// keeps the old handle, not the room's new owner.
+    /// keeps the old handle, not the room's new owner. Also the source of a copy to another
+    /// device whose end could not be known (`Command::copy_from`): it is kept for good.
     Exposed {
         /// The handle whose room was to be given.
         handle: u64,
@@ -309,7 +310,8 @@ impl fmt::Display for IoError {
                 "the room of handle {handle} had its raw device address handed out \
                  (managed_resource) and a binding of it is still out; drop the resource and let \
                  the streams that used the room collect their work (memory_cleanup) before you \
-                 bind it, or bind fresh room from `reserve`"
+                 bind it, or bind fresh room from `reserve` (the source of a copy to another \
+                 device whose end could not be known is kept for good: bind fresh room)"
             ),
             Self::InUse { handle } => write!(
                 f,

@@ -1,4 +1,5 @@
-//! Model tests of the return queue and of the last reference's return, under loom: every
+//! Model tests of the return queue, of the last reference's return and of a retiring mapping's
+//! token (taken back or unmapped), under loom: every
 //! interleaving of the threads below, with the identity's atomics, the queue's lock and the
 //! attention word it rings as loom's (`crate::sync`), so a missing order or a lost return fails
 //! here rather than once in a million runs. Not modelled: that the queue outlives its last use

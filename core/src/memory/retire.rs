@@ -74,7 +74,7 @@ pub(crate) enum Retire {
     /// The drop queue unmapped it: the address range is free to map again.
     Done = 2,
     /// The drop queue is unmapping it now (on its thread): neither takeable nor free to map
-    /// again until `Done`, a driver call later ([`RetireToken::wait_unmapped`]).
+    /// again until `Done`, a driver call later ([`RetireToken::take_back`] waits it out).
     Unmapping = 3,
 }
 
@@ -112,7 +112,10 @@ impl RetireToken {
     /// given back to the budget, and the manager may map the address again or release its
     /// range). The cancel comes first: a wait before it could see `Pending`, lose the race to
     /// the drop queue and leave the manager mapping over an unmap in progress.
+    /// Called at most once per token (the manager's pool marks the mapping mapped again, or
+    /// forgets it, right after).
     pub(crate) fn take_back(&self) -> bool {
+        debug_assert_ne!(self.state(), Retire::Cancelled, "a token taken back twice");
         if self.settle(Retire::Cancelled) {
             return true;
         }

@@ -60,6 +60,8 @@ fn path<H: Harness>(to: &Ctx<H>, from: &Ctx<H>) -> CopyPath {
 ///   makes the copy `Skipped` and the destination's read `Unwritten`;
 /// - **budgets per device**: each device holds up to its own budget, one full device refuses
 ///   while the other still serves, and [`HostReport`] adds the two up;
+/// - **a copy whose end is unknown** (with probes: the source's wait and the host's wait both
+///   refused): its source is kept for good, and `bind` refuses to hand its room over;
 /// - **a handle used on the wrong device** is [`IoError::ForeignHandle`], naming both devices,
 ///   in a read, a launch and a copy with its sides swapped.
 pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
