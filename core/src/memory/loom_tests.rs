@@ -52,6 +52,20 @@ fn placed(id: u64, block: u32, q: &Arc<ReturnQueue>) -> Handle {
     h
 }
 
+/// A bound handle `id` cloned onto another thread, which drops the clone while this (device)
+/// thread sets its location to `placed` (`handed_over`) and drops it: what the queue holds
+/// then, once both drops are through.
+fn moved_then_dropped(id: u64, placed: Option<Placed>, handed_over: bool) -> Vec<(u64, u32)> {
+    let q = queue();
+    let h = self::placed(id, 1, &q);
+    let c = h.clone();
+    let t = thread::spawn(move || drop(c));
+    h.set_location(placed, handed_over);
+    drop(h);
+    t.join().unwrap();
+    drained(&q)
+}
+
 /// Everything the queue holds now, as (id, block).
 fn drained(q: &ReturnQueue) -> Vec<(u64, u32)> {
     let mut out = Vec::new();
@@ -79,14 +93,7 @@ fn loom_a_location_written_before_the_device_thread_drops_is_what_the_last_drop_
     // its handle while another thread drops the other: whichever drop is last, the `refs`
     // count orders the write before it, and the return names the new block.
     loom::model(|| {
-        let q = queue();
-        let h = placed(9, 1, &q);
-        let c = h.clone();
-        let t = thread::spawn(move || drop(c));
-        h.set_location(at(5), false);
-        drop(h);
-        t.join().unwrap();
-        assert_eq!(drained(&q), [(9, 5)]);
+        assert_eq!(moved_then_dropped(9, at(5), false), [(9, 5)]);
     });
 }
 
@@ -193,15 +200,8 @@ fn loom_a_handle_whose_room_was_handed_over_returns_nothing_whichever_drop_is_la
     // on either thread, must see the handover and return nothing (returning the old block would
     // free room another handle now owns).
     loom::model(|| {
-        let q = queue();
-        let h = placed(5, 2, &q);
-        let c = h.clone();
-        let t = thread::spawn(move || drop(c));
-        h.set_location(None, true);
-        drop(h);
-        t.join().unwrap();
         assert!(
-            drained(&q).is_empty(),
+            moved_then_dropped(5, None, true).is_empty(),
             "nothing returned for room handed over"
         );
     });
