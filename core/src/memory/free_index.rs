@@ -130,18 +130,20 @@ impl FreeIndex {
     /// Like [`Self::find`], but looks at up to `limit` fitting blocks, in the order `find` would
     /// prefer them (the request's own class, then the smallest classes that fit, each list in
     /// order), and returns the one `score` rates lowest (the first of them on a tie; at once on
-    /// a score of 0). Bounded: at most `limit` blocks and one walk of the bitmap.
+    /// a score of 0). Bounded: at most `limit` blocks and one walk of the bitmap. `score` gets
+    /// the block and the lowest score so far (`u32::MAX` for the first): it may stop counting
+    /// there, as a score at or above it loses anyway.
     pub(crate) fn find_scored(
         &self,
         links: &impl Links,
         size: u64,
         limit: usize,
-        mut score: impl FnMut(u32) -> u32,
+        mut score: impl FnMut(u32, u32) -> u32,
     ) -> Option<u32> {
         let mut best: Option<(u32, u32)> = None;
         let mut seen = 0;
         let mut consider = |b: u32| {
-            let s = score(b);
+            let s = score(b, best.map_or(u32::MAX, |(low, _)| low));
             if best.is_none_or(|(low, _)| s < low) {
                 best = Some((s, b));
             }

@@ -143,19 +143,20 @@ impl<P> SlicedPool<P> {
     }
 
     /// Carves `aligned` bytes from the front of the free block that `score` (given a block's
-    /// offset in its page) rates lowest among the first `limit` that fit, in good-fit order.
+    /// offset in its page, and the lowest score so far, past which it may stop counting) rates
+    /// lowest among the first `limit` that fit, in good-fit order.
     pub(crate) fn try_carve_scored(
         &mut self,
         size: u64,
         aligned: u64,
         used: Used,
         limit: usize,
-        mut score: impl FnMut(u64) -> u32,
+        mut score: impl FnMut(u64, u32) -> u32,
     ) -> Option<Carved> {
         let blocks = &self.blocks;
-        let b = self
-            .index
-            .find_scored(blocks, aligned, limit, |b| score(blocks[b as usize].offset))?;
+        let b = self.index.find_scored(blocks, aligned, limit, |b, bound| {
+            score(blocks[b as usize].offset, bound)
+        })?;
         Some(self.carve_at(b, 0, size, aligned, used))
     }
 

@@ -352,8 +352,16 @@ proptest! {
                 }
                 Op::Carve(size, align) | Op::Scored(size, align, _) | Op::Take(size, align) => {
                     let aligned = size.next_multiple_of(1 << align);
+                    if let Op::Scored(.., limit) = op {
+                        // A scorer that stops at the lowest score so far (returning any value at
+                        // or above it) picks the same block as one that counts in full.
+                        let full = |b: u32| ((pool.blocks[b as usize].offset / 64) % 7) as u32;
+                        let whole = pool.index.find_scored(&pool.blocks, aligned, limit, |b, _| full(b));
+                        let stopped = pool.index.find_scored(&pool.blocks, aligned, limit, |b, bound| full(b).min(bound));
+                        prop_assert_eq!(whole, stopped, "a scorer stopping at the best so far chose another block");
+                    }
                     let carved = match op {
-                        Op::Scored(.., limit) => pool.try_carve_scored(size, aligned, used(owner, size), limit, |o| (o % 3) as u32),
+                        Op::Scored(.., limit) => pool.try_carve_scored(size, aligned, used(owner, size), limit, |o, bound| ((o / 64) % 7).min(u64::from(bound)) as u32),
                         Op::Take(..) => pool.carve_or_release(size, aligned, used(owner, size)),
                         _ => pool.try_carve(size, aligned, used(owner, size)),
                     };

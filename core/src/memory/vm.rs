@@ -77,6 +77,16 @@ fn usable(g: &Granule) -> bool {
     }
 }
 
+/// What is behind the granules a placement touches ([`GranulePool::touch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Behind {
+    /// Granules with no memory a new allocation may use without a device call (unmapped, or
+    /// retiring and no longer takeable): what mapping them would take.
+    pub missing: u32,
+    /// Whether every granule is mapped (none unmapped or retiring): nothing to take back or map.
+    pub all_mapped: bool,
+}
+
 /// How a granule stands for a new allocation placed over it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Need {
@@ -207,15 +217,26 @@ impl GranulePool {
         u64::from(self.mapped) << self.shift
     }
 
-    /// Counts a new allocation over `[first, last]`.
-    pub(crate) fn touch(&mut self, first: u32, last: u32) {
+    /// Counts a new allocation over `[first, last]`, and says what is behind those granules (in
+    /// the same walk: a placement over mapped granules, the usual case, walks them once).
+    pub(crate) fn touch(&mut self, first: u32, last: u32) -> Behind {
+        let mut behind = Behind {
+            missing: 0,
+            all_mapped: true,
+        };
         for g in first..=last {
             let gr = &mut self.granules[g as usize];
             gr.users += 1;
-            if gr.users == 1 && gr.guards == 0 {
+            let first_use = gr.users == 1 && gr.guards == 0;
+            if !matches!(gr.backing, Backing::Mapped(_)) {
+                behind.all_mapped = false;
+                behind.missing += u32::from(!usable(gr));
+            }
+            if first_use {
                 self.now_in_use(g);
             }
         }
+        behind
     }
 
     /// Undoes a placement of `owner` at `block` over `[first, last]` (counted by
@@ -326,12 +347,17 @@ impl GranulePool {
     pub(crate) fn carve(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
         let (shift, granules) = (self.shift, &self.granules);
         self.pool
-            .try_carve_scored(size, aligned, used, CANDIDATES, |offset| {
-                let first = offset >> shift;
-                let last = (offset + aligned.max(1) - 1) >> shift;
-                (first..=last)
-                    .filter(|&g| !usable(&granules[g as usize]))
-                    .count() as u32
+            .try_carve_scored(size, aligned, used, CANDIDATES, |offset, bound| {
+                let first = (offset >> shift) as usize;
+                let last = ((offset + aligned.max(1) - 1) >> shift) as usize;
+                let mut missing = 0;
+                for g in &granules[first..=last] {
+                    missing += u32::from(!usable(g));
+                    if missing >= bound {
+                        break; // no better than a block already seen
+                    }
+                }
+                missing
             })
     }
 

@@ -105,10 +105,10 @@ impl<S: Shim> MemoryManager<S> {
             return Ok(None);
         };
         let (first, last) = pool.span(c.addr, aligned);
-        pool.touch(first, last);
         // Counted without taking retiring granules back: should the placement fall back to a
         // page below, they stay on their way out.
-        let missing = (first..=last).filter(|&g| !pool.usable(g)).count();
+        let behind = pool.touch(first, last);
+        let missing = behind.missing as usize;
         let placed = c.placed(Pool::Granules(size));
         let granule = self.vm_granule;
         if missing > 0
@@ -155,6 +155,10 @@ impl<S: Shim> MemoryManager<S> {
         // mapping goes back only when every granule of it is idle. (A placement starts a free
         // block, whose bytes before it in its first granule belong to a used block, touched so
         // mapped: in practice only a last granule is covered in part and missing.)
+        if behind.all_mapped {
+            // Nothing to take back or map (the usual case below the peak): no second walk.
+            return Ok(Some(placed));
+        }
         let spans = self.config.map_spans;
         let whole_first = c.addr.is_multiple_of(granule);
         let end = if (c.addr + aligned).is_multiple_of(granule) {
