@@ -276,6 +276,48 @@ fn fenced_an_explicit_cleanup_starts_the_peak_mark_again() {
 }
 
 #[test]
+fn fenced_a_placement_over_mapped_granules_leaves_the_restarted_mark() {
+    // As above, with an allocation kept across the cleanup: a placement beside it, before the
+    // cleanup's fence, maps nothing and takes nothing back, so it must not raise the mark to
+    // what is held with the retiring granules (which would keep idle granules up to it).
+    let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G);
+    let issuer = Issuer {
+        device: 1,
+        stream: 0,
+    };
+    let mut mm = MemoryManager::new(
+        &shim.facts,
+        MemoryConfig::default(),
+        issuer,
+        MemoryBudget::new(None),
+    );
+    let free = |mm: &mut MemoryManager<TestShim>| {
+        for page in mm.take_retired() {
+            // SAFETY: no device work exists in this test.
+            unsafe { page.free(&shim) };
+        }
+    };
+    let _keep = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
+    drop(mm.reserve(&shim, 40 * MIB, PageUpdate::Allow).unwrap());
+    mm.cleanup(&shim, Cleanup::Explicit);
+    // Beside `_keep` in the small pool's mapped granule (another size: no held block serves it).
+    let beside = mm.reserve(&shim, 8192, PageUpdate::Allow).unwrap();
+    free(&mut mm);
+    assert_eq!(granules(&shim, &mm), (1, 1, 0), "(mapped, in use, idle)");
+    let x = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    let _y = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
+    drop(x);
+    // 16 MiB fits only past `_y`: X's 4 idle granules go back before the pools grow past the
+    // 6 they held (a mark raised by `beside` to 21 would have kept them).
+    let _z = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
+    free(&mut mm);
+    assert_eq!(granules(&shim, &mm), (10, 10, 0), "(mapped, in use, idle)");
+    drop(beside);
+    // SAFETY: as above.
+    unsafe { mm.release_all(&shim) };
+}
+
+#[test]
 fn a_shim_without_virtual_memory_keeps_pages_whatever_its_facts_say() {
     let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G).without_virtual_memory();
     let issuer = Issuer {

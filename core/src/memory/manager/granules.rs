@@ -156,7 +156,8 @@ impl<S: Shim> MemoryManager<S> {
         // block, whose bytes before it in its first granule belong to a used block, touched so
         // mapped: in practice only a last granule is covered in part and missing.)
         if behind.all_mapped {
-            // Nothing to take back or map (the usual case below the peak): no second walk.
+            // Nothing to take back or map (the usual case below the peak): no second walk, and
+            // nothing held changed, so the high-water mark stands.
             return Ok(Some(placed));
         }
         let spans = self.config.map_spans;
