@@ -96,7 +96,10 @@ pub struct MemoryManager<S: Shim> {
     /// The device's granule where the granule pools may be used; 0 where they may not (no
     /// virtual memory, turned off, zero copy, or a range could not be reserved).
     vm_granule: u64,
-    /// The most bytes the granule pools held at once since the last explicit cleanup: growing
+    /// The most bytes the granule pools held at once since the last explicit cleanup, as seen
+    /// at the end of each placement that maps or takes back a granule in its own pool (one
+    /// over mapped granules, or shared into the small pool's mapped room, leaves it; granules a
+    /// placement refused part-way had mapped stay above it, idle, and go back first): growing
     /// past it gives idle granules back first.
     vm_high_water: u64,
     persistent: WholePagePool<RawPage<S>>,

@@ -268,3 +268,46 @@ fn a_slack_tries_nothing_while_every_idle_granule_is_pinned() {
     assert_eq!(shim.live_bytes.get(), 2 * MIB, "the small pool's granule");
     drop((v, w));
 }
+
+/// A placement compares the free blocks that fit by the granules each would need mapped and
+/// takes the one needing the fewest, whichever the free index lists first (the scorer stops
+/// counting at the best so far, never below it); `touch` then says what is behind its granules.
+#[test]
+fn a_placement_takes_the_candidate_needing_the_fewest_maps() {
+    use crate::memory::sliced::Used;
+    use crate::memory::vm::{Behind, GranulePool};
+    const G: u64 = 2 * MIB;
+    let used = |owner: u64| Used { owner, size: 4 * G };
+    for fewer_in_first in [true, false] {
+        let mut p = GranulePool::new(64 * G, 16 * G, G);
+        // Granules 0-3, 4-7, 8-11 and 12-15; the first and third freed: two free blocks of 4.
+        let carved: Vec<_> = (0..4)
+            .map(|i| p.carve(4 * G, 4 * G, used(i + 1)).unwrap())
+            .collect();
+        assert_eq!(carved[2].addr, p.addr_of(8));
+        p.pool.free(carved[0].block, 1).unwrap();
+        p.pool.free(carved[2].block, 3).unwrap();
+        // One free block has 3 of its 4 granules mapped, the other 1.
+        let (three, one) = if fewer_in_first { (0, 8) } else { (8, 0) };
+        p.set_mapped(three, 3, 1);
+        p.set_mapped(one, 1, 2);
+        let c = p.carve(4 * G, 4 * G, used(9)).unwrap();
+        assert_eq!(c.addr, p.addr_of(three), "the block needing one map");
+        assert_eq!(
+            p.touch(three, three + 3),
+            Behind {
+                missing: 1,
+                all_mapped: false
+            }
+        );
+        p.set_mapped(three + 3, 1, 3);
+        p.untouch(three, three + 3);
+        assert_eq!(
+            p.touch(three, three + 3),
+            Behind {
+                missing: 0,
+                all_mapped: true
+            }
+        );
+    }
+}

@@ -108,8 +108,16 @@ impl<S: Shim> MemoryManager<S> {
         // Counted without taking retiring granules back: should the placement fall back to a
         // page below, they stay on their way out.
         let behind = pool.touch(first, last);
-        let missing = behind.missing as usize;
         let placed = c.placed(Pool::Granules(size));
+        if behind.all_mapped {
+            // Nothing to take back or map (the usual case below the peak): done, with no second
+            // walk. Nothing was mapped or taken back, so the high-water mark is left as it is;
+            // granules the drop queue unmapped since the last look are forgotten, as at the end
+            // of every placement.
+            self.settle_granules();
+            return Ok(Some(placed));
+        }
+        let missing = behind.missing as usize;
         let granule = self.vm_granule;
         if missing > 0
             && update == PageUpdate::Allow
@@ -155,11 +163,6 @@ impl<S: Shim> MemoryManager<S> {
         // mapping goes back only when every granule of it is idle. (A placement starts a free
         // block, whose bytes before it in its first granule belong to a used block, touched so
         // mapped: in practice only a last granule is covered in part and missing.)
-        if behind.all_mapped {
-            // Nothing to take back or map (the usual case below the peak): no second walk, and
-            // nothing held changed, so the high-water mark stands.
-            return Ok(Some(placed));
-        }
         let spans = self.config.map_spans;
         let whole_first = c.addr.is_multiple_of(granule);
         let end = if (c.addr + aligned).is_multiple_of(granule) {

@@ -142,10 +142,10 @@ impl<S: Shim> MemoryManager<S> {
             self.give_back_idle(shim, usize::MAX);
             // The mark starts again from what stays: under fenced release what was just given
             // back still counts as held until its fence, but it is on its way out. (A placement
-            // that maps or takes a granule back before that fence raises the mark to what is
-            // held, retiring granules included, as any such placement does; one over mapped
-            // granules leaves it. The device's cleanup drains its queue right after this, so on
-            // a device the restart holds once the fence passes.)
+            // that maps or takes a granule back in its own pool before that fence raises the
+            // mark to what is held, retiring granules included, as such a placement always does;
+            // one over mapped granules leaves it. The device's cleanup drains its queue right
+            // after this, so on a device the restart holds once the fence passes.)
             self.vm_high_water = self.granules_mapped_now();
         }
         for (raw, size) in released {
