@@ -12,7 +12,8 @@
 //! pinned by a granule in use in their mapping. The mappings themselves (recording one, taking a
 //! retiring one back, the counts of their granules in use) are `vm/mapping.rs`; the give-back
 //! side (the cache of mapped granules no allocation touches, the retiring list, teardown) is
-//! `vm/idle.rs`. Does not own the device calls nor the budget (the manager maps, unmaps and
+//! `vm/idle.rs`; a bit per granule saying whether it is mapped, which a placement's scoring
+//! reads instead of the records, is `vm/bits.rs`. Does not own the device calls nor the budget (the manager maps, unmaps and
 //! counts: `manager/granules.rs`), nor when the cache is given back (the manager's policy, from
 //! [`IdleGranules`](crate::memory::IdleGranules): before growing past the peak, past the slack
 //! at a reservation, and at an explicit cleanup).
@@ -21,6 +22,7 @@
 //! granules of their mappings), never a page sized for a request long gone; a freed granule goes
 //! back without moving any allocation.
 
+mod bits;
 mod idle;
 mod mapping;
 
@@ -28,6 +30,7 @@ use super::retire::{Retire, RetireToken};
 use super::sliced::{Carved, SlicedPool, Used};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use bits::MappedBits;
 
 /// What is behind one granule of the range.
 #[derive(Debug)]
@@ -107,6 +110,8 @@ pub(crate) struct GranulePool {
     pub granule: u64,
     shift: u32,
     granules: Vec<Granule>,
+    /// Which granules are mapped (kept with every change of their backing to or from it).
+    mapped_bits: MappedBits,
     /// Mapped granules no allocation touches, most recent last (entries may be stale: checked
     /// when taken).
     cache: Vec<u32>,
@@ -154,6 +159,7 @@ impl GranulePool {
             base,
             granule,
             shift: granule.trailing_zeros(),
+            mapped_bits: MappedBits::new(granules.len()),
             granules,
             cache: Vec::new(),
             retiring: Vec::new(),
@@ -194,6 +200,12 @@ impl GranulePool {
                 .filter(|g| matches!(g.backing, Backing::Mapped(_)))
                 .count(),
             "the counts of mapped and retiring granules agree with the granules"
+        );
+        debug_assert!(
+            self.granules.iter().enumerate().all(|(g, gr)| {
+                self.mapped_bits.get(g as u32) == matches!(gr.backing, Backing::Mapped(_))
+            }),
+            "the mapped bits agree with the granules"
         );
         mapped
     }
@@ -345,13 +357,19 @@ impl GranulePool {
     /// that fit, the one whose granules need the fewest maps (memory already behind them is
     /// reused instead of mapping more and giving idle granules back elsewhere).
     pub(crate) fn carve(&mut self, size: u64, aligned: u64, used: Used) -> Option<Carved> {
-        let (shift, granules) = (self.shift, &self.granules);
+        let (shift, granules, bits) = (self.shift, &self.granules, &self.mapped_bits);
+        let retiring = self.retiring_now != 0;
         self.pool
             .try_carve_scored(size, aligned, used, CANDIDATES, |offset, bound| {
-                let first = (offset >> shift) as usize;
-                let last = ((offset + aligned.max(1) - 1) >> shift) as usize;
+                let first = (offset >> shift) as u32;
+                let last = ((offset + aligned.max(1) - 1) >> shift) as u32;
+                let unmapped = bits.unmapped_in(first, last);
+                if unmapped == 0 || !retiring {
+                    return unmapped;
+                }
+                // Some may be retiring and still takeable (usable): looked at one by one.
                 let mut missing = 0;
-                for g in &granules[first..=last] {
+                for g in &granules[first as usize..=last as usize] {
                     missing += u32::from(!usable(g));
                     if missing >= bound {
                         break; // no better than a block already seen

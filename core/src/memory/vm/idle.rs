@@ -53,6 +53,7 @@ impl GranulePool {
             for gr in &mut self.granules[head as usize..(head + len) as usize] {
                 gr.backing = Backing::Unmapped;
             }
+            self.mapped_bits.set(head, len, false);
             self.mapped -= len;
             self.unmaps += 1;
             return Some((head, len, memory));
@@ -122,6 +123,7 @@ impl GranulePool {
                 Backing::Retiring(m, t) => out.push((i as u32, gr.len, m, Some(t))),
             }
         }
+        self.mapped_bits.clear_all();
         self.mapped = 0;
         self.retiring_now = 0;
         self.pinned = 0;

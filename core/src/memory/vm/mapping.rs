@@ -108,6 +108,7 @@ impl GranulePool {
                     self.cache_push(u);
                 }
             }
+            self.mapped_bits.set(head, len, true);
             self.count_in_use(head, len);
             Need::TakenBack
         } else {
@@ -127,6 +128,7 @@ impl GranulePool {
             gr.backing = Backing::Mapped(memory);
             gr.head = first;
         }
+        self.mapped_bits.set(first, len, true);
         self.granules[first as usize].len = len;
         self.count_in_use(first, len);
         self.mapped += len;
