@@ -13,8 +13,9 @@
 //! retiring one back, the counts of their granules in use) are `vm/mapping.rs`; the give-back
 //! side (the cache of mapped granules no allocation touches, the retiring list, teardown) is
 //! `vm/idle.rs`; a bit per granule saying whether it is mapped, which a placement's scoring
-//! reads instead of the records, is `vm/bits.rs`. Does not own the device calls nor the budget (the manager maps, unmaps and
-//! counts: `manager/granules.rs`), nor when the cache is given back (the manager's policy, from
+//! reads instead of the records, is `vm/bits.rs`. Does not own the device calls nor the budget
+//! (the manager maps, unmaps and counts: `manager/granules.rs`), nor when the cache is given
+//! back (the manager's policy, from
 //! [`IdleGranules`](crate::memory::IdleGranules): before growing past the peak, past the slack
 //! at a reservation, and at an explicit cleanup).
 //!
@@ -190,7 +191,7 @@ impl GranulePool {
     /// drop queue's until its fence passes (the report counts it there), or mapped again once
     /// taken back. From the counts (`mapped` holds the retiring ones too): a walk of the range,
     /// which may span a hundred thousand granules, made every report cost as much (debug builds
-    /// still check the counts against it).
+    /// still check the counts, and the mapped bits, against it).
     pub(crate) fn mapped_now(&self) -> u32 {
         let mapped = self.mapped - self.retiring_now;
         debug_assert_eq!(

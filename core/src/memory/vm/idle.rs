@@ -64,6 +64,11 @@ impl GranulePool {
     /// Marks the mapping of `len` granules from `head` (just taken from the cache) as retiring
     /// with `memory` until `token` says its fence passed: it still counts as held.
     pub(crate) fn retire(&mut self, head: u32, len: u32, memory: u64, token: Arc<RetireToken>) {
+        // Just taken from the cache: unmapped in the pool's records and bits.
+        debug_assert!((head..head + len).all(|g| {
+            matches!(self.granules[g as usize].backing, Backing::Unmapped)
+                && !self.mapped_bits.get(g)
+        }));
         for gr in &mut self.granules[head as usize..(head + len) as usize] {
             gr.backing = Backing::Retiring(memory, Arc::clone(&token));
         }
