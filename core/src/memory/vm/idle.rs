@@ -89,7 +89,11 @@ impl GranulePool {
     /// Forgets the retiring granules the drop queue has unmapped since (their fence passed):
     /// their memory and budget are gone, so they stop counting as held. Run before anything
     /// reads [`Self::held`] or [`Self::mapped`]. Returns how many went.
+    #[inline]
     pub(crate) fn settle(&mut self) -> u32 {
+        if self.retiring.is_empty() {
+            return 0; // nothing retiring (always, under `PageRelease::Immediate`)
+        }
         let mut gone = 0;
         let granules = &mut self.granules;
         self.retiring.retain(|&g| {
