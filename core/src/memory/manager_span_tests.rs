@@ -278,7 +278,8 @@ fn a_placement_takes_the_candidate_needing_the_fewest_maps() {
     use crate::memory::vm::{Behind, GranulePool};
     const G: u64 = 2 * MIB;
     let used = |owner: u64| Used { owner, size: 4 * G };
-    for fewer_in_first in [true, false] {
+    use crate::memory::retire::RetireToken;
+    for (fewer_in_first, retiring) in [(true, false), (false, false), (true, true), (false, true)] {
         let mut p = GranulePool::new(64 * G, 16 * G, G);
         // Granules 0-3, 4-7, 8-11 and 12-15; the first and third freed: two free blocks of 4.
         let carved: Vec<_> = (0..4)
@@ -291,6 +292,15 @@ fn a_placement_takes_the_candidate_needing_the_fewest_maps() {
         let (three, one) = if fewer_in_first { (0, 8) } else { (8, 0) };
         p.set_mapped(three, 3, 1);
         p.set_mapped(one, 1, 2);
+        if retiring {
+            // A mapping retiring elsewhere (granule 14): the scores then read the records of
+            // the unmapped granules, counting up to the best so far.
+            p.set_mapped(14, 1, 4);
+            p.touch(14, 14);
+            p.untouch(14, 14);
+            assert_eq!(p.take_cached(), Some((14, 1, 4)));
+            p.retire(14, 1, 4, Arc::new(RetireToken::pending()));
+        }
         let c = p.carve(4 * G, 4 * G, used(9)).unwrap();
         assert_eq!(c.addr, p.addr_of(three), "the block needing one map");
         assert_eq!(

@@ -357,7 +357,7 @@ proptest! {
                         // or above it) picks the same block as one that counts in full.
                         let full = |b: u32| ((pool.blocks[b as usize].offset / 64) % 7) as u32;
                         let whole = pool.index.find_scored(&pool.blocks, aligned, limit, |b, _| full(b));
-                        let stopped = pool.index.find_scored(&pool.blocks, aligned, limit, |b, bound| full(b).min(bound));
+                        let stopped = pool.index.find_scored(&pool.blocks, aligned, limit, |b, bound| { let s = full(b); if s >= bound { bound.saturating_add(b % 3) } else { s } });
                         prop_assert_eq!(whole, stopped, "a scorer stopping at the best so far chose another block");
                     }
                     let carved = match op {

@@ -15,9 +15,8 @@
 //! `vm/idle.rs`; a bit per granule saying whether it is mapped, which a placement's scoring
 //! reads instead of the records, is `vm/bits.rs`. Does not own the device calls nor the budget
 //! (the manager maps, unmaps and counts: `manager/granules.rs`), nor when the cache is given
-//! back (the manager's policy, from
-//! [`IdleGranules`](crate::memory::IdleGranules): before growing past the peak, past the slack
-//! at a reservation, and at an explicit cleanup).
+//! back (the manager's policy, from [`IdleGranules`](crate::memory::IdleGranules): before
+//! growing past the peak, past the slack at a reservation, and at an explicit cleanup).
 //!
 //! Why: memory held is the granules touched by live allocations (with `map_spans`, and the idle
 //! granules of their mappings), never a page sized for a request long gone; a freed granule goes

@@ -7,9 +7,9 @@
 
 use alloc::vec::Vec;
 
-/// One bit per granule, set while it is [`Backing::Mapped`](super::Backing::Mapped): a placement scores its candidates
-/// from a few words of these instead of reading a record per granule (the records of a range
-/// span megabytes; the candidates lie anywhere in it).
+/// One bit per granule, set while it is [`Backing::Mapped`](super::Backing::Mapped): a
+/// placement scores its candidates from a few words of these instead of reading a record per
+/// granule (the records of a range span megabytes; the candidates lie anywhere in it).
 #[derive(Debug)]
 pub(super) struct MappedBits(Vec<u64>);
 
