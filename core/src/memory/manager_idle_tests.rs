@@ -237,28 +237,33 @@ fn fenced_a_retiring_granule_is_neither_idle_nor_given_back_twice() {
     assert_eq!((shim.mapped.get(), shim.ranges.get()), (0, 0));
 }
 
-#[test]
-fn fenced_an_explicit_cleanup_starts_the_peak_mark_again() {
-    // Under fenced release an explicit cleanup retires every idle granule: on their way out,
-    // they must not keep the mark at the peak before the cleanup, or idle granules stay held
-    // up to it afterwards ("the most held since the last explicit cleanup").
+/// A device with granules whose manager releases under fences (the default), as a device's.
+fn fenced_device() -> (TestShim, MemoryManager<TestShim>) {
     let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G);
     let issuer = Issuer {
         device: 1,
         stream: 0,
     };
-    let mut mm = MemoryManager::new(
-        &shim.facts,
-        MemoryConfig::default(),
-        issuer,
-        MemoryBudget::new(None),
-    );
-    let free = |mm: &mut MemoryManager<TestShim>| {
-        for page in mm.take_retired() {
-            // SAFETY: no device work exists in this test.
-            unsafe { page.free(&shim) };
-        }
-    };
+    let config = MemoryConfig::default();
+    let mm = MemoryManager::new(&shim.facts, config, issuer, MemoryBudget::new(None));
+    (shim, mm)
+}
+
+/// Frees what `mm` retired, as the drop queue does once the fence passed.
+fn free_retired(shim: &TestShim, mm: &mut MemoryManager<TestShim>) {
+    for page in mm.take_retired() {
+        // SAFETY: no device work exists in these tests.
+        unsafe { page.free(shim) };
+    }
+}
+
+#[test]
+fn fenced_an_explicit_cleanup_starts_the_peak_mark_again() {
+    // Under fenced release an explicit cleanup retires every idle granule: on their way out,
+    // they must not keep the mark at the peak before the cleanup, or idle granules stay held
+    // up to it afterwards ("the most held since the last explicit cleanup").
+    let (shim, mut mm) = fenced_device();
+    let free = |mm: &mut MemoryManager<TestShim>| free_retired(&shim, mm);
     drop(mm.reserve(&shim, 40 * MIB, PageUpdate::Allow).unwrap());
     mm.cleanup(&shim, Cleanup::Explicit);
     free(&mut mm);
@@ -280,23 +285,8 @@ fn fenced_a_placement_over_mapped_granules_leaves_the_restarted_mark() {
     // As above, with an allocation kept across the cleanup: a placement beside it, before the
     // cleanup's fence, maps nothing and takes nothing back, so it must not raise the mark to
     // what is held with the retiring granules (which would keep idle granules up to it).
-    let shim = TestShim::with_vm(4 << 30, ALIGN, 256 * MIB, G);
-    let issuer = Issuer {
-        device: 1,
-        stream: 0,
-    };
-    let mut mm = MemoryManager::new(
-        &shim.facts,
-        MemoryConfig::default(),
-        issuer,
-        MemoryBudget::new(None),
-    );
-    let free = |mm: &mut MemoryManager<TestShim>| {
-        for page in mm.take_retired() {
-            // SAFETY: no device work exists in this test.
-            unsafe { page.free(&shim) };
-        }
-    };
+    let (shim, mut mm) = fenced_device();
+    let free = |mm: &mut MemoryManager<TestShim>| free_retired(&shim, mm);
     let _keep = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
     drop(mm.reserve(&shim, 40 * MIB, PageUpdate::Allow).unwrap());
     mm.cleanup(&shim, Cleanup::Explicit);
