@@ -257,24 +257,31 @@ fn free_retired(shim: &TestShim, mm: &mut MemoryManager<TestShim>) {
     }
 }
 
+/// Reserves X (8 MiB) and Y (2 MiB), drops X, then reserves Z (16 MiB), which fits only past Y:
+/// the pools grow, giving X's idle granules back first unless the high-water mark keeps them.
+/// Frees what that retired; returns Y and Z.
+fn grow_past_a_freed_block(shim: &TestShim, mm: &mut MemoryManager<TestShim>) -> [Handle; 2] {
+    let x = mm.reserve(shim, 8 * MIB, PageUpdate::Allow).unwrap();
+    let y = mm.reserve(shim, 2 * MIB, PageUpdate::Allow).unwrap();
+    drop(x);
+    let z = mm.reserve(shim, 16 * MIB, PageUpdate::Allow).unwrap();
+    free_retired(shim, mm);
+    [y, z]
+}
+
 #[test]
 fn fenced_an_explicit_cleanup_starts_the_peak_mark_again() {
     // Under fenced release an explicit cleanup retires every idle granule: on their way out,
     // they must not keep the mark at the peak before the cleanup, or idle granules stay held
     // up to it afterwards ("the most held since the last explicit cleanup").
     let (shim, mut mm) = fenced_device();
-    let free = |mm: &mut MemoryManager<TestShim>| free_retired(&shim, mm);
     drop(mm.reserve(&shim, 40 * MIB, PageUpdate::Allow).unwrap());
     mm.cleanup(&shim, Cleanup::Explicit);
-    free(&mut mm);
+    free_retired(&shim, &mut mm);
     assert_eq!(shim.mapped.get(), 0);
-    let x = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
-    let _y = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
-    drop(x);
-    // 16 MiB fits only past `_y`: the pools grow past their 5 granules, so X's 4 idle ones go
-    // back first (a mark left at 20 would have kept them).
-    let _z = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
-    free(&mut mm);
+    // The pools grow past their 5 granules, so X's 4 idle ones go back first (a mark left at 20
+    // would have kept them).
+    let _live = grow_past_a_freed_block(&shim, &mut mm);
     assert_eq!(granules(&shim, &mm), (9, 9, 0), "(mapped, in use, idle)");
     // SAFETY: as above.
     unsafe { mm.release_all(&shim) };
@@ -286,21 +293,16 @@ fn fenced_a_placement_over_mapped_granules_leaves_the_restarted_mark() {
     // cleanup's fence, maps nothing and takes nothing back, so it must not raise the mark to
     // what is held with the retiring granules (which would keep idle granules up to it).
     let (shim, mut mm) = fenced_device();
-    let free = |mm: &mut MemoryManager<TestShim>| free_retired(&shim, mm);
     let _keep = mm.reserve(&shim, 4096, PageUpdate::Allow).unwrap();
     drop(mm.reserve(&shim, 40 * MIB, PageUpdate::Allow).unwrap());
     mm.cleanup(&shim, Cleanup::Explicit);
     // Beside `_keep` in the small pool's mapped granule (another size: no held block serves it).
     let beside = mm.reserve(&shim, 8192, PageUpdate::Allow).unwrap();
-    free(&mut mm);
+    free_retired(&shim, &mut mm);
     assert_eq!(granules(&shim, &mm), (1, 1, 0), "(mapped, in use, idle)");
-    let x = mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap();
-    let _y = mm.reserve(&shim, 2 * MIB, PageUpdate::Allow).unwrap();
-    drop(x);
-    // 16 MiB fits only past `_y`: X's 4 idle granules go back before the pools grow past the
-    // 6 they held (a mark raised by `beside` to 21 would have kept them).
-    let _z = mm.reserve(&shim, 16 * MIB, PageUpdate::Allow).unwrap();
-    free(&mut mm);
+    // X's 4 idle granules go back before the pools grow past the 6 they held (a mark raised by
+    // `beside` to 21 would have kept them).
+    let _live = grow_past_a_freed_block(&shim, &mut mm);
     assert_eq!(granules(&shim, &mm), (10, 10, 0), "(mapped, in use, idle)");
     drop(beside);
     // SAFETY: as above.
