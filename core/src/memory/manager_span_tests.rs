@@ -158,7 +158,7 @@ fn a_release_all_unmaps_each_mapping_whole() {
 /// (memory handle 7).
 fn pool_mapped_over_2_to_5() -> crate::memory::vm::GranulePool {
     const G: u64 = 2 * MIB;
-    let mut p = crate::memory::vm::GranulePool::new(64 * G, 16 * G, G);
+    let mut p = crate::memory::vm::GranulePool::new(64 * G, 16 * G, G, true);
     p.touch(2, 5);
     p.set_mapped(2, 4, 7);
     p
@@ -280,7 +280,7 @@ fn a_placement_takes_the_candidate_needing_the_fewest_maps() {
     let used = |owner: u64| Used { owner, size: 4 * G };
     use crate::memory::retire::RetireToken;
     for (fewer_in_first, retiring) in [(true, false), (false, false), (true, true), (false, true)] {
-        let mut p = GranulePool::new(64 * G, 16 * G, G);
+        let mut p = GranulePool::new(64 * G, 16 * G, G, true);
         // Granules 0-3, 4-7, 8-11 and 12-15; the first and third freed: two free blocks of 4.
         let carved: Vec<_> = (0..4)
             .map(|i| p.carve(4 * G, 4 * G, used(i + 1)).unwrap())

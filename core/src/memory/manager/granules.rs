@@ -370,7 +370,9 @@ impl<S: Shim> MemoryManager<S> {
         }
         match shim.vm_reserve(bytes) {
             Ok(addr) if addr.0.is_multiple_of(granule) => {
-                self.vm[size.slot()] = Some(Box::new(GranulePool::new(addr.0, bytes, granule)));
+                let spans = self.config.map_spans;
+                let pool = GranulePool::new(addr.0, bytes, granule, spans);
+                self.vm[size.slot()] = Some(Box::new(pool));
             }
             Ok(addr) => {
                 warn!(

@@ -7,6 +7,7 @@
 //! is given back (the manager's policy), placement and the granules' use counts (`vm.rs`), nor
 //! the mappings and their counts of granules in use (`vm/mapping.rs`).
 
+use super::bits::MappedBits;
 use super::{Backing, Granule, GranulePool};
 use crate::memory::retire::{Retire, RetireToken};
 use alloc::sync::Arc;
@@ -23,14 +24,14 @@ impl GranulePool {
     pub(super) fn cache_push(&mut self, g: u32) {
         self.cache.push(g);
         if self.cache.len() > compact_past(self.granules.len()) {
-            let granules = &self.granules;
-            compact(&mut self.cache, granules.len(), |c| idle(granules, c));
+            let (uses, bits) = (&self.uses, &self.mapped_bits);
+            compact(&mut self.cache, uses.len(), |c| idle(uses, bits, c));
         }
     }
 
     /// Whether granule `g` is mapped, unused and unguarded (what the cache should hold).
     pub(super) fn idle(&self, g: u32) -> bool {
-        idle(&self.granules, g)
+        idle(&self.uses, &self.mapped_bits, g)
     }
 
     /// Takes a mapping whose every granule is idle out of the cache to give back: its first
@@ -44,7 +45,7 @@ impl GranulePool {
                 continue; // stale: used or given back since it was cached
             }
             let (head, len) = self.mapping(g);
-            if self.granules[head as usize].in_use > 0 {
+            if self.mapping_in_use(head) {
                 continue; // part of its mapping is in use
             }
             let Backing::Mapped(memory) = self.granules[head as usize].backing else {
@@ -154,10 +155,10 @@ impl GranulePool {
     }
 }
 
-/// Whether granule `g` of `granules` is mapped, unused and unguarded.
-fn idle(granules: &[Granule], g: u32) -> bool {
-    let gr = &granules[g as usize];
-    gr.users == 0 && gr.guards == 0 && matches!(gr.backing, Backing::Mapped(_))
+/// Whether granule `g` is mapped (its bit, set while its backing is
+/// [`Backing::Mapped`]), unused and unguarded (no `uses`).
+fn idle(uses: &[u32], bits: &MappedBits, g: u32) -> bool {
+    uses[g as usize] == 0 && bits.get(g)
 }
 
 /// Whether granule `g` of `granules` is the first of a retiring mapping (what the retiring list

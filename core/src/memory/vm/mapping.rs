@@ -24,9 +24,7 @@ impl GranulePool {
                 || self.granules.len() > 4096
                 || self.pinned as usize
                     == (0..self.granules.len() as u32)
-                        .filter(|&g| {
-                            self.idle(g) && self.granules[self.mapping(g).0 as usize].in_use > 0
-                        })
+                        .filter(|&g| { self.idle(g) && self.mapping_in_use(self.mapping(g).0) })
                         .count(),
             "the count of pinned idle granules agrees with the granules"
         );
@@ -38,8 +36,10 @@ impl GranulePool {
     #[inline]
     pub(super) fn now_in_use(&mut self, g: u32) {
         self.busy += 1;
-        if !matches!(self.granules[g as usize].backing, Backing::Mapped(_)) {
-            return; // counted when mapped or taken back (`count_in_use`)
+        if !self.spans || !self.mapped_bits.get(g) {
+            // Unmapped: counted when mapped or taken back (`count_in_use`). Without spans a
+            // mapping is the granule alone: its uses are its count, and it pins no other.
+            return;
         }
         let (head, len) = self.mapping(g);
         let h = &mut self.granules[head as usize];
@@ -55,7 +55,7 @@ impl GranulePool {
     #[inline]
     pub(super) fn now_idle(&mut self, g: u32) {
         self.busy -= 1;
-        if matches!(self.granules[g as usize].backing, Backing::Mapped(_)) {
+        if self.spans && self.mapped_bits.get(g) {
             let (head, len) = self.mapping(g);
             let h = &mut self.granules[head as usize];
             h.in_use -= 1;
@@ -71,13 +71,27 @@ impl GranulePool {
     /// Counts the granules in use of the mapping of `len` granules from `head`, just mapped or
     /// taken back.
     fn count_in_use(&mut self, head: u32, len: u32) {
-        let in_use = self.granules[head as usize..(head + len) as usize]
+        if !self.spans {
+            return; // a mapping of one granule: its uses say (`mapping_in_use`), none pinned
+        }
+        let in_use = self.uses[head as usize..(head + len) as usize]
             .iter()
-            .filter(|g| g.users > 0 || g.guards > 0)
+            .filter(|&&u| u > 0)
             .count() as u32;
         self.granules[head as usize].in_use = in_use;
         if in_use > 0 {
             self.pinned += len - in_use;
+        }
+    }
+
+    /// Whether a granule of the mapping whose first granule is `head` is in use (without spans,
+    /// the mapping is that granule: no count is kept beside its uses).
+    #[inline]
+    pub(super) fn mapping_in_use(&self, head: u32) -> bool {
+        if self.spans {
+            self.granules[head as usize].in_use > 0
+        } else {
+            self.uses[head as usize] > 0
         }
     }
 
@@ -124,6 +138,10 @@ impl GranulePool {
     /// Records that the `len` granules from `first` were mapped by one call, with the shim's
     /// `memory`.
     pub(crate) fn set_mapped(&mut self, first: u32, len: u32, memory: u64) {
+        debug_assert!(
+            self.spans || len == 1,
+            "a mapping of {len} granules without spans"
+        );
         for gr in &mut self.granules[first as usize..(first + len) as usize] {
             gr.backing = Backing::Mapped(memory);
             gr.head = first;
