@@ -219,6 +219,29 @@ fn a_retiring_mapping_is_taken_back_whole_or_forgotten_whole_at_its_fence() {
 }
 
 #[test]
+fn a_mapping_taken_back_with_no_granule_in_use_puts_them_all_in_the_cache() {
+    use crate::memory::retire::RetireToken;
+    use crate::memory::vm::Need;
+    let mut p = pool_mapped_over_2_to_5();
+    p.untouch(2, 5);
+    let (head, len, memory) = p.take_cached().unwrap();
+    p.retire(head, len, memory, Arc::new(RetireToken::pending()));
+    let (before, _) = p.cache_len();
+    assert_eq!(p.need(3), Need::TakenBack);
+    assert_eq!((p.idle_count(), p.idle_free_count()), (4, 4));
+    assert_eq!(
+        p.cache_len().0,
+        before + 4,
+        "each granule of it, idle, joins the cache"
+    );
+    assert_eq!(
+        p.take_cached(),
+        Some((2, 4, 7)),
+        "and may go back again whole"
+    );
+}
+
+#[test]
 fn a_map_refused_mid_span_undoes_the_placement_and_keeps_what_was_mapped_idle() {
     let (shim, budget, mut mm) = spans_device(false);
     // Room for the call of granules 0-3, not for granule 4's.

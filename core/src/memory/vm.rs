@@ -12,8 +12,9 @@
 //! pinned by a granule in use in their mapping. The mappings themselves (recording one, taking a
 //! retiring one back, the counts of their granules in use) are `vm/mapping.rs`; the give-back
 //! side (the cache of mapped granules no allocation touches, the retiring list, teardown) is
-//! `vm/idle.rs`; a bit per granule saying whether it is mapped, which a placement's scoring
-//! reads instead of the records, is `vm/bits.rs`. Does not own the device calls nor the budget
+//! `vm/idle.rs`; a bit per granule saying whether it is mapped, which placement, its scoring,
+//! the counts of granules going into or out of use and the cache's idle test read instead of the
+//! records (so it must change with the backing, before any of them looks), is `vm/bits.rs`. Does not own the device calls nor the budget
 //! (the manager maps, unmaps and counts: `manager/granules.rs`), nor when the cache is given
 //! back (the manager's policy, from [`IdleGranules`](crate::memory::IdleGranules): before
 //! growing past the peak, past the slack at a reservation, and at an explicit cleanup).
@@ -240,7 +241,8 @@ impl GranulePool {
 
     /// Counts a new allocation over `[first, last]`, and says what is behind those granules (from
     /// the mapped bits: the records are read only where a granule is not mapped while some
-    /// mapping is retiring).
+    /// mapping is retiring, and under spans for the count of a mapping a granule goes into use
+    /// in).
     pub(crate) fn touch(&mut self, first: u32, last: u32) -> Behind {
         let unmapped = self.mapped_bits.unmapped_in(first, last);
         for g in first..=last {

@@ -9,7 +9,9 @@ use alloc::vec::Vec;
 
 /// One bit per granule, set while it is [`Backing::Mapped`](super::Backing::Mapped): a
 /// placement scores its candidates from a few words of these instead of reading a record per
-/// granule (the records of a range span megabytes; the candidates lie anywhere in it).
+/// granule (the records of a range span megabytes; the candidates lie anywhere in it), and
+/// `touch`, a granule going into or out of use and the cache's idle test read them too, so they
+/// change with the backing, before any of those looks.
 #[derive(Debug)]
 pub(super) struct MappedBits(Vec<u64>);
 

@@ -31,8 +31,8 @@ impl GranulePool {
         self.idle_count().saturating_sub(self.pinned)
     }
 
-    /// Granule `g` went into use (touched or guarded, from neither): counted, and in its
-    /// mapping's count.
+    /// Granule `g` went into use (touched or guarded, from neither): counted, and under spans in
+    /// its mapping's count.
     #[inline]
     pub(super) fn now_in_use(&mut self, g: u32) {
         self.busy += 1;
@@ -51,7 +51,8 @@ impl GranulePool {
         }
     }
 
-    /// Granule `g` went out of use: counted off, and in its mapping's count; it joins the cache.
+    /// Granule `g` went out of use: counted off, and under spans in its mapping's count; it joins
+    /// the cache.
     #[inline]
     pub(super) fn now_idle(&mut self, g: u32) {
         self.busy -= 1;
@@ -116,13 +117,14 @@ impl GranulePool {
         // A drop queue on another thread may be unmapping it right now: the address is mapped
         // again only once that is done.
         if token.take_back() {
+            // The bits first: `idle` reads them.
+            self.mapped_bits.set(head, len, true);
             for u in head..head + len {
                 self.granules[u as usize].backing = Backing::Mapped(memory);
                 if self.idle(u) {
                     self.cache_push(u);
                 }
             }
-            self.mapped_bits.set(head, len, true);
             self.count_in_use(head, len);
             Need::TakenBack
         } else {
