@@ -377,6 +377,9 @@ mod idle;
 #[path = "manager_span_tests.rs"]
 mod spans;
 
+#[path = "manager_fenced_tests.rs"]
+mod fenced;
+
 #[test]
 fn an_alignment_past_two_gib_is_honoured_as_two_gib() {
     // A slice's padding is kept in 32 bits (`sliced.rs`): a device asking for 8 GiB of alignment
