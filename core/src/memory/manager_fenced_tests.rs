@@ -18,6 +18,8 @@ const ALIGN: u64 = 256;
 #[derive(Debug, Clone)]
 enum Op {
     Reserve(u64),
+    /// A reservation that may not change the device's memory (as while a stream records).
+    ReserveMapped(u64),
     Drop(usize),
     /// Guards the granule of a live allocation.
     Guard(usize),
@@ -32,6 +34,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => prop_oneof![1u64..=64 * 1024, 64 * 1024 + 1..=4 * MIB, 4 * MIB..=24 * MIB]
             .prop_map(Op::Reserve),
+        1 => (1u64..=4 * MIB).prop_map(Op::ReserveMapped),
         3 => any::<usize>().prop_map(Op::Drop),
         1 => any::<usize>().prop_map(Op::Guard),
         1 => any::<usize>().prop_map(Op::Unguard),
@@ -124,6 +127,18 @@ proptest! {
                         "{} bytes refused: {:?}", size, e
                     ),
                 },
+                Op::ReserveMapped(size) => {
+                    let calls = (shim.maps.get(), shim.unmaps.get());
+                    match mm.reserve(&shim, size, PageUpdate::Forbidden) {
+                        Ok(h) => live.push((h, size)),
+                        Err(e) => prop_assert!(
+                            matches!(e, IoError::PageUpdateForbidden { .. }),
+                            "{} bytes without a map refused: {:?}", size, e
+                        ),
+                    }
+                    prop_assert_eq!((shim.maps.get(), shim.unmaps.get()), calls,
+                        "a reservation that may not map made a device call");
+                }
                 Op::Drop(i) if !live.is_empty() => {
                     live.swap_remove(i % live.len());
                 }
