@@ -140,11 +140,15 @@ impl Identity {
     pub(super) fn add_ref(&self) {
         // Relaxed, as an `Arc` clone: the reference this one is made from keeps the count above 0.
         let before = self.refs.fetch_add(1, Ordering::Relaxed);
-        assert!(
-            before < MAX_REFS,
-            "allocation {} has {before} handles and bindings (leaked ones count): no more fit",
-            self.id
-        );
+        if before >= MAX_REFS {
+            // Taken back before the panic, which may be caught: refused references must not
+            // pile up until the count wraps (threads racing here overshoot by one each at most).
+            self.refs.fetch_sub(1, Ordering::Relaxed);
+            panic!(
+                "allocation {} has {before} handles and bindings (leaked ones count): no more fit",
+                self.id
+            );
+        }
     }
 
     /// Counts one more live graph keeping the allocation, or (`keep` false) one fewer.
@@ -286,7 +290,7 @@ pub(super) unsafe fn release(identity: NonNull<Identity>) {
     };
     // SAFETY: the queue lives while the identity (moved into `returned`, then into the queue)
     // holds it; a refused item is dropped only after `push` returned.
-    if let Err(refused) = unsafe { &*returns }.push(returned) {
+    if let Err(refused) = unsafe { ReturnQueue::push_held_by_item(returns, returned) } {
         drop(refused);
     }
 }

@@ -67,18 +67,37 @@ impl<T> Queue<T> {
         self.issuer
     }
 
-    /// Queues `item`, or hands it back when the queue is closed (the caller drops it, after this
-    /// call: dropping it may free the queue).
+    /// Queues `item`, or hands it back when the queue is closed; for a caller that holds the
+    /// queue itself (the item does not).
     pub(crate) fn push(&self, item: T) -> Result<(), T> {
-        let mut items = self.items.lock();
+        // SAFETY: `self` is live for the whole call.
+        unsafe { Self::push_held_by_item(self, item) }
+    }
+
+    /// Queues `item`, or hands it back when the queue is closed (the caller drops it, after this
+    /// call: dropping it may free the queue): for an item that holds the queue, the caller's last
+    /// hold on it (a handle's last drop).
+    ///
+    /// A pointer, not `&self`: once the lock is released the drainer may drop the item, and with
+    /// it the last hold on the queue, before this call returns; a reference argument would have to
+    /// stay valid for the whole call (Rust's aliasing rules), a local one only until its last use.
+    ///
+    /// # Safety
+    ///
+    /// `this` points at a live queue until the lock is taken here (the item pushed holds it from
+    /// then on, or, refused, is handed back).
+    pub(crate) unsafe fn push_held_by_item(this: *const Self, item: T) -> Result<(), T> {
+        // SAFETY: live until its last use below, the caller promised, or held by the item.
+        let queue = unsafe { &*this };
+        let mut items = queue.items.lock();
         if items.1 {
             return Err(item);
         }
         items.0.push(item);
-        self.len.store(items.0.len(), Ordering::Release);
+        queue.len.store(items.0.len(), Ordering::Release);
         // Under the lock: once it is released the drainer may drop the item, and with it the
         // last hold on this queue.
-        if let Some(a) = &self.attention {
+        if let Some(a) = &queue.attention {
             a.ring();
         }
         Ok(())
