@@ -144,10 +144,8 @@ impl Identity {
             // Taken back before the panic, which may be caught: refused references must not
             // pile up until the count wraps (threads racing here overshoot by one each at most).
             self.refs.fetch_sub(1, Ordering::Relaxed);
-            panic!(
-                "allocation {} has {before} handles and bindings (leaked ones count): no more fit",
-                self.id
-            );
+            let id = self.id;
+            panic!("allocation {id} has {before} handles and bindings (leaked count): no more fit");
         }
     }
 
