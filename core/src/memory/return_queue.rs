@@ -87,7 +87,9 @@ impl<T> Queue<T> {
     /// `this` points at a live queue until the lock is taken here (the item pushed holds it from
     /// then on, or, refused, is handed back).
     pub(crate) unsafe fn push_held_by_item(this: *const Self, item: T) -> Result<(), T> {
-        // SAFETY: live until its last use below, the caller promised, or held by the item.
+        // SAFETY: live until the lock is taken (the caller's promise), then held by the item
+        // pushed until the lock is released, after `queue`'s last use; a refused item goes back
+        // to the caller, who holds it.
         let queue = unsafe { &*this };
         let mut items = queue.items.lock();
         if items.1 {
