@@ -184,11 +184,14 @@ fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
     mm.cleanup(&shim, Cleanup::Explicit);
     assert_eq!((shim.mapped.get(), mm.retired_bytes()), (2, 4 * MIB));
     assert_eq!(budget.held(), 4 * MIB, "retiring granules still count");
+    assert_eq!(mm.pages().len(), 1, "still mapped: listed until unmapped");
+    assert_eq!(mm.granule_calls(), (2, 2));
     // Needed again before the fence: taken back, no map call; counted once, by the pool (the
     // retired page no longer holds it).
     let a = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
     assert_eq!(shim.maps.get(), 2);
     assert_eq!(mm.retired_bytes(), 0, "taken back: nothing on its way out");
+    assert_eq!(mm.granule_calls(), (2, 0), "taken back: never given back");
     assert_eq!(
         mm.bytes_held(),
         budget.held(),
@@ -211,6 +214,7 @@ fn fenced_granules_retire_and_are_taken_back_when_needed_before_their_fence() {
         unsafe { page.free(&shim) };
     }
     assert_eq!((shim.mapped.get(), budget.held()), (0, 0));
+    assert_eq!(mm.pages(), [], "unmapped by the drop queue: not listed");
     // The unmapped granules are mapped anew.
     let _b = mm.reserve(&shim, 4 * MIB, PageUpdate::Allow).unwrap();
     assert_eq!((shim.mapped.get(), shim.maps.get()), (2, 4));
@@ -466,4 +470,25 @@ fn a_release_all_unmaps_retiring_granules_whose_pages_are_still_out() {
         (shim.mapped.get(), shim.unmaps.get(), budget.held()),
         (0, 2, 0)
     );
+}
+
+/// A granule pool made before `map_pages(true)` turned new pages away from the pools is still
+/// trimmed under `IdleGranules::Slack`: its idle granules go back at the next reservation.
+#[test]
+fn idle_granules_go_back_after_new_pages_stop_coming_from_the_pools() {
+    use crate::memory::IdleGranules;
+    let shim = TestShim::with_vm(1 << 30, 256, 256 * MIB, 2 * MIB);
+    let slack = IdleGranules::Slack {
+        per_64: 0,
+        floor: 0,
+    };
+    let config = MemoryConfig {
+        idle_granules: slack,
+        ..MemoryConfig::default()
+    };
+    let mut mm = manager(&shim, config, MemoryBudget::new(None));
+    drop(mm.reserve(&shim, 8 * MIB, PageUpdate::Allow).unwrap());
+    mm.map_pages(true);
+    let _page = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(shim.mapped.get(), 0, "the idle granules went back");
 }

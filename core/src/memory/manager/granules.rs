@@ -300,6 +300,11 @@ impl<S: Shim> MemoryManager<S> {
         if !S::VIRTUAL_MEMORY {
             return;
         }
+        // The pools' granule: `vm_granule` turns 0 when new pages stop coming from the pools
+        // (`map_pages(true)`, a refused range), while pools made before keep their granules.
+        let Some(granule) = self.vm.iter().flatten().map(|p| p.granule).next() else {
+            return;
+        };
         let past_slack = |mm: &Self| {
             let (mut busy, mut idle, mut free) = (0u64, 0u64, 0u64);
             for pool in mm.vm.iter().flatten() {
@@ -307,7 +312,7 @@ impl<S: Shim> MemoryManager<S> {
                 idle += u64::from(pool.idle_count());
                 free += u64::from(pool.idle_free_count());
             }
-            let keep = (floor / mm.vm_granule).max(busy * u64::from(per_64) / 64);
+            let keep = (floor / granule).max(busy * u64::from(per_64) / 64);
             (idle.saturating_sub(keep), free)
         };
         let (over, free) = past_slack(self);

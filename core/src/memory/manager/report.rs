@@ -97,9 +97,12 @@ impl<S: Shim> MemoryManager<S> {
     }
 
     /// Every page held, for checks (allocations dropped since the last call are freed first).
-    /// A granule pool lists each run of adjacent granules with memory behind them as one page.
+    /// A granule pool lists each run of adjacent granules with memory behind them as one page:
+    /// mapped ones and retiring ones the drop queue has not unmapped yet (the device still maps
+    /// them; [`Self::report`] counts those as the drop queue's instead).
     pub fn pages(&mut self) -> Vec<PageInfo> {
         self.collect_returns();
+        self.settle_granules();
         let mut out = Vec::new();
         self.each_sliced(|kind, id, pool| {
             for (i, p) in pool.pages() {
@@ -137,6 +140,7 @@ impl<S: Shim> MemoryManager<S> {
     /// first). An allocation of a granule pool lies on the run of granules that holds it.
     pub fn allocations(&mut self) -> Vec<AllocationInfo> {
         self.collect_returns();
+        self.settle_granules();
         let mut out = Vec::new();
         self.each_sliced(|kind, id, pool| {
             for (page, offset, span, used) in pool.used_blocks() {

@@ -55,7 +55,9 @@ impl<S: Shim> MemoryManager<S> {
     ) -> Result<Handle, IoError> {
         if update == PageUpdate::Allow {
             self.cleanup(shim, Cleanup::Periodic); // collects the returns first
-            if S::VIRTUAL_MEMORY && self.vm_granule != 0 {
+            // Pools made before new pages stopped coming from them (`map_pages(true)`) are
+            // trimmed too.
+            if S::VIRTUAL_MEMORY && self.vm.iter().any(Option::is_some) {
                 self.trim_idle(shim);
             }
         } else {

@@ -126,6 +126,8 @@ impl GranulePool {
                 }
             }
             self.count_in_use(head, len);
+            // `take_cached` counted it as given back; it never was.
+            self.unmaps -= 1;
             Need::TakenBack
         } else {
             // Unmapped by the drop queue: its memory and budget are gone.
