@@ -245,12 +245,22 @@ impl GranulePool {
     /// in).
     pub(crate) fn touch(&mut self, first: u32, last: u32) -> Behind {
         let unmapped = self.mapped_bits.unmapped_in(first, last);
-        for g in first..=last {
-            let uses = &mut self.uses[g as usize];
-            *uses += 1;
-            if *uses == 1 {
-                self.now_in_use(g);
+        if self.spans {
+            for g in first..=last {
+                let uses = &mut self.uses[g as usize];
+                *uses += 1;
+                if *uses == 1 {
+                    self.now_in_use(g);
+                }
             }
+        } else {
+            // A granule going into use changes no mapping's count (`now_in_use`): counted only.
+            let mut now = 0;
+            for u in &mut self.uses[first as usize..=last as usize] {
+                *u += 1;
+                now += u32::from(*u == 1);
+            }
+            self.busy += now;
         }
         // Not mapped and nothing retiring: unmapped, so missing. Otherwise looked at one by one.
         let missing = if unmapped == 0 || self.retiring_now == 0 {
@@ -276,13 +286,26 @@ impl GranulePool {
     /// Counts an allocation over `[first, last]` gone; granules no allocation touches any more
     /// (and no guard holds) join the cache.
     pub(crate) fn untouch(&mut self, first: u32, last: u32) {
-        for g in first..=last {
-            let uses = &mut self.uses[g as usize];
-            *uses -= 1;
-            if *uses == 0 {
-                self.now_idle(g);
+        if self.spans {
+            for g in first..=last {
+                let uses = &mut self.uses[g as usize];
+                *uses -= 1;
+                if *uses == 0 {
+                    self.now_idle(g);
+                }
             }
+            return;
         }
+        let uses = &mut self.uses[first as usize..=last as usize];
+        // A granule going idle changes no mapping's count (`now_idle`): counted off and cached,
+        // the cache compacted once after the walk.
+        let before = self.cache.len();
+        self.cache.extend((first..).zip(uses).filter_map(|(g, u)| {
+            *u -= 1;
+            (*u == 0).then_some(g)
+        }));
+        self.busy -= (self.cache.len() - before) as u32;
+        self.compact_cache();
     }
 
     /// Frees the block bound to `owner`, held back where the pool may hold it (its granules stay

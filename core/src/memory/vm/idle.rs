@@ -23,6 +23,12 @@ impl GranulePool {
     #[inline]
     pub(super) fn cache_push(&mut self, g: u32) {
         self.cache.push(g);
+        self.compact_cache();
+    }
+
+    /// Drops the cache's stale entries once it holds more than twice the pool's granules.
+    #[inline]
+    pub(super) fn compact_cache(&mut self) {
         if self.cache.len() > compact_past(self.granules.len()) {
             let (uses, bits) = (&self.uses, &self.mapped_bits);
             compact(&mut self.cache, uses.len(), |c| idle(uses, bits, c));
