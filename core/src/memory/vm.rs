@@ -299,12 +299,21 @@ impl GranulePool {
         let uses = &mut self.uses[first as usize..=last as usize];
         // A granule going idle changes no mapping's count (`now_idle`): counted off and cached,
         // the cache compacted once after the walk.
-        let before = self.cache.len();
-        self.cache.extend((first..).zip(uses).filter_map(|(g, u)| {
+        // No branch per granule: each is written just past the cache's end, which moves over
+        // it only where it went idle.
+        self.cache.reserve(uses.len());
+        let len = self.cache.len();
+        let spare = self.cache.spare_capacity_mut();
+        let mut idle = 0;
+        for (g, u) in (first..).zip(uses) {
             *u -= 1;
-            (*u == 0).then_some(g)
-        }));
-        self.busy -= (self.cache.len() - before) as u32;
+            spare[idle].write(g); // `idle` is below the granules walked, so below `uses.len()`
+            idle += usize::from(*u == 0);
+        }
+        // SAFETY: the `idle` slots past `len` were written (each before the end moved over it),
+        // and `reserve` made room for them.
+        unsafe { self.cache.set_len(len + idle) };
+        self.busy -= idle as u32;
         self.compact_cache();
     }
 
