@@ -564,14 +564,13 @@ impl Cublas {
         };
         // Also refuses dimensions past cuBLAS's 32-bit int.
         g.check_handles(name, a, b, c)?;
-        // With `beta != 0` cuBLAS reads C too: it is an update, so a failure it carries skips
-        // the GEMM and passes on.
-        let (c, none): ([&Handle; 1], [&Handle; 0]) = ([c], []);
-        let (updates, writes): (&[&Handle], &[&Handle]) = if g.beta == 0.0 {
-            (&none, &c)
-        } else {
-            (&c, &none)
-        };
+        // C narrowed to the bytes the product spans. With `beta != 0` cuBLAS reads it too, and
+        // with `ldc > m` rows between its columns stay unwritten: then it is an update, so a
+        // failure it carries skips the GEMM and passes on.
+        let (c, update) = g.declared_c(c, 1);
+        let (c, none): ([&Handle; 1], [&Handle; 0]) = ([&*c], []);
+        let (updates, writes): (&[&Handle], &[&Handle]) =
+            if update { (&c, &none) } else { (&none, &c) };
         // SAFETY: `Gemm::check` showed that the matrices `g` describes (leading dimensions
         // included) lie inside `a`, `b` and `c`, and cuBLAS touches nothing else but its
         // workspace, which `call` declares; cuBLAS enqueues on the stream it is given and

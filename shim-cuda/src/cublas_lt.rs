@@ -459,12 +459,13 @@ impl Cublas {
             .map_err(setup_error)?;
         let lane = self.lane(lanes, cmd)?;
         let ws = &lane.workspace;
-        // With `beta != 0` cuBLASLt reads C too: an update, as for `Cublas::gemm`.
-        let (only_c, c_and_ws, only_ws) = ([c], [c, ws], [ws]);
-        let (updates, writes): (&[&Handle], &[&Handle]) = if g.beta == 0.0 {
-            (&[], &c_and_ws)
-        } else {
+        // C narrowed and an update when read or with skipped rows, as for `Cublas::gemm`.
+        let (c, update) = g.declared_c(c, 1);
+        let (only_c, c_and_ws, only_ws) = ([&*c], [&*c, ws], [ws]);
+        let (updates, writes): (&[&Handle], &[&Handle]) = if update {
             (&only_c, &only_ws)
+        } else {
+            (&[], &c_and_ws)
         };
         let reads = [a, b, bias];
         let work = LibraryWork::new(NAME, &reads, writes).updating(updates);

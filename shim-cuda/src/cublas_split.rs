@@ -64,12 +64,7 @@ impl Cublas {
         g.check_handles(NAME, a, b, partials)?;
         // The parts' outputs follow each other `ldc · n` elements apart, the last one holding its
         // `m × n` block.
-        let all_parts = u64::from(g.ldc)
-            .checked_mul(u64::from(g.n))
-            .and_then(|x| x.checked_mul(g.dtype.bytes()))
-            .and_then(|x| x.checked_mul(u64::from(parts - 1)))
-            .and_then(|x| x.checked_add(g.bytes().2))
-            .unwrap_or(u64::MAX);
+        let all_parts = g.c_bytes(parts);
         if all_parts > partials.len() {
             return Err(Validation::LibraryOperand {
                 work: NAME,
@@ -83,13 +78,18 @@ impl Cublas {
             k: g.k / parts,
             ..g
         };
+        // The parts' span, an update when rows between columns or parts stay unwritten.
+        let (partials, update) = g.declared_c(partials, parts);
+        let (c, none): ([&Handle; 1], [&Handle; 0]) = ([&*partials], []);
+        let (updates, writes): (&[&Handle], &[&Handle]) =
+            if update { (&c, &none) } else { (&none, &c) };
         // SAFETY: part `p` reads columns `p·k/parts ..` (k/parts of them) of A and the same rows
         // of B's columns, inside the whole product `Gemm::check` placed in `a` and `b`, and
         // writes its `m × n` block at `p · ldc · n` of `partials`, inside `all_parts` bytes
         // checked above; cuBLAS touches nothing else but the workspace `call` declares, enqueues
         // on the stream it is given and returns without waiting.
         unsafe {
-            self.call(cmd, NAME, &[a, b], &[], &[partials], |handle, spans| {
+            self.call(cmd, NAME, &[a, b], updates, writes, |handle, spans| {
                 split_raw(
                     handle,
                     &part,

@@ -517,6 +517,33 @@ fn a_cublas_error_fails_the_written_ranges_with_its_status_name() {
     let out = decode(g.dtype, &read(&mut dev, S0, &hc).unwrap());
     let err = relative_error(&g, &out, &reference(&g, &a, &b, &c));
     assert!(err < tolerance(g.dtype), "after the failure: {err:e}");
+    // Bytes a product skips keep the failure D carries: with ldc = 32 a 16-row product leaves
+    // rows 16.. of every column unwritten, so D is an update and the GEMM is skipped.
+    let half = Gemm {
+        lda: 32,
+        ldc: 32,
+        ..Gemm::packed(GemmType::F32, 16, 32, 32)
+    };
+    let mut cmd = dev.command(S0).unwrap();
+    let skipped = blas.gemm(&mut cmd, half, &ha, &hb, &hd);
+    assert!(
+        matches!(skipped, Err(ServerError::Skipped { .. })),
+        "{skipped:?}"
+    );
+    // A packed 16 × 16 product writes D's first 1 KiB only: that loses the failure, the rest
+    // keeps it.
+    let small = Gemm {
+        lda: 32,
+        ..Gemm::packed(GemmType::F32, 16, 16, 32)
+    };
+    blas.gemm(&mut cmd, small, &ha, &hb, &hd).unwrap();
+    assert!(read(&mut dev, S0, &hd.view(0, 1024).unwrap()).is_ok());
+    match read(&mut dev, S0, &hd.view(1024, 3072).unwrap()) {
+        Err(ServerError::Unwritten { root, .. }) => say(&format!(
+            "{test}: D past the product keeps its failure: {root}"
+        )),
+        other => panic!("D past the product must stay unwritten, got {other:?}"),
+    }
 }
 
 /// A raw stream of the shim's context, created the way a runtime (TensorRT, PyTorch) does.

@@ -44,11 +44,13 @@ pub fn gemm(
 ) -> Result<(), ServerError> {
     const NAME: &str = "sgemm";
     g.check_handles(NAME, a, b, c)?;
-    let (ab, c) = ([a, b], [c]);
-    let work = if g.beta == 0.0 {
-        LibraryWork::new(NAME, &ab, &c)
-    } else {
+    // C narrowed to the bytes the product spans; an update when it is read or has skipped rows.
+    let (c, update) = g.declared_c(c, 1);
+    let (ab, c) = ([a, b], [&*c]);
+    let work = if update {
         LibraryWork::new(NAME, &ab, &[]).updating(&c)
+    } else {
+        LibraryWork::new(NAME, &ab, &c)
     };
     let call = |native: &crate::StdStream, spans: &[devcmd::DeviceSpan]| {
         if g.dtype != GemmType::F32 {
@@ -120,6 +122,30 @@ mod tests {
         b.chunks_exact(4)
             .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    /// Every byte of `c` carries a failure: library work that wrote it failed, saying
+    /// "no (code 3)".
+    fn fail(cmd: &mut Command<'_, StdShim>, c: &Handle) {
+        let writes = [c];
+        let work = LibraryWork::new("fails", &[], &writes);
+        // SAFETY: the call enqueues nothing.
+        let e = unsafe { cmd.library(work, |_, _| Err(LibraryError::new(3, "no"))) };
+        assert!(e.is_err());
+    }
+
+    /// `result` is the skip of a GEMM whose input carried a failure.
+    fn skipped(result: Result<(), ServerError>) {
+        assert!(
+            matches!(
+                result,
+                Err(ServerError::Skipped {
+                    kernel: "sgemm",
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
     }
 
     /// Column-major reference of `alpha · op(A) · op(B) + beta · C`.
@@ -202,25 +228,10 @@ mod tests {
             cmd.create(&one).unwrap(),
             cmd.empty(4).unwrap(),
         );
-        // C carries a failure: library work that wrote it failed.
-        let writes = [&c];
-        let work = LibraryWork::new("fails", &[], &writes);
-        // SAFETY: the call enqueues nothing.
-        let failed = unsafe { cmd.library(work, |_, _| Err(LibraryError::new(3, "no"))) };
-        assert!(failed.is_err());
+        fail(&mut cmd, &c);
         let mut g = Gemm::packed(GemmType::F32, 1, 1, 1);
         g.beta = 1.0;
-        let skipped = gemm(&mut cmd, g, &a, &b, &c).unwrap_err();
-        assert!(
-            matches!(
-                skipped,
-                ServerError::Skipped {
-                    kernel: "sgemm",
-                    ..
-                }
-            ),
-            "{skipped:?}"
-        );
+        skipped(gemm(&mut cmd, g, &a, &b, &c));
         // The library's words are the unwritten read's root cause: its error's source.
         let unwritten = cmd.read_owned(c).unwrap_err();
         let root = core::error::Error::source(&unwritten).map(ToString::to_string);
@@ -242,6 +253,47 @@ mod tests {
                 .to_string()
                 .contains("operand")
         );
+    }
+
+    #[test]
+    fn bytes_the_product_skips_keep_the_failure_they_carry() {
+        let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+        let mut cmd = device.command(StreamId(0)).unwrap();
+        let (a, b) = (
+            cmd.create(&f32s(&[1.0, 2.0, 3.0, 4.0])).unwrap(),
+            cmd.create(&f32s(&[1.0, 0.0, 0.0, 1.0])).unwrap(),
+        );
+        // C twice the product's size: the product's 16 bytes are written and lose the failure;
+        // the 16 after it were not and keep it.
+        let c = cmd.empty(32).unwrap();
+        fail(&mut cmd, &c);
+        gemm(&mut cmd, Gemm::packed(GemmType::F32, 2, 2, 2), &a, &b, &c).unwrap();
+        let head = cmd
+            .read_owned(c.view(0, 16).unwrap())
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(head[0].as_slice(), f32s(&[1.0, 2.0, 3.0, 4.0]));
+        let tail = cmd.read_owned(c.view(16, 16).unwrap()).unwrap_err();
+        assert!(
+            tail.to_string().contains("failed work left unwritten"),
+            "{tail}"
+        );
+        // ldc = 3 leaves row 2 of column 0 unwritten: C is an update, so the failure it carries
+        // skips the product instead of being wiped off that row.
+        let c = cmd.empty(20).unwrap();
+        fail(&mut cmd, &c);
+        let padded = Gemm {
+            ldc: 3,
+            ..Gemm::packed(GemmType::F32, 2, 2, 2)
+        };
+        skipped(gemm(&mut cmd, padded, &a, &b, &c));
+        assert!(cmd.read_owned(c.view(8, 4).unwrap()).is_err());
+        // Without a failure, the padded product writes its rows and leaves the skipped one.
+        let c = cmd.create(&f32s(&[9.0; 5])).unwrap();
+        gemm(&mut cmd, padded, &a, &b, &c).unwrap();
+        let back = cmd.read_owned(c).unwrap().wait().unwrap();
+        assert_eq!(back[0].as_slice(), f32s(&[1.0, 2.0, 9.0, 3.0, 4.0]));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::engine::Work;
 use crate::error::{LibraryError, ServerError, Validation};
 use crate::memory::Handle;
 use crate::shim::{DeviceSpan, Shim};
+use alloc::borrow::Cow;
 
 /// What library work touches: its name (named by failure chains and by a stream fault it may
 /// cause) and the handles it reads, updates in place, and writes. The device ranges handed to the
@@ -38,7 +39,10 @@ pub struct LibraryWork<'a> {
     /// 0): inputs for the failure rule, outputs for the marks. None may overlap another handle
     /// of the work.
     pub updates: &'a [&'a Handle],
-    /// Handles whose views the work only writes. None may overlap another handle of the work.
+    /// Handles whose views the work only writes, every byte of them: on success their failure
+    /// marks go. A range the work may leave unwritten is declared as an update, or left out
+    /// by narrowing the view ([`Handle::view`]); [`Gemm::declared_c`] does this for a product.
+    /// None may overlap another handle of the work.
     pub writes: &'a [&'a Handle],
 }
 
@@ -88,8 +92,9 @@ impl<S: Shim> Command<'_, S> {
     /// `call` runs and for the work it enqueues:
     /// - `call` only *enqueues* work, on the native stream it is given (no other stream, no host
     ///   wait for the device, no synchronisation of the device or context);
-    /// - that work touches device memory only inside the ranges given, and writes only the
-    ///   ranges of `work.updates` and `work.writes`;
+    /// - that work touches device memory only inside the ranges given, writes only the
+    ///   ranges of `work.updates` and `work.writes`, and writes every byte of `work.writes`
+    ///   (on success their failure marks go);
     /// - `call` returns `Err` only when it enqueued nothing that will still run;
     /// - while *any* stream of the device records (CUDA's global capture mode), `call` neither
     ///   allocates nor frees device or pinned memory nor synchronises anything (cuBLAS: its
@@ -237,6 +242,49 @@ impl Gemm {
             span(b_rows, b_cols, self.ldb),
             span(self.m, self.n, self.ldc),
         )
+    }
+
+    /// The bytes the C of `batch` products spans, one after the other `ldc · n` elements apart
+    /// (for one product, [`Self::bytes`]'s third); `u64::MAX` past any address space.
+    pub fn c_bytes(&self, batch: u32) -> u64 {
+        u64::from(self.ldc)
+            .checked_mul(u64::from(self.n))
+            .and_then(|x| x.checked_mul(self.dtype.bytes()))
+            .and_then(|x| x.checked_mul(u64::from(batch.saturating_sub(1))))
+            .and_then(|x| x.checked_add(self.bytes().2))
+            .unwrap_or(u64::MAX)
+    }
+
+    /// How library work running this product must declare `c` (which passed [`Self::check`]):
+    /// `batch` products written one after the other `ldc · n` elements apart (1 for one
+    /// product). Gives the view of the bytes the products span (the rest of `c` is not touched,
+    /// so whatever marks it carries stay) and whether that view is an *update* rather than a
+    /// write. On success the engine takes a written view as wholly written, which would wipe a
+    /// failure carried by rows the products skip; so C is an update when `beta` is not 0 (the
+    /// library reads it) and also when rows lie unwritten between its columns or between the
+    /// products (`ldc > m`): a failure there then skips the product and C keeps it.
+    ///
+    /// ```
+    /// # use devcmd::{Gemm, GemmType, Handle};
+    /// # fn f(c: &Handle) {
+    /// // 4 × 3, packed, into a C of 64 bytes: the first 48 are written.
+    /// let (view, update) = Gemm::packed(GemmType::F32, 4, 3, 2).declared_c(c, 1);
+    /// assert_eq!((view.len(), update), (48, false));
+    /// // Rows 4.. of each column are skipped (ldc = 6): an update.
+    /// let padded = Gemm { ldc: 6, ..Gemm::packed(GemmType::F32, 4, 3, 2) };
+    /// assert_eq!(padded.declared_c(c, 1).0.len(), (2 * 6 + 4) * 4);
+    /// assert!(padded.declared_c(c, 1).1);
+    /// # }
+    /// ```
+    pub fn declared_c<'h>(&self, c: &'h Handle, batch: u32) -> (Cow<'h, Handle>, bool) {
+        let spanned = self.c_bytes(batch);
+        let view = match c.view(0, spanned) {
+            Ok(narrow) if spanned < c.len() => Cow::Owned(narrow),
+            // The whole view (or a shape `check` refuses: nothing is made of it).
+            _ => Cow::Borrowed(c),
+        };
+        let skips_rows = self.ldc > self.m && self.m > 0 && self.n > 0 && (self.n > 1 || batch > 1);
+        (view, self.beta != 0.0 || skips_rows)
     }
 
     /// [`Self::check`] of the three handles' views, after checking that each view starts at a
