@@ -279,13 +279,16 @@ pub struct Cublas {
     pub(crate) lt_library: Result<String, String>,
     version: i32,
     workspace_bytes: u64,
-    /// One entry per devcmd stream that made a call; a handle made by `new` waits in `spare`.
+    /// One entry per devcmd stream that made a call; a handle made by `new` waits in `spares`.
     lanes: Mutex<Lanes>,
 }
 
 pub(crate) struct Lanes {
     lanes: Vec<Lane>,
-    spare: Option<BlasHandle>,
+    /// Handles without a lane (the one `new` made; those of lanes whose device was dropped),
+    /// reused before a new one is created. Only `Drop` destroys a handle: `cublasDestroy`
+    /// synchronises the device, which a GEMM call must not do.
+    spares: Vec<BlasHandle>,
     /// cuBLASLt's handle and plans, made by [`Cublas::prepare`] or the first cuBLASLt call
     /// (`cublas_lt.rs`).
     pub(crate) lt: Option<crate::cublas_lt::Lt>,
@@ -316,7 +319,7 @@ impl Drop for Cublas {
             // `cublasDestroy` synchronises the device, which would invalidate the open
             // recording (CUDA's global capture mode): the handles are leaked instead, and the
             // workspaces go back to their devices as usual.
-            core::mem::forget(lanes.spare.take());
+            lanes.spares.drain(..).for_each(core::mem::forget);
             core::mem::forget(lanes.lt.take());
             for lane in lanes.lanes.drain(..) {
                 core::mem::forget(lane.handle);
@@ -326,7 +329,7 @@ impl Drop for Cublas {
         }
         // Handles first (each destroy synchronises the device), then the workspaces go back to
         // their devices' drop queues.
-        lanes.spare = None;
+        lanes.spares.clear();
         lanes.lt = None;
         for lane in lanes.lanes.drain(..) {
             drop(lane.handle);
@@ -379,7 +382,7 @@ impl Cublas {
             workspace_bytes,
             lanes: Mutex::new(Lanes {
                 lanes: Vec::new(),
-                spare: Some(handle),
+                spares: vec![handle],
                 lt: None,
             }),
         })
@@ -475,25 +478,20 @@ impl Cublas {
             )));
         }
         // The lanes of devices dropped since (their ids never come back): their workspaces went
-        // with the device; a handle waits as the spare (taken below) or is destroyed.
+        // with the device; their handles wait as spares (one is taken below), never destroyed
+        // here (`cublasDestroy` would synchronise the device inside this call).
         if lanes.lanes.iter().any(|l| l.workspace.is_orphaned()) {
-            self.shim
-                .context()
-                .bind(ShimOp::StreamCreate)
-                .map_err(|e| library_setup_error(e.to_string()))?;
             let (gone, kept): (Vec<Lane>, Vec<Lane>) = core::mem::take(&mut lanes.lanes)
                 .into_iter()
                 .partition(|l| l.workspace.is_orphaned());
             lanes.lanes = kept;
-            for lane in gone {
-                if lanes.spare.is_none() {
-                    lanes.spare = Some(lane.handle);
-                }
-            }
+            lanes
+                .spares
+                .extend(gone.into_iter().map(|lane| lane.handle));
         }
         let workspace = cmd.empty(self.workspace_bytes)?;
         debug_assert_eq!(workspace.issuer().device, device);
-        let handle = match lanes.spare.take() {
+        let handle = match lanes.spares.pop() {
             Some(h) => h,
             None => {
                 self.shim

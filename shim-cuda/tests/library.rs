@@ -84,8 +84,8 @@ fn a_gemm_through_library_work_matches_a_cpu_reference_f32() {
     }
 }
 
-/// One `Cublas` serves device after device: the lanes of a dropped device go (its handle is
-/// reused for the next, also over the legacy default stream), and the products stay right. A view between two floats is refused
+/// One `Cublas` serves device after device: the lanes of a dropped device go (their handles
+/// are reused for the next, also over the legacy default stream), and the products stay right. A view between two floats is refused
 /// before cuBLAS sees it (it would fault on the GPU).
 #[test]
 fn a_cublas_outlives_devices_and_refuses_a_view_between_elements() {
@@ -106,6 +106,18 @@ fn a_cublas_outlives_devices_and_refuses_a_view_between_elements() {
         // The devices before went with their workspaces: their lanes were pruned when this
         // device's stream was served.
         assert_eq!(blas.streams_held(), 1, "device {round}");
+        // A second stream takes the other spare handle the device before left (none is
+        // destroyed inside a call: that would synchronise the device).
+        let mut cmd = dev.command(S1).unwrap();
+        let (a, b, c) = (
+            cmd.create(&[0u8; 64]).unwrap(),
+            cmd.create(&[0u8; 64]).unwrap(),
+            cmd.empty(64).unwrap(),
+        );
+        let g = Gemm::packed(GemmType::F32, 4, 4, 4);
+        blas.gemm(&mut cmd, g, &a, &b, &c).unwrap();
+        assert_eq!(read(&mut dev, S1, &c).unwrap(), vec![0u8; 64]);
+        assert_eq!(blas.streams_held(), 2, "device {round}, stream 1");
     }
     // A device whose stream 0 is the legacy default stream (null) gets the handle the device
     // before used, which still points at that device's stream, destroyed with it: the first call

@@ -226,6 +226,11 @@ impl<S: Shim> Command<'_, S> {
         if stance != Stance::Record && !no_failures {
             self.failure_rule(name, &touches)?;
         }
+        // A recording takes the work's touches before the call, so what a panicking library
+        // call enqueued is still kept alive and guarded for the graph.
+        if stance == Stance::Record {
+            self.note_recorded(&touches);
+        }
         // The device call. What the usual outcome needs (the stream's flush policy, whether a
         // failure is on record) is read before it, and the stream's last kernel is written before
         // it (put back if the call is refused): the driver's call leaves the core's lines out of
@@ -302,7 +307,7 @@ impl<S: Shim> Command<'_, S> {
             }
         });
         if stance == Stance::Record {
-            return self.record_outcome(touches, called);
+            return self.record_outcome(called);
         }
         if called.is_err() || !self.device.failures.is_empty() {
             self.settle_writes(touches.writes(), &called);
@@ -356,19 +361,21 @@ impl<S: Shim> Command<'_, S> {
         })
     }
 
-    /// The outcome of work made while this stream records: its ranges join the recording's
-    /// window; a refusal discards the recording.
+    /// The ranges of work this stream records join the recording's window (before the device
+    /// call: see `run`).
     #[cold]
     #[inline(never)]
-    fn record_outcome(
-        &mut self,
-        touches: &Touches<'_, S>,
-        called: Result<(), ServerError>,
-    ) -> Result<(), ServerError> {
+    fn note_recorded(&mut self, touches: &Touches<'_, S>) {
         if let Some(w) = self.device.capture.window_mut() {
             touches.reads().for_each(|r| w.read(r));
             touches.writes().for_each(|r| w.write(r));
         }
+    }
+
+    /// The outcome of work made while this stream records: a refusal discards the recording.
+    #[cold]
+    #[inline(never)]
+    fn record_outcome(&mut self, called: Result<(), ServerError>) -> Result<(), ServerError> {
         if let Err(e) = &called {
             self.discard_recording(e);
         }

@@ -101,10 +101,12 @@ impl<S: Shim> Command<'_, S> {
     ///   handle and workspace set up before the recording, as devcmd-cuda's `Cublas::prepare`
     ///   does); on the recording stream, everything it enqueues can be captured.
     ///
-    /// Should `call` panic, the panic propagates after the stream was ordered; work it enqueued
-    /// before panicking is not recorded and its writes are not marked, so a host that catches the
-    /// panic must treat the written handles as unknown (rewrite them). A stream fault found
-    /// later may then name this work (`work.name`) as the last launched before its fence.
+    /// Should `call` panic, the panic propagates after the stream was ordered; the writes are
+    /// not marked, so a host that catches the panic must treat the written handles as unknown
+    /// (rewrite them). A stream fault found later may then name this work (`work.name`) as the
+    /// last launched before its fence. While this stream records, the work joined the recording
+    /// before `call` ran: whatever it enqueued before panicking is in the graph, and each replay
+    /// keeps what it touches alive and applies the failure rule to it like any recorded work.
     ///
     /// [`LaunchError::Library`]: crate::LaunchError::Library
     /// [`LaunchError::Buffer`]: crate::LaunchError::Buffer

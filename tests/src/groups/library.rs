@@ -9,7 +9,8 @@
 //! message kept, and a launch reading it is skipped); an input handle dropped right after the
 //! work was enqueued stays alive until the work ran, on its own stream and when another stream
 //! owns it and goes on (poison and lazy modes show an early free as wrong bytes); the work recorded into a graph and replayed with new inputs, on its own stream
-//! and another.
+//! and another; a library call that panics while recording leaves a graph that keeps its input
+//! alive.
 
 use crate::harness::{Harness, Mode, TestKernel};
 use crate::util::{Ctx, must, pattern, small_pages, suspect};
@@ -310,5 +311,73 @@ fn captured<H: Harness>(h: &H, mode: Mode) {
     }
     drop(graph);
     drop((x, y));
+    panicked_while_recording(h, &mut c, mode, size);
     c.assert_no_leak("library_work (capture)");
+}
+
+/// A library call that panics while its stream records, after enqueuing its copy: the graph
+/// keeps its input alive and each replay copies it, and the work's reads and writes joined the
+/// recording before the call, so a replay after its input failed is skipped.
+fn panicked_while_recording<H: Harness>(h: &H, c: &mut Ctx<H>, mode: Mode, size: usize) {
+    let data = pattern(size, 90);
+    let x = must(c.create(S0, &data), "create");
+    let y = must(c.empty(S0, size as u64), "empty");
+    let recording = must(
+        c.dev
+            .command(S0)
+            .and_then(|mut cmd| cmd.begin_capture("lib-panic")),
+        "begin_capture",
+    );
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut cmd = c.dev.command(S0).expect("a command on stream 0");
+        let (reads, writes) = ([&x], [&y]);
+        let work = LibraryWork::new("panicking_library", &reads, &writes);
+        // SAFETY: the library copies `spans[0]` into `spans[1]` (the declared read and write)
+        // on the stream it is given, then panics without waiting.
+        let _ = unsafe {
+            cmd.library(work, |native, spans| {
+                let _ = h.library_copy(native, spans[0], spans[1]);
+                panic!("the stand-in library panics after enqueuing its copy");
+            })
+        };
+    }));
+    assert!(
+        panicked.is_err(),
+        "[{mode}] library_work: the library's panic must reach its caller"
+    );
+    let graph = must(
+        c.dev
+            .command(S0)
+            .and_then(|mut cmd| cmd.end_capture(recording)),
+        "end_capture after a library call panicked while recording",
+    );
+    assert!(
+        x.is_kept_by_graph(),
+        "[{mode}] library_work: the input of library work that panicked while recording is not \
+         kept by the graph"
+    );
+    must(
+        c.dev.command(S0).and_then(|mut cmd| cmd.replay(&graph)),
+        "replay",
+    );
+    let what =
+        format!("[{mode}] library_work: replay of library work that panicked while recording");
+    c.expect_read(S0, &y, &data, &what, &[suspect::GRAPH, LIBRARY]);
+    // Its input fails: the replay is skipped and its output carries the failure (the work's
+    // reads and writes joined the recording before the call, not after it returned).
+    let other = must(c.create(S0, &data), "create");
+    let mut cmd = must(c.dev.command(S0), "command");
+    refuse(&mut cmd, &other, &x);
+    let replayed = cmd.replay(&graph);
+    assert!(
+        matches!(replayed, Err(ServerError::Skipped { .. })),
+        "[{mode}] library_work: a replay of library work that panicked while recording, whose \
+         input failed since, must be skipped (the suspect: the engine, which must note recorded \
+         work's ranges before the call), got {replayed:?}"
+    );
+    assert!(
+        cmd.read_owned(y.clone()).is_err(),
+        "[{mode}] library_work: the output of a skipped replay must carry the failure"
+    );
+    drop((graph, x, y, other));
 }
