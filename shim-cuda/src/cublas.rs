@@ -412,8 +412,8 @@ impl Cublas {
     }
 
     /// The cuBLAS handles (each with its workspace) this `Cublas` holds for streams: one per
-    /// stream it served. Those of a dropped device go when the next stream is served (a handle
-    /// is kept for it), or with the `Cublas`.
+    /// stream it served. Those of a dropped device go when the next stream is served (their
+    /// handles kept as spares for the streams served next), or with the `Cublas`.
     pub fn streams_held(&self) -> usize {
         self.lock().lanes.len()
     }
@@ -565,7 +565,7 @@ impl Cublas {
         // C narrowed to the bytes the product spans. With `beta != 0` cuBLAS reads it too, and
         // with `ldc > m` rows between its columns stay unwritten: then it is an update, so a
         // failure it carries skips the GEMM and passes on.
-        let (c, update) = g.declared_c(c, 1);
+        let (c, update) = g.declared_c(name, c, 1)?;
         let (c, none): ([&Handle; 1], [&Handle; 0]) = ([&*c], []);
         let (updates, writes): (&[&Handle], &[&Handle]) =
             if update { (&c, &none) } else { (&none, &c) };

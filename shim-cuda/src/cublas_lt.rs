@@ -460,7 +460,7 @@ impl Cublas {
         let lane = self.lane(lanes, cmd)?;
         let ws = &lane.workspace;
         // C narrowed and an update when read or with skipped rows, as for `Cublas::gemm`.
-        let (c, update) = g.declared_c(c, 1);
+        let (c, update) = g.declared_c(NAME, c, 1)?;
         let (only_c, c_and_ws, only_ws) = ([&*c], [&*c, ws], [ws]);
         let (updates, writes): (&[&Handle], &[&Handle]) = if update {
             (&only_c, &only_ws)

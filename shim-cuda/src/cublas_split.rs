@@ -62,30 +62,20 @@ impl Cublas {
         // The whole product's A and B lie in `a` and `b` (each part reads a block of them), and
         // one part's C in `partials` (this also refuses sizes past cuBLAS's int).
         g.check_handles(NAME, a, b, partials)?;
-        // The parts' outputs follow each other `ldc · n` elements apart, the last one holding its
-        // `m × n` block.
-        let all_parts = g.c_bytes(parts);
-        if all_parts > partials.len() {
-            return Err(Validation::LibraryOperand {
-                work: NAME,
-                operand: "C (every part)",
-                needs: all_parts,
-                found: partials.len(),
-            }
-            .into());
-        }
         let part = Gemm {
             k: g.k / parts,
             ..g
         };
-        // The parts' span, an update when rows between columns or parts stay unwritten.
-        let (partials, update) = g.declared_c(partials, parts);
+        // The parts' outputs follow each other `ldc · n` elements apart, the last one holding
+        // its `m × n` block: their span (refused past the end of `partials`), an update when
+        // rows between columns or parts stay unwritten.
+        let (partials, update) = g.declared_c(NAME, partials, parts)?;
         let (c, none): ([&Handle; 1], [&Handle; 0]) = ([&*partials], []);
         let (updates, writes): (&[&Handle], &[&Handle]) =
             if update { (&c, &none) } else { (&none, &c) };
         // SAFETY: part `p` reads columns `p·k/parts ..` (k/parts of them) of A and the same rows
         // of B's columns, inside the whole product `Gemm::check` placed in `a` and `b`, and
-        // writes its `m × n` block at `p · ldc · n` of `partials`, inside `all_parts` bytes
+        // writes its `m × n` block at `p · ldc · n` of `partials`, inside the span `declared_c`
         // checked above; cuBLAS touches nothing else but the workspace `call` declares, enqueues
         // on the stream it is given and returns without waiting.
         unsafe {

@@ -268,7 +268,7 @@ fn a_split_k_gemm_sums_to_the_whole_product() {
         let e = blas
             .gemm_split_k(&mut cmd, g, 6, &ha, &hb, &hp)
             .unwrap_err();
-        assert!(e.to_string().contains("C (every part)"), "{e}");
+        assert!(e.to_string().contains("C (every product)"), "{e}");
         let mut t = g;
         t.trans_a = true;
         t.lda = 48;

@@ -45,7 +45,7 @@ pub fn gemm(
     const NAME: &str = "sgemm";
     g.check_handles(NAME, a, b, c)?;
     // C narrowed to the bytes the product spans; an update when it is read or has skipped rows.
-    let (c, update) = g.declared_c(c, 1);
+    let (c, update) = g.declared_c(NAME, c, 1)?;
     let (ab, c) = ([a, b], [&*c]);
     let work = if update {
         LibraryWork::new(NAME, &ab, &[]).updating(&c)

@@ -5,8 +5,9 @@
 //! ```text
 //!  begin ─▶ check ─▶ resolve ─▶ check ─▶ order ─▶ stance ─▶ failure rule ─▶ device call ─▶ outcome ─▶ flush
 //!  (book-   (a kernel's (each     (aliases: (after    (run,     (an input that  (shim, library, (marks,     (drop-queue
-//!   keeping, geometry:  handle    refused,  other     record,   failed: skip,   or graph)       drop queue, policy)
-//!   ledger)  no trace)  once)     no trace) streams)  refuse)   outputs carry)                  window)
+//!   keeping, geometry:  handle    refused,  other     record:   failed: skip,   or graph)       drop queue, policy)
+//!   ledger)  no trace)  once)     no trace) streams)  window,   outputs carry)                  a refusal
+//!                                                     refuse)                                   discards)
 //! ```
 //!
 //! Device work (a kernel, library work, a graph's replay) runs through [`Command::run`]; copies

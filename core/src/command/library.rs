@@ -94,7 +94,8 @@ impl<S: Shim> Command<'_, S> {
     ///   wait for the device, no synchronisation of the device or context);
     /// - that work touches device memory only inside the ranges given, writes only the
     ///   ranges of `work.updates` and `work.writes`, and writes every byte of `work.writes`
-    ///   (on success their failure marks go);
+    ///   (on success their failure marks go) or leaves none of them anyone reads (a library's
+    ///   scratch workspace);
     /// - `call` returns `Err` only when it enqueued nothing that will still run;
     /// - while *any* stream of the device records (CUDA's global capture mode), `call` neither
     ///   allocates nor frees device or pinned memory nor synchronises anything (cuBLAS: its
@@ -247,46 +248,69 @@ impl Gemm {
     }
 
     /// The bytes the C of `batch` products spans, one after the other `ldc · n` elements apart
-    /// (for one product, [`Self::bytes`]'s third); `u64::MAX` past any address space.
+    /// (for one product, [`Self::bytes`]'s third; 0 when the products write nothing: `m`, `n`
+    /// or `batch` is 0); `u64::MAX` past any address space.
+    ///
+    /// ```
+    /// use devcmd::{Gemm, GemmType};
+    ///
+    /// let g = Gemm::packed(GemmType::F32, 4, 3, 2);
+    /// assert_eq!(g.c_bytes(1), 48);
+    /// assert_eq!(g.c_bytes(3), 144, "three packed 4 × 3 products");
+    /// // Columns 6 apart: the last column holds its 4 rows only.
+    /// assert_eq!(Gemm { ldc: 6, ..g }.c_bytes(1), (2 * 6 + 4) * 4);
+    /// // No row, no column or a batch of none: nothing.
+    /// assert_eq!(Gemm { m: 0, ldc: 6, ..g }.c_bytes(4), 0);
+    /// assert_eq!(g.c_bytes(0), 0);
+    /// ```
     pub fn c_bytes(&self, batch: u32) -> u64 {
+        if self.m == 0 || self.n == 0 || batch == 0 {
+            return 0;
+        }
         u64::from(self.ldc)
             .checked_mul(u64::from(self.n))
             .and_then(|x| x.checked_mul(self.dtype.bytes()))
-            .and_then(|x| x.checked_mul(u64::from(batch.saturating_sub(1))))
+            .and_then(|x| x.checked_mul(u64::from(batch - 1)))
             .and_then(|x| x.checked_add(self.bytes().2))
             .unwrap_or(u64::MAX)
     }
 
-    /// How library work running this product must declare `c` (which passed [`Self::check`]):
-    /// `batch` products written one after the other `ldc · n` elements apart (1 for one
-    /// product). Gives the view of the bytes the products span (the rest of `c` is not touched,
-    /// so whatever marks it carries stay) and whether that view is an *update* rather than a
-    /// write. On success the engine takes a written view as wholly written, which would wipe a
+    /// How library work named `work` running `batch` of this product (written one after the
+    /// other `ldc · n` elements apart; 1 for one product) must declare `c`: the view of the
+    /// bytes the products span (the rest of `c` is not touched, so whatever marks it carries
+    /// stay) and whether that view is an *update* rather than a write.
+    ///
+    /// On success the engine takes a written view as wholly written, which would wipe a
     /// failure carried by rows the products skip; so C is an update when `beta` is not 0 (the
     /// library reads it) and also when rows lie unwritten between its columns or between the
-    /// products (`ldc > m`): a failure there then skips the product and C keeps it.
+    /// products (`ldc > m`): a failure there then skips the product and C keeps it. The price
+    /// of that safe side: where C is one block of rows of a wider matrix, a failure in the
+    /// other blocks' rows skips this product too and spreads over its rows.
     ///
-    /// ```
-    /// # use devcmd::{Gemm, GemmType, Handle};
-    /// # fn f(c: &Handle) {
-    /// // 4 × 3, packed, into a C of 64 bytes: the first 48 are written.
-    /// let (view, update) = Gemm::packed(GemmType::F32, 4, 3, 2).declared_c(c, 1);
-    /// assert_eq!((view.len(), update), (48, false));
-    /// // Rows 4.. of each column are skipped (ldc = 6): an update.
-    /// let padded = Gemm { ldc: 6, ..Gemm::packed(GemmType::F32, 4, 3, 2) };
-    /// assert_eq!(padded.declared_c(c, 1).0.len(), (2 * 6 + 4) * 4);
-    /// assert!(padded.declared_c(c, 1).1);
-    /// # }
-    /// ```
-    pub fn declared_c<'h>(&self, c: &'h Handle, batch: u32) -> (Cow<'h, Handle>, bool) {
+    /// # Errors
+    ///
+    /// [`Validation::LibraryOperand`] when the products pass the end of `c`.
+    pub fn declared_c<'h>(
+        &self,
+        work: &'static str,
+        c: &'h Handle,
+        batch: u32,
+    ) -> Result<(Cow<'h, Handle>, bool), Validation> {
         let spanned = self.c_bytes(batch);
         let view = match c.view(0, spanned) {
             Ok(narrow) if spanned < c.len() => Cow::Owned(narrow),
-            // The whole view (or a shape `check` refuses: nothing is made of it).
-            _ => Cow::Borrowed(c),
+            Ok(_) => Cow::Borrowed(c),
+            Err(_) => {
+                return Err(Validation::LibraryOperand {
+                    work,
+                    operand: if batch > 1 { "C (every product)" } else { "C" },
+                    needs: spanned,
+                    found: c.len(),
+                });
+            }
         };
-        let skips_rows = self.ldc > self.m && self.m > 0 && self.n > 0 && (self.n > 1 || batch > 1);
-        (view, self.beta != 0.0 || skips_rows)
+        let skips_rows = spanned > 0 && self.ldc > self.m && (self.n > 1 || batch > 1);
+        Ok((view, self.beta != 0.0 || skips_rows))
     }
 
     /// [`Self::check`] of the three handles' views, after checking that each view starts at a
@@ -379,5 +403,48 @@ impl Gemm {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_shim::TestShim;
+    use crate::{Device, DeviceConfig, StreamId};
+
+    #[test]
+    fn c_is_declared_as_the_bytes_the_products_span_and_an_update_where_rows_are_skipped() {
+        let mut device = Device::new(
+            TestShim::new(1 << 30, 256, 1 << 28),
+            DeviceConfig::default(),
+        );
+        let c = device.command(StreamId(0)).unwrap().empty(64).unwrap();
+        let g = Gemm::packed(GemmType::F32, 4, 3, 2);
+        let declared = |g: Gemm, batch| {
+            g.declared_c("gemm", &c, batch)
+                .map(|(view, update)| (view.offset(), view.len(), update))
+        };
+        // Packed: the first 48 bytes, a write; with beta, an update.
+        assert_eq!(declared(g, 1), Ok((0, 48, false)));
+        assert_eq!(declared(Gemm { beta: 1.0, ..g }, 1), Ok((0, 48, true)));
+        // ldc = 6 skips rows 4 and 5 of the first two columns: an update; one column skips
+        // none; a batch of two skips them between the products too.
+        assert_eq!(declared(Gemm { ldc: 6, ..g }, 1), Ok((0, 64, true)));
+        let column = Gemm { n: 1, ldc: 6, ..g };
+        assert_eq!(declared(column, 1), Ok((0, 16, false)));
+        assert_eq!(declared(column, 2), Ok((0, 40, true)));
+        // Nothing written: an empty write, whatever ldc.
+        assert_eq!(declared(Gemm { m: 0, ldc: 6, ..g }, 4), Ok((0, 0, false)));
+        assert_eq!(declared(g, 0), Ok((0, 0, false)));
+        // Past the end of C: refused, naming the bytes.
+        assert_eq!(
+            declared(g, 2),
+            Err(Validation::LibraryOperand {
+                work: "gemm",
+                operand: "C (every product)",
+                needs: 96,
+                found: 64,
+            })
+        );
     }
 }

@@ -328,22 +328,34 @@ fn panicked_while_recording<H: Harness>(h: &H, c: &mut Ctx<H>, mode: Mode, size:
             .and_then(|mut cmd| cmd.begin_capture("lib-panic")),
         "begin_capture",
     );
+    const PANIC: &str = "the stand-in library panics after enqueuing its copy";
+    let mut cmd = must(c.dev.command(S0), "command");
+    let mut copied = None;
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut cmd = c.dev.command(S0).expect("a command on stream 0");
         let (reads, writes) = ([&x], [&y]);
         let work = LibraryWork::new("panicking_library", &reads, &writes);
         // SAFETY: the library copies `spans[0]` into `spans[1]` (the declared read and write)
         // on the stream it is given, then panics without waiting.
         let _ = unsafe {
             cmd.library(work, |native, spans| {
-                let _ = h.library_copy(native, spans[0], spans[1]);
-                panic!("the stand-in library panics after enqueuing its copy");
+                copied = Some(
+                    h.library_copy(native, spans[0], spans[1])
+                        .map(|r| r.is_ok()),
+                );
+                std::panic::panic_any(PANIC);
             })
         };
     }));
-    assert!(
-        panicked.is_err(),
-        "[{mode}] library_work: the library's panic must reach its caller"
+    let payload = panicked.expect_err("the library's panic must reach its caller");
+    assert_eq!(
+        payload.downcast_ref::<&str>(),
+        Some(&PANIC),
+        "[{mode}] library_work: another panic than the library's reached its caller"
+    );
+    assert_eq!(
+        copied,
+        Some(Some(true)),
+        "[{mode}] library_work: the stand-in library's copy before its panic (the suspect: {LIBRARY})"
     );
     let graph = must(
         c.dev
