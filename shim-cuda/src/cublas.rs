@@ -534,8 +534,10 @@ impl Cublas {
     /// fp32 compute for [`GemmType::F16`]. The shapes are checked against the handles first
     /// ([`Gemm::check_handles`]), so the GEMM touches nothing outside them.
     ///
-    /// With `beta != 0` cuBLAS reads C too: C is then declared as an update (read and written in
-    /// place), so a failure it carries skips the GEMM and C keeps it.
+    /// C is declared as [`Gemm::declared_c`] gives it: the bytes the product spans only, and an
+    /// update (read and written in place) when `beta != 0` (cuBLAS reads it) or when `ldc > m`
+    /// leaves rows between its columns unwritten, so a failure it carries there skips the GEMM
+    /// and C keeps it.
     ///
     /// # Errors
     ///

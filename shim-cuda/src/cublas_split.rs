@@ -25,8 +25,9 @@ impl Cublas {
     /// the product `g` (A and B untransposed, `beta = 0`) cut along k into `parts` equal
     /// parts, part `p`'s `m × n` result (leading dimension `g.ldc`) at element
     /// `p · g.ldc · g.n` of `partials`, in one `cublasGemmStridedBatchedEx` (f32 or f16 data,
-    /// fp32 compute) on `cmd`'s stream, as library work that reads `a` and `b` and writes
-    /// `partials`. Summed, the partials are `g`'s product; `parts = 1` is the plain GEMM.
+    /// fp32 compute) on `cmd`'s stream, as library work that reads `a` and `b` and writes the
+    /// span of `partials` the parts cover (an update where `ldc > m` leaves rows unwritten:
+    /// [`Gemm::declared_c`]). Summed, the partials are `g`'s product; `parts = 1` is the plain GEMM.
     ///
     /// # Errors
     ///

@@ -10,8 +10,9 @@ use crate::StdShim;
 use devcmd::{Command, Gemm, GemmType, Handle, LibraryError, LibraryWork, ServerError};
 
 /// Enqueues `C = alpha · op(A) · op(B) + beta · C` on `cmd`'s stream, named `"sgemm"` in failure
-/// chains. `a` and `b` are read; `c` is written, and updated in place (read too, for the failure
-/// rule) when `beta` is not 0; the three must not overlap.
+/// chains. `a` and `b` are read; the span of `c` the product covers is written, and updated in
+/// place (read too, for the failure rule) when `beta` is not 0 or `ldc > m` leaves rows
+/// unwritten ([`Gemm::declared_c`]); that span must not overlap `a` or `b`.
 ///
 /// ```
 /// use devcmd::{Device, DeviceConfig, Gemm, GemmType, StreamId};

@@ -297,10 +297,15 @@ impl Gemm {
         batch: u32,
     ) -> Result<(Cow<'h, Handle>, bool), Validation> {
         let spanned = self.c_bytes(batch);
-        let view = match c.view(0, spanned) {
-            Ok(narrow) if spanned < c.len() => Cow::Owned(narrow),
-            Ok(_) => Cow::Borrowed(c),
-            Err(_) => {
+        let view = match spanned.cmp(&c.len()) {
+            // Exactly C: no new handle (a clone costs two atomic updates and two at its drop).
+            core::cmp::Ordering::Equal => Cow::Borrowed(c),
+            core::cmp::Ordering::Less => match c.view(0, spanned) {
+                Ok(narrow) => Cow::Owned(narrow),
+                // Unreachable: `spanned` is below C's length.
+                Err(_) => Cow::Borrowed(c),
+            },
+            core::cmp::Ordering::Greater => {
                 return Err(Validation::LibraryOperand {
                     work,
                     operand: if batch > 1 { "C (every product)" } else { "C" },
