@@ -108,8 +108,9 @@ impl FreeIndex {
         }
     }
 
-    /// A free block of at least `size` bytes, if any: first fit in the request's own class,
-    /// else the head of the smallest class whose blocks all fit.
+    /// A free block of at least `size` bytes, if any: first fit among the first blocks of the
+    /// request's own class, else the head of the smallest class whose blocks all fit, else
+    /// first fit in the rest of the own class. `None` only when no free block fits.
     pub(crate) fn find(&self, links: &impl Links, size: u64) -> Option<u32> {
         let own = class_of(size);
         let mut b = self.heads[own];
@@ -124,13 +125,31 @@ impl FreeIndex {
             steps += 1;
         }
         let from = class_holding(size).max(own + 1);
-        self.first_non_empty(from).map(|c| self.heads[c])
+        if let Some(c) = self.first_non_empty(from) {
+            return Some(self.heads[c]);
+        }
+        // Nothing larger: the rest of the own class, so room that fits is never passed over
+        // (the caller would refuse or add a page).
+        self.rest_of_class(links, b, size)
+    }
+
+    /// The first block from `b` on along its class's list that holds `size` bytes.
+    #[cold]
+    fn rest_of_class(&self, links: &impl Links, mut b: u32, size: u64) -> Option<u32> {
+        while b != NIL {
+            if links.size(b) >= size {
+                return Some(b);
+            }
+            b = links.next_free(b);
+        }
+        None
     }
 
     /// Like [`Self::find`], but looks at up to `limit` fitting blocks, in the order `find` would
     /// prefer them (the request's own class, then the smallest classes that fit, each list in
     /// order), and returns the one `score` rates lowest (the first of them on a tie; at once on
-    /// a score of 0). Bounded: at most `limit` blocks and one walk of the bitmap. `score` gets
+    /// a score of 0). Bounded: at most `limit` blocks and one walk of the bitmap, unless nothing
+    /// fits there: then, as `find`, first fit in the rest of the own class. `score` gets
     /// the block and the lowest score so far (`u32::MAX` for the first): it may stop counting
     /// there, as a score at or above it loses anyway.
     pub(crate) fn find_scored(
@@ -153,9 +172,13 @@ impl FreeIndex {
         let own = class_of(size);
         let mut b = self.heads[own];
         let mut steps = 0;
+        let mut any = false;
         while b != NIL && steps < 8 {
-            if links.size(b) >= size && consider(b) {
-                return best.map(|(_, b)| b);
+            if links.size(b) >= size {
+                any = true;
+                if consider(b) {
+                    return best.map(|(_, b)| b);
+                }
             }
             b = links.next_free(b);
             steps += 1;
@@ -164,12 +187,18 @@ impl FreeIndex {
         while let Some(c) = self.first_non_empty(from) {
             let mut b = self.heads[c];
             while b != NIL {
+                any = true;
                 if consider(b) {
                     return best.map(|(_, b)| b);
                 }
                 b = links.next_free(b);
             }
             from = c + 1;
+        }
+        if !any {
+            // Nothing larger and nothing among the first of the own class: the rest of it, so
+            // room that fits is never passed over (the caller would refuse or add a page).
+            return self.rest_of_class(links, b, size);
         }
         best.map(|(_, b)| b)
     }

@@ -168,3 +168,29 @@ fn a_new_page_gives_up_its_rounding_before_the_budget_refuses_it() {
     assert_eq!(budget.held(), 4 * MIB);
     assert_eq!(mm.resolve(&big).unwrap().len, 4 * MIB - 200 * 1024);
 }
+
+#[test]
+fn a_small_slice_fits_the_budgets_last_bytes_below_a_small_page() {
+    let shim = TestShim::new(1 << 30, 32, 256 * MIB);
+    let budget = MemoryBudget::new(Some(4 * MIB));
+    let mut mm = manager(&shim, MemoryConfig::default(), budget.clone());
+    assert_eq!(mm.config().small_page_size, MIB / 2);
+    mm.set_mode(AllocationMode::Persistent);
+    let _most = mm
+        .reserve(&shim, 4 * MIB - 256 * 1024, PageUpdate::Allow)
+        .unwrap();
+    mm.set_mode(AllocationMode::Auto);
+    // 256 KiB left, under the 512 KiB small page: the page is fitted to the room (as the
+    // arena's is) instead of refusing a 64-byte request.
+    let small = mm
+        .reserve(&shim, 64, PageUpdate::Allow)
+        .unwrap_or_else(|e| panic!("64 B with 256 KiB of budget left: {e}"));
+    assert_eq!(pool(&mut mm, PoolKind::Small).reserved, 256 * 1024);
+    assert_eq!(budget.held(), 4 * MIB);
+    drop(small);
+    // What truly does not fit is still refused as out of memory.
+    assert!(matches!(
+        mm.reserve(&shim, 512 * 1024, PageUpdate::Allow),
+        Err(IoError::OutOfMemory { .. })
+    ));
+}

@@ -229,6 +229,23 @@ fn dedicated_allocations_are_released_at_the_next_tick_once_freed() {
 }
 
 #[test]
+fn a_dedicated_page_freed_under_a_guard_is_released_once_the_guard_goes() {
+    let (shim, mut mm) = device();
+    mm.set_mode(AllocationMode::Dedicated);
+    let probe = mm.reserve(&shim, 200 * MIB, PageUpdate::Allow).unwrap();
+    mm.set_mode(AllocationMode::Auto);
+    let guard = mm.guard(&probe).unwrap();
+    drop(probe);
+    // Freed but guarded: kept through the next tick (the device may still use it).
+    let _w = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.report().device().reserved, 200 * MIB + 2 * MIB);
+    // The guard goes: the next tick gives the page back, as for a page freed unguarded.
+    drop(guard);
+    let _x = mm.reserve(&shim, MIB, PageUpdate::Allow).unwrap();
+    assert_eq!(mm.report().device().reserved, 2 * MIB);
+}
+
+#[test]
 fn handles_mutate_only_when_alone() {
     let (shim, mut mm) = device();
     let a = mm.reserve(&shim, 100, PageUpdate::Allow).unwrap();

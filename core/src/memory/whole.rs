@@ -145,9 +145,11 @@ impl<P> WholePagePool<P> {
         }
     }
 
-    pub(crate) fn guard(&mut self, i: u32, add: bool) {
+    /// Adds or removes one guard of page `i`; `true` when the removal left a freed page
+    /// unguarded (listed free again).
+    pub(crate) fn guard(&mut self, i: u32, add: bool) -> bool {
         let Some(p) = self.pages.get_mut(i as usize).and_then(Option::as_mut) else {
-            return;
+            return false;
         };
         if add {
             p.guards += 1;
@@ -163,8 +165,10 @@ impl<P> WholePagePool<P> {
             p.guards -= 1;
             if p.guards == 0 && p.used.is_none() {
                 self.free_by_size.entry(p.size).or_default().push(i);
+                return true;
             }
         }
+        false
     }
 
     pub(crate) fn pages(&self) -> impl Iterator<Item = (u32, &WholePage<P>)> + '_ {

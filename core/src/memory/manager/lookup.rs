@@ -321,7 +321,13 @@ impl<S: Shim> MemoryManager<S> {
 
     pub(super) fn set_guard(&mut self, page: PageRef, add: bool) {
         match page.pool {
-            Pool::Whole(w) => self.whole_mut(w).guard(page.page, add),
+            Pool::Whole(w) => {
+                // A freed dedicated page whose last guard went is released at the next
+                // periodic cleanup, as one freed unguarded is.
+                if self.whole_mut(w).guard(page.page, add) && w == Whole::Dedicated {
+                    self.dedicated_freed = true;
+                }
+            }
             // A guard keeps the granule mapped; new allocations may still share its free bytes
             // (nothing on it moves either way).
             Pool::Granules(size) => {

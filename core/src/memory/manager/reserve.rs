@@ -143,8 +143,11 @@ impl<S: Shim> MemoryManager<S> {
                 room: self.small.largest_free(),
             });
         }
-        let (raw, addr) = self.alloc_page(shim, self.small.page_size, used.size)?;
-        self.small.add_page(raw, addr, self.small.page_size);
+        // As in the arena: a page gives up its size before a request that fits the budget's
+        // last bytes fails.
+        let page_size = self.fit_to_budget(self.small.page_size, aligned);
+        let (raw, addr) = self.alloc_page(shim, page_size, used.size)?;
+        self.small.add_page(raw, addr, page_size);
         let c = self
             .small
             .try_carve(used.size, aligned, used)
