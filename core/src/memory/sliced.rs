@@ -451,3 +451,7 @@ impl<P> SlicedPool<P> {
 #[cfg(test)]
 #[path = "sliced_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "sliced_index_tests.rs"]
+mod index_tests;
