@@ -420,7 +420,7 @@ where
                 // SAFETY: `unregister` undoes the registration of exactly `bytes.bytes()` (the
                 // trait promises the same slice on every call); host buffers handed to copies
                 // travel through the drop queue, which drops them once their fences passed.
-                unsafe { HostBuffer::registered(bytes, unregister) }
+                unsafe { HostBuffer::registered(bytes, unregister, self.capture.deferral()) }
             }
             Err(e) => {
                 debug!(
@@ -466,6 +466,11 @@ impl<S: Shim> Drop for Device<S> {
             warn!("a stream could not be drained at teardown: leaking the device's memory");
             for s in self.streams.iter_mut().flatten() {
                 s.memory.forget_all();
+                // A peer's copy of unknown end reads device memory, never these host pages:
+                // where every stream of this device drained, they go as usual.
+                if all_done || lost {
+                    s.pinned.cleanup(&self.shim);
+                }
             }
             return;
         }

@@ -98,11 +98,25 @@ impl Drop for Lent {
 }
 
 /// Caller's bytes page-locked in place, and how to undo the registration. Undone before the
-/// bytes are dropped (fields drop after `drop` runs).
-struct Registered {
+/// bytes are dropped (fields drop after `drop` runs), and never while a stream of the device
+/// records (the device call is illegal then): a last drop inside a recording hands the
+/// registration to the device's [`Unregisters`], which the device empties once none records.
+pub(crate) struct Registered {
     unregister: Option<Box<dyn FnOnce() + Send>>,
     #[allow(dead_code)]
-    bytes: Box<dyn ExternalBytes>,
+    bytes: Option<Box<dyn ExternalBytes>>,
+    defer: Option<Deferral>,
+}
+
+/// Registrations whose last buffer went while a stream of their device recorded, waiting for
+/// the device to undo them outside any recording (`CaptureState::release_dropped_graphs`).
+pub(crate) type Unregisters = alloc::sync::Arc<crate::memory::ReturnQueue<Registered>>;
+
+/// What a registration needs to wait out a recording: the device's "a stream records" flag and
+/// its queue of registrations to undo.
+pub(crate) struct Deferral {
+    pub(crate) recording: crate::capture::RecordingFlag,
+    pub(crate) queue: Unregisters,
 }
 
 // SAFETY: nothing reads or writes a `Registered` through a shared reference (the buffers that
@@ -115,6 +129,20 @@ unsafe impl Sync for Registered {}
 
 impl Drop for Registered {
     fn drop(&mut self) {
+        if let Some(defer) = self.defer.take()
+            && defer.recording.is_set()
+        {
+            let waiting = Registered {
+                unregister: self.unregister.take(),
+                bytes: self.bytes.take(),
+                defer: None,
+            };
+            // A queue that refuses (its device gone) hands the registration back: undone here.
+            if let Err(refused) = defer.queue.push(waiting) {
+                drop(refused);
+            }
+            return;
+        }
         if let Some(unregister) = self.unregister.take() {
             unregister();
         }
@@ -234,6 +262,7 @@ impl HostBuffer {
     pub(crate) unsafe fn registered(
         bytes: Box<dyn ExternalBytes>,
         unregister: Box<dyn FnOnce() + Send>,
+        defer: Deferral,
     ) -> Self {
         let slice = bytes.bytes();
         let ptr = NonNull::new(slice.as_ptr().cast_mut()).unwrap_or(NonNull::dangling());
@@ -244,7 +273,8 @@ impl HostBuffer {
             origin: HostOrigin::Registered,
             backing: Backing::Registered(alloc::sync::Arc::new(Registered {
                 unregister: Some(unregister),
-                bytes,
+                bytes: Some(bytes),
+                defer: Some(defer),
             })),
         }
     }

@@ -954,6 +954,8 @@ impl Shim for StdShim {
     unsafe fn host_unregister(&self, registration: StdRegistration) {
         let _ = registration;
         let mut st = lock(&self.inner.state);
+        // As on CUDA, undoing a registration inside a recording spoils it.
+        DeviceInner::invalidate_captures(&mut st);
         st.stats.registrations_live = st.stats.registrations_live.saturating_sub(1);
     }
 

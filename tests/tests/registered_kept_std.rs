@@ -95,3 +95,49 @@ fn only_registered_buffers_share() {
         "a pinned buffer is written by the host"
     );
 }
+
+#[test]
+fn a_registration_whose_last_buffer_goes_inside_a_recording_is_undone_after_it() {
+    // Unregistering inside a recording is illegal on CUDA (the std shim invalidates the
+    // recording, as CUDA does): the last drop waits for the recording to end.
+    let shim = StdShim::new();
+    let probe = shim.clone();
+    let mut device = Device::new(shim, DeviceConfig::default());
+    let input = device.register_host(Box::new(Input(vec![7; 4096])));
+    let registrations = || probe.stats().registrations_live;
+    assert_eq!(registrations(), 1);
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    let h = cmd.empty(4096).unwrap();
+    let recording = cmd.begin_capture("g").unwrap();
+    cmd.write(&h, HostBuffer::from_vec(vec![1; 4096])).unwrap();
+    drop(input);
+    assert_eq!(registrations(), 1, "not undone inside the recording");
+    let graph = cmd
+        .end_capture(recording)
+        .expect("the recording stays valid");
+    assert_eq!(registrations(), 1, "undone at the device's next command");
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    assert_eq!(registrations(), 0, "undone once nothing records");
+    cmd.replay(&graph).unwrap();
+    let back = cmd
+        .read_async(&[ReadRequest::whole(&h)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(back[0].as_slice() == &[1u8; 4096][..]);
+}
+
+#[test]
+fn a_registration_waiting_for_a_recording_is_undone_when_the_device_goes() {
+    let shim = StdShim::new();
+    let probe = shim.clone();
+    let mut device = Device::new(shim, DeviceConfig::default());
+    let input = device.register_host(Box::new(Input(vec![7; 4096])));
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    let recording = cmd.begin_capture("g").unwrap();
+    drop(input);
+    assert_eq!(probe.stats().registrations_live, 1);
+    drop(recording);
+    drop(device);
+    assert_eq!(probe.stats().registrations_live, 0);
+}

@@ -12,6 +12,7 @@ use super::flag::RecordingFlag;
 use super::graph::GraphReturns;
 use super::window::Window;
 use crate::error::{CaptureError, ServerError};
+use crate::host::{Deferral, Unregisters};
 use crate::shim::Shim;
 use alloc::boxed::Box;
 use alloc::sync::Arc;
@@ -48,6 +49,7 @@ pub(crate) struct CaptureState<S: Shim> {
     state: State<S>,
     flag: RecordingFlag,
     returns: GraphReturns<S>,
+    unregisters: Unregisters,
 }
 
 impl<S: Shim> core::fmt::Debug for CaptureState<S> {
@@ -64,12 +66,21 @@ impl<S: Shim> core::fmt::Debug for CaptureState<S> {
     }
 }
 
+impl<S: Shim> Drop for CaptureState<S> {
+    fn drop(&mut self) {
+        // The device goes (its recording was aborted first): what waits here is undone now, and
+        // a registration whose last buffer goes later is handed back and undone at once.
+        self.unregisters.close();
+    }
+}
+
 impl<S: Shim> Default for CaptureState<S> {
     fn default() -> Self {
         Self {
             state: State::Idle,
             flag: RecordingFlag::default(),
             returns: Arc::default(),
+            unregisters: Arc::default(),
         }
     }
 }
@@ -83,6 +94,15 @@ impl<S: Shim> CaptureState<S> {
     /// Where graphs dropped by their callers go.
     pub fn returns(&self) -> &GraphReturns<S> {
         &self.returns
+    }
+
+    /// What a registration of host memory needs to wait out a recording: its last drop inside
+    /// one queues it here, undone by [`Self::release_dropped_graphs`].
+    pub fn deferral(&self) -> Deferral {
+        Deferral {
+            recording: self.flag.clone(),
+            queue: Arc::clone(&self.unregisters),
+        }
     }
 
     /// The stream that records now, if one does.
@@ -268,9 +288,10 @@ impl<S: Shim> CaptureState<S> {
         }
     }
 
-    /// Lets go of the graphs their callers dropped, unless a stream records (the shim's graph
-    /// must not be destroyed, nor host bytes unregistered, inside a recording). What replays
-    /// still hold stays with them.
+    /// Lets go of the graphs their callers dropped, and undoes the registrations of host memory
+    /// whose last buffer went inside a recording, unless a stream records (the shim's graph must
+    /// not be destroyed, nor host bytes unregistered, inside a recording). What replays still
+    /// hold stays with them.
     pub fn release_dropped_graphs(&mut self) {
         if self.recording().is_some() {
             return;
@@ -278,5 +299,8 @@ impl<S: Shim> CaptureState<S> {
         let mut dropped = Vec::new();
         self.returns.drain_into(&mut dropped);
         drop(dropped);
+        let mut waiting = Vec::new();
+        self.unregisters.drain_into(&mut waiting);
+        drop(waiting);
     }
 }

@@ -293,6 +293,19 @@ fn source_kept_when_the_copy_end_is_unknown<H: Harness>(h: &H, mode: Mode) {
         "[{mode}] {GROUP}: the source is kept, and only it"
     );
     b.assert_no_leak(GROUP);
+    // The source device's teardown leaks its device memory (the copy may read it), but its
+    // streams drained: its pinned host pages (one holds what a staged upload left), which no
+    // peer copy reads, go as usual.
+    drop(must(a.create(s0, &[2; 1000]), "a staged upload on A"));
+    let probe = a.probe.take().expect("checked");
+    let before = probe.counters().host_pages_live;
+    drop(a);
+    assert_eq!(
+        probe.counters().host_pages_live,
+        0,
+        "[{mode}] {GROUP}: the teardown after a copy of unknown end leaked pinned host pages \
+         ({before} live before it)"
+    );
 }
 
 /// While a stream of either device records, a copy between them is refused (a recording cannot
