@@ -296,13 +296,14 @@ fn source_kept_when_the_copy_end_is_unknown<H: Harness>(h: &H, mode: Mode) {
     // The source device's teardown leaks its device memory (the copy may read it), but its
     // streams drained: its pinned host pages (one holds what a staged upload left), which no
     // peer copy reads, go as usual.
+    // (On a zero-copy device the device memory is pinned host pages, leaked with it.)
     drop(must(a.create(s0, &[2; 1000]), "a staged upload on A"));
+    let zero_copy = a.dev.zero_copy();
     let probe = a.probe.take().expect("checked");
     let before = probe.counters().host_pages_live;
     drop(a);
-    assert_eq!(
-        probe.counters().host_pages_live,
-        0,
+    assert!(
+        zero_copy || probe.counters().host_pages_live == 0,
         "[{mode}] {GROUP}: the teardown after a copy of unknown end leaked pinned host pages \
          ({before} live before it)"
     );
