@@ -101,6 +101,10 @@ impl Drop for Lent {
 /// bytes are dropped (fields drop after `drop` runs), and never while a stream of the device
 /// records (the device call is illegal then): a last drop inside a recording hands the
 /// registration to the device's [`Unregisters`], which the device empties once none records.
+/// A last drop on another thread that reads the flag just before a recording begins may still
+/// unregister inside it (a check, then the act, as for host waits): the recording is then
+/// spoiled, never memory freed early. The flag is the device's own: a recording on another
+/// device of the process is not seen (CUDA's global capture mode would refuse the call there).
 pub(crate) struct Registered {
     unregister: Option<Box<dyn FnOnce() + Send>>,
     #[allow(dead_code)]

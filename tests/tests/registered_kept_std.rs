@@ -115,7 +115,11 @@ fn a_registration_whose_last_buffer_goes_inside_a_recording_is_undone_after_it()
     let graph = cmd
         .end_capture(recording)
         .expect("the recording stays valid");
-    assert_eq!(registrations(), 1, "undone at the device's next command");
+    assert_eq!(
+        registrations(),
+        1,
+        "still waiting: the device undoes it at its next command"
+    );
     let mut cmd = device.command(StreamId(0)).unwrap();
     assert_eq!(registrations(), 0, "undone once nothing records");
     cmd.replay(&graph).unwrap();

@@ -82,7 +82,8 @@ impl Carved {
 pub(crate) struct SlicedPool<P> {
     pages: Vec<Option<Page<P>>>,
     blocks: Vec<Block>,
-    /// The pages' size where all share one (the small pool), else the pool's first; see `Page`.
+    /// The size of a new page of the small pool (one fitted to a budget's last bytes may be
+    /// smaller), else the pool's first; each page keeps its own size (see `Page`).
     pub page_size: u64,
     free_pages: Vec<u32>,
     vacant: u32,

@@ -332,7 +332,7 @@ proptest! {
     /// Any sequence of carves, frees (held back or not), takes of held blocks, rebinds, guards
     /// and pages keeps the records consistent,
     /// the live allocations apart and in their pages, the usage equal to a plain list of them,
-    /// and never refuses a request that an indexed free block of a larger class holds.
+    /// and never refuses a request that an indexed free block holds.
     #[test]
     fn the_index_and_the_blocks_agree_after_every_operation(ops in proptest::collection::vec(op(), 1..80)) {
         let mut pool = SlicedPool::new(64 * 1024);

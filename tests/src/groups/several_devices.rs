@@ -301,6 +301,10 @@ fn source_kept_when_the_copy_end_is_unknown<H: Harness>(h: &H, mode: Mode) {
     let zero_copy = a.dev.zero_copy();
     let probe = a.probe.take().expect("checked");
     let before = probe.counters().host_pages_live;
+    assert!(
+        zero_copy || before > 0,
+        "[{mode}] {GROUP}: the staged upload left no pinned page to check"
+    );
     drop(a);
     assert!(
         zero_copy || probe.counters().host_pages_live == 0,
