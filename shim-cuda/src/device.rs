@@ -38,6 +38,10 @@ pub(crate) struct Context {
     /// Streams of this context recording now (begun by the shim, not yet ended): a library
     /// that allocates (cuBLAS creating a handle) would invalidate their global-mode captures.
     pub(crate) capturing: std::sync::atomic::AtomicUsize,
+    /// Modules dropped while a stream of this context recorded (`cuModuleUnload` waits for the
+    /// whole device, which global-mode capture refuses): unloaded when the last recording ends
+    /// ([`Self::unload_deferred`]) or with the context.
+    pub(crate) unloads: Mutex<Vec<sys::CUmodule>>,
     /// The streams that wake waiting futures, by the stream their fences are recorded on
     /// (`notify.rs`), made on first use.
     pub(crate) notifiers: Mutex<Vec<(sys::CUstream, sys::CUstream)>>,
@@ -55,6 +59,21 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
+    /// Unloads the modules dropped while a stream recorded, unless one still records. The
+    /// context is current.
+    pub(crate) fn unload_deferred(&self) {
+        if self.capturing.load(std::sync::atomic::Ordering::Acquire) != 0 {
+            return;
+        }
+        let modules = std::mem::take(&mut *self.unloads.lock().unwrap_or_else(|e| e.into_inner()));
+        for module in modules {
+            // Errors are ignored, as in `Module::drop`.
+            // SAFETY: each module was queued once by its `Module::drop` instead of unloading it,
+            // and is unloaded once, here (taken out of the queue).
+            let _ = unsafe { sys::cuModuleUnload(module) };
+        }
+    }
+
     /// The raw `CUcontext`.
     pub(crate) fn raw(&self) -> sys::CUcontext {
         self.raw
@@ -138,6 +157,7 @@ impl Drop for Context {
         // Errors are ignored: nothing can be done about them here, and a lost device answers
         // every call with its sticky error anyway.
         let _ = self.bind(ShimOp::StreamCreate);
+        self.unload_deferred();
         for event in events {
             // SAFETY: a pooled event is owned by the pool alone (no `CudaEvent` holds it).
             let _ = unsafe { sys::cuEventDestroy_v2(event) };
@@ -356,6 +376,7 @@ impl CudaShim {
             device: dev,
             events: Mutex::new(Vec::new()),
             capturing: std::sync::atomic::AtomicUsize::new(0),
+            unloads: Mutex::new(Vec::new()),
             notifiers: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),
         });

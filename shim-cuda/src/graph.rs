@@ -203,6 +203,8 @@ fn end_capture(stream: &CudaStream, doomed: bool) -> Result<(Template, Vec<Kept>
     let r = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) };
     // Destroyed on every path.
     let template = Template(graph);
+    // Modules dropped while it recorded go now, if no other stream records.
+    stream.context().unload_deferred();
     check(OP, r)?;
     if template.0.is_null() {
         // An invalidated capture returns a null graph (and an error, handled above).

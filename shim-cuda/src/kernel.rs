@@ -397,6 +397,22 @@ unsafe impl Sync for Module {}
 
 impl Drop for Module {
     fn drop(&mut self) {
+        // Not inside a recording: `cuModuleUnload` waits for the whole device, which global-mode
+        // capture refuses (the module would stay loaded and the recording be spoiled). The
+        // context unloads it once the last recording ends.
+        if self
+            .ctx
+            .capturing
+            .load(std::sync::atomic::Ordering::Acquire)
+            != 0
+        {
+            self.ctx
+                .unloads
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(self.raw);
+            return;
+        }
         // Errors are ignored: a drop cannot report them, and a lost context unloads everything.
         let _ = self.ctx.bind(ShimOp::Launch);
         // SAFETY: the module was loaded by `load` and is unloaded once, here; no kernel of it is

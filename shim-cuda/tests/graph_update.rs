@@ -185,3 +185,39 @@ fn other_streams_work_while_a_stream_records_in_global_mode() {
         shim.device_free(b_page);
     }
 }
+
+/// A module dropped while a stream records is unloaded after the recording, not inside it
+/// (`cuModuleUnload` waits for the whole device, which global mode refuses: the recording was
+/// spoiled and the module stayed loaded).
+#[test]
+fn a_module_dropped_while_a_stream_records_leaves_the_recording_valid() {
+    let test = "a_module_dropped_while_a_stream_records_leaves_the_recording_valid";
+    let Some(shim) = gpu(test) else { return };
+    let Some(used) = compile(&shim, FILL, &[], test) else {
+        return;
+    };
+    let Some(unused) = compile(&shim, FILL, &[], test) else {
+        return;
+    };
+    let kernel = used.kernel("fill").unwrap();
+    let stream = shim.create_stream().unwrap();
+    let (out_page, out) = page(&shim, N * 4);
+    shim.begin_capture(&stream).unwrap();
+    fill(&shim, &stream, &kernel, out, 5);
+    drop(unused);
+    let graph = shim
+        .end_capture(&stream, false)
+        .expect("a module dropped during the recording leaves it valid");
+    // SAFETY: the page the recording writes is alive until the end of the test.
+    unsafe { shim.graph_launch(&graph, &stream) }.unwrap();
+    wait(&shim, &stream);
+    assert_eq!(download::<u32>(&shim, &stream, out, N), vec![5; N]);
+    drop(graph);
+    // A module dropped with nothing recording still goes at once (no recording to spoil).
+    let Some(again) = compile(&shim, FILL, &[], test) else {
+        return;
+    };
+    drop(again);
+    // SAFETY: the replay completed (waited above).
+    unsafe { shim.device_free(out_page) };
+}
