@@ -96,14 +96,20 @@ fn only_registered_buffers_share() {
     );
 }
 
+/// A std device (and a clone of its shim, to read its counts) holding 4 KiB registered.
+fn device_with_a_registration() -> (StdShim, Device<StdShim>, HostBuffer) {
+    let shim = StdShim::new();
+    let probe = shim.clone();
+    let device = Device::new(shim, DeviceConfig::default());
+    let input = device.register_host(Box::new(Input(vec![7; 4096])));
+    (probe, device, input)
+}
+
 #[test]
 fn a_registration_whose_last_buffer_goes_inside_a_recording_is_undone_after_it() {
     // Unregistering inside a recording is illegal on CUDA (the std shim invalidates the
     // recording, as CUDA does): the last drop waits for the recording to end.
-    let shim = StdShim::new();
-    let probe = shim.clone();
-    let mut device = Device::new(shim, DeviceConfig::default());
-    let input = device.register_host(Box::new(Input(vec![7; 4096])));
+    let (probe, mut device, input) = device_with_a_registration();
     let registrations = || probe.stats().registrations_live;
     assert_eq!(registrations(), 1);
     let mut cmd = device.command(StreamId(0)).unwrap();
@@ -133,10 +139,7 @@ fn a_registration_whose_last_buffer_goes_inside_a_recording_is_undone_after_it()
 
 #[test]
 fn a_registration_waiting_for_a_recording_is_undone_when_the_device_goes() {
-    let shim = StdShim::new();
-    let probe = shim.clone();
-    let mut device = Device::new(shim, DeviceConfig::default());
-    let input = device.register_host(Box::new(Input(vec![7; 4096])));
+    let (probe, mut device, input) = device_with_a_registration();
     let mut cmd = device.command(StreamId(0)).unwrap();
     let recording = cmd.begin_capture("g").unwrap();
     drop(input);

@@ -172,13 +172,9 @@ impl FreeIndex {
         let own = class_of(size);
         let mut b = self.heads[own];
         let mut steps = 0;
-        let mut any = false;
         while b != NIL && steps < 8 {
-            if links.size(b) >= size {
-                any = true;
-                if consider(b) {
-                    return best.map(|(_, b)| b);
-                }
+            if links.size(b) >= size && consider(b) {
+                return best.map(|(_, b)| b);
             }
             b = links.next_free(b);
             steps += 1;
@@ -187,7 +183,6 @@ impl FreeIndex {
         while let Some(c) = self.first_non_empty(from) {
             let mut b = self.heads[c];
             while b != NIL {
-                any = true;
                 if consider(b) {
                     return best.map(|(_, b)| b);
                 }
@@ -195,7 +190,7 @@ impl FreeIndex {
             }
             from = c + 1;
         }
-        if !any {
+        if best.is_none() {
             // Nothing larger and nothing among the first of the own class: the rest of it, so
             // room that fits is never passed over (the caller would refuse or add a page).
             return self.rest_of_class(links, b, size);
