@@ -10,6 +10,7 @@ use crate::faults::{self, check, classify, code};
 use crate::graph::{self, CudaGraph};
 use crate::kernel::{self, CudaKernel};
 use crate::memory::{self, CudaDevicePage, CudaHostPage, CudaRegistration, Side};
+use crate::recording::{self, Release};
 use crate::stream::{self, CudaEvent, CudaStream};
 use crate::vm;
 use cudarc::driver::sys;
@@ -35,13 +36,6 @@ pub(crate) struct Context {
     device: sys::CUdevice,
     /// Idle events (created with `CU_EVENT_DISABLE_TIMING`), reused by later records.
     pub(crate) events: Mutex<Vec<sys::CUevent>>,
-    /// Streams of this context recording now (begun by the shim, not yet ended): a library
-    /// that allocates (cuBLAS creating a handle) would invalidate their global-mode captures.
-    pub(crate) capturing: std::sync::atomic::AtomicUsize,
-    /// Modules dropped while a stream of this context recorded (`cuModuleUnload` waits for the
-    /// whole device, which global-mode capture refuses): unloaded when the last recording ends
-    /// ([`Self::unload_deferred`]) or with the context.
-    pub(crate) unloads: Mutex<Vec<sys::CUmodule>>,
     /// The streams that wake waiting futures, by the stream their fences are recorded on
     /// (`notify.rs`), made on first use.
     pub(crate) notifiers: Mutex<Vec<(sys::CUstream, sys::CUstream)>>,
@@ -59,21 +53,6 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
-    /// Unloads the modules dropped while a stream recorded, unless one still records. The
-    /// context is current.
-    pub(crate) fn unload_deferred(&self) {
-        if self.capturing.load(std::sync::atomic::Ordering::Acquire) != 0 {
-            return;
-        }
-        let modules = std::mem::take(&mut *self.unloads.lock().unwrap_or_else(|e| e.into_inner()));
-        for module in modules {
-            // Errors are ignored, as in `Module::drop`.
-            // SAFETY: each module was queued once by its `Module::drop` instead of unloading it,
-            // and is unloaded once, here (taken out of the queue).
-            let _ = unsafe { sys::cuModuleUnload(module) };
-        }
-    }
-
     /// The raw `CUcontext`.
     pub(crate) fn raw(&self) -> sys::CUcontext {
         self.raw
@@ -157,7 +136,6 @@ impl Drop for Context {
         // Errors are ignored: nothing can be done about them here, and a lost device answers
         // every call with its sticky error anyway.
         let _ = self.bind(ShimOp::StreamCreate);
-        self.unload_deferred();
         for event in events {
             // SAFETY: a pooled event is owned by the pool alone (no `CudaEvent` holds it).
             let _ = unsafe { sys::cuEventDestroy_v2(event) };
@@ -375,8 +353,6 @@ impl CudaShim {
             raw,
             device: dev,
             events: Mutex::new(Vec::new()),
-            capturing: std::sync::atomic::AtomicUsize::new(0),
-            unloads: Mutex::new(Vec::new()),
             notifiers: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),
         });
@@ -489,15 +465,12 @@ impl CudaShim {
         graph::is_capturing(stream)
     }
 
-    /// Whether a stream of this shim's context records into a graph now (begun through the
-    /// shim and not yet ended): any call that allocates device memory (`cuMemAlloc`, a library
-    /// creating its handle) would then invalidate that recording, since captures run in global
-    /// mode.
+    /// Whether a stream of this process records into a graph now (begun through any
+    /// `CudaShim`, of this device or another, and not yet ended): any call that allocates or
+    /// frees device memory (`cuMemAlloc`, a library creating its handle) would then invalidate
+    /// that recording, since captures run in global mode, which is process-wide.
     pub fn is_any_stream_capturing(&self) -> bool {
-        self.ctx
-            .capturing
-            .load(std::sync::atomic::Ordering::Acquire)
-            > 0
+        crate::recording::any()
     }
 
     /// The context (not bound).
@@ -571,22 +544,27 @@ impl Shim for CudaShim {
         stream::record(self.bound(ShimOp::EventRecord)?, stream)
     }
 
-    /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` is `Ok(false)`, not an error.
+    /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` is `Ok(false)`, not an error. Refused before the
+    /// driver (status 900) while a stream of the process records (`recording.rs`).
     fn event_query(&self, event: &CudaEvent) -> Result<bool, DriverError> {
+        recording::refuse_while_any(ShimOp::EventQuery)?;
         self.bound(ShimOp::EventQuery)?;
         stream::query(event)
     }
 
+    /// `cuEventSynchronize`. Refused before the driver (status 900) while a stream of the
+    /// process records (`recording.rs`).
     fn event_wait(&self, event: &CudaEvent) -> Result<(), DriverError> {
+        recording::refuse_while_any(ShimOp::EventWait)?;
         self.bound(ShimOp::EventWait)?;
         stream::synchronize(event)
     }
 
     /// `cuStreamWaitEvent` on the notifier stream of the event's stream, then
     /// `cuStreamAddCallback` behind it, which wakes the latest waker once the event completed
-    /// (`notify.rs`); `false` (the core polls) while a stream of the context records.
+    /// (`notify.rs`); `false` (the core polls) while a stream of the process records.
     fn event_notify(&self, event: &CudaEvent, waker: &std::task::Waker) -> bool {
-        // While a stream of the context records (global capture mode), no call beside it.
+        // While a stream of the process records (global capture mode), no call beside it.
         if self.is_any_stream_capturing() || self.bound(ShimOp::EventQuery).is_err() {
             return false;
         }
@@ -595,7 +573,10 @@ impl Shim for CudaShim {
 
     /// `cuMemAlloc`. A zero size allocates one aligned unit (every page has its own address); a
     /// size past the device's total memory is [`devcmd::Fault::TooBig`] without a driver call.
+    /// Refused before the driver (status 900) while a stream of the process records
+    /// (`recording.rs`).
     fn device_alloc(&self, size: u64) -> Result<CudaDevicePage, DriverError> {
+        recording::refuse_while_any(ShimOp::DeviceAlloc)?;
         self.bound(ShimOp::DeviceAlloc)?;
         memory::device_alloc(size, self.facts.total_memory)
     }
@@ -622,9 +603,8 @@ impl Shim for CudaShim {
         if self.facts.vm_granule == 0 {
             return; // Nothing was ever reserved.
         }
-        let _ = self.ctx.bind(ShimOp::VmReserve);
         // SAFETY: `vm_release`'s contract: a reservation of this shim with nothing mapped in it.
-        unsafe { vm::release(addr, size) }
+        unsafe { recording::release(&self.ctx, Release::Reservation { addr, size }) }
     }
 
     /// `cuMemCreate` of pinned memory on this device, `cuMemMap` at `addr`, `cuMemSetAccess`
@@ -653,30 +633,28 @@ impl Shim for CudaShim {
         if self.facts.vm_granule == 0 {
             return; // Nothing was ever mapped.
         }
-        let _ = self.ctx.bind(ShimOp::VmMap);
-        if self.poison {
-            // SAFETY: `vm_unmap`'s contract: the range is mapped and no pending work uses it.
-            unsafe { memory::poison_range(addr, size) };
-        }
+        let mapping = Release::Mapping {
+            addr,
+            size,
+            handle: memory,
+            poison: self.poison,
+        };
         // SAFETY: `vm_unmap`'s contract: one `vm_map` call's range and handle, unused.
-        unsafe { vm::unmap(addr, size, memory) }
+        unsafe { recording::release(&self.ctx, mapping) }
     }
 
     unsafe fn device_free(&self, page: CudaDevicePage) {
-        // A failed bind leaves the call to fail too; a free has no way to report either.
-        let _ = self.ctx.bind(ShimOp::DeviceAlloc);
-        if self.poison {
-            // SAFETY: `device_free`'s contract: no pending work uses the page, so the fill
-            // races with nothing the core let run.
-            unsafe { memory::poison_device(&page) };
-        }
-        // SAFETY: `device_free`'s contract: no pending work uses the page.
-        unsafe { memory::device_free(page) }
+        // SAFETY: `device_free`'s contract: no pending work uses the page, so the poison fill
+        // races with nothing the core let run.
+        unsafe { recording::release(&self.ctx, Release::DevicePage(page, self.poison)) }
     }
 
     /// `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`, plus `CU_MEMHOSTALLOC_DEVICEMAP` where
     /// the device can map host memory. Never write-combined: the host reads the pages back.
+    /// Refused before the driver (status 900) while a stream of the process records
+    /// (`recording.rs`).
     fn host_alloc_pinned(&self, size: usize) -> Result<CudaHostPage, DriverError> {
+        recording::refuse_while_any(ShimOp::HostAlloc)?;
         let context = self.bound(ShimOp::HostAlloc)?;
         memory::host_alloc(context, size, self.facts.can_map_host)
     }
@@ -694,32 +672,28 @@ impl Shim for CudaShim {
     }
 
     unsafe fn host_free_pinned(&self, page: CudaHostPage) {
-        let _ = self.ctx.bind(ShimOp::HostAlloc);
-        if self.poison {
-            // SAFETY: `host_free_pinned`'s contract: no pending copy uses the page, and the core
-            // holds no reference into it any more.
-            unsafe { memory::poison_host(&page) };
-        }
-        // SAFETY: `host_free_pinned`'s contract: no pending copy uses the page.
-        unsafe { memory::host_free(page) }
+        // SAFETY: `host_free_pinned`'s contract: no pending copy uses the page, and the core
+        // holds no reference into it any more.
+        unsafe { recording::release(&self.ctx, Release::HostPage(page, self.poison)) }
     }
 
     /// `cuMemHostRegister` (portable; read-only where the device supports it, so a weights file
     /// mapped `PROT_READ` registers too: the core registers only bytes the device reads) where
     /// the device supports it (`CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`);
-    /// [`devcmd::Fault::Unsupported`] elsewhere.
+    /// [`devcmd::Fault::Unsupported`] elsewhere. Refused before the driver (status 900) while a
+    /// stream of the process records (`recording.rs`).
     fn host_register(&self, ptr: NonNull<u8>, len: usize) -> Result<CudaRegistration, DriverError> {
         if !self.host_register {
             return Err(unsupported(ShimOp::HostRegister));
         }
+        recording::refuse_while_any(ShimOp::HostRegister)?;
         self.bound(ShimOp::HostRegister)?;
         memory::host_register(ptr, len, self.read_only_register)
     }
 
     unsafe fn host_unregister(&self, registration: CudaRegistration) {
-        let _ = self.ctx.bind(ShimOp::HostRegister);
         // SAFETY: `host_unregister`'s contract: no pending copy uses the memory.
-        unsafe { memory::host_unregister(registration) }
+        unsafe { recording::release(&self.ctx, Release::Registration(registration)) }
     }
 
     /// Split among the shim's copy threads ([`CudaShim::with_copy_threads`]).

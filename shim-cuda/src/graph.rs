@@ -34,7 +34,6 @@ use devcmd::{DriverError, ShimOp};
 use std::fmt;
 use std::ptr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 /// An instantiated graph (`CUgraphExec`) recorded from a stream. Dropping it destroys it
 /// (`cuGraphExecDestroy`, with its context bound), from any thread; replays already enqueued
@@ -110,7 +109,7 @@ pub(crate) fn begin(stream: &CudaStream) -> Result<(), DriverError> {
         sys::cuStreamBeginCapture_v2(stream.cu_stream(), mode)
     })?;
     if lock(&stream.recorded).replace(Vec::new()).is_none() {
-        stream.context().capturing.fetch_add(1, Ordering::AcqRel);
+        crate::recording::began();
     }
     Ok(())
 }
@@ -191,20 +190,17 @@ unsafe fn exec_update(_exec: sys::CUgraphExec, _template: sys::CUgraph) -> sys::
 fn end_capture(stream: &CudaStream, doomed: bool) -> Result<(Template, Vec<Kept>), DriverError> {
     const OP: ShimOp = ShimOp::GraphEnd;
     // Every end leaves the stream not recording: what the recording kept goes with it.
-    let keep = match lock(&stream.recorded).take() {
-        Some(keep) => {
-            stream.context().capturing.fetch_sub(1, Ordering::AcqRel);
-            keep
-        }
-        None => Vec::new(),
-    };
+    let keep = lock(&stream.recorded).take();
     let mut graph = ptr::null_mut();
     // SAFETY: the stream is alive; the pointer is valid for one write; the context is current.
     let r = unsafe { sys::cuStreamEndCapture(stream.cu_stream(), &mut graph) };
     // Destroyed on every path.
     let template = Template(graph);
-    // Modules dropped while it recorded go now, if no other stream records.
-    stream.context().unload_deferred();
+    if keep.is_some() {
+        // Releases asked for while it recorded run now, if no other stream records.
+        crate::recording::ended(stream.context());
+    }
+    let keep = keep.unwrap_or_default();
     check(OP, r)?;
     if template.0.is_null() {
         // An invalidated capture returns a null graph (and an error, handled above).

@@ -397,27 +397,13 @@ unsafe impl Sync for Module {}
 
 impl Drop for Module {
     fn drop(&mut self) {
-        // Not inside a recording: `cuModuleUnload` waits for the whole device, which global-mode
-        // capture refuses (the module would stay loaded and the recording be spoiled). The
-        // context unloads it once the last recording ends.
-        if self
-            .ctx
-            .capturing
-            .load(std::sync::atomic::Ordering::Acquire)
-            != 0
-        {
-            self.ctx
-                .unloads
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(self.raw);
-            return;
-        }
-        // Errors are ignored: a drop cannot report them, and a lost context unloads everything.
-        let _ = self.ctx.bind(ShimOp::Launch);
-        // SAFETY: the module was loaded by `load` and is unloaded once, here; no kernel of it is
-        // left (each holds the `Arc` this drop ends). Work already enqueued keeps what it needs.
-        let _ = unsafe { sys::cuModuleUnload(self.raw) };
+        // Not inside a recording of the process: `cuModuleUnload` waits for the whole device,
+        // which global-mode capture refuses (the module would stay loaded and the recording be
+        // spoiled); it then waits for the last recording to end.
+        // SAFETY: the module was loaded by `load` and is unloaded once (this drop); no kernel of
+        // it is left (each holds the `Arc` this drop ends). Work already enqueued keeps what it
+        // needs.
+        unsafe { crate::recording::release(&self.ctx, crate::recording::Release::Module(self.raw)) }
     }
 }
 
@@ -993,12 +979,10 @@ pub(crate) unsafe fn launch(
     if kernel.ctx != ctx.raw() {
         return Err(classify(OP, status::BAD_ARGUMENT));
     }
-    // No stream of the context records (the usual case): no lock taken. The count goes up when
-    // a recording's list is made and down when it goes (`graph.rs`), both by the core's command
-    // on this stream, never beside a launch on it.
-    let capturing = &stream.context().capturing;
-    let any_recording = capturing.load(std::sync::atomic::Ordering::Acquire) != 0;
-    if any_recording
+    // No stream of the process records (the usual case): no lock taken. If this stream
+    // records, the count went up when its recording's list was made and goes down when it goes
+    // (`graph.rs`), both by the core's command on this stream, never beside a launch on it.
+    if crate::recording::any()
         && let Some(kept) = stream
             .recorded
             .lock()

@@ -28,6 +28,13 @@
 //! | [`Shim::end_capture_update`] | `cuStreamEndCapture`, then `cuGraphExecUpdate_v2` (the same topology) or a new instantiation |
 //! | [`Shim::graph_upload`], [`Shim::graph_launch`] | `cuGraphUpload`, `cuGraphLaunch` |
 //!
+//! Captures run in global mode, which is the process's: while any stream of the process records
+//! (through this shim or another `CudaShim`, of this device or another), a host wait or an
+//! allocation from any thread would be refused by the driver and spoil that recording. The shim
+//! refuses them first, with the driver's status (900), and holds every release (`cuMemFree`,
+//! `cuMemFreeHost`, `cuMemHostUnregister`, `cuMemUnmap`, `cuMemAddressFree`, `cuModuleUnload`)
+//! until the process's last recording ends ([`releases_waiting`] counts them).
+//!
 //! Kernels are compiled or loaded once, at start-up: [`CudaShim::compile`] compiles CUDA C with
 //! NVRTC (loaded at run time like the driver, and checked first: without it, a clear
 //! "NVRTC not found" error, never a panic) for the device's own architecture;
@@ -160,6 +167,7 @@ mod memory;
 mod notify;
 mod nvrtc;
 mod peer;
+mod recording;
 mod stream;
 mod vm;
 
@@ -177,6 +185,7 @@ pub use kernel::{
 };
 pub use memory::{CudaDevicePage, CudaHostPage, CudaRegistration, POISON_BYTE};
 pub use nvrtc::NVRTC_SYMBOLS;
+pub use recording::releases_waiting;
 pub use stream::{CudaEvent, CudaStream};
 
 #[cfg(doc)]

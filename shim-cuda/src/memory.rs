@@ -311,7 +311,7 @@ fn to_usize(op: ShimOp, v: u64) -> Result<usize, DriverError> {
 /// pitched. A linear layout is one `cuMemcpy{HtoD,DtoH,DtoD}Async`; a pitched one is one
 /// `cuMemcpy2DAsync`, or one linear copy per row when the pitch passes `max_pitch`
 /// (`CU_DEVICE_ATTRIBUTE_MAX_PITCH`, the largest `cuMemcpy2DAsync` takes). The copy row by
-/// row is refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) while any stream of the context
+/// row is refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) while any stream of the process
 /// records, on this stream or another: a row refused after others were enqueued is answered only
 /// after a host wait for them, which no stream may make then.
 ///
@@ -347,15 +347,8 @@ pub(crate) unsafe fn copy(
     if layout.pitch() > max_pitch {
         // Row by row: a row refused after others were enqueued is answered only after a wait
         // for those (the caller lets the host side go on an error), and no host wait is legal
-        // while a stream of the context records. Refused before any row instead.
-        if stream
-            .context()
-            .capturing
-            .load(std::sync::atomic::Ordering::Acquire)
-            != 0
-        {
-            return Err(classify(op, status::STREAM_CAPTURE_UNSUPPORTED));
-        }
+        // while a stream of the process records. Refused before any row instead.
+        crate::recording::refuse_while_any(op)?;
         for (i, row) in layout.rows().enumerate() {
             let at = |side: Side| -> Result<Side, DriverError> {
                 let off = match side {

@@ -9,7 +9,7 @@
 //! Later notifies of the same event value only replace the waker in the slot (an executor may
 //! make a new waker at every poll). The callback takes the waker and wakes it; it makes no
 //! driver call itself (the executor's wake runs on that thread). Nothing is armed while a stream
-//! of the context records a graph (the core then polls). Does not own the events (`stream.rs`)
+//! of the process records a graph (the core then polls). Does not own the events (`stream.rs`)
 //! nor what a future does once woken (the core's `futures.rs`).
 
 use crate::device::Context;

@@ -79,36 +79,37 @@ impl fmt::Debug for CudaStream {
 impl Drop for CudaStream {
     fn drop(&mut self) {
         let recording = self.recorded.get_mut().unwrap_or_else(|e| e.into_inner());
-        if recording.take().is_some() {
-            // Dropped while recording: no longer one of the context's recordings. An owned
-            // stream's capture dies with it; a borrowed one's is ended here, so the owner's
-            // stream does not record on (in CUDA's global mode, refusing every host wait).
-            self.ctx
-                .capturing
-                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-            if self.borrowed {
-                let _ = self.ctx.bind(ShimOp::GraphEnd);
-                let mut graph = ptr::null_mut();
-                // SAFETY: the stream is the owner's and alive (the borrow's contract); the graph
-                // the end returns, if any, is destroyed at once and never launched.
-                unsafe {
-                    if sys::cuStreamEndCapture(self.raw, &mut graph) == sys::CUresult::CUDA_SUCCESS
-                        && !graph.is_null()
-                    {
-                        let _ = sys::cuGraphDestroy(graph);
-                    }
+        let was_recording = recording.take().is_some();
+        if was_recording && self.borrowed {
+            // Dropped while recording: an owned stream's capture dies with it (below); a
+            // borrowed one's is ended here, so the owner's stream does not record on (in CUDA's
+            // global mode, refusing every host wait).
+            let _ = self.ctx.bind(ShimOp::GraphEnd);
+            let mut graph = ptr::null_mut();
+            // SAFETY: the stream is the owner's and alive (the borrow's contract); the graph the
+            // end returns, if any, is destroyed at once and never launched.
+            unsafe {
+                if sys::cuStreamEndCapture(self.raw, &mut graph) == sys::CUresult::CUDA_SUCCESS
+                    && !graph.is_null()
+                {
+                    let _ = sys::cuGraphDestroy(graph);
                 }
             }
         }
-        if self.borrowed {
-            // The caller's runtime owns it (and may destroy it once this value is gone).
-            return;
+        // The caller's runtime owns a borrowed stream (and may destroy it once this value is
+        // gone).
+        if !self.borrowed {
+            // Errors are ignored: a drop cannot report them, and after a sticky error the driver
+            // has torn the context's work down anyway.
+            let _ = self.ctx.bind(ShimOp::StreamCreate);
+            // SAFETY: the stream was created by `create` and is destroyed once, here.
+            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
         }
-        // Errors are ignored: a drop cannot report them, and after a sticky error the driver
-        // has torn the context's work down anyway.
-        let _ = self.ctx.bind(ShimOp::StreamCreate);
-        // SAFETY: the stream was created by `create` and is destroyed once, here.
-        let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
+        if was_recording {
+            // The capture is over (ended or destroyed above): releases that waited for it may
+            // run now, if no other stream records.
+            crate::recording::ended(&self.ctx);
+        }
     }
 }
 

@@ -106,6 +106,83 @@ fn registered_host_memory_uploads_in_place() {
     cmd.flush_drops().unwrap();
 }
 
+/// A second device used while one records: CUDA's global capture mode is the process's, so the
+/// second device's host waits, allocations and frees would be refused by the driver and spoil
+/// the first's recording. The shim refuses the waits and allocations first (the second device's
+/// call fails, the recording stays valid) and holds the frees until the recording ended.
+#[test]
+fn a_second_device_used_while_one_records_leaves_the_recording_valid() {
+    let test = "a_second_device_used_while_one_records_leaves_the_recording_valid";
+    let (Some(sa), Some(sb)) = (gpu(test), gpu(test)) else {
+        return;
+    };
+    let mut a = Device::new(sa, DeviceConfig::default());
+    let mut b = Device::new(sb, DeviceConfig::default());
+    let data = pattern(1 << 20, 3);
+    let y = a.command(S0).unwrap().empty(data.len() as u64).unwrap();
+    let kept = b
+        .command(S0)
+        .unwrap()
+        .create(&pattern(24 << 20, 4))
+        .unwrap();
+    b.command(S0).unwrap().sync().unwrap().wait().unwrap();
+    let recording = a.command(S0).unwrap().begin_capture("a").unwrap();
+    a.command(S0).unwrap().write_from(&y, &data).unwrap();
+    // The second device's host wait is refused, not made.
+    let waited = b.command(S0).and_then(|mut cmd| cmd.sync()?.wait());
+    say(&format!(
+        "a second device's sync while one records: {waited:?}"
+    ));
+    assert!(
+        waited.is_err(),
+        "a host wait while a stream of the process records"
+    );
+    let graph = a
+        .command(S0)
+        .unwrap()
+        .end_capture(recording)
+        .expect("the second device's refused wait leaves the recording valid");
+    a.command(S0)
+        .unwrap()
+        .write_from(&y, &[0u8; 1 << 20])
+        .unwrap();
+    a.command(S0).unwrap().replay(&graph).unwrap();
+    let back = a
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&y)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        back[0].as_slice(),
+        &data[..],
+        "the replay wrote the recorded bytes"
+    );
+    // Once the recording ended, the second device runs as usual: the refused wait's fault is
+    // reported at most once more, then its sync passes and its memory goes at teardown.
+    let sync = |b: &mut Device<_>| b.command(S0).and_then(|mut cmd| cmd.sync()?.wait());
+    if let Err(e) = sync(&mut b) {
+        say(&format!("the kept fault of the refused wait: {e}"));
+        sync(&mut b).expect("the second device syncs once the recording ended");
+    }
+    let back = b
+        .command(S0)
+        .unwrap()
+        .read_async(&[ReadRequest::whole(&kept)])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(back[0].as_slice(), &pattern(24 << 20, 4)[..]);
+    drop(kept);
+    drop(b);
+    assert_eq!(
+        devcmd_cuda::releases_waiting(),
+        0,
+        "nothing records: nothing waits"
+    );
+}
+
 /// The thread rule: the core calls the shim from one thread at a time, but not always the same
 /// one. A device moved to another thread, a future waited and a handle dropped on a thread that
 /// never touched CUDA all work, because the shim binds its context in every call.

@@ -112,9 +112,11 @@ fn a_graph_updates_in_place_and_a_new_topology_instantiates_anew() {
 
 /// While one stream records in global mode, another stream does what the core lets other streams
 /// do then (a kernel, copies through pinned memory, an event recorded), and the recording still
-/// seals. What the core refuses meanwhile is refused by CUDA too, each in a recording of its own
-/// (the answers and what became of the recording are printed): a query and a wait of another
-/// stream's event (no host wait on any stream), and another thread's `cuMemAlloc`.
+/// seals. What the core refuses meanwhile CUDA refuses too, and spoils the recording over it (seen
+/// on the H200: status 900, then 901 at the end): a query and a wait of another stream's event (no
+/// host wait on any stream), and another thread's `cuMemAlloc`. The shim refuses them before the
+/// driver (`recording.rs`), each in a recording of its own here, and the recording stays valid
+/// (the answers are printed).
 #[test]
 fn other_streams_work_while_a_stream_records_in_global_mode() {
     let test = "other_streams_work_while_a_stream_records_in_global_mode";
@@ -164,6 +166,10 @@ fn other_streams_work_while_a_stream_records_in_global_mode() {
         query.is_err() && waited.is_err(),
         "global mode refuses host waits"
     );
+    assert!(
+        ended.is_ok(),
+        "refused before the driver, they leave the recording valid"
+    );
     assert!(!shim.is_capturing(&recording).unwrap());
 
     shim.begin_capture(&recording).unwrap();
@@ -176,6 +182,10 @@ fn other_streams_work_while_a_stream_records_in_global_mode() {
     assert!(
         alloc.is_err(),
         "global mode refuses another thread's cuMemAlloc"
+    );
+    assert!(
+        ended.is_ok(),
+        "refused before the driver, it leaves the recording valid"
     );
     assert!(!shim.is_capturing(&recording).unwrap());
     // SAFETY: every copy and replay completed (waited above).
@@ -220,4 +230,89 @@ fn a_module_dropped_while_a_stream_records_leaves_the_recording_valid() {
     drop(again);
     // SAFETY: the replay completed (waited above).
     unsafe { shim.device_free(out_page) };
+}
+
+/// A second shim (a second device, or a second `CudaShim` over the same one, as here) that gives
+/// memory back while the first records: global capture mode is process-wide, so `cuMemFree` and
+/// the other releases would be refused and spoil the recording. They wait for it to end, then
+/// run.
+#[test]
+fn releases_of_another_shim_wait_for_a_recording_and_leave_it_valid() {
+    let test = "releases_of_another_shim_wait_for_a_recording_and_leave_it_valid";
+    let Some(a) = gpu(test) else { return };
+    let Some(b) = gpu(test) else { return };
+    let Some(module) = compile(&a, FILL, &[], test) else {
+        return;
+    };
+    let Some(b_module) = compile(&b, FILL, &[], test) else {
+        return;
+    };
+    let kernel = module.kernel("fill").unwrap();
+    let stream = a.create_stream().unwrap();
+    let (out_page, out) = page(&a, N * 4);
+    // What the second shim gives back while the first records.
+    let (b_page, _) = page(&b, 1 << 20);
+    let b_host = b.host_alloc_pinned(1 << 20).unwrap();
+    let mut bytes = vec![0u8; 1 << 20];
+    let registration = b
+        .host_register(
+            std::ptr::NonNull::new(bytes.as_mut_ptr()).unwrap(),
+            bytes.len(),
+        )
+        .unwrap();
+    let g = b.facts().vm_granule;
+    let mapping = (g > 0).then(|| {
+        let base = b.vm_reserve(g).unwrap();
+        (base, b.vm_map(base, g).unwrap())
+    });
+    assert_eq!(devcmd_cuda::releases_waiting(), 0);
+
+    a.begin_capture(&stream).unwrap();
+    fill(&a, &stream, &kernel, out, 7);
+    assert!(
+        b.is_any_stream_capturing(),
+        "a recording of another shim counts: global capture mode is process-wide"
+    );
+    // SAFETY: nothing uses any of these (no work was enqueued on the second shim).
+    unsafe {
+        b.device_free(b_page);
+        b.host_free_pinned(b_host);
+        b.host_unregister(registration);
+        if let Some((base, handle)) = mapping {
+            b.vm_unmap(base, g, handle);
+            b.vm_release(base, g);
+        }
+    }
+    drop(b_module);
+    let queued = 4 + if mapping.is_some() { 2 } else { 0 };
+    assert_eq!(
+        devcmd_cuda::releases_waiting(),
+        queued,
+        "every release waits while a stream of the process records"
+    );
+    let graph = a
+        .end_capture(&stream, false)
+        .expect("releases of another shim leave the recording valid");
+    assert_eq!(
+        devcmd_cuda::releases_waiting(),
+        0,
+        "the end of the last recording runs what waited"
+    );
+    // The registration is gone: the same bytes register again.
+    let again = b
+        .host_register(
+            std::ptr::NonNull::new(bytes.as_mut_ptr()).unwrap(),
+            bytes.len(),
+        )
+        .expect("the waiting unregistration ran");
+    // SAFETY: nothing uses the registration.
+    unsafe { b.host_unregister(again) };
+    // SAFETY: the page the recording writes is alive until the end of the test.
+    unsafe { a.graph_launch(&graph, &stream) }.unwrap();
+    wait(&a, &stream);
+    assert_eq!(download::<u32>(&a, &stream, out, N), vec![7; N]);
+    drop(graph);
+    // SAFETY: the replay completed (waited above).
+    unsafe { a.device_free(out_page) };
+    assert_eq!(devcmd_cuda::releases_waiting(), 0);
 }
