@@ -460,8 +460,8 @@ impl Cublas {
         if cmd.capture_phase() == CapturePhase::Recording || self.shim.is_any_stream_capturing() {
             return Err(Validation::Recording {
                 op: "the first cuBLAS call on a stream (cublasCreate and its workspace \
-                     allocate device memory; call Cublas::prepare on the stream before \
-                     recording)",
+                     allocate device memory, which a recording of any device of the process \
+                     would not survive; call Cublas::prepare on the stream before recording)",
             }
             .into());
         }

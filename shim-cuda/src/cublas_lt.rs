@@ -370,7 +370,7 @@ impl Cublas {
     }
 
     /// The cuBLASLt handle, made now (the shim's context bound) if it is not yet; refused while
-    /// a stream of the device records.
+    /// a stream of the process records.
     pub(crate) fn ensure_lt<'l>(
         &self,
         lanes: &'l mut Lanes,
@@ -383,7 +383,8 @@ impl Cublas {
             if cmd.capture_phase() == CapturePhase::Recording || self.shim.is_any_stream_capturing()
             {
                 return Err(Validation::Recording {
-                    op: "the first cuBLASLt call (cublasLtCreate may allocate device memory; \
+                    op: "the first cuBLASLt call (cublasLtCreate may allocate device memory, \
+                         which a recording of any device of the process would not survive; \
                          call Cublas::prepare on a stream before recording)",
                 }
                 .into());

@@ -544,18 +544,21 @@ impl Shim for CudaShim {
         stream::record(self.bound(ShimOp::EventRecord)?, stream)
     }
 
-    /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` is `Ok(false)`, not an error. Refused before the
-    /// driver (status 900) while a stream of the process records (`recording.rs`).
+    /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` is `Ok(false)`, not an error. `Ok(false)` without
+    /// the driver while a stream of the process records (`recording.rs`): the query would spoil
+    /// that recording; the caller polls again later.
     fn event_query(&self, event: &CudaEvent) -> Result<bool, DriverError> {
-        recording::refuse_while_any(ShimOp::EventQuery)?;
+        if !recording::may_query() {
+            return Ok(false);
+        }
         self.bound(ShimOp::EventQuery)?;
         stream::query(event)
     }
 
-    /// `cuEventSynchronize`. Refused before the driver (status 900) while a stream of the
-    /// process records (`recording.rs`).
+    /// `cuEventSynchronize`, once the recordings of other threads ended; refused before the
+    /// driver (status 900) while this thread records (`recording.rs`).
     fn event_wait(&self, event: &CudaEvent) -> Result<(), DriverError> {
-        recording::refuse_while_any(ShimOp::EventWait)?;
+        recording::take_turn(ShimOp::EventWait)?;
         self.bound(ShimOp::EventWait)?;
         stream::synchronize(event)
     }
@@ -573,10 +576,10 @@ impl Shim for CudaShim {
 
     /// `cuMemAlloc`. A zero size allocates one aligned unit (every page has its own address); a
     /// size past the device's total memory is [`devcmd::Fault::TooBig`] without a driver call.
-    /// Refused before the driver (status 900) while a stream of the process records
-    /// (`recording.rs`).
+    /// Made once the recordings of other threads ended; refused before the driver (status 900)
+    /// while this thread records (`recording.rs`).
     fn device_alloc(&self, size: u64) -> Result<CudaDevicePage, DriverError> {
-        recording::refuse_while_any(ShimOp::DeviceAlloc)?;
+        recording::take_turn(ShimOp::DeviceAlloc)?;
         self.bound(ShimOp::DeviceAlloc)?;
         memory::device_alloc(size, self.facts.total_memory)
     }
@@ -594,6 +597,7 @@ impl Shim for CudaShim {
         if self.facts.vm_granule == 0 {
             return Err(unsupported(OP));
         }
+        recording::take_turn(OP)?;
         self.bound(OP)?;
         vm::reserve(size, self.facts.vm_granule)
     }
@@ -617,6 +621,7 @@ impl Shim for CudaShim {
         if self.facts.vm_granule == 0 {
             return Err(unsupported(OP));
         }
+        recording::take_turn(OP)?;
         self.bound(OP)?;
         vm::map(
             addr,
@@ -651,10 +656,10 @@ impl Shim for CudaShim {
 
     /// `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`, plus `CU_MEMHOSTALLOC_DEVICEMAP` where
     /// the device can map host memory. Never write-combined: the host reads the pages back.
-    /// Refused before the driver (status 900) while a stream of the process records
-    /// (`recording.rs`).
+    /// Made once the recordings of other threads ended; refused before the driver (status 900)
+    /// while this thread records (`recording.rs`).
     fn host_alloc_pinned(&self, size: usize) -> Result<CudaHostPage, DriverError> {
-        recording::refuse_while_any(ShimOp::HostAlloc)?;
+        recording::take_turn(ShimOp::HostAlloc)?;
         let context = self.bound(ShimOp::HostAlloc)?;
         memory::host_alloc(context, size, self.facts.can_map_host)
     }
@@ -680,13 +685,13 @@ impl Shim for CudaShim {
     /// `cuMemHostRegister` (portable; read-only where the device supports it, so a weights file
     /// mapped `PROT_READ` registers too: the core registers only bytes the device reads) where
     /// the device supports it (`CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`);
-    /// [`devcmd::Fault::Unsupported`] elsewhere. Refused before the driver (status 900) while a
-    /// stream of the process records (`recording.rs`).
+    /// [`devcmd::Fault::Unsupported`] elsewhere. Made once the recordings of other threads
+    /// ended; refused before the driver (status 900) while this thread records (`recording.rs`).
     fn host_register(&self, ptr: NonNull<u8>, len: usize) -> Result<CudaRegistration, DriverError> {
         if !self.host_register {
             return Err(unsupported(ShimOp::HostRegister));
         }
-        recording::refuse_while_any(ShimOp::HostRegister)?;
+        recording::take_turn(ShimOp::HostRegister)?;
         self.bound(ShimOp::HostRegister)?;
         memory::host_register(ptr, len, self.read_only_register)
     }

@@ -104,13 +104,19 @@ impl Drop for Template {
 /// Starts recording `stream` in global mode. The context is current.
 pub(crate) fn begin(stream: &CudaStream) -> Result<(), DriverError> {
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-    // SAFETY: the stream is alive (held by `stream`); the context is current.
-    check(ShimOp::GraphBegin, unsafe {
-        sys::cuStreamBeginCapture_v2(stream.cu_stream(), mode)
-    })?;
-    if lock(&stream.recorded).replace(Vec::new()).is_none() {
-        crate::recording::began();
+    let call = || {
+        // SAFETY: the stream is alive (held by `stream`); the context is current.
+        check(ShimOp::GraphBegin, unsafe {
+            sys::cuStreamBeginCapture_v2(stream.cu_stream(), mode)
+        })
+    };
+    let mut recorded = lock(&stream.recorded);
+    if recorded.is_some() {
+        // Recording already: the driver refuses a second begin, and it is not counted twice.
+        return call();
     }
+    crate::recording::begin(stream.context(), stream.cu_stream() as usize, call)?;
+    *recorded = Some(Vec::new());
     Ok(())
 }
 
@@ -198,7 +204,7 @@ fn end_capture(stream: &CudaStream, doomed: bool) -> Result<(Template, Vec<Kept>
     let template = Template(graph);
     if keep.is_some() {
         // Releases asked for while it recorded run now, if no other stream records.
-        crate::recording::ended(stream.context());
+        crate::recording::ended(stream.context(), stream.cu_stream() as usize);
     }
     let keep = keep.unwrap_or_default();
     check(OP, r)?;

@@ -29,11 +29,15 @@
 //! | [`Shim::graph_upload`], [`Shim::graph_launch`] | `cuGraphUpload`, `cuGraphLaunch` |
 //!
 //! Captures run in global mode, which is the process's: while any stream of the process records
-//! (through this shim or another `CudaShim`, of this device or another), a host wait or an
-//! allocation from any thread would be refused by the driver and spoil that recording. The shim
-//! refuses them first, with the driver's status (900), and holds every release (`cuMemFree`,
-//! `cuMemFreeHost`, `cuMemHostUnregister`, `cuMemUnmap`, `cuMemAddressFree`, `cuModuleUnload`)
-//! until the process's last recording ends ([`releases_waiting`] counts them).
+//! (through this shim or another `CudaShim`, of this device or another), a host wait, an
+//! allocation or a free from any thread would be refused by the driver and spoil that recording.
+//! So while one records, the shim holds its releases (`cuMemFree`, `cuMemFreeHost`,
+//! `cuMemHostUnregister`, `cuMemUnmap`, `cuMemAddressFree`, `cuModuleUnload`) until the
+//! process's last recording ends ([`releases_waiting`] counts them); an event query answers "not
+//! yet"; and a host wait or an allocation (`cuEventSynchronize`, `cuMemAlloc`,
+//! `cuMemHostAlloc`, `cuMemHostRegister`, `cuMemAddressReserve`, `cuMemCreate`, a module load,
+//! `cuCtxEnablePeerAccess`) waits for the recordings of other threads to end, and is refused
+//! with the driver's status (900) while the calling thread records.
 //!
 //! Kernels are compiled or loaded once, at start-up: [`CudaShim::compile`] compiles CUDA C with
 //! NVRTC (loaded at run time like the driver, and checked first: without it, a clear
@@ -185,7 +189,7 @@ pub use kernel::{
 };
 pub use memory::{CudaDevicePage, CudaHostPage, CudaRegistration, POISON_BYTE};
 pub use nvrtc::NVRTC_SYMBOLS;
-pub use recording::releases_waiting;
+pub use recording::{calls_waiting, releases_waiting};
 pub use stream::{CudaEvent, CudaStream};
 
 #[cfg(doc)]

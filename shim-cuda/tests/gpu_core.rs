@@ -108,8 +108,9 @@ fn registered_host_memory_uploads_in_place() {
 
 /// A second device used while one records: CUDA's global capture mode is the process's, so the
 /// second device's host waits, allocations and frees would be refused by the driver and spoil
-/// the first's recording. The shim refuses the waits and allocations first (the second device's
-/// call fails, the recording stays valid) and holds the frees until the recording ended.
+/// the first's recording. The shim keeps them from the driver: the second device's sync on
+/// another thread waits for the recording to end, its frees wait too, and on the recording
+/// thread its sync is refused; the recording replays what it recorded.
 #[test]
 fn a_second_device_used_while_one_records_leaves_the_recording_valid() {
     let test = "a_second_device_used_while_one_records_leaves_the_recording_valid";
@@ -118,6 +119,7 @@ fn a_second_device_used_while_one_records_leaves_the_recording_valid() {
     };
     let mut a = Device::new(sa, DeviceConfig::default());
     let mut b = Device::new(sb, DeviceConfig::default());
+    let sync = |b: &mut Device<_>| b.command(S0).and_then(|mut cmd| cmd.sync()?.wait());
     let data = pattern(1 << 20, 3);
     let y = a.command(S0).unwrap().empty(data.len() as u64).unwrap();
     let kept = b
@@ -125,23 +127,55 @@ fn a_second_device_used_while_one_records_leaves_the_recording_valid() {
         .unwrap()
         .create(&pattern(24 << 20, 4))
         .unwrap();
-    b.command(S0).unwrap().sync().unwrap().wait().unwrap();
-    let recording = a.command(S0).unwrap().begin_capture("a").unwrap();
-    a.command(S0).unwrap().write_from(&y, &data).unwrap();
-    // The second device's host wait is refused, not made.
-    let waited = b.command(S0).and_then(|mut cmd| cmd.sync()?.wait());
-    say(&format!(
-        "a second device's sync while one records: {waited:?}"
-    ));
-    assert!(
-        waited.is_err(),
-        "a host wait while a stream of the process records"
-    );
-    let graph = a
+    let gone = b
         .command(S0)
         .unwrap()
-        .end_capture(recording)
-        .expect("the second device's refused wait leaves the recording valid");
+        .create(&pattern(64 << 20, 5))
+        .unwrap();
+    sync(&mut b).unwrap();
+
+    // On another thread, the second device drops memory, cleans up and syncs: its frees wait
+    // for the recording, and so does its sync.
+    let recording = a.command(S0).unwrap().begin_capture("a").unwrap();
+    a.command(S0).unwrap().write_from(&y, &data).unwrap();
+    let (graph, synced) = std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            drop(gone);
+            b.command(S0).and_then(|mut cmd| cmd.memory_cleanup())?;
+            sync(&mut b)
+        });
+        for _ in 0..2000 {
+            if devcmd_cuda::calls_waiting() > 0 || t.is_finished() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        say(&format!(
+            "while one device records, the other's thread: {} call(s) blocked, {} release(s) \
+             waiting",
+            devcmd_cuda::calls_waiting(),
+            devcmd_cuda::releases_waiting()
+        ));
+        let graph = a.command(S0).unwrap().end_capture(recording);
+        (graph, t.join().expect("the thread ran"))
+    });
+    let graph = graph.expect("the other device's frees and sync leave the recording valid");
+    synced.expect("the other device's sync runs once the recording ended");
+    assert_eq!(
+        devcmd_cuda::releases_waiting(),
+        0,
+        "the recording's end ran what waited"
+    );
+
+    // On the recording thread, the second device's host wait is refused, not made.
+    let recording = a.command(S0).unwrap().begin_capture("a2").unwrap();
+    let waited = sync(&mut b);
+    say(&format!(
+        "a second device's sync on the recording thread: {waited:?}"
+    ));
+    assert!(waited.is_err(), "a host wait on the thread that records");
+    drop(recording);
+
     a.command(S0)
         .unwrap()
         .write_from(&y, &[0u8; 1 << 20])
@@ -159,9 +193,8 @@ fn a_second_device_used_while_one_records_leaves_the_recording_valid() {
         &data[..],
         "the replay wrote the recorded bytes"
     );
-    // Once the recording ended, the second device runs as usual: the refused wait's fault is
-    // reported at most once more, then its sync passes and its memory goes at teardown.
-    let sync = |b: &mut Device<_>| b.command(S0).and_then(|mut cmd| cmd.sync()?.wait());
+    // Once nothing records, the second device runs as usual: the refused wait's fault is
+    // reported at most once more, then its sync passes.
     if let Err(e) = sync(&mut b) {
         say(&format!("the kept fault of the refused wait: {e}"));
         sync(&mut b).expect("the second device syncs once the recording ended");
@@ -174,13 +207,6 @@ fn a_second_device_used_while_one_records_leaves_the_recording_valid() {
         .wait()
         .unwrap();
     assert_eq!(back[0].as_slice(), &pattern(24 << 20, 4)[..]);
-    drop(kept);
-    drop(b);
-    assert_eq!(
-        devcmd_cuda::releases_waiting(),
-        0,
-        "nothing records: nothing waits"
-    );
 }
 
 /// The thread rule: the core calls the shim from one thread at a time, but not always the same
