@@ -6,6 +6,7 @@
 
 use super::Command;
 use crate::capture::Stance;
+use crate::drop_queue::DropItem;
 use crate::error::{IoError, ServerError};
 use crate::host::HostBuffer;
 use crate::memory::{Handle, PageUpdate};
@@ -158,6 +159,18 @@ impl<S: Shim> Command<'_, S> {
         }
         if !self.device.foreign_uses.is_empty() {
             if recording {
+                // Nothing waited for the other streams' uses of the room: each of those streams
+                // keeps it alive, now as `handle`'s, until its work so far is done (as it kept
+                // the room), so `handle` dropped before any replay cannot free it under that work.
+                for (user, _) in self
+                    .device
+                    .foreign_uses
+                    .others(room, self.stream, self.stream)
+                {
+                    if let Some(Some(s)) = self.device.streams.get_mut(user) {
+                        s.drops.push(DropItem::Binding(handle.binding()));
+                    }
+                }
                 self.device.foreign_uses.hand_over(room, handle.id());
             } else {
                 self.device.foreign_uses.forget(room);

@@ -93,6 +93,7 @@ pub fn capture<H: Harness>(h: &H, mode: Mode) {
     refusals::an_abandoned_recording_ends_cleanly(h, mode);
     refusals::work_on_the_same_command_after_the_token_is_dropped_runs(h, mode);
     refusals::a_bind_inside_a_recording_keeps_other_streams_uses(h, mode);
+    refusals::a_handle_bound_inside_a_recording_and_dropped_keeps_other_streams_uses(h, mode);
     failures::a_replay_whose_input_failed_is_skipped(h, mode);
 }
 

@@ -313,3 +313,41 @@ pub(crate) fn a_bind_inside_a_recording_keeps_other_streams_uses<H: Harness>(h: 
     drop((graph, src, t, out));
     c.assert_no_leak(&what);
 }
+
+/// A handle given room inside a recording and dropped before any replay: the room's use by
+/// another stream's work still running is not forgotten with it, so memory reserved later on the
+/// stream cannot be overwritten by that work.
+pub(crate) fn a_handle_bound_inside_a_recording_and_dropped_keeps_other_streams_uses<H: Harness>(
+    h: &H,
+    mode: Mode,
+) {
+    let what = format!("[{mode}] capture: a handle bound inside a recording, then dropped");
+    let mut c = ctx(h, mode, "capture");
+    let (p, q, r) = (pattern(SMALL, 53), pattern(SMALL, 54), pattern(SMALL, 55));
+    let src = must(c.create(S1, &p), &what);
+    let room = must(c.empty(S0, SMALL as u64), &what);
+    let t = must(c.create(S0, &q), &what);
+    must(
+        c.launch(S1, TestKernel::SlowAdd, 1, &[&src], &[&room]),
+        format!("{what}: S1's slow write of S0's room"),
+    );
+    let rec = begin(&mut c, S0, "bound then dropped");
+    must(
+        c.dev.command(S0).and_then(|mut k| k.bind(room, &t)),
+        format!("{what}: bind inside the recording"),
+    );
+    let graph = end(&mut c, S0, rec);
+    drop((graph, t));
+    // Reserved and written on S0 at once: the room, if it came back already.
+    let fresh = must(c.create(S0, &r), &what);
+    must(c.sync(S1), &what);
+    c.expect_read(
+        S0,
+        &fresh,
+        &r,
+        &format!("{what}: S1's write of the room landed in memory reserved after the drop"),
+        &[suspect::STREAM_WAIT, suspect::EARLY_FENCE],
+    );
+    drop((src, fresh));
+    c.assert_no_leak(&what);
+}
