@@ -225,6 +225,7 @@ impl<S: Shim> Command<'_, S> {
     /// pinned pool nor the heap can hold `len` bytes.
     pub fn reserve_host(&mut self, len: usize, pinned: bool) -> Result<HostBuffer, ServerError> {
         self.device.ledger.check_device()?;
+        self.end_abandoned();
         self.host_buffer(len, pinned)
     }
 
@@ -238,6 +239,7 @@ impl<S: Shim> Command<'_, S> {
     /// [`ServerError::Device`] for a wait of unknown outcome: what it covered is then leaked).
     pub fn flush_drops(&mut self) -> Result<(), ServerError> {
         self.device.ledger.check_device()?;
+        self.end_abandoned();
         self.refuse_while_recording("flush_drops")?;
         let (shim, s) = self.parts();
         let fenced = s.flush(shim);
@@ -280,6 +282,7 @@ impl<S: Shim> Command<'_, S> {
     /// records; what the fence reveals, as [`Self::flush_drops`].
     pub fn poll_drops(&mut self) -> Result<bool, ServerError> {
         self.device.ledger.check_device()?;
+        self.end_abandoned();
         self.refuse_while_recording("poll_drops")?;
         // What came back since the last operation (dropped handles, what dropped futures left)
         // and the pages the manager let go join the queue first: a loop that only polls gets

@@ -175,10 +175,17 @@ impl<'a, S: Shim> Command<'a, S> {
     #[cold]
     #[inline(never)]
     fn begin_beside_recording(&mut self) -> Result<(), ServerError> {
-        if self.device.capture.abandoned() {
+        self.end_abandoned();
+        self.device.capture.check_open(self.stream)
+    }
+
+    /// Aborts a recording whose [`Recording`](crate::Recording) was dropped: the step of
+    /// [`Self::begin`] that the operations which do not begin (the drop queue's flush and poll,
+    /// a host buffer's reservation) take too, so they see no recording that is already over.
+    fn end_abandoned(&mut self) {
+        if !self.device.capture.is_idle() && self.device.capture.abandoned() {
             self.device.abort_capture();
         }
-        self.device.capture.check_open(self.stream)
     }
 
     /// The part of [`Self::begin`] for a device whose attention word has a flag up.

@@ -273,6 +273,27 @@ pub(crate) fn work_on_the_same_command_after_the_token_is_dropped_runs<H: Harnes
         );
     }
     c.expect_read(S0, &y, &q, &what, &[suspect::GRAPH]);
+    // The operations that do not begin (the drop queue's poll and flush, a host buffer's
+    // reservation) end an abandoned recording too, instead of refusing as if it still ran.
+    for op in ["poll_drops", "flush_drops", "reserve_host"] {
+        let mut cmd = must(c.dev.command(S0), &what);
+        let rec = must(cmd.begin_capture("dropped again"), &what);
+        drop(rec);
+        let answer = match op {
+            "poll_drops" => cmd.poll_drops().map(drop),
+            "flush_drops" => cmd.flush_drops(),
+            _ => cmd.reserve_host(64, true).map(drop),
+        };
+        assert!(
+            answer.is_ok(),
+            "{what}: {op} after the Recording was dropped answered {answer:?}"
+        );
+        assert_eq!(
+            cmd.capture_phase(),
+            CapturePhase::Idle,
+            "{what}: {op} ended the abandoned recording"
+        );
+    }
 }
 
 /// A bind inside a recording hands the room's uses by other streams to the handle it binds to,
