@@ -597,7 +597,6 @@ impl Shim for CudaShim {
         if self.facts.vm_granule == 0 {
             return Err(unsupported(OP));
         }
-        recording::take_turn(OP)?;
         self.bound(OP)?;
         vm::reserve(size, self.facts.vm_granule)
     }
@@ -621,7 +620,6 @@ impl Shim for CudaShim {
         if self.facts.vm_granule == 0 {
             return Err(unsupported(OP));
         }
-        recording::take_turn(OP)?;
         self.bound(OP)?;
         vm::map(
             addr,

@@ -793,9 +793,6 @@ fn load(
         }
         _ => image.as_ptr().cast(),
     };
-    // Loading may allocate device memory, which a recording of the process would not survive.
-    crate::recording::take_turn(ShimOp::Launch)
-        .map_err(|e| CudaKernelError::driver("cuModuleLoadDataEx", e.status))?;
     bind(ctx)?;
     let mut error_log = vec![0u8; LOG_BYTES];
     let mut keys = [

@@ -30,14 +30,15 @@
 //!
 //! Captures run in global mode, which is the process's: while any stream of the process records
 //! (through this shim or another `CudaShim`, of this device or another), a host wait, an
-//! allocation or a free from any thread would be refused by the driver and spoil that recording.
-//! So while one records, the shim holds its releases (`cuMemFree`, `cuMemFreeHost`,
-//! `cuMemHostUnregister`, `cuMemUnmap`, `cuMemAddressFree`, `cuModuleUnload`) until the
-//! process's last recording ends ([`releases_waiting`] counts them); an event query answers "not
-//! yet"; and a host wait or an allocation (`cuEventSynchronize`, `cuMemAlloc`,
-//! `cuMemHostAlloc`, `cuMemHostRegister`, `cuMemAddressReserve`, `cuMemCreate`, a module load,
-//! `cuCtxEnablePeerAccess`) waits for the recordings of other threads to end, and is refused
-//! with the driver's status (900) while the calling thread records.
+//! allocation or a free from any thread would be refused by the driver and spoil that recording
+//! (`recording.rs` lists what was seen refused and taken). So while one records, the shim holds
+//! the releases the driver refuses (`cuMemFree`, `cuMemFreeHost`, `cuMemHostUnregister`,
+//! `cuModuleUnload`, `cuMemAddressFree`, a poisoned unmap) until the process's last recording
+//! ends ([`releases_waiting`] counts them); an event query answers "not yet"; and a host wait or
+//! an allocation (`cuEventSynchronize`, `cuMemAlloc`, `cuMemHostAlloc`, `cuMemHostRegister`,
+//! `cuCtxEnablePeerAccess`) waits for the recordings of other threads to end
+//! ([`calls_waiting`]), and is refused with the driver's status (900) while the calling thread
+//! records. Virtual memory calls (granules mapped and unmapped) go on beside a recording.
 //!
 //! Kernels are compiled or loaded once, at start-up: [`CudaShim::compile`] compiles CUDA C with
 //! NVRTC (loaded at run time like the driver, and checked first: without it, a clear

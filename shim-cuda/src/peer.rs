@@ -47,7 +47,7 @@ pub(crate) fn access(this: &Context, src: &Context) -> bool {
 /// `cuDeviceCanAccessPeer`, then `cuCtxEnablePeerAccess` with `this` current: `Ok(false)` where
 /// the driver says the GPUs cannot, `Ok(true)` once enabled.
 fn enable(this: &Context, src: &Context) -> Result<bool, DriverError> {
-    // Enabling maps the peer's memory, which a recording of the process would not survive.
+    // Enabling maps the peer's memory: not seen beside a recording, so not made beside one.
     crate::recording::take_turn(OP)?;
     this.bind(OP)?;
     let mut can = 0;

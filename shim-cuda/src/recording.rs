@@ -6,9 +6,15 @@
 //! and ending a recording (`graph.rs`), the calls that release (`memory.rs`, `vm.rs`).
 //!
 //! CUDA's global capture mode, the mode the shim records in, is process-wide: while any thread
-//! records a stream in it, a call that may wait for a device (`cuMemFree`, `cuMemFreeHost`,
-//! `cuMemHostUnregister`, `cuMemUnmap`, `cuModuleUnload`) is refused, whichever thread and
-//! whichever context makes it, and the recording is spoiled. The core defers its own device's
+//! records a stream in it, a call that may wait for a device is refused, whichever thread and
+//! whichever context makes it, and the recording is spoiled. Seen on an H100, driver 580
+//! (`scripts/capture_probe.py`, status 900 for the call, 901 at the recording's end): refused
+//! are `cuMemAlloc`, `cuMemFree`, `cuMemFreeAsync`, `cuMemHostAlloc`, `cuMemFreeHost`,
+//! `cuMemHostRegister`, `cuMemHostUnregister`, `cuModuleUnload`, `cuEventQuery`,
+//! `cuStreamQuery` and `cuStreamSynchronize`; taken are the virtual memory calls
+//! (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemUnmap`, `cuMemRelease`), module
+//! loads, event and stream creation and destruction, event records, async copies on other
+//! streams and other recordings' begins. The core defers its own device's
 //! releases while that device records, but a second device (or a second shim over the same
 //! device) cannot know that the first records. So every release of the shim goes through
 //! [`release`], which runs it at once when nothing records and otherwise queues it until the
@@ -79,6 +85,17 @@ pub(crate) enum Release {
     Reservation { addr: DeviceAddr, size: u64 },
     /// `cuModuleUnload`.
     Module(sys::CUmodule),
+}
+
+impl Release {
+    /// Whether the driver refuses this release while a stream of the process records, from any
+    /// thread and any context, spoiling that recording. Seen on an H100, driver 580
+    /// (`scripts/capture_probe.py`): `cuMemFree`, `cuMemFreeHost`, `cuMemHostUnregister` and
+    /// `cuModuleUnload` are refused; `cuMemUnmap` and `cuMemRelease` are not, but a poison fill
+    /// waits for the device, which is. `cuMemAddressFree` was not seen: it waits too.
+    fn must_wait(&self) -> bool {
+        !matches!(self, Self::Mapping { poison: false, .. })
+    }
 }
 
 /// A release and the context it belongs to (kept alive until it ran).
@@ -191,7 +208,8 @@ pub fn calls_waiting() -> usize {
     BLOCKED.load(Ordering::Acquire)
 }
 
-/// Runs `release` of `ctx` now, or when the process's last recording ends if one records.
+/// Runs `release` of `ctx` now, or when the process's last recording ends if one records and
+/// the driver would refuse it then.
 ///
 /// # Safety
 ///
@@ -199,15 +217,16 @@ pub fn calls_waiting() -> usize {
 /// `ctx` and is given back once (it is moved in).
 pub(crate) unsafe fn release(ctx: &Arc<Context>, release: Release) {
     let mut open = open();
-    if !open.threads.is_empty() {
+    if !open.threads.is_empty() && release.must_wait() {
         open.waiting.push(Waiting {
             ctx: Arc::clone(ctx),
             release,
         });
         return;
     }
-    // Nothing records, so nothing waits (the last recording's end ran the queue): this one runs
-    // now, under the lock, so no recording begins meanwhile.
+    // Nothing records, so nothing waits (the last recording's end ran the queue), or the
+    // driver takes this release beside a recording: it runs now, under the lock, so no
+    // recording begins meanwhile.
     // SAFETY: the caller's promise.
     unsafe { run(ctx, release) }
 }

@@ -134,8 +134,8 @@ fn a_second_device_used_while_one_records_leaves_the_recording_valid() {
         .unwrap();
     sync(&mut b).unwrap();
 
-    // On another thread, the second device drops memory, cleans up and syncs: its frees wait
-    // for the recording, and so does its sync.
+    // On another thread, the second device drops memory, cleans up and syncs: any page it gives
+    // back waits for the recording, and so does its sync.
     let recording = a.command(S0).unwrap().begin_capture("a").unwrap();
     a.command(S0).unwrap().write_from(&y, &data).unwrap();
     let (graph, synced) = std::thread::scope(|s| {

@@ -529,16 +529,24 @@ fn a_capture_that_ends_in_error_leaves_the_stream_not_recording() {
     drop(ended);
     works("after a pageable copy");
 
-    // Invalidated by a call illegal while this thread records (an allocation).
+    // Invalidated by a call illegal while this thread records: an allocation made straight to
+    // the driver, as a library beside the shim would (the shim's own `device_alloc` refuses
+    // before the driver, and the recording would stay valid).
     shim.begin_capture(&stream).unwrap();
-    let alloc = shim.device_alloc(256);
+    assert!(
+        shim.device_alloc(256).is_err(),
+        "the shim refuses an allocation while this thread records"
+    );
+    let mut raw = 0;
+    // SAFETY: `raw` is valid for one write; the context is current (bound by the begin).
+    let alloc = unsafe { devcmd_cuda::sys::cuMemAlloc_v2(&mut raw, 256) };
     say(&format!(
-        "cuMemAlloc while recording (global mode): {alloc:?}"
+        "cuMemAlloc straight to the driver while recording (global mode): {alloc:?}"
     ));
-    let refused = alloc.is_err();
-    if let Ok(page) = alloc {
+    let refused = alloc != devcmd_cuda::sys::CUresult::CUDA_SUCCESS;
+    if !refused {
         // SAFETY: nothing uses it.
-        unsafe { shim.device_free(page) };
+        unsafe { devcmd_cuda::sys::cuMemFree_v2(raw) };
     }
     let ended = shim.end_capture(&stream, false);
     say(&format!(
