@@ -538,6 +538,7 @@ mod tests {
             include_str!("graph.rs"),
             include_str!("vm.rs"),
             include_str!("peer.rs"),
+            include_str!("recording.rs"),
         ];
         let mut called = Vec::new();
         for src in sources {
