@@ -376,7 +376,8 @@ impl HostBuffer {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` addresses `len` initialised bytes owned by `backing` for as long as self.
+        // SAFETY: `ptr` addresses `len` initialised bytes owned by `backing` for as long as self
+        // (heap bytes start zeroed; pinned and mapped pages are zeroed when allocated).
         unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 

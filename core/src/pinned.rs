@@ -237,7 +237,7 @@ impl<S: Shim> PinnedPool<S> {
                 return None;
             }
         }
-        let page = match shim.host_alloc_pinned(usize::try_from(size).ok()?) {
+        let page = match alloc_host_page(shim, usize::try_from(size).ok()?) {
             Ok(p) => p,
             Err(e) => {
                 debug!(
@@ -325,6 +325,21 @@ impl<S: Shim> Drop for PinnedPool<S> {
 
 /// `size` bytes (at least one) rounded up to the slice alignment `alignment`, capped at
 /// [`MAX_ALIGNMENT`] (a slice's padding is kept in 32 bits); `None` past `u64::MAX`.
+/// A pinned host page of `size` bytes from the shim, zeroed. Its bytes reach the user before
+/// anything wrote them (a pinned buffer from `reserve_host`, a zero-copy allocation read in
+/// place), and the shim contract leaves a new page's contents unsaid (`cuMemHostAlloc` does not
+/// clear them): zeroed here once, they are initialised bytes for good.
+pub(crate) fn alloc_host_page<S: Shim>(
+    shim: &S,
+    size: usize,
+) -> Result<S::HostPage, crate::DriverError> {
+    let page = shim.host_alloc_pinned(size)?;
+    // SAFETY: `host_page_ptr`'s contract: the page's `size` bytes are valid from its first
+    // byte until it is freed; the page is new, so nothing else reads or writes them.
+    unsafe { core::ptr::write_bytes(shim.host_page_ptr(&page).as_ptr(), 0, size) };
+    Ok(page)
+}
+
 fn aligned_len(size: u64, alignment: u64) -> Option<u64> {
     size.max(1)
         .checked_next_multiple_of(alignment.clamp(1, MAX_ALIGNMENT))

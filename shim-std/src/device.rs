@@ -906,6 +906,8 @@ impl Shim for StdShim {
         }
         let block =
             Block::alloc(size, self.inner.align).ok_or(classify(OP, status::OUT_OF_MEMORY))?;
+        // SAFETY: the block was just allocated and is not shared yet.
+        unsafe { block.fill(crate::memory::FRESH_HOST_BYTE) };
         if self.inner.facts.integrated {
             st.ranges.insert(block.addr(), size);
         }

@@ -83,7 +83,7 @@ pub use graph::StdGraph;
 pub use kernel::{
     Io, KernelCtx, KernelFault, KernelFn, StdKernel, as_f32, as_f32_mut, as_typed, as_typed_mut,
 };
-pub use memory::{POISON_BYTE, StdDevicePage, StdHostPage};
+pub use memory::{FRESH_HOST_BYTE, POISON_BYTE, StdDevicePage, StdHostPage};
 pub use stream::{HostFn, StdEvent, StdStream};
 pub use vm::DEFAULT_VM_GRANULE;
 

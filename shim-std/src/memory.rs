@@ -8,6 +8,11 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::VecDeque;
 use std::ptr::{self, NonNull};
 
+/// The byte a new pinned host page holds ([`Shim::host_alloc_pinned`](devcmd::Shim::host_alloc_pinned)):
+/// not zero, as `cuMemHostAlloc` does not clear its pages, so the suite sees a core that hands
+/// out bytes nothing wrote.
+pub const FRESH_HOST_BYTE: u8 = 0xA5;
+
 /// The byte freed memory is filled with in poison mode.
 pub const POISON_BYTE: u8 = 0xDB;
 
@@ -48,6 +53,17 @@ impl Block {
 
     fn len(&self) -> usize {
         self.layout.size()
+    }
+
+    /// Fills the block with `byte` (a fresh host page's [`FRESH_HOST_BYTE`]).
+    ///
+    /// # Safety
+    ///
+    /// Nothing reads or writes the block concurrently.
+    pub(crate) unsafe fn fill(&self, byte: u8) {
+        // SAFETY: the block is a live allocation of `len()` bytes (we own it and it is not freed);
+        // the caller promises no concurrent access.
+        unsafe { ptr::write_bytes(self.ptr(), byte, self.len()) };
     }
 
     /// Fills the block with [`POISON_BYTE`].

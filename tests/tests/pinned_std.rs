@@ -266,3 +266,35 @@ fn reads_spread_over_the_ring_leave_half_the_pinned_budget_to_the_caller() {
         "after the reads, the caller's 64 KiB buffer found no pinned memory"
     );
 }
+
+/// A new pinned page's bytes reach the user before anything wrote them (a pinned buffer to
+/// fill, a zero-copy allocation read in place), and the driver does not clear them (the std shim
+/// fills a new page with `FRESH_HOST_BYTE`, as `cuMemHostAlloc` may leave anything): the core
+/// zeroes each new page once, so those bytes are initialised, never a driver's leftovers.
+#[test]
+fn new_pinned_pages_reach_the_user_zeroed() {
+    let mut device = Device::new(StdShim::new(), DeviceConfig::default());
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    for len in [4096, 48 * MIB] {
+        let buffer = cmd.reserve_host(len, true).unwrap();
+        assert_eq!(buffer.origin(), HostOrigin::Pinned);
+        assert!(
+            buffer.as_slice().iter().all(|&b| b == 0),
+            "a pinned buffer of {len} bytes on a new page holds zeros, not the page's leftovers"
+        );
+    }
+    drop(cmd);
+    let config = DeviceConfig {
+        zero_copy: Some(true),
+        ..DeviceConfig::default()
+    };
+    let mut device = Device::new(StdShim::builder().integrated(true).build(), config);
+    assert!(device.zero_copy());
+    let mut cmd = device.command(StreamId(0)).unwrap();
+    let empty = cmd.empty(4096).unwrap();
+    let read = cmd.read_owned(empty).unwrap().wait().unwrap();
+    assert!(
+        read[0].as_slice().iter().all(|&b| b == 0),
+        "a zero-copy allocation on a new page reads zeros, not the page's leftovers"
+    );
+}

@@ -216,7 +216,8 @@ impl<S: Shim> Command<'_, S> {
 
     /// `len` bytes of host memory for copies: pinned when asked and the pool can serve it,
     /// otherwise the heap. While a stream of the device records, pinned memory comes only from
-    /// pinned pages already held (no page is allocated then).
+    /// pinned pages already held (no page is allocated then). The bytes are not cleared: a
+    /// pinned buffer holds what its memory last held (zeros on a new page), so fill it whole.
     ///
     /// # Errors
     ///

@@ -252,7 +252,7 @@ impl<S: Shim> MemoryManager<S> {
     /// got) when the shim cannot make one: the caller then asks for a device page.
     fn alloc_mapped(shim: &S, page_size: u64) -> Option<(RawPage<S>, u64)> {
         let size = usize::try_from(page_size).ok()?;
-        let page = shim.host_alloc_pinned(size).ok()?;
+        let page = crate::pinned::alloc_host_page(shim, size).ok()?;
         match shim.host_page_device_addr(&page) {
             Some(addr) => Some((RawPage::Mapped(page, alloc::sync::Arc::default()), addr.0)),
             None => {
