@@ -484,23 +484,40 @@ impl StdShim {
     /// fires. `Ok(Some(fault))`: an [`Injection::while_running`] fired, so the call goes ahead and
     /// its work must fail with `fault` once it ran ([`then_fail`]).
     pub(crate) fn enter(&self, op: ShimOp, size: u64) -> Result<Option<DriverError>, DriverError> {
+        self.enter_or(op, size, || self.inner.lost_error(op))
+    }
+
+    /// [`Self::enter`] for `event_query`, which never blocks: on a lost device whose workers
+    /// still run an operation it answers `Err(None)` (not done yet) instead of waiting for them.
+    fn enter_query(&self) -> Result<Option<DriverError>, Option<DriverError>> {
+        const OP: ShimOp = ShimOp::EventQuery;
+        self.enter_or(OP, 0, || self.inner.lost_error_if_idle(OP))
+    }
+
+    /// [`Self::enter`], with `lost` answering a call on a lost device.
+    fn enter_or<E: From<DriverError>>(
+        &self,
+        op: ShimOp,
+        size: u64,
+        lost: impl FnOnce() -> E,
+    ) -> Result<Option<DriverError>, E> {
         let mut st = lock(&self.inner.state);
         let count = st.stats.count(op);
         if self.inner.is_lost() {
             drop(st);
-            return Err(self.inner.lost_error(op));
+            return Err(lost());
         }
         let fired = st.injections.iter().find(|i| i.fires(op, count, size));
         match fired.map(Injection::effect) {
             None => Ok(None),
             Some(Effect::FailWhileRunning) => Ok(Some(classify(op, status::injected_at_run(op)))),
-            Some(Effect::Refuse) => Err(classify(op, status::injected(op, false))),
+            Some(Effect::Refuse) => Err(E::from(classify(op, status::injected(op, false)))),
             Some(Effect::LoseDevice) => {
                 let e = classify(op, status::injected(op, true));
                 self.inner.lose_locked(&mut st, e);
                 drop(st);
                 // Told only once no worker runs an operation (the contract), like any later call.
-                Err(self.inner.lost_error(op))
+                Err(lost())
             }
         }
     }
@@ -706,15 +723,13 @@ impl Shim for StdShim {
     }
 
     fn event_query(&self, event: &StdEvent) -> Result<bool, DriverError> {
-        if self.inner.is_lost() {
-            // Never blocks: while a worker still runs an operation the event is not done yet
-            // (`enter` would wait for the workers).
-            return match self.inner.lost_error_if_idle(ShimOp::EventQuery) {
-                Some(e) => Err(e),
-                None => Ok(false),
-            };
+        // Never blocks: on a lost device whose workers still run an operation (lost before or
+        // by this very call), the event is not done yet; `enter` would wait for the workers.
+        match self.enter_query() {
+            Ok(_) => {}
+            Err(Some(e)) => return Err(e),
+            Err(None) => return Ok(false),
         }
-        self.enter(ShimOp::EventQuery, 0)?;
         if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventQuery, status::ILLEGAL_IN_CAPTURE));
         }
@@ -946,7 +961,12 @@ impl Shim for StdShim {
         if len == 0 {
             return Err(classify(OP, status::BAD_ARGUMENT));
         }
-        lock(&self.inner.state).stats.registrations_live += 1;
+        let mut st = lock(&self.inner.state);
+        if DeviceInner::invalidate_captures(&mut st) {
+            // As on CUDA: page-locking memory while a stream records spoils the recording.
+            return Err(classify(OP, status::CAPTURE_INVALIDATED));
+        }
+        st.stats.registrations_live += 1;
         Ok(StdRegistration {
             addr: ptr.as_ptr().expose_provenance(),
             len,

@@ -378,6 +378,17 @@ fn graphs_record_then_replay_rereading_host_bytes() {
         status::CAPTURE_STATE
     );
     assert!(shim.device_alloc(8).is_ok()); // allowed again (leaked on purpose)
+    // Registering host memory spoils a recording too, as on CUDA.
+    shim.begin_capture(&s).unwrap();
+    let mut bytes = [0u8; 64];
+    let ptr = std::ptr::NonNull::new(bytes.as_mut_ptr()).unwrap();
+    let err = shim.host_register(ptr, bytes.len()).unwrap_err();
+    assert_eq!(err.status, status::CAPTURE_INVALIDATED);
+    assert_eq!(
+        shim.end_capture(&s, false).unwrap_err().status,
+        status::CAPTURE_INVALIDATED
+    );
+    assert_eq!(shim.stats().registrations_live, 0);
 }
 
 #[test]
@@ -612,6 +623,33 @@ fn injected_loss_and_lose_device() {
     assert_eq!(
         (err.status, err.fault),
         (status::DEVICE_LOST, Fault::DeviceLost)
+    );
+}
+
+/// A query never blocks, also when it is the call that loses the device while a worker still
+/// runs an operation: it answers "not yet" (waiting for the workers is a wait's to do).
+#[test]
+fn a_query_that_loses_the_device_does_not_wait_for_the_workers() {
+    let shim = StdShim::new();
+    let s = shim.create_stream().unwrap();
+    let (block, release) = blocking_kernel(&shim);
+    launch(&shim, &s, &block, &[], 0);
+    let event = shim.record_event(&s).unwrap();
+    shim.inject(Injection::nth(ShimOp::EventQuery, 1).losing_device());
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| tx.send(shim.event_query(&event)).unwrap());
+        // A query that waited for the kernel would wait for the release below.
+        let answer = rx.recv_timeout(std::time::Duration::from_secs(10));
+        release.send(()).unwrap();
+        assert!(
+            matches!(answer, Ok(Ok(false))),
+            "the query answered {answer:?}, not at once with \"not yet\""
+        );
+    });
+    assert_eq!(
+        shim.event_wait(&event).unwrap_err().fault,
+        Fault::DeviceLost
     );
 }
 

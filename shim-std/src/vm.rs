@@ -480,28 +480,33 @@ mod os {
 }
 
 /// Reservations live in this process, for the tests that check a dropped shim leaves none.
+/// Each gets a number of its own: tests run side by side, and a range released by one test may
+/// be reserved again at once, at the same address and size, by another.
 #[cfg(test)]
 pub(crate) mod live {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
-    static LIVE: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+    static LIVE: Mutex<BTreeMap<usize, (usize, u64)>> = Mutex::new(BTreeMap::new());
+    static NEXT: AtomicU64 = AtomicU64::new(0);
 
     #[cfg_attr(not(unix), allow(dead_code))]
     pub(super) fn add(addr: usize, len: usize) {
-        crate::lock(&LIVE).insert(addr, len);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        crate::lock(&LIVE).insert(addr, (len, n));
     }
 
     #[cfg_attr(not(unix), allow(dead_code))]
     pub(super) fn remove(addr: usize, len: usize) {
         let mut live = crate::lock(&LIVE);
-        if live.get(&addr) == Some(&len) {
+        if live.get(&addr).map(|&(l, _)| l) == Some(len) {
             live.remove(&addr);
         }
     }
 
-    /// Whether a reservation of `len` bytes at `addr` is live.
-    pub(crate) fn contains(addr: usize, len: usize) -> bool {
-        crate::lock(&LIVE).get(&addr) == Some(&len)
+    /// The reservation live at `addr`: its length and its number.
+    pub(crate) fn at(addr: u64) -> Option<(usize, u64)> {
+        crate::lock(&LIVE).get(&(addr as usize)).copied()
     }
 }

@@ -141,6 +141,7 @@ fn two_adjacent_mappings_are_one_span_for_copies_and_kernels() {
     let shim = shim();
     let s = shim.create_stream().unwrap();
     let base = shim.vm_reserve(4 * G).unwrap().0;
+    let live = crate::vm::live::at(base).expect("the reservation is live");
     assert!(base != 0 && base.is_multiple_of(G), "{base:#x}");
     assert_eq!(shim.stats().vm_reserved_live, 4 * G);
     refused(
@@ -253,7 +254,7 @@ fn two_adjacent_mappings_are_one_span_for_copies_and_kernels() {
         ),
         (0, 0, 0, 3, 3, 0)
     );
-    assert!(!crate::vm::live::contains(base as usize, 4 * G as usize));
+    assert_ne!(crate::vm::live::at(base), Some(live), "released");
 }
 
 /// A mapping made in one call (several granules) is one span, and a mapping larger than a
@@ -418,6 +419,7 @@ fn injected_refusals_and_loss() {
     );
     assert_eq!(shim.stats().vm_reserved_live, 0);
     let base = shim.vm_reserve(2 * G).unwrap().0;
+    let live = crate::vm::live::at(base).expect("the reservation is live");
     shim.inject(Injection::nth(ShimOp::VmMap, 1));
     let e = shim.vm_map(DeviceAddr(base), G).unwrap_err();
     assert_eq!(
@@ -460,7 +462,7 @@ fn injected_refusals_and_loss() {
     drop(s);
     drop(shim);
     assert!(
-        !crate::vm::live::contains(base as usize, 2 * G as usize),
+        crate::vm::live::at(base) != Some(live),
         "a range released after the loss goes back when the device drops"
     );
 }
@@ -543,19 +545,23 @@ fn maps_while_recording_invalidate_the_recording() {
 #[test]
 fn a_dropped_shim_unmaps_the_reservations_left() {
     let shim = shim();
-    // A size no other test reserves, to tell this reservation apart in the process's list.
     let size = 5 * G;
     let base = shim.vm_reserve(size).unwrap().0;
     let _h = shim.vm_map(DeviceAddr(base), 2 * G).unwrap();
-    assert!(crate::vm::live::contains(base as usize, size as usize));
+    let live = crate::vm::live::at(base).expect("the reservation is live");
     let clone = shim.clone();
     drop(shim);
-    assert!(
-        crate::vm::live::contains(base as usize, size as usize),
+    assert_eq!(
+        crate::vm::live::at(base),
+        Some(live),
         "a clone still holds the device"
     );
     drop(clone);
-    assert!(!crate::vm::live::contains(base as usize, size as usize));
+    assert_ne!(
+        crate::vm::live::at(base),
+        Some(live),
+        "released with the last clone"
+    );
 }
 
 /// Integrated devices (host pages are device memory) have virtual memory too, and both kinds of

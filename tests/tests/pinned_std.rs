@@ -283,7 +283,6 @@ fn new_pinned_pages_reach_the_user_zeroed() {
             "a pinned buffer of {len} bytes on a new page holds zeros, not the page's leftovers"
         );
     }
-    drop(cmd);
     let config = DeviceConfig {
         zero_copy: Some(true),
         ..DeviceConfig::default()
