@@ -131,3 +131,58 @@ fn a_panic_while_sealing_a_graph_leaves_its_memory_free_to_move() {
     // The recorded fill never ran: the bytes are the upload's.
     assert_eq!(read(&mut d, S0, &target).unwrap(), vec![1u8; 256]);
 }
+
+/// A shim whose `begin_capture` panics, or whose `end_capture` panics once the capture ended (a
+/// shim bug, or a panic in a user's own shim); the other calls are the std shim's.
+#[derive(Debug, Default, Clone)]
+struct CapturePanics {
+    at_begin: bool,
+}
+
+impl Hooks<StdShim> for CapturePanics {
+    fn begin_capture(
+        &self,
+        inner: &StdShim,
+        stream: &<StdShim as Shim>::Stream,
+    ) -> Result<(), DriverError> {
+        assert!(!self.at_begin, "the test shim's begin_capture panics");
+        inner.begin_capture(stream)
+    }
+
+    /// Ends the capture, then panics (as a shim whose instantiation panics).
+    fn end_capture(
+        &self,
+        inner: &StdShim,
+        stream: &<StdShim as Shim>::Stream,
+        doomed: bool,
+    ) -> Result<<StdShim as Shim>::Graph, DriverError> {
+        let _ = inner.end_capture(stream, doomed);
+        panic!("the test shim's end_capture panics");
+    }
+}
+
+/// The recording flag (which freezes the drop queues and keeps futures from waiting) was raised
+/// before the shim's begin and lowered after the shim's end: a panic in either, caught by the
+/// host, left it raised for good, and every later read refused to wait. It is lowered on the
+/// way out now, whatever the shim does.
+#[test]
+fn a_panic_in_the_shims_begin_or_end_of_a_recording_leaves_no_recording_behind() {
+    for at_begin in [true, false] {
+        let shim = Forward {
+            inner: StdShim::new(),
+            hooks: CapturePanics { at_begin },
+        };
+        let mut d = Device::new(shim, DeviceConfig::default());
+        let x = d.command(S0).unwrap().create(&[3u8; 64]).unwrap();
+        let panicked = catch_unwind(AssertUnwindSafe(|| {
+            let rec = d.command(S0).unwrap().begin_capture("p").unwrap();
+            d.command(S0).unwrap().end_capture(rec).map(drop)
+        }));
+        assert!(panicked.is_err(), "the shim's panic reaches the caller");
+        assert_eq!(
+            read(&mut d, S0, &x).unwrap(),
+            vec![3u8; 64],
+            "a read after the panic (at_begin: {at_begin}) waits as usual"
+        );
+    }
+}

@@ -28,3 +28,13 @@ impl RecordingFlag {
         self.0.store(on, Ordering::Release);
     }
 }
+
+/// Lowers the flag when dropped: after the shim's end of a recording, also when that call
+/// panics (a caught panic would otherwise leave every drop queue frozen for good).
+pub(super) struct LowerOnDrop<'a>(pub(super) &'a RecordingFlag);
+
+impl Drop for LowerOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}

@@ -8,7 +8,7 @@
 //! Makes no device call: the caller ends the shim's capture where a transition says so.
 
 use super::CapturePhase;
-use super::flag::RecordingFlag;
+use super::flag::{LowerOnDrop, RecordingFlag};
 use super::graph::GraphReturns;
 use super::window::Window;
 use crate::error::{CaptureError, ServerError};
@@ -184,16 +184,18 @@ impl<S: Shim> CaptureState<S> {
     /// Idle → Recording on `stream`. Refused (and nothing changes) while a recording is open.
     /// Raises the recording flag ahead of [`Self::begin`], before the shim's capture begins,
     /// so a future waited on another thread meanwhile does not wait on the host inside it;
-    /// `begin_shim`'s error lowers it again (nothing changed then). Idle only: with a recording
+    /// `begin_shim`'s error or panic lowers it again (nothing changed then). Idle only: with a recording
     /// open it changes nothing and returns `begin_shim`'s answer unasked for.
     pub fn announce<T, E>(&mut self, begin_shim: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
-        let idle = self.open().is_none();
-        if idle {
-            self.flag.set(true);
+        if self.open().is_some() {
+            return begin_shim();
         }
+        self.flag.set(true);
+        // Lowered again unless the shim began: on its error, and on its panic.
+        let lower = LowerOnDrop(&self.flag);
         let began = begin_shim();
-        if began.is_err() && idle {
-            self.flag.set(false);
+        if began.is_ok() {
+            core::mem::forget(lower);
         }
         began
     }
@@ -240,8 +242,8 @@ impl<S: Shim> CaptureState<S> {
             // Unreachable: `stream` was recording.
             State::Discarded { .. } | State::Idle => None,
         };
+        let _lower = LowerOnDrop(&self.flag);
         end_shim();
-        self.flag.set(false);
         window
     }
 
@@ -262,8 +264,8 @@ impl<S: Shim> CaptureState<S> {
         }
         match core::mem::replace(&mut self.state, State::Idle) {
             State::Recording { window, .. } => {
+                let _lower = LowerOnDrop(&self.flag);
                 let ended = end_shim();
-                self.flag.set(false);
                 Ok((window, ended))
             }
             State::Discarded { reason, .. } => Err(reason),
@@ -280,8 +282,8 @@ impl<S: Shim> CaptureState<S> {
     pub fn abort(&mut self, end_shim: impl FnOnce(usize)) -> Option<Box<Window<S>>> {
         match core::mem::replace(&mut self.state, State::Idle) {
             State::Recording { stream, window } => {
+                let _lower = LowerOnDrop(&self.flag);
                 end_shim(stream);
-                self.flag.set(false);
                 Some(window)
             }
             State::Discarded { .. } | State::Idle => None,
