@@ -323,8 +323,6 @@ impl<S: Shim> Drop for PinnedPool<S> {
     }
 }
 
-/// `size` bytes (at least one) rounded up to the slice alignment `alignment`, capped at
-/// [`MAX_ALIGNMENT`] (a slice's padding is kept in 32 bits); `None` past `u64::MAX`.
 /// A pinned host page of `size` bytes from the shim, zeroed. Its bytes reach the user before
 /// anything wrote them (a pinned buffer from `reserve_host`, a zero-copy allocation read in
 /// place), and the shim contract leaves a new page's contents unsaid (`cuMemHostAlloc` does not
@@ -340,6 +338,8 @@ pub(crate) fn alloc_host_page<S: Shim>(
     Ok(page)
 }
 
+/// `size` bytes (at least one) rounded up to the slice alignment `alignment`, capped at
+/// [`MAX_ALIGNMENT`] (a slice's padding is kept in 32 bits); `None` past `u64::MAX`.
 fn aligned_len(size: u64, alignment: u64) -> Option<u64> {
     size.max(1)
         .checked_next_multiple_of(alignment.clamp(1, MAX_ALIGNMENT))

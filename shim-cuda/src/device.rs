@@ -555,10 +555,10 @@ impl Shim for CudaShim {
         stream::query(event)
     }
 
-    /// `cuEventSynchronize`, once the recordings of other threads ended; refused before the
-    /// driver (status 900) while this thread records (`recording.rs`).
+    /// `cuEventSynchronize`. Refused before the driver (status 900) while a stream of the process
+    /// records (`recording.rs`).
     fn event_wait(&self, event: &CudaEvent) -> Result<(), DriverError> {
-        recording::take_turn(ShimOp::EventWait)?;
+        recording::refuse_while_any(ShimOp::EventWait)?;
         self.bound(ShimOp::EventWait)?;
         stream::synchronize(event)
     }
@@ -576,10 +576,10 @@ impl Shim for CudaShim {
 
     /// `cuMemAlloc`. A zero size allocates one aligned unit (every page has its own address); a
     /// size past the device's total memory is [`devcmd::Fault::TooBig`] without a driver call.
-    /// Made once the recordings of other threads ended; refused before the driver (status 900)
-    /// while this thread records (`recording.rs`).
+    /// Refused before the driver (status 900) while a stream of the process records
+    /// (`recording.rs`).
     fn device_alloc(&self, size: u64) -> Result<CudaDevicePage, DriverError> {
-        recording::take_turn(ShimOp::DeviceAlloc)?;
+        recording::refuse_while_any(ShimOp::DeviceAlloc)?;
         self.bound(ShimOp::DeviceAlloc)?;
         memory::device_alloc(size, self.facts.total_memory)
     }
@@ -654,10 +654,10 @@ impl Shim for CudaShim {
 
     /// `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`, plus `CU_MEMHOSTALLOC_DEVICEMAP` where
     /// the device can map host memory. Never write-combined: the host reads the pages back.
-    /// Made once the recordings of other threads ended; refused before the driver (status 900)
-    /// while this thread records (`recording.rs`).
+    /// Refused before the driver (status 900) while a stream of the process records
+    /// (`recording.rs`).
     fn host_alloc_pinned(&self, size: usize) -> Result<CudaHostPage, DriverError> {
-        recording::take_turn(ShimOp::HostAlloc)?;
+        recording::refuse_while_any(ShimOp::HostAlloc)?;
         let context = self.bound(ShimOp::HostAlloc)?;
         memory::host_alloc(context, size, self.facts.can_map_host)
     }
@@ -683,13 +683,13 @@ impl Shim for CudaShim {
     /// `cuMemHostRegister` (portable; read-only where the device supports it, so a weights file
     /// mapped `PROT_READ` registers too: the core registers only bytes the device reads) where
     /// the device supports it (`CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED`);
-    /// [`devcmd::Fault::Unsupported`] elsewhere. Made once the recordings of other threads
-    /// ended; refused before the driver (status 900) while this thread records (`recording.rs`).
+    /// [`devcmd::Fault::Unsupported`] elsewhere. Refused before the driver (status 900) while a
+    /// stream of the process records (`recording.rs`).
     fn host_register(&self, ptr: NonNull<u8>, len: usize) -> Result<CudaRegistration, DriverError> {
         if !self.host_register {
             return Err(unsupported(ShimOp::HostRegister));
         }
-        recording::take_turn(ShimOp::HostRegister)?;
+        recording::refuse_while_any(ShimOp::HostRegister)?;
         self.bound(ShimOp::HostRegister)?;
         memory::host_register(ptr, len, self.read_only_register)
     }

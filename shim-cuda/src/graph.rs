@@ -115,7 +115,7 @@ pub(crate) fn begin(stream: &CudaStream) -> Result<(), DriverError> {
         // Recording already: the driver refuses a second begin, and it is not counted twice.
         return call();
     }
-    crate::recording::begin(stream.context(), stream.cu_stream() as usize, call)?;
+    crate::recording::begin(stream.context(), call)?;
     *recorded = Some(Vec::new());
     Ok(())
 }
@@ -204,7 +204,7 @@ fn end_capture(stream: &CudaStream, doomed: bool) -> Result<(Template, Vec<Kept>
     let template = Template(graph);
     if keep.is_some() {
         // Releases asked for while it recorded run now, if no other stream records.
-        crate::recording::ended(stream.context(), stream.cu_stream() as usize);
+        crate::recording::ended(stream.context());
     }
     let keep = keep.unwrap_or_default();
     check(OP, r)?;

@@ -36,9 +36,9 @@
 //! `cuModuleUnload`, `cuMemAddressFree`, a poisoned unmap) until the process's last recording
 //! ends ([`releases_waiting`] counts them); an event query answers "not yet"; and a host wait or
 //! an allocation (`cuEventSynchronize`, `cuMemAlloc`, `cuMemHostAlloc`, `cuMemHostRegister`,
-//! `cuCtxEnablePeerAccess`) waits for the recordings of other threads to end
-//! ([`calls_waiting`]), and is refused with the driver's status (900) while the calling thread
-//! records. Virtual memory calls (granules mapped and unmapped) go on beside a recording.
+//! `cuCtxEnablePeerAccess`) is refused before the driver with the driver's status (900), so the
+//! recording stays valid. Virtual memory calls (granules mapped and unmapped) go on beside a
+//! recording.
 //!
 //! Kernels are compiled or loaded once, at start-up: [`CudaShim::compile`] compiles CUDA C with
 //! NVRTC (loaded at run time like the driver, and checked first: without it, a clear
@@ -190,7 +190,7 @@ pub use kernel::{
 };
 pub use memory::{CudaDevicePage, CudaHostPage, CudaRegistration, POISON_BYTE};
 pub use nvrtc::NVRTC_SYMBOLS;
-pub use recording::{calls_waiting, releases_waiting};
+pub use recording::releases_waiting;
 pub use stream::{CudaEvent, CudaStream};
 
 #[cfg(doc)]

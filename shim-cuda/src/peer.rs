@@ -48,7 +48,7 @@ pub(crate) fn access(this: &Context, src: &Context) -> bool {
 /// the driver says the GPUs cannot, `Ok(true)` once enabled.
 fn enable(this: &Context, src: &Context) -> Result<bool, DriverError> {
     // Enabling maps the peer's memory: not seen beside a recording, so not made beside one.
-    crate::recording::take_turn(OP)?;
+    crate::recording::refuse_while_any(OP)?;
     this.bind(OP)?;
     let mut can = 0;
     // SAFETY: both are valid device handles of a context the shims hold; `can` is written.

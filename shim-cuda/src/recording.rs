@@ -20,17 +20,18 @@
 //! [`release`], which runs it at once when nothing records and otherwise queues it until the
 //! process's last recording ends ([`ended`]), in the order they were asked for. Queuing is
 //! always safe: the core only releases what no pending work uses, and later is still unused.
-//! A host wait or an allocation cannot be queued: it waits for the recordings of other threads
-//! to end ([`take_turn`]) and is refused with the driver's status (900) while the calling thread
-//! records itself (waiting for its own recording would never end; CUDA ends a global-mode
-//! recording on the thread that began it). An event query answers "not yet" instead
-//! ([`may_query`]), so a poller polls again later.
+//! A host wait or an allocation cannot be queued: it is refused before the driver with the
+//! driver's own status (900) while any stream of the process records ([`refuse_while_any`]), so
+//! the caller gets the error the driver would give and the recording is not spoiled. (Waiting
+//! for the recordings to end instead was tried: a thread that waits while it holds a lock the
+//! recording thread needs, or for a recording whose token was dropped, would hang for good.)
+//! An event query answers "not yet" ([`may_query`]), so a poller polls again later.
 //!
 //! A release runs under the lock that counts a recording in, and a recording is counted before
 //! the driver begins it ([`begin`]), so no release reaches the driver inside a recording. A wait
-//! or an allocation that found nothing recording is not made under the lock (it may block for
-//! long): a recording begun on another thread at that moment still sees it, as with any driver
-//! call made beside a recording begun concurrently.
+//! or an allocation that found nothing recording is not made under the lock: a recording begun
+//! on another thread at that moment still sees it, as with any driver call made beside a
+//! recording begun concurrently.
 
 use crate::device::Context;
 use crate::faults::{classify, status};
@@ -39,31 +40,15 @@ use crate::vm;
 use cudarc::driver::sys;
 use devcmd::{DeviceAddr, DriverError, ShimOp};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, ThreadId};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// Streams recording now, begun through any shim of the process and not yet ended: read
 /// without the lock on the usual paths (nothing records), changed only under it.
 static RECORDINGS: AtomicUsize = AtomicUsize::new(0);
 
-/// The process's recordings and the releases waiting for them.
-static OPEN: Mutex<Open> = Mutex::new(Open {
-    threads: Vec::new(),
-    waiting: Vec::new(),
-});
-
-/// Signalled whenever the last recording ends.
-static QUIET: Condvar = Condvar::new();
-
-/// Host waits and allocations blocked now until the recordings of other threads end.
-static BLOCKED: AtomicUsize = AtomicUsize::new(0);
-
-struct Open {
-    /// The stream (`CUstream` address) and the thread of each recording.
-    threads: Vec<(usize, ThreadId)>,
-    /// Releases asked for while a stream recorded, oldest first.
-    waiting: Vec<Waiting>,
-}
+/// Releases asked for while a stream recorded, oldest first; its lock also orders a
+/// recording's count against the releases.
+static WAITING: Mutex<Vec<Waiting>> = Mutex::new(Vec::new());
 
 /// Something to give back to the driver.
 pub(crate) enum Release {
@@ -108,8 +93,8 @@ struct Waiting {
 // with its context current (`run` binds it); the queue owns each one alone until it runs.
 unsafe impl Send for Waiting {}
 
-fn open() -> MutexGuard<'static, Open> {
-    OPEN.lock().unwrap_or_else(PoisonError::into_inner)
+fn waiting() -> MutexGuard<'static, Vec<Waiting>> {
+    WAITING.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Whether a stream of this process records now (begun through a shim, not yet ended).
@@ -117,29 +102,9 @@ pub(crate) fn any() -> bool {
     RECORDINGS.load(Ordering::Acquire) != 0
 }
 
-/// Before a host wait or an allocation (`op`), which the driver refuses from any thread while a
-/// stream of the process records, spoiling that recording: waits until the recordings of other
-/// threads ended, and refuses with the driver's status (900) while this thread records.
-pub(crate) fn take_turn(op: ShimOp) -> Result<(), DriverError> {
-    if !any() {
-        return Ok(());
-    }
-    let me = thread::current().id();
-    let mut open = open();
-    while !open.threads.is_empty() {
-        if open.threads.iter().any(|&(_, t)| t == me) {
-            return Err(classify(op, status::STREAM_CAPTURE_UNSUPPORTED));
-        }
-        BLOCKED.fetch_add(1, Ordering::AcqRel);
-        open = QUIET.wait(open).unwrap_or_else(PoisonError::into_inner);
-        BLOCKED.fetch_sub(1, Ordering::AcqRel);
-    }
-    Ok(())
-}
-
-/// Refuses `op` before the driver while a stream of the process records, with the driver's
-/// status (900): for a call that may not block until the recordings end (it may itself be
-/// recorded).
+/// Refuses `op` (a host wait or an allocation) before the driver while a stream of the process
+/// records, with the driver's status (900): the driver would refuse it from any thread and any
+/// context, and spoil that recording.
 pub(crate) fn refuse_while_any(op: ShimOp) -> Result<(), DriverError> {
     if any() {
         return Err(classify(op, status::STREAM_CAPTURE_UNSUPPORTED));
@@ -153,35 +118,29 @@ pub(crate) fn may_query() -> bool {
     !any()
 }
 
-/// Begins a recording of `stream` (a `CUstream` address) on this thread: counted first, so a
-/// release asked for meanwhile waits instead of reaching the driver inside it, then `begin` (the
-/// driver's call); uncounted again if that fails.
+/// Begins a recording: counted first, so a release asked for meanwhile waits instead of
+/// reaching the driver inside it, then `begin` (the driver's call); uncounted again if that
+/// fails.
 pub(crate) fn begin(
     ctx: &Context,
-    stream: usize,
     begin: impl FnOnce() -> Result<(), DriverError>,
 ) -> Result<(), DriverError> {
     {
-        let mut open = open();
-        open.threads.push((stream, thread::current().id()));
+        let _counted = waiting();
         RECORDINGS.fetch_add(1, Ordering::AcqRel);
     }
-    begin().inspect_err(|_| ended(ctx, stream))
+    begin().inspect_err(|_| ended(ctx))
 }
 
-/// The recording of `stream` stopped (ended, spoiled, or its stream destroyed): call only once
-/// the driver no longer records it. The last one runs the waiting releases, then makes `current`
-/// the thread's context again (the releases bind their own), and wakes the waits.
-pub(crate) fn ended(current: &Context, stream: usize) {
-    let mut open = open();
-    if let Some(i) = open.threads.iter().position(|&(s, _)| s == stream) {
-        open.threads.swap_remove(i);
-        RECORDINGS.fetch_sub(1, Ordering::AcqRel);
-    }
-    if !open.threads.is_empty() {
+/// A recording stopped (ended, spoiled, or its stream destroyed): call once per [`begin`] that
+/// succeeded, once the driver no longer records it. The last one runs the waiting releases,
+/// then makes `current` the thread's context again (the releases bind their own).
+pub(crate) fn ended(current: &Context) {
+    let mut queue = waiting();
+    if RECORDINGS.fetch_sub(1, Ordering::AcqRel) != 1 {
         return;
     }
-    let queued = std::mem::take(&mut open.waiting);
+    let queued = std::mem::take(&mut *queue);
     let any_ran = !queued.is_empty();
     for w in queued {
         // SAFETY: each was queued by `release`, whose caller promised its contract; taken out of
@@ -191,21 +150,13 @@ pub(crate) fn ended(current: &Context, stream: usize) {
     if any_ran {
         let _ = current.bind(ShimOp::GraphEnd);
     }
-    drop(open);
-    QUIET.notify_all();
 }
 
 /// Releases waiting for the process's recordings to end: 0 whenever none records. A
 /// diagnostic: memory a device gave back while another recorded is still held by the driver
 /// until then.
 pub fn releases_waiting() -> usize {
-    open().waiting.len()
-}
-
-/// Host waits and allocations blocked now until the recordings of other threads end (a
-/// diagnostic: 0 whenever nothing records).
-pub fn calls_waiting() -> usize {
-    BLOCKED.load(Ordering::Acquire)
+    waiting().len()
 }
 
 /// Runs `release` of `ctx` now, or when the process's last recording ends if one records and
@@ -216,9 +167,9 @@ pub fn calls_waiting() -> usize {
 /// The release's own contract: no pending work uses what it gives back, and it was made by
 /// `ctx` and is given back once (it is moved in).
 pub(crate) unsafe fn release(ctx: &Arc<Context>, release: Release) {
-    let mut open = open();
-    if !open.threads.is_empty() && release.must_wait() {
-        open.waiting.push(Waiting {
+    let mut queue = waiting();
+    if any() && release.must_wait() {
+        queue.push(Waiting {
             ctx: Arc::clone(ctx),
             release,
         });

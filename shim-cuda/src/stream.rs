@@ -108,7 +108,7 @@ impl Drop for CudaStream {
         if was_recording {
             // The capture is over (ended or destroyed above): releases that waited for it may
             // run now, if no other stream records.
-            crate::recording::ended(&self.ctx, self.raw as usize);
+            crate::recording::ended(&self.ctx);
         }
     }
 }
