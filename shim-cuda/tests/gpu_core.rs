@@ -1,6 +1,8 @@
 //! The core on the CUDA shim, for the paths only the core takes: zero copy on mapped pages
 //! (forced here: the H200 is discrete but maps host memory over PCIe) and host memory registered
 //! in place. They run where a CUDA device is present and skip with a visible line elsewhere.
+//! A recording is the process's (CUDA's global capture mode), so run them one per process, as
+//! `scripts/gpu-conformance` does (or with `--test-threads=1`).
 
 mod common;
 

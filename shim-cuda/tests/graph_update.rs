@@ -2,7 +2,9 @@
 //! (`cuGraphExecUpdate`) or instantiated anew when the topology changed, and what global capture
 //! mode allows other streams and other threads while a stream records. Like `gpu.rs`, they run
 //! for real where a CUDA driver and device are present and print a visible `skipped: ...` line
-//! and pass where none is.
+//! and pass where none is. A recording is the process's (CUDA's global capture mode, and the
+//! shim's count of recordings), so tests that record must not run beside each other: run them
+//! one per process, as `scripts/gpu-conformance` does (or with `--test-threads=1`).
 
 mod common;
 
