@@ -548,7 +548,7 @@ impl Shim for CudaShim {
     /// the driver while a stream of the process records (`recording.rs`): the query would spoil
     /// that recording; the caller polls again later.
     fn event_query(&self, event: &CudaEvent) -> Result<bool, DriverError> {
-        if !recording::may_query() {
+        if recording::any() {
             return Ok(false);
         }
         self.bound(ShimOp::EventQuery)?;

@@ -25,7 +25,8 @@
 //! the caller gets the error the driver would give and the recording is not spoiled. (Waiting
 //! for the recordings to end instead was tried: a thread that waits while it holds a lock the
 //! recording thread needs, or for a recording whose token was dropped, would hang for good.)
-//! An event query answers "not yet" ([`may_query`]), so a poller polls again later.
+//! An event query answers "not yet" instead (`CudaShim::event_query`), so a poller polls again
+//! later.
 //!
 //! A release runs under the lock that counts a recording in, and a recording is counted before
 //! the driver begins it ([`begin`]), so no release reaches the driver inside a recording. A wait
@@ -110,12 +111,6 @@ pub(crate) fn refuse_while_any(op: ShimOp) -> Result<(), DriverError> {
         return Err(classify(op, status::STREAM_CAPTURE_UNSUPPORTED));
     }
     Ok(())
-}
-
-/// Whether an event query may reach the driver now: not while a stream of the process records
-/// (the driver would refuse it and spoil the recording); the query then answers "not yet".
-pub(crate) fn may_query() -> bool {
-    !any()
 }
 
 /// Begins a recording: counted first, so a release asked for meanwhile waits instead of

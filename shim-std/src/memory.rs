@@ -72,9 +72,8 @@ impl Block {
     ///
     /// Nothing reads or writes the block concurrently.
     pub(crate) unsafe fn poison(&self) {
-        // SAFETY: the block is a live allocation of `len()` bytes (we own it and it is not freed);
-        // the caller promises no concurrent access.
-        unsafe { ptr::write_bytes(self.ptr(), POISON_BYTE, self.len()) }
+        // SAFETY: the caller's promise.
+        unsafe { self.fill(POISON_BYTE) }
     }
 
     /// Returns the block to the heap.

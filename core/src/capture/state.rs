@@ -184,8 +184,8 @@ impl<S: Shim> CaptureState<S> {
     /// Idle → Recording on `stream`. Refused (and nothing changes) while a recording is open.
     /// Raises the recording flag ahead of [`Self::begin`], before the shim's capture begins,
     /// so a future waited on another thread meanwhile does not wait on the host inside it;
-    /// `begin_shim`'s error or panic lowers it again (nothing changed then). Idle only: with a recording
-    /// open it changes nothing and returns `begin_shim`'s answer unasked for.
+    /// `begin_shim`'s error or panic lowers it again (nothing changed then). Idle only: with a
+    /// recording open it changes nothing and returns `begin_shim`'s answer unasked for.
     pub fn announce<T, E>(&mut self, begin_shim: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
         if self.open().is_some() {
             return begin_shim();

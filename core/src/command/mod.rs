@@ -183,7 +183,7 @@ impl<'a, S: Shim> Command<'a, S> {
     /// [`Self::begin`] that the operations which do not begin (the drop queue's flush and poll,
     /// a host buffer's reservation) take too, so they see no recording that is already over.
     fn end_abandoned(&mut self) {
-        if !self.device.capture.is_idle() && self.device.capture.abandoned() {
+        if self.device.capture.abandoned() {
             self.device.abort_capture();
         }
     }
