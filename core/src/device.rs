@@ -458,7 +458,9 @@ impl<S: Shim> Drop for Device<S> {
                 FenceOutcome::Passed
                 | FenceOutcome::PassedOverFailedWork(_)
                 | FenceOutcome::DeviceLost(_) => {}
-                FenceOutcome::Unknown(_) => all_done = false,
+                // Not known to be done (a wait refused for now cannot be made later either: the
+                // device is going), so its memory is kept.
+                FenceOutcome::Refused(_) | FenceOutcome::Unknown(_) => all_done = false,
             }
         }
         let lost = self.ledger.device_lost().is_some();

@@ -194,8 +194,9 @@ impl<S: Shim> DropQueue<S> {
     /// Returns the graver outcome of the wait and of recording the new fence, with the mark of the
     /// fence waited for: failed work (the fence completed) releases the pending batch and the
     /// flush goes on; a lost device releases it and stops; a wait of unknown outcome leaks it and
-    /// stops. A fence that could not be recorded leaves the batch pending: the next flush records
-    /// one that covers it.
+    /// stops; a wait the shim refused for now ([`FenceOutcome::Refused`]) keeps the fence and its
+    /// batch for the next flush and stops. A fence that could not be recorded leaves the batch
+    /// pending: the next flush records one that covers it.
     pub(crate) fn flush(&mut self, shim: &S, stream: &S::Stream, mark: FenceMark) -> Fenced {
         if self.recording.is_set() || (self.staged.is_empty() && self.pending.is_empty()) {
             return Fenced::NOTHING;
@@ -219,12 +220,21 @@ impl<S: Shim> DropQueue<S> {
                 outcome: FenceOutcome::wait(shim, &fence),
                 mark: fence_mark,
             };
+            if let FenceOutcome::Refused(_) = waited.outcome {
+                // Nothing was waited for: the fence stands, and its batch waits for a later flush.
+                self.fence = Some((fence, fence_mark));
+                return waited;
+            }
             self.stats.fences_waited = self.stats.fences_waited.saturating_add(1);
             self.release_pending(shim, waited.outcome);
             match waited.outcome {
                 FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {}
                 // Nothing more is worth a fence: the device is gone or its state unknown.
-                FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => return waited,
+                FenceOutcome::Refused(_)
+                | FenceOutcome::Unknown(_)
+                | FenceOutcome::DeviceLost(_) => {
+                    return waited;
+                }
             }
         }
         core::mem::swap(&mut self.pending, &mut self.staged);
@@ -284,7 +294,12 @@ impl<S: Shim> DropQueue<S> {
             self.release_pending(shim, settled.outcome);
             match settled.outcome {
                 FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {}
-                FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => return Some(settled),
+                // A refused query is "not yet" (`FenceOutcome::query`): never met here.
+                FenceOutcome::Refused(_)
+                | FenceOutcome::Unknown(_)
+                | FenceOutcome::DeviceLost(_) => {
+                    return Some(settled);
+                }
             }
         }
         // The settled fence's mark goes back to the ledger unless covering the staged items failed.
@@ -379,7 +394,10 @@ impl<S: Shim> DropQueue<S> {
                     item.release(shim, self.policy.fill_released);
                 }
             }
-            FenceOutcome::Unknown(e) => {
+            // A refused wait never gets here (its batch stays pending, `flush`); were it to, the
+            // device may still use the batch, so it goes as an unknown one does.
+            FenceOutcome::Refused(e) | FenceOutcome::Unknown(e) => {
+                debug_assert!(!matches!(outcome, FenceOutcome::Refused(_)));
                 let leaked = batch.len();
                 warn!(
                     "fence wait failed (status {}): leaking {} items the device may still use",

@@ -1,9 +1,11 @@
 //! Model-based property test of the drop queue: random push / flush / poll / drain sequences,
 //! with fence records, waits and queries that succeed, fail with an unknown outcome, fail over
-//! work that ran, or poison, checked after every step against a plain model of the queue's two
-//! batches: an item is released at the second flush after its push once that flush's wait
-//! succeeds (or reports failed work, or poisoning); a wait of unknown outcome leaks the batch;
-//! nothing is released by a poll that finds the device busy, and a
+//! work that ran, lose the device or are refused for now, checked after every step against a
+//! plain model of the queue's two batches: an item is released at the second flush after its
+//! push once that flush's wait succeeds (or reports failed work, or a lost device); a wait of
+//! unknown outcome leaks the batch; a refused wait keeps the batch and its fence for a later
+//! flush; nothing is released by a poll that finds the device busy (or whose query is
+//! refused), and a
 //! poll that finds nothing pending covers the staged batch with a fence; whatever no fence covered is leaked
 //! when the queue drops. Cases: `DEVCMD_PROPTEST_CASES` (default 2000, 8 under miri).
 
@@ -37,6 +39,7 @@ fn fault() -> impl Strategy<Value = Option<Fault>> {
         1 => Just(Some(Fault::Failed)),
         1 => Just(Some(Fault::WorkFailed)),
         1 => Just(Some(Fault::DeviceLost)),
+        1 => Just(Some(Fault::Busy)),
     ]
 }
 
@@ -96,6 +99,11 @@ impl Model {
             }
             self.waits += 1;
             let wait = f.wait.take();
+            if wait == Some(Fault::Busy) {
+                // Refused for now: the batch keeps its fence for a later flush.
+                self.fenced = true;
+                return false;
+            }
             self.release_pending(wait);
             match wait {
                 None => {}
@@ -134,6 +142,8 @@ impl Model {
                     self.release_pending(None);
                     ok = false;
                 }
+                // A refused query is "not yet", as a busy device's.
+                Some(Fault::Busy) => return Some(false),
                 Some(f) => {
                     self.fenced = false;
                     self.release_pending(Some(f));

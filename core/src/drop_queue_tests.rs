@@ -186,6 +186,43 @@ fn a_failed_wait_leaks_unless_the_device_is_lost() {
 }
 
 #[test]
+fn a_refused_wait_keeps_the_fence_and_its_batch_for_the_next_flush() {
+    let (shim, mut q) = setup();
+    q.push(item(3));
+    q.flush(&shim, &(), FenceMark::default());
+    q.push(item(5));
+    let recorded = shim.events_recorded.get();
+    shim.fail_next_wait.set(Some(Fault::Busy));
+    let refused = q.flush(&shim, &(), FenceMark::default()).outcome;
+    assert!(matches!(refused, FenceOutcome::Refused(e) if e.fault == Fault::Busy));
+    assert_eq!(
+        (q.pending_len(), q.staged_len()),
+        (1, 1),
+        "nothing moved: the pending batch waits under its fence, the staged one behind it"
+    );
+    assert_eq!(shim.events_recorded.get(), recorded, "no new fence");
+    assert_eq!((q.stats().items_leaked, q.stats().items_released), (0, 0));
+    // A refused query is "not yet".
+    shim.fail_next_query.set(Some(Fault::Busy));
+    assert!(q.poll(&shim, &(), FenceMark::default()).is_none());
+    assert_eq!(q.pending_len(), 1);
+    // Once the shim takes waits again, the same fence is waited for and its batch released.
+    let waited = shim.events_waited.get();
+    assert_eq!(
+        q.flush(&shim, &(), FenceMark::default()).outcome,
+        FenceOutcome::Passed
+    );
+    assert_eq!(shim.events_waited.get(), waited + 1);
+    assert_eq!(
+        shim.events_recorded.get(),
+        recorded + 1,
+        "one fence, for the staged item"
+    );
+    assert_eq!((q.stats().items_released, q.stats().bytes_released), (1, 3));
+    assert_eq!(q.stats().items_leaked, 0);
+}
+
+#[test]
 fn a_poll_hands_back_the_mark_of_the_fence_it_settled() {
     let (shim, mut q) = setup();
     q.push(item(8));

@@ -12,12 +12,13 @@
 //! Does not own the fences themselves (streams and the drop queue record them) nor the failure
 //! records of data (`failure.rs`: a refused enqueue marks the bytes it would have written).
 //!
-//! # The four outcomes of a fence
+//! # The five outcomes of a fence
 //!
 //! | outcome | the device is done with what the fence covered | the stream | the caller |
 //! |---|---|---|---|
 //! | [`FenceOutcome::Passed`] | yes | unchanged | `Ok` (unless the ledger already holds a fault for the stream) |
 //! | [`FenceOutcome::PassedOverFailedWork`] | yes | faulted for good | [`ServerError::StreamFaulted`] |
+//! | [`FenceOutcome::Refused`] | not asked: the fence stands, what it covers is kept for a later wait | unchanged | [`ServerError::Device`] (nothing when no caller waits) |
 //! | [`FenceOutcome::Unknown`] | maybe not: what it covered is leaked | unchanged | [`ServerError::Device`] |
 //! | [`FenceOutcome::DeviceLost`] | yes: nothing runs again | the device is lost | [`ServerError::DeviceLost`] |
 
@@ -39,6 +40,10 @@ pub enum FenceOutcome {
     /// The fence completed, but work before it failed while it ran ([`Fault::WorkFailed`]): the
     /// device is done with what the fence covered, and the stream can no longer be trusted.
     PassedOverFailedWork(DriverError),
+    /// The shim refused to wait for the fence now, without doing anything ([`Fault::Busy`]: on
+    /// CUDA, a stream of the process records a graph): the fence still stands, and what it
+    /// covers is kept for a later wait, neither released nor leaked.
+    Refused(DriverError),
     /// The wait or query failed in a way that says nothing about completion (or the fence could
     /// not be recorded): the device may still use what the fence was to cover.
     Unknown(DriverError),
@@ -55,6 +60,7 @@ impl FenceOutcome {
             Err(e) => match e.fault {
                 Fault::WorkFailed => Self::PassedOverFailedWork(e),
                 Fault::DeviceLost => Self::DeviceLost(e),
+                Fault::Busy => Self::Refused(e),
                 Fault::OutOfMemory | Fault::TooBig | Fault::Unsupported | Fault::Failed => {
                     Self::Unknown(e)
                 }
@@ -64,10 +70,12 @@ impl FenceOutcome {
 
     /// The outcome of a fence that could not be recorded: nothing covers the work before it, so
     /// whatever the shim answered (even the fault of earlier work), the device may still be using
-    /// what the fence was to cover. Only a lost device says otherwise.
+    /// what the fence was to cover. Only a lost device says otherwise, and a refusal for now
+    /// ([`Fault::Busy`]) asks the caller to keep what the fence was to cover for a later one.
     pub const fn unrecorded(e: DriverError) -> Self {
         match e.fault {
             Fault::DeviceLost => Self::DeviceLost(e),
+            Fault::Busy => Self::Refused(e),
             Fault::WorkFailed
             | Fault::OutOfMemory
             | Fault::TooBig
@@ -81,13 +89,15 @@ impl FenceOutcome {
         Self::of(shim.event_wait(event))
     }
 
-    /// Whether `event` has completed, without blocking: `None` while it has not. A fault of work
-    /// that ran is confirmed by a wait first, so what the fence covered is released only once the
+    /// Whether `event` has completed, without blocking: `None` while it has not, or while the
+    /// shim refuses to ask ([`Fault::Busy`]). A fault of work that ran is confirmed by a wait first, so what the fence covered is released only once the
     /// fence really completed, whatever the shim answered the query.
     pub fn query<S: Shim>(shim: &S, event: &S::Event) -> Option<Self> {
         match shim.event_query(event) {
             Ok(true) => Some(Self::Passed),
             Ok(false) => None,
+            // Refused for now, nothing asked of the fence: not known to have completed yet.
+            Err(e) if e.fault == Fault::Busy => None,
             Err(e) if e.fault == Fault::WorkFailed => {
                 Some(Self::of(shim.event_wait(event).and(Err(e))))
             }
@@ -107,12 +117,12 @@ impl FenceOutcome {
     pub const fn completed(&self) -> bool {
         match self {
             Self::Passed | Self::PassedOverFailedWork(_) | Self::DeviceLost(_) => true,
-            Self::Unknown(_) => false,
+            Self::Refused(_) | Self::Unknown(_) => false,
         }
     }
 
     /// The graver of two outcomes, for a sequence of fences such as a drain: a lost device, then
-    /// an unknown wait, then failed work. An unknown wait outranks failed work so the sequence
+    /// an unknown wait, then a refused one, then failed work. An unknown wait outranks failed work so the sequence
     /// never claims to have completed when one of its fences did not (teardown frees pages on a
     /// completed sync); the failed work is not lost, as it is sticky: every later fence of the
     /// stream reports it again (the shim contract's second rule).
@@ -121,8 +131,9 @@ impl FenceOutcome {
             match o {
                 FenceOutcome::Passed => 0,
                 FenceOutcome::PassedOverFailedWork(_) => 1,
-                FenceOutcome::Unknown(_) => 2,
-                FenceOutcome::DeviceLost(_) => 3,
+                FenceOutcome::Refused(_) => 2,
+                FenceOutcome::Unknown(_) => 3,
+                FenceOutcome::DeviceLost(_) => 4,
             }
         }
         if rank(&other) > rank(&self) {
@@ -386,7 +397,7 @@ impl FaultLedger {
                 });
                 Err(f.error())
             }
-            FenceOutcome::Unknown(e) => Err(ServerError::Device(e)),
+            FenceOutcome::Refused(e) | FenceOutcome::Unknown(e) => Err(ServerError::Device(e)),
             FenceOutcome::DeviceLost(cause) => {
                 self.mark_faulted();
                 l.device.get_or_insert(cause);
@@ -400,7 +411,8 @@ impl FaultLedger {
     /// only a lost device fails the caller. Failed work taints the stream (its next operation
     /// fails); an unknown outcome is kept for the stream's next read or sync (a future dropped
     /// unwaited passes on failed work and a lost device only: what its unknown fence covered
-    /// was leaked where it was met, see `command/futures.rs`).
+    /// was leaked where it was met, see `command/futures.rs`). A refused wait is nothing to
+    /// report: what its fence covers is still queued, and a later wait settles it.
     pub fn defer(&self, stream: usize, fenced: Fenced) -> Result<(), ServerError> {
         match fenced.outcome {
             FenceOutcome::Passed | FenceOutcome::PassedOverFailedWork(_) => {
@@ -408,6 +420,7 @@ impl FaultLedger {
                 let _ = self.answer(stream, fenced);
                 Ok(())
             }
+            FenceOutcome::Refused(_) => Ok(()),
             FenceOutcome::Unknown(e) => {
                 self.shared.lock().entry(stream).deferred.get_or_insert(e);
                 Ok(())

@@ -97,7 +97,9 @@ impl<S: Shim> Stream<S> {
                 outcome: FenceOutcome::sync(shim, &self.raw),
                 mark: self.mark(),
             }),
-            FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => drained,
+            FenceOutcome::Refused(_) | FenceOutcome::Unknown(_) | FenceOutcome::DeviceLost(_) => {
+                drained
+            }
         }
     }
 }

@@ -18,6 +18,7 @@
 //! | 2 | `CUDA_ERROR_OUT_OF_MEMORY` | `OutOfMemory` | freeing memory may cure it (from any call: `cuMemAlloc`, `cuMemCreate` of [`ShimOp::VmMap`], `cuMemAddressReserve` of [`ShimOp::VmReserve`] out of address space, ...) |
 //! | 1 | `CUDA_ERROR_INVALID_VALUE` | `TooBig` for [`ShimOp::DeviceAlloc`] and [`ShimOp::HostAlloc`], `Failed` otherwise | the shim never passes a zero size nor odd flags to an allocation, so the size is what the driver refused |
 //! | 801 | `CUDA_ERROR_NOT_SUPPORTED` | `Unsupported` | the device or the platform lacks the feature |
+//! | 900 | `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` | `Busy` | the call is forbidden while a stream of the process records a graph, and did nothing: the shim refuses host waits and allocations with it before the driver while any stream records (`recording.rs`), and the core keeps what a refused fence covers for a later wait |
 //! | 600 | `CUDA_ERROR_NOT_READY` | `Failed` | **not an error**: [`Shim::event_query`] answers `Ok(false)` for it and never classifies it; classified only if some other call returned it |
 //! | -1 | [`status::UNSUPPORTED`] | `Unsupported` | a call this shim does not implement yet (the status of [`devcmd::shim::unsupported`]) |
 //! | -2 | [`status::TOO_BIG`] | `TooBig` | a size past the device's total memory or past the host's address space (an allocation, a [`ShimOp::VmMap`]), refused before any driver call |
@@ -284,6 +285,7 @@ pub fn classify(op: ShimOp, status: i32) -> DriverError {
         }
         status::TOO_BIG => Fault::TooBig,
         status::NOT_SUPPORTED | status::UNSUPPORTED => Fault::Unsupported,
+        status::STREAM_CAPTURE_UNSUPPORTED => Fault::Busy,
         _ => Fault::Failed,
     };
     DriverError::new(op, status, fault)
@@ -525,6 +527,20 @@ mod tests {
                 devcmd::shim::unsupported(op)
             );
         }
+    }
+
+    #[test]
+    fn a_call_forbidden_while_a_stream_records_is_refused_for_now() {
+        // What the shim answers for a host wait or an allocation while any stream of the
+        // process records (`recording.rs`): the core keeps what a refused fence covers.
+        for op in ShimOp::ALL {
+            assert_eq!(
+                fault(op, status::STREAM_CAPTURE_UNSUPPORTED),
+                Fault::Busy,
+                "{op}"
+            );
+        }
+        assert!(!is_sticky(status::STREAM_CAPTURE_UNSUPPORTED));
     }
 
     #[test]

@@ -152,7 +152,9 @@ impl<S: Shim> Fence<S> {
                 // Only a lost device fails here, and the ledger now knows of it.
                 let _ = self.ledger.defer(self.stream, self.fenced(outcome));
             }
-            FenceOutcome::Unknown(_) => {}
+            // Nothing to tell: what a refused fence covered went to the drop queue, what an
+            // unknown one covered was leaked where it was met.
+            FenceOutcome::Refused(_) | FenceOutcome::Unknown(_) => {}
         }
     }
 }
@@ -185,8 +187,14 @@ impl<S: Shim> ReadFuture<S> {
     }
 
     /// Releases the bindings once the device is done with the buffers and returns the buffers;
-    /// leaks both when the device may not be done (`None`).
+    /// leaks both when the device may not be done (`None`), or hands both to the stream's drop
+    /// queue when the shim refused to wait for now (`None`).
     fn release(&mut self, outcome: FenceOutcome) -> Option<Vec<HostBuffer>> {
+        if let FenceOutcome::Refused(_) = outcome {
+            // Nothing was waited for: the drop queue's next fence covers the buffers instead.
+            self.orphan();
+            return None;
+        }
         let buffers = core::mem::take(&mut self.buffers);
         let held = core::mem::take(&mut self.held);
         settle(outcome, buffers, held)
@@ -240,7 +248,9 @@ fn settle<B, H>(outcome: FenceOutcome, buffers: B, held: H) -> Option<B> {
             drop(held);
             Some(buffers)
         }
-        FenceOutcome::Unknown(_) => {
+        // The futures hand a refused read's buffers to the drop queue before this.
+        FenceOutcome::Refused(_) | FenceOutcome::Unknown(_) => {
+            debug_assert!(!matches!(outcome, FenceOutcome::Refused(_)));
             warn!("a read's fence failed: leaking the buffers the device may still write");
             core::mem::forget((buffers, held));
             None
@@ -313,8 +323,14 @@ impl<S: Shim> ReadToFuture<S> {
 
     /// Gives the buffer back once the device is done with it (a staged read's bytes copied into
     /// it when the fence passed); leaks both buffers (and the binding) when the device may not
-    /// be done (`None`).
+    /// be done (`None`), or hands them to the stream's drop queue when the shim refused to wait
+    /// for now (`None`).
     fn release(&mut self, outcome: FenceOutcome) -> Option<HostBuffer> {
+        if let FenceOutcome::Refused(_) = outcome {
+            // As `ReadFuture::release`: the drop queue's next fence covers them instead.
+            self.orphan();
+            return None;
+        }
         let (buffer, staged, held) = (self.buffer.take(), self.staged.take(), self.held.take());
         let (buffer, staged) = settle(outcome, (buffer, staged), held)?;
         let mut buffer = buffer?;

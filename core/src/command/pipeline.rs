@@ -83,11 +83,24 @@ impl<S: Shim> Command<'_, S> {
             },
         };
         s.ring.advance();
-        if let Some((event, mark)) = s.ring.slot_mut(i).fence.take() {
-            let outcome = FenceOutcome::wait(shim, &event);
-            self.settle_slot(i, outcome, mark)?;
-        }
+        self.wait_slot(i)?;
         Ok(Some(i))
+    }
+
+    /// Waits for the fence after slot `i`'s last copy, if it has one, and settles it. A wait the
+    /// shim refused for now leaves the fence on the slot (nothing reuses it before a wait
+    /// passes) and is this operation's error.
+    fn wait_slot(&mut self, i: usize) -> Result<(), ServerError> {
+        let (shim, s) = self.parts();
+        let Some((event, mark)) = s.ring.slot_mut(i).fence.take() else {
+            return Ok(());
+        };
+        let outcome = FenceOutcome::wait(shim, &event);
+        if let FenceOutcome::Refused(e) = outcome {
+            s.ring.slot_mut(i).fence = Some((event, mark));
+            return Err(ServerError::Device(e));
+        }
+        self.settle_slot(i, outcome, mark)
     }
 
     /// What the fence after slot `i`'s last copy said: told to the ledger as this operation's
@@ -284,11 +297,7 @@ impl<S: Shim> Command<'_, S> {
             }
         }
         for (i, offset, piece) in pending {
-            let (shim, s) = self.parts();
-            if let Some((event, mark)) = s.ring.slot_mut(i).fence.take() {
-                let outcome = FenceOutcome::wait(shim, &event);
-                self.settle_slot(i, outcome, mark)?;
-            }
+            self.wait_slot(i)?;
             self.copy_out(i, offset, piece, dst);
         }
         Ok(true)

@@ -113,6 +113,13 @@ pub enum Fault {
     WorkFailed,
     /// Any other failure of this one call; the device stays usable.
     Failed,
+    /// The call was refused before it did anything, for a state that passes: nothing changed,
+    /// and the same call may succeed later. CUDA's global capture mode is the case: while any
+    /// stream of the process records a graph, the driver forbids host waits and allocations from
+    /// every thread and context, so the CUDA shim refuses them first (with the driver's status,
+    /// 900). A fence whose wait is refused this way still stands: the core keeps what it covers
+    /// for a later wait, never frees it and never leaks it.
+    Busy,
 }
 
 /// A failed device call, as a shim reports it (built with [`DriverError::new`]: the struct is
@@ -172,6 +179,11 @@ impl fmt::Display for DriverError {
                 );
             }
             Fault::Failed => ("the call failed", "check the shim's status code"),
+            Fault::Busy => (
+                "refused for now, nothing was done (on CUDA: a stream of the process records a \
+                 graph, and the driver forbids this call until the recording ends)",
+                "make the call again once the recording ended; nothing waiting for it was lost",
+            ),
         };
         write!(
             f,
