@@ -22,7 +22,9 @@
 //! always safe: the core only releases what no pending work uses, and later is still unused.
 //! A host wait or an allocation cannot be queued: it is refused before the driver with the
 //! driver's own status (900) while any stream of the process records ([`refuse_while_any`]), so
-//! the caller gets the error the driver would give and the recording is not spoiled. (Waiting
+//! the caller gets the error the driver would give and the recording is not spoiled; the status
+//! is classified [`Fault::Busy`](devcmd::Fault::Busy), so the core keeps what a refused fence
+//! covers for a later wait instead of leaking it. (Waiting
 //! for the recordings to end instead was tried: a thread that waits while it holds a lock the
 //! recording thread needs, or for a recording whose token was dropped, would hang for good.)
 //! An event query answers "not yet" instead (`CudaShim::event_query`), so a poller polls again

@@ -4,6 +4,7 @@ use crate::faults::{Effect, Injection, Stats, classify, status};
 use crate::graph::StdGraph;
 use crate::kernel::{KernelCtx, KernelFault, StdKernel};
 use crate::memory::{Block, Quarantine, StdDevicePage, StdHostPage};
+use crate::process::Process;
 use crate::stream::{CopyOp, Op, StdEvent, StdStream};
 use crate::vm::{self, Unmap, Vm};
 use crate::{lock, wait};
@@ -35,6 +36,7 @@ pub struct StdShimBuilder {
     spare_launches: usize,
     vm_granule: u64,
     copy_threads: Option<usize>,
+    process: Option<Process>,
 }
 
 impl Default for StdShimBuilder {
@@ -52,11 +54,20 @@ impl Default for StdShimBuilder {
             spare_launches: 8,
             vm_granule: vm::DEFAULT_VM_GRANULE,
             copy_threads: None,
+            process: None,
         }
     }
 }
 
 impl StdShimBuilder {
+    /// Makes the device one of `process`'s (default: a process of its own), so it follows
+    /// CUDA's per-process rule for recordings with the other devices of that process (see
+    /// [`Process`]).
+    pub fn process(mut self, process: &Process) -> Self {
+        self.process = Some(process.clone());
+        self
+    }
+
     /// Bytes of device memory in all (default 1 GiB): live device pages never exceed it.
     pub fn total_memory(mut self, bytes: u64) -> Self {
         self.total_memory = bytes;
@@ -199,6 +210,7 @@ impl StdShimBuilder {
                         .unwrap_or_else(CopyWorkers::default_threads),
                 )
                 .streaming(devcmd::workers::STREAM_FROM, 0),
+                process: self.process.unwrap_or_default(),
             }),
         }
     }
@@ -284,6 +296,8 @@ pub(crate) struct DeviceInner {
     idle: Condvar,
     /// Threads for staging copies ([`StdShimBuilder::copy_threads`]).
     copies: CopyWorkers,
+    /// The process the device belongs to ([`StdShimBuilder::process`]).
+    process: Process,
 }
 
 impl DeviceInner {
@@ -352,18 +366,42 @@ impl DeviceInner {
 
     /// Forgets the recording of stream `id` (dropped while recording).
     pub(crate) fn forget_capture(&self, id: u64) {
-        lock(&self.state).captures.remove(&id);
+        self.close_capture(id);
     }
 
-    /// Stream `id` starts recording.
+    /// Stream `id` starts recording (counted in the process under the state's lock, so the
+    /// process never counts fewer recordings than this device's state holds).
     pub(crate) fn open_capture(&self, id: u64) {
-        lock(&self.state).captures.insert(id, false);
+        let mut st = lock(&self.state);
+        if st.captures.insert(id, false).is_none() {
+            self.process.began();
+        }
     }
 
     /// Stream `id` stops recording: whether its recording was invalidated (`None` if it did
     /// not record).
     pub(crate) fn close_capture(&self, id: u64) -> Option<bool> {
-        lock(&self.state).captures.remove(&id)
+        let mut st = lock(&self.state);
+        let invalidated = st.captures.remove(&id);
+        if invalidated.is_some() {
+            self.process.ended();
+        }
+        invalidated
+    }
+
+    /// The process the device belongs to.
+    pub(crate) fn process(&self) -> &Process {
+        &self.process
+    }
+
+    /// Refuses `op` for now (`CAPTURE_ELSEWHERE`) while a stream of another device of the
+    /// process records: what devcmd-cuda answers under CUDA's global capture mode, where such
+    /// a call would spoil that recording. `st` is this device's state, locked.
+    fn refuse_while_others_record(&self, st: &DeviceState, op: ShimOp) -> Result<(), DriverError> {
+        if self.process.recordings() > st.captures.len() {
+            return Err(classify(op, status::CAPTURE_ELSEWHERE));
+        }
+        Ok(())
     }
 
     /// Invalidates every recording in progress (a call CUDA forbids while any stream records was
@@ -422,6 +460,12 @@ impl StdShim {
     /// A builder of a device.
     pub fn builder() -> StdShimBuilder {
         StdShimBuilder::default()
+    }
+
+    /// The process the device belongs to: give it to [`StdShimBuilder::process`] to make
+    /// another device of the same process.
+    pub fn process(&self) -> Process {
+        self.inner.process().clone()
     }
 
     /// Registers (or replaces) the kernel `name` and returns it. The name is the kernel's in
@@ -733,6 +777,13 @@ impl Shim for StdShim {
         if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventQuery, status::ILLEGAL_IN_CAPTURE));
         }
+        let others = self
+            .inner
+            .refuse_while_others_record(&lock(&self.inner.state), ShimOp::EventQuery);
+        if others.is_err() {
+            // As devcmd-cuda: "not yet" while another device of the process records.
+            return Ok(false);
+        }
         event.stream.query(event.seq, ShimOp::EventQuery)
     }
 
@@ -750,6 +801,8 @@ impl Shim for StdShim {
         if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventWait, status::ILLEGAL_IN_CAPTURE));
         }
+        self.inner
+            .refuse_while_others_record(&lock(&self.inner.state), ShimOp::EventWait)?;
         event.stream.wait(event.seq, ShimOp::EventWait)
     }
 
@@ -762,6 +815,7 @@ impl Shim for StdShim {
             // CUDA would invalidate the recording: refuse, and make `end_capture` refuse too.
             return Err(classify(OP, status::CAPTURE_INVALIDATED));
         }
+        self.inner.refuse_while_others_record(&st, OP)?;
         if size > facts.max_page_size || size > facts.total_memory {
             return Err(classify(OP, status::TOO_BIG));
         }
@@ -919,6 +973,7 @@ impl Shim for StdShim {
             // Page-locking memory while a stream records is a call the core must not make.
             return Err(classify(OP, status::CAPTURE_INVALIDATED));
         }
+        self.inner.refuse_while_others_record(&st, OP)?;
         let block =
             Block::alloc(size, self.inner.align).ok_or(classify(OP, status::OUT_OF_MEMORY))?;
         // SAFETY: the block was just allocated and is not shared yet.
@@ -966,6 +1021,7 @@ impl Shim for StdShim {
             // As on CUDA: page-locking memory while a stream records spoils the recording.
             return Err(classify(OP, status::CAPTURE_INVALIDATED));
         }
+        self.inner.refuse_while_others_record(&st, OP)?;
         st.stats.registrations_live += 1;
         Ok(StdRegistration {
             addr: ptr.as_ptr().expose_provenance(),

@@ -20,6 +20,7 @@ use std::sync::Arc;
 /// | 11 | `THREAD_SPAWN` | `Failed` | the worker thread of a new stream could not start |
 /// | 12 | `BAD_LAUNCH` | `Failed` | a launch past CUDA's geometry limits (see [`StdShim`](crate::StdShim)'s `launch`) |
 /// | 13 | `ALREADY_MAPPED` | `Failed` | a `vm_map` over a range that is mapped, in part or whole |
+/// | 14 | `CAPTURE_ELSEWHERE` | `Busy` | `event_wait`, `device_alloc`, `host_alloc_pinned` or `host_register` while a stream of another device of the same [`Process`](crate::Process) records: refused for now, nothing done (what devcmd-cuda answers under CUDA's global capture mode; `event_query` answers "not yet" then) |
 /// | 20 | `KERNEL_FAILED` | `WorkFailed` | a kernel returned [`KernelFault::Failed`](crate::KernelFault::Failed) (reported by the next fence, which completed) |
 /// | 21 | `KERNEL_PANICKED` | `WorkFailed` | a kernel panicked (reported like `KERNEL_FAILED`) |
 /// | 22 | `KERNEL_LOST_DEVICE` | `DeviceLost` | a kernel returned [`KernelFault::DeviceLost`](crate::KernelFault::DeviceLost) |
@@ -59,6 +60,9 @@ pub mod status {
     pub const BAD_LAUNCH: i32 = 12;
     /// A `vm_map` over memory that is mapped already.
     pub const ALREADY_MAPPED: i32 = 13;
+    /// A host wait or an allocation while a stream of another device of the same
+    /// [`Process`](crate::Process) records: refused for now ([`Fault::Busy`](devcmd::Fault::Busy)).
+    pub const CAPTURE_ELSEWHERE: i32 = 14;
     /// A kernel failed at run time.
     pub const KERNEL_FAILED: i32 = 20;
     /// A kernel panicked at run time.
@@ -135,6 +139,7 @@ pub fn classify(op: ShimOp, code: i32) -> DriverError {
         status::OUT_OF_MEMORY | status::BUDGET => Fault::OutOfMemory,
         status::TOO_BIG => Fault::TooBig,
         status::UNSUPPORTED => Fault::Unsupported,
+        status::CAPTURE_ELSEWHERE => Fault::Busy,
         status::KERNEL_LOST_DEVICE | status::DEVICE_LOST => Fault::DeviceLost,
         status::KERNEL_FAILED | status::KERNEL_PANICKED | status::SOURCE_LOST => Fault::WorkFailed,
         _ if injected(status::INJECTED_LOSS).is_some() => Fault::DeviceLost,

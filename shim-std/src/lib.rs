@@ -28,7 +28,9 @@
 //!   addresses inside its own pages and mappings, so an address of another `StdShim` is refused
 //!   ([`status::BAD_ADDRESS`]). [`Shim::copy_peer`] copies from another `StdShim`'s page into
 //!   this one's, on the destination stream's worker, and streams wait on another shim's events
-//!   ([`Shim::peer_access`] is `true` for every pair).
+//!   ([`Shim::peer_access`] is `true` for every pair). Devices built in one [`Process`] also
+//!   share CUDA's per-process rule for recordings: while a stream of one records, the others
+//!   refuse host waits and allocations for now ([`status::CAPTURE_ELSEWHERE`]).
 //!
 //! For tests it offers a **lazy** mode (a stream runs nothing until one of its events is waited
 //! on or queried), **poisoning** of freed memory (device pages and pinned host pages alike, filled
@@ -70,6 +72,7 @@ mod memory;
 mod notify_tests;
 #[cfg(test)]
 mod peer_tests;
+mod process;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -84,6 +87,7 @@ pub use kernel::{
     Io, KernelCtx, KernelFault, KernelFn, StdKernel, as_f32, as_f32_mut, as_typed, as_typed_mut,
 };
 pub use memory::{FRESH_HOST_BYTE, POISON_BYTE, StdDevicePage, StdHostPage};
+pub use process::Process;
 pub use stream::{HostFn, StdEvent, StdStream};
 pub use vm::DEFAULT_VM_GRANULE;
 

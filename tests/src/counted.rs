@@ -654,6 +654,12 @@ impl<H: Harness> Harness for CountedHarness<H> {
         Some(Counted::new(inner).failing_with(kernel))
     }
 
+    fn beside(&self, first: &Self::S, mode: Mode) -> Option<Self::S> {
+        let inner = self.0.beside(first.inner(), mode)?;
+        let kernel = self.0.kernel(&inner, TestKernel::WriteThenFail);
+        Some(Counted::new(inner).failing_with(kernel))
+    }
+
     fn kernel(&self, shim: &Self::S, kernel: TestKernel) -> <H::S as Shim>::Kernel {
         self.0.kernel(shim.inner(), kernel)
     }

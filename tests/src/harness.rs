@@ -323,6 +323,16 @@ pub trait Harness {
     /// shim cannot offer that mode.
     fn shim(&self, mode: Mode) -> Option<Self::S>;
 
+    /// A fresh shim in `mode` for a second device of the same process as `first` (the several
+    /// devices group): where the shim models what a process shares (CUDA's one capture mode for
+    /// every device of a process; the std shim's [`Process`](devcmd_std::Process)), the two
+    /// must share it. By default [`Self::shim`]: right for a shim whose devices share nothing,
+    /// and for CUDA, where every shim of a process shares it anyway.
+    fn beside(&self, first: &Self::S, mode: Mode) -> Option<Self::S> {
+        let _ = first;
+        self.shim(mode)
+    }
+
     /// `kernel`, loaded on `shim` (see [`TestKernel`] for what each must do).
     fn kernel(&self, shim: &Self::S, kernel: TestKernel) -> <Self::S as Shim>::Kernel;
 

@@ -2,7 +2,7 @@
 
 use crate::harness::{Counters, FaultRule, Harness, Mode, Probe, SLOW_KERNEL_MS, TestKernel};
 use devcmd::{DeviceSpan, LibraryError, ShimOp};
-use devcmd_std::{Injection, KernelCtx, KernelFault, StdKernel, StdShim, StdStream};
+use devcmd_std::{Injection, KernelCtx, KernelFault, Process, StdKernel, StdShim, StdStream};
 use std::time::Duration;
 
 /// Runs the suite against [`StdShim`]: every mode, with counters and fault injection.
@@ -21,6 +21,10 @@ impl Harness for IntegratedStdHarness {
 
     fn shim(&self, mode: Mode) -> Option<StdShim> {
         Some(std_shim(mode, true))
+    }
+
+    fn beside(&self, first: &StdShim, mode: Mode) -> Option<StdShim> {
+        Some(std_shim_in(mode, true, &first.process()))
     }
 
     fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {
@@ -65,10 +69,16 @@ fn add(ctx: &mut KernelCtx<'_>) -> Result<(), KernelFault> {
 
 /// A std shim in `mode`, integrated (zero copy) or not.
 fn std_shim(mode: Mode, integrated: bool) -> StdShim {
+    std_shim_in(mode, integrated, &Process::new())
+}
+
+/// [`std_shim`], a device of `process`.
+fn std_shim_in(mode: Mode, integrated: bool, process: &Process) -> StdShim {
     StdShim::builder()
         .lazy(mode.lazy)
         .poison(mode.poison)
         .integrated(integrated)
+        .process(process)
         .build()
 }
 
@@ -77,6 +87,10 @@ impl Harness for StdHarness {
 
     fn shim(&self, mode: Mode) -> Option<StdShim> {
         Some(std_shim(mode, false))
+    }
+
+    fn beside(&self, first: &StdShim, mode: Mode) -> Option<StdShim> {
+        Some(std_shim_in(mode, false, &first.process()))
     }
 
     fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {

@@ -57,6 +57,22 @@ impl<H: Harness> Ctx<H> {
             crate::skip::skipped(group, mode, &format!("the shim has no {mode} mode"));
             return None;
         };
+        Some(Self::over(h, shim, mode, config))
+    }
+
+    /// A second device in `mode` with `config`, in the same process as `first`'s
+    /// ([`Harness::beside`]); `None` (after saying so) if the shim lacks the mode.
+    pub fn beside(first: &Self, h: &H, config: DeviceConfig, group: &str) -> Option<Self> {
+        let mode = first.mode;
+        let Some(shim) = h.beside(first.dev.shim(), mode) else {
+            crate::skip::skipped(group, mode, &format!("the shim has no {mode} mode"));
+            return None;
+        };
+        Some(Self::over(h, shim, mode, config))
+    }
+
+    /// A device over `shim`.
+    fn over(h: &H, shim: H::S, mode: Mode, config: DeviceConfig) -> Self {
         let probe = h.probe(&shim);
         let mut config = config;
         if mode.poison {
@@ -66,12 +82,12 @@ impl<H: Harness> Ctx<H> {
         }
         let dev = Device::new(shim, config);
         let kernels = load_kernels(h, dev.shim());
-        Some(Self {
+        Self {
             dev,
             probe,
             mode,
             kernels,
-        })
+        }
     }
 
     /// The probe's counters, or zeros without a probe.

@@ -301,3 +301,102 @@ fn failure_marks_go_at_the_next_operation_after_a_drop_on_another_thread() {
         "the next operation did not look at what another thread dropped"
     );
 }
+
+/// Whether `r` is the refusal for now of a host wait (another device of the process records).
+fn busy<T: std::fmt::Debug>(r: &Result<T, ServerError>) -> bool {
+    matches!(r, Err(ServerError::Device(e)) if e.fault == devcmd::Fault::Busy)
+}
+
+/// While a stream of another device of the process records, this device's host waits are
+/// refused for now (as on CUDA, where a recording is the process's). Such a wait once counted as
+/// one of unknown outcome, and what its fence covered was leaked for good: the drop queue's
+/// batch, a read's buffers, the staging ring's buffers. Now the fence stands and all of it is
+/// kept, then settles once the recording ended.
+#[test]
+fn a_wait_refused_while_another_device_records_keeps_what_its_fence_covers() {
+    const MIB: usize = 1 << 20;
+    let shim_a = StdShim::builder().lazy(true).poison(true).build();
+    let shim_b = StdShim::builder()
+        .lazy(true)
+        .poison(true)
+        .process(&shim_a.process())
+        .build();
+    let mut a = Device::new(shim_a, DeviceConfig::default());
+    let mut b = Device::new(shim_b.clone(), DeviceConfig::default());
+    let leaked =
+        |d: &Device<StdShim>| -> u64 { d.drop_stats().iter().map(|(_, s)| s.items_leaked).sum() };
+    let big: Vec<u8> = (0..2 * MIB).map(|i| (i * 7 + 3) as u8).collect();
+    let kept = b.command(S0).unwrap().create(&[5; 4096]).unwrap();
+    let large = b.command(S0).unwrap().empty(big.len() as u64).unwrap();
+    b.command(S0).unwrap().write_from(&large, &big).unwrap();
+    for round in 0..2u8 {
+        let gone = b.command(S0).unwrap().create(&[round; 4096]).unwrap();
+        b.command(S0)
+            .unwrap()
+            .write_from(&kept, &[6 + round; 4096])
+            .unwrap();
+        drop(gone);
+        b.command(S0).unwrap().flush_drops().unwrap();
+    }
+    let pages_before = shim_b.stats().device_pages_live;
+
+    let recording = a.command(S1).unwrap().begin_capture("a").unwrap();
+    let flushed = b.command(S0).unwrap().flush_drops();
+    assert!(
+        busy(&flushed),
+        "a flush waits for a fence: refused for now, got {flushed:?}"
+    );
+    let synced = b.command(S0).unwrap().sync().unwrap().wait();
+    assert!(busy(&synced), "a sync: refused for now, got {synced:?}");
+    let refused = read(&mut b, S0, &kept);
+    assert!(busy(&refused), "a read: refused for now, got {refused:?}");
+    // A read into ordinary memory large enough for the staging ring waits for its slots.
+    let piped = b
+        .command(S0)
+        .unwrap()
+        .read_to(
+            ReadRequest::whole(&large),
+            devcmd::HostBuffer::from_vec(vec![0; big.len()]),
+        )
+        .and_then(|f| f.wait());
+    assert!(
+        busy(&piped),
+        "a staged read: refused for now, got {piped:?}"
+    );
+    assert_eq!(leaked(&b), 0, "nothing a refused fence covered was leaked");
+    assert_eq!(
+        shim_b.stats().device_pages_live,
+        pages_before,
+        "nothing was freed while the device may use it"
+    );
+    drop(recording);
+    a.command(S1).unwrap(); // ends the dropped recording
+
+    assert_eq!(read(&mut b, S0, &kept).unwrap(), vec![7; 4096]);
+    let back = b
+        .command(S0)
+        .unwrap()
+        .read_to(
+            ReadRequest::whole(&large),
+            devcmd::HostBuffer::from_vec(vec![0; big.len()]),
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(
+        back.as_slice() == big.as_slice(),
+        "the staged read's bytes after the recording"
+    );
+    b.command(S0).unwrap().sync().unwrap().wait().unwrap();
+    drop((kept, large));
+    b.command(S0).unwrap().memory_cleanup().unwrap();
+    b.command(S0).unwrap().memory_cleanup().unwrap();
+    assert_eq!(leaked(&b), 0, "nothing leaked after the recording either");
+    drop(b);
+    let st = shim_b.stats();
+    assert_eq!(
+        (st.device_pages_live, st.host_pages_live),
+        (0, 0),
+        "every page went back once the device went"
+    );
+}

@@ -224,7 +224,9 @@ impl<S: Shim> ReadFuture<S> {
     /// completed; the buffers are released), or a fault of unknown outcome (the buffers are then
     /// leaked unless the device is lost). [`Validation::Recording`] while a stream of the device
     /// records: nothing is waited for and the read is given up (its buffers go back after a fence
-    /// once the recording ended).
+    /// once the recording ended). [`ServerError::Device`] with [`Fault::Busy`](crate::Fault::Busy)
+    /// when the shim refused to wait for now (on CUDA, a stream of another device of the process
+    /// records): the read is given up the same way.
     pub fn wait(mut self) -> Result<Vec<HostBuffer>, ServerError> {
         if self.fence.blocked() {
             self.orphan();

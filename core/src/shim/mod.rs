@@ -104,6 +104,10 @@ pub trait Shim {
     fn event_query(&self, event: &Self::Event) -> Result<bool, DriverError>;
 
     /// Blocks the host until `event` completes. A device fault is returned as an error.
+    ///
+    /// A shim that may not wait now for a reason that passes (CUDA: a stream of the process
+    /// records a graph) refuses with [`Fault::Busy`] and must have done
+    /// nothing: the core keeps what the fence covers and waits for the same event later.
     fn event_wait(&self, event: &Self::Event) -> Result<(), DriverError>;
 
     /// Arranges for `waker` to be woken once `event` completes, and returns `true`; wakes it at

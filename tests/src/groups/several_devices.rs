@@ -12,16 +12,17 @@
 use crate::harness::{FaultRule, Harness, Mode, TestKernel};
 use crate::util::{Ctx, expect_same, must, pattern, plus};
 use devcmd::{
-    CopyPath, DeviceConfig, Handle, HostReport, IoError, LaunchError, ServerError, Shim, ShimOp,
-    StreamId,
+    CopyPath, DeviceConfig, Fault, Handle, HostReport, IoError, LaunchError, ServerError, Shim,
+    ShimOp, StreamId,
 };
 
 const MIB: u64 = 1 << 20;
 
-/// Two devices of the harness's shim in `mode`, or `None` (said) without the mode.
+/// Two devices of the harness's shim in `mode`, of one process ([`Harness::beside`]), or `None`
+/// (said) without the mode.
 fn pair<H: Harness>(h: &H, mode: Mode, config: DeviceConfig, group: &str) -> Option<[Ctx<H>; 2]> {
     let a = Ctx::new(h, mode, config, group)?;
-    let b = Ctx::new(h, mode, config, group)?;
+    let b = Ctx::beside(&a, h, config, group)?;
     Some([a, b])
 }
 
@@ -56,6 +57,10 @@ fn path<H: Harness>(to: &Ctx<H>, from: &Ctx<H>) -> CopyPath {
 ///   copy (issued on the owner's stream) lands what it wrote; a kernel enqueued on the source
 ///   right after the copy overwrites the source without reaching the copy's bytes;
 /// - **capture**: a copy while a stream of either device records is refused, and runs after;
+///   while one device records, the other's host waits (a flush, a read, a sync) either pass or,
+///   where the shim follows CUDA's rule for the process, are refused for now
+///   ([`Fault::Busy`](devcmd::Fault::Busy)) keeping everything they cover: nothing is leaked
+///   or freed early, and all of it settles after the recording;
 /// - **the failure rule across the pair** (with a probe): a source whose write was refused
 ///   makes the copy `Skipped` and the destination's read `Unwritten`;
 /// - **budgets per device**: each device holds up to its own budget, one full device refuses
@@ -197,6 +202,7 @@ pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
     );
     drop((busy_in, busy_out, dst));
     refused_while_recording(&mut a, &mut b, mode);
+    other_device_while_one_records(&mut a, &mut b, mode);
     failure_across(&mut a, &mut b, mode);
     wait_after_refused(&mut a, &mut b, mode);
     source_kept_when_the_copy_end_is_unknown(h, mode);
@@ -381,6 +387,111 @@ fn refused_while_recording<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mod
     );
     must(copy(b, s0, &y, a, s0, &x), "the copy once nothing records");
     b.expect_read(s0, &y, &[9; 100], "y after the copy", &[]);
+}
+
+/// While a stream of A records, B's host waits either pass (a shim whose devices share nothing)
+/// or are refused for now with [`Fault::Busy`] (CUDA, where a recording is the process's; the
+/// std shim's devices of one process): a flush, a sync and a read of B. A refusal keeps
+/// everything the refused fences cover (B's drop queue leaks nothing, the read's buffers go to
+/// it), and once the recording ended B's bytes are right and its queue empties; the group's
+/// final leak check finds every page back.
+fn other_device_while_one_records<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mode) {
+    const WHAT: &str = "several_devices (the other device while one records)";
+    let s0 = StreamId(0);
+    let kept = must(
+        b.create(s0, &pattern(8192, 41)),
+        format!("[{mode}] {WHAT}: create"),
+    );
+    // Items in B's queue under a fence (a dropped allocation, a write's host bytes), more staged
+    // behind it: the next flush waits for that fence.
+    for round in 0..2u8 {
+        let gone = must(
+            b.create(s0, &[round; 4096]),
+            format!("[{mode}] {WHAT}: create"),
+        );
+        must(
+            b.write(s0, &kept, &pattern(8192, 42 + round)),
+            format!("[{mode}] {WHAT}: write"),
+        );
+        drop(gone);
+        must(b.flush(s0), format!("[{mode}] {WHAT}: flush {round}"));
+    }
+    let leaked_before = leaked(b);
+    let rec = a
+        .dev
+        .command(StreamId(1))
+        .and_then(|mut c| c.begin_capture("several_devices"));
+    let Ok(rec) = rec else {
+        crate::skip::skipped(WHAT, mode, "the shim records no graphs");
+        return;
+    };
+    let answered = [
+        ("a flush", b.flush(s0)),
+        ("a sync", b.sync(s0)),
+        ("a read", b.read(s0, &kept).map(drop)),
+    ];
+    let mut refused = 0;
+    for (call, answer) in &answered {
+        match answer {
+            Ok(()) => {}
+            Err(ServerError::Device(e)) if e.fault == Fault::Busy => refused += 1,
+            Err(e) => panic!(
+                "[{mode}] {WHAT}: {call} of B while A records answered {e:?}: neither Ok nor a \
+                 refusal for now (ServerError::Device with Fault::Busy)"
+            ),
+        }
+    }
+    // A flush with no fence to wait for (a zero-copy device's queue may hold none) passes either
+    // way; a sync and a read each wait.
+    assert!(
+        answered[1].1.is_ok() == answered[2].1.is_ok(),
+        "[{mode}] {WHAT}: of B's sync and read while A records, {refused} (with the flush) were \
+         refused: a shim refuses both or neither ({answered:?})"
+    );
+    assert_eq!(
+        leaked(b),
+        leaked_before,
+        "[{mode}] {WHAT}: B's drop queues leaked items while A recorded: a wait refused for now \
+         keeps what its fence covers (FenceOutcome::Refused)"
+    );
+    drop(rec);
+    must(
+        a.dev.command(StreamId(1)).map(drop),
+        format!("[{mode}] {WHAT}: end the dropped recording"),
+    );
+    b.expect_read(
+        s0,
+        &kept,
+        &pattern(8192, 43),
+        &format!("[{mode}] {WHAT}: B's bytes after the recording"),
+        &[],
+    );
+    must(
+        b.sync(s0),
+        format!("[{mode}] {WHAT}: sync after the recording"),
+    );
+    must(
+        b.flush(s0),
+        format!("[{mode}] {WHAT}: flush after the recording"),
+    );
+    must(
+        b.flush(s0),
+        format!("[{mode}] {WHAT}: flush after the recording"),
+    );
+    assert_eq!(
+        leaked(b),
+        leaked_before,
+        "[{mode}] {WHAT}: leaked after the recording"
+    );
+}
+
+/// Items B's drop queues leaked so far.
+fn leaked<H: Harness>(ctx: &Ctx<H>) -> u64 {
+    ctx.dev
+        .drop_stats()
+        .iter()
+        .map(|(_, st)| st.items_leaked)
+        .sum()
 }
 
 /// A source whose write the shim refused: the copy is skipped and the destination carries it.
