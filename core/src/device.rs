@@ -363,13 +363,17 @@ impl<S: Shim> Device<S> {
     #[cold]
     #[inline(never)]
     fn queue_orphans(&mut self) {
-        for (stream, buffers, held) in self.ledger.take_orphans() {
+        for orphan in self.ledger.take_orphans() {
+            let (stream, buffers, held) = orphan;
             if let Some(Some(s)) = self.streams.get_mut(stream) {
                 buffers
                     .into_iter()
                     .for_each(|b| s.drops.push(DropItem::Host(b)));
                 held.into_iter()
                     .for_each(|b| s.drops.push(DropItem::Binding(b)));
+            } else {
+                // No queue to fence them (the stream is gone): never freed unfenced.
+                core::mem::forget((buffers, held));
             }
         }
     }

@@ -29,7 +29,12 @@ struct Faults {
 enum Op {
     Push,
     Flush(Faults),
-    Poll { busy: bool, query: Option<Fault> },
+    /// `wait`: the fault of the wait that confirms a query's report of failed work.
+    Poll {
+        busy: bool,
+        query: Option<Fault>,
+        wait: Option<Fault>,
+    },
     Drain(Faults),
 }
 
@@ -51,7 +56,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => Just(Op::Push),
         4 => faults().prop_map(Op::Flush),
-        2 => (any::<bool>(), fault()).prop_map(|(busy, query)| Op::Poll { busy, query }),
+        2 => (any::<bool>(), fault(), fault())
+            .prop_map(|(busy, query, wait)| Op::Poll { busy, query, wait }),
         1 => faults().prop_map(Op::Drain),
     ]
 }
@@ -126,7 +132,7 @@ impl Model {
         ok
     }
 
-    fn poll(&mut self, busy: bool, query: Option<Fault>) -> Option<bool> {
+    fn poll(&mut self, busy: bool, query: Option<Fault>, wait: Option<Fault>) -> Option<bool> {
         if !self.fenced && !self.pending.is_empty() {
             // A pending batch whose fence could not be recorded gets one now.
             self.records += 1;
@@ -138,9 +144,32 @@ impl Model {
                 Some(Fault::WorkFailed) => {
                     // The queue waits for the fence before it releases anything.
                     self.waits += 1;
-                    self.fenced = false;
-                    self.release_pending(None);
-                    ok = false;
+                    match wait {
+                        // The wait refused for now: "not yet", the fence stays.
+                        Some(Fault::Busy) => return Some(false),
+                        // A wait of unknown outcome: the batch is leaked.
+                        Some(
+                            f @ (Fault::Failed
+                            | Fault::OutOfMemory
+                            | Fault::TooBig
+                            | Fault::Unsupported),
+                        ) => {
+                            self.fenced = false;
+                            self.release_pending(Some(f));
+                            return None;
+                        }
+                        // Lost: released, and nothing more is fenced.
+                        Some(Fault::DeviceLost) => {
+                            self.fenced = false;
+                            self.release_pending(None);
+                            return None;
+                        }
+                        None | Some(Fault::WorkFailed) => {
+                            self.fenced = false;
+                            self.release_pending(None);
+                            ok = false;
+                        }
+                    }
                 }
                 // A refused query is "not yet", as a busy device's.
                 Some(Fault::Busy) => return Some(false),
@@ -224,16 +253,17 @@ proptest! {
                     arm(&shim, f);
                     prop_assert_eq!(q.flush(&shim, &(), FenceMark::default()).outcome == FenceOutcome::Passed, m.flush(&mut f.clone()), "flush {:?}", f);
                 }
-                Op::Poll { busy, query } => {
+                Op::Poll { busy, query, wait } => {
                     shim.busy.set(busy);
                     shim.fail_next_query.set(query);
+                    shim.fail_next_wait.set(wait);
                     shim.fail_next_record.set(None);
                     let polled = match q.poll(&shim, &(), FenceMark::default()).map(|f| f.outcome) {
                         None => Some(false),
                         Some(FenceOutcome::Passed) => Some(true),
                         Some(_) => None,
                     };
-                    prop_assert_eq!(polled, m.poll(busy, query), "poll");
+                    prop_assert_eq!(polled, m.poll(busy, query, wait), "poll");
                 }
                 Op::Drain(f) => {
                     arm(&shim, f);

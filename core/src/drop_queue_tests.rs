@@ -202,10 +202,14 @@ fn a_refused_wait_keeps_the_fence_and_its_batch_for_the_next_flush() {
     );
     assert_eq!(shim.events_recorded.get(), recorded, "no new fence");
     assert_eq!((q.stats().items_leaked, q.stats().items_released), (0, 0));
-    // A refused query is "not yet".
+    // A refused query is "not yet", and so is a query that reports failed work whose
+    // confirming wait is refused.
     shim.fail_next_query.set(Some(Fault::Busy));
     assert!(q.poll(&shim, &(), FenceMark::default()).is_none());
-    assert_eq!(q.pending_len(), 1);
+    shim.fail_next_query.set(Some(Fault::WorkFailed));
+    shim.fail_next_wait.set(Some(Fault::Busy));
+    assert!(q.poll(&shim, &(), FenceMark::default()).is_none());
+    assert_eq!((q.pending_len(), q.stats().items_leaked), (1, 0));
     // Once the shim takes waits again, the same fence is waited for and its batch released.
     let waited = shim.events_waited.get();
     assert_eq!(

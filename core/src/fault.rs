@@ -42,7 +42,9 @@ pub enum FenceOutcome {
     PassedOverFailedWork(DriverError),
     /// The shim refused to wait for the fence now, without doing anything ([`Fault::Busy`]: on
     /// CUDA, a stream of the process records a graph): the fence still stands, and what it
-    /// covers is kept for a later wait, neither released nor leaked.
+    /// covers is kept for a later wait (a query never answers it: a refused query is "not
+    /// yet"). Only teardown, which cannot wait later, keeps the memory for good, as for
+    /// [`Self::Unknown`].
     Refused(DriverError),
     /// The wait or query failed in a way that says nothing about completion (or the fence could
     /// not be recorded): the device may still use what the fence was to cover.
@@ -98,9 +100,11 @@ impl FenceOutcome {
             Ok(false) => None,
             // Refused for now, nothing asked of the fence: not known to have completed yet.
             Err(e) if e.fault == Fault::Busy => None,
-            Err(e) if e.fault == Fault::WorkFailed => {
-                Some(Self::of(shim.event_wait(event).and(Err(e))))
-            }
+            Err(e) if e.fault == Fault::WorkFailed => match shim.event_wait(event) {
+                // The confirming wait refused for now: not known to have completed yet either.
+                Err(w) if w.fault == Fault::Busy => None,
+                waited => Some(Self::of(waited.and(Err(e)))),
+            },
             Err(e) => Some(Self::of(Err(e))),
         }
     }
@@ -260,6 +264,22 @@ struct Shared {
 
 /// What a read's future held when it could not wait: its stream, host buffers and bindings.
 pub(crate) type Orphan = (usize, Vec<HostBuffer>, Vec<Binding>);
+
+impl Drop for Shared {
+    /// What futures left after the device's teardown took the last of it (a future that could
+    /// not wait, dropped after its device) was never covered by a fence that passed: the device
+    /// may still write those buffers, so they are leaked, not freed.
+    fn drop(&mut self) {
+        let left = core::mem::take(self.orphans.get_mut());
+        if !left.is_empty() {
+            warn!(
+                "{} reads could not be waited for before their device went: leaking their buffers",
+                left.len()
+            );
+            core::mem::forget(left);
+        }
+    }
+}
 
 impl core::ops::Deref for Shared {
     type Target = spin::Mutex<Ledger>;

@@ -139,3 +139,38 @@ fn what_a_future_could_not_wait_for_is_kept_for_the_device() {
     assert_eq!((taken.len(), taken[0].0, taken[0].1.len()), (1, 2, 1));
     assert!(ledger.take_orphans().is_empty(), "taken once");
 }
+
+#[test]
+fn what_no_device_took_is_leaked_with_the_ledger_never_freed() {
+    use crate::memory::pool::{Pool, Size};
+    use crate::memory::{Handle, Issuer, Location, Placed, ReturnQueue, Returned};
+    let returns = Arc::new(ReturnQueue::issued_by(
+        Issuer {
+            device: 1,
+            stream: 0,
+        },
+        None,
+    ));
+    let handle = Handle::new(7, 64, &returns);
+    handle.set_location(
+        Some(Placed {
+            location: Location {
+                pool: Pool::Pages(Size::Small),
+                block: 0,
+            },
+            addr: 0,
+        }),
+        false,
+    );
+    let ledger = FaultLedger::default();
+    // A future that could not wait (a wait refused for now) after its device went.
+    ledger.orphan((0, Vec::new(), alloc::vec![handle.binding()]));
+    drop(handle);
+    drop(ledger);
+    let mut back: Vec<Returned> = Vec::new();
+    returns.drain_into(&mut back);
+    assert!(
+        back.is_empty(),
+        "the device may still use what the orphan held: it must not go back unfenced"
+    );
+}

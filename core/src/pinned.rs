@@ -10,6 +10,7 @@
 //! own pointer, never by integer addresses. Does not own the fallback to the heap when the pool
 //! cannot serve (the command decides), nor device memory (`memory/`).
 
+use crate::error::Fault;
 use crate::memory::ReturnQueue;
 use crate::memory::sliced::{MAX_ALIGNMENT, SlicedPool, Used};
 use crate::memory::whole::WholePagePool;
@@ -246,7 +247,10 @@ impl<S: Shim> PinnedPool<S> {
                 );
                 // A refused page stops asking for pages that large until a cleanup; a refused
                 // large page says nothing about the carved size.
-                if large {
+                if e.fault == Fault::Busy {
+                    // Refused for now only (another device of the process records): the next
+                    // request asks again.
+                } else if large {
                     self.refused_large = Some(self.refused_large.map_or(size, |r| r.min(size)));
                 } else {
                     self.refused = true;

@@ -843,7 +843,9 @@ impl Shim for CudaShim {
     /// answer, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` included (an end on another thread than
     /// the one that began the capture is refused and loses the recording).
     fn end_capture(&self, stream: &CudaStream, doomed: bool) -> Result<CudaGraph, DriverError> {
-        let ctx = self.bound(ShimOp::GraphEnd)?;
+        let ctx = self
+            .bound(ShimOp::GraphEnd)
+            .inspect_err(|_| graph::discard(stream))?;
         graph::end(ctx, stream, doomed)
     }
 
@@ -856,7 +858,9 @@ impl Shim for CudaShim {
         doomed: bool,
         graph: &CudaGraph,
     ) -> Result<Option<CudaGraph>, DriverError> {
-        let ctx = self.bound(ShimOp::GraphEnd)?;
+        let ctx = self
+            .bound(ShimOp::GraphEnd)
+            .inspect_err(|_| graph::discard(stream))?;
         graph::end_update(ctx, stream, doomed, graph)
     }
 

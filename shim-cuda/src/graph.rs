@@ -218,6 +218,14 @@ fn end_capture(stream: &CudaStream, doomed: bool) -> Result<(Template, Vec<Kept>
     Ok((template, keep))
 }
 
+/// Ends the recording of `stream` and throws it away, whatever the driver answers: for an end
+/// that cannot go on (the context could not be made current), so the process's count of
+/// recordings drops and the releases waiting for it run, instead of both waiting for the
+/// stream's drop. The driver takes the context from the stream.
+pub(crate) fn discard(stream: &CudaStream) {
+    let _ = end_capture(stream, true);
+}
+
 /// Instantiates `template`, keeping `keep` loaded. The context is current.
 fn instantiate(
     ctx: &Arc<Context>,

@@ -7,9 +7,12 @@
 //! while any stream of the process records; devcmd-cuda refuses them before the driver
 //! (`Fault::Busy`). A device of the std shim does the same when a stream of *another* device of
 //! its process records ([`status::CAPTURE_ELSEWHERE`](crate::status::CAPTURE_ELSEWHERE)); on its
-//! own streams it keeps its stricter rule (the call spoils the recording), since the core never
-//! makes such a call on the device that records. Does not own the recordings themselves (each
-//! device's state keeps its own).
+//! own streams it keeps its stricter rule (the call spoils the recording), since a core
+//! `Device` never makes such a call while one of its streams records: the rule catches a core
+//! that would. So two `Device`s over clones of one `StdShim` are one device here, and a wait of
+//! one while the other records spoils that recording; build the second `StdShim` in the first
+//! one's process instead. Does not own the recordings themselves (each device's state keeps its
+//! own).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

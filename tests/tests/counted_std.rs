@@ -21,6 +21,10 @@ impl Harness for BareStd {
         StdHarness.shim(mode)
     }
 
+    fn beside(&self, first: &StdShim, mode: Mode) -> Option<StdShim> {
+        StdHarness.beside(first, mode)
+    }
+
     fn kernel(&self, shim: &StdShim, kernel: TestKernel) -> StdKernel {
         StdHarness.kernel(shim, kernel)
     }

@@ -400,3 +400,69 @@ fn a_wait_refused_while_another_device_records_keeps_what_its_fence_covers() {
         "every page went back once the device went"
     );
 }
+
+/// Device allocations live on `device` (every stream, device pools only).
+fn device_allocations(device: &mut Device<StdShim>) -> u64 {
+    device
+        .memory_report()
+        .streams
+        .iter()
+        .map(|(_, r)| r.device().allocations)
+        .sum()
+}
+
+/// A copy to another device whose source stream could not be made to wait for it (refused), and
+/// whose end the destination could not wait for either because a third device of the process
+/// records: the copy is still covered by the destination stream's next fence, so the source is
+/// kept in that stream's drop queue and goes back once the fence passed. It used to be leaked for
+/// good, as for a copy whose end is unknown.
+#[test]
+fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
+    let process = devcmd_std::Process::new();
+    let armed = std::sync::Arc::new(AtomicBool::new(false));
+    let fires = std::sync::Arc::clone(&armed);
+    let shim_a = StdShim::builder()
+        .process(&process)
+        .inject(Injection::when(move |op, _| {
+            op == ShimOp::StreamWaitEvent && fires.swap(false, Ordering::AcqRel)
+        }))
+        .build();
+    let shim_b = StdShim::builder().process(&process).build();
+    let shim_c = StdShim::builder().process(&process).build();
+    let mut a = Device::new(shim_a, DeviceConfig::default());
+    let mut b = Device::new(shim_b, DeviceConfig::default());
+    let mut c = Device::new(shim_c, DeviceConfig::default());
+    let src = a.command(S0).unwrap().create(&[4; 5000]).unwrap();
+    let dst = b.command(S0).unwrap().create(&[1; 5000]).unwrap();
+    let recording = c.command(S0).unwrap().begin_capture("c").unwrap();
+    armed.store(true, Ordering::Release);
+    let copied = {
+        let mut from = a.command(S0).unwrap();
+        b.command(S0).unwrap().copy_from(&dst, &mut from, &src)
+    };
+    assert!(copied.is_err(), "the source's wait was refused: {copied:?}");
+    drop(src);
+    assert_eq!(
+        device_allocations(&mut a),
+        1,
+        "the copy may still read the source: kept"
+    );
+    drop(recording);
+    c.command(S0).unwrap(); // ends the dropped recording
+    b.command(S0).unwrap().sync().unwrap().wait().unwrap();
+    b.command(S0).unwrap().flush_drops().unwrap();
+    b.command(S0).unwrap().flush_drops().unwrap();
+    a.command(S0).unwrap().memory_cleanup().unwrap();
+    assert_eq!(
+        device_allocations(&mut a),
+        0,
+        "the destination's fence passed: the source went back"
+    );
+    assert_eq!(
+        b.drop_stats()
+            .iter()
+            .map(|(_, s)| s.items_leaked)
+            .sum::<u64>(),
+        0
+    );
+}

@@ -32,6 +32,14 @@ impl Harness for Staged {
         })
     }
 
+    fn beside(&self, first: &Self::S, mode: Mode) -> Option<Self::S> {
+        let inner = StdHarness.beside(&first.inner, mode)?;
+        Some(Forward {
+            inner,
+            hooks: NoPeer,
+        })
+    }
+
     fn kernel(&self, shim: &Self::S, kernel: TestKernel) -> StdKernel {
         StdHarness.kernel(&shim.inner, kernel)
     }

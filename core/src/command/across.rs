@@ -180,10 +180,20 @@ impl<S: Shim> Command<'_, S> {
             // memory is kept for good: leaked, never handed out while the copy may read it.
             let error = ServerError::from(e);
             self.settle_writes(core::iter::once(view(dst)), &Err(error.clone()));
-            let done = after
+            let outcome = after
                 .as_ref()
-                .is_ok_and(|ev| FenceOutcome::wait(&*self.device.shim, ev).completed());
-            if !done {
+                .ok()
+                .map(|ev| FenceOutcome::wait(&*self.device.shim, ev));
+            if let Some(FenceOutcome::Refused(_)) = outcome {
+                // The wait was refused for now (another device of the process records): this
+                // stream's next fence, recorded after the copy, covers it, so the source is kept
+                // in this stream's drop queue until then. The source device cannot know when
+                // that is: its teardown keeps its memory, as for a copy of unknown end.
+                self.current()
+                    .drops
+                    .push(crate::drop_queue::DropItem::Binding(src.binding()));
+                from.device.read_by_peer = true;
+            } else if !outcome.is_some_and(|o| o.completed()) {
                 warn!(
                     "copy_from: the end of a copy to another device is unknown: leaking its source"
                 );

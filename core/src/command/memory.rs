@@ -237,7 +237,9 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// [`ServerError::DeviceLost`]; [`Validation::Recording`](crate::Validation::Recording) while a stream of the device
     /// records (no fence may be waited for then); what the fence reveals ([`ServerError::StreamFaulted`], or
-    /// [`ServerError::Device`] for a wait of unknown outcome: what it covered is then leaked).
+    /// [`ServerError::Device`] for a wait of unknown outcome: what it covered is then leaked; or
+    /// with [`Fault::Busy`](crate::Fault::Busy) for a wait the shim refused for now, when a stream
+    /// of another device of the process records: the fence and what it covers stay queued).
     pub fn flush_drops(&mut self) -> Result<(), ServerError> {
         self.device.ledger.check_device()?;
         self.end_abandoned();
@@ -257,7 +259,9 @@ impl<S: Shim> Command<'_, S> {
     /// uses.
     ///
     /// Returns whether the queue is empty now (nothing awaits a fence): a loop that polls until
-    /// `true` (with the device running in between) has everything queued before it back.
+    /// `true` (with the device running in between) has everything queued before it back. While
+    /// a stream of another device of the process records (CUDA's global capture mode), fences
+    /// may not be asked about and polls answer `false` until that recording ends.
     ///
     /// ```
     /// use devcmd::{Device, DeviceConfig, StreamId};

@@ -31,7 +31,8 @@ impl<S: Shim> Command<'_, S> {
     ///
     /// The fault a wait reveals (the stream's earlier work failed, or the device is lost). A
     /// wait that says nothing about completion leaves the slot's buffer to the device: it is
-    /// taken out of the ring and leaked, never reused.
+    /// taken out of the ring and leaked, never reused. A wait the shim refused for now
+    /// ([`Fault::Busy`](crate::Fault::Busy)) is the error, and the slot keeps its fence.
     ///
     /// For a read (`read`), the ring first grows to
     /// [`StagingPolicy::read_buffers`](crate::staging::StagingPolicy::read_buffers) even when

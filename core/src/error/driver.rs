@@ -118,7 +118,10 @@ pub enum Fault {
     /// stream of the process records a graph, the driver forbids host waits and allocations from
     /// every thread and context, so the CUDA shim refuses them first (with the driver's status,
     /// 900). A fence whose wait is refused this way still stands: the core keeps what it covers
-    /// for a later wait, never frees it and never leaks it.
+    /// for a later wait and never frees it early (see
+    /// [`FenceOutcome::Refused`](crate::FenceOutcome::Refused)). An operation made of several
+    /// calls (a pipelined upload) may have enqueued some before one was refused: it fails as
+    /// any refused call makes it fail.
     Busy,
 }
 
