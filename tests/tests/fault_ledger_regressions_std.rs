@@ -466,3 +466,30 @@ fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
         0
     );
 }
+
+/// A pinned page the shim refused for now (another device of the process records) does not
+/// turn the stream's pinned pool off: the writes stage from the heap meanwhile and from pinned
+/// memory again once the recording ended, without a cleanup in between.
+#[test]
+fn a_pinned_page_refused_for_now_is_asked_for_again() {
+    let shim_a = StdShim::new();
+    let shim_b = StdShim::builder().process(&shim_a.process()).build();
+    let mut a = Device::new(shim_a, DeviceConfig::default());
+    let mut b = Device::new(shim_b.clone(), DeviceConfig::default());
+    let h = b.command(S0).unwrap().empty(4096).unwrap();
+    let recording = a.command(S1).unwrap().begin_capture("a").unwrap();
+    b.command(S0).unwrap().write_from(&h, &[3; 4096]).unwrap();
+    assert_eq!(
+        shim_b.stats().host_pages_live,
+        0,
+        "refused for now: the heap"
+    );
+    drop(recording);
+    a.command(S1).unwrap(); // ends the dropped recording
+    b.command(S0).unwrap().write_from(&h, &[4; 4096]).unwrap();
+    assert!(
+        shim_b.stats().host_pages_live > 0,
+        "once the recording ended, the pool asks for a pinned page again"
+    );
+    assert_eq!(read(&mut b, S0, &h).unwrap(), vec![4; 4096]);
+}
