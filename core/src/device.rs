@@ -372,7 +372,9 @@ impl<S: Shim> Device<S> {
                 held.into_iter()
                     .for_each(|b| s.drops.push(DropItem::Binding(b)));
             } else {
-                // No queue to fence them (the stream is gone): never freed unfenced.
+                // Streams are never removed, so an orphan's stream exists; were it gone, nothing
+                // could fence what it holds, which is then kept, never freed unfenced.
+                debug_assert!(false, "an orphan of stream {stream}, which does not exist");
                 core::mem::forget((buffers, held));
             }
         }

@@ -441,7 +441,19 @@ fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
         b.command(S0).unwrap().copy_from(&dst, &mut from, &src)
     };
     assert!(copied.is_err(), "the source's wait was refused: {copied:?}");
-    drop(src);
+    // The room may not go to another handle (whose drop could free it under the copy).
+    let handed = {
+        let mut k = a.command(S0).unwrap();
+        let target = k.lazy(5000);
+        k.bind(src, &target)
+    };
+    assert!(
+        matches!(
+            handed,
+            Err(ServerError::Io(devcmd::IoError::Exposed { .. }))
+        ),
+        "the room of a source a copy may still read was handed over: {handed:?}"
+    );
     assert_eq!(
         device_allocations(&mut a),
         1,

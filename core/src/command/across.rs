@@ -24,7 +24,12 @@
 //!   marks the destination's bytes failed, waits on the host for the destination's event after
 //!   the copy, and fails; where even that event is missing or its wait inconclusive, the
 //!   source's allocation is leaked rather than freed while the copy may still read it, and the
-//!   source device's teardown leaks all its memory.
+//!   source device's teardown leaks all its memory. Where the host wait is refused for now
+//!   ([`Fault::Busy`](crate::Fault::Busy): another device of the process records), the
+//!   destination stream's next fence still covers the copy: the source's allocation waits in
+//!   that stream's drop queue instead of being leaked, but its room is never handed to another
+//!   handle (`bind`) and the source device's teardown still keeps all its memory, since it
+//!   cannot tell when that fence passes.
 //! - **Capture.** Refused while a stream of either device records: a recording cannot wait on
 //!   another device's work.
 //! - **Staged** (no peer access): a read of the source into host memory on the source device
@@ -192,6 +197,9 @@ impl<S: Shim> Command<'_, S> {
                 self.current()
                     .drops
                     .push(crate::drop_queue::DropItem::Binding(src.binding()));
+                // Marked as used by work the source device does not see: no `bind` hands its
+                // room to another handle, whose drop could free it under the copy.
+                src.expose();
                 from.device.read_by_peer = true;
             } else if !outcome.is_some_and(|o| o.completed()) {
                 warn!(
