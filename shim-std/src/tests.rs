@@ -632,9 +632,20 @@ fn injected_loss_and_lose_device() {
 fn a_query_that_loses_the_device_does_not_wait_for_the_workers() {
     let shim = StdShim::new();
     let s = shim.create_stream().unwrap();
-    let (block, release) = blocking_kernel(&shim);
+    // A kernel that says it started, then blocks until released.
+    let (started_tx, started) = mpsc::channel::<()>();
+    let (release, released) = mpsc::channel::<()>();
+    let channels = Mutex::new((started_tx, released));
+    let block = shim.register_kernel("started_then_block", move |_| {
+        let c = crate::lock(&channels);
+        c.0.send(()).map_err(|_| KernelFault::Failed)?;
+        c.1.recv().map_err(|_| KernelFault::Failed)
+    });
     launch(&shim, &s, &block, &[], 0);
     let event = shim.record_event(&s).unwrap();
+    // The worker runs the kernel now, so the query below meets a busy worker, never an idle one
+    // (an idle one would make the lost device's error the right answer at once).
+    started.recv().unwrap();
     shim.inject(Injection::nth(ShimOp::EventQuery, 1).losing_device());
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|scope| {
