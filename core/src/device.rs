@@ -16,6 +16,7 @@ use crate::fault::{FaultLedger, FenceOutcome};
 use crate::host::{ExternalBytes, HostBuffer};
 use crate::memory::{Issuer, MemoryBudget, MemoryConfig, MemoryManager};
 use crate::order::ForeignUses;
+use crate::peer::PeerRead;
 use crate::pinned::{PinnedConfig, PinnedPool};
 use crate::shim::{DeviceFacts, Shim};
 use crate::staging::StagingPolicy;
@@ -80,9 +81,10 @@ pub struct Device<S: Shim> {
     /// Boxed: a stream's state is kilobytes, and the vector grows as streams are first used.
     pub(crate) streams: Vec<Option<alloc::boxed::Box<Stream<S>>>>,
     pub(crate) id: u32,
-    /// A copy to another device may still read this device's memory, its end unknown
-    /// (`command/across.rs`): teardown then leaks every page rather than free one under it.
-    pub(crate) read_by_peer: bool,
+    /// Copies to other devices that may still read this device's memory, their end not known
+    /// when they were made (`command/across.rs`): teardown waits for them, and leaks every page
+    /// rather than free one under a copy whose end it still cannot tell.
+    pub(crate) peer_reads: Vec<PeerRead<S>>,
     /// The capture state: whether a stream records, and the graphs callers dropped.
     pub(crate) capture: CaptureState<S>,
     /// Which streams used each allocation besides its owner (see `order.rs`).
@@ -118,7 +120,7 @@ impl<S: Shim> Device<S> {
             foreign_uses: ForeignUses::default(),
             launch_spans: Vec::new(),
             capture: CaptureState::default(),
-            read_by_peer: false,
+            peer_reads: Vec::new(),
         }
     }
 
@@ -470,7 +472,8 @@ impl<S: Shim> Drop for Device<S> {
             }
         }
         let lost = self.ledger.device_lost().is_some();
-        if self.read_by_peer || !(all_done || lost) {
+        let peers_done = PeerRead::all_done(&mut self.peer_reads, &self.shim);
+        if !peers_done || !(all_done || lost) {
             warn!("a stream could not be drained at teardown: leaking the device's memory");
             for s in self.streams.iter_mut().flatten() {
                 s.memory.forget_all();

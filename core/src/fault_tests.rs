@@ -141,7 +141,7 @@ fn what_a_future_could_not_wait_for_is_kept_for_the_device() {
 }
 
 #[test]
-fn what_no_device_took_is_leaked_with_the_ledger_never_freed() {
+fn what_no_device_took_leaks_on_purpose_with_the_ledger_never_freed() {
     use crate::memory::pool::{Pool, Size};
     use crate::memory::{Handle, Issuer, Location, Placed, ReturnQueue, Returned};
     let returns = Arc::new(ReturnQueue::issued_by(

@@ -49,6 +49,7 @@ mod id;
 mod live;
 pub mod memory;
 mod order;
+mod peer;
 pub mod pinned;
 pub mod shim;
 pub mod staging;

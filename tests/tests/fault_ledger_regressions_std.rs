@@ -429,10 +429,12 @@ fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
         .build();
     let shim_b = StdShim::builder().process(&process).build();
     let shim_c = StdShim::builder().process(&process).build();
-    let mut a = Device::new(shim_a, DeviceConfig::default());
+    let mut a = Device::new(shim_a.clone(), DeviceConfig::default());
     let mut b = Device::new(shim_b, DeviceConfig::default());
     let mut c = Device::new(shim_c, DeviceConfig::default());
     let src = a.command(S0).unwrap().create(&[4; 5000]).unwrap();
+    // Keeps a page of A's until its teardown.
+    let other = a.command(S0).unwrap().create(&[8; 100]).unwrap();
     let dst = b.command(S0).unwrap().create(&[1; 5000]).unwrap();
     let recording = c.command(S0).unwrap().begin_capture("c").unwrap();
     armed.store(true, Ordering::Release);
@@ -456,7 +458,7 @@ fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
     );
     assert_eq!(
         device_allocations(&mut a),
-        1,
+        2,
         "the copy may still read the source: kept"
     );
     drop(recording);
@@ -467,7 +469,7 @@ fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
     a.command(S0).unwrap().memory_cleanup().unwrap();
     assert_eq!(
         device_allocations(&mut a),
-        0,
+        1,
         "the destination's fence passed: the source went back"
     );
     assert_eq!(
@@ -476,6 +478,16 @@ fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
             .map(|(_, s)| s.items_leaked)
             .sum::<u64>(),
         0
+    );
+    // A's teardown waits for the copy's event again, finds it passed, and frees its memory (it
+    // used to keep all of it for good after any copy of unknown end).
+    drop(other);
+    assert!(shim_a.stats().device_bytes_live > 0);
+    drop(a);
+    assert_eq!(
+        shim_a.stats().device_bytes_live,
+        0,
+        "the copy is done: the source device's teardown gave its memory back"
     );
 }
 

@@ -23,13 +23,13 @@
 //!   are written only by work enqueued after it. Where that wait cannot be enqueued, the call
 //!   marks the destination's bytes failed, waits on the host for the destination's event after
 //!   the copy, and fails; where even that event is missing or its wait inconclusive, the
-//!   source's allocation is leaked rather than freed while the copy may still read it, and the
-//!   source device's teardown leaks all its memory. Where the host wait is refused for now
-//!   ([`Fault::Busy`](crate::Fault::Busy): another device of the process records), the
-//!   destination stream's next fence still covers the copy: the source's allocation waits in
-//!   that stream's drop queue instead of being leaked, but its room is never handed to another
-//!   handle (`bind`) and the source device's teardown still keeps all its memory, since it
-//!   cannot tell when that fence passes.
+//!   source's allocation is leaked rather than freed while the copy may still read it. Where the
+//!   host wait is refused for now ([`Fault::Busy`](crate::Fault::Busy): another device of the
+//!   process records), the destination stream's next fence still covers the copy: the source's
+//!   allocation waits in that stream's drop queue instead. Either way its room is never handed
+//!   to another handle (`bind`), and the source device's teardown waits for the copy's event
+//!   again ([`PeerRead`]): it frees its memory once that passed, and otherwise keeps all of it,
+//!   and its shim (a CUDA context released takes its memory with it).
 //! - **Capture.** Refused while a stream of either device records: a recording cannot wait on
 //!   another device's work.
 //! - **Staged** (no peer access): a read of the source into host memory on the source device
@@ -48,7 +48,9 @@ use crate::fault::FenceOutcome;
 use crate::host::HostBuffer;
 use crate::memory::Handle;
 use crate::order::Target;
+use crate::peer::PeerRead;
 use crate::shim::Shim;
+use alloc::sync::Arc;
 
 /// How [`Command::copy_from`] moved the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,29 +191,31 @@ impl<S: Shim> Command<'_, S> {
                 .as_ref()
                 .ok()
                 .map(|ev| FenceOutcome::wait(&*self.device.shim, ev));
+            if outcome.as_ref().is_some_and(FenceOutcome::completed) {
+                return Err(error);
+            }
             if let Some(FenceOutcome::Refused(_)) = outcome {
                 // The wait was refused for now (another device of the process records): this
                 // stream's next fence, recorded after the copy, covers it, so the source is kept
-                // in this stream's drop queue until then. The source device cannot know when
-                // that is: its teardown keeps its memory, as for a copy of unknown end.
+                // in this stream's drop queue until then.
                 self.current()
                     .drops
                     .push(crate::drop_queue::DropItem::Binding(src.binding()));
-                // Marked as used by work the source device does not see: no `bind` hands its
-                // room to another handle, whose drop could free it under the copy.
-                src.expose();
-                from.device.read_by_peer = true;
-            } else if !outcome.is_some_and(|o| o.completed()) {
+            } else {
                 warn!(
                     "copy_from: the end of a copy to another device is unknown: leaking its source"
                 );
                 core::mem::forget(src.binding());
-                // Bound for good and marked as used by work the core does not see: no `bind`
-                // hands its room to another handle (which could then free it), and no zero-copy
-                // read lends its bytes.
-                src.expose();
-                from.device.read_by_peer = true;
             }
+            // Marked as used by work the source device does not see: no `bind` hands its room to
+            // another handle (whose drop could free it under the copy), and no zero-copy read
+            // lends its bytes. The source device's teardown waits for the copy's event (again)
+            // and keeps all its memory if it still cannot tell that the copy is done.
+            src.expose();
+            from.device.peer_reads.push(PeerRead {
+                shim: Arc::clone(&self.device.shim),
+                after: after.ok(),
+            });
             return Err(error);
         }
         if self.current().drops.should_flush() {

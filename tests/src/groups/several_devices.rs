@@ -299,10 +299,11 @@ fn source_kept_when_the_copy_end_is_unknown<H: Harness>(h: &H, mode: Mode) {
         "[{mode}] {GROUP}: the source is kept, and only it"
     );
     b.assert_no_leak(GROUP);
-    // The source device's teardown leaks its device memory (the copy may read it), but its
-    // streams drained: its pinned host pages (one holds what a staged upload left), which no
+    // The source device's teardown waits for the copy's event again: it keeps all its device
+    // memory where it still cannot tell, and frees it where the wait passes now. Its streams
+    // drained either way: its pinned host pages (one holds what a staged upload left), which no
     // peer copy reads, go as usual.
-    // (On a zero-copy device the device memory is pinned host pages, leaked with it.)
+    // (On a zero-copy device the device memory is pinned host pages, which go or stay with it.)
     drop(must(a.create(s0, &[2; 1000]), "a staged upload on A"));
     let zero_copy = a.dev.zero_copy();
     let probe = a.probe.take().expect("checked");
