@@ -12,7 +12,7 @@ pub use crate::device_report::DeviceReport;
 use crate::drop_queue::{DropItem, DropPolicy, DropQueue, DropStats};
 use crate::error::{ServerError, Validation};
 use crate::failure::Failures;
-use crate::fault::{FaultLedger, FenceOutcome};
+use crate::fault::FaultLedger;
 use crate::host::{ExternalBytes, HostBuffer};
 use crate::memory::{Issuer, MemoryBudget, MemoryConfig, MemoryManager};
 use crate::order::ForeignUses;
@@ -460,21 +460,20 @@ impl<S: Shim> Drop for Device<S> {
             let fenced = s.sync(&self.shim);
             // Recorded so a lost device is known below; there is no caller to tell.
             let _ = self.ledger.defer(i, fenced);
-            match fenced.outcome {
-                // The fence completed (over failed work, or the device runs nothing again): the
-                // stream is done with its memory.
-                FenceOutcome::Passed
-                | FenceOutcome::PassedOverFailedWork(_)
-                | FenceOutcome::DeviceLost(_) => {}
-                // Not known to be done (a wait refused for now cannot be made later either: the
-                // device is going), so its memory is kept.
-                FenceOutcome::Refused(_) | FenceOutcome::Unknown(_) => all_done = false,
-            }
+            // Done with its memory where the fence completed (over failed work, or the device runs
+            // nothing again); not where its end is unknown or its wait refused (the device goes).
+            all_done &= fenced.outcome.completed();
         }
         let lost = self.ledger.device_lost().is_some();
-        let peers_done = PeerRead::all_done(&mut self.peer_reads, &self.shim);
+        let peers_done = PeerRead::all_done(&mut self.peer_reads);
         if !peers_done || !(all_done || lost) {
-            warn!("a stream could not be drained at teardown: leaking the device's memory");
+            warn!(
+                "teardown: a stream could not be drained or a copy to another device may still \
+                 read this one: leaking the device's memory, and its shim with it"
+            );
+            // Kept for good with the memory: on CUDA the last reference to a context releases
+            // it, and its memory with it, under the work that may still use that memory.
+            core::mem::forget(Arc::clone(&self.shim));
             for s in self.streams.iter_mut().flatten() {
                 s.memory.forget_all();
                 // A peer's copy of unknown end reads device memory, never these host pages:

@@ -517,3 +517,50 @@ fn a_pinned_page_refused_for_now_is_asked_for_again() {
     );
     assert_eq!(read(&mut b, S0, &h).unwrap(), vec![4; 4096]);
 }
+
+/// The teardown of a device that made a copy of unknown end asks the destination again, but
+/// never while a stream of the destination records: the core makes no host wait on a device
+/// that records (the std shim spoils the recording then, as CUDA's global mode would). The
+/// source then keeps its memory, and the destination's recording stays valid.
+#[test]
+fn a_teardown_does_not_wait_on_a_destination_that_records() {
+    let armed = std::sync::Arc::new(AtomicBool::new(false));
+    let fires = std::sync::Arc::clone(&armed);
+    let shim_a = StdShim::builder()
+        .inject(Injection::when(move |op, _| {
+            op == ShimOp::StreamWaitEvent && fires.swap(false, Ordering::AcqRel)
+        }))
+        .build();
+    let waits = std::sync::Arc::new(AtomicBool::new(false));
+    let refuse = std::sync::Arc::clone(&waits);
+    let shim_b = StdShim::builder()
+        .inject(Injection::when(move |op, _| {
+            op == ShimOp::EventWait && refuse.swap(false, Ordering::AcqRel)
+        }))
+        .build();
+    let mut a = Device::new(shim_a.clone(), DeviceConfig::default());
+    let mut b = Device::new(shim_b, DeviceConfig::default());
+    let src = a.command(S0).unwrap().create(&[4; 5000]).unwrap();
+    let dst = b.command(S0).unwrap().create(&[1; 5000]).unwrap();
+    armed.store(true, Ordering::Release);
+    waits.store(true, Ordering::Release);
+    let copied = {
+        let mut from = a.command(S0).unwrap();
+        b.command(S0).unwrap().copy_from(&dst, &mut from, &src)
+    };
+    assert!(copied.is_err(), "the source's wait was refused: {copied:?}");
+    drop(src);
+    let h = b.command(S1).unwrap().empty(64).unwrap();
+    let recording = b.command(S1).unwrap().begin_capture("b").unwrap();
+    b.command(S1).unwrap().write_from(&h, &[9; 64]).unwrap();
+    drop(a);
+    assert!(
+        shim_a.stats().device_bytes_live > 0,
+        "the copy's end could not be asked: the source device kept its memory"
+    );
+    let graph = b.command(S1).unwrap().end_capture(recording);
+    assert!(
+        graph.is_ok(),
+        "the destination's recording was spoiled by a wait on it: {graph:?}"
+    );
+}

@@ -183,18 +183,20 @@ impl<S: Shim> Command<'_, S> {
             // The source's fences do not cover the copy, and later source work could overtake
             // it: the destination's bytes are not trusted, and this call waits until the
             // destination is done with the source's memory. Where nothing says when that is
-            // (the event could not be recorded, or its wait was inconclusive), the source's
-            // memory is kept for good: leaked, never handed out while the copy may read it.
+            // (the event could not be recorded, or its wait was refused or inconclusive), the
+            // source's memory is kept, never handed out while the copy may read it, and its
+            // device's teardown asks again.
             let error = ServerError::from(e);
             self.settle_writes(core::iter::once(view(dst)), &Err(error.clone()));
-            let outcome = after
-                .as_ref()
-                .ok()
-                .map(|ev| FenceOutcome::wait(&*self.device.shim, ev));
-            if outcome.as_ref().is_some_and(FenceOutcome::completed) {
+            let outcome = match &after {
+                Ok(ev) => FenceOutcome::wait(&*self.device.shim, ev),
+                // Unless the destination is lost, nothing says when the copy is done.
+                Err(e) => FenceOutcome::unrecorded(*e),
+            };
+            if outcome.completed() {
                 return Err(error);
             }
-            if let Some(FenceOutcome::Refused(_)) = outcome {
+            if let FenceOutcome::Refused(_) = outcome {
                 // The wait was refused for now (another device of the process records): this
                 // stream's next fence, recorded after the copy, covers it, so the source is kept
                 // in this stream's drop queue until then.
@@ -215,6 +217,7 @@ impl<S: Shim> Command<'_, S> {
             from.device.peer_reads.push(PeerRead {
                 shim: Arc::clone(&self.device.shim),
                 after: after.ok(),
+                recording: self.device.capture.flag(),
             });
             return Err(error);
         }

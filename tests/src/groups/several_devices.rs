@@ -66,7 +66,8 @@ fn path<H: Harness>(to: &Ctx<H>, from: &Ctx<H>) -> CopyPath {
 /// - **budgets per device**: each device holds up to its own budget, one full device refuses
 ///   while the other still serves, and [`HostReport`] adds the two up;
 /// - **a copy whose end is unknown** (with probes: the source's wait and the host's wait both
-///   refused): its source is kept for good, and `bind` refuses to hand its room over;
+///   refused): its source is kept (for good, or until the source device's teardown finds the
+///   copy done), and `bind` refuses to hand its room over;
 /// - **a handle used on the wrong device** is [`IoError::ForeignHandle`], naming both devices,
 ///   in a read, a launch and a copy with its sides swapped.
 pub fn several_devices<H: Harness>(h: &H, mode: Mode) {
@@ -252,8 +253,9 @@ fn wait_after_refused<H: Harness>(a: &mut Ctx<H>, b: &mut Ctx<H>, mode: Mode) {
 
 /// The source's wait after the copy refused and the wait for the copy's end inconclusive too
 /// (with probes on both devices): nothing says when the copy stops reading its source, so the
-/// source's room is kept for good (leaked, the device's teardown leaks it too); a `bind` may not
-/// hand it to another handle, which could free it under the copy.
+/// source's room is kept (the source device's teardown asks again, and keeps all its memory if
+/// it still cannot tell); a `bind` may not hand it to another handle, which could free it under
+/// the copy.
 fn source_kept_when_the_copy_end_is_unknown<H: Harness>(h: &H, mode: Mode) {
     const GROUP: &str = "several_devices (the copy's end unknown)";
     let Some([mut a, mut b]) = pair(h, mode, DeviceConfig::default(), GROUP) else {
