@@ -401,6 +401,14 @@ fn a_wait_refused_while_another_device_records_keeps_what_its_fence_covers() {
     );
 }
 
+/// An injection that refuses the next call of `op` once the flag it returns is set.
+fn once(op: ShimOp) -> (Injection, std::sync::Arc<AtomicBool>) {
+    let armed = std::sync::Arc::new(AtomicBool::new(false));
+    let fires = std::sync::Arc::clone(&armed);
+    let injection = Injection::when(move |o, _| o == op && fires.swap(false, Ordering::AcqRel));
+    (injection, armed)
+}
+
 /// Device allocations live on `device` (every stream, device pools only).
 fn device_allocations(device: &mut Device<StdShim>) -> u64 {
     device
@@ -419,13 +427,10 @@ fn device_allocations(device: &mut Device<StdShim>) -> u64 {
 #[test]
 fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
     let process = devcmd_std::Process::new();
-    let armed = std::sync::Arc::new(AtomicBool::new(false));
-    let fires = std::sync::Arc::clone(&armed);
+    let (refuse_stream_wait, armed) = once(ShimOp::StreamWaitEvent);
     let shim_a = StdShim::builder()
         .process(&process)
-        .inject(Injection::when(move |op, _| {
-            op == ShimOp::StreamWaitEvent && fires.swap(false, Ordering::AcqRel)
-        }))
+        .inject(refuse_stream_wait)
         .build();
     let shim_b = StdShim::builder().process(&process).build();
     let shim_c = StdShim::builder().process(&process).build();
@@ -524,20 +529,10 @@ fn a_pinned_page_refused_for_now_is_asked_for_again() {
 /// source then keeps its memory, and the destination's recording stays valid.
 #[test]
 fn a_teardown_does_not_wait_on_a_destination_that_records() {
-    let armed = std::sync::Arc::new(AtomicBool::new(false));
-    let fires = std::sync::Arc::clone(&armed);
-    let shim_a = StdShim::builder()
-        .inject(Injection::when(move |op, _| {
-            op == ShimOp::StreamWaitEvent && fires.swap(false, Ordering::AcqRel)
-        }))
-        .build();
-    let waits = std::sync::Arc::new(AtomicBool::new(false));
-    let refuse = std::sync::Arc::clone(&waits);
-    let shim_b = StdShim::builder()
-        .inject(Injection::when(move |op, _| {
-            op == ShimOp::EventWait && refuse.swap(false, Ordering::AcqRel)
-        }))
-        .build();
+    let (refuse_stream_wait, armed) = once(ShimOp::StreamWaitEvent);
+    let shim_a = StdShim::builder().inject(refuse_stream_wait).build();
+    let (refuse_event_wait, waits) = once(ShimOp::EventWait);
+    let shim_b = StdShim::builder().inject(refuse_event_wait).build();
     let mut a = Device::new(shim_a.clone(), DeviceConfig::default());
     let mut b = Device::new(shim_b, DeviceConfig::default());
     let src = a.command(S0).unwrap().create(&[4; 5000]).unwrap();
