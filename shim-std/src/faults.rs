@@ -25,6 +25,8 @@ use std::sync::Arc;
 /// | 21 | `KERNEL_PANICKED` | `WorkFailed` | a kernel panicked (reported like `KERNEL_FAILED`) |
 /// | 22 | `KERNEL_LOST_DEVICE` | `DeviceLost` | a kernel returned [`KernelFault::DeviceLost`](crate::KernelFault::DeviceLost) |
 /// | 23 | `DEVICE_LOST` | `DeviceLost` | any call after the device was lost |
+/// | 24 | `SOURCE_LOST` | `WorkFailed` | a copy from another device found that device lost when it ran (reported like `KERNEL_FAILED`) |
+/// | 25 | `WORKER_PANICKED` | `WorkFailed` | the stream's worker panicked running or dropping an operation: a shim bug, or a value a host function captured whose drop panicked (reported like `KERNEL_FAILED`) |
 /// | 30 | `BUDGET` | `OutOfMemory` | injected: `device_alloc` or `vm_map` past [`StdShim::set_alloc_budget`](crate::StdShim::set_alloc_budget) |
 /// | 100 + op | `INJECTED` | `OutOfMemory` for allocations (`device_alloc`, `host_alloc_pinned`, `vm_map`), `Failed` otherwise | an [`Injection`](crate::Injection) fired |
 /// | 200 + op | `INJECTED_LOSS` | `DeviceLost` | a [device-losing](crate::Injection::losing_device) injection fired |
@@ -75,6 +77,9 @@ pub mod status {
     /// the copy may not have run (a fault of the copying stream's work, not a loss of its
     /// device).
     pub const SOURCE_LOST: i32 = 24;
+    /// The stream's worker panicked while it ran or dropped an operation (a bug of the shim, or
+    /// a value a host function captured whose drop panicked): that work failed.
+    pub const WORKER_PANICKED: i32 = 25;
     /// An allocation past the injected byte budget.
     pub const BUDGET: i32 = 30;
     /// Base of injected failures (plus the op index).
@@ -141,7 +146,10 @@ pub fn classify(op: ShimOp, code: i32) -> DriverError {
         status::UNSUPPORTED => Fault::Unsupported,
         status::CAPTURE_ELSEWHERE => Fault::Busy,
         status::KERNEL_LOST_DEVICE | status::DEVICE_LOST => Fault::DeviceLost,
-        status::KERNEL_FAILED | status::KERNEL_PANICKED | status::SOURCE_LOST => Fault::WorkFailed,
+        status::KERNEL_FAILED
+        | status::KERNEL_PANICKED
+        | status::SOURCE_LOST
+        | status::WORKER_PANICKED => Fault::WorkFailed,
         _ if injected(status::INJECTED_LOSS).is_some() => Fault::DeviceLost,
         _ if injected(status::INJECTED_AT_RUN).is_some() => Fault::WorkFailed,
         _ => match injected(status::INJECTED) {

@@ -17,6 +17,7 @@ use crate::{lock, wait};
 use devcmd::{CopyLayout, CopyRow, DriverError, LaunchDims, ShimOp};
 use std::collections::VecDeque;
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::Waker;
@@ -93,6 +94,24 @@ pub(crate) enum Op {
 pub type HostFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Runs `op` on the calling worker.
+impl Op {
+    /// The call that enqueued it, for the error of a panic while it ran.
+    fn shim_op(&self) -> ShimOp {
+        match self {
+            Op::Copy(c) => match (c.src_device, c.dst_device) {
+                (true, true) => ShimOp::CopyDeviceToDevice,
+                (false, _) => ShimOp::CopyHostToDevice,
+                (true, false) => ShimOp::CopyDeviceToHost,
+            },
+            Op::Peer(..) => ShimOp::CopyDeviceToDevice,
+            Op::Launch { .. } | Op::Host(_) => ShimOp::Launch,
+            Op::Wait { .. } => ShimOp::StreamWaitEvent,
+            Op::Replay(_) => ShimOp::GraphLaunch,
+            Op::Fail(e) => e.op,
+        }
+    }
+}
+
 fn run(op: &Op, dev: &DeviceInner) -> Result<(), DriverError> {
     if !matches!(op, Op::Fail(_)) {
         dev.note_run(matches!(op, Op::Launch { .. }));
@@ -366,8 +385,14 @@ fn work(shared: Arc<StreamShared>) {
                 st = wait(&shared.cv, st);
             }
         };
-        let fault = if shared.dev.begin_op() {
-            run(&op, &shared.dev).err()
+        let what = op.shim_op();
+        // A panic while the worker runs or drops an operation (a shim bug, or a value a host
+        // function captured whose drop panics) fails the stream's work, as a kernel's panic
+        // does: the worker lives on, so the stream's fences still complete.
+        let panicked = || Some(classify(what, status::WORKER_PANICKED));
+        let mut fault = if shared.dev.begin_op() {
+            catch_unwind(AssertUnwindSafe(|| run(&op, &shared.dev)))
+                .map_or_else(|_| panicked(), Result::err)
         } else {
             None
         };
@@ -375,7 +400,9 @@ fn work(shared: Arc<StreamShared>) {
         let spare = match op {
             Op::Launch { args, .. } => Some(args),
             other => {
-                drop(other);
+                if catch_unwind(AssertUnwindSafe(|| drop(other))).is_err() {
+                    fault = fault.or_else(panicked);
+                }
                 None
             }
         };

@@ -755,3 +755,50 @@ fn a_launch_past_cudas_geometry_is_refused_as_on_cuda() {
     }
     sync(&shim, &s).unwrap();
 }
+
+/// A panic on a stream's worker outside a kernel (here: a value a host function captured, whose
+/// drop panics when the worker drops the finished operation) fails that work instead of killing
+/// the worker: the stream's fences still complete, report the fault, and later work runs.
+#[test]
+fn a_panic_on_the_worker_outside_a_kernel_fails_the_work_and_the_stream_goes_on() {
+    struct PanicsOnDrop;
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("a captured value's drop panicked (on purpose)");
+        }
+    }
+    let shim = StdShim::new();
+    let s = shim.create_stream().unwrap();
+    let guard = PanicsOnDrop;
+    s.enqueue_host(move || {
+        let _ = &guard;
+        Ok(())
+    });
+    let event = shim.record_event(&s).unwrap();
+    // Waited for on a thread of its own, not joined: a dead worker fails the test after the
+    // timeout instead of hanging it.
+    let (tx, rx) = mpsc::channel();
+    let waiter = shim.clone();
+    std::thread::spawn(move || tx.send(waiter.event_wait(&event)));
+    let waited = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the wait completes: the worker lives on");
+    let e = waited.unwrap_err();
+    assert_eq!(
+        (e.status, e.fault),
+        (status::WORKER_PANICKED, Fault::WorkFailed)
+    );
+    // The stream goes on: later work runs, and its fences report the fault too (sticky).
+    let ran = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&ran);
+    s.enqueue_host(move || {
+        flag.store(true, Ordering::Release);
+        Ok(())
+    });
+    let later = shim.record_event(&s).unwrap();
+    assert_eq!(
+        shim.event_wait(&later).unwrap_err().status,
+        status::WORKER_PANICKED
+    );
+    assert!(ran.load(Ordering::Acquire), "later work ran");
+}
