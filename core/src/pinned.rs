@@ -245,15 +245,15 @@ impl<S: Shim> PinnedPool<S> {
                     "pinned page refused (status {}): staging from the heap",
                     e.status
                 );
-                // A refused page stops asking for pages that large until a cleanup; a refused
-                // large page says nothing about the carved size.
-                if e.fault == Fault::Busy {
-                    // Refused for now only (another device of the process records): the next
-                    // request asks again.
-                } else if large {
-                    self.refused_large = Some(self.refused_large.map_or(size, |r| r.min(size)));
-                } else {
-                    self.refused = true;
+                // A refused page stops asking for pages that large until a cleanup (unless it was
+                // refused for now only, while another device of the process records: the next
+                // request asks again); a refused large page says nothing about the carved size.
+                if e.fault != Fault::Busy {
+                    if large {
+                        self.refused_large = Some(self.refused_large.map_or(size, |r| r.min(size)));
+                    } else {
+                        self.refused = true;
+                    }
                 }
                 return None;
             }

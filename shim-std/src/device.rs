@@ -364,11 +364,6 @@ impl DeviceInner {
         st.stats.kernels_run += u64::from(kernel);
     }
 
-    /// Forgets the recording of stream `id` (dropped while recording).
-    pub(crate) fn forget_capture(&self, id: u64) {
-        self.close_capture(id);
-    }
-
     /// Stream `id` starts recording (counted in the process under the state's lock, so the
     /// process never counts fewer recordings than this device's state holds).
     pub(crate) fn open_capture(&self, id: u64) {
@@ -378,8 +373,8 @@ impl DeviceInner {
         }
     }
 
-    /// Stream `id` stops recording: whether its recording was invalidated (`None` if it did
-    /// not record).
+    /// Stream `id` stops recording (its end, or its drop while it records): whether its recording
+    /// was invalidated (`None` if it did not record).
     pub(crate) fn close_capture(&self, id: u64) -> Option<bool> {
         let mut st = lock(&self.state);
         let invalidated = st.captures.remove(&id);
@@ -398,10 +393,16 @@ impl DeviceInner {
     /// process records: what devcmd-cuda answers under CUDA's global capture mode, where such
     /// a call would spoil that recording. `st` is this device's state, locked.
     fn refuse_while_others_record(&self, st: &DeviceState, op: ShimOp) -> Result<(), DriverError> {
-        if self.process.recordings() > st.captures.len() {
+        if self.others_record(st) {
             return Err(classify(op, status::CAPTURE_ELSEWHERE));
         }
         Ok(())
+    }
+
+    /// Whether a stream of another device of the process records. `st` is this device's state,
+    /// locked (its own recordings are counted in the process under that lock).
+    fn others_record(&self, st: &DeviceState) -> bool {
+        self.process.recordings() > st.captures.len()
     }
 
     /// Invalidates every recording in progress (a call CUDA forbids while any stream records was
@@ -777,10 +778,7 @@ impl Shim for StdShim {
         if event.captured || self.inner.refuse_host_wait() {
             return Err(classify(ShimOp::EventQuery, status::ILLEGAL_IN_CAPTURE));
         }
-        let others = self
-            .inner
-            .refuse_while_others_record(&lock(&self.inner.state), ShimOp::EventQuery);
-        if others.is_err() {
+        if self.inner.others_record(&lock(&self.inner.state)) {
             // As devcmd-cuda: "not yet" while another device of the process records.
             return Ok(false);
         }

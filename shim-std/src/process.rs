@@ -47,11 +47,6 @@ impl Process {
         Self::default()
     }
 
-    /// Whether `other` is the same process.
-    pub fn same(&self, other: &Process) -> bool {
-        Arc::ptr_eq(&self.recording, &other.recording)
-    }
-
     /// Streams of the process's devices that record now.
     pub fn recordings(&self) -> usize {
         self.recording.load(Ordering::Acquire)

@@ -519,7 +519,7 @@ impl Drop for StdStream {
             // owner's stream would record on, and the device refuse allocations, otherwise).
             let recording = lock(&self.shared.state).capture.take().is_some();
             if recording {
-                self.shared.dev.forget_capture(self.shared.id);
+                self.shared.dev.close_capture(self.shared.id);
             }
             return;
         }
@@ -530,7 +530,7 @@ impl Drop for StdStream {
             st.capture = None;
             self.shared.cv.notify_all();
         }
-        self.shared.dev.forget_capture(self.shared.id);
+        self.shared.dev.close_capture(self.shared.id);
         if let Some(worker) = self.worker.take()
             && worker.thread().id() != thread::current().id()
         {

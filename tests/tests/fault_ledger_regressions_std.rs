@@ -323,8 +323,6 @@ fn a_wait_refused_while_another_device_records_keeps_what_its_fence_covers() {
         .build();
     let mut a = Device::new(shim_a, DeviceConfig::default());
     let mut b = Device::new(shim_b.clone(), DeviceConfig::default());
-    let leaked =
-        |d: &Device<StdShim>| -> u64 { d.drop_stats().iter().map(|(_, s)| s.items_leaked).sum() };
     let big: Vec<u8> = (0..2 * MIB).map(|i| (i * 7 + 3) as u8).collect();
     let kept = b.command(S0).unwrap().create(&[5; 4096]).unwrap();
     let large = b.command(S0).unwrap().empty(big.len() as u64).unwrap();
@@ -338,7 +336,7 @@ fn a_wait_refused_while_another_device_records_keeps_what_its_fence_covers() {
         drop(gone);
         b.command(S0).unwrap().flush_drops().unwrap();
     }
-    let pages_before = shim_b.stats().device_pages_live;
+    let bytes_before = shim_b.stats().device_bytes_live;
 
     let recording = a.command(S1).unwrap().begin_capture("a").unwrap();
     let flushed = b.command(S0).unwrap().flush_drops();
@@ -351,38 +349,22 @@ fn a_wait_refused_while_another_device_records_keeps_what_its_fence_covers() {
     let refused = read(&mut b, S0, &kept);
     assert!(busy(&refused), "a read: refused for now, got {refused:?}");
     // A read into ordinary memory large enough for the staging ring waits for its slots.
-    let piped = b
-        .command(S0)
-        .unwrap()
-        .read_to(
-            ReadRequest::whole(&large),
-            devcmd::HostBuffer::from_vec(vec![0; big.len()]),
-        )
-        .and_then(|f| f.wait());
+    let piped = read_to_heap(&mut b, &large);
     assert!(
         busy(&piped),
         "a staged read: refused for now, got {piped:?}"
     );
     assert_eq!(leaked(&b), 0, "nothing a refused fence covered was leaked");
     assert_eq!(
-        shim_b.stats().device_pages_live,
-        pages_before,
+        shim_b.stats().device_bytes_live,
+        bytes_before,
         "nothing was freed while the device may use it"
     );
     drop(recording);
     a.command(S1).unwrap(); // ends the dropped recording
 
     assert_eq!(read(&mut b, S0, &kept).unwrap(), vec![7; 4096]);
-    let back = b
-        .command(S0)
-        .unwrap()
-        .read_to(
-            ReadRequest::whole(&large),
-            devcmd::HostBuffer::from_vec(vec![0; big.len()]),
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
+    let back = read_to_heap(&mut b, &large).unwrap();
     assert!(
         back.as_slice() == big.as_slice(),
         "the staged read's bytes after the recording"
@@ -395,10 +377,35 @@ fn a_wait_refused_while_another_device_records_keeps_what_its_fence_covers() {
     drop(b);
     let st = shim_b.stats();
     assert_eq!(
-        (st.device_pages_live, st.host_pages_live),
+        (st.device_bytes_live, st.host_pages_live),
         (0, 0),
         "every page went back once the device went"
     );
+}
+
+/// Items the drop queues of `device` leaked so far.
+fn leaked(device: &Device<StdShim>) -> u64 {
+    device
+        .drop_stats()
+        .iter()
+        .map(|(_, s)| s.items_leaked)
+        .sum()
+}
+
+/// Reads the whole of `h` on stream 0 into a new heap buffer (`read_to`: pipelined through the
+/// staging ring from 128 KiB), waiting for it.
+fn read_to_heap(
+    device: &mut Device<StdShim>,
+    h: &Handle,
+) -> Result<devcmd::HostBuffer, ServerError> {
+    let len = usize::try_from(h.len()).expect("fits the host");
+    device
+        .command(S0)?
+        .read_to(
+            ReadRequest::whole(h),
+            devcmd::HostBuffer::from_vec(vec![0; len]),
+        )?
+        .wait()
 }
 
 /// An injection that refuses the next call of `op` once the flag it returns is set.
@@ -477,13 +484,7 @@ fn a_copy_whose_end_is_refused_for_now_keeps_its_source_until_the_next_fence() {
         1,
         "the destination's fence passed: the source went back"
     );
-    assert_eq!(
-        b.drop_stats()
-            .iter()
-            .map(|(_, s)| s.items_leaked)
-            .sum::<u64>(),
-        0
-    );
+    assert_eq!(leaked(&b), 0);
     // A's teardown waits for the copy's event again, finds it passed, and frees its memory (it
     // used to keep all of it for good after any copy of unknown end).
     drop(other);
