@@ -92,8 +92,9 @@ impl FenceOutcome {
     }
 
     /// Whether `event` has completed, without blocking: `None` while it has not, or while the
-    /// shim refuses to ask ([`Fault::Busy`]). A fault of work that ran is confirmed by a wait first, so what the fence covered is released only once the
-    /// fence really completed, whatever the shim answered the query.
+    /// shim refuses to ask ([`Fault::Busy`]). A fault of work that ran is confirmed by a wait
+    /// first, so what the fence covered is released only once the fence really completed,
+    /// whatever the shim answered the query.
     pub fn query<S: Shim>(shim: &S, event: &S::Event) -> Option<Self> {
         match shim.event_query(event) {
             Ok(true) => Some(Self::Passed),
@@ -126,10 +127,10 @@ impl FenceOutcome {
     }
 
     /// The graver of two outcomes, for a sequence of fences such as a drain: a lost device, then
-    /// an unknown wait, then a refused one, then failed work. An unknown wait outranks failed work so the sequence
-    /// never claims to have completed when one of its fences did not (teardown frees pages on a
-    /// completed sync); the failed work is not lost, as it is sticky: every later fence of the
-    /// stream reports it again (the shim contract's second rule).
+    /// an unknown wait, then a refused one, then failed work. An unknown or refused wait outranks
+    /// failed work so the sequence never claims to have completed when one of its fences did not
+    /// (teardown frees pages on a completed sync); the failed work is not lost, as it is sticky:
+    /// every later fence of the stream reports it again (the shim contract's second rule).
     pub const fn and(self, other: Self) -> Self {
         const fn rank(o: &FenceOutcome) -> u8 {
             match o {
